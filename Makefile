@@ -1,0 +1,39 @@
+# The two commands a new user needs: `make run` (the built-in demo) and `make test` (the suite).
+# TORCH_SPEC picks the torch build; the default is the CPU build this project is developed on.
+# A GPU user runs e.g. `make run TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"`.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+BIN := $(VENV)/bin
+
+.PHONY: run test install install-dev lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# Stamps make repeated runs fast; they are rebuilt when pyproject.toml changes.
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+run: $(VENV)/.installed
+	$(BIN)/verl train
+
+test: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check verl tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
