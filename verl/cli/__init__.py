@@ -1,0 +1,1 @@
+"""The `verl` command line (`python -m verl.cli` works too, e.g. under torchrun)."""

@@ -1,0 +1,5 @@
+import sys
+
+from verl.cli.main import main
+
+sys.exit(main())

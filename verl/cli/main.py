@@ -1,0 +1,155 @@
+"""`verl`: train, check, doctor, data, ckpt, plot.
+
+Every subcommand turns a `VerlError` into a short red message and a non-zero exit code instead of a
+traceback: user mistakes are explained, not dumped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from verl.errors import VerlError
+
+EPILOG = """examples:
+  verl train                                   run the built-in demo (tiny model, arithmetic, SFT then GRPO)
+  verl train examples/grpo_gsm8k.yaml actor.lr=1e-6 rollout.n=8
+  verl train cfg.yaml --actor_device_ids 0,1 --ref_device_id 0     (legacy flags are accepted)
+  verl train cfg.yaml --print-config            show the resolved config as YAML and exit
+  verl check cfg.yaml                           every start-up check, no training
+  verl data check train.jsonl --kind prompt     validate a dataset
+  verl ckpt verify runs/x/checkpoints/step_10   re-hash a checkpoint
+"""
+
+
+def split_config_and_overrides(items: Sequence[str]) -> tuple[str | None, list[str]]:
+    """`[CONFIG.yaml] [key=value ...]`: the config is the one positional without '='."""
+    config, overrides = None, []
+    for item in items:
+        if "=" in item:
+            overrides.append(item)
+        elif config is None:
+            config = item
+        else:
+            raise VerlError(f"unexpected argument {item!r}: give one config file, then key=value overrides")
+    return config, overrides
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("items", nargs="*", metavar="[CONFIG.yaml] [key=value]",
+                        help="optional YAML config, then dotted overrides such as actor.lr=1e-6")
+
+
+def _load(args: argparse.Namespace):
+    from verl.config import load_config
+
+    config_path, overrides = split_config_and_overrides(args.items)
+    return load_config(config_path, overrides, legacy_argv=args.legacy)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from verl.config import config_to_yaml
+
+    config = _load(args)
+    if args.print_config:
+        sys.stdout.write(config_to_yaml(config))
+        return 0
+    if args.nproc and args.nproc > 1:
+        from verl.distributed.launch import spawn_torchrun
+
+        return spawn_torchrun(args.nproc, ["train", *args.items, *args.legacy])
+    from verl.trainer.entry import run_training
+
+    return run_training(config, demo=not args.items)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    if args.items[:1] == ["model"]:
+        from verl.cli.check_model import run_check_model
+
+        if len(args.items) != 2:
+            raise VerlError("usage: verl check model NAME_OR_PATH [--tokenizer PATH]")
+        return run_check_model(args.items[1], tokenizer=args.tokenizer,
+                               trust_remote_code=args.trust_remote_code, dtype=args.dtype)
+    from verl.trainer.checks import run_checks
+
+    return run_checks(_load(args))
+
+
+def cmd_not_built(args: argparse.Namespace) -> int:
+    print(f"verl {args.command}: not built yet in this version of verl.", file=sys.stderr)
+    return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="verl",
+        description="verl: reinforcement-learning post-training (PPO, GRPO, RLOO, REINFORCE++, DPO, SFT) "
+        "for Hugging Face causal language models.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    train = sub.add_parser(
+        "train", help="Train (with no config: the built-in demo).",
+        description="Train a model. With no config, runs the built-in demo: a tiny local model learns "
+        "arithmetic with SFT then GRPO on CPU in a few minutes. Legacy flags (--actor_device_ids 0,1, "
+        "--critic_device_ids, --ref_device_id, --reward_device_id, --num_gpus_per_node, --save_interval, "
+        "--async_save, --save_total_limit) are accepted as aliases of the devices.* / checkpoint.* keys.",
+        epilog="example: verl train examples/grpo_gsm8k.yaml trainer.total_steps=200 actor.lr=1e-6",
+    )
+    _add_run_arguments(train)
+    train.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    train.add_argument("--nproc", type=int, default=None,
+                       help="launch N processes with torchrun (one per device) and train on all of them")
+    train.set_defaults(func=cmd_train)
+
+    check = sub.add_parser(
+        "check", help="Run every start-up validation without training.",
+        description="`verl check CONFIG.yaml [key=value]`: devices, dtypes, model/tokenizer, data, FSDP, "
+        "batch arithmetic and a memory estimate, no training. `verl check model NAME_OR_PATH`: the "
+        "model/tokenizer load report only.",
+    )
+    _add_run_arguments(check)
+    check.add_argument("--tokenizer", default=None, help="(check model) tokenizer path if it differs")
+    check.add_argument("--trust-remote-code", action="store_true", help="(check model) allow model code")
+    check.add_argument("--dtype", default="float32", help="(check model) dtype to load with")
+    check.set_defaults(func=cmd_check)
+
+    from verl.cli import doctor
+
+    doctor.register(sub)
+    for name, text in (("data", "Check or normalise a dataset."),
+                       ("ckpt", "List, verify or export checkpoints."),
+                       ("plot", "Plot the metrics of a run directory.")):
+        stub = sub.add_parser(name, help=text, description=text)
+        stub.set_defaults(func=cmd_not_built)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, unknown = parser.parse_known_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    if args.command in {"train", "check"}:
+        args.legacy = unknown
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    try:
+        return int(args.func(args) or 0)
+    except VerlError as exc:
+        from rich.console import Console
+
+        Console(stderr=True).print(f"[bold red]error ({type(exc).__name__}):[/] {exc}", markup=True, highlight=False)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""Build a `RunConfig` from YAML + dotted overrides + legacy flags, reporting every problem at once."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from verl.config.schema import RunConfig
+from verl.errors import ConfigError
+
+# Flags from the deployment guides users already have in their scripts -> our dotted keys.
+LEGACY_FLAGS: dict[str, str] = {
+    "actor_device_ids": "devices.actor",
+    "critic_device_ids": "devices.critic",
+    "ref_device_id": "devices.ref",
+    "reward_device_id": "devices.reward",
+    "num_gpus_per_node": "devices.num_gpus_per_node",
+    "save_interval": "checkpoint.save_interval",
+    "async_save": "checkpoint.async_save",
+    "save_total_limit": "checkpoint.save_total_limit",
+}
+
+
+def parse_value(text: str) -> Any:
+    """Parse an override value the way YAML would (`1e-6`, `true`, `[0,1]`, `null`), falling back to text."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str):
+        try:  # YAML 1.1 reads `1e-6` as a string; users mean a number.
+            return float(value) if any(c in value.lower() for c in "e.") else value
+        except ValueError:
+            return value
+    return value
+
+
+def split_legacy_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Turn `--actor_device_ids 0,1` / `--async_save=False` into `devices.actor=0,1` overrides.
+
+    Returns (overrides, remaining argv). Unknown `--flags` are left for the caller's parser.
+    """
+    overrides: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, inline = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
+        key = LEGACY_FLAGS.get(name.replace("-", "_")) if name else None
+        if key is None:
+            rest.append(arg)
+            i += 1
+            continue
+        if eq:
+            value = inline
+            i += 1
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            value = argv[i + 1]
+            i += 2
+        else:
+            raise ConfigError(f"flag --{name} needs a value, e.g. --{name} 0,1 (it maps to {key})")
+        overrides.append(f"{key}={value}")
+    return overrides, rest
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    node = tree
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def apply_overrides(tree: dict, overrides: Sequence[str]) -> list[str]:
+    """Apply `a.b=c` strings onto a nested dict; returns the malformed ones as problem lines."""
+    problems = []
+    for item in overrides:
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq or not key or any(not p for p in key.split(".")):
+            problems.append(f"override {item!r}: expected KEY=VALUE with a dotted key, e.g. actor.lr=1e-6")
+            continue
+        _set_dotted(tree, key, parse_value(raw.strip()))
+    return problems
+
+
+def _fields_at(path: Sequence[str | int]) -> list[str]:
+    """Names of the valid keys of the section that `path` points into (for "did you mean")."""
+    model: type[BaseModel] | None = RunConfig
+    for part in path:
+        if model is None:
+            return []
+        field = model.model_fields.get(str(part))
+        annotation = getattr(field, "annotation", None)
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return list(model.model_fields) if model is not None else []
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    loc = [p for p in error["loc"] if not (isinstance(p, str) and ("[" in p or p in {"bool", "function-after"}))]
+    dotted = ".".join(str(p) for p in loc)
+    if error["type"] == "extra_forbidden":
+        known = _fields_at(loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.5)
+        hint = f" Did you mean '{'.'.join([*map(str, loc[:-1]), close[0]])}'?" if close else ""
+        return f"{dotted}: unknown key.{hint} Valid keys here: {', '.join(known)}"
+    value = error.get("input")
+    shown = f" (got {value!r})" if not isinstance(value, (dict, list)) else ""
+    return f"{dotted}: {error['msg']}{shown}"
+
+
+def build_config(tree: Mapping[str, Any], *, source: str = "config") -> RunConfig:
+    """Validate a nested dict into a RunConfig, or raise one ConfigError listing every problem."""
+    if not isinstance(tree, Mapping):
+        raise ConfigError(f"{source}: the top level must be a mapping of sections (model:, data:, ...)")
+    try:
+        return RunConfig.model_validate(dict(tree))
+    except ValidationError as exc:
+        lines = [_describe(e) for e in exc.errors()]
+        raise ConfigError(
+            f"{source} has {len(lines)} problem(s):\n" + "\n".join(f"  - {line}" for line in lines)
+        ) from None
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist; pass a YAML file (see examples/)")
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8-sig")) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise ConfigError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, data:, ...)")
+    return tree
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    legacy_argv: Sequence[str] = (),
+) -> RunConfig:
+    """YAML file (optional) + `key=value` overrides + legacy `--flags` -> RunConfig.
+
+    Later sources win: YAML < legacy flags < dotted overrides.
+    """
+    tree = read_yaml(path) if path is not None else {}
+    legacy, rest = split_legacy_flags(legacy_argv)
+    if rest:
+        known = ", ".join(f"--{f}" for f in LEGACY_FLAGS)
+        raise ConfigError(f"unknown flag(s) {' '.join(rest)}; legacy flags understood: {known}")
+    problems = apply_overrides(tree, [*legacy, *overrides])
+    source = str(path) if path is not None else "config"
+    try:
+        config = build_config(tree, source=source)
+    except ConfigError as exc:
+        if not problems:
+            raise
+        raise ConfigError(str(exc) + "\n" + "\n".join(f"  - {p}" for p in problems)) from None
+    if problems:
+        raise ConfigError(f"{source} has {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
+    if path is not None:
+        config._source_dir = str(Path(path).resolve().parent)
+    return config
+
+
+def config_to_yaml(config: RunConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

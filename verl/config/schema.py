@@ -1,0 +1,213 @@
+"""The typed schema of a training run: the single source of every default.
+
+YAML files, `key=value` overrides, the legacy flags and the Python API all build this same object.
+Every section forbids unknown keys so a typo fails loudly (with a suggestion) instead of being ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+
+from verl.config.fsdp import FSDPConfig
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+
+def _split_csv(value: Any) -> Any:
+    """Accept `0,1` / `"a.jsonl,b.jsonl"` (CLI style) as well as real lists; a scalar becomes a list of one."""
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.strip().strip("[]").split(",")]
+        return [p for p in parts if p]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return [value]
+    return value
+
+
+class ModelConfig(Section):
+    path: str = Field("tiny", description="HF model id or local dir; 'tiny' builds the local tiny model.")
+    tokenizer_path: str | None = Field(None, description="Defaults to model.path (they must match).")
+    dtype: str = Field("auto", description="auto = bfloat16 on capable GPUs, float32 on CPU.")
+    attn_implementation: str | None = Field(None, description="sdpa | eager | flash_attention_2; None = auto.")
+    trust_remote_code: bool = False
+    revision: str | None = None
+    gradient_checkpointing: bool = False
+
+
+class DataConfig(Section):
+    train_files: list[str] = Field(default_factory=list)
+    val_files: list[str] = Field(default_factory=list)
+    kind: Literal["prompt", "sft", "preference"] = "prompt"
+    fields: dict[str, str] = Field(default_factory=dict, description="canonical field -> source key/path")
+    train_batch_size: int = Field(8, gt=0, description="Prompts per step (RL) or examples per step.")
+    val_batch_size: int = Field(64, gt=0)
+    max_prompt_length: int = Field(512, gt=0)
+    max_response_length: int = Field(512, gt=0, description="SFT/DPO response tokens.")
+    truncation: Literal["error", "drop", "truncate_left"] = "error"
+    on_bad_row: Literal["error", "skip"] = "error"
+    shuffle: bool = True
+    apply_chat_template: Literal["auto", "always", "never"] = "auto"
+    val_size: int = Field(0, ge=0, description="Rows held out from train_files when val_files is empty.")
+
+    _split = field_validator("train_files", "val_files", mode="before")(_split_csv)
+
+
+class EnvConfig(Section):
+    name: str | None = Field(None, description="Built-in environment (e.g. 'arithmetic'); None = data files.")
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class RolloutConfig(Section):
+    engine: Literal["hf", "vllm"] = "hf"
+    n: int = Field(4, gt=0, description="Responses sampled per prompt.")
+    max_new_tokens: int = Field(256, gt=0)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0, description="0 = off.")
+    val_temperature: float = Field(0.0, ge=0.0, description="0 = greedy validation.")
+
+
+class AlgorithmConfig(Section):
+    adv_estimator: Literal["gae", "grpo", "rloo", "reinforce_pp"] = "grpo"
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    lam: float = Field(1.0, ge=0.0, le=1.0)
+    norm_by_std: bool = True
+    kl_in_reward: bool = False
+    kl_coef: float = Field(0.001, ge=0.0)
+    kl_type: Literal["k1", "k2", "k3", "abs"] = "k1"
+    kl_ctrl: Literal["fixed", "adaptive"] = "fixed"
+    kl_target: float = Field(0.1, gt=0.0)
+    kl_horizon: int = Field(10000, gt=0)
+    whiten_advantages: bool = Field(True, description="Whiten GAE / REINFORCE++ advantages over the batch.")
+
+
+class OptimConfig(Section):
+    """Shared by actor and critic: what it takes to step one model."""
+
+    lr: float = Field(1e-6, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = Field(0, ge=0)
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    mini_batch_size: int | None = Field(None, gt=0, description="Prompts per optimizer step; None = whole batch.")
+    micro_batch_size: int = Field(8, gt=0, description="Sequences per forward/backward (per device).")
+    ppo_epochs: int = Field(1, gt=0)
+    grad_clip: float | None = Field(1.0, gt=0.0)
+    shuffle: bool = True
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = (
+        "token-mean"
+    )
+
+
+class ActorConfig(OptimConfig):
+    clip_low: float = Field(0.2, gt=0.0)
+    clip_high: float = Field(0.2, gt=0.0)
+    dual_clip: float | None = Field(None, gt=1.0, description="Dual-clip constant c (> 1); None = off.")
+    kl_loss_coef: float = Field(0.0, ge=0.0, description="> 0 adds KL to the reference as a loss term.")
+    kl_loss_type: Literal["k1", "k2", "k3", "abs"] = "k3"
+    entropy_coef: float = Field(0.0, ge=0.0)
+
+
+class CriticConfig(OptimConfig):
+    lr: float = Field(1e-5, gt=0.0)
+    path: str | None = Field(None, description="Value model init; None = copy of the actor's backbone.")
+    value_clip: float | None = Field(0.5, gt=0.0)
+    warmup_steps_critic_only: int = Field(0, ge=0, description="Steps that update only the critic.")
+
+
+class RefConfig(Section):
+    path: str | None = Field(None, description="Reference policy; None = the actor's initial weights.")
+
+
+class RewardConfig(Section):
+    functions: list[dict[str, Any]] = Field(default_factory=list)
+    model_path: str | None = None
+    model_dtype: str | None = None
+    model_weight: float = 1.0
+
+
+class DevicesConfig(Section):
+    actor: list[int] | None = Field(None, description="Global ranks; None = every rank.")
+    critic: list[int] | None = None
+    ref: list[int] | None = None
+    reward: list[int] | None = None
+    num_gpus_per_node: int | None = Field(None, gt=0)
+    allow_mixed_dtype: bool = False
+    timeout_s: float = Field(600.0, gt=0.0)
+
+    _split = field_validator("actor", "critic", "ref", "reward", mode="before")(_split_csv)
+
+
+class CheckpointConfig(Section):
+    save_interval: int = Field(0, ge=0, description="Steps between saves; 0 = only at the end.")
+    save_total_limit: int | None = Field(None, gt=0)
+    async_save: bool = False
+
+
+class TrainerConfig(Section):
+    kind: Literal["rl", "dpo", "sft"] = "rl"
+    total_steps: int = Field(100, gt=0)
+    seed: int = 42
+    run_dir: str | None = Field(None, description="None = runs/<kind>-<timestamp>.")
+    resume: str = Field("auto", description="auto | never | PATH to a checkpoint.")
+    val_every: int = Field(0, ge=0, description="Validate every N steps; 0 = only at the end.")
+    val_before_train: bool = True
+    device: str = Field("auto", description="auto | cpu | cuda")
+    log_every: int = Field(1, gt=0)
+
+
+class LoggingConfig(Section):
+    backends: list[str] = Field(default_factory=lambda: ["console", "jsonl"])
+    project: str = "verl"
+    experiment: str | None = None
+
+    _split = field_validator("backends", mode="before")(_split_csv)
+
+
+class DPOConfig(Section):
+    beta: float = Field(0.1, gt=0.0)
+    loss_type: Literal["sigmoid", "ipo", "hinge"] = "sigmoid"
+    label_smoothing: float = Field(0.0, ge=0.0, lt=0.5)
+    precompute_ref: bool = False
+    lr: float = Field(5e-7, gt=0.0)
+
+
+class SFTConfig(Section):
+    packing: bool = False
+    lr: float = Field(1e-5, gt=0.0)
+    epochs: int | None = Field(None, gt=0)
+
+
+class RunConfig(Section):
+    """The whole run. Build it with `verl.config.load_config` or `RunConfig(**dict)`."""
+
+    _source_dir: str | None = PrivateAttr(None)  # the YAML's folder: relative paths resolve against it
+
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    env: EnvConfig = EnvConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    actor: ActorConfig = ActorConfig()
+    critic: CriticConfig = CriticConfig()
+    ref: RefConfig = RefConfig()
+    reward: RewardConfig = RewardConfig()
+    devices: DevicesConfig = DevicesConfig()
+    fsdp: FSDPConfig = FSDPConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    logging: LoggingConfig = LoggingConfig()
+    dpo: DPOConfig = DPOConfig()
+    sft: SFTConfig = SFTConfig()
+
+    @property
+    def needs_critic(self) -> bool:
+        return self.algorithm.adv_estimator == "gae"
+
+    @property
+    def needs_ref(self) -> bool:
+        return self.algorithm.kl_in_reward or self.actor.kl_loss_coef > 0
