@@ -1,0 +1,115 @@
+"""Find the callable a reward spec names: a built-in, a file, or a module.
+
+User code is executed only from the file or module the user names; nothing is searched for on sys.path
+beyond what `package.module:fn` asks for, and a file's directory is not added to sys.path.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from verl.errors import RewardError
+from verl.rewards.builtin import BUILTIN_REWARDS
+
+_FORMS = ("a built-in (" + ", ".join(sorted(BUILTIN_REWARDS)) + "), 'path/to/file.py:fn' "
+          "(relative to the config file) or 'package.module:fn'")
+
+
+def _looks_like_file(target: str) -> bool:
+    return target.endswith(".py") or "/" in target or "\\" in target
+
+
+def _public_callables(namespace: Any) -> list[str]:
+    return sorted(n for n, v in vars(namespace).items() if callable(v) and not n.startswith("_"))
+
+
+def _get_attr(holder: Any, fn_name: str, where: str, what: str) -> Callable[..., Any]:
+    obj: Any = holder
+    for part in fn_name.split("."):
+        if not hasattr(obj, part):
+            available = _public_callables(holder)
+            close = difflib.get_close_matches(fn_name, available, n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            raise RewardError(
+                f"{where}: {what} has no function '{fn_name}'.{hint} Functions it defines: "
+                f"{', '.join(available) or '(none)'}. Fix the name after ':' in the reward spec."
+            )
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise RewardError(f"{where}: '{fn_name}' in {what} is a {type(obj).__name__}, not a function; "
+                          "point the reward spec at a function.")
+    return obj
+
+
+def _load_file(path_text: str, fn_name: str, base_dir: Path | None, where: str) -> Callable[..., Any]:
+    path = Path(path_text).expanduser()
+    if not path.is_absolute():
+        path = (base_dir or Path.cwd()) / path
+    path = path.resolve()
+    if not path.is_file():
+        base = f" (relative paths resolve against {base_dir or Path.cwd()})"
+        raise RewardError(f"{where}: reward file {path} does not exist{base}. Fix the path before ':' in "
+                          "the reward spec, or give an absolute path.")
+    # A stable, unique module name per file so two files named reward.py do not replace each other.
+    mod_name = "verl_user_reward_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    if mod_name in sys.modules:
+        module = sys.modules[mod_name]
+    else:
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        if spec is None or spec.loader is None:
+            raise RewardError(f"{where}: {path} cannot be loaded as Python; the file must be a .py module.")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:
+            del sys.modules[mod_name]
+            raise RewardError(f"{where}: importing reward file {path} raised {type(e).__name__}: {e}. "
+                              "Fix the error in that file (it runs once when training starts).") from e
+    return _get_attr(module, fn_name, where, f"file {path}")
+
+
+def _load_module(mod_path: str, fn_name: str, where: str) -> Callable[..., Any]:
+    try:
+        module = importlib.import_module(mod_path)
+    except ModuleNotFoundError as e:
+        raise RewardError(f"{where}: module '{mod_path}' cannot be imported ({e}). Install the package that "
+                          "provides it, or name a file instead: 'path/to/file.py:fn'.") from e
+    except Exception as e:
+        raise RewardError(f"{where}: importing module '{mod_path}' raised {type(e).__name__}: {e}. "
+                          "Fix the error in that module.") from e
+    return _get_attr(module, fn_name, where, f"module '{mod_path}'")
+
+
+def load_reward_function(name: str, *, base_dir: str | Path | None = None,
+                         where: str = "reward function") -> Callable[..., Any]:
+    """Resolve a spec name to a callable, raising RewardError that names `where` and the fix."""
+    if name in BUILTIN_REWARDS:
+        return BUILTIN_REWARDS[name]
+    base = Path(base_dir) if base_dir is not None else None
+    if ":" not in name:
+        close = difflib.get_close_matches(name, list(BUILTIN_REWARDS), n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        raise RewardError(f"{where}: '{name}' is not a built-in reward.{hint} Use {_FORMS}.")
+    target, fn_name = name.rsplit(":", 1)
+    if not target or not fn_name:
+        raise RewardError(f"{where}: '{name}' must have a file or module before ':' and a function name "
+                          f"after it. Use {_FORMS}.")
+    if _looks_like_file(target):
+        return _load_file(target, fn_name, base, where)
+    return _load_module(target, fn_name, where)
+
+
+def display_name(name: str) -> str:
+    """A short label for logs: the built-in name, or the function name of 'target:fn'."""
+    return name.rsplit(":", 1)[1] if ":" in name else name
+
+
+__all__ = ["display_name", "load_reward_function"]

@@ -1,0 +1,325 @@
+"""Score a batch of responses with the configured reward functions.
+
+The manager loads every function once, when training starts, so a typo in a path fails before the first
+rollout. At scoring time it is strict on purpose: a function that raises, returns None/NaN/inf or a
+non-number, or a sample that no function applies to, stops the run with a message naming the function,
+the sample index and the fix, because a silently-zero reward wastes a whole training run.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+
+from verl.errors import ConfigError, RewardError
+from verl.rewards.builtin import BUILTIN_KWARG_CHECKS
+from verl.rewards.loader import display_name, load_reward_function
+from verl.rewards.spec import RewardFunctionSpec
+
+
+@dataclass
+class RewardResult:
+    """Per-sample rewards plus what to log.
+
+    scores: float32 [N], the weighted sum of the functions that apply to each sample.
+    metrics: means to log, `reward/<fn>/score` and `reward/<fn>/<key>` for extra keys of dict returns.
+    per_function: unweighted float32 [N] scores per function; 0 where the function does not apply.
+    applied: bool [N] per function, True where it applies (so a mean over per_function can skip the rest).
+    """
+
+    scores: torch.Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+    per_function: dict[str, torch.Tensor] = field(default_factory=dict)
+    applied: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class _Loaded:
+    spec: RewardFunctionSpec
+    fn: Callable[..., Any]
+    label: str
+    where: str
+    positional: tuple[str, ...]  # names of the first three parameters (prompt, response, ground_truth)
+    keyword_names: frozenset[str] | None  # None: accepts **kwargs, so every metadata key is passed
+
+    def applies(self, data_source: str | None) -> bool:
+        sources = self.spec.data_sources
+        return sources is None or (data_source is not None and data_source in sources)
+
+
+def _as_spec(spec: RewardFunctionSpec | Mapping[str, Any], i: int) -> RewardFunctionSpec:
+    if isinstance(spec, RewardFunctionSpec):
+        return spec
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"reward.functions[{i}] is a {type(spec).__name__}; each entry must be a mapping "
+                          "like {name: numeric_match, weight: 1.0}.")
+    try:
+        return RewardFunctionSpec.model_validate(dict(spec))
+    except ValidationError as e:
+        problems = "; ".join(
+            f"reward.functions[{i}].{'.'.join(str(p) for p in err['loc']) or '<entry>'}: {err['msg']}"
+            for err in e.errors()
+        )
+        raise ConfigError(f"invalid reward function spec: {problems}. Allowed keys: name, weight, kwargs, "
+                          "data_sources, batched.") from e
+
+
+def _signature_info(fn: Callable[..., Any]) -> tuple[tuple[str, ...], frozenset[str] | None]:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return (), None
+    positional = tuple(p.name for p in params
+                       if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))[:3]
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return positional, None
+    names = frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    return positional, names - set(positional)
+
+
+def _check_signature(loaded: _Loaded) -> None:
+    spec = loaded.spec
+    try:
+        sig = inspect.signature(loaded.fn)
+    except (TypeError, ValueError):
+        return
+    args: tuple[Any, ...] = ([], [], [], []) if spec.batched else (None, None, None)
+    try:
+        sig.bind(*args, **spec.kwargs)
+    except TypeError as e:
+        call = ("fn(prompts, responses, ground_truths, metadatas, **kwargs)" if spec.batched
+                else "fn(prompt, response, ground_truth, **metadata, **kwargs)")
+        raise RewardError(
+            f"{loaded.where}: '{loaded.label}{sig}' cannot be called as {call} with kwargs "
+            f"{sorted(spec.kwargs)}: {e}. Fix the function's parameters or the spec's kwargs"
+            + ("" if spec.batched else " (set batched: true if it takes whole lists)") + "."
+        ) from None
+
+
+def _to_float(value: Any) -> float | None:
+    """The value as a Python float, or None when it is not a single real number."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        return float(value.item())
+    if getattr(value, "shape", None) == () and hasattr(value, "item"):  # numpy 0-d array
+        item = value.item()
+        if isinstance(item, numbers.Real):
+            return float(item)
+    return None
+
+
+class RewardManager:
+    """Loads reward functions up front and scores batches with their weighted sum."""
+
+    def __init__(self, specs: Sequence[RewardFunctionSpec | Mapping[str, Any]], *,
+                 base_dir: str | Path | None = None) -> None:
+        if isinstance(specs, (str, bytes, Mapping)) or not isinstance(specs, Sequence):
+            raise ConfigError(f"reward.functions must be a list of specs, got {type(specs).__name__}; "
+                              "write e.g. reward.functions: [{name: numeric_match}].")
+        if not specs:
+            raise ConfigError("reward.functions is empty, so every sample would score 0; add at least one "
+                              "function, e.g. reward.functions: [{name: numeric_match}].")
+        self._loaded: list[_Loaded] = []
+        used: dict[str, int] = {}
+        for i, raw in enumerate(specs):
+            spec = _as_spec(raw, i)
+            where = f"reward.functions[{i}] (name={spec.name!r})"
+            fn = load_reward_function(spec.name, base_dir=base_dir, where=where)
+            check = BUILTIN_KWARG_CHECKS.get(spec.name)
+            if check is not None:
+                try:
+                    check(spec.kwargs)
+                except ValueError as e:
+                    raise RewardError(f"{where}: {e}") from None
+            base_label = display_name(spec.name)
+            used[base_label] = used.get(base_label, 0) + 1
+            label = base_label if used[base_label] == 1 else f"{base_label}_{used[base_label]}"
+            positional, names = _signature_info(fn)
+            loaded = _Loaded(spec, fn, label, where, positional, names)
+            _check_signature(loaded)
+            self._loaded.append(loaded)
+
+    @property
+    def names(self) -> list[str]:
+        """The labels used as keys of `RewardResult.per_function` and in metric names."""
+        return [ld.label for ld in self._loaded]
+
+    @property
+    def known_data_sources(self) -> list[str] | None:
+        """Every data_source some function lists; None when a function applies to every sample."""
+        if any(ld.spec.data_sources is None for ld in self._loaded):
+            return None
+        return sorted({s for ld in self._loaded for s in ld.spec.data_sources or ()})
+
+    def check_data_sources(self, data_sources: Iterable[str | None]) -> None:
+        """Raise RewardError when some sample has no function to score it (instead of scoring it 0)."""
+        known = self.known_data_sources
+        if known is None:
+            return
+        unknown: dict[str | None, list[int]] = {}
+        for i, ds in enumerate(data_sources):
+            if ds is None or ds not in known:
+                unknown.setdefault(ds, []).append(i)
+        if not unknown:
+            return
+        parts = []
+        for ds, idx in unknown.items():
+            shown = ", ".join(str(i) for i in idx[:5]) + (f" and {len(idx) - 5} more" if len(idx) > 5 else "")
+            parts.append(f"{'no data_source' if ds is None else f'data_source {ds!r}'} (sample {shown})")
+        raise RewardError(
+            "no reward function applies to " + "; ".join(parts) + ". Every entry of reward.functions lists "
+            f"data_sources, and the known data_sources are {known}. Fix: correct the rows' data_source, add it "
+            "to a function's data_sources, or add a function without data_sources (it applies to every "
+            "sample). A sample is never scored 0 silently."
+        )
+
+    def score(
+        self,
+        prompts: Sequence[Any],
+        responses: Sequence[str],
+        ground_truths: Sequence[Any],
+        metadata: Sequence[Mapping[str, Any] | None] | None = None,
+        data_sources: Sequence[str | None] | None = None,
+    ) -> RewardResult:
+        """Score N samples; every list has one entry per sample (metadata/data_sources may be None)."""
+        n = len(responses)
+        metadata = [None] * n if metadata is None else metadata
+        data_sources = [None] * n if data_sources is None else data_sources
+        lengths = {"prompts": len(prompts), "responses": n, "ground_truths": len(ground_truths),
+                   "metadata": len(metadata), "data_sources": len(data_sources)}
+        if len(set(lengths.values())) != 1:
+            raise RewardError(f"RewardManager.score got lists of different lengths {lengths}; pass one entry "
+                              "per sample in each (repeat the prompt's fields for every response).")
+        metas = [dict(m) if m is not None else {} for m in metadata]
+        self.check_data_sources(data_sources)
+
+        total = torch.zeros(n, dtype=torch.float64)
+        per_function: dict[str, torch.Tensor] = {}
+        applied: dict[str, torch.Tensor] = {}
+        metrics: dict[str, float] = {}
+        for ld in self._loaded:
+            idx = [i for i in range(n) if ld.applies(data_sources[i])]
+            raw = torch.zeros(n, dtype=torch.float64)
+            mask = torch.zeros(n, dtype=torch.bool)
+            extras: dict[str, list[float]] = {}
+            if ld.spec.batched:
+                results = self._call_batched(ld, idx, prompts, responses, ground_truths, metas, data_sources)
+            else:
+                results = [self._call_one(ld, i, prompts[i], responses[i], ground_truths[i], metas[i],
+                                          data_sources[i]) for i in idx]
+            for i, value in zip(idx, results):
+                s, extra = self._parse(ld, i, value, data_sources[i])
+                raw[i] = s
+                mask[i] = True
+                for k, v in extra.items():
+                    extras.setdefault(k, []).append(v)
+            total += ld.spec.weight * raw
+            per_function[ld.label] = raw.float()
+            applied[ld.label] = mask
+            if idx:
+                metrics[f"reward/{ld.label}/score"] = float(raw[mask].mean())
+            for k, vals in extras.items():
+                metrics[f"reward/{ld.label}/{k}"] = math.fsum(vals) / len(vals)
+        if n:
+            metrics["reward/mean"] = float(total.mean())
+        return RewardResult(total.float(), metrics, per_function, applied)
+
+    # -- calling user code -------------------------------------------------------------------------
+
+    def _call_one(self, ld: _Loaded, i: int, prompt: Any, response: str, ground_truth: Any,
+                  meta: dict[str, Any], data_source: str | None) -> Any:
+        kwargs = {k: v for k, v in meta.items() if k not in ld.positional
+                  and (ld.keyword_names is None or k in ld.keyword_names)}
+        if ld.keyword_names is not None and "data_source" in ld.keyword_names and "data_source" not in kwargs:
+            kwargs["data_source"] = data_source
+        kwargs.update(ld.spec.kwargs)
+        try:
+            return ld.fn(prompt, response, ground_truth, **kwargs)
+        except Exception as e:
+            raise RewardError(
+                f"reward function '{ld.label}' ({ld.where}) raised {type(e).__name__}: {e} on sample {i} "
+                f"(data_source={data_source!r}, ground_truth={_short(ground_truth)}, "
+                f"response={_short(response)}). Fix the function or that row; the original traceback "
+                "is chained above."
+            ) from e
+
+    def _call_batched(self, ld: _Loaded, idx: list[int], prompts: Sequence[Any], responses: Sequence[str],
+                      ground_truths: Sequence[Any], metas: list[dict[str, Any]],
+                      data_sources: Sequence[str | None]) -> list[Any]:
+        if not idx:
+            return []
+        span = f"samples {idx[0]}..{idx[-1]} ({len(idx)} samples)"
+        try:
+            out = ld.fn([prompts[i] for i in idx], [responses[i] for i in idx],
+                        [ground_truths[i] for i in idx], [metas[i] for i in idx], **ld.spec.kwargs)
+        except Exception as e:
+            raise RewardError(
+                f"batched reward function '{ld.label}' ({ld.where}) raised {type(e).__name__}: {e} on the "
+                f"call over {span}. Fix the function; the original traceback is chained above."
+            ) from e
+        if isinstance(out, torch.Tensor):
+            out = out.reshape(-1).tolist() if out.dim() <= 1 else out
+        elif hasattr(out, "tolist") and getattr(out, "ndim", None) == 1:  # numpy array
+            out = out.tolist()
+        if isinstance(out, (str, bytes, Mapping)) or not isinstance(out, Sequence):
+            raise RewardError(
+                f"batched reward function '{ld.label}' ({ld.where}) returned a {type(out).__name__}; it must "
+                f"return a list with one float (or dict with 'score') per sample, {len(idx)} here."
+            )
+        if len(out) != len(idx):
+            raise RewardError(
+                f"batched reward function '{ld.label}' ({ld.where}) returned {len(out)} results for "
+                f"{len(idx)} samples ({span}); return exactly one float or dict per sample, in order."
+            )
+        return list(out)
+
+    def _parse(self, ld: _Loaded, i: int, value: Any, data_source: str | None) -> tuple[float, dict[str, float]]:
+        at = f"reward function '{ld.label}' ({ld.where}) on sample {i} (data_source={data_source!r})"
+        extras: dict[str, float] = {}
+        if isinstance(value, Mapping):
+            if "score" not in value:
+                raise RewardError(f"{at} returned a dict without a 'score' key (keys: {sorted(value)}); "
+                                  "return {'score': float, ...extra metrics}.")
+            for k, v in value.items():
+                if k == "score":
+                    continue
+                f = _to_float(v)
+                if f is None or not math.isfinite(f):
+                    raise RewardError(f"{at} returned extra metric {k!r}={_short(v)}; extra dict entries are "
+                                      "logged as metrics and must be finite numbers. Remove it or convert it.")
+                extras[str(k)] = f
+            value = value["score"]
+        score = _to_float(value)
+        if score is None:
+            raise RewardError(f"{at} returned {_short(value)} ({type(value).__name__}); a reward must be a "
+                              "finite number or a dict with a numeric 'score'. Make every code path return "
+                              "one (a missing return gives None).")
+        if not math.isfinite(score):
+            raise RewardError(f"{at} returned {score}; a reward must be finite. Guard the division or "
+                              "log that yields NaN/inf.")
+        return score, extras
+
+    def __repr__(self) -> str:
+        parts = [f"{ld.label}(w={ld.spec.weight:g}"
+                 + (f", data_sources={ld.spec.data_sources}" if ld.spec.data_sources else "") + ")"
+                 for ld in self._loaded]
+        return f"RewardManager({', '.join(parts)})"
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+__all__ = ["RewardManager", "RewardResult"]
