@@ -1,0 +1,42 @@
+"""The RL core math: pure tensor functions with no I/O, importing only torch.
+
+Every formula of the training step lives here exactly once; the trainers call these functions and do
+not re-derive them.
+"""
+
+from .advantages import (
+    compute_gae,
+    compute_grpo_advantages,
+    compute_reinforce_pp_returns,
+    compute_rloo_advantages,
+    place_score_on_last_token,
+)
+from .core import AGG_MODES, aggregate_loss, explained_variance, masked_mean, masked_var, masked_whiten
+from .dpo import DPO_LOSS_TYPES, dpo_loss
+from .kl import KL_KINDS, AdaptiveKLController, FixedKLController, kl_penalty
+from .logits import entropy_from_logits, token_logprobs
+from .losses import ppo_policy_loss, value_loss
+
+__all__ = [
+    "AGG_MODES",
+    "DPO_LOSS_TYPES",
+    "KL_KINDS",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "aggregate_loss",
+    "compute_gae",
+    "compute_grpo_advantages",
+    "compute_reinforce_pp_returns",
+    "compute_rloo_advantages",
+    "dpo_loss",
+    "entropy_from_logits",
+    "explained_variance",
+    "kl_penalty",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    "place_score_on_last_token",
+    "ppo_policy_loss",
+    "token_logprobs",
+    "value_loss",
+]
