@@ -1,0 +1,18 @@
+"""Training environments: a prompt source plus a reward (built-in tasks and file-backed datasets)."""
+
+from verl.env.arithmetic import ArithmeticEnv, arithmetic_sft_pairs
+from verl.env.base import Environment, PromptEnv
+from verl.env.dataset import DatasetEnv
+from verl.env.registry import EnvBuildContext, available_envs, build_env, register_env
+
+__all__ = [
+    "ArithmeticEnv",
+    "DatasetEnv",
+    "EnvBuildContext",
+    "Environment",
+    "PromptEnv",
+    "arithmetic_sft_pairs",
+    "available_envs",
+    "build_env",
+    "register_env",
+]

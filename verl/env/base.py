@@ -1,0 +1,152 @@
+"""What a training environment is: a prompt source plus a reward, with a resumable prompt order.
+
+The trainer only talks to the `Environment` protocol, so a user can plug in any object with these five
+methods. `PromptEnv` implements the shared part (epoch-wise shuffling, state for resume, reward scoring
+from canonical rows) for the built-in environments.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from verl.errors import CheckpointError, ConfigError, RewardError
+from verl.rewards.manager import RewardManager, RewardResult
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """Prompt rows in, rewards out. Rows are dicts {"prompt", "ground_truth", "data_source", "metadata"}."""
+
+    def get_batch(self, batch_size: int) -> list[dict[str, Any]]:
+        """The next `batch_size` training rows; the order continues across epochs and resumes."""
+        ...
+
+    def compute_reward(self, rows: Sequence[Mapping[str, Any]], responses: Sequence[str]) -> RewardResult:
+        """Score response i against rows[i] (repeat a row for each of its n responses)."""
+        ...
+
+    def val_rows(self) -> list[dict[str, Any]]:
+        """Every validation row, in a fixed order."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Enough to continue the prompt order exactly after a restart."""
+        ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what `state_dict` returned."""
+        ...
+
+
+def _copy_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    # Deep copy so a trainer that annotates rows (or a chat prompt's message dicts) cannot change the dataset.
+    return copy.deepcopy(dict(row))
+
+
+class PromptEnv:
+    """An environment over fixed train/val rows, shuffled by a seeded permutation per epoch.
+
+    The order depends only on (seed, epoch), never on global RNG state, so it is identical across runs
+    and across a resume from `state_dict()`. A batch that crosses the end of an epoch continues into the
+    next epoch's permutation, so every batch is full.
+    """
+
+    def __init__(self, train_rows: Sequence[Mapping[str, Any]], reward_manager: RewardManager, *,
+                 val_rows: Sequence[Mapping[str, Any]] = (), seed: int = 0, shuffle: bool = True) -> None:
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise ConfigError(f"seed must be an int, got {seed!r}")
+        self._train = list(train_rows)
+        self._val = list(val_rows)
+        # Fail at start-up, not at step 500, when some row's data_source has no reward function.
+        for split, rows in (("train", self._train), ("val", self._val)):
+            try:
+                reward_manager.check_data_sources([r.get("data_source") for r in rows])
+            except RewardError as e:
+                raise RewardError(f"{split} data: {e}") from None
+        self.reward_manager = reward_manager
+        self.seed = seed
+        self.shuffle = shuffle
+        self._epoch = 0
+        self._position = 0
+        self._perm_epoch = -1
+        self._perm: np.ndarray = np.arange(0)
+
+    def __len__(self) -> int:
+        return len(self._train)
+
+    @property
+    def epoch(self) -> int:
+        """Epochs completed so far (a batch that wraps around counts toward the next one)."""
+        return self._epoch
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if self._perm_epoch != epoch:
+            n = len(self._train)
+            if self.shuffle:
+                self._perm = np.random.default_rng([self.seed, 0, epoch]).permutation(n)
+            else:
+                self._perm = np.arange(n)
+            self._perm_epoch = epoch
+        return self._perm
+
+    def get_batch(self, batch_size: int) -> list[dict[str, Any]]:
+        """The next `batch_size` training rows (copies)."""
+        n = len(self._train)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ConfigError(f"batch_size must be a positive int, got {batch_size!r} "
+                              "(data.train_batch_size).")
+        if batch_size > n:
+            raise ConfigError(f"data.train_batch_size={batch_size} is larger than the {n} training prompts, "
+                              "so a batch would repeat prompts; lower data.train_batch_size or add data.")
+        out: list[dict[str, Any]] = []
+        while len(out) < batch_size:
+            if self._position >= n:
+                self._epoch += 1
+                self._position = 0
+            take = min(batch_size - len(out), n - self._position)
+            order = self._order(self._epoch)
+            out.extend(_copy_row(self._train[int(i)]) for i in order[self._position:self._position + take])
+            self._position += take
+        return out
+
+    def val_rows(self) -> list[dict[str, Any]]:
+        return [_copy_row(r) for r in self._val]
+
+    def compute_reward(self, rows: Sequence[Mapping[str, Any]], responses: Sequence[str]) -> RewardResult:
+        return self.reward_manager.score(
+            [r.get("prompt") for r in rows],
+            list(responses),
+            [r.get("ground_truth") for r in rows],
+            [r.get("metadata") or {} for r in rows],
+            [r.get("data_source") for r in rows],
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "shuffle": self.shuffle, "num_rows": len(self._train),
+                "epoch": self._epoch, "position": self._position}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        missing = [k for k in ("seed", "shuffle", "num_rows", "epoch", "position") if k not in state]
+        if missing:
+            raise CheckpointError(f"environment state is missing {missing}; it was not written by "
+                                  f"{type(self).__name__}.state_dict(). Resume from a complete checkpoint.")
+        mismatch = {k: (state[k], v) for k, v in
+                    (("seed", self.seed), ("shuffle", self.shuffle), ("num_rows", len(self._train)))
+                    if state[k] != v}
+        if mismatch:
+            detail = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in mismatch.items())
+            raise CheckpointError(f"environment state does not match this run ({detail}); the prompt order "
+                                  "cannot be resumed. Use the same seed, data.shuffle and training data as "
+                                  "the checkpointed run, or start a fresh run.")
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if epoch < 0 or not 0 <= position <= len(self._train):
+            raise CheckpointError(f"environment state has epoch={epoch}, position={position} outside "
+                                  f"[0, {len(self._train)}]; the checkpoint is corrupt.")
+        self._epoch, self._position = epoch, position
+
+
+__all__ = ["Environment", "PromptEnv"]
