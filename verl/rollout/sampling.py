@@ -1,0 +1,81 @@
+"""One sampling step: logits in, token ids and their logprobs out.
+
+Kept separate from the engine so the distribution can be tested on its own against the softmax, and so
+every engine filters logits in the same order (temperature, then top-k, then top-p), which is also
+the order Hugging Face ``generate`` applies them in.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def filtered_logprobs(
+    logits: torch.Tensor, temperature: float, top_k: int | None = None, top_p: float = 1.0
+) -> torch.Tensor:
+    """Log-probabilities of the distribution we sample from; filtered-out tokens get -inf.
+
+    ``logits`` is [A, V]. The result is float32 (or float64 if the input is float64) so that the
+    logprobs handed to the PPO ratio are not rounded to bf16.
+    """
+    if logits.dtype not in (torch.float32, torch.float64):
+        logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    vocab = logits.shape[-1]
+    if top_k is not None and 0 < top_k < vocab:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(-1)
+        # Drop a token when the tokens ranked above it already hold top_p of the mass: what is left is
+        # the smallest set whose mass reaches top_p (the top token always stays).
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs
+        drop_sorted = mass_before >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.log_softmax(-1)
+
+
+def sample_from_logprobs(logprobs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one token id per row from ``exp(logprobs)`` by inverting the CDF.
+
+    One uniform number per row instead of one exponential per vocabulary entry (the Gumbel trick) or
+    ``torch.multinomial``: on CPU this is several times cheaper and it is exact. ``right=True`` in
+    the search never lands on a zero-probability token, since its CDF step is flat.
+    """
+    probs = logprobs.exp()
+    cdf = probs.cumsum(-1)
+    total = cdf[:, -1:]
+    u = torch.rand(total.shape, generator=generator, device=cdf.device, dtype=cdf.dtype) * total
+    # u < total always, so the search result is a real index whose token has positive probability.
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1)
+
+
+def sample_step(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int | None = None,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick the next token of every row of ``logits`` [A, V]; returns (token ids [A], logprobs [A]).
+
+    Greedy (temperature 0) returns the argmax and its untempered logprob; otherwise the logprob is
+    that of the sampled token under the filtered distribution it was drawn from.
+    """
+    if temperature == 0:
+        if logits.dtype not in (torch.float32, torch.float64):
+            logits = logits.float()
+        # Argmax of the raw logits, exactly as HF greedy search does, so near-ties break the same way.
+        tokens = logits.argmax(-1)
+        logp = logits.log_softmax(-1)
+    else:
+        logp = filtered_logprobs(logits, temperature, top_k, top_p)
+        tokens = sample_from_logprobs(logp, generator)
+    return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+__all__ = ["filtered_logprobs", "sample_from_logprobs", "sample_step"]
