@@ -1,0 +1,281 @@
+"""RewardManager: loading, weighted sums, routing by data_source, batched functions and every error path."""
+
+from __future__ import annotations
+
+import math
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from verl.errors import ConfigError, RewardError
+from verl.rewards import RewardFunctionSpec, RewardManager
+
+USER_CODE = '''
+import math
+
+calls = []
+
+def length_bonus(prompt, response, ground_truth, **metadata):
+    calls.append(dict(metadata))
+    return {"score": len(response) / 10.0, "chars": float(len(response)), "correct": float(response == ground_truth)}
+
+def named_only(prompt, response, ground_truth, difficulty=0.0):
+    return float(difficulty)
+
+def by_source(prompt, response, ground_truth, data_source=None):
+    return 1.0 if data_source == "b" else 0.0
+
+def returns_none(prompt, response, ground_truth, **kw):
+    if response == "ok":
+        return 1.0
+
+def returns_nan(prompt, response, ground_truth, **kw):
+    return math.nan if response == "bad" else 0.5
+
+def returns_inf(prompt, response, ground_truth, **kw):
+    return float("inf")
+
+def returns_text(prompt, response, ground_truth, **kw):
+    return "1.0"
+
+def dict_without_score(prompt, response, ground_truth, **kw):
+    return {"reward": 1.0}
+
+def bad_extra(prompt, response, ground_truth, **kw):
+    return {"score": 1.0, "pred": "19"}
+
+def divide(prompt, response, ground_truth, **kw):
+    return 1 / int(response)
+
+def batch_len(prompts, responses, ground_truths, metadatas, scale=1.0):
+    batch_len.calls += 1
+    batch_len.seen = list(responses)
+    return [scale * len(r) for r in responses]
+batch_len.calls = 0
+
+def batch_short(prompts, responses, ground_truths, metadatas):
+    return [1.0] * (len(responses) - 1)
+
+def batch_tensor(prompts, responses, ground_truths, metadatas):
+    import torch
+    return torch.arange(len(responses), dtype=torch.float64)
+
+def batch_raises(prompts, responses, ground_truths, metadatas):
+    raise KeyError("label")
+
+def two_args(prompt, response):
+    return 1.0
+
+not_a_function = 3
+'''
+
+
+@pytest.fixture()
+def user_file(tmp_path: Path) -> Path:
+    path = tmp_path / "my_reward.py"
+    path.write_text(USER_CODE)
+    return path
+
+
+def _mgr(user_file: Path, *specs: dict) -> RewardManager:
+    return RewardManager(list(specs), base_dir=user_file.parent)
+
+
+def test_weighted_sum_matches_float64_reference(user_file: Path) -> None:
+    mgr = _mgr(
+        user_file,
+        {"name": "numeric_match", "weight": 0.7},
+        {"name": "format", "weight": -0.3, "kwargs": {"pattern": r"^\d+$"}},
+        {"name": "my_reward.py:length_bonus", "weight": 0.25},
+    )
+    responses = ["19", "x 19", "7", "seven"]
+    gts = ["19", "19", "8", "7"]
+    res = mgr.score(["p"] * 4, responses, gts, [{}] * 4, [None] * 4)
+    num = [1.0, 1.0, 0.0, 0.0]
+    fmt = [1.0, 0.0, 1.0, 0.0]
+    length = [len(r) / 10.0 for r in responses]
+    want = [math.fsum([0.7 * a, -0.3 * b, 0.25 * c]) for a, b, c in zip(num, fmt, length)]
+    assert res.scores.dtype == torch.float32 and res.scores.shape == (4,)
+    torch.testing.assert_close(res.scores, torch.tensor(want, dtype=torch.float64).float())
+    assert mgr.names == ["numeric_match", "format", "length_bonus"]
+    torch.testing.assert_close(res.per_function["format"], torch.tensor(fmt))
+    assert res.metrics["reward/length_bonus/chars"] == pytest.approx(np.mean([len(r) for r in responses]))
+    assert res.metrics["reward/length_bonus/correct"] == pytest.approx(0.25)  # only "19" == "19"
+    assert res.metrics["reward/numeric_match/score"] == pytest.approx(0.5)
+    assert res.metrics["reward/mean"] == pytest.approx(math.fsum(want) / 4)
+
+
+def test_data_sources_route_functions(user_file: Path) -> None:
+    mgr = _mgr(
+        user_file,
+        {"name": "exact_match", "data_sources": ["a"]},
+        {"name": "numeric_match", "data_sources": ["b", "c"], "weight": 2.0},
+    )
+    res = mgr.score(["p"] * 3, ["x", "5", "5"], ["x", "5", "6"], None, ["a", "b", "c"])
+    assert res.scores.tolist() == [1.0, 2.0, 0.0]
+    assert res.applied["exact_match"].tolist() == [True, False, False]
+    assert res.applied["numeric_match"].tolist() == [False, True, True]
+    assert res.per_function["exact_match"].tolist() == [1.0, 0.0, 0.0]
+    assert res.metrics["reward/numeric_match/score"] == pytest.approx(0.5)  # mean over applied samples only
+
+
+def test_unknown_data_source_is_an_error_not_zero() -> None:
+    mgr = RewardManager([{"name": "numeric_match", "data_sources": ["gsm8k"]},
+                         {"name": "exact_match", "data_sources": ["math"]}])
+    with pytest.raises(RewardError) as e:
+        mgr.score(["p"] * 3, ["1", "1", "1"], ["1", "1", "1"], None, ["gsm8k", "gsm8kk", None])
+    msg = str(e.value)
+    assert "data_source 'gsm8kk' (sample 1)" in msg
+    assert "no data_source (sample 2)" in msg
+    assert "['gsm8k', 'math']" in msg and "never scored 0 silently" in msg
+
+
+def test_unrestricted_function_covers_every_data_source() -> None:
+    mgr = RewardManager([{"name": "numeric_match", "data_sources": ["gsm8k"]}, {"name": "exact_match"}])
+    assert mgr.known_data_sources is None
+    res = mgr.score(["p"] * 2, ["1", "1"], ["1", "1"], None, ["gsm8k", "other"])
+    assert res.scores.tolist() == [2.0, 1.0]
+
+
+def test_metadata_is_passed_filtered_and_data_source_injected(user_file: Path) -> None:
+    mgr = _mgr(user_file, {"name": "my_reward.py:length_bonus", "weight": 0.0},
+               {"name": "my_reward.py:named_only"}, {"name": "my_reward.py:by_source"})
+    meta = [{"difficulty": 2.5, "split": "train"}, {"difficulty": 1.0}]
+    res = mgr.score(["p", "p"], ["ab", "c"], ["g", "g"], meta, ["a", "b"])
+    # named_only has no **kwargs: it gets difficulty but not split (which would be a TypeError).
+    assert res.per_function["named_only"].tolist() == [2.5, 1.0]
+    assert res.per_function["by_source"].tolist() == [0.0, 1.0]
+    mod = sys.modules[next(n for n in sys.modules if n.startswith("verl_user_reward_")
+                           and getattr(sys.modules[n], "__file__", "") == str(user_file.resolve()))]
+    assert mod.calls[-2:] == meta  # **kwargs functions see every metadata key
+
+
+def test_module_path_function(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = tmp_path / "acme_rewards_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "scoring.py").write_text("def half(prompt, response, ground_truth, **kw):\n    return 0.5\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mgr = RewardManager([{"name": "acme_rewards_pkg.scoring:half", "weight": 3.0}])
+    assert mgr.score(["p"], ["r"], ["g"]).scores.tolist() == [1.5]
+
+
+def test_batched_function_called_once_on_applicable_subset(user_file: Path) -> None:
+    mgr = _mgr(user_file, {"name": "my_reward.py:batch_len", "batched": True, "data_sources": ["a"],
+                           "kwargs": {"scale": 0.5}},
+               {"name": "my_reward.py:batch_tensor", "batched": True, "data_sources": ["b"]})
+    res = mgr.score(["p"] * 4, ["aaaa", "bb", "cc", "dddddd"], [None] * 4, None, ["a", "b", "b", "a"])
+    fn = next(ld.fn for ld in mgr._loaded if ld.label == "batch_len")
+    assert fn.calls == 1 and fn.seen == ["aaaa", "dddddd"]
+    assert res.scores.tolist() == [2.0, 0.0, 1.0, 3.0]
+
+
+# ---- error paths ---------------------------------------------------------------------------------
+
+
+def test_function_that_raises_names_function_index_and_source(user_file: Path) -> None:
+    mgr = _mgr(user_file, {"name": "my_reward.py:divide"})
+    with pytest.raises(RewardError) as e:
+        mgr.score(["p"] * 3, ["1", "2", "0"], ["g"] * 3, None, ["s1", "s2", "s3"])
+    msg = str(e.value)
+    assert "reward function 'divide'" in msg and "reward.functions[0]" in msg
+    assert "ZeroDivisionError" in msg and "on sample 2" in msg and "data_source='s3'" in msg
+    assert isinstance(e.value.__cause__, ZeroDivisionError)
+
+
+def test_builtin_error_is_wrapped_with_index() -> None:
+    mgr = RewardManager([{"name": "numeric_match"}])
+    with pytest.raises(RewardError, match=r"'numeric_match'.*ground_truth is None.*on sample 1"):
+        mgr.score(["p", "p"], ["1", "2"], ["1", None])
+
+
+@pytest.mark.parametrize(
+    ("fn", "responses", "pattern"),
+    [
+        ("returns_none", ["ok", "no"], r"'returns_none'.*on sample 1.*returned None.*missing return gives None"),
+        ("returns_nan", ["fine", "bad"], r"'returns_nan'.*on sample 1.*returned nan; a reward must be finite"),
+        ("returns_inf", ["x"], r"'returns_inf'.*on sample 0.*returned inf"),
+        ("returns_text", ["x"], r"'returns_text'.*returned '1.0' \(str\)"),
+        ("dict_without_score", ["x"], r"dict without a 'score' key \(keys: \['reward'\]\)"),
+        ("bad_extra", ["x"], r"extra metric 'pred'='19'.*must be finite numbers"),
+    ],
+)
+def test_unusable_return_values(user_file: Path, fn: str, responses: list[str], pattern: str) -> None:
+    mgr = _mgr(user_file, {"name": f"my_reward.py:{fn}"})
+    n = len(responses)
+    with pytest.raises(RewardError, match=pattern):
+        mgr.score(["p"] * n, responses, ["g"] * n)
+
+
+def test_batched_error_paths(user_file: Path) -> None:
+    short = _mgr(user_file, {"name": "my_reward.py:batch_short", "batched": True})
+    with pytest.raises(RewardError, match=r"'batch_short'.*returned 2 results for 3 samples"):
+        short.score(["p"] * 3, ["a", "b", "c"], [None] * 3)
+    raising = _mgr(user_file, {"name": "my_reward.py:batch_raises", "batched": True})
+    with pytest.raises(RewardError, match=r"batched reward function 'batch_raises'.*KeyError.*samples 0..1") as e:
+        raising.score(["p"] * 2, ["a", "b"], [None] * 2)
+    assert isinstance(e.value.__cause__, KeyError)
+
+
+@pytest.mark.parametrize(
+    ("spec", "exc", "pattern"),
+    [
+        ({"name": "exact_mtch"}, RewardError, r"'exact_mtch' is not a built-in reward. Did you mean 'exact_match'"),
+        ({"name": "missing.py:fn"}, RewardError, r"reward.functions\[0\].*missing.py does not exist.*relative paths"),
+        ({"name": "my_reward.py:lenght_bonus"}, RewardError, r"has no function 'lenght_bonus'. Did you mean 'length_bonus'"),
+        ({"name": "my_reward.py:not_a_function"}, RewardError, r"is a int, not a function"),
+        ({"name": "no_such_pkg_xyz.mod:fn"}, RewardError, r"module 'no_such_pkg_xyz.mod' cannot be imported"),
+        ({"name": "my_reward.py:"}, RewardError, r"must have a file or module before ':' and a function name"),
+        ({"name": "my_reward.py:two_args"}, RewardError, r"'two_args\(prompt, response\)' cannot be called as fn\(prompt"),
+        ({"name": "my_reward.py:batch_len"}, RewardError, r"set batched: true"),
+        ({"name": "my_reward.py:named_only", "kwargs": {"bogus": 1}}, RewardError, r"kwargs \['bogus'\]"),
+        ({"name": "format"}, RewardError, r"format reward needs kwargs.pattern"),
+        ({"name": "format", "kwargs": {"pattern": "("}}, RewardError, r"not a valid regular expression"),
+        ({"name": "numeric_match", "kwargs": {"mode": "loose"}}, RewardError, r"kwargs.mode must be"),
+        ({"name": "numeric_match", "wieght": 2}, ConfigError, r"reward.functions\[0\].wieght: Extra inputs"),
+        ({"name": "numeric_match", "weight": float("nan")}, ConfigError, r"weight must be a finite number"),
+        ({"name": "numeric_match", "data_sources": []}, ConfigError, r"empty list"),
+    ],
+)
+def test_bad_specs_fail_at_construction(user_file: Path, spec: dict, exc: type, pattern: str) -> None:
+    with pytest.raises(exc, match=pattern):
+        RewardManager([spec], base_dir=user_file.parent)
+
+
+def test_file_that_fails_to_import(tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text("import nope_not_a_module_abc\n")
+    with pytest.raises(RewardError, match=r"importing reward file .*broken.py raised ModuleNotFoundError"):
+        RewardManager([{"name": "broken.py:fn"}], base_dir=tmp_path)
+
+
+def test_empty_and_malformed_spec_lists() -> None:
+    with pytest.raises(ConfigError, match="reward.functions is empty"):
+        RewardManager([])
+    with pytest.raises(ConfigError, match="must be a list of specs"):
+        RewardManager({"name": "exact_match"})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"reward.functions\[0\] is a str"):
+        RewardManager(["exact_match"])  # type: ignore[list-item]
+
+
+def test_input_length_mismatch() -> None:
+    mgr = RewardManager([RewardFunctionSpec(name="exact_match")])
+    with pytest.raises(RewardError, match="lists of different lengths"):
+        mgr.score(["p"], ["a", "b"], ["a", "b"])
+
+
+def test_duplicate_names_get_distinct_labels() -> None:
+    mgr = RewardManager([{"name": "format", "kwargs": {"pattern": "a"}},
+                         {"name": "format", "kwargs": {"pattern": "b"}}])
+    assert mgr.names == ["format", "format_2"]
+    res = mgr.score(["p"], ["a"], [None])
+    assert res.per_function["format"].tolist() == [1.0] and res.per_function["format_2"].tolist() == [0.0]
+
+
+def test_spec_defaults() -> None:
+    spec = RewardFunctionSpec(name=" numeric_match ")
+    assert (spec.name, spec.weight, spec.kwargs, spec.data_sources, spec.batched) == (
+        "numeric_match", 1.0, {}, None, False)
