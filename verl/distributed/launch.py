@@ -1,0 +1,98 @@
+"""`verl train --nproc N`: re-execute the same command under torchrun, one process per device.
+
+The user types one command; we build the torchrun line so they never get the module path or the
+rendezvous flags wrong, and refuse to nest torchrun inside torchrun.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+
+import torch
+
+from verl.errors import ConfigError, DeviceMappingError
+
+_NPROC_FLAGS = ("--nproc", "--nproc_per_node", "--nproc-per-node")
+
+
+def strip_nproc_flag(argv: Sequence[str]) -> list[str]:
+    """Remove `--nproc N` / `--nproc=N` from argv so the children do not spawn again."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in _NPROC_FLAGS:
+            skip = True
+            continue
+        if any(arg.startswith(flag + "=") for flag in _NPROC_FLAGS):
+            continue
+        out.append(arg)
+    return out
+
+
+def build_torchrun_command(
+    nproc: int,
+    argv: Sequence[str],
+    *,
+    nnodes: int = 1,
+    node_rank: int | None = None,
+    rdzv_endpoint: str | None = None,
+    python: str | None = None,
+) -> list[str]:
+    """The torchrun command line for `verl <argv>` on `nproc` processes per node.
+
+    `argv` is what follows `verl` (e.g. ["train", "cfg.yaml", "trainer.steps=10"]); a `--nproc` flag in it
+    is dropped. Multi-node runs pass nnodes and a rendezvous endpoint (host:port of any node).
+    """
+    if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
+        raise ConfigError(f"--nproc {nproc!r}: the number of processes must be an integer >= 1. Fix: --nproc 2.")
+    if nnodes < 1:
+        raise ConfigError(f"--nnodes {nnodes}: must be >= 1.")
+    if nnodes > 1 and not rdzv_endpoint:
+        raise ConfigError(
+            f"--nnodes {nnodes} needs a rendezvous endpoint every node can reach. Fix: pass "
+            f"--rdzv-endpoint HOST:PORT (the same on every node)."
+        )
+    cmd = [python or sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--nnodes={nnodes}"]
+    if nnodes > 1:
+        cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"]
+        if node_rank is not None:
+            cmd.append(f"--node-rank={node_rank}")
+    else:
+        cmd.append("--standalone")
+    cmd += ["-m", "verl.cli.main", *strip_nproc_flag(argv)]
+    return cmd
+
+
+def spawn_torchrun(
+    nproc: int,
+    argv: Sequence[str],
+    *,
+    nnodes: int = 1,
+    node_rank: int | None = None,
+    rdzv_endpoint: str | None = None,
+    env: dict[str, str] | None = None,
+) -> int:
+    """Run `verl <argv>` under torchrun with `nproc` processes per node and return its exit code."""
+    environ = dict(os.environ if env is None else env)
+    if environ.get("TORCHELASTIC_RUN_ID") or environ.get("LOCAL_RANK"):
+        raise ConfigError(
+            "--nproc was given inside a torchrun worker (LOCAL_RANK is set). Fix: either launch with torchrun "
+            "yourself or use `verl train --nproc N`, not both."
+        )
+    if torch.cuda.is_available() and nproc > torch.cuda.device_count():
+        raise DeviceMappingError(
+            f"--nproc {nproc} but only {torch.cuda.device_count()} CUDA device(s) are visible "
+            f"(CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES', 'unset')}). Fix: --nproc "
+            f"{torch.cuda.device_count()} or make more devices visible."
+        )
+    cmd = build_torchrun_command(nproc, argv, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint)
+    return subprocess.call(cmd, env=environ)
+
+
+__all__ = ["spawn_torchrun", "build_torchrun_command", "strip_nproc_flag"]
