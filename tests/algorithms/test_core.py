@@ -7,7 +7,14 @@ import math
 import pytest
 import torch
 
-from verl.algorithms import AGG_MODES, aggregate_loss, explained_variance, masked_mean, masked_var, masked_whiten
+from verl.algorithms import (
+    AGG_MODES,
+    aggregate_loss,
+    explained_variance,
+    masked_mean,
+    masked_var,
+    masked_whiten,
+)
 
 # Rows: full, a gap in the middle plus end padding, empty, left and right padding.
 MASK = torch.tensor(
@@ -89,7 +96,9 @@ def test_nan_under_mask_does_not_leak_into_values_or_gradients():
 @pytest.mark.parametrize("unbiased", [True, False])
 def test_masked_var_matches_reference(unbiased):
     x = _x(1)
-    assert masked_var(x, MASK, unbiased=unbiased).item() == pytest.approx(ref_var(x, MASK, unbiased), rel=1e-12)
+    assert masked_var(x, MASK, unbiased=unbiased).item() == pytest.approx(
+        ref_var(x, MASK, unbiased), rel=1e-12
+    )
     out32 = masked_var(x.float(), MASK, unbiased=unbiased)
     assert out32.dtype == torch.float32
     assert out32.item() == pytest.approx(ref_var(x, MASK, unbiased), rel=1e-5)

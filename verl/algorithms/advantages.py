@@ -105,7 +105,9 @@ def _group_stats(
         raise ValueError(f"scores has shape {tuple(scores.shape)}; pass one score per sample, shape [N]")
     _check_same_shape("scores", scores, group_ids=group_ids)
     if group_ids.dtype.is_floating_point or group_ids.dtype.is_complex or group_ids.dtype == torch.bool:
-        raise ValueError(f"group_ids have dtype {group_ids.dtype}; pass an integer tensor (e.g. prompt index)")
+        raise ValueError(
+            f"group_ids have dtype {group_ids.dtype}; pass an integer tensor (e.g. prompt index)"
+        )
     dtype, cd = _float_dtype(scores)
     s = scores.to(cd)
     finite = torch.isfinite(s)

@@ -28,7 +28,9 @@ def _check_same_shape(ref_name: str, ref: torch.Tensor, **others: torch.Tensor) 
             )
 
 
-def _bool_mask(mask: torch.Tensor, x: torch.Tensor, x_name: str = "x", mask_name: str = "mask") -> torch.Tensor:
+def _bool_mask(
+    mask: torch.Tensor, x: torch.Tensor, x_name: str = "x", mask_name: str = "mask"
+) -> torch.Tensor:
     """Check the mask against `x` and return it as a bool tensor."""
     _check_same_shape(x_name, x, **{mask_name: mask})
     return mask if mask.dtype == torch.bool else mask != 0
@@ -44,7 +46,9 @@ def _check_agg(mode: str, name: str = "mode") -> None:
         raise ValueError(f"{name}={mode!r} is not a loss aggregation mode; use one of {', '.join(AGG_MODES)}")
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | tuple[int, ...] | None = None) -> torch.Tensor:
+def masked_mean(
+    x: torch.Tensor, mask: torch.Tensor, dim: int | tuple[int, ...] | None = None
+) -> torch.Tensor:
     """Mean of the unmasked elements of `x` (over `dim`, or over everything when None).
 
     A slice with no unmasked element has mean 0 rather than NaN, so one empty response cannot poison a
@@ -74,7 +78,9 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
     return sq / dof.clamp(min=1)
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+def masked_whiten(
+    x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
+) -> torch.Tensor:
     """(x - mean) / sqrt(var + eps) over the unmasked elements (unbiased var); masked positions become 0.
 
     `shift_mean=False` adds the mean back, which rescales without moving the centre: for rewards or values

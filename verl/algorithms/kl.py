@@ -36,7 +36,9 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str) -> t
 
 def _check_state(state: dict[str, Any], cls: str) -> float:
     if not isinstance(state, dict) or "value" not in state:
-        raise ValueError(f"state for {cls}.load_state_dict has no 'value' key; pass the dict from state_dict()")
+        raise ValueError(
+            f"state for {cls}.load_state_dict has no 'value' key; pass the dict from state_dict()"
+        )
     value = float(state["value"])
     if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"state['value']={value!r} for {cls} must be a finite number >= 0")
