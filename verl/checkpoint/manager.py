@@ -1,0 +1,628 @@
+"""CheckpointManager: saves that are complete and verified, or do not exist.
+
+Layout (one folder per committed step; the DCP keys are the ``app_state`` keys)::
+
+    <run_dir>/checkpoints/
+      latest                      text file "step_<N>", replaced atomically after each commit
+      step_<N>/
+        manifest.json             every file with size + sha256, format version, step, world size,
+                                  library versions, creation time, app_state keys, own checksum
+        state/                    torch.distributed.checkpoint: .metadata + __<rank>_<i>.distcp
+                                  keys "model.<fqn>", "optimizer.state.<fqn>.<name>",
+                                  "critic.<fqn>", "critic_optimizer...", any other app_state key
+        extra/rank_<RRRRR>.pt     torch.save of this rank's `extra` dict (lr scheduler, sampler,
+                                  trainer state, RNG states, resolved config text); weights_only-loadable
+        hf/                       optional: config.json, generation_config.json, tokenizer files
+      step_<N>.tmp-<token>/       a save in progress; never read, removed at the next start-up
+
+A save writes into ``step_<N>.tmp-<token>/``, fsyncs every file and directory, writes the manifest, checks
+the files against it (sizes, DCP byte ranges, the extra files' hashes against the bytes in memory), then
+renames the folder to ``step_<N>/`` and rewrites ``latest``. A crash at any moment leaves the previous
+checkpoints plus at most a ``.tmp-`` folder that nothing reads.
+
+With ``async_save=True`` the state is copied to host memory and everything above runs on a background
+thread; the next ``save`` (and ``wait``/``close``) waits for it and raises ``CheckpointError`` if it failed,
+so a run can never go on for days without its checkpoints landing.
+
+Several ranks: every rank constructs the manager (it creates a gloo group for checkpoint traffic) and calls
+``save``/``find_resume``/``load`` at the same steps. ``run_dir`` must be on a filesystem all ranks share;
+rank 0 writes the manifest and commits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import re
+import secrets
+import shutil
+import threading
+import warnings
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from verl.checkpoint._fs import (
+    atomic_write_text,
+    fsync_dir,
+    fsync_tree,
+    sha256_bytes,
+    sha256_file,
+    write_bytes_durable,
+)
+from verl.checkpoint.dcp_io import (
+    SafeFileSystemReader,
+    apply_state_dict,
+    read_metadata_safely,
+    to_state_dict,
+    top_level_keys,
+)
+from verl.checkpoint.manifest import (
+    DCP_DIR,
+    MANIFEST_NAME,
+    build_manifest,
+    read_manifest,
+    verify,
+    write_manifest,
+)
+from verl.errors import CheckpointError, ConfigError, DistributedError
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINTS_DIR = "checkpoints"
+LATEST_NAME = "latest"
+EXTRA_DIR = "extra"
+HF_DIR = "hf"
+_STEP_RE = re.compile(r"^step_(\d+)$")
+_TRASH_RE = re.compile(r"^step_\d+\.(tmp|deleting|old)-[0-9a-f]+$")
+
+
+def extra_file(rank: int) -> str:
+    return f"{EXTRA_DIR}/rank_{rank:05d}.pt"
+
+
+def _dcp_save(state_dict: dict[str, Any], path: Path, pg: Any, no_dist: bool) -> None:
+    """One place that writes DCP data (tests replace it to simulate a failing disk)."""
+    with _quiet_single_process():
+        dcp.save(
+            state_dict,
+            storage_writer=dcp.FileSystemWriter(str(path), sync_files=True),
+            process_group=pg,
+            no_dist=no_dist,
+        )
+
+
+@contextlib.contextmanager
+def _quiet_single_process() -> Iterator[None]:
+    """DCP warns on every call without a process group; one process is a supported case for us."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to .* in a single process")
+        yield
+
+
+def serialize_extra(extra: dict[str, object]) -> bytes:
+    """``torch.save`` bytes of ``extra``, proven to load with ``weights_only=True`` before we rely on it.
+
+    Failing here, at save time, beats finding out at resume time that a checkpoint cannot be loaded.
+    """
+    if not isinstance(extra, dict):
+        raise CheckpointError(f"`extra` must be a dict, got {type(extra).__name__}.")
+    buf = io.BytesIO()
+    torch.save(extra, buf)
+    data = buf.getvalue()
+    try:
+        torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as exc:
+        bad = "?"
+        for key, value in extra.items():
+            b = io.BytesIO()
+            try:
+                torch.save(value, b)
+                torch.load(io.BytesIO(b.getvalue()), weights_only=True)
+            except Exception:
+                bad = key
+                break
+        raise CheckpointError(
+            f"extra['{bad}'] cannot be loaded back with torch.load(weights_only=True) ({exc}); store only "
+            "tensors, numbers, strings, lists, tuples and dicts there (e.g. a numpy array as a tensor, "
+            "a config as YAML text)."
+        ) from exc
+    return data
+
+
+@dataclass
+class CheckpointInfo:
+    """One entry of :meth:`CheckpointManager.list` / :func:`list_checkpoints`."""
+
+    step: int
+    path: Path
+    size_bytes: int
+    created: str | None
+    is_latest: bool
+    problems: list[str] | None  # None: not verified (verify=False)
+
+    @property
+    def verified(self) -> bool:
+        return self.problems is not None and not self.problems
+
+
+class CheckpointHandle:
+    """A save in flight (async) or done (sync). ``result()`` returns the committed path or raises."""
+
+    def __init__(self, step: int, path: Path, future: Future | None = None) -> None:
+        self.step = step
+        self.path = path
+        self._future = future
+
+    def done(self) -> bool:
+        return self._future is None or self._future.done()
+
+    def result(self, timeout: float | None = None) -> Path:
+        if self._future is not None:
+            try:
+                self._future.result(timeout=timeout)
+            except CheckpointError:
+                raise
+            except Exception as exc:
+                raise CheckpointError(
+                    f"checkpoint for step {self.step} ({self.path}) failed in the background: "
+                    f"{type(exc).__name__}: {exc}. It was not committed; `latest` still points to the "
+                    "previous checkpoint."
+                ) from exc
+        return self.path
+
+
+def _checkpoints_root(run_dir: Path) -> Path:
+    return run_dir / CHECKPOINTS_DIR
+
+
+def _committed_steps(root: Path) -> list[tuple[int, Path]]:
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        m = _STEP_RE.match(p.name)
+        if m and p.is_dir():
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def read_latest(root: Path) -> str | None:
+    """Folder name in ``<checkpoints>/latest``, or None."""
+    try:
+        return (root / LATEST_NAME).read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
+def list_checkpoints(run_dir: str | Path, *, verify_files: bool = True) -> list[CheckpointInfo]:
+    """Every committed checkpoint under ``run_dir`` (or a ``checkpoints`` folder), oldest first."""
+    run_dir = Path(run_dir)
+    root = run_dir if run_dir.name == CHECKPOINTS_DIR else _checkpoints_root(run_dir)
+    latest = read_latest(root)
+    infos = []
+    for step, path in _committed_steps(root):
+        size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+        created = None
+        try:
+            created = read_manifest(path).get("created")
+        except CheckpointError:
+            pass
+        infos.append(
+            CheckpointInfo(
+                step=step,
+                path=path,
+                size_bytes=size,
+                created=created,
+                is_latest=path.name == latest,
+                problems=verify(path) if verify_files else None,
+            )
+        )
+    return infos
+
+
+class CheckpointManager:
+    """Saves, verifies, prunes and finds checkpoints of one run (see the module docstring for the layout)."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        save_interval: int,
+        save_total_limit: int | None = None,
+        async_save: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        if not isinstance(save_interval, int) or save_interval < 0:
+            raise ConfigError(
+                f"checkpoint.save_interval={save_interval!r}: must be an integer >= 0 (0 saves only on the "
+                "last step and on SIGTERM/SIGINT)."
+            )
+        if save_total_limit is not None and (not isinstance(save_total_limit, int) or save_total_limit < 1):
+            raise ConfigError(
+                f"checkpoint.save_total_limit={save_total_limit!r}: must be null (keep all) or an integer "
+                ">= 1."
+            )
+        self.run_dir = Path(run_dir)
+        self.root = _checkpoints_root(self.run_dir)
+        self.save_interval = save_interval
+        self.save_total_limit = save_total_limit
+        self.async_save = async_save
+        self.rank = rank
+        self.world_size = world_size
+        self._distributed = dist.is_available() and dist.is_initialized()
+        if world_size > 1 and not self._distributed:
+            raise DistributedError(
+                f"CheckpointManager(world_size={world_size}) needs torch.distributed to be initialised "
+                "first (torchrun + init_process_group), or world_size=1."
+            )
+        if self._distributed:
+            if dist.get_world_size() != world_size or dist.get_rank() != rank:
+                raise DistributedError(
+                    f"CheckpointManager got rank={rank}, world_size={world_size} but the process group has "
+                    f"rank={dist.get_rank()}, world_size={dist.get_world_size()}; pass the group's values."
+                )
+            # a dedicated CPU group: checkpoint collectives may run on a background thread and must not
+            # interleave with the trainer's NCCL collectives
+            self._pg = dist.new_group(backend="gloo")
+        else:
+            self._pg = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: CheckpointHandle | None = None
+        self._stager: Any = None
+        self._lock = threading.Lock()
+        if rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._clean_leftovers()
+        self._barrier()
+
+    # ------------------------------------------------------------------ policy
+    def should_save(self, step: int, is_last: bool = False) -> bool:
+        """Save on every ``save_interval``-th step and on the last step."""
+        return is_last or (self.save_interval > 0 and step % self.save_interval == 0)
+
+    # ------------------------------------------------------------------ collectives
+    def _barrier(self) -> None:
+        if self._pg is not None:
+            dist.barrier(group=self._pg)
+
+    def _allreduce_max(self, value: int) -> int:
+        if self._pg is None:
+            return value
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._pg)
+        return int(t.item())
+
+    def _broadcast_int(self, value: int) -> int:
+        if self._pg is None:
+            return value
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.broadcast(t, src=dist.get_global_rank(self._pg, 0), group=self._pg)
+        return int(t.item())
+
+    # ------------------------------------------------------------------ save
+    def save(
+        self,
+        step: int,
+        *,
+        app_state: dict[str, object],
+        extra: dict[str, object],
+        hf_assets: Sequence[object] = (),
+    ) -> CheckpointHandle:
+        """Write checkpoint ``step``; returns when committed (sync) or when the state is snapshot (async).
+
+        ``app_state``: modules, optimizers (paired with their module, see ``verl.checkpoint.dcp_io``),
+        objects with ``state_dict()``, or plain dicts of tensors -> DCP. ``extra``: this rank's small
+        states -> ``torch.save``. ``hf_assets``: objects with ``save_pretrained(dir)`` (HF config,
+        generation config, tokenizer) written by rank 0 into ``hf/`` for ``verl ckpt export``.
+        """
+        self.wait()  # one save in flight at a time; raises if the previous one failed
+        token = f"{self._broadcast_int(secrets.randbits(62)):016x}"
+        tmp = self.root / f"step_{step}.tmp-{token}"
+        final = self.root / f"step_{step}"
+        extra_bytes = serialize_extra(extra)
+        state_dict = to_state_dict(app_state)
+        if self.rank == 0:
+            tmp.mkdir(parents=True)
+            if hf_assets:
+                (tmp / HF_DIR).mkdir()
+                for asset in hf_assets:
+                    if not hasattr(asset, "save_pretrained"):
+                        shutil.rmtree(tmp, ignore_errors=True)
+                        raise CheckpointError(
+                            f"hf_assets item {type(asset).__name__} has no save_pretrained(dir); pass the "
+                            "model config, generation config and tokenizer."
+                        )
+                    asset.save_pretrained(str(tmp / HF_DIR))  # type: ignore[attr-defined]
+        job_args = (step, tmp, final, state_dict, extra_bytes, sorted(state_dict))
+        if not self.async_save:
+            self._write_and_commit(*job_args)
+            return CheckpointHandle(step, final)
+        state_dict = self._stage(state_dict)
+        job_args = (step, tmp, final, state_dict, extra_bytes, sorted(state_dict))
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verl-ckpt")
+        future = self._executor.submit(self._write_and_commit_logged, *job_args)
+        self._pending = CheckpointHandle(step, final, future)
+        return self._pending
+
+    def _stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """A private host-memory copy, so training can keep mutating the live tensors."""
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if self._stager is None:
+            self._stager = DefaultStager(StagingOptions(False, False, False, False))
+        return self._stager.stage(state_dict)  # type: ignore[return-value]
+
+    def _write_and_commit_logged(self, *args: Any) -> None:
+        try:
+            self._write_and_commit(*args)
+        except BaseException as exc:
+            logger.error(
+                "ASYNC CHECKPOINT FAILED for step %s: %s: %s -- it was NOT committed and `latest` is "
+                "unchanged; the next save()/wait() raises.",
+                args[0],
+                type(exc).__name__,
+                exc,
+            )
+            raise
+
+    def _write_and_commit(
+        self,
+        step: int,
+        tmp: Path,
+        final: Path,
+        state_dict: dict[str, Any],
+        extra_bytes: bytes,
+        keys: list[str],
+    ) -> None:
+        error: Exception | None = None
+        try:
+            write_bytes_durable(tmp / extra_file(self.rank), extra_bytes)
+            # DCP's coordinator finishes only after every rank wrote its data (and so its extra file)
+            _dcp_save(state_dict, tmp / DCP_DIR, self._pg, self._pg is None)
+        except Exception as exc:
+            error = exc
+        any_failed = self._allreduce_max(0 if error is None else 1)
+        if rank0_commits := (self.rank == 0 and not any_failed):
+            try:
+                self._commit(step, tmp, final, sha256_bytes(extra_bytes), keys)
+            except Exception as exc:
+                error = exc
+        committed = self._broadcast_int(1 if rank0_commits and error is None else 0)
+        if committed:
+            return
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(error, CheckpointError):
+            raise error
+        if error is None:
+            raise CheckpointError(
+                f"checkpoint step {step}: another rank failed to write its part, nothing was committed; "
+                "see the other ranks' logs."
+            )
+        raise CheckpointError(
+            f"writing checkpoint step {step} to {tmp} failed on rank {self.rank}: "
+            f"{type(error).__name__}: {error}. Nothing was committed; check free disk space and "
+            "permissions of the run directory."
+        ) from error
+
+    def _commit(self, step: int, tmp: Path, final: Path, extra0_sha: str, keys: list[str]) -> None:
+        for r in range(self.world_size):
+            if not (tmp / extra_file(r)).is_file():
+                raise CheckpointError(f"{tmp / extra_file(r)}: rank {r} did not write its extra state.")
+        fsync_tree(tmp)
+        got = sha256_file(tmp / extra_file(0))
+        if got != extra0_sha:
+            raise CheckpointError(f"{tmp / extra_file(0)}: bytes on disk differ from what was written.")
+        manifest = build_manifest(tmp, step=step, world_size=self.world_size, app_state_keys=keys)
+        write_manifest(tmp, manifest)
+        problems = verify(tmp, deep=False)
+        if problems:
+            raise CheckpointError("checkpoint failed verification before commit:\n  " + "\n  ".join(problems))
+        old = None
+        if final.exists():  # re-saving a step (e.g. after resuming before it): keep it until the swap
+            old = final.with_name(f"{final.name}.old-{tmp.name.rsplit('-', 1)[1]}")
+            os.rename(final, old)
+        os.rename(tmp, final)
+        fsync_dir(self.root)
+        atomic_write_text(self.root / LATEST_NAME, final.name + "\n")
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        logger.info("checkpoint step %d committed at %s", step, final)
+        self._prune(final)
+
+    def _prune(self, just_written: Path) -> None:
+        if self.save_total_limit is None:
+            return
+        protected = {just_written.name, read_latest(self.root)}
+        committed = [p for _, p in _committed_steps(self.root)]
+        others = [p for p in reversed(committed) if p.name not in protected]
+        keep = max(self.save_total_limit - sum(1 for p in committed if p.name in protected), 0)
+        for victim in others[keep:]:
+            trash = victim.with_name(f"{victim.name}.deleting-{secrets.token_hex(4)}")
+            os.rename(victim, trash)  # atomic: a crash mid-delete never leaves a half step_<N>
+            shutil.rmtree(trash, ignore_errors=True)
+            logger.info("save_total_limit=%d: deleted %s", self.save_total_limit, victim)
+        fsync_dir(self.root)
+
+    def _clean_leftovers(self) -> None:
+        for p in self.root.iterdir():
+            if not _TRASH_RE.match(p.name):
+                continue
+            if ".old-" in p.name:
+                base = p.with_name(p.name.split(".old-")[0])
+                if not base.exists():  # crashed mid-swap: the old one is the complete one
+                    os.rename(p, base)
+                    continue
+            logger.warning("removing %s, left over by an interrupted save", p)
+            shutil.rmtree(p, ignore_errors=True)
+
+    # ------------------------------------------------------------------ async bookkeeping
+    def wait(self) -> None:
+        """Block until the pending async save is committed; raise CheckpointError if it failed."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        """Finish (or report) pending saves and release the background thread."""
+        try:
+            self.wait()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+            if self._stager is not None:
+                self._stager.close()
+                self._stager = None
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ resume
+    def list(self, *, verify_files: bool = True) -> list[CheckpointInfo]:
+        return list_checkpoints(self.run_dir, verify_files=verify_files)
+
+    def find_resume(self, resume: str | Path | None) -> Path | None:
+        """``"never"``/None -> None; ``"auto"`` -> newest checkpoint that verifies (or None);
+        a path -> that checkpoint (a step folder) or the newest good one under it (a run folder),
+        raising CheckpointError naming the file when it does not verify."""
+        if resume is None or resume == "never":
+            return None
+        if self.rank == 0:
+            try:
+                choice: Path | None = self._find_resume_rank0(resume)
+                code = -1 if choice is None else int(_STEP_RE.match(choice.name).group(1))  # type: ignore[union-attr]
+                paths = choice
+                err = None
+            except CheckpointError as exc:
+                code, paths, err = -2, None, exc
+            self._broadcast_int(code)
+            if err is not None:
+                raise err
+            return paths
+        code = self._broadcast_int(0)
+        if code == -2:
+            raise CheckpointError("rank 0 rejected the resume checkpoint; see its log for the file at fault.")
+        if code == -1:
+            return None
+        base = Path(resume)
+        root = self.root if resume == "auto" else (base.parent if base.name.startswith("step_") else base)
+        if root.name != CHECKPOINTS_DIR and (root / CHECKPOINTS_DIR).is_dir():
+            root = root / CHECKPOINTS_DIR
+        return root / f"step_{code}"
+
+    def _find_resume_rank0(self, resume: str | Path) -> Path | None:
+        if resume == "auto":
+            return self._newest_verified(self.root, required=False)
+        path = Path(resume)
+        if not path.exists():
+            raise CheckpointError(
+                f"trainer.resume={resume}: no such file or folder; pass a checkpoint folder "
+                "(<run_dir>/checkpoints/step_<N>), a run folder, 'auto' or 'never'."
+            )
+        if (path / MANIFEST_NAME).exists() or _STEP_RE.match(path.name):
+            problems = verify(path)
+            if problems:
+                raise CheckpointError(
+                    f"trainer.resume={resume}: the checkpoint does not verify:\n  " + "\n  ".join(problems)
+                    + "\nUse an earlier checkpoint, or trainer.resume=auto to pick the newest good one."
+                )
+            return path
+        root = path / CHECKPOINTS_DIR if (path / CHECKPOINTS_DIR).is_dir() else path
+        return self._newest_verified(root, required=True)
+
+    def _newest_verified(self, root: Path, *, required: bool) -> Path | None:
+        skipped = []
+        for _step, path in reversed(_committed_steps(root)):
+            problems = verify(path)
+            if not problems:
+                if skipped:
+                    msg = (
+                        f"resuming from {path}; skipped newer checkpoints that do not verify:\n  "
+                        + "\n  ".join(skipped)
+                    )
+                    logger.warning(msg)
+                    warnings.warn(msg, stacklevel=3)
+                return path
+            skipped.append(f"{path.name}: " + "; ".join(problems))
+            logger.warning("checkpoint %s does not verify, skipping it: %s", path, "; ".join(problems))
+        if skipped:
+            msg = "no checkpoint verifies; skipped:\n  " + "\n  ".join(skipped)
+            warnings.warn(msg, stacklevel=3)
+        if required:
+            raise CheckpointError(
+                f"{root}: no checkpoint that verifies" + (":\n  " + "\n  ".join(skipped) if skipped else ".")
+            )
+        return None
+
+    def load(self, path: str | Path, *, app_state: dict[str, object]) -> dict[str, Any]:
+        """Restore ``app_state`` in place from checkpoint ``path``; return this rank's ``extra`` dict.
+
+        With a different world size than at save time, DCP reshards the model/optimizer state; ``extra``
+        comes from this rank's file if there is one, else from rank 0's (with a warning, since per-rank
+        RNG streams cannot be carried over exactly).
+        """
+        return load_checkpoint(path, app_state=app_state, rank=self.rank, process_group=self._pg)
+
+
+def load_checkpoint(
+    path: str | Path, *, app_state: dict[str, object], rank: int = 0, process_group: Any = None
+) -> dict[str, Any]:
+    """Restore ``app_state`` from a checkpoint folder; see :meth:`CheckpointManager.load`."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    md = read_metadata_safely(path / DCP_DIR / ".metadata")
+    present = top_level_keys(md)
+    state_dict = to_state_dict(app_state)
+    missing = sorted(set(state_dict) - present)
+    if missing:
+        raise CheckpointError(
+            f"{path}: holds no state for {', '.join(repr(k) for k in missing)} (it holds "
+            f"{', '.join(sorted(present))}); the checkpoint is from a different kind of run (e.g. GRPO vs "
+            "PPO with a critic). Resume from a matching checkpoint or trainer.resume=never."
+        )
+    try:
+        with _quiet_single_process():
+            dcp.load(
+                state_dict,
+                storage_reader=SafeFileSystemReader(str(path / DCP_DIR)),
+                process_group=process_group,
+                no_dist=process_group is None,
+            )
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        raise CheckpointError(
+            f"{path / DCP_DIR}: loading model/optimizer state failed ({type(exc).__name__}: {exc}); the "
+            "model or optimizer differs from the one that was saved (architecture, parameter names, "
+            "optimizer type)."
+        ) from exc
+    apply_state_dict(app_state, state_dict)
+    own = path / extra_file(rank)
+    if not own.is_file():
+        own = path / extra_file(0)
+        logger.warning(
+            "%s was saved with world_size=%s; rank %d has no extra state of its own and uses rank 0's "
+            "(its RNG stream is not the one it would have had).",
+            path,
+            manifest.get("world_size"),
+            rank,
+        )
+    try:
+        return torch.load(own, weights_only=True, map_location="cpu")
+    except Exception as exc:
+        raise CheckpointError(f"{own}: cannot be loaded with weights_only=True ({exc}).") from exc
