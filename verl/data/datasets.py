@@ -1,0 +1,280 @@
+"""Torch datasets and collators for the three kinds.
+
+Rows are tokenised once, up front, so length problems surface before the first step (with the file and
+line of the row) instead of in the middle of an epoch, and so `len()` is the number of usable rows.
+Prompts are left-padded (generation appends on the right); SFT and preference sequences are
+right-padded with labels -100 everywhere except the tokens the loss should learn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from verl.data.chat import encode_conversation, encode_pair, encode_prompt, template_mode
+from verl.errors import ConfigError, DataError, ModelError
+
+IGNORE_INDEX = -100
+SEQ_TRUNCATION = ("error", "drop", "truncate_left", "truncate_right")
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    """The pad id, falling back to EOS (the usual choice for decoder-only models without a pad token)."""
+    pid = getattr(tokenizer, "pad_token_id", None)
+    if pid is None:
+        pid = getattr(tokenizer, "eos_token_id", None)
+    if pid is None:
+        raise ModelError("the tokenizer has neither a pad token nor an EOS token; set tokenizer.pad_token")
+    return int(pid)
+
+
+def _where(row: dict[str, Any]) -> str:
+    return f"{row.get('file', '?')}:{row.get('line', '?')}"
+
+
+def _check(name: str, value: str, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r} is not allowed; use one of {', '.join(allowed)}")
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention_mask), both [B, max_len], padded on the left."""
+    width = max((len(s) for s in seqs), default=0)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s) :] = 1
+    return ids, mask
+
+
+def right_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention_mask), both [B, max_len], padded on the right."""
+    width = max((len(s) for s in seqs), default=0)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+            mask[i, : len(s)] = 1
+    return ids, mask
+
+
+class PromptDataset(Dataset):
+    """Prompts for RL rollouts; items are {"input_ids": list[int], "row": canonical row}.
+
+    truncation: 'error' raises naming the row, 'drop' leaves the row out (counted in `dropped`),
+    'truncate_left' keeps the last max_prompt_length tokens (counted in `truncated`).
+    """
+
+    def __init__(
+        self,
+        rows: Sequence[dict[str, Any]],
+        tokenizer: Any,
+        max_prompt_length: int,
+        truncation: str = "error",
+        apply_chat_template: bool | str = "auto",
+    ) -> None:
+        _check("truncation", truncation, ("error", "drop", "truncate_left"))
+        self.tokenizer = tokenizer
+        self.pad_id = pad_token_id(tokenizer)
+        self.max_prompt_length = max_prompt_length
+        mode = template_mode(apply_chat_template)
+        self.rows: list[dict[str, Any]] = []
+        self.input_ids: list[list[int]] = []
+        self.truncated = self.dropped = 0
+        for row in rows:
+            ids = encode_prompt(tokenizer, row["prompt"], mode, row)
+            if len(ids) > max_prompt_length:
+                if truncation == "error":
+                    raise DataError(
+                        f"{_where(row)}: the prompt has {len(ids)} tokens, more than max_prompt_length="
+                        f"{max_prompt_length}; raise data.max_prompt_length or set data.truncation=drop "
+                        "or truncate_left"
+                    )
+                if truncation == "drop":
+                    self.dropped += 1
+                    continue
+                ids = ids[-max_prompt_length:]
+                self.truncated += 1
+            self.rows.append(row)
+            self.input_ids.append(ids)
+        if not self.rows:
+            raise DataError(
+                f"all {self.dropped} prompts are longer than max_prompt_length={max_prompt_length} and were "
+                "dropped; raise data.max_prompt_length"
+            )
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"input_ids": self.input_ids[i], "row": self.rows[i]}
+
+    def collate(self, batch: list[dict[str, Any]]) -> dict[str, Any]:
+        """Left-padded input_ids/attention_mask/position_ids plus the raw rows (for reward functions)."""
+        ids, mask = left_pad([b["input_ids"] for b in batch], self.pad_id)
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        return {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids, "rows": [b["row"] for b in batch]}
+
+
+def _truncate(
+    ids: list[int], labels: list[int], max_length: int, truncation: str, where: str
+) -> tuple[list[int], list[int]] | None:
+    if len(ids) <= max_length:
+        return ids, labels
+    if truncation == "error":
+        raise DataError(
+            f"{where}: the sequence has {len(ids)} tokens, more than max_length={max_length}; raise the "
+            "limit or set truncation to drop, truncate_left or truncate_right"
+        )
+    if truncation == "drop":
+        return None
+    if truncation == "truncate_left":
+        return ids[-max_length:], labels[-max_length:]
+    return ids[:max_length], labels[:max_length]
+
+
+class SFTDataset(Dataset):
+    """Supervised pairs or conversations; items are {"input_ids", "labels"} with -100 outside the output.
+
+    For {"input", "output"} rows the loss covers the output tokens (plus EOS for raw text); for
+    {"messages"} rows it covers every assistant turn. `stats` counts truncated, dropped (too long),
+    no_loss_tokens (dropped because truncation removed every output token) and boundary_mismatch.
+    """
+
+    def __init__(
+        self,
+        rows: Sequence[dict[str, Any]],
+        tokenizer: Any,
+        max_length: int,
+        truncation: str = "error",
+        apply_chat_template: bool | str = "auto",
+    ) -> None:
+        _check("truncation", truncation, SEQ_TRUNCATION)
+        self.pad_id = pad_token_id(tokenizer)
+        mode = template_mode(apply_chat_template)
+        self.rows: list[dict[str, Any]] = []
+        self.items: list[tuple[list[int], list[int]]] = []
+        self.stats = {"truncated": 0, "dropped": 0, "no_loss_tokens": 0, "boundary_mismatch": 0}
+        for row in rows:
+            if "messages" in row:
+                if mode == "never":
+                    raise DataError(f"{_where(row)}: chat messages need apply_chat_template='auto' or 'always'")
+                ids, is_out, mismatch = encode_conversation(tokenizer, row["messages"], row)
+                labels = [t if o else IGNORE_INDEX for t, o in zip(ids, is_out)]
+            else:
+                ids, boundary, mismatch = encode_pair(tokenizer, row["input"], row["output"], mode, row)
+                labels = [IGNORE_INDEX] * boundary + ids[boundary:]
+            self.stats["boundary_mismatch"] += mismatch
+            was = len(ids)
+            cut = _truncate(ids, labels, max_length, truncation, _where(row))
+            if cut is None:
+                self.stats["dropped"] += 1
+                continue
+            ids, labels = cut
+            self.stats["truncated"] += len(ids) < was
+            if all(x == IGNORE_INDEX for x in labels):
+                self.stats["no_loss_tokens"] += 1
+                continue
+            self.rows.append(row)
+            self.items.append((ids, labels))
+        if not self.items:
+            raise DataError(f"no SFT row is usable after tokenisation ({self.stats}); check max_length and the data")
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        ids, labels = self.items[i]
+        return {"input_ids": ids, "labels": labels, "row": self.rows[i]}
+
+    def collate(self, batch: list[dict[str, Any]]) -> dict[str, Any]:
+        """Right-padded input_ids/attention_mask, labels padded with -100."""
+        ids, mask = right_pad([b["input_ids"] for b in batch], self.pad_id)
+        labels, _ = right_pad([b["labels"] for b in batch], IGNORE_INDEX)
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+class PreferenceDataset(Dataset):
+    """Preference pairs for DPO-style losses.
+
+    Items hold chosen/rejected ids with labels -100 over the prompt. The prompt boundary comes from
+    tokenising the prompt alone (templated with a generation prompt if it is messages) and checking it
+    is a prefix of prompt+response; rows where it is not are counted in `boundary_mismatch` and their
+    boundary is recomputed from character offsets.
+    """
+
+    def __init__(
+        self,
+        rows: Sequence[dict[str, Any]],
+        tokenizer: Any,
+        max_length: int,
+        truncation: str = "error",
+        apply_chat_template: bool | str = "auto",
+    ) -> None:
+        _check("truncation", truncation, SEQ_TRUNCATION)
+        self.pad_id = pad_token_id(tokenizer)
+        mode = template_mode(apply_chat_template)
+        self.rows: list[dict[str, Any]] = []
+        self.items: list[dict[str, list[int]]] = []
+        self.boundary_mismatch = 0
+        self.truncated = self.dropped = 0
+        for row in rows:
+            item: dict[str, list[int]] = {}
+            mismatch = False
+            keep = True
+            cut_any = False
+            for side in ("chosen", "rejected"):
+                ids, boundary, bad = encode_pair(tokenizer, row["prompt"], row[side], mode, row)
+                mismatch |= bad
+                labels = [IGNORE_INDEX] * boundary + ids[boundary:]
+                if side == "chosen":
+                    item["prompt_input_ids"] = ids[:boundary]
+                cut = _truncate(ids, labels, max_length, truncation, _where(row))
+                if cut is None or all(x == IGNORE_INDEX for x in cut[1]):
+                    keep = False
+                    break
+                cut_any |= len(cut[0]) < len(ids)
+                item[f"{side}_input_ids"], item[f"{side}_labels"] = cut
+            self.boundary_mismatch += mismatch
+            if not keep:
+                self.dropped += 1
+                continue
+            self.truncated += cut_any
+            self.rows.append(row)
+            self.items.append(item)
+        if not self.items:
+            raise DataError(f"no preference row is usable after tokenisation ({self.dropped} dropped); check max_length")
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {**self.items[i], "row": self.rows[i]}
+
+    def collate(self, batch: list[dict[str, Any]]) -> dict[str, Any]:
+        """Right-padded chosen_*/rejected_* ids, masks and labels; left-padded prompt ids."""
+        out: dict[str, Any] = {}
+        for side in ("chosen", "rejected"):
+            ids, mask = right_pad([b[f"{side}_input_ids"] for b in batch], self.pad_id)
+            labels, _ = right_pad([b[f"{side}_labels"] for b in batch], IGNORE_INDEX)
+            out[f"{side}_input_ids"], out[f"{side}_attention_mask"], out[f"{side}_labels"] = ids, mask, labels
+        out["prompt_input_ids"], out["prompt_attention_mask"] = left_pad([b["prompt_input_ids"] for b in batch], self.pad_id)
+        out["rows"] = [b["row"] for b in batch]
+        return out
+
+
+__all__ = [
+    "PromptDataset",
+    "SFTDataset",
+    "PreferenceDataset",
+    "IGNORE_INDEX",
+    "left_pad",
+    "right_pad",
+    "pad_token_id",
+]

@@ -1,0 +1,333 @@
+"""Readers for .jsonl/.ndjson, .json, .parquet and .csv files (and directories of them).
+
+Each reader yields `Record`s: one per row, carrying either the parsed object or the reason it could not
+be parsed, plus the 1-based line (row for Parquet) so a report can point at it. Problems that make a
+whole file unusable (missing file, UTF-16, a broken JSON array, a corrupt Parquet footer) raise
+DataError at once. JSONL, CSV and Parquet stream; a .json array is read whole, as it must be parsed whole.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from verl.errors import DataError
+
+EXTENSIONS: dict[str, str] = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".csv": "csv",
+}
+UTF8_BOM = b"\xef\xbb\xbf"
+_WS = re.compile(r"[ \t\n\r]*")
+_CSV_FIELD_LIMIT = 1 << 30
+
+
+@dataclass
+class Record:
+    """One row as read: `value` when it parsed, else `error` = (reason code, detail)."""
+
+    file: str
+    line: int
+    value: Any = None
+    error: tuple[str, str] | None = None
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _DuplicateKey(k)
+            seen.add(k)
+    return d
+
+
+def parse_json_line(text: str) -> tuple[Any, tuple[str, str] | None]:
+    """Parse one JSON value; returns (value, None) or (None, (code, detail)). Never raises."""
+    try:
+        return json.loads(text, object_pairs_hook=_pairs_hook), None
+    except _DuplicateKey as e:
+        return None, ("duplicate_key", f"key {e.key!r} appears twice in the object")
+    except json.JSONDecodeError as e:
+        return None, ("malformed_json", f"invalid JSON: {e.msg} at column {e.colno}")
+    except RecursionError:
+        return None, ("malformed_json", "invalid JSON: nested too deeply to parse")
+
+
+def _check_not_utf16(head: bytes, path: str) -> None:
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise DataError(
+            f"{path}: the file is UTF-16 encoded (it starts with a UTF-16 byte-order mark); verl reads "
+            "UTF-8. Re-save it as UTF-8 (e.g. `iconv -f utf-16 -t utf-8 IN > OUT`)."
+        )
+
+
+def expand_paths(paths: str | os.PathLike[str] | list[str | os.PathLike[str]]) -> tuple[list[str], list[str]]:
+    """Files to read (directories expanded recursively, sorted) and files skipped for their extension."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    if not paths:
+        raise DataError("no data files given; set data.train_files to a list of .jsonl/.json/.parquet/.csv paths")
+    files: list[str] = []
+    ignored: list[str] = []
+    for p in paths:
+        path = Path(p)
+        if path.is_dir():
+            found = []
+            for sub in sorted(path.rglob("*")):
+                if not sub.is_file() or any(part.startswith(".") for part in sub.relative_to(path).parts):
+                    continue
+                (found if sub.suffix.lower() in EXTENSIONS else ignored).append(str(sub))
+            if not found:
+                raise DataError(
+                    f"directory {path} holds no data files (looked for {', '.join(EXTENSIONS)}); "
+                    "point data.train_files at the files or put them in the directory"
+                )
+            files.extend(found)
+        elif path.is_file():
+            if path.suffix.lower() not in EXTENSIONS:
+                raise DataError(
+                    f"{path}: unsupported file type {path.suffix or '(no extension)'!r}; verl reads "
+                    f"{', '.join(EXTENSIONS)}. Rename or convert the file."
+                )
+            files.append(str(path))
+        else:
+            raise DataError(f"data file {path} does not exist; check the path in data.train_files/val_files")
+    return files, ignored
+
+
+def iter_records(path: str, notes: list[str] | None = None, blank: list[int] | None = None) -> Iterator[Record]:
+    """Yield the records of one file; `notes` collects remarks, `blank[0]` counts skipped blank lines."""
+    fmt = EXTENSIONS.get(Path(path).suffix.lower())
+    if fmt is None:
+        raise DataError(f"{path}: unsupported file type; verl reads {', '.join(EXTENSIONS)}")
+    notes = notes if notes is not None else []
+    blank = blank if blank is not None else [0]
+    if fmt == "jsonl":
+        return _iter_jsonl(path, blank)
+    if fmt == "json":
+        return _iter_json(path, notes, blank)
+    if fmt == "parquet":
+        return _iter_parquet(path)
+    return _iter_csv(path, blank)
+
+
+def _iter_jsonl(path: str, blank: list[int]) -> Iterator[Record]:
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed in finally; generator streams lines
+    except OSError as e:
+        raise DataError(f"{path}: cannot open ({e.strerror}); check the path and permissions") from None
+    with f:
+        _check_not_utf16(f.read(2), path)
+        f.seek(0)
+        yield from _jsonl_lines(f, path, blank)
+
+
+def _jsonl_lines(lines: Any, path: str, blank: list[int], first_line: int = 1) -> Iterator[Record]:
+    for lineno, raw in enumerate(lines, first_line):
+        if isinstance(raw, bytes):
+            if lineno == first_line and raw.startswith(UTF8_BOM):
+                raw = raw[3:]
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield Record(
+                    path, lineno, error=("not_utf8", f"byte {e.start + 1} of the line (0x{raw[e.start]:02x}) is not UTF-8")
+                )
+                continue
+        else:
+            text = raw
+        text = text.strip(" \t\r\n\ufeff")
+        if not text:
+            blank[0] += 1
+            continue
+        value, err = parse_json_line(text)
+        if err is None and not isinstance(value, dict):
+            err = ("not_an_object", f"the line holds a JSON {type(value).__name__}, not an object")
+        yield Record(path, lineno, value=value if err is None else None, error=err)
+
+
+def _iter_json(path: str, notes: list[str], blank: list[int]) -> Iterator[Record]:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise DataError(f"{path}: cannot open ({e.strerror}); check the path and permissions") from None
+    _check_not_utf16(data[:2], path)
+    if data.startswith(UTF8_BOM):
+        data = data[3:]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DataError(
+            f"{path}:{line}: byte 0x{data[e.start]:02x} is not valid UTF-8; re-save the file as UTF-8"
+        ) from None
+    dec = json.JSONDecoder(object_pairs_hook=_pairs_hook)
+    pos = _WS.match(text, 0).end()  # type: ignore[union-attr]
+    if pos == len(text):
+        return
+    if text[pos] == "{":
+        # Either a single object or JSON Lines saved with a .json extension.
+        _, end = _decode_at(dec, text, pos, path)
+        rest = _WS.match(text, end).end()  # type: ignore[union-attr]
+        if rest == len(text):
+            raise DataError(
+                f"{path}: the file holds a single JSON object, not a list of rows; write a list "
+                "`[{...}, {...}]` or one object per line in a .jsonl file"
+            )
+        notes.append(f"{path} holds one JSON object per line; it was read as JSON Lines (rename it to .jsonl)")
+        yield from _jsonl_lines(text.splitlines(), path, blank)
+        return
+    if text[pos] != "[":
+        raise DataError(
+            f"{path}:{_line_of(text, pos)}: a .json file must hold a list of objects `[{{...}}, ...]`, "
+            f"found {text[pos]!r}; use .jsonl for one object per line"
+        )
+    pos += 1
+    line, counted_to = 1, 0
+    first = True
+    while True:
+        pos = _WS.match(text, pos).end()  # type: ignore[union-attr]
+        if pos >= len(text):
+            raise DataError(f"{path}:{_line_of(text, pos)}: the JSON list is not closed with ']'")
+        if text[pos] == "]":
+            break
+        if not first:
+            if text[pos] != ",":
+                raise DataError(
+                    f"{path}:{_line_of(text, pos)}: invalid JSON: expected ',' or ']' between list items"
+                )
+            pos = _WS.match(text, pos + 1).end()  # type: ignore[union-attr]
+        first = False
+        line += text.count("\n", counted_to, pos)
+        counted_to = pos
+        value, pos = _decode_at(dec, text, pos, path)
+        if isinstance(value, dict):
+            yield Record(path, line, value=value)
+        else:
+            yield Record(path, line, error=("not_an_object", f"list item is a JSON {type(value).__name__}, not an object"))
+    tail = _WS.match(text, pos + 1).end()  # type: ignore[union-attr]
+    if tail != len(text):
+        raise DataError(f"{path}:{_line_of(text, tail)}: unexpected data after the closing ']'")
+
+
+def _line_of(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
+
+
+def _decode_at(dec: json.JSONDecoder, text: str, pos: int, path: str) -> tuple[Any, int]:
+    try:
+        return dec.raw_decode(text, pos)
+    except _DuplicateKey as e:
+        raise DataError(
+            f"{path}:{_line_of(text, pos)}: key {e.key!r} appears twice in one object; keep one"
+        ) from None
+    except json.JSONDecodeError as e:
+        raise DataError(
+            f"{path}:{e.lineno}: invalid JSON: {e.msg} at column {e.colno}; the whole list cannot be read "
+            "past this point, fix it (or convert the file to .jsonl so one bad row does not stop the rest)"
+        ) from None
+    except RecursionError:
+        raise DataError(f"{path}:{_line_of(text, pos)}: JSON nested too deeply to parse") from None
+
+
+def _iter_parquet(path: str) -> Iterator[Record]:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:  # pragma: no cover - pyarrow is a dependency
+        raise DataError(f"{path}: reading Parquet needs pyarrow; `pip install pyarrow`") from None
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise DataError(f"{path}: not a readable Parquet file ({e}); re-export it") from None
+    row = 0
+    try:
+        for batch in pf.iter_batches(batch_size=1024):
+            for value in batch.to_pylist():
+                row += 1
+                yield Record(path, row, value=value)
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise DataError(f"{path} row {row + 1}: Parquet data cannot be decoded ({e}); re-export the file") from None
+
+
+def _iter_csv(path: str, blank: list[int]) -> Iterator[Record]:
+    if csv.field_size_limit() < _CSV_FIELD_LIMIT:
+        csv.field_size_limit(_CSV_FIELD_LIMIT)  # allow very long cells (a 10 MB prompt is legitimate)
+    bad_lines: list[int] = []
+
+    def lines(f: Any) -> Iterator[str]:
+        for i, raw in enumerate(f, 1):
+            if i == 1 and raw.startswith(UTF8_BOM):
+                raw = raw[3:]
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError:
+                bad_lines.append(i)
+                yield raw.decode("utf-8", "replace")
+
+    try:
+        f = open(path, "rb")  # noqa: SIM115
+    except OSError as e:
+        raise DataError(f"{path}: cannot open ({e.strerror}); check the path and permissions") from None
+    with f:
+        _check_not_utf16(f.read(2), path)
+        f.seek(0)
+        reader = csv.reader(lines(f))
+        header: list[str] | None = None
+        prev = 0
+        while True:
+            try:
+                cells = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as e:
+                raise DataError(f"{path}:{reader.line_num}: CSV cannot be parsed ({e}); check the quoting") from None
+            start, prev = prev + 1, reader.line_num
+            if not cells:
+                blank[0] += 1
+                continue
+            bad = [ln for ln in bad_lines if start <= ln <= prev]
+            bad_lines.clear()
+            if header is None:
+                if bad:
+                    raise DataError(f"{path}:{bad[0]}: the CSV header is not valid UTF-8; re-save the file as UTF-8")
+                header = cells
+                seen: dict[str, int] = {}
+                for i, name in enumerate(header, 1):
+                    if name in seen:
+                        raise DataError(
+                            f"{path}:{start}: the CSV header has column {name!r} twice (columns {seen[name]} "
+                            f"and {i}); rename one"
+                        )
+                    seen[name] = i
+                continue
+            if bad:
+                yield Record(path, start, error=("not_utf8", f"line {bad[0]} of the record is not valid UTF-8"))
+            elif len(cells) != len(header):
+                yield Record(
+                    path,
+                    start,
+                    error=("csv_columns", f"the row has {len(cells)} cells but the header has {len(header)}"),
+                )
+            else:
+                yield Record(path, start, value=dict(zip(header, cells)))
+
+
+__all__ = ["Record", "EXTENSIONS", "expand_paths", "iter_records", "parse_json_line"]
