@@ -1,0 +1,148 @@
+"""The PPO critic: a causal-LM backbone with a scalar value head, giving one value per token.
+
+The backbone is the transformer without its LM head (`AutoModel`), either loaded from a path or deep-copied
+from the actor, so critic and actor start from the same features but train separately. The head is kept in
+float32 whatever the backbone dtype: values feed GAE, where bf16 rounding of returns is visible.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from verl.errors import CheckpointError, ModelError
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+CRITIC_MARKER = "verl_critic.json"
+
+
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids that start at 0 on the first real token, so left padding does not shift positions."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _backbone_of(causal_lm: nn.Module) -> nn.Module:
+    base = getattr(causal_lm, "base_model", None)
+    if isinstance(base, nn.Module) and base is not causal_lm:
+        return base
+    for name in ("model", "transformer"):
+        module = getattr(causal_lm, name, None)
+        if isinstance(module, nn.Module):
+            return module
+    raise ModelError(f"cannot find the transformer backbone of {type(causal_lm).__name__} (no base_model, .model "
+                     "or .transformer). Fix: pass a Hugging Face *ForCausalLM model, or build the critic with "
+                     "ValueModel.from_pretrained(path).")
+
+
+class ValueModel(nn.Module):
+    """Backbone + ``nn.Linear(hidden, 1)``; ``forward(input_ids, attention_mask) -> values [B, T]`` in float32.
+
+    The head starts at zero, so initial values are 0 and the first advantages equal the returns; its gradient
+    is the hidden state, so learning starts immediately.
+    """
+
+    def __init__(self, backbone: nn.Module, *, hidden_size: int | None = None) -> None:
+        super().__init__()
+        self.backbone = backbone
+        config = getattr(backbone, "config", None)
+        hidden = hidden_size or getattr(config, "hidden_size", None)
+        if hidden is None and config is not None and hasattr(config, "get_text_config"):
+            hidden = getattr(config.get_text_config(), "hidden_size", None)
+        if hidden is None:
+            raise ModelError(f"cannot tell the hidden size of backbone {type(backbone).__name__}. Fix: pass "
+                             "hidden_size=... to ValueModel.")
+        self.value_head = nn.Linear(int(hidden), 1, dtype=torch.float32)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    @property
+    def config(self) -> Any:
+        return self.backbone.config
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Values for every position, ``[B, T]`` float32 (padding positions hold meaningless values)."""
+        if position_ids is None:
+            position_ids = positions_from_mask(attention_mask)
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            use_cache=False)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        return self.value_head(hidden.float()).squeeze(-1)
+
+    @classmethod
+    def from_actor(cls, actor: nn.Module) -> ValueModel:
+        """A critic whose backbone is a deep copy of the actor's (the actor is left untouched)."""
+        return cls(copy.deepcopy(_backbone_of(actor)))
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, dtype: torch.dtype | str = torch.float32, *,
+                        attn_implementation: str | None = None, trust_remote_code: bool = False,
+                        revision: str | None = None) -> ValueModel:
+        """Load the backbone of a causal LM (or a saved critic) from ``path``; loads the head if saved there."""
+        from transformers import AutoModel
+
+        from verl.utils.dtype import resolve_dtype
+        from verl.utils.hf_loader import check_remote_code, quiet_hf_progress
+
+        path = os.fspath(path)
+        torch_dtype = resolve_dtype(dtype, where="critic dtype")
+        check_remote_code(path, trust_remote_code)
+        kwargs: dict[str, Any] = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code,
+                                  "revision": revision}
+        if attn_implementation is not None:
+            kwargs["attn_implementation"] = attn_implementation
+        try:
+            with quiet_hf_progress():
+                backbone = AutoModel.from_pretrained(path, **kwargs)
+        except (OSError, ValueError, KeyError, ImportError) as exc:
+            raise ModelError(f"could not load a critic backbone from {path!r}: {type(exc).__name__}: {exc}. "
+                             "Fix: point critic.model.path at a causal-LM directory (config.json + "
+                             "safetensors) or a critic saved with ValueModel.save_pretrained.") from exc
+        model = cls(backbone)
+        head = Path(path) / VALUE_HEAD_FILE
+        if head.is_file():
+            model.load_value_head(head)
+        return model
+
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        """Save backbone (HF format) + head (safetensors), loadable with ``ValueModel.from_pretrained``."""
+        from verl.utils.hf_loader import quiet_hf_progress
+
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        with quiet_hf_progress():
+            self.backbone.save_pretrained(str(out))
+        self.save_value_head(out / VALUE_HEAD_FILE)
+        (out / CRITIC_MARKER).write_text(json.dumps({"value_head": VALUE_HEAD_FILE,
+                                                     "hidden_size": self.value_head.in_features}) + "\n")
+
+    def save_value_head(self, file: str | os.PathLike) -> None:
+        from safetensors.torch import save_file
+
+        save_file({k: v.detach().cpu().contiguous() for k, v in self.value_head.state_dict().items()},
+                  os.fspath(file))
+
+    def load_value_head(self, file: str | os.PathLike) -> None:
+        """Load head weights saved by `save_value_head`; shapes are checked so a wrong file fails loudly."""
+        from safetensors.torch import load_file
+
+        try:
+            state = load_file(os.fspath(file))
+        except (OSError, RuntimeError) as exc:
+            raise CheckpointError(f"cannot read the value head {file}: {exc}. Fix: re-save the critic with "
+                                  "ValueModel.save_pretrained or delete the file to start from a fresh head.") from exc
+        expected = {k: tuple(v.shape) for k, v in self.value_head.state_dict().items()}
+        found = {k: tuple(v.shape) for k, v in state.items()}
+        if expected != found:
+            raise CheckpointError(f"value head {file} has tensors {found} but this critic needs {expected} "
+                                  "(hidden size differs). Fix: load it with the backbone it was trained with.")
+        self.value_head.load_state_dict({k: v.float() for k, v in state.items()})
+
+
+__all__ = ["ValueModel", "positions_from_mask", "VALUE_HEAD_FILE"]
