@@ -50,7 +50,12 @@ def test_extract_number_rejects_bad_mode() -> None:
         ("4", "-4", "flexible", 0.0),
         ("19", "19", "strict", 0.0),  # strict needs the #### marker
         ("work... #### 19", "19", "strict", 1.0),
-        ("reasoning #### 72", "Natalia sold 48/2 = 24 clips... #### 72", "strict", 1.0),  # GSM8K solution as gt
+        (
+            "reasoning #### 72",
+            "Natalia sold 48/2 = 24 clips... #### 72",
+            "strict",
+            1.0,
+        ),  # GSM8K solution as gt
         ("72", 72, "flexible", 1.0),  # numeric ground truth
         ("0.1", 0.1, "flexible", 1.0),
         ("", "5", "flexible", 0.0),
@@ -72,7 +77,7 @@ def test_numeric_match_bad_ground_truth_raises(gt: object) -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(min_value=-10**9, max_value=10**9), dollars=st.booleans(), commas=st.booleans())
+@given(n=st.integers(min_value=-(10**9), max_value=10**9), dollars=st.booleans(), commas=st.booleans())
 def test_numeric_match_reads_any_written_integer(n: int, dollars: bool, commas: bool) -> None:
     body = f"{abs(n):,}" if commas else str(abs(n))
     written = ("-" if n < 0 else "") + ("$" if dollars else "") + body
@@ -96,9 +101,16 @@ def test_format_reward_modes_and_flags() -> None:
     text = "<think>a\nb</think><answer>4</answer>"
     assert format_reward("p", text, None, pattern=r"<answer>\d+</answer>") == 1.0
     assert format_reward("p", text, None, pattern=r"<answer>\d+</answer>", match="match") == 0.0
-    assert format_reward("p", text, None, pattern=r"<think>.*</think><answer>.*</answer>", match="fullmatch") == 0.0
-    assert format_reward("p", text, None, pattern=r"<think>.*</think><answer>.*</answer>",
-                         match="fullmatch", flags="s") == 1.0
+    assert (
+        format_reward("p", text, None, pattern=r"<think>.*</think><answer>.*</answer>", match="fullmatch")
+        == 0.0
+    )
+    assert (
+        format_reward(
+            "p", text, None, pattern=r"<think>.*</think><answer>.*</answer>", match="fullmatch", flags="s"
+        )
+        == 1.0
+    )
     assert format_reward("p", "ANSWER", None, pattern="answer", flags="i") == 1.0
     with pytest.raises(ValueError, match="unknown regex flag 'q'"):
         format_reward("p", "x", None, pattern="x", flags="q")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +13,7 @@ import torch
 from verl.errors import ConfigError, RewardError
 from verl.rewards import RewardFunctionSpec, RewardManager
 
-USER_CODE = '''
+USER_CODE = """
 import math
 
 calls = []
@@ -71,7 +70,7 @@ def two_args(prompt, response):
     return 1.0
 
 not_a_function = 3
-'''
+"""
 
 
 @pytest.fixture()
@@ -98,7 +97,7 @@ def test_weighted_sum_matches_float64_reference(user_file: Path) -> None:
     num = [1.0, 1.0, 0.0, 0.0]
     fmt = [1.0, 0.0, 1.0, 0.0]
     length = [len(r) / 10.0 for r in responses]
-    want = [math.fsum([0.7 * a, -0.3 * b, 0.25 * c]) for a, b, c in zip(num, fmt, length)]
+    want = [math.fsum([0.7 * a, -0.3 * b, 0.25 * c]) for a, b, c in zip(num, fmt, length, strict=True)]
     assert res.scores.dtype == torch.float32 and res.scores.shape == (4,)
     torch.testing.assert_close(res.scores, torch.tensor(want, dtype=torch.float64).float())
     assert mgr.names == ["numeric_match", "format", "length_bonus"]
@@ -124,8 +123,12 @@ def test_data_sources_route_functions(user_file: Path) -> None:
 
 
 def test_unknown_data_source_is_an_error_not_zero() -> None:
-    mgr = RewardManager([{"name": "numeric_match", "data_sources": ["gsm8k"]},
-                         {"name": "exact_match", "data_sources": ["math"]}])
+    mgr = RewardManager(
+        [
+            {"name": "numeric_match", "data_sources": ["gsm8k"]},
+            {"name": "exact_match", "data_sources": ["math"]},
+        ]
+    )
     with pytest.raises(RewardError) as e:
         mgr.score(["p"] * 3, ["1", "1", "1"], ["1", "1", "1"], None, ["gsm8k", "gsm8kk", None])
     msg = str(e.value)
@@ -142,15 +145,25 @@ def test_unrestricted_function_covers_every_data_source() -> None:
 
 
 def test_metadata_is_passed_filtered_and_data_source_injected(user_file: Path) -> None:
-    mgr = _mgr(user_file, {"name": "my_reward.py:length_bonus", "weight": 0.0},
-               {"name": "my_reward.py:named_only"}, {"name": "my_reward.py:by_source"})
+    mgr = _mgr(
+        user_file,
+        {"name": "my_reward.py:length_bonus", "weight": 0.0},
+        {"name": "my_reward.py:named_only"},
+        {"name": "my_reward.py:by_source"},
+    )
     meta = [{"difficulty": 2.5, "split": "train"}, {"difficulty": 1.0}]
     res = mgr.score(["p", "p"], ["ab", "c"], ["g", "g"], meta, ["a", "b"])
     # named_only has no **kwargs: it gets difficulty but not split (which would be a TypeError).
     assert res.per_function["named_only"].tolist() == [2.5, 1.0]
     assert res.per_function["by_source"].tolist() == [0.0, 1.0]
-    mod = sys.modules[next(n for n in sys.modules if n.startswith("verl_user_reward_")
-                           and getattr(sys.modules[n], "__file__", "") == str(user_file.resolve()))]
+    mod = sys.modules[
+        next(
+            n
+            for n in sys.modules
+            if n.startswith("verl_user_reward_")
+            and getattr(sys.modules[n], "__file__", "") == str(user_file.resolve())
+        )
+    ]
     assert mod.calls[-2:] == meta  # **kwargs functions see every metadata key
 
 
@@ -165,9 +178,11 @@ def test_module_path_function(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_batched_function_called_once_on_applicable_subset(user_file: Path) -> None:
-    mgr = _mgr(user_file, {"name": "my_reward.py:batch_len", "batched": True, "data_sources": ["a"],
-                           "kwargs": {"scale": 0.5}},
-               {"name": "my_reward.py:batch_tensor", "batched": True, "data_sources": ["b"]})
+    mgr = _mgr(
+        user_file,
+        {"name": "my_reward.py:batch_len", "batched": True, "data_sources": ["a"], "kwargs": {"scale": 0.5}},
+        {"name": "my_reward.py:batch_tensor", "batched": True, "data_sources": ["b"]},
+    )
     res = mgr.score(["p"] * 4, ["aaaa", "bb", "cc", "dddddd"], [None] * 4, None, ["a", "b", "b", "a"])
     fn = next(ld.fn for ld in mgr._loaded if ld.label == "batch_len")
     assert fn.calls == 1 and fn.seen == ["aaaa", "dddddd"]
@@ -196,8 +211,16 @@ def test_builtin_error_is_wrapped_with_index() -> None:
 @pytest.mark.parametrize(
     ("fn", "responses", "pattern"),
     [
-        ("returns_none", ["ok", "no"], r"'returns_none'.*on sample 1.*returned None.*missing return gives None"),
-        ("returns_nan", ["fine", "bad"], r"'returns_nan'.*on sample 1.*returned nan; a reward must be finite"),
+        (
+            "returns_none",
+            ["ok", "no"],
+            r"'returns_none'.*on sample 1.*returned None.*missing return gives None",
+        ),
+        (
+            "returns_nan",
+            ["fine", "bad"],
+            r"'returns_nan'.*on sample 1.*returned nan; a reward must be finite",
+        ),
         ("returns_inf", ["x"], r"'returns_inf'.*on sample 0.*returned inf"),
         ("returns_text", ["x"], r"'returns_text'.*returned '1.0' \(str\)"),
         ("dict_without_score", ["x"], r"dict without a 'score' key \(keys: \['reward'\]\)"),
@@ -211,12 +234,32 @@ def test_unusable_return_values(user_file: Path, fn: str, responses: list[str], 
         mgr.score(["p"] * n, responses, ["g"] * n)
 
 
+def test_batched_function_configured_per_sample_gets_a_hint(user_file: Path) -> None:
+    mgr = _mgr(user_file, {"name": "my_reward.py:batch_len"})
+    with pytest.raises(RewardError, match=r"'batch_len'.*TypeError.*on sample 0.*set batched: true"):
+        mgr.score(["p"], ["r"], ["g"])
+
+
+def test_missing_required_metadata_names_sample(user_file: Path) -> None:
+    (user_file.parent / "needs.py").write_text(
+        "def needs(prompt, response, ground_truth, level):\n    return 1.0\n"
+    )
+    mgr = _mgr(user_file, {"name": "needs.py:needs"})
+    assert mgr.score(["p"], ["r"], ["g"], [{"level": 1}]).scores.tolist() == [1.0]
+    with pytest.raises(
+        RewardError, match=r"'needs'.*missing 1 required positional argument: 'level'.*on sample 1"
+    ):
+        mgr.score(["p", "p"], ["r", "r"], ["g", "g"], [{"level": 1}, {}])
+
+
 def test_batched_error_paths(user_file: Path) -> None:
     short = _mgr(user_file, {"name": "my_reward.py:batch_short", "batched": True})
     with pytest.raises(RewardError, match=r"'batch_short'.*returned 2 results for 3 samples"):
         short.score(["p"] * 3, ["a", "b", "c"], [None] * 3)
     raising = _mgr(user_file, {"name": "my_reward.py:batch_raises", "batched": True})
-    with pytest.raises(RewardError, match=r"batched reward function 'batch_raises'.*KeyError.*samples 0..1") as e:
+    with pytest.raises(
+        RewardError, match=r"batched reward function 'batch_raises'.*KeyError.*samples 0..1"
+    ) as e:
         raising.score(["p"] * 2, ["a", "b"], [None] * 2)
     assert isinstance(e.value.__cause__, KeyError)
 
@@ -224,14 +267,38 @@ def test_batched_error_paths(user_file: Path) -> None:
 @pytest.mark.parametrize(
     ("spec", "exc", "pattern"),
     [
-        ({"name": "exact_mtch"}, RewardError, r"'exact_mtch' is not a built-in reward. Did you mean 'exact_match'"),
-        ({"name": "missing.py:fn"}, RewardError, r"reward.functions\[0\].*missing.py does not exist.*relative paths"),
-        ({"name": "my_reward.py:lenght_bonus"}, RewardError, r"has no function 'lenght_bonus'. Did you mean 'length_bonus'"),
+        (
+            {"name": "exact_mtch"},
+            RewardError,
+            r"'exact_mtch' is not a built-in reward. Did you mean 'exact_match'",
+        ),
+        (
+            {"name": "missing.py:fn"},
+            RewardError,
+            r"reward.functions\[0\].*missing.py does not exist.*relative paths",
+        ),
+        (
+            {"name": "my_reward.py:lenght_bonus"},
+            RewardError,
+            r"has no function 'lenght_bonus'. Did you mean 'length_bonus'",
+        ),
         ({"name": "my_reward.py:not_a_function"}, RewardError, r"is a int, not a function"),
         ({"name": "no_such_pkg_xyz.mod:fn"}, RewardError, r"module 'no_such_pkg_xyz.mod' cannot be imported"),
-        ({"name": "my_reward.py:"}, RewardError, r"must have a file or module before ':' and a function name"),
-        ({"name": "my_reward.py:two_args"}, RewardError, r"'two_args\(prompt, response\)' cannot be called as fn\(prompt"),
-        ({"name": "my_reward.py:batch_len"}, RewardError, r"set batched: true"),
+        (
+            {"name": "my_reward.py:"},
+            RewardError,
+            r"must have a file or module before ':' and a function name",
+        ),
+        (
+            {"name": "my_reward.py:two_args"},
+            RewardError,
+            r"'two_args\(prompt, response\)' cannot be called as fn\(prompt",
+        ),
+        (
+            {"name": "my_reward.py:two_args", "batched": True},
+            RewardError,
+            r"cannot be called as fn\(prompts, responses",
+        ),
         ({"name": "my_reward.py:named_only", "kwargs": {"bogus": 1}}, RewardError, r"kwargs \['bogus'\]"),
         ({"name": "format"}, RewardError, r"format reward needs kwargs.pattern"),
         ({"name": "format", "kwargs": {"pattern": "("}}, RewardError, r"not a valid regular expression"),
@@ -268,8 +335,9 @@ def test_input_length_mismatch() -> None:
 
 
 def test_duplicate_names_get_distinct_labels() -> None:
-    mgr = RewardManager([{"name": "format", "kwargs": {"pattern": "a"}},
-                         {"name": "format", "kwargs": {"pattern": "b"}}])
+    mgr = RewardManager(
+        [{"name": "format", "kwargs": {"pattern": "a"}}, {"name": "format", "kwargs": {"pattern": "b"}}]
+    )
     assert mgr.names == ["format", "format_2"]
     res = mgr.score(["p"], ["a"], [None])
     assert res.per_function["format"].tolist() == [1.0] and res.per_function["format_2"].tolist() == [0.0]
@@ -278,4 +346,9 @@ def test_duplicate_names_get_distinct_labels() -> None:
 def test_spec_defaults() -> None:
     spec = RewardFunctionSpec(name=" numeric_match ")
     assert (spec.name, spec.weight, spec.kwargs, spec.data_sources, spec.batched) == (
-        "numeric_match", 1.0, {}, None, False)
+        "numeric_match",
+        1.0,
+        {},
+        None,
+        False,
+    )

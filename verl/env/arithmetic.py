@@ -58,20 +58,26 @@ class ArithmeticEnv(PromptEnv):
         ops = tuple(ops)
         bad = [o for o in ops if o not in _OPS]
         if not ops or bad:
-            raise ConfigError(f"env.kwargs.ops={list(ops)} has unsupported operators {bad}; use a non-empty "
-                              f"list drawn from {list(_OPS)}")
+            raise ConfigError(
+                f"env.kwargs.ops={list(ops)} has unsupported operators {bad}; use a non-empty "
+                f"list drawn from {list(_OPS)}"
+            )
         if len(set(ops)) != len(ops):
             raise ConfigError(f"env.kwargs.ops={list(ops)} lists an operator twice; list each once")
         try:
             prompt_template.format(a=1, op="+", b=2)
             sample_answer = answer_template.format(answer=-123)
         except (KeyError, IndexError, ValueError) as e:
-            raise ConfigError(f"env.kwargs.prompt_template/answer_template cannot be formatted ({e!r}); the "
-                              "prompt may use {a}, {op}, {b} and the answer {answer}") from None
+            raise ConfigError(
+                f"env.kwargs.prompt_template/answer_template cannot be formatted ({e!r}); the "
+                "prompt may use {a}, {op}, {b} and the answer {answer}"
+            ) from None
         if extract_number(sample_answer) != -123:
-            raise ConfigError(f"env.kwargs.answer_template={answer_template!r} gives {sample_answer!r}, whose "
-                              "last number is not the answer, so numeric_match would mis-score it; put "
-                              "{answer} last (e.g. '{answer}' or '#### {answer}')")
+            raise ConfigError(
+                f"env.kwargs.answer_template={answer_template!r} gives {sample_answer!r}, whose "
+                "last number is not the answer, so numeric_match would mis-score it; put "
+                "{answer} last (e.g. '{answer}' or '#### {answer}')"
+            )
 
         problems = [
             (a, op, b)
@@ -89,7 +95,7 @@ class ArithmeticEnv(PromptEnv):
                 "ones; raise max_operand (or add ops) or lower num_train/num_val"
             )
         val_idx = order[:num_val]
-        train_idx = order[num_val:] if num_train is None else order[num_val:num_val + num_train]
+        train_idx = order[num_val:] if num_train is None else order[num_val : num_val + num_train]
 
         self.prompt_template = prompt_template
         self.answer_template = answer_template
@@ -97,8 +103,13 @@ class ArithmeticEnv(PromptEnv):
         self._problems_val = [problems[int(i)] for i in val_idx]
         if reward_manager is None:
             reward_manager = RewardManager([{"name": "numeric_match", "kwargs": {"mode": "flexible"}}])
-        super().__init__([self._row(p) for p in self._problems_train], reward_manager,
-                         val_rows=[self._row(p) for p in self._problems_val], seed=seed, shuffle=shuffle)
+        super().__init__(
+            [self._row(p) for p in self._problems_train],
+            reward_manager,
+            val_rows=[self._row(p) for p in self._problems_val],
+            seed=seed,
+            shuffle=shuffle,
+        )
 
     def _row(self, problem: tuple[int, str, int]) -> dict[str, Any]:
         a, op, b = problem

@@ -55,8 +55,15 @@ class PromptEnv:
     next epoch's permutation, so every batch is full.
     """
 
-    def __init__(self, train_rows: Sequence[Mapping[str, Any]], reward_manager: RewardManager, *,
-                 val_rows: Sequence[Mapping[str, Any]] = (), seed: int = 0, shuffle: bool = True) -> None:
+    def __init__(
+        self,
+        train_rows: Sequence[Mapping[str, Any]],
+        reward_manager: RewardManager,
+        *,
+        val_rows: Sequence[Mapping[str, Any]] = (),
+        seed: int = 0,
+        shuffle: bool = True,
+    ) -> None:
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise ConfigError(f"seed must be an int, got {seed!r}")
         self._train = list(train_rows)
@@ -97,11 +104,14 @@ class PromptEnv:
         """The next `batch_size` training rows (copies)."""
         n = len(self._train)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise ConfigError(f"batch_size must be a positive int, got {batch_size!r} "
-                              "(data.train_batch_size).")
+            raise ConfigError(
+                f"batch_size must be a positive int, got {batch_size!r} (data.train_batch_size)."
+            )
         if batch_size > n:
-            raise ConfigError(f"data.train_batch_size={batch_size} is larger than the {n} training prompts, "
-                              "so a batch would repeat prompts; lower data.train_batch_size or add data.")
+            raise ConfigError(
+                f"data.train_batch_size={batch_size} is larger than the {n} training prompts, "
+                "so a batch would repeat prompts; lower data.train_batch_size or add data."
+            )
         out: list[dict[str, Any]] = []
         while len(out) < batch_size:
             if self._position >= n:
@@ -109,7 +119,7 @@ class PromptEnv:
                 self._position = 0
             take = min(batch_size - len(out), n - self._position)
             order = self._order(self._epoch)
-            out.extend(_copy_row(self._train[int(i)]) for i in order[self._position:self._position + take])
+            out.extend(_copy_row(self._train[int(i)]) for i in order[self._position : self._position + take])
             self._position += take
         return out
 
@@ -126,26 +136,39 @@ class PromptEnv:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "shuffle": self.shuffle, "num_rows": len(self._train),
-                "epoch": self._epoch, "position": self._position}
+        return {
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "num_rows": len(self._train),
+            "epoch": self._epoch,
+            "position": self._position,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         missing = [k for k in ("seed", "shuffle", "num_rows", "epoch", "position") if k not in state]
         if missing:
-            raise CheckpointError(f"environment state is missing {missing}; it was not written by "
-                                  f"{type(self).__name__}.state_dict(). Resume from a complete checkpoint.")
-        mismatch = {k: (state[k], v) for k, v in
-                    (("seed", self.seed), ("shuffle", self.shuffle), ("num_rows", len(self._train)))
-                    if state[k] != v}
+            raise CheckpointError(
+                f"environment state is missing {missing}; it was not written by "
+                f"{type(self).__name__}.state_dict(). Resume from a complete checkpoint."
+            )
+        mismatch = {
+            k: (state[k], v)
+            for k, v in (("seed", self.seed), ("shuffle", self.shuffle), ("num_rows", len(self._train)))
+            if state[k] != v
+        }
         if mismatch:
             detail = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in mismatch.items())
-            raise CheckpointError(f"environment state does not match this run ({detail}); the prompt order "
-                                  "cannot be resumed. Use the same seed, data.shuffle and training data as "
-                                  "the checkpointed run, or start a fresh run.")
+            raise CheckpointError(
+                f"environment state does not match this run ({detail}); the prompt order "
+                "cannot be resumed. Use the same seed, data.shuffle and training data as "
+                "the checkpointed run, or start a fresh run."
+            )
         epoch, position = int(state["epoch"]), int(state["position"])
         if epoch < 0 or not 0 <= position <= len(self._train):
-            raise CheckpointError(f"environment state has epoch={epoch}, position={position} outside "
-                                  f"[0, {len(self._train)}]; the checkpoint is corrupt.")
+            raise CheckpointError(
+                f"environment state has epoch={epoch}, position={position} outside "
+                f"[0, {len(self._train)}]; the checkpoint is corrupt."
+            )
         self._epoch, self._position = epoch, position
 
 

@@ -20,22 +20,31 @@ def _check_rows(rows: Sequence[Any], split: str) -> None:
     for i, row in enumerate(rows):
         where = f"{split} row {i}"
         if not isinstance(row, Mapping):
-            raise DataError(f"{where} is a {type(row).__name__}, not a dict; rows must look like "
-                            "{'prompt': ..., 'ground_truth': ..., 'data_source': ..., 'metadata': {...}}.")
+            raise DataError(
+                f"{where} is a {type(row).__name__}, not a dict; rows must look like "
+                "{'prompt': ..., 'ground_truth': ..., 'data_source': ..., 'metadata': {...}}."
+            )
         prompt = row.get("prompt")
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise DataError(f"{where} has an empty prompt; remove the row or fill in its prompt.")
         elif isinstance(prompt, list):
-            bad = [j for j, m in enumerate(prompt)
-                   if not (isinstance(m, Mapping) and "role" in m and "content" in m)]
+            bad = [
+                j
+                for j, m in enumerate(prompt)
+                if not (isinstance(m, Mapping) and "role" in m and "content" in m)
+            ]
             if not prompt or bad:
-                raise DataError(f"{where}: prompt is a message list but entries {bad or '(empty list)'} are "
-                                "not {'role': ..., 'content': ...} dicts; fix the row's prompt.")
+                raise DataError(
+                    f"{where}: prompt is a message list but entries {bad or '(empty list)'} are "
+                    "not {'role': ..., 'content': ...} dicts; fix the row's prompt."
+                )
         else:
-            raise DataError(f"{where}: prompt is {type(prompt).__name__}"
-                            f"{'' if 'prompt' in row else ' (missing)'}; it must be a string or a list of "
-                            "chat messages. Map your prompt column with data.fields.")
+            raise DataError(
+                f"{where}: prompt is {type(prompt).__name__}"
+                f"{'' if 'prompt' in row else ' (missing)'}; it must be a string or a list of "
+                "chat messages. Map your prompt column with data.fields."
+            )
         ds = row.get("data_source")
         if ds is not None and not isinstance(ds, str):
             raise DataError(f"{where}: data_source must be a string or null, got {ds!r}.")
@@ -47,11 +56,20 @@ def _check_rows(rows: Sequence[Any], split: str) -> None:
 class DatasetEnv(PromptEnv):
     """Prompt rows from files + the configured reward functions."""
 
-    def __init__(self, rows: Sequence[Mapping[str, Any]], reward_manager: RewardManager, *,
-                 val_rows: Sequence[Mapping[str, Any]] = (), seed: int = 0, shuffle: bool = True) -> None:
+    def __init__(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        reward_manager: RewardManager,
+        *,
+        val_rows: Sequence[Mapping[str, Any]] = (),
+        seed: int = 0,
+        shuffle: bool = True,
+    ) -> None:
         if not rows:
-            raise DataError("the training data has no rows; check data.train_files (and data.on_bad_row: "
-                            "skip may have dropped every row).")
+            raise DataError(
+                "the training data has no rows; check data.train_files (and data.on_bad_row: "
+                "skip may have dropped every row)."
+            )
         _check_rows(rows, "train")
         _check_rows(val_rows, "val")
         super().__init__(rows, reward_manager, val_rows=val_rows, seed=seed, shuffle=shuffle)

@@ -36,18 +36,23 @@ class EnvBuildContext:
 EnvFactory = Callable[..., Environment]  # factory(ctx: EnvBuildContext, **env_kwargs)
 
 
-def _bind_kwargs(name: str, target: Callable[..., Any], kwargs: Mapping[str, Any], reserved: set[str]) -> None:
+def _bind_kwargs(
+    name: str, target: Callable[..., Any], kwargs: Mapping[str, Any], reserved: set[str]
+) -> None:
     params = inspect.signature(target).parameters
     allowed = sorted(p for p in params if p not in reserved and p != "self")
     for key in kwargs:
         if key in reserved:
-            raise ConfigError(f"env.kwargs.{key} is set by the run itself for env '{name}' (from the top-level "
-                              "config); remove it from env.kwargs.")
+            raise ConfigError(
+                f"env.kwargs.{key} is set by the run itself for env '{name}' (from the top-level "
+                "config); remove it from env.kwargs."
+            )
         if key not in params:
             close = difflib.get_close_matches(key, allowed, n=1)
             hint = f" Did you mean '{close[0]}'?" if close else ""
-            raise ConfigError(f"env.kwargs.{key} is not an option of env '{name}'.{hint} "
-                              f"Options: {', '.join(allowed)}.")
+            raise ConfigError(
+                f"env.kwargs.{key} is not an option of env '{name}'.{hint} Options: {', '.join(allowed)}."
+            )
 
 
 def _build_arithmetic(ctx: EnvBuildContext, **kwargs: Any) -> Environment:
@@ -58,14 +63,19 @@ def _build_arithmetic(ctx: EnvBuildContext, **kwargs: Any) -> Environment:
 
 def _build_dataset(ctx: EnvBuildContext, **kwargs: Any) -> Environment:
     if kwargs:
-        raise ConfigError(f"env.kwargs {sorted(kwargs)} are not used by the dataset environment (env.name: "
-                          "null); remove them, or set env.name to a built-in environment.")
+        raise ConfigError(
+            f"env.kwargs {sorted(kwargs)} are not used by the dataset environment (env.name: "
+            "null); remove them, or set env.name to a built-in environment."
+        )
     if ctx.train_rows is None:
-        raise ConfigError("env.name is null, so training prompts come from data.train_files, but no rows "
-                          "were given; set data.train_files, or use env.name: arithmetic for the demo task.")
+        raise ConfigError(
+            "env.name is null, so training prompts come from data.train_files, but no rows "
+            "were given; set data.train_files, or use env.name: arithmetic for the demo task."
+        )
     manager = RewardManager(ctx.reward_functions, base_dir=ctx.base_dir)
-    return DatasetEnv(ctx.train_rows, manager, val_rows=ctx.val_rows or (), seed=ctx.seed,
-                      shuffle=ctx.shuffle)
+    return DatasetEnv(
+        ctx.train_rows, manager, val_rows=ctx.val_rows or (), seed=ctx.seed, shuffle=ctx.shuffle
+    )
 
 
 _REGISTRY: dict[str, EnvFactory] = {"arithmetic": _build_arithmetic, "dataset": _build_dataset}
@@ -104,22 +114,34 @@ def build_env(
     elif isinstance(config, Mapping):
         extra = set(config) - {"name", "kwargs"}
         if extra:
-            raise ConfigError(f"env config has unknown keys {sorted(extra)}; it takes 'name' and 'kwargs' "
-                              "(put environment options under env.kwargs).")
+            raise ConfigError(
+                f"env config has unknown keys {sorted(extra)}; it takes 'name' and 'kwargs' "
+                "(put environment options under env.kwargs)."
+            )
         name, env_kwargs = config.get("name"), dict(config.get("kwargs") or {})
     elif hasattr(config, "name"):
         name, env_kwargs = config.name, dict(getattr(config, "kwargs", None) or {})
     else:
-        raise ConfigError(f"env config must be a name, a mapping or an env section, got {type(config).__name__}")
+        raise ConfigError(
+            f"env config must be a name, a mapping or an env section, got {type(config).__name__}"
+        )
     env_kwargs.update(kwargs)
     name = name or "dataset"
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
         hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise ConfigError(f"env.name '{name}' is not a known environment.{hint} Known: "
-                          f"{', '.join(available_envs())} (or null to train on data.train_files).")
-    ctx = EnvBuildContext(seed=seed, shuffle=shuffle, reward_functions=tuple(reward_functions),
-                          base_dir=base_dir, train_rows=train_rows, val_rows=val_rows)
+        raise ConfigError(
+            f"env.name '{name}' is not a known environment.{hint} Known: "
+            f"{', '.join(available_envs())} (or null to train on data.train_files)."
+        )
+    ctx = EnvBuildContext(
+        seed=seed,
+        shuffle=shuffle,
+        reward_functions=tuple(reward_functions),
+        base_dir=base_dir,
+        train_rows=train_rows,
+        val_rows=val_rows,
+    )
     return _REGISTRY[name](ctx, **env_kwargs)
 
 

@@ -44,8 +44,8 @@ def extract_number(text: str, mode: Literal["flexible", "strict"] = "flexible") 
     if mode == "strict":
         return None
     last = None
-    for last in _NUMBER_RE.finditer(text):
-        pass
+    for m in _NUMBER_RE.finditer(text):
+        last = m
     return _to_decimal(last) if last is not None else None
 
 
@@ -61,8 +61,10 @@ def _ground_truth_number(ground_truth: Any) -> Decimal:
             raise ValueError(f"ground_truth {ground_truth!r} is not a finite number") from e
     value = extract_number(str(ground_truth), "flexible")
     if value is None:
-        raise ValueError(f"ground_truth {ground_truth!r} contains no number; numeric_match cannot score it "
-                         "(use exact_match for non-numeric answers)")
+        raise ValueError(
+            f"ground_truth {ground_truth!r} contains no number; numeric_match cannot score it "
+            "(use exact_match for non-numeric answers)"
+        )
     return value
 
 
@@ -154,8 +156,10 @@ def format_reward(
 def _check_format_kwargs(kwargs: dict[str, Any]) -> None:
     pattern = kwargs.get("pattern")
     if not isinstance(pattern, str):
-        raise ValueError("the format reward needs kwargs.pattern, a regular expression string, "
-                         "e.g. kwargs: {pattern: '<answer>.*</answer>'}")
+        raise ValueError(
+            "the format reward needs kwargs.pattern, a regular expression string, "
+            "e.g. kwargs: {pattern: '<answer>.*</answer>'}"
+        )
     compile_format_pattern(pattern, kwargs.get("flags", ""))
     if kwargs.get("match", "search") not in ("search", "fullmatch", "match"):
         raise ValueError(f"kwargs.match must be 'search', 'fullmatch' or 'match', got {kwargs['match']!r}")

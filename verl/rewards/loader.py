@@ -18,8 +18,10 @@ from typing import Any
 from verl.errors import RewardError
 from verl.rewards.builtin import BUILTIN_REWARDS
 
-_FORMS = ("a built-in (" + ", ".join(sorted(BUILTIN_REWARDS)) + "), 'path/to/file.py:fn' "
-          "(relative to the config file) or 'package.module:fn'")
+_FORMS = (
+    "a built-in (" + ", ".join(sorted(BUILTIN_REWARDS)) + "), 'path/to/file.py:fn' "
+    "(relative to the config file) or 'package.module:fn'"
+)
 
 
 def _looks_like_file(target: str) -> bool:
@@ -43,8 +45,10 @@ def _get_attr(holder: Any, fn_name: str, where: str, what: str) -> Callable[...,
             )
         obj = getattr(obj, part)
     if not callable(obj):
-        raise RewardError(f"{where}: '{fn_name}' in {what} is a {type(obj).__name__}, not a function; "
-                          "point the reward spec at a function.")
+        raise RewardError(
+            f"{where}: '{fn_name}' in {what} is a {type(obj).__name__}, not a function; "
+            "point the reward spec at a function."
+        )
     return obj
 
 
@@ -55,8 +59,10 @@ def _load_file(path_text: str, fn_name: str, base_dir: Path | None, where: str) 
     path = path.resolve()
     if not path.is_file():
         base = f" (relative paths resolve against {base_dir or Path.cwd()})"
-        raise RewardError(f"{where}: reward file {path} does not exist{base}. Fix the path before ':' in "
-                          "the reward spec, or give an absolute path.")
+        raise RewardError(
+            f"{where}: reward file {path} does not exist{base}. Fix the path before ':' in "
+            "the reward spec, or give an absolute path."
+        )
     # A stable, unique module name per file so two files named reward.py do not replace each other.
     mod_name = "verl_user_reward_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
     if mod_name in sys.modules:
@@ -71,8 +77,10 @@ def _load_file(path_text: str, fn_name: str, base_dir: Path | None, where: str) 
             spec.loader.exec_module(module)
         except Exception as e:
             del sys.modules[mod_name]
-            raise RewardError(f"{where}: importing reward file {path} raised {type(e).__name__}: {e}. "
-                              "Fix the error in that file (it runs once when training starts).") from e
+            raise RewardError(
+                f"{where}: importing reward file {path} raised {type(e).__name__}: {e}. "
+                "Fix the error in that file (it runs once when training starts)."
+            ) from e
     return _get_attr(module, fn_name, where, f"file {path}")
 
 
@@ -80,16 +88,21 @@ def _load_module(mod_path: str, fn_name: str, where: str) -> Callable[..., Any]:
     try:
         module = importlib.import_module(mod_path)
     except ModuleNotFoundError as e:
-        raise RewardError(f"{where}: module '{mod_path}' cannot be imported ({e}). Install the package that "
-                          "provides it, or name a file instead: 'path/to/file.py:fn'.") from e
+        raise RewardError(
+            f"{where}: module '{mod_path}' cannot be imported ({e}). Install the package that "
+            "provides it, or name a file instead: 'path/to/file.py:fn'."
+        ) from e
     except Exception as e:
-        raise RewardError(f"{where}: importing module '{mod_path}' raised {type(e).__name__}: {e}. "
-                          "Fix the error in that module.") from e
+        raise RewardError(
+            f"{where}: importing module '{mod_path}' raised {type(e).__name__}: {e}. "
+            "Fix the error in that module."
+        ) from e
     return _get_attr(module, fn_name, where, f"module '{mod_path}'")
 
 
-def load_reward_function(name: str, *, base_dir: str | Path | None = None,
-                         where: str = "reward function") -> Callable[..., Any]:
+def load_reward_function(
+    name: str, *, base_dir: str | Path | None = None, where: str = "reward function"
+) -> Callable[..., Any]:
     """Resolve a spec name to a callable, raising RewardError that names `where` and the fix."""
     if name in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[name]
@@ -100,8 +113,10 @@ def load_reward_function(name: str, *, base_dir: str | Path | None = None,
         raise RewardError(f"{where}: '{name}' is not a built-in reward.{hint} Use {_FORMS}.")
     target, fn_name = name.rsplit(":", 1)
     if not target or not fn_name:
-        raise RewardError(f"{where}: '{name}' must have a file or module before ':' and a function name "
-                          f"after it. Use {_FORMS}.")
+        raise RewardError(
+            f"{where}: '{name}' must have a file or module before ':' and a function name "
+            f"after it. Use {_FORMS}."
+        )
     if _looks_like_file(target):
         return _load_file(target, fn_name, base, where)
     return _load_module(target, fn_name, where)

@@ -59,8 +59,10 @@ def _as_spec(spec: RewardFunctionSpec | Mapping[str, Any], i: int) -> RewardFunc
     if isinstance(spec, RewardFunctionSpec):
         return spec
     if not isinstance(spec, Mapping):
-        raise ConfigError(f"reward.functions[{i}] is a {type(spec).__name__}; each entry must be a mapping "
-                          "like {name: numeric_match, weight: 1.0}.")
+        raise ConfigError(
+            f"reward.functions[{i}] is a {type(spec).__name__}; each entry must be a mapping "
+            "like {name: numeric_match, weight: 1.0}."
+        )
     try:
         return RewardFunctionSpec.model_validate(dict(spec))
     except ValidationError as e:
@@ -68,8 +70,10 @@ def _as_spec(spec: RewardFunctionSpec | Mapping[str, Any], i: int) -> RewardFunc
             f"reward.functions[{i}].{'.'.join(str(p) for p in err['loc']) or '<entry>'}: {err['msg']}"
             for err in e.errors()
         )
-        raise ConfigError(f"invalid reward function spec: {problems}. Allowed keys: name, weight, kwargs, "
-                          "data_sources, batched.") from e
+        raise ConfigError(
+            f"invalid reward function spec: {problems}. Allowed keys: name, weight, kwargs, "
+            "data_sources, batched."
+        ) from e
 
 
 def _signature_info(fn: Callable[..., Any]) -> tuple[tuple[str, ...], frozenset[str] | None]:
@@ -77,8 +81,7 @@ def _signature_info(fn: Callable[..., Any]) -> tuple[tuple[str, ...], frozenset[
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return (), None
-    positional = tuple(p.name for p in params
-                       if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))[:3]
+    positional = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))[:3]
     if any(p.kind is p.VAR_KEYWORD for p in params):
         return positional, None
     names = frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
@@ -93,14 +96,19 @@ def _check_signature(loaded: _Loaded) -> None:
         return
     args: tuple[Any, ...] = ([], [], [], []) if spec.batched else (None, None, None)
     try:
-        sig.bind(*args, **spec.kwargs)
+        # Partial: a per-sample function may require parameters that each row's metadata supplies.
+        sig.bind(*args, **spec.kwargs) if spec.batched else sig.bind_partial(*args, **spec.kwargs)
     except TypeError as e:
-        call = ("fn(prompts, responses, ground_truths, metadatas, **kwargs)" if spec.batched
-                else "fn(prompt, response, ground_truth, **metadata, **kwargs)")
+        call = (
+            "fn(prompts, responses, ground_truths, metadatas, **kwargs)"
+            if spec.batched
+            else "fn(prompt, response, ground_truth, **metadata, **kwargs)"
+        )
         raise RewardError(
             f"{loaded.where}: '{loaded.label}{sig}' cannot be called as {call} with kwargs "
             f"{sorted(spec.kwargs)}: {e}. Fix the function's parameters or the spec's kwargs"
-            + ("" if spec.batched else " (set batched: true if it takes whole lists)") + "."
+            + ("" if spec.batched else " (set batched: true if it takes whole lists)")
+            + "."
         ) from None
 
 
@@ -122,14 +130,19 @@ def _to_float(value: Any) -> float | None:
 class RewardManager:
     """Loads reward functions up front and scores batches with their weighted sum."""
 
-    def __init__(self, specs: Sequence[RewardFunctionSpec | Mapping[str, Any]], *,
-                 base_dir: str | Path | None = None) -> None:
+    def __init__(
+        self, specs: Sequence[RewardFunctionSpec | Mapping[str, Any]], *, base_dir: str | Path | None = None
+    ) -> None:
         if isinstance(specs, (str, bytes, Mapping)) or not isinstance(specs, Sequence):
-            raise ConfigError(f"reward.functions must be a list of specs, got {type(specs).__name__}; "
-                              "write e.g. reward.functions: [{name: numeric_match}].")
+            raise ConfigError(
+                f"reward.functions must be a list of specs, got {type(specs).__name__}; "
+                "write e.g. reward.functions: [{name: numeric_match}]."
+            )
         if not specs:
-            raise ConfigError("reward.functions is empty, so every sample would score 0; add at least one "
-                              "function, e.g. reward.functions: [{name: numeric_match}].")
+            raise ConfigError(
+                "reward.functions is empty, so every sample would score 0; add at least one "
+                "function, e.g. reward.functions: [{name: numeric_match}]."
+            )
         self._loaded: list[_Loaded] = []
         used: dict[str, int] = {}
         for i, raw in enumerate(specs):
@@ -196,11 +209,18 @@ class RewardManager:
         n = len(responses)
         metadata = [None] * n if metadata is None else metadata
         data_sources = [None] * n if data_sources is None else data_sources
-        lengths = {"prompts": len(prompts), "responses": n, "ground_truths": len(ground_truths),
-                   "metadata": len(metadata), "data_sources": len(data_sources)}
+        lengths = {
+            "prompts": len(prompts),
+            "responses": n,
+            "ground_truths": len(ground_truths),
+            "metadata": len(metadata),
+            "data_sources": len(data_sources),
+        }
         if len(set(lengths.values())) != 1:
-            raise RewardError(f"RewardManager.score got lists of different lengths {lengths}; pass one entry "
-                              "per sample in each (repeat the prompt's fields for every response).")
+            raise RewardError(
+                f"RewardManager.score got lists of different lengths {lengths}; pass one entry "
+                "per sample in each (repeat the prompt's fields for every response)."
+            )
         metas = [dict(m) if m is not None else {} for m in metadata]
         self.check_data_sources(data_sources)
 
@@ -216,9 +236,13 @@ class RewardManager:
             if ld.spec.batched:
                 results = self._call_batched(ld, idx, prompts, responses, ground_truths, metas, data_sources)
             else:
-                results = [self._call_one(ld, i, prompts[i], responses[i], ground_truths[i], metas[i],
-                                          data_sources[i]) for i in idx]
-            for i, value in zip(idx, results):
+                results = [
+                    self._call_one(
+                        ld, i, prompts[i], responses[i], ground_truths[i], metas[i], data_sources[i]
+                    )
+                    for i in idx
+                ]
+            for i, value in zip(idx, results, strict=True):
                 s, extra = self._parse(ld, i, value, data_sources[i])
                 raw[i] = s
                 mask[i] = True
@@ -237,32 +261,61 @@ class RewardManager:
 
     # -- calling user code -------------------------------------------------------------------------
 
-    def _call_one(self, ld: _Loaded, i: int, prompt: Any, response: str, ground_truth: Any,
-                  meta: dict[str, Any], data_source: str | None) -> Any:
-        kwargs = {k: v for k, v in meta.items() if k not in ld.positional
-                  and (ld.keyword_names is None or k in ld.keyword_names)}
+    def _call_one(
+        self,
+        ld: _Loaded,
+        i: int,
+        prompt: Any,
+        response: str,
+        ground_truth: Any,
+        meta: dict[str, Any],
+        data_source: str | None,
+    ) -> Any:
+        kwargs = {
+            k: v
+            for k, v in meta.items()
+            if k not in ld.positional and (ld.keyword_names is None or k in ld.keyword_names)
+        }
         if ld.keyword_names is not None and "data_source" in ld.keyword_names and "data_source" not in kwargs:
             kwargs["data_source"] = data_source
         kwargs.update(ld.spec.kwargs)
         try:
             return ld.fn(prompt, response, ground_truth, **kwargs)
         except Exception as e:
+            hint = (
+                " If a parameter is missing, add that key to every row's metadata; if the function "
+                "takes whole lists, set batched: true in its spec."
+                if isinstance(e, TypeError)
+                else ""
+            )
             raise RewardError(
                 f"reward function '{ld.label}' ({ld.where}) raised {type(e).__name__}: {e} on sample {i} "
                 f"(data_source={data_source!r}, ground_truth={_short(ground_truth)}, "
                 f"response={_short(response)}). Fix the function or that row; the original traceback "
-                "is chained above."
+                f"is chained above.{hint}"
             ) from e
 
-    def _call_batched(self, ld: _Loaded, idx: list[int], prompts: Sequence[Any], responses: Sequence[str],
-                      ground_truths: Sequence[Any], metas: list[dict[str, Any]],
-                      data_sources: Sequence[str | None]) -> list[Any]:
+    def _call_batched(
+        self,
+        ld: _Loaded,
+        idx: list[int],
+        prompts: Sequence[Any],
+        responses: Sequence[str],
+        ground_truths: Sequence[Any],
+        metas: list[dict[str, Any]],
+        data_sources: Sequence[str | None],
+    ) -> list[Any]:
         if not idx:
             return []
         span = f"samples {idx[0]}..{idx[-1]} ({len(idx)} samples)"
         try:
-            out = ld.fn([prompts[i] for i in idx], [responses[i] for i in idx],
-                        [ground_truths[i] for i in idx], [metas[i] for i in idx], **ld.spec.kwargs)
+            out = ld.fn(
+                [prompts[i] for i in idx],
+                [responses[i] for i in idx],
+                [ground_truths[i] for i in idx],
+                [metas[i] for i in idx],
+                **ld.spec.kwargs,
+            )
         except Exception as e:
             raise RewardError(
                 f"batched reward function '{ld.label}' ({ld.where}) raised {type(e).__name__}: {e} on the "
@@ -284,36 +337,49 @@ class RewardManager:
             )
         return list(out)
 
-    def _parse(self, ld: _Loaded, i: int, value: Any, data_source: str | None) -> tuple[float, dict[str, float]]:
+    def _parse(
+        self, ld: _Loaded, i: int, value: Any, data_source: str | None
+    ) -> tuple[float, dict[str, float]]:
         at = f"reward function '{ld.label}' ({ld.where}) on sample {i} (data_source={data_source!r})"
         extras: dict[str, float] = {}
         if isinstance(value, Mapping):
             if "score" not in value:
-                raise RewardError(f"{at} returned a dict without a 'score' key (keys: {sorted(value)}); "
-                                  "return {'score': float, ...extra metrics}.")
+                raise RewardError(
+                    f"{at} returned a dict without a 'score' key (keys: {sorted(value)}); "
+                    "return {'score': float, ...extra metrics}."
+                )
             for k, v in value.items():
                 if k == "score":
                     continue
                 f = _to_float(v)
                 if f is None or not math.isfinite(f):
-                    raise RewardError(f"{at} returned extra metric {k!r}={_short(v)}; extra dict entries are "
-                                      "logged as metrics and must be finite numbers. Remove it or convert it.")
+                    raise RewardError(
+                        f"{at} returned extra metric {k!r}={_short(v)}; extra dict entries are "
+                        "logged as metrics and must be finite numbers. Remove it or convert it."
+                    )
                 extras[str(k)] = f
             value = value["score"]
         score = _to_float(value)
         if score is None:
-            raise RewardError(f"{at} returned {_short(value)} ({type(value).__name__}); a reward must be a "
-                              "finite number or a dict with a numeric 'score'. Make every code path return "
-                              "one (a missing return gives None).")
+            raise RewardError(
+                f"{at} returned {_short(value)} ({type(value).__name__}); a reward must be a "
+                "finite number or a dict with a numeric 'score'. Make every code path return "
+                "one (a missing return gives None)."
+            )
         if not math.isfinite(score):
-            raise RewardError(f"{at} returned {score}; a reward must be finite. Guard the division or "
-                              "log that yields NaN/inf.")
+            raise RewardError(
+                f"{at} returned {score}; a reward must be finite. Guard the division or "
+                "log that yields NaN/inf."
+            )
         return score, extras
 
     def __repr__(self) -> str:
-        parts = [f"{ld.label}(w={ld.spec.weight:g}"
-                 + (f", data_sources={ld.spec.data_sources}" if ld.spec.data_sources else "") + ")"
-                 for ld in self._loaded]
+        parts = [
+            f"{ld.label}(w={ld.spec.weight:g}"
+            + (f", data_sources={ld.spec.data_sources}" if ld.spec.data_sources else "")
+            + ")"
+            for ld in self._loaded
+        ]
         return f"RewardManager({', '.join(parts)})"
 
 

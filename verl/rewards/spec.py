@@ -35,8 +35,10 @@ class RewardFunctionSpec(BaseModel):
     def _name_not_blank(cls, v: str) -> str:
         v = v.strip()
         if not v:
-            raise ValueError("name is blank; use a built-in (exact_match, numeric_match, format), "
-                             "'path/to/file.py:fn' or 'package.module:fn'")
+            raise ValueError(
+                "name is blank; use a built-in (exact_match, numeric_match, format), "
+                "'path/to/file.py:fn' or 'package.module:fn'"
+            )
         return v
 
     @field_validator("weight")
@@ -52,8 +54,10 @@ class RewardFunctionSpec(BaseModel):
         if v is None:
             return v
         if not v:
-            raise ValueError("data_sources is an empty list, so the function would apply to no sample; "
-                             "remove the key (= every sample) or list the data_source values it scores")
+            raise ValueError(
+                "data_sources is an empty list, so the function would apply to no sample; "
+                "remove the key (= every sample) or list the data_source values it scores"
+            )
         blank = [i for i, s in enumerate(v) if not s.strip()]
         if blank:
             raise ValueError(f"data_sources has blank entries at positions {blank}; remove them")
