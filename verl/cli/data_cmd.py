@@ -1,0 +1,197 @@
+"""`verl data check|normalize`: look at a dataset the way the trainer will, before spending GPU hours.
+
+Exit codes are for scripts: 0 every row is usable, 1 some rows are bad (or none exist), 2 the file (or
+an argument) cannot be used at all. Torch is never imported, so this starts fast and stays small.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from verl.errors import ConfigError, ModelError, VerlError
+
+EXIT_CLEAN, EXIT_BAD_ROWS, EXIT_UNREADABLE = 0, 1, 2
+
+
+def parse_maps(items: list[str] | None) -> dict[str, str]:
+    """`--map input=question --map ground_truth=reward_model.ground_truth` -> dict."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        field, sep, src = item.partition("=")
+        if not sep or not field.strip() or not src.strip():
+            raise ConfigError(f"--map {item!r}: write FIELD=SOURCE_KEY, e.g. --map input=question")
+        out[field.strip()] = src.strip()
+    return out
+
+
+def load_tokenizer(path: str | None) -> Any:
+    """A local tokenizer (never downloads, never runs repository code)."""
+    if path is None:
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+    except Exception as e:  # transformers raises OSError/ValueError/... for a bad folder
+        raise ModelError(f"--tokenizer {path}: cannot load a tokenizer from there ({e}); pass a local folder "
+                         "that holds tokenizer.json or tokenizer_config.json") from None
+
+
+def print_report(report: Any, as_json: bool, out_path: str | None = None) -> None:
+    """The report as a rich table (or JSON for scripts)."""
+    if as_json:
+        d = report.to_dict()
+        if out_path is not None:
+            d["output"] = out_path
+        print(json.dumps(d, ensure_ascii=False, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from verl.data.report import location
+
+    console = Console(highlight=False, soft_wrap=False)
+    status = "[green]clean[/]" if report.is_clean else "[red]not clean[/]"
+    console.print(
+        f"[bold]{report.kind}[/] data: {report.total_rows} rows read, {report.kept_rows} kept, "
+        f"{report.dropped_rows} dropped: {status}"
+    )
+    console.print("files: " + ", ".join(report.files))
+    if report.field_mapping:
+        t = Table(title="field mapping", title_justify="left")
+        t.add_column("field")
+        t.add_column("source key")
+        t.add_column("rows", justify="right")
+        for fld, srcs in report.field_mapping.items():
+            for src, n in srcs.items():
+                t.add_row(fld, repr(src), str(n))
+        console.print(t)
+    if report.reasons:
+        t = Table(title="dropped rows", title_justify="left")
+        t.add_column("reason")
+        t.add_column("rows", justify="right")
+        t.add_column("lines (first 20)")
+        t.add_column("first example")
+        ordered = sorted(report.reasons.items(), key=lambda kv: -kv[1].count)
+        for key, st in ordered:
+            ex = st.examples[0]
+            t.add_row(key, str(st.count), ", ".join(str(e["line"]) for e in st.examples),
+                      f"{location(ex['file'], ex['line'])}: {ex['detail']}")
+        console.print(t)
+        for key, st in ordered:
+            if st.hint:
+                console.print(f"fix ({key}): {st.hint}", markup=False)
+    ts = report.token_stats
+    if ts is not None:
+        t = Table(title="prompt tokens", title_justify="left")
+        for c in ("min", "median", "p95", "max", "limit", "over limit", "truncation"):
+            t.add_column(c, justify="right")
+        t.add_row(str(ts.min), f"{ts.median:g}", str(ts.p95), str(ts.max), str(ts.limit), str(ts.over_limit),
+                  ts.truncation)
+        console.print(t)
+    if report.total_rows == 0:
+        console.print("[red]no rows at all[/]: the file(s) are empty or hold only blank lines")
+    if report.blank_lines:
+        console.print(f"blank lines skipped: {report.blank_lines}")
+    if report.ignored_files:
+        console.print("ignored files (unsupported extension): " + ", ".join(report.ignored_files))
+    for n in report.notes:
+        console.print(f"note: {n}")
+    if out_path is not None:
+        console.print(f"wrote {report.kept_rows} rows to {out_path}" if report.kept_rows else "nothing written")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kind", required=True, choices=["prompt", "sft", "preference"], help="dataset kind")
+    p.add_argument("--map", action="append", metavar="FIELD=KEY", default=[],
+                   help="map a source key or dotted path to a field (repeatable), e.g. --map input=question")
+    p.add_argument("--tokenizer", default=None, help="local tokenizer folder, for token-length statistics")
+    p.add_argument("--max-prompt-length", type=int, default=None, help="count prompts longer than this")
+    p.add_argument("--truncation", choices=["error", "drop", "truncate_left"], default="error",
+                   help="what the trainer will do with prompts over --max-prompt-length")
+    p.add_argument("--chat-template", choices=["auto", "always", "never"], default="auto",
+                   help="auto: template chat messages only; always: plain strings too")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from verl.data.load import iter_rows
+    from verl.data.report import DataReport
+
+    tokenizer = load_tokenizer(args.tokenizer)
+    report = DataReport(args.kind)
+    for _ in iter_rows(args.files, args.kind, report=report, fields=parse_maps(args.map), tokenizer=tokenizer,
+                       max_prompt_length=args.max_prompt_length, truncation=args.truncation,
+                       apply_chat_template=args.chat_template):
+        pass
+    print_report(report, args.json)
+    return EXIT_CLEAN if report.is_clean else EXIT_BAD_ROWS
+
+
+def cmd_normalize(args: argparse.Namespace) -> int:
+    from verl.data.load import normalize_files
+
+    tokenizer = load_tokenizer(args.tokenizer)
+    report = normalize_files(args.input, args.output, args.kind, fields=parse_maps(args.map),
+                             on_bad_row=args.on_bad_row, tokenizer=tokenizer,
+                             max_prompt_length=args.max_prompt_length, truncation=args.truncation,
+                             apply_chat_template=args.chat_template)
+    written = Path(args.output).exists() and report.kept_rows > 0 and (args.on_bad_row == "skip" or report.is_clean)
+    report_path = Path(str(args.output) + ".report.json")
+    d = report.to_dict()
+    d["output"] = str(args.output) if written else None
+    report_path.write_text(json.dumps(d, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    print_report(report, args.json, str(args.output) if written else None)
+    if not written and not args.json:
+        print(f"{args.output} was not written (bad rows with --on-bad-row error, or no usable row)", file=sys.stderr)
+    return EXIT_CLEAN if report.is_clean else EXIT_BAD_ROWS
+
+
+def _guard(func: Any) -> Any:
+    """Unreadable input or a bad argument is exit 2 with the message, never a traceback."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return func(args)
+        except VerlError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_UNREADABLE
+
+    return run
+
+
+def register(subparsers: Any) -> None:
+    """Add `verl data check|normalize` to the `verl` command."""
+    data = subparsers.add_parser("data", help="Check or normalise a dataset file.",
+                                 description="Validate a dataset the way the trainer reads it, or rewrite it in "
+                                 "canonical JSONL. Exit codes: 0 clean, 1 bad rows, 2 unreadable.")
+    sub = data.add_subparsers(dest="data_command", metavar="{check,normalize}", required=True)
+    check = sub.add_parser("check", help="Report every row that would be dropped, and why.",
+                           epilog="example: verl data check train.jsonl --kind sft --map input=question")
+    check.add_argument("files", nargs="+", metavar="FILE", help=".jsonl/.json/.parquet/.csv files or directories")
+    _common(check)
+    check.set_defaults(func=_guard(cmd_check))
+    norm = sub.add_parser("normalize", help="Write canonical JSONL plus the report (never overwrites the input).",
+                          epilog="example: verl data normalize raw.csv clean.jsonl --kind prompt --map prompt=q")
+    norm.add_argument("input", metavar="IN", help="input file or directory")
+    norm.add_argument("output", metavar="OUT", help="output .jsonl (the report goes to OUT.report.json)")
+    norm.add_argument("--on-bad-row", choices=["skip", "error"], default="skip",
+                      help="skip: write the good rows (default); error: write nothing if any row is bad")
+    _common(norm)
+    norm.set_defaults(func=_guard(cmd_normalize))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m verl.cli.data_cmd ...`, for benchmarks and for use without the `verl` entry point."""
+    parser = argparse.ArgumentParser(prog="verl")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
