@@ -24,6 +24,7 @@ import torch
 
 from verl.errors import ConfigError, DataError, ModelError
 from verl.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+from verl.rollout.fast_decode import LlamaStyleDecodeStep
 from verl.rollout.sampling import sample_step
 
 try:  # transformers >= 4.56 has per-layer caches; older versions use a plain DynamicCache.
@@ -114,12 +115,14 @@ def _full_attention_only(config: Any) -> bool:
 class HFKVCacheEngine(RolloutEngine):
     """Batched sampling on a Hugging Face causal LM (``AutoModelForCausalLM``-style ``forward``).
 
-    ``prebuilt_masks=False`` lets the model build its attention mask every step from a 2D mask, for
-    models with unusual mask logic; the default uses a ready 4D mask where it is known to be exact
-    (sdpa and eager attention on full-attention models).
+    ``fast_decode`` runs decode steps through :class:`LlamaStyleDecodeStep` when the model qualifies
+    (Llama/Qwen2/Qwen3/Mistral without sliding windows or module hooks); ``fast_decode_reason`` says
+    why a model does not. ``prebuilt_masks=False`` lets the model build its attention mask every step
+    from a 2D mask on the plain ``forward`` path, for models with unusual mask logic; the default uses
+    a ready 4D mask where it is known to be exact (sdpa and eager attention on full-attention models).
     """
 
-    def __init__(self, model: torch.nn.Module, *, prebuilt_masks: bool = True) -> None:
+    def __init__(self, model: torch.nn.Module, *, fast_decode: bool = True, prebuilt_masks: bool = True) -> None:
         config = getattr(model, "config", None)
         if config is None or not callable(model):
             raise ModelError(f"HFKVCacheEngine needs a Hugging Face causal LM with a .config, got "
@@ -138,6 +141,16 @@ class HFKVCacheEngine(RolloutEngine):
         full = _full_attention_only(text_config)
         self._mask_kind = attn if (prebuilt_masks and full and attn in ("sdpa", "eager")) else "2d"
         self._preallocate = DynamicLayer is not None and full
+        self._fast_decode = fast_decode
+
+    @property
+    def fast_decode_reason(self) -> str:
+        """Empty when decode steps take the fast path, else why they use the model's ``forward``."""
+        if not self._fast_decode:
+            return "fast_decode=False"
+        if not self._preallocate:
+            return "the model needs a cache layout other than full attention"
+        return LlamaStyleDecodeStep.supports(self.model)[1]
 
     # -- helpers ---------------------------------------------------------------------------------
     def _vocab_size(self) -> int:
@@ -241,9 +254,12 @@ class HFKVCacheEngine(RolloutEngine):
             next_pos = next_pos.repeat_interleave(n, dim=0)
             mask_bool = mask_bool.repeat_interleave(n, dim=0)
 
+        fast = LlamaStyleDecodeStep(self.model) if not self.fast_decode_reason else None
+        if fast is not None:
+            fast.prepare(prompt_len + max_new, device, dtype)
         # The decode mask for the whole rollout, built once and sliced per step.
         decode_mask = torch.cat([mask_bool, mask_bool.new_ones(rows, max_new)], dim=1)
-        if self._mask_kind == "sdpa":
+        if fast is not None or self._mask_kind == "sdpa":
             decode_mask = decode_mask[:, None, None, :]
         elif self._mask_kind == "eager":
             zero = torch.zeros((), dtype=dtype, device=device)
@@ -284,7 +300,10 @@ class HFKVCacheEngine(RolloutEngine):
                 break
             kv_len = prompt_len + step + 1
             step_mask = decode_mask[..., :kv_len]
-            logits = self._forward(tokens.unsqueeze(-1), step_mask, next_pos, cache)
+            if fast is not None:
+                logits = fast(tokens, next_pos.squeeze(-1), step_mask, cache)
+            else:
+                logits = self._forward(tokens.unsqueeze(-1), step_mask, next_pos, cache)
             next_pos = next_pos + 1
 
         response_mask = (torch.arange(max_new, device=device) < lengths.unsqueeze(-1)).to(prompt_mask.dtype)
