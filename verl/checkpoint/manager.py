@@ -49,6 +49,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from verl.checkpoint._fs import (
     atomic_write_text,
@@ -108,6 +109,19 @@ def _quiet_single_process() -> Iterator[None]:
         yield
 
 
+def describe_error(exc: BaseException) -> str:
+    """One line per failing rank instead of DCP's multi-rank traceback dump."""
+    if isinstance(exc, CheckpointException):
+        parts = []
+        for rank, (inner, _trace) in sorted(exc.failures.items()):
+            if isinstance(inner, CheckpointError):
+                parts.append(f"rank {rank}: {inner}")
+            else:
+                parts.append(f"rank {rank}: {type(inner).__name__}: {inner}")
+        return "; ".join(parts) or "CheckpointException"
+    return f"{type(exc).__name__}: {exc}"
+
+
 def serialize_extra(extra: dict[str, object]) -> bytes:
     """``torch.save`` bytes of ``extra``, proven to load with ``weights_only=True`` before we rely on it.
 
@@ -121,6 +135,8 @@ def serialize_extra(extra: dict[str, object]) -> bytes:
     try:
         torch.load(io.BytesIO(data), weights_only=True)
     except Exception as exc:
+        reason = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+        why = f"it holds {reason.group(1)}" if reason else f"{type(exc).__name__}"
         bad = "?"
         for key, value in extra.items():
             b = io.BytesIO()
@@ -131,7 +147,7 @@ def serialize_extra(extra: dict[str, object]) -> bytes:
                 bad = key
                 break
         raise CheckpointError(
-            f"extra['{bad}'] cannot be loaded back with torch.load(weights_only=True) ({exc}); store only "
+            f"extra['{bad}'] cannot be loaded back with torch.load(weights_only=True) ({why}); store only "
             "tensors, numbers, strings, lists, tuples and dicts there (e.g. a numpy array as a tensor, "
             "a config as YAML text)."
         ) from exc
@@ -385,12 +401,12 @@ class CheckpointManager:
         extra_bytes: bytes,
         keys: list[str],
     ) -> None:
-        error: Exception | None = None
+        error: BaseException | None = None
         try:
             write_bytes_durable(tmp / extra_file(self.rank), extra_bytes)
             # DCP's coordinator finishes only after every rank wrote its data (and so its extra file)
             _dcp_save(state_dict, tmp / DCP_DIR, self._pg, self._pg is None)
-        except Exception as exc:
+        except (Exception, CheckpointException) as exc:
             error = exc
         any_failed = self._allreduce_max(0 if error is None else 1)
         if rank0_commits := (self.rank == 0 and not any_failed):
@@ -412,7 +428,7 @@ class CheckpointManager:
             )
         raise CheckpointError(
             f"writing checkpoint step {step} to {tmp} failed on rank {self.rank}: "
-            f"{type(error).__name__}: {error}. Nothing was committed; check free disk space and "
+            f"{describe_error(error)}. Nothing was committed; check free disk space and "
             "permissions of the run directory."
         ) from error
 
@@ -605,9 +621,9 @@ def load_checkpoint(
             )
     except CheckpointError:
         raise
-    except Exception as exc:
+    except (Exception, CheckpointException) as exc:
         raise CheckpointError(
-            f"{path / DCP_DIR}: loading model/optimizer state failed ({type(exc).__name__}: {exc}); the "
+            f"{path / DCP_DIR}: loading model/optimizer state failed ({describe_error(exc)}); the "
             "model or optimizer differs from the one that was saved (architecture, parameter names, "
             "optimizer type)."
         ) from exc
