@@ -22,7 +22,10 @@ def build_tokenizer(chat_template: str | None = CHAT_TEMPLATE) -> PreTrainedToke
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", eos_token="<eos>",
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        unk_token="<unk>",
+        eos_token="<eos>",
         additional_special_tokens=["<|im_start|>", "<|im_end|>"],
     )
     if chat_template is not None:

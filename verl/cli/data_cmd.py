@@ -37,8 +37,10 @@ def load_tokenizer(path: str | None) -> Any:
 
         return AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
     except Exception as e:  # transformers raises OSError/ValueError/... for a bad folder
-        raise ModelError(f"--tokenizer {path}: cannot load a tokenizer from there ({e}); pass a local folder "
-                         "that holds tokenizer.json or tokenizer_config.json") from None
+        raise ModelError(
+            f"--tokenizer {path}: cannot load a tokenizer from there ({e}); pass a local folder "
+            "that holds tokenizer.json or tokenizer_config.json"
+        ) from None
 
 
 def print_report(report: Any, as_json: bool, out_path: str | None = None) -> None:
@@ -79,8 +81,12 @@ def print_report(report: Any, as_json: bool, out_path: str | None = None) -> Non
         ordered = sorted(report.reasons.items(), key=lambda kv: -kv[1].count)
         for key, st in ordered:
             ex = st.examples[0]
-            t.add_row(key, str(st.count), ", ".join(str(e["line"]) for e in st.examples),
-                      f"{location(ex['file'], ex['line'])}: {ex['detail']}")
+            t.add_row(
+                key,
+                str(st.count),
+                ", ".join(str(e["line"]) for e in st.examples),
+                f"{location(ex['file'], ex['line'])}: {ex['detail']}",
+            )
         console.print(t)
         for key, st in ordered:
             if st.hint:
@@ -90,8 +96,15 @@ def print_report(report: Any, as_json: bool, out_path: str | None = None) -> Non
         t = Table(title="prompt tokens", title_justify="left")
         for c in ("min", "median", "p95", "max", "limit", "over limit", "truncation"):
             t.add_column(c, justify="right")
-        t.add_row(str(ts.min), f"{ts.median:g}", str(ts.p95), str(ts.max), str(ts.limit), str(ts.over_limit),
-                  ts.truncation)
+        t.add_row(
+            str(ts.min),
+            f"{ts.median:g}",
+            str(ts.p95),
+            str(ts.max),
+            str(ts.limit),
+            str(ts.over_limit),
+            ts.truncation,
+        )
         console.print(t)
     if report.total_rows == 0:
         console.print("[red]no rows at all[/]: the file(s) are empty or hold only blank lines")
@@ -102,19 +115,34 @@ def print_report(report: Any, as_json: bool, out_path: str | None = None) -> Non
     for n in report.notes:
         console.print(f"note: {n}")
     if out_path is not None:
-        console.print(f"wrote {report.kept_rows} rows to {out_path}" if report.kept_rows else "nothing written")
+        console.print(
+            f"wrote {report.kept_rows} rows to {out_path}" if report.kept_rows else "nothing written"
+        )
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kind", required=True, choices=["prompt", "sft", "preference"], help="dataset kind")
-    p.add_argument("--map", action="append", metavar="FIELD=KEY", default=[],
-                   help="map a source key or dotted path to a field (repeatable), e.g. --map input=question")
+    p.add_argument(
+        "--map",
+        action="append",
+        metavar="FIELD=KEY",
+        default=[],
+        help="map a source key or dotted path to a field (repeatable), e.g. --map input=question",
+    )
     p.add_argument("--tokenizer", default=None, help="local tokenizer folder, for token-length statistics")
     p.add_argument("--max-prompt-length", type=int, default=None, help="count prompts longer than this")
-    p.add_argument("--truncation", choices=["error", "drop", "truncate_left"], default="error",
-                   help="what the trainer will do with prompts over --max-prompt-length")
-    p.add_argument("--chat-template", choices=["auto", "always", "never"], default="auto",
-                   help="auto: template chat messages only; always: plain strings too")
+    p.add_argument(
+        "--truncation",
+        choices=["error", "drop", "truncate_left"],
+        default="error",
+        help="what the trainer will do with prompts over --max-prompt-length",
+    )
+    p.add_argument(
+        "--chat-template",
+        choices=["auto", "always", "never"],
+        default="auto",
+        help="auto: template chat messages only; always: plain strings too",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -124,9 +152,16 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     tokenizer = load_tokenizer(args.tokenizer)
     report = DataReport(args.kind)
-    for _ in iter_rows(args.files, args.kind, report=report, fields=parse_maps(args.map), tokenizer=tokenizer,
-                       max_prompt_length=args.max_prompt_length, truncation=args.truncation,
-                       apply_chat_template=args.chat_template):
+    for _ in iter_rows(
+        args.files,
+        args.kind,
+        report=report,
+        fields=parse_maps(args.map),
+        tokenizer=tokenizer,
+        max_prompt_length=args.max_prompt_length,
+        truncation=args.truncation,
+        apply_chat_template=args.chat_template,
+    ):
         pass
     print_report(report, args.json)
     return EXIT_CLEAN if report.is_clean else EXIT_BAD_ROWS
@@ -136,18 +171,30 @@ def cmd_normalize(args: argparse.Namespace) -> int:
     from verl.data.load import normalize_files
 
     tokenizer = load_tokenizer(args.tokenizer)
-    report = normalize_files(args.input, args.output, args.kind, fields=parse_maps(args.map),
-                             on_bad_row=args.on_bad_row, tokenizer=tokenizer,
-                             max_prompt_length=args.max_prompt_length, truncation=args.truncation,
-                             apply_chat_template=args.chat_template)
-    written = Path(args.output).exists() and report.kept_rows > 0 and (args.on_bad_row == "skip" or report.is_clean)
+    report = normalize_files(
+        args.input,
+        args.output,
+        args.kind,
+        fields=parse_maps(args.map),
+        on_bad_row=args.on_bad_row,
+        tokenizer=tokenizer,
+        max_prompt_length=args.max_prompt_length,
+        truncation=args.truncation,
+        apply_chat_template=args.chat_template,
+    )
+    written = (
+        Path(args.output).exists() and report.kept_rows > 0 and (args.on_bad_row == "skip" or report.is_clean)
+    )
     report_path = Path(str(args.output) + ".report.json")
     d = report.to_dict()
     d["output"] = str(args.output) if written else None
     report_path.write_text(json.dumps(d, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
     print_report(report, args.json, str(args.output) if written else None)
     if not written and not args.json:
-        print(f"{args.output} was not written (bad rows with --on-bad-row error, or no usable row)", file=sys.stderr)
+        print(
+            f"{args.output} was not written (bad rows with --on-bad-row error, or no usable row)",
+            file=sys.stderr,
+        )
     return EXIT_CLEAN if report.is_clean else EXIT_BAD_ROWS
 
 
@@ -166,21 +213,36 @@ def _guard(func: Any) -> Any:
 
 def register(subparsers: Any) -> None:
     """Add `verl data check|normalize` to the `verl` command."""
-    data = subparsers.add_parser("data", help="Check or normalise a dataset file.",
-                                 description="Validate a dataset the way the trainer reads it, or rewrite it in "
-                                 "canonical JSONL. Exit codes: 0 clean, 1 bad rows, 2 unreadable.")
+    data = subparsers.add_parser(
+        "data",
+        help="Check or normalise a dataset file.",
+        description="Validate a dataset the way the trainer reads it, or rewrite it in "
+        "canonical JSONL. Exit codes: 0 clean, 1 bad rows, 2 unreadable.",
+    )
     sub = data.add_subparsers(dest="data_command", metavar="{check,normalize}", required=True)
-    check = sub.add_parser("check", help="Report every row that would be dropped, and why.",
-                           epilog="example: verl data check train.jsonl --kind sft --map input=question")
-    check.add_argument("files", nargs="+", metavar="FILE", help=".jsonl/.json/.parquet/.csv files or directories")
+    check = sub.add_parser(
+        "check",
+        help="Report every row that would be dropped, and why.",
+        epilog="example: verl data check train.jsonl --kind sft --map input=question",
+    )
+    check.add_argument(
+        "files", nargs="+", metavar="FILE", help=".jsonl/.json/.parquet/.csv files or directories"
+    )
     _common(check)
     check.set_defaults(func=_guard(cmd_check))
-    norm = sub.add_parser("normalize", help="Write canonical JSONL plus the report (never overwrites the input).",
-                          epilog="example: verl data normalize raw.csv clean.jsonl --kind prompt --map prompt=q")
+    norm = sub.add_parser(
+        "normalize",
+        help="Write canonical JSONL plus the report (never overwrites the input).",
+        epilog="example: verl data normalize raw.csv clean.jsonl --kind prompt --map prompt=q",
+    )
     norm.add_argument("input", metavar="IN", help="input file or directory")
     norm.add_argument("output", metavar="OUT", help="output .jsonl (the report goes to OUT.report.json)")
-    norm.add_argument("--on-bad-row", choices=["skip", "error"], default="skip",
-                      help="skip: write the good rows (default); error: write nothing if any row is bad")
+    norm.add_argument(
+        "--on-bad-row",
+        choices=["skip", "error"],
+        default="skip",
+        help="skip: write the good rows (default); error: write nothing if any row is bad",
+    )
     _common(norm)
     norm.set_defaults(func=_guard(cmd_normalize))
 

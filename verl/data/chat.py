@@ -34,7 +34,9 @@ def _where(row: dict[str, Any] | None) -> str:
     return ""
 
 
-def render(tokenizer: Any, messages: Messages, add_generation_prompt: bool, row: dict[str, Any] | None = None) -> str:
+def render(
+    tokenizer: Any, messages: Messages, add_generation_prompt: bool, row: dict[str, Any] | None = None
+) -> str:
     """The chat template applied as text (tokenised separately so offsets are available)."""
     if not getattr(tokenizer, "chat_template", None):
         raise ModelError(
@@ -42,7 +44,9 @@ def render(tokenizer: Any, messages: Messages, add_generation_prompt: bool, row:
             "model's tokenizer, set tokenizer.chat_template, or give plain string prompts"
         )
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
     except Exception as e:  # jinja errors (e.g. templates that reject a role order) are data problems
         raise DataError(f"{_where(row)}the chat template rejected these messages: {e}") from None
 
@@ -55,7 +59,9 @@ def _eos(tokenizer: Any) -> int | None:
     return getattr(tokenizer, "eos_token_id", None)
 
 
-def encode_prompt(tokenizer: Any, prompt: str | Messages, mode: str, row: dict[str, Any] | None = None) -> list[int]:
+def encode_prompt(
+    tokenizer: Any, prompt: str | Messages, mode: str, row: dict[str, Any] | None = None
+) -> list[int]:
     """Prompt ids for generation: templated with a generation prompt if messages (or mode='always')."""
     if isinstance(prompt, list) or mode == "always":
         if mode == "never" and isinstance(prompt, list):
@@ -81,7 +87,11 @@ def _common_prefix(a: str, b: str) -> int:
 
 
 def encode_pair(
-    tokenizer: Any, prompt: str | Messages, response: str | Messages, mode: str, row: dict[str, Any] | None = None
+    tokenizer: Any,
+    prompt: str | Messages,
+    response: str | Messages,
+    mode: str,
+    row: dict[str, Any] | None = None,
 ) -> tuple[list[int], int, bool]:
     """(ids of prompt+response, index where the response starts, whether the boundary was a mismatch).
 
@@ -92,7 +102,9 @@ def encode_pair(
     templated = isinstance(prompt, list) or isinstance(response, list) or mode == "always"
     if templated:
         if mode == "never":
-            raise DataError(f"{_where(row)}the row has chat messages but apply_chat_template='never'; use 'auto'")
+            raise DataError(
+                f"{_where(row)}the row has chat messages but apply_chat_template='never'; use 'auto'"
+            )
         pm = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
         rm = response if isinstance(response, list) else [{"role": "assistant", "content": response}]
         prompt_text = render(tokenizer, pm, True, row)
@@ -105,7 +117,7 @@ def encode_pair(
     eos = _eos(tokenizer)
     if not templated and eos is not None and (not full_ids or full_ids[-1] != eos):
         full_ids.append(eos)  # the model must learn to stop after a raw-text response
-        offsets.append((len(full_text), len(full_text)))
+        offsets.append((len(full_text), len(full_text) + 1))  # a virtual char: EOS is response
     if full_text.startswith(prompt_text) and full_ids[: len(p_ids)] == p_ids:
         return full_ids, len(p_ids), False
     cut = _common_prefix(prompt_text, full_text)
@@ -149,4 +161,12 @@ def _render_or_empty(tokenizer: Any, messages: Messages, row: dict[str, Any] | N
         return ""
 
 
-__all__ = ["TEMPLATE_MODES", "template_mode", "render", "encode", "encode_prompt", "encode_pair", "encode_conversation"]
+__all__ = [
+    "TEMPLATE_MODES",
+    "template_mode",
+    "render",
+    "encode",
+    "encode_prompt",
+    "encode_pair",
+    "encode_conversation",
+]

@@ -119,7 +119,12 @@ class PromptDataset(Dataset):
         """Left-padded input_ids/attention_mask/position_ids plus the raw rows (for reward functions)."""
         ids, mask = left_pad([b["input_ids"] for b in batch], self.pad_id)
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-        return {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids, "rows": [b["row"] for b in batch]}
+        return {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": position_ids,
+            "rows": [b["row"] for b in batch],
+        }
 
 
 def _truncate(
@@ -164,9 +169,11 @@ class SFTDataset(Dataset):
         for row in rows:
             if "messages" in row:
                 if mode == "never":
-                    raise DataError(f"{_where(row)}: chat messages need apply_chat_template='auto' or 'always'")
+                    raise DataError(
+                        f"{_where(row)}: chat messages need apply_chat_template='auto' or 'always'"
+                    )
                 ids, is_out, mismatch = encode_conversation(tokenizer, row["messages"], row)
-                labels = [t if o else IGNORE_INDEX for t, o in zip(ids, is_out)]
+                labels = [t if o else IGNORE_INDEX for t, o in zip(ids, is_out, strict=False)]
             else:
                 ids, boundary, mismatch = encode_pair(tokenizer, row["input"], row["output"], mode, row)
                 labels = [IGNORE_INDEX] * boundary + ids[boundary:]
@@ -184,7 +191,9 @@ class SFTDataset(Dataset):
             self.rows.append(row)
             self.items.append((ids, labels))
         if not self.items:
-            raise DataError(f"no SFT row is usable after tokenisation ({self.stats}); check max_length and the data")
+            raise DataError(
+                f"no SFT row is usable after tokenisation ({self.stats}); check max_length and the data"
+            )
 
     def __len__(self) -> int:
         return len(self.items)
@@ -249,7 +258,9 @@ class PreferenceDataset(Dataset):
             self.rows.append(row)
             self.items.append(item)
         if not self.items:
-            raise DataError(f"no preference row is usable after tokenisation ({self.dropped} dropped); check max_length")
+            raise DataError(
+                f"no preference row is usable after tokenisation ({self.dropped} dropped); check max_length"
+            )
 
     def __len__(self) -> int:
         return len(self.items)
@@ -264,7 +275,9 @@ class PreferenceDataset(Dataset):
             ids, mask = right_pad([b[f"{side}_input_ids"] for b in batch], self.pad_id)
             labels, _ = right_pad([b[f"{side}_labels"] for b in batch], IGNORE_INDEX)
             out[f"{side}_input_ids"], out[f"{side}_attention_mask"], out[f"{side}_labels"] = ids, mask, labels
-        out["prompt_input_ids"], out["prompt_attention_mask"] = left_pad([b["prompt_input_ids"] for b in batch], self.pad_id)
+        out["prompt_input_ids"], out["prompt_attention_mask"] = left_pad(
+            [b["prompt_input_ids"] for b in batch], self.pad_id
+        )
         out["rows"] = [b["row"] for b in batch]
         return out
 

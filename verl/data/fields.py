@@ -78,7 +78,11 @@ SPECS: dict[str, KindSpec] = {
 }
 
 # Names a user may write on the left of data.fields.<name>= that mean another canonical field.
-_FIELD_SYNONYMS = {"prompt": {"input": "prompt"}, "preference": {"input": "prompt"}, "sft": {"prompt": "input"}}
+_FIELD_SYNONYMS = {
+    "prompt": {"input": "prompt"},
+    "preference": {"input": "prompt"},
+    "sft": {"prompt": "input"},
+}
 
 
 def check_kind(kind: str) -> KindSpec:
@@ -99,7 +103,9 @@ def canonical_mapping(kind: str, fields: dict[str, str] | None) -> dict[str, str
                 f"{', '.join(spec.fields)}. Write data.fields.<field>=<your key>"
             )
         if not isinstance(src, str) or not src.strip():
-            raise ConfigError(f"data.fields.{name}={src!r}: the source must be a non-empty key or dotted path")
+            raise ConfigError(
+                f"data.fields.{name}={src!r}: the source must be a non-empty key or dotted path"
+            )
         if fld in out:
             raise ConfigError(f"data.fields maps {fld!r} twice ({out[fld]!r} and {src!r}); keep one")
         out[fld] = src.strip()
@@ -126,7 +132,9 @@ def _get_path(obj: dict[str, Any], src: str, fld: str) -> tuple[bool, Any, str, 
     """Resolve a mapped key or dotted path: (found, value, top-level key used, display name)."""
     keys = _find_key(obj, src)
     if len(keys) > 1:
-        raise RowError("duplicate_field", fld, f"keys {keys[0]!r} and {keys[1]!r} both match data.fields.{fld}={src!r}")
+        raise RowError(
+            "duplicate_field", fld, f"keys {keys[0]!r} and {keys[1]!r} both match data.fields.{fld}={src!r}"
+        )
     if keys:
         return True, obj[keys[0]], keys[0], keys[0]
     if "." not in src:
@@ -139,7 +147,9 @@ def _get_path(obj: dict[str, Any], src: str, fld: str) -> tuple[bool, Any, str, 
             return False, None, top, src
         keys = _find_key(cur, part)
         if len(keys) > 1:
-            raise RowError("duplicate_field", fld, f"keys {keys[0]!r} and {keys[1]!r} both match {part!r} in {src!r}")
+            raise RowError(
+                "duplicate_field", fld, f"keys {keys[0]!r} and {keys[1]!r} both match {part!r} in {src!r}"
+            )
         if not keys:
             return False, None, top, src
         if i == 0:
@@ -188,15 +198,15 @@ class RowNormalizer:
                 found[fld], sources[fld] = value, shown
                 if top == shown:  # a direct key; a nested path leaves its container in metadata
                     used.add(top)
-            elif fld in self.spec.required and not (self.kind == "sft" and fld != "messages" and self._has_messages(obj)):
+            elif fld in self.spec.required and not (
+                self.kind == "sft" and fld != "messages" and self._has_messages(obj)
+            ):
                 raise RowError("missing", fld, f"data.fields.{fld}={src!r} but the row has no key {src!r}")
         plan = self._plan(obj)
         for fld, keys in plan.items():
             keys = [k for k in keys if k not in used]
             if len(keys) > 1:
-                raise RowError(
-                    "duplicate_field", fld, f"keys {keys[0]!r} and {keys[1]!r} both mean {fld!r}"
-                )
+                raise RowError("duplicate_field", fld, f"keys {keys[0]!r} and {keys[1]!r} both mean {fld!r}")
             if keys:
                 found[fld], sources[fld] = obj[keys[0]], keys[0]
                 used.add(keys[0])
@@ -222,7 +232,9 @@ class RowNormalizer:
         gt = found.get("ground_truth")
         if isinstance(gt, (int, float)) and not isinstance(gt, bool):
             gt = str(gt)  # numeric answers (GSM8K-style) are compared as text by the scorers
-        row["ground_truth"] = _optional_text({"ground_truth": gt}, "ground_truth") if "ground_truth" in found else None
+        row["ground_truth"] = (
+            _optional_text({"ground_truth": gt}, "ground_truth") if "ground_truth" in found else None
+        )
         row["data_source"] = _optional_text(found, "data_source") if "data_source" in found else None
         meta: dict[str, Any] = {}
         for k, v in obj.items():
@@ -240,7 +252,9 @@ class RowNormalizer:
         if found.get("messages") is not None or ("messages" in found and "input" not in found):
             msgs = _messages(found.get("messages"), "messages")
             if not any(m["role"] == "assistant" and m["content"].strip() for m in msgs):
-                raise RowError("no_assistant_turn", "messages", "the conversation has no non-empty assistant message")
+                raise RowError(
+                    "no_assistant_turn", "messages", "the conversation has no non-empty assistant message"
+                )
             return {"messages": msgs}
         return {
             "input": _text_or_messages(found, "input", required=True),
@@ -262,7 +276,9 @@ def _check_str(v: str, fld: str) -> str:
     try:
         v.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise RowError("invalid_unicode", fld, f"{fld!r} has an unpaired surrogate at character {e.start}") from None
+        raise RowError(
+            "invalid_unicode", fld, f"{fld!r} has an unpaired surrogate at character {e.start}"
+        ) from None
     return v
 
 
@@ -301,11 +317,15 @@ def _messages(v: Any, fld: str) -> list[dict[str, str]]:
     if v is None:
         raise RowError("null", fld, f"{fld!r} is null")
     if not isinstance(v, list) or not v:
-        raise RowError("bad_messages", fld, f"{fld!r} is {_describe(v)}; expected a non-empty list of messages")
+        raise RowError(
+            "bad_messages", fld, f"{fld!r} is {_describe(v)}; expected a non-empty list of messages"
+        )
     out = []
     for i, m in enumerate(v):
         if not isinstance(m, dict):
-            raise RowError("bad_messages", fld, f"{fld}[{i}] is {_describe(m)}; expected {{'role': ..., 'content': ...}}")
+            raise RowError(
+                "bad_messages", fld, f"{fld}[{i}] is {_describe(m)}; expected {{'role': ..., 'content': ...}}"
+            )
         role = content = None
         for k, x in m.items():
             nk = normalize_key(k)
@@ -316,7 +336,9 @@ def _messages(v: Any, fld: str) -> list[dict[str, str]]:
         if not isinstance(role, str) or not role.strip():
             raise RowError("bad_messages", fld, f"{fld}[{i}] has no string 'role'")
         if not isinstance(content, str):
-            raise RowError("bad_messages", fld, f"{fld}[{i}] 'content' is {_describe(content)}; expected a string")
+            raise RowError(
+                "bad_messages", fld, f"{fld}[{i}] 'content' is {_describe(content)}; expected a string"
+            )
         role = role.strip().lower()
         if role in ("user", "assistant") and not content.strip():
             raise RowError("empty", fld, f"{fld}[{i}] ({role}) has empty content")

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from verl.data.chat import encode_pair, encode_prompt, template_mode
+from verl.data.chat import encode_prompt, template_mode
 from verl.data.fields import RowError, RowNormalizer, check_kind
 from verl.data.readers import expand_paths, iter_records
 from verl.data.report import DataReport, TokenStats
@@ -89,7 +89,10 @@ def iter_rows(
                     else:
                         dropped += truncation == "drop"
                         report.add_issue(
-                            "too_long", None, rec.file, rec.line,
+                            "too_long",
+                            None,
+                            rec.file,
+                            rec.line,
                             f"{n} prompt tokens > max_prompt_length={max_prompt_length}",
                         )
                         continue
@@ -99,7 +102,9 @@ def iter_rows(
             yield row
     report.blank_lines += blank[0]
     if tokenizer is not None:
-        report.token_stats = TokenStats.from_lengths(lengths, max_prompt_length, truncation, truncated, dropped)
+        report.token_stats = TokenStats.from_lengths(
+            lengths, max_prompt_length, truncation, truncated, dropped
+        )
 
 
 def load_rows(
@@ -122,8 +127,14 @@ def load_rows(
     report = DataReport(kind)
     rows = list(
         iter_rows(
-            paths, kind, report=report, fields=fields, tokenizer=tokenizer, max_prompt_length=max_prompt_length,
-            truncation=truncation, apply_chat_template=apply_chat_template,
+            paths,
+            kind,
+            report=report,
+            fields=fields,
+            tokenizer=tokenizer,
+            max_prompt_length=max_prompt_length,
+            truncation=truncation,
+            apply_chat_template=apply_chat_template,
         )
     )
     too_long = report.reasons.get("too_long")
@@ -199,8 +210,13 @@ def normalize_files(
     try:
         with os.fdopen(fd, "wb", buffering=1 << 20) as f:
             for row in iter_rows(
-                paths, kind, report=report, fields=fields, tokenizer=tokenizer,
-                max_prompt_length=max_prompt_length, truncation=truncation,
+                paths,
+                kind,
+                report=report,
+                fields=fields,
+                tokenizer=tokenizer,
+                max_prompt_length=max_prompt_length,
+                truncation=truncation,
                 apply_chat_template=apply_chat_template,
             ):
                 try:
@@ -208,7 +224,9 @@ def normalize_files(
                     f.write(line.encode("utf-8"))
                 except (UnicodeEncodeError, ValueError) as e:
                     report.kept_rows -= 1
-                    report.add_issue("invalid_unicode", None, row["file"], row["line"], f"row cannot be written: {e}")
+                    report.add_issue(
+                        "invalid_unicode", None, row["file"], row["line"], f"row cannot be written: {e}"
+                    )
                     continue
                 f.write(b"\n")
         ok = report.kept_rows > 0 and (on_bad_row == "skip" or report.is_clean)

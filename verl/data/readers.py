@@ -68,6 +68,8 @@ def parse_json_line(text: str) -> tuple[Any, tuple[str, str] | None]:
         return None, ("malformed_json", f"invalid JSON: {e.msg} at column {e.colno}")
     except RecursionError:
         return None, ("malformed_json", "invalid JSON: nested too deeply to parse")
+    except ValueError as e:  # e.g. an integer literal longer than Python's 4300-digit limit
+        return None, ("malformed_json", f"invalid JSON: {str(e).split(';')[0]}")
 
 
 def _check_not_utf16(head: bytes, path: str) -> None:
@@ -83,7 +85,9 @@ def expand_paths(paths: str | os.PathLike[str] | list[str | os.PathLike[str]]) -
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     if not paths:
-        raise DataError("no data files given; set data.train_files to a list of .jsonl/.json/.parquet/.csv paths")
+        raise DataError(
+            "no data files given; set data.train_files to a list of .jsonl/.json/.parquet/.csv paths"
+        )
     files: list[str] = []
     ignored: list[str] = []
     for p in paths:
@@ -112,7 +116,9 @@ def expand_paths(paths: str | os.PathLike[str] | list[str | os.PathLike[str]]) -
     return files, ignored
 
 
-def iter_records(path: str, notes: list[str] | None = None, blank: list[int] | None = None) -> Iterator[Record]:
+def iter_records(
+    path: str, notes: list[str] | None = None, blank: list[int] | None = None
+) -> Iterator[Record]:
     """Yield the records of one file; `notes` collects remarks, `blank[0]` counts skipped blank lines."""
     fmt = EXTENSIONS.get(Path(path).suffix.lower())
     if fmt is None:
@@ -148,7 +154,9 @@ def _jsonl_lines(lines: Any, path: str, blank: list[int], first_line: int = 1) -
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 yield Record(
-                    path, lineno, error=("not_utf8", f"byte {e.start + 1} of the line (0x{raw[e.start]:02x}) is not UTF-8")
+                    path,
+                    lineno,
+                    error=("not_utf8", f"byte {e.start + 1} of the line (0x{raw[e.start]:02x}) is not UTF-8"),
                 )
                 continue
         else:
@@ -191,7 +199,9 @@ def _iter_json(path: str, notes: list[str], blank: list[int]) -> Iterator[Record
                 f"{path}: the file holds a single JSON object, not a list of rows; write a list "
                 "`[{...}, {...}]` or one object per line in a .jsonl file"
             )
-        notes.append(f"{path} holds one JSON object per line; it was read as JSON Lines (rename it to .jsonl)")
+        notes.append(
+            f"{path} holds one JSON object per line; it was read as JSON Lines (rename it to .jsonl)"
+        )
         yield from _jsonl_lines(text.splitlines(), path, blank)
         return
     if text[pos] != "[":
@@ -221,7 +231,11 @@ def _iter_json(path: str, notes: list[str], blank: list[int]) -> Iterator[Record
         if isinstance(value, dict):
             yield Record(path, line, value=value)
         else:
-            yield Record(path, line, error=("not_an_object", f"list item is a JSON {type(value).__name__}, not an object"))
+            yield Record(
+                path,
+                line,
+                error=("not_an_object", f"list item is a JSON {type(value).__name__}, not an object"),
+            )
     tail = _WS.match(text, pos + 1).end()  # type: ignore[union-attr]
     if tail != len(text):
         raise DataError(f"{path}:{_line_of(text, tail)}: unexpected data after the closing ']'")
@@ -245,6 +259,8 @@ def _decode_at(dec: json.JSONDecoder, text: str, pos: int, path: str) -> tuple[A
         ) from None
     except RecursionError:
         raise DataError(f"{path}:{_line_of(text, pos)}: JSON nested too deeply to parse") from None
+    except ValueError as e:  # e.g. an integer literal longer than Python's 4300-digit limit
+        raise DataError(f"{path}:{_line_of(text, pos)}: invalid JSON: {str(e).split(';')[0]}") from None
 
 
 def _iter_parquet(path: str) -> Iterator[Record]:
@@ -264,7 +280,9 @@ def _iter_parquet(path: str) -> Iterator[Record]:
                 row += 1
                 yield Record(path, row, value=value)
     except (pa.ArrowException, OSError, ValueError) as e:
-        raise DataError(f"{path} row {row + 1}: Parquet data cannot be decoded ({e}); re-export the file") from None
+        raise DataError(
+            f"{path} row {row + 1}: Parquet data cannot be decoded ({e}); re-export the file"
+        ) from None
 
 
 def _iter_csv(path: str, blank: list[int]) -> Iterator[Record]:
@@ -298,7 +316,9 @@ def _iter_csv(path: str, blank: list[int]) -> Iterator[Record]:
             except StopIteration:
                 break
             except csv.Error as e:
-                raise DataError(f"{path}:{reader.line_num}: CSV cannot be parsed ({e}); check the quoting") from None
+                raise DataError(
+                    f"{path}:{reader.line_num}: CSV cannot be parsed ({e}); check the quoting"
+                ) from None
             start, prev = prev + 1, reader.line_num
             if not cells:
                 blank[0] += 1
@@ -307,7 +327,9 @@ def _iter_csv(path: str, blank: list[int]) -> Iterator[Record]:
             bad_lines.clear()
             if header is None:
                 if bad:
-                    raise DataError(f"{path}:{bad[0]}: the CSV header is not valid UTF-8; re-save the file as UTF-8")
+                    raise DataError(
+                        f"{path}:{bad[0]}: the CSV header is not valid UTF-8; re-save the file as UTF-8"
+                    )
                 header = cells
                 seen: dict[str, int] = {}
                 for i, name in enumerate(header, 1):
@@ -319,7 +341,9 @@ def _iter_csv(path: str, blank: list[int]) -> Iterator[Record]:
                     seen[name] = i
                 continue
             if bad:
-                yield Record(path, start, error=("not_utf8", f"line {bad[0]} of the record is not valid UTF-8"))
+                yield Record(
+                    path, start, error=("not_utf8", f"line {bad[0]} of the record is not valid UTF-8")
+                )
             elif len(cells) != len(header):
                 yield Record(
                     path,
@@ -327,7 +351,7 @@ def _iter_csv(path: str, blank: list[int]) -> Iterator[Record]:
                     error=("csv_columns", f"the row has {len(cells)} cells but the header has {len(header)}"),
                 )
             else:
-                yield Record(path, start, value=dict(zip(header, cells)))
+                yield Record(path, start, value=dict(zip(header, cells, strict=False)))
 
 
 __all__ = ["Record", "EXTENSIONS", "expand_paths", "iter_records", "parse_json_line"]

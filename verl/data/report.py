@@ -17,7 +17,7 @@ MAX_EXAMPLES = 20
 HINTS: dict[str, str] = {
     "malformed_json": "fix the JSON on that line (a .jsonl file holds one complete object per line)",
     "not_utf8": "re-save the file as UTF-8 (e.g. `iconv -f cp1252 -t utf-8`)",
-    "not_an_object": "each row must be a JSON object like {\"{field}\": ...}",
+    "not_an_object": 'each row must be a JSON object like {"{field}": ...}',
     "csv_columns": "the row has a different number of cells than the header; check quoting of commas/newlines",
     "duplicate_key": "the same key appears twice in one object; keep one",
     "duplicate_field": "two keys resolve to '{field}'; pick one with data.fields.{field}=<key> (CLI: --map {field}=<key>)",
@@ -25,7 +25,7 @@ HINTS: dict[str, str] = {
     "null": "give '{field}' a value, or set data.on_bad_row=skip to drop these rows",
     "wrong_type": "'{field}' must be a string (or chat messages where allowed); convert the column",
     "empty": "'{field}' is empty or whitespace only; fill it in or set data.on_bad_row=skip",
-    "bad_messages": "'{field}' must be a non-empty list of {\"role\": str, \"content\": str} objects",
+    "bad_messages": '\'{field}\' must be a non-empty list of {"role": str, "content": str} objects',
     "no_assistant_turn": "a conversation for SFT needs at least one non-empty assistant message",
     "invalid_unicode": "'{field}' holds an unpaired UTF-16 surrogate (\\ud800-\\udfff escape); remove it",
     "too_long": "raise data.max_prompt_length, or set data.truncation=drop or truncate_left",
@@ -150,7 +150,9 @@ class DataReport:
             out.append("field mapping: " + "; ".join(parts))
         for key, st in sorted(self.reasons.items(), key=lambda kv: -kv[1].count):
             lines = ", ".join(str(e["line"]) for e in st.examples)
-            out.append(f"  {key}: {st.count} rows (lines {lines}{', ...' if st.count > len(st.examples) else ''})")
+            out.append(
+                f"  {key}: {st.count} rows (lines {lines}{', ...' if st.count > len(st.examples) else ''})"
+            )
             for e in st.examples[:max_lines_per_reason]:
                 out.append(f"    {location(e['file'], e['line'])}: {e['detail']}")
             if st.hint:

@@ -18,7 +18,9 @@ from verl.errors import CheckpointError, DataError
 class ResumableSampler:
     """Yields lists of row indices, epoch after epoch, forever; `len()` is batches per epoch."""
 
-    def __init__(self, num_rows: int, batch_size: int, seed: int, shuffle: bool = True, drop_last: bool = True) -> None:
+    def __init__(
+        self, num_rows: int, batch_size: int, seed: int, shuffle: bool = True, drop_last: bool = True
+    ) -> None:
         if batch_size <= 0:
             raise DataError(f"batch size must be positive, got {batch_size}; check data.train_batch_size")
         if num_rows <= 0:
