@@ -119,9 +119,15 @@ class CollectiveGuard:
     This works for NCCL too, whose collectives otherwise block with no timeout on the host.
     """
 
-    def __init__(self, timeout_s: float, *, store: Any | None = None, namespace: str = "verl") -> None:
+    _instances = 0
+
+    def __init__(self, timeout_s: float, *, store: Any | None = None, namespace: str | None = None) -> None:
+        # A fresh key namespace per guard, so a new guard never reads a previous guard's posts. The
+        # default counts constructions, which matches across ranks because every rank builds its guards
+        # (RoleGroups.create) in the same order.
+        CollectiveGuard._instances += 1
         self.timeout_s = float(timeout_s)
-        self.namespace = namespace
+        self.namespace = namespace or f"verl/guard{CollectiveGuard._instances}"
         self._store = store
         self._seq: dict[str, int] = {}
 

@@ -1,0 +1,215 @@
+"""Worker bodies for the multi-process tests (spawned with torch.multiprocessing; gloo on CPU)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+SEQ_LEN = 8
+GLOBAL_BATCH = 4
+STEPS = 3
+LR = 1e-2
+SGD_LR = 1.0
+
+
+def launch(fn, world: int, out_dir: str) -> None:
+    """Start `world` workers. Fork where available: the children inherit the imported torch/transformers
+    (~10 s per process otherwise on a busy 2-core machine); each child then joins a fresh gloo group."""
+    import multiprocessing
+
+    import torch.multiprocessing as mp
+
+    import verl.distributed  # noqa: F401 - imported before forking so children do not re-import
+
+    tiny_qwen2()
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    mp.start_processes(fn, args=(world, free_port(), out_dir), nprocs=world, join=True, start_method=method)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def setup(rank: int, world: int, port: int):
+    """What torchrun would export, then our own init_distributed reads it."""
+    from verl.distributed.runtime import init_distributed
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    env = init_distributed(timeout_s=60)
+    assert (env.rank, env.world_size, env.backend, env.device.type) == (rank, world, "gloo", "cpu")
+    return env
+
+
+def tiny_qwen2(seed: int = 0) -> torch.nn.Module:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+                      tie_word_embeddings=False, use_cache=False)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(cfg).float()
+
+
+def global_batch(seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 64, (GLOBAL_BATCH, SEQ_LEN), generator=g)
+
+
+def sft_loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy; every row has the same token count, so rank means average exactly."""
+    return model(input_ids=ids, labels=ids, use_cache=False).loss
+
+
+def make_optimizer(model: torch.nn.Module, name: str) -> torch.optim.Optimizer:
+    """SGD for weight equivalence: AdamW divides by sqrt(v), which turns float noise on parameters with a
+    mathematically zero gradient (the attention key bias is softmax-invariant) into lr-sized updates."""
+    if name == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=SGD_LR)
+    return torch.optim.AdamW(model.parameters(), lr=LR)
+
+
+def train(model, ids: torch.Tensor, steps: int, *, world_group=None, optimizer: str = "adamw") -> list[float]:
+    """`steps` optimizer steps on `ids`; returns the global mean loss per step."""
+    opt = make_optimizer(model, optimizer)
+    losses = []
+    for _ in range(steps):
+        loss = sft_loss(model, ids)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        value = loss.detach().float().clone()
+        if dist.is_initialized():
+            dist.all_reduce(value, group=world_group)
+            value /= dist.get_world_size(world_group)
+        losses.append(float(value))
+    return losses
+
+
+def reference_run(optimizer: str) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """One process, no FSDP, the whole global batch: what the sharded runs must reproduce."""
+    model = tiny_qwen2()
+    losses = train(model, global_batch(), STEPS, optimizer=optimizer)
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+# --------------------------------------------------------------------------------------------------
+def two_rank_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """Equivalence run, the FSDPConfig matrix and the planted collective mismatch, in one process group."""
+    from verl.config.fsdp import FSDPConfig, MixedPrecisionSpec
+    from verl.distributed.fsdp import apply_fsdp, full_state_dict
+    from verl.distributed.mapping import validate_device_mapping
+    from verl.distributed.runtime import CollectiveGuard, RoleGroups
+    from verl.errors import DistributedError
+
+    setup(rank, world, port)
+    mapping = validate_device_mapping(
+        None, world_size=world, algorithm_needs_critic=False, needs_ref=False, needs_reward_model=False,
+        role_dtypes={"actor": "float32"}, visible_devices=None, cuda_visible_devices=None,
+    )
+    local_ids = global_batch().chunk(world)[rank]
+
+    # 1. equivalence: actor FULL_SHARD over both ranks, each rank half of the global batch
+    groups = RoleGroups.create(mapping, timeout_s=30)
+    model = apply_fsdp(tiny_qwen2(), FSDPConfig(), mesh=groups.mesh("actor"))
+    losses = train(model, local_ids, STEPS, optimizer="sgd")
+    state = full_state_dict(model)
+    if rank == 0:
+        torch.save({"losses": losses, "state": state}, Path(out_dir) / "equivalence.pt")
+
+    # 2. the matrix: every valid combination trains; fp32 ones match the reference step for step
+    results = []
+    strategies = [("FULL_SHARD", None), ("SHARD_GRAD_OP", None), ("HYBRID_SHARD", 1), ("HYBRID_SHARD", 2),
+                  ("NO_SHARD", None)]
+    i = 0
+    for strategy, hybrid in strategies:
+        for mixed in (False, True):
+            for ckpt in (False, True):
+                for offload in (False, True):
+                    cfg = FSDPConfig(
+                        sharding_strategy=strategy, hybrid_shard_size=hybrid,
+                        mixed_precision=MixedPrecisionSpec() if mixed else False,
+                        activation_checkpointing=ckpt, cpu_offload=offload,
+                        limit_all_gathers=bool(i % 2), use_orig_params=True,
+                    )
+                    i += 1
+                    cfg.check(world, uses_lora=False, device_type="cpu")
+                    groups = RoleGroups.create(mapping, timeout_s=30, fsdp=cfg)
+                    model = apply_fsdp(tiny_qwen2(), cfg, mesh=groups.mesh("actor"))
+                    losses = train(model, local_ids, 2)
+                    results.append((cfg.model_dump_json(), losses))
+    if rank == 0:
+        torch.save({"matrix": results}, Path(out_dir) / "matrix.pt")
+
+    # 3. planted mismatches: a rank that never arrives, and ranks at different stages
+    guard = CollectiveGuard(timeout_s=2)
+    if rank == 0:
+        try:
+            guard.arrive("ref_logprobs", (0, 1))
+        except DistributedError as err:
+            Path(out_dir, "timeout.txt").write_text(str(err))
+    groups = RoleGroups.create(mapping, timeout_s=5)
+    try:
+        if rank == 0:
+            groups.all_reduce(torch.ones(2), "actor", stage="reward_scores")
+        else:
+            groups.barrier("actor", stage="critic_values")
+    except DistributedError as err:
+        Path(out_dir, f"mismatch{rank}.txt").write_text(str(err))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------------------------------
+def split_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """actor [0,1], critic [2,3], ref [0], reward [3]: batches move between groups; FSDP per group."""
+    from verl.config.fsdp import FSDPConfig
+    from verl.distributed.fsdp import apply_fsdp
+    from verl.distributed.mapping import validate_device_mapping
+    from verl.distributed.runtime import RoleGroups
+
+    setup(rank, world, port)
+    mapping = validate_device_mapping(
+        {"actor": [0, 1], "critic": [2, 3], "ref": [0], "reward": [3]}, world_size=world,
+        algorithm_needs_critic=True, needs_ref=True, needs_reward_model=True,
+        role_dtypes={"actor": "float32", "critic": "float32", "ref": "float32", "reward": "float32"},
+        visible_devices=None, cuda_visible_devices=None,
+    )
+    groups = RoleGroups.create(mapping, timeout_s=30)
+    ids = global_batch()
+    full = {"input_ids": ids, "mask": torch.ones(GLOBAL_BATCH, SEQ_LEN, dtype=torch.bool),
+            "reward": torch.arange(GLOBAL_BATCH, dtype=torch.float64)}
+    record: dict[str, object] = {}
+
+    # rollout on the actor group: rank r holds rows of its data-parallel shard (uneven on purpose: 3 + 1)
+    shard = None
+    if groups.has("actor"):
+        rows = slice(0, 3) if rank == 0 else slice(3, 4)
+        shard = {k: v[rows] for k, v in full.items()}
+    # the same sequence of transfers on every rank, in the same order
+    to_ref = groups.move_batch(shard, "actor", "ref", stage="ref_logprobs")
+    to_critic = groups.move_batch(shard, "actor", "critic", stage="critic_values")
+    critic_out = None
+    if to_critic is not None:
+        critic_out = {**to_critic, "values": to_critic["reward"] * 10}
+    to_reward = groups.move_batch(critic_out, "critic", "reward", stage="reward_scores")
+    back = groups.move_batch(to_reward, "reward", "actor", stage="advantages")
+    record.update(to_ref=to_ref, to_critic=to_critic, to_reward=to_reward, back=back)
+
+    # each group trains its own FSDP model at the same time, on its own ranks only
+    for role in ("actor", "critic"):
+        if groups.has(role):
+            model = apply_fsdp(tiny_qwen2(), FSDPConfig(), mesh=groups.mesh(role))
+            local = full["input_ids"].chunk(2)[groups.ranks(role).index(rank)]
+            record[f"{role}_losses"] = train(model, local, 1, world_group=groups.group(role))
+    torch.save(record, Path(out_dir) / f"split{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
