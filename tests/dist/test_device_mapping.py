@@ -142,7 +142,7 @@ def test_world_not_divisible_by_nodes():
 
 def test_idle_ranks_are_noted():
     m = check({"actor": [0], "critic": [1], "ref": [0], "reward": [1]}, world_size=3)
-    assert m.notes == ("rank(s) [2] run no role and only take part in collectives.",)
+    assert m.notes == ("rank(s) [2] run no role: their devices stay idle. Give them a role or launch fewer processes.",)
 
 
 def test_attribute_style_devices_section():

@@ -248,7 +248,7 @@ def validate_device_mapping(
         used = set().union(*resolved.values()) if resolved else set()
         idle = [r for r in range(world_size) if r not in used]
         if idle:
-            notes.append(f"rank(s) {idle} run no role and only take part in collectives.")
+            notes.append(f"rank(s) {idle} run no role: their devices stay idle. Give them a role or launch fewer processes.")
 
     device_type = "cuda" if visible_devices is not None else "cpu"
     if problems:
