@@ -30,7 +30,7 @@ def _print(console, report) -> None:
 
     table = Table(title="model load report", show_header=False)
     table.add_column("field", style="bold")
-    table.add_column("value")
+    table.add_column("value", overflow="fold")
     for key, value in report.summary_rows():
         table.add_row(escape(key), escape(value))
     console.print(table)

@@ -100,7 +100,7 @@ class ValueModel(nn.Module):
         try:
             with quiet_hf_progress():
                 backbone = AutoModel.from_pretrained(path, **kwargs)
-        except (OSError, ValueError, KeyError, ImportError) as exc:
+        except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
             raise ModelError(f"could not load a critic backbone from {path!r}: {type(exc).__name__}: {exc}. "
                              "Fix: point critic.model.path at a causal-LM directory (config.json + "
                              "safetensors) or a critic saved with ValueModel.save_pretrained.") from exc
@@ -130,11 +130,12 @@ class ValueModel(nn.Module):
 
     def load_value_head(self, file: str | os.PathLike) -> None:
         """Load head weights saved by `save_value_head`; shapes are checked so a wrong file fails loudly."""
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         try:
             state = load_file(os.fspath(file))
-        except (OSError, RuntimeError) as exc:
+        except (OSError, RuntimeError, SafetensorError) as exc:
             raise CheckpointError(f"cannot read the value head {file}: {exc}. Fix: re-save the critic with "
                                   "ValueModel.save_pretrained or delete the file to start from a fresh head.") from exc
         expected = {k: tuple(v.shape) for k, v in self.value_head.state_dict().items()}

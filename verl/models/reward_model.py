@@ -50,7 +50,7 @@ class RewardModelScorer:
                     model = AutoModelForSequenceClassification.from_pretrained(
                         source, dtype=resolve_dtype(dtype, where="reward model dtype"),
                         trust_remote_code=trust_remote_code)
-            except (OSError, ValueError, KeyError, ImportError) as exc:
+            except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
                 raise ModelError(f"could not load reward model {source!r} as a sequence-classification model: "
                                  f"{type(exc).__name__}: {exc}. Fix: point reward_model.path at a directory "
                                  "saved from AutoModelForSequenceClassification (num_labels=1).") from exc
