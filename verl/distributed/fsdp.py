@@ -102,6 +102,12 @@ def apply_fsdp(
     notes to print. The optimizer must be built after this call (parameters become DTensors).
     """
     dev = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+    blocks = find_decoder_layers(model) if layers is None else layers
+    if cfg.activation_checkpointing and not blocks:
+        raise ConfigError(
+            f"fsdp.activation_checkpointing=true but {type(model).__name__} has no decoder layers to checkpoint "
+            f"(no _no_split_modules and no nn.ModuleList). Fix: pass layers=[...] or turn it off."
+        )
     mesh = _mesh_from(mesh, group, cfg, dev)
     dtypes = cfg.mixed_precision_dtypes()
     mp = (
@@ -112,13 +118,7 @@ def apply_fsdp(
     offload: OffloadPolicy = (
         CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cfg.cpu_offload and dev != "cpu" else OffloadPolicy()
     )
-    blocks = find_decoder_layers(model) if layers is None else layers
     if cfg.activation_checkpointing:
-        if not blocks:
-            raise ConfigError(
-                f"fsdp.activation_checkpointing=true but {type(model).__name__} has no decoder layers to checkpoint "
-                f"(no _no_split_modules and no nn.ModuleList). Fix: pass layers=[...] or turn it off."
-            )
         enable_activation_checkpointing(blocks)
     kwargs = dict(mesh=mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=mp, offload_policy=offload)
     for block in blocks:
