@@ -369,7 +369,6 @@ class RoleGroups:
         return group
 
 
-
 def role_key(ranks: tuple[int, ...]) -> str:
     """Group name used in the arrival store: the same for every rank of the group."""
     return "g" + "_".join(map(str, ranks))
