@@ -33,11 +33,16 @@ def fsync_file(path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def fsync_tree(root: Path) -> None:
-    """fsync every file and directory below ``root`` (bottom-up so parents see their children)."""
+def fsync_tree(root: Path, *, files: bool = True) -> None:
+    """fsync every directory (and, with ``files``, every file) below ``root``, bottom-up.
+
+    ``files=False`` is for trees whose files their writers already fsynced (each rank its own: an fsync
+    from another NFS client would not flush them anyway).
+    """
     for dirpath, _dirnames, filenames in os.walk(root, topdown=False):
-        for name in filenames:
-            fsync_file(Path(dirpath) / name)
+        if files:
+            for name in filenames:
+                fsync_file(Path(dirpath) / name)
         fsync_dir(Path(dirpath))
 
 

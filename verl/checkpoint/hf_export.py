@@ -63,6 +63,11 @@ def export_hf(
     config = AutoConfig.from_pretrained(str(hf), trust_remote_code=False)
     model = (model_factory or _default_factory)(config)
     load_checkpoint(ckpt, app_state={model_key: model})
+    if (hf / "generation_config.json").is_file() and hasattr(model, "generation_config"):
+        from transformers import GenerationConfig
+
+        # save_pretrained writes model.generation_config; keep the trained model's, not a fresh default
+        model.generation_config = GenerationConfig.from_pretrained(str(hf))
     if dtype is not None:
         model = model.to(dtype)
     tmp = out.with_name(f"{out.name}.tmp-{secrets.token_hex(4)}")

@@ -436,7 +436,9 @@ class CheckpointManager:
         for r in range(self.world_size):
             if not (tmp / extra_file(r)).is_file():
                 raise CheckpointError(f"{tmp / extra_file(r)}: rank {r} did not write its extra state.")
-        fsync_tree(tmp)
+        if (tmp / HF_DIR).is_dir():
+            fsync_tree(tmp / HF_DIR)  # written by save_pretrained, which does not fsync
+        fsync_tree(tmp, files=False)  # DCP shards and extra files were fsynced by the rank that wrote them
         got = sha256_file(tmp / extra_file(0))
         if got != extra0_sha:
             raise CheckpointError(f"{tmp / extra_file(0)}: bytes on disk differ from what was written.")
@@ -576,8 +578,9 @@ class CheckpointManager:
                 return path
             skipped.append(f"{path.name}: " + "; ".join(problems))
             logger.warning("checkpoint %s does not verify, skipping it: %s", path, "; ".join(problems))
-        if skipped:
-            msg = "no checkpoint verifies; skipped:\n  " + "\n  ".join(skipped)
+        if skipped and not required:
+            msg = "no checkpoint verifies; starting fresh. Skipped:\n  " + "\n  ".join(skipped)
+            logger.warning(msg)
             warnings.warn(msg, stacklevel=3)
         if required:
             raise CheckpointError(

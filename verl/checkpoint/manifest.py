@@ -27,21 +27,16 @@ DCP_DIR = "state"
 @functools.lru_cache(maxsize=1)
 def library_versions() -> dict[str, str]:
     """Versions recorded in every manifest, so a failed resume can be traced to an upgrade."""
+    from importlib.metadata import PackageNotFoundError, version
+
     import torch
 
     out = {"python": platform.python_version(), "torch": torch.__version__}
-    try:
-        import transformers
-
-        out["transformers"] = transformers.__version__
-    except ImportError:
-        out["transformers"] = "not installed"
-    try:
-        from importlib.metadata import version
-
-        out["verl"] = version("verl")
-    except Exception:
-        out["verl"] = "unknown"
+    for dist in ("transformers", "verl"):  # metadata only: importing transformers costs seconds
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = "not installed"
     return out
 
 
