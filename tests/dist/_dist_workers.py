@@ -41,8 +41,14 @@ def setup(rank: int, world: int, port: int):
     from verl.distributed.runtime import init_distributed
 
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+    )
     env = init_distributed(timeout_s=60)
     assert (env.rank, env.world_size, env.backend, env.device.type) == (rank, world, "gloo", "cpu")
     return env
@@ -51,9 +57,17 @@ def setup(rank: int, world: int, port: int):
 def tiny_qwen2(seed: int = 0) -> torch.nn.Module:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    cfg = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
-                      tie_word_embeddings=False, use_cache=False)
+    cfg = Qwen2Config(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+        use_cache=False,
+    )
     cfg._attn_implementation = "eager"
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(cfg).float()
@@ -112,8 +126,14 @@ def two_rank_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
     setup(rank, world, port)
     mapping = validate_device_mapping(
-        None, world_size=world, algorithm_needs_critic=False, needs_ref=False, needs_reward_model=False,
-        role_dtypes={"actor": "float32"}, visible_devices=None, cuda_visible_devices=None,
+        None,
+        world_size=world,
+        algorithm_needs_critic=False,
+        needs_ref=False,
+        needs_reward_model=False,
+        role_dtypes={"actor": "float32"},
+        visible_devices=None,
+        cuda_visible_devices=None,
     )
     local_ids = global_batch().chunk(world)[rank]
 
@@ -127,18 +147,26 @@ def two_rank_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
     # 2. the matrix: every valid combination trains; fp32 ones match the reference step for step
     results = []
-    strategies = [("FULL_SHARD", None), ("SHARD_GRAD_OP", None), ("HYBRID_SHARD", 1), ("HYBRID_SHARD", 2),
-                  ("NO_SHARD", None)]
+    strategies = [
+        ("FULL_SHARD", None),
+        ("SHARD_GRAD_OP", None),
+        ("HYBRID_SHARD", 1),
+        ("HYBRID_SHARD", 2),
+        ("NO_SHARD", None),
+    ]
     i = 0
     for strategy, hybrid in strategies:
         for mixed in (False, True):
             for ckpt in (False, True):
                 for offload in (False, True):
                     cfg = FSDPConfig(
-                        sharding_strategy=strategy, hybrid_shard_size=hybrid,
+                        sharding_strategy=strategy,
+                        hybrid_shard_size=hybrid,
                         mixed_precision=MixedPrecisionSpec() if mixed else False,
-                        activation_checkpointing=ckpt, cpu_offload=offload,
-                        limit_all_gathers=bool(i % 2), use_orig_params=True,
+                        activation_checkpointing=ckpt,
+                        cpu_offload=offload,
+                        limit_all_gathers=bool(i % 2),
+                        use_orig_params=True,
                     )
                     i += 1
                     cfg.check(world, uses_lora=False, device_type="cpu")
@@ -178,15 +206,22 @@ def split_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
     setup(rank, world, port)
     mapping = validate_device_mapping(
-        {"actor": [0, 1], "critic": [2, 3], "ref": [0], "reward": [3]}, world_size=world,
-        algorithm_needs_critic=True, needs_ref=True, needs_reward_model=True,
+        {"actor": [0, 1], "critic": [2, 3], "ref": [0], "reward": [3]},
+        world_size=world,
+        algorithm_needs_critic=True,
+        needs_ref=True,
+        needs_reward_model=True,
         role_dtypes={"actor": "float32", "critic": "float32", "ref": "float32", "reward": "float32"},
-        visible_devices=None, cuda_visible_devices=None,
+        visible_devices=None,
+        cuda_visible_devices=None,
     )
     groups = RoleGroups.create(mapping, timeout_s=30)
     ids = global_batch()
-    full = {"input_ids": ids, "mask": torch.ones(GLOBAL_BATCH, SEQ_LEN, dtype=torch.bool),
-            "reward": torch.arange(GLOBAL_BATCH, dtype=torch.float64)}
+    full = {
+        "input_ids": ids,
+        "mask": torch.ones(GLOBAL_BATCH, SEQ_LEN, dtype=torch.bool),
+        "reward": torch.arange(GLOBAL_BATCH, dtype=torch.float64),
+    }
     record: dict[str, object] = {}
 
     # rollout on the actor group: rank r holds rows of its data-parallel shard (uneven on purpose: 3 + 1)

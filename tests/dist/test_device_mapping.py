@@ -10,8 +10,18 @@ from verl.errors import DeviceMappingError
 BF16 = {"actor": "bfloat16", "critic": "bfloat16", "ref": "bfloat16", "reward": "bfloat16"}
 
 
-def check(devices=None, *, world_size=4, critic=True, ref=True, reward=True, dtypes=None, visible=None,
-          cvd=None, nodes=1) -> DeviceMapping:
+def check(
+    devices=None,
+    *,
+    world_size=4,
+    critic=True,
+    ref=True,
+    reward=True,
+    dtypes=None,
+    visible=None,
+    cvd=None,
+    nodes=1,
+) -> DeviceMapping:
     return validate_device_mapping(
         devices,
         world_size=world_size,
@@ -53,7 +63,12 @@ def test_split_mapping_is_accepted_and_rendered():
 
 def test_multi_node_labels_name_the_node():
     m = check({"actor": [0, 1, 2, 3]}, critic=False, ref=False, reward=False, visible=2, nodes=2)
-    assert [m.device_label(r) for r in range(4)] == ["node0:cuda:0", "node0:cuda:1", "node1:cuda:0", "node1:cuda:1"]
+    assert [m.device_label(r) for r in range(4)] == [
+        "node0:cuda:0",
+        "node0:cuda:1",
+        "node1:cuda:0",
+        "node1:cuda:1",
+    ]
 
 
 def test_ids_outside_the_world():
@@ -71,7 +86,9 @@ def test_world_larger_than_visible_devices_shows_cuda_visible_devices():
 
 def test_num_gpus_per_node_differs_from_actual():
     msg = rejected(devices={"num_gpus_per_node": 8}, world_size=4, visible=4, cvd=None)
-    assert "devices.num_gpus_per_node=8 but this node has 4 visible devices (CUDA_VISIBLE_DEVICES=unset)" in msg
+    assert (
+        "devices.num_gpus_per_node=8 but this node has 4 visible devices (CUDA_VISIBLE_DEVICES=unset)" in msg
+    )
     assert "set devices.num_gpus_per_node=4" in msg
 
 
@@ -124,15 +141,25 @@ def test_dtype_aliases_are_not_a_mismatch_and_missing_reward_dtype_is_fine():
 
 
 def test_unknown_dtype():
-    assert "actor dtype 'float8' (model.dtype) is not a dtype verl knows" in rejected(dtypes={**BF16, "actor": "float8"})
+    assert "actor dtype 'float8' (model.dtype) is not a dtype verl knows" in rejected(
+        dtypes={**BF16, "actor": "float8"}
+    )
 
 
 def test_all_problems_are_reported_together():
-    msg = rejected(devices={"actor": [7], "ref": [], "num_gpus_per_node": 8}, world_size=2, visible=2,
-                   dtypes={**BF16, "ref": "float32"})
+    msg = rejected(
+        devices={"actor": [7], "ref": [], "num_gpus_per_node": 8},
+        world_size=2,
+        visible=2,
+        dtypes={**BF16, "ref": "float32"},
+    )
     assert msg.startswith("Invalid device mapping (4 problem(s); world size 2, 1 node(s)")
-    for piece in ("devices.actor has rank(s) [7]", "devices.ref is empty", "num_gpus_per_node=8",
-                  "dtype mismatch: actor=bfloat16 but ref=float32"):
+    for piece in (
+        "devices.actor has rank(s) [7]",
+        "devices.ref is empty",
+        "num_gpus_per_node=8",
+        "dtype mismatch: actor=bfloat16 but ref=float32",
+    ):
         assert piece in msg
 
 
@@ -142,7 +169,9 @@ def test_world_not_divisible_by_nodes():
 
 def test_idle_ranks_are_noted():
     m = check({"actor": [0], "critic": [1], "ref": [0], "reward": [1]}, world_size=3)
-    assert m.notes == ("rank(s) [2] run no role: their devices stay idle. Give them a role or launch fewer processes.",)
+    assert m.notes == (
+        "rank(s) [2] run no role: their devices stay idle. Give them a role or launch fewer processes.",
+    )
 
 
 def test_attribute_style_devices_section():

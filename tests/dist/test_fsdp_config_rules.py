@@ -45,7 +45,9 @@ def test_hybrid_shard_defaults_to_gpus_per_node():
 
 
 def test_hybrid_shard_size_without_hybrid_is_an_error():
-    with pytest.raises(ConfigError, match="hybrid_shard_size=2 is only used with sharding_strategy=HYBRID_SHARD"):
+    with pytest.raises(
+        ConfigError, match="hybrid_shard_size=2 is only used with sharding_strategy=HYBRID_SHARD"
+    ):
         FSDPConfig(hybrid_shard_size=2).check(world_size=4)
 
 
@@ -54,7 +56,9 @@ def test_options_without_meaning_under_fsdp2_are_reported():
     assert any(n.startswith("fsdp.limit_all_gathers=False has no effect under FSDP2") for n in notes)
     assert any(n.startswith("fsdp.use_orig_params=True has no effect under FSDP2") for n in notes)
     notes = FSDPConfig(cpu_offload=True).check(world_size=2, device_type="cpu")
-    assert notes == ["fsdp.cpu_offload=true has no effect when training on CPU: parameters already live there."]
+    assert notes == [
+        "fsdp.cpu_offload=true has no effect when training on CPU: parameters already live there."
+    ]
     assert FSDPConfig(cpu_offload=True).check(world_size=2, device_type="cuda") == []
     assert "like DDP" in FSDPConfig(sharding_strategy="NO_SHARD").check(world_size=2)[0]
 

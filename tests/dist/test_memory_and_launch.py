@@ -14,9 +14,14 @@ from verl.errors import ConfigError, DeviceMappingError
 
 def mapping(devices, world_size=4, visible=None):
     return validate_device_mapping(
-        devices, world_size=world_size, algorithm_needs_critic=True, needs_ref=True, needs_reward_model=True,
+        devices,
+        world_size=world_size,
+        algorithm_needs_critic=True,
+        needs_ref=True,
+        needs_reward_model=True,
         role_dtypes={"actor": "bf16", "critic": "bf16", "ref": "bf16", "reward": "bf16"},
-        visible_devices=visible, cuda_visible_devices=None,
+        visible_devices=visible,
+        cuda_visible_devices=None,
     )
 
 
@@ -69,7 +74,10 @@ def test_over_device_memory_is_an_error_on_gpu_and_a_warning_on_cpu():
     assert cpu.total(0) == 8 * 10**9
     warnings = cpu.check(4 * 2**30)
     assert len(warnings) == 1
-    assert "estimated model state on rank(s) [0] exceeds the device memory of 4.00 GiB (rank 0: 7.45 GiB)" in warnings[0]
+    assert (
+        "estimated model state on rank(s) [0] exceeds the device memory of 4.00 GiB (rank 0: 7.45 GiB)"
+        in warnings[0]
+    )
     assert cpu.check(8 * 2**30) == [] and cpu.check(None) == []
     gpu = estimate_memory(counts, {"actor": "bf16"}, mapping=mapping(None, world_size=1, visible=1))
     with pytest.raises(DeviceMappingError) as info:
@@ -79,11 +87,29 @@ def test_over_device_memory_is_an_error_on_gpu_and_a_warning_on_cpu():
 
 def test_torchrun_command_single_and_multi_node():
     cmd = build_torchrun_command(2, ["train", "cfg.yaml", "--nproc", "2", "trainer.steps=3"], python="py")
-    assert cmd == ["py", "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1", "--standalone",
-                   "-m", "verl.cli.main", "train", "cfg.yaml", "trainer.steps=3"]
-    cmd = build_torchrun_command(8, ["train", "c.yaml"], nnodes=2, node_rank=1, rdzv_endpoint="h0:29400", python="py")
-    assert cmd[3:8] == ["--nproc_per_node=8", "--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=h0:29400",
-                        "--node-rank=1"]
+    assert cmd == [
+        "py",
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--nnodes=1",
+        "--standalone",
+        "-m",
+        "verl.cli.main",
+        "train",
+        "cfg.yaml",
+        "trainer.steps=3",
+    ]
+    cmd = build_torchrun_command(
+        8, ["train", "c.yaml"], nnodes=2, node_rank=1, rdzv_endpoint="h0:29400", python="py"
+    )
+    assert cmd[3:8] == [
+        "--nproc_per_node=8",
+        "--nnodes=2",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=h0:29400",
+        "--node-rank=1",
+    ]
     assert strip_nproc_flag(["train", "--nproc=4", "x=1"]) == ["train", "x=1"]
     assert build_torchrun_command(1, [])[0] == sys.executable
 

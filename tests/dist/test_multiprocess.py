@@ -54,8 +54,10 @@ def test_every_fsdp_combination_trains(two_rank_run):
 
 def test_a_rank_that_never_arrives_raises_a_timeout_naming_stage_and_ranks(two_rank_run):
     msg = (two_rank_run / "timeout.txt").read_text()
-    assert msg.startswith("collective timeout at stage 'ref_logprobs' (group [0, 1], call #0) on rank 0: "
-                          "rank(s) [1] did not arrive within 2s")
+    assert msg.startswith(
+        "collective timeout at stage 'ref_logprobs' (group [0, 1], call #0) on rank 0: "
+        "rank(s) [1] did not arrive within 2s"
+    )
     assert "Fix:" in msg and "devices.timeout_s" in msg
 
 

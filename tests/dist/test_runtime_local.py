@@ -62,8 +62,16 @@ def test_activation_checkpointing_keeps_names_and_gradients():
 def test_hf_decoder_layers_are_found_by_no_split_modules():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
-                                         num_attention_heads=2, num_key_value_heads=1))
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=32,
+            hidden_size=8,
+            intermediate_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
     layers = find_decoder_layers(model)
     assert [type(m).__name__ for m in layers] == ["Qwen2DecoderLayer", "Qwen2DecoderLayer"]
 
@@ -100,8 +108,13 @@ def test_init_distributed_with_partial_torchrun_env(monkeypatch):
 
 def test_single_process_role_groups_pass_batches_through():
     mapping = validate_device_mapping(
-        None, world_size=1, algorithm_needs_critic=True, needs_ref=True, needs_reward_model=False,
-        role_dtypes={"actor": "float32", "critic": "float32", "ref": "float32"}, visible_devices=None,
+        None,
+        world_size=1,
+        algorithm_needs_critic=True,
+        needs_ref=True,
+        needs_reward_model=False,
+        role_dtypes={"actor": "float32", "critic": "float32", "ref": "float32"},
+        visible_devices=None,
         cuda_visible_devices=None,
     )
     groups = RoleGroups.create(mapping, timeout_s=5)
@@ -115,8 +128,14 @@ def test_single_process_role_groups_pass_batches_through():
 
 def test_role_groups_reject_a_mapping_for_another_world():
     mapping = validate_device_mapping(
-        None, world_size=2, algorithm_needs_critic=False, needs_ref=False, needs_reward_model=False,
-        role_dtypes={}, visible_devices=None, cuda_visible_devices=None,
+        None,
+        world_size=2,
+        algorithm_needs_critic=False,
+        needs_ref=False,
+        needs_reward_model=False,
+        role_dtypes={},
+        visible_devices=None,
+        cuda_visible_devices=None,
     )
     with pytest.raises(DeviceMappingError, match="validated for world size 2 but 1 process"):
         RoleGroups.create(mapping)

@@ -99,7 +99,11 @@ class FSDPConfig(BaseModel):
         """(param_dtype, reduce_dtype) for MixedPrecisionPolicy, or None when mixed precision is off."""
         if self.mixed_precision is False:
             return None
-        spec = self.mixed_precision if isinstance(self.mixed_precision, MixedPrecisionSpec) else MixedPrecisionSpec()
+        spec = (
+            self.mixed_precision
+            if isinstance(self.mixed_precision, MixedPrecisionSpec)
+            else MixedPrecisionSpec()
+        )
         return (
             parse_dtype(spec.param_dtype, key="fsdp.mixed_precision.param_dtype"),
             parse_dtype(spec.reduce_dtype, key="fsdp.mixed_precision.reduce_dtype"),
@@ -176,7 +180,9 @@ class FSDPConfig(BaseModel):
                 f"always the original ones, sharded per parameter as DTensors."
             )
         if self.cpu_offload and device_type == "cpu":
-            notes.append(f"{key}.cpu_offload=true has no effect when training on CPU: parameters already live there.")
+            notes.append(
+                f"{key}.cpu_offload=true has no effect when training on CPU: parameters already live there."
+            )
         if self.sharding_strategy == "NO_SHARD":
             notes.append(
                 f"{key}: NO_SHARD is run as fully_shard on a (replicate={world_size}, shard=1) mesh: every rank "

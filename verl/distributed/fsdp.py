@@ -116,11 +116,15 @@ def apply_fsdp(
         else MixedPrecisionPolicy()
     )
     offload: OffloadPolicy = (
-        CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cfg.cpu_offload and dev != "cpu" else OffloadPolicy()
+        CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+        if cfg.cpu_offload and dev != "cpu"
+        else OffloadPolicy()
     )
     if cfg.activation_checkpointing:
         enable_activation_checkpointing(blocks)
-    kwargs = dict(mesh=mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=mp, offload_policy=offload)
+    kwargs = dict(
+        mesh=mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=mp, offload_policy=offload
+    )
     for block in blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)  # the rest: embeddings, final norm, head (FSDP2 keeps the root gathered)
@@ -135,10 +139,14 @@ def full_state_dict(model: nn.Module, *, cpu_offload: bool = True) -> dict[str, 
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload))
+    return get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
+    )
 
 
-def load_full_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor], *, from_rank0: bool = True) -> None:
+def load_full_state_dict(
+    model: nn.Module, state_dict: dict[str, torch.Tensor], *, from_rank0: bool = True
+) -> None:
     """Load unsharded weights into a sharded model; with from_rank0 only rank 0 needs `state_dict`."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 

@@ -50,7 +50,9 @@ def build_torchrun_command(
     is dropped. Multi-node runs pass nnodes and a rendezvous endpoint (host:port of any node).
     """
     if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
-        raise ConfigError(f"--nproc {nproc!r}: the number of processes must be an integer >= 1. Fix: --nproc 2.")
+        raise ConfigError(
+            f"--nproc {nproc!r}: the number of processes must be an integer >= 1. Fix: --nproc 2."
+        )
     if nnodes < 1:
         raise ConfigError(f"--nnodes {nnodes}: must be >= 1.")
     if nnodes > 1 and not rdzv_endpoint:
@@ -58,7 +60,13 @@ def build_torchrun_command(
             f"--nnodes {nnodes} needs a rendezvous endpoint every node can reach. Fix: pass "
             f"--rdzv-endpoint HOST:PORT (the same on every node)."
         )
-    cmd = [python or sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--nnodes={nnodes}"]
+    cmd = [
+        python or sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        f"--nnodes={nnodes}",
+    ]
     if nnodes > 1:
         cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"]
         if node_rank is not None:

@@ -248,7 +248,9 @@ def validate_device_mapping(
         used = set().union(*resolved.values()) if resolved else set()
         idle = [r for r in range(world_size) if r not in used]
         if idle:
-            notes.append(f"rank(s) {idle} run no role: their devices stay idle. Give them a role or launch fewer processes.")
+            notes.append(
+                f"rank(s) {idle} run no role: their devices stay idle. Give them a role or launch fewer processes."
+            )
 
     device_type = "cuda" if visible_devices is not None else "cpu"
     if problems:
@@ -256,8 +258,7 @@ def validate_device_mapping(
         table = render_mapping_table(world_size, table_roles, dtypes)
         raise DeviceMappingError(
             f"Invalid device mapping ({len(problems)} problem(s); world size {world_size}, {nodes} node(s), "
-            f"CUDA_VISIBLE_DEVICES={cvd}):\n{table}\n"
-            + "\n".join(f"  - {p}" for p in problems)
+            f"CUDA_VISIBLE_DEVICES={cvd}):\n{table}\n" + "\n".join(f"  - {p}" for p in problems)
         )
     return DeviceMapping(
         world_size=world_size,

@@ -49,7 +49,10 @@ class MemoryEstimate:
             o = sum(v[2] for v in parts.values())
             rows.append((str(rank), ",".join(parts) or "-", _gib(p), _gib(g), _gib(o), _gib(p + g + o)))
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-        lines = ["  ".join(c.rjust(widths[i]) if i >= 2 else c.ljust(widths[i]) for i, c in enumerate(r)) for r in rows]
+        lines = [
+            "  ".join(c.rjust(widths[i]) if i >= 2 else c.ljust(widths[i]) for i, c in enumerate(r))
+            for r in rows
+        ]
         lines.insert(1, "  ".join("-" * w for w in widths))
         return "\n".join(lines) + "\n(model state only: activations and KV cache come on top)"
 

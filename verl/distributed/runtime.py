@@ -90,7 +90,9 @@ def init_distributed(timeout_s: float = 600.0) -> DistEnv:
         device = torch.device("cpu")
     backend = "nccl" if use_cuda else "gloo"
     if dist.is_initialized():
-        return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, local_world_size, dist.get_backend(), device)
+        return DistEnv(
+            dist.get_rank(), dist.get_world_size(), local_rank, local_world_size, dist.get_backend(), device
+        )
     if world_size == 1 and "MASTER_ADDR" not in os.environ:
         return DistEnv(0, 1, 0, 1, None, device)
     missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
@@ -136,7 +138,9 @@ class CollectiveGuard:
             self._store = dist.distributed_c10d._get_default_store()
         return self._store
 
-    def arrive(self, stage: str, ranks: tuple[int, ...] | list[int], *, group_name: str | None = None) -> None:
+    def arrive(
+        self, stage: str, ranks: tuple[int, ...] | list[int], *, group_name: str | None = None
+    ) -> None:
         """Block until every rank in `ranks` reached `stage` (this rank must be one of them)."""
         ranks = tuple(ranks)
         if len(ranks) <= 1 or not dist.is_initialized():
@@ -184,7 +188,14 @@ class CollectiveGuard:
                     out[r] = seen
         return out
 
-    def run(self, stage: str, ranks: tuple[int, ...] | list[int], fn: Callable[[], T], *, group_name: str | None = None) -> T:
+    def run(
+        self,
+        stage: str,
+        ranks: tuple[int, ...] | list[int],
+        fn: Callable[[], T],
+        *,
+        group_name: str | None = None,
+    ) -> T:
         """Arrival check, then the collective `fn`; the stage name is added to any error it raises."""
         self.arrive(stage, ranks, group_name=group_name)
         try:
@@ -192,7 +203,9 @@ class CollectiveGuard:
         except (DistributedError, DeviceMappingError):
             raise
         except RuntimeError as err:
-            raise DistributedError(f"collective at stage {stage!r} (group {list(ranks)}) failed: {err}") from err
+            raise DistributedError(
+                f"collective at stage {stage!r} (group {list(ranks)}) failed: {err}"
+            ) from err
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -234,7 +247,9 @@ class RoleGroups:
                 f"running. Fix: validate with world_size={world}."
             )
         timeout = datetime.timedelta(seconds=timeout_s)
-        self = cls(mapping=mapping, rank=rank, guard=CollectiveGuard(timeout_s), device=device or torch.device("cpu"))
+        self = cls(
+            mapping=mapping, rank=rank, guard=CollectiveGuard(timeout_s), device=device or torch.device("cpu")
+        )
 
         def group_for(ranks: tuple[int, ...]) -> Any:
             if ranks not in self._groups:
@@ -323,8 +338,12 @@ class RoleGroups:
             return tensor
         ranks = self.ranks(role)
         op = dist.ReduceOp.SUM if op is None else op
-        self.guard.run(stage, ranks, lambda: dist.all_reduce(tensor, op=op, group=self.group(role)),
-                       group_name=role_key(ranks))
+        self.guard.run(
+            stage,
+            ranks,
+            lambda: dist.all_reduce(tensor, op=op, group=self.group(role)),
+            group_name=role_key(ranks),
+        )
         return tensor
 
     def move_batch(self, batch: Batch | None, src: str, dst: str, *, stage: str) -> Batch | None:
@@ -349,12 +368,25 @@ class RoleGroups:
             )
         full: Batch | None = None
         if in_src:
-            full = gather_batch(batch, group=self.group(src), ranks=src_ranks, guard=self.guard,
-                                stage=f"{stage}:gather[{src}]", device=self.device)
+            full = gather_batch(
+                batch,
+                group=self.group(src),
+                ranks=src_ranks,
+                guard=self.guard,
+                stage=f"{stage}:gather[{src}]",
+                device=self.device,
+            )
         union = tuple(sorted(set(src_ranks) | set(dst_ranks)))
         union_group = self._union_group(union)
-        full = broadcast_batch(full, src_rank=src_ranks[0], group=union_group, ranks=union, guard=self.guard,
-                               stage=f"{stage}:send[{src}->{dst}]", device=self.device)
+        full = broadcast_batch(
+            full,
+            src_rank=src_ranks[0],
+            group=union_group,
+            ranks=union,
+            guard=self.guard,
+            stage=f"{stage}:send[{src}->{dst}]",
+            device=self.device,
+        )
         if not in_dst:
             return None
         return shard_batch(full, dst_ranks.index(self.rank), len(dst_ranks))
@@ -382,9 +414,13 @@ def _schema(batch: Batch) -> list[list[Any]]:
     for key in sorted(batch):
         t = batch[key]
         if not isinstance(t, torch.Tensor):
-            raise DistributedError(f"batch field {key!r} is {type(t).__name__}, not a tensor. Fix: move only tensors.")
+            raise DistributedError(
+                f"batch field {key!r} is {type(t).__name__}, not a tensor. Fix: move only tensors."
+            )
         if t.dim() == 0:
-            raise DistributedError(f"batch field {key!r} is a scalar; batch fields need a sample dimension (dim 0).")
+            raise DistributedError(
+                f"batch field {key!r} is a scalar; batch fields need a sample dimension (dim 0)."
+            )
         out.append([key, str(t.dtype).removeprefix("torch."), list(t.shape)])
     return out
 
