@@ -187,6 +187,16 @@ def test_rloo_hand_case():
     assert adv.tolist() == pytest.approx([-1.5, 0.0, 1.5, 0.0])
 
 
+@pytest.mark.parametrize("fn", [compute_grpo_advantages, compute_rloo_advantages])
+def test_group_of_equal_float_scores_gets_exactly_zero(fn):
+    # 0.1 * 3 / 3 != 0.1 in floating point: a rounded mean must not turn into an O(1) advantage
+    scores = torch.tensor([0.1, 0.1, 0.1, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7], dtype=torch.float64)
+    ids = torch.tensor([0, 0, 0, 1, 1, 1, 1, 1, 1])
+    kwargs = {"eps": 0.0} if fn is compute_grpo_advantages else {}
+    assert torch.equal(fn(scores, ids, **kwargs), torch.zeros(9, dtype=torch.float64))
+    assert torch.equal(fn(scores.float(), ids, **kwargs), torch.zeros(9))
+
+
 def test_integer_and_bool_scores_become_float32():
     ids = torch.tensor([0, 0, 1, 1])
     adv = compute_rloo_advantages(torch.tensor([1, 0, 1, 1]), ids)

@@ -99,8 +99,13 @@ def compute_reinforce_pp_returns(
 
 def _group_stats(
     scores: torch.Tensor, group_ids: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype]:
-    """Validate, then return (scores - group mean, group size per sample, group sum of squares per sample, dtype)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype]:
+    """Validate, then return per sample: (score - group mean, group size, group sum of squares,
+    whether the group's scores differ at all, result dtype).
+
+    The last flag is exact (max != min): the rounded mean of equal scores can differ from them by an
+    ulp, which the division by a ~0 std would blow up to an O(1) advantage.
+    """
     if scores.dim() != 1:
         raise ValueError(f"scores has shape {tuple(scores.shape)}; pass one score per sample, shape [N]")
     _check_same_shape("scores", scores, group_ids=group_ids)
@@ -121,7 +126,9 @@ def _group_stats(
     mean = s.new_zeros(n_groups).index_add_(0, inverse, s) / counts
     centered = s - mean[inverse]
     sq = s.new_zeros(n_groups).index_add_(0, inverse, centered * centered)
-    return centered, counts[inverse], sq[inverse], dtype
+    high = s.new_full((n_groups,), -torch.inf).scatter_reduce_(0, inverse, s, "amax")
+    low = s.new_full((n_groups,), torch.inf).scatter_reduce_(0, inverse, s, "amin")
+    return centered, counts[inverse], sq[inverse], (high > low)[inverse], dtype
 
 
 @torch.no_grad()
@@ -135,13 +142,13 @@ def compute_grpo_advantages(
     """
     if not eps >= 0:
         raise ValueError(f"eps={eps!r} must be >= 0")
-    centered, size, sq, dtype = _group_stats(scores, group_ids)
+    centered, size, sq, varies, dtype = _group_stats(scores, group_ids)
     if norm_by_std:
         std = (sq / (size - 1).clamp(min=1)).sqrt()
-        adv = torch.where(centered == 0, 0, centered / (std + eps))
+        adv = centered / torch.where(varies, std + eps, 1)
     else:
         adv = centered
-    return torch.where(size > 1, adv, 0).to(dtype)
+    return torch.where(varies, adv, 0).to(dtype)
 
 
 @torch.no_grad()
@@ -150,9 +157,9 @@ def compute_rloo_advantages(scores: torch.Tensor, group_ids: torch.Tensor) -> to
 
     Uses r_i - (S - r_i) / (n - 1) = n / (n - 1) * (r_i - mean), one pass over the groups.
     """
-    centered, size, _, dtype = _group_stats(scores, group_ids)
+    centered, size, _, varies, dtype = _group_stats(scores, group_ids)
     adv = centered * size / (size - 1).clamp(min=1)
-    return torch.where(size > 1, adv, 0).to(dtype)
+    return torch.where(varies, adv, 0).to(dtype)
 
 
 def place_score_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
