@@ -31,7 +31,7 @@ import torch
 from verl.errors import ModelError
 
 # Bump when anything that changes the files on disk changes; it is part of the cache key.
-TINY_FORMAT_VERSION = 1
+TINY_FORMAT_VERSION = 2
 
 MARKER_FILE = "verl_tiny.json"
 
