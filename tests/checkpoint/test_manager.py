@@ -83,7 +83,7 @@ def test_bad_policy_values(tmp_path, kwargs, key):
 def test_keep_n_keeps_newest_and_never_latest(tmp_path):
     train(tmp_path, 7, save_interval=1, save_total_limit=2)
     assert [i.step for i in list_checkpoints(tmp_path)] == [6, 7]
-    # a newer corrupt checkpoint from an abandoned future does not push out the one just written
+    # newer checkpoints from an abandoned future (a resume from earlier) never push out the one just written
     mgr = CheckpointManager(tmp_path, save_interval=1, save_total_limit=1)
     mgr.save(3, app_state={"w": {"t": torch.zeros(2)}}, extra={})
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())

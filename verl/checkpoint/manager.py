@@ -511,7 +511,8 @@ class CheckpointManager:
         self.close()
 
     # ------------------------------------------------------------------ resume
-    def list(self, *, verify_files: bool = True) -> list[CheckpointInfo]:
+    def checkpoints(self, *, verify_files: bool = True) -> list[CheckpointInfo]:
+        """Committed checkpoints of this run, oldest first (see :func:`list_checkpoints`)."""
         return list_checkpoints(self.run_dir, verify_files=verify_files)
 
     def find_resume(self, resume: str | Path | None) -> Path | None:
