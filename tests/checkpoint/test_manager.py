@@ -50,6 +50,16 @@ def test_resume_from_explicit_path_and_never(tmp_path):
     assert _same_weights(model, ref)
 
 
+def test_auto_follows_latest_after_resuming_from_an_older_checkpoint(tmp_path):
+    train(tmp_path, 6, save_interval=3)  # steps 3 and 6
+    train(tmp_path, 4, save_interval=1, resume=str(tmp_path / "checkpoints" / "step_3"))  # a new branch: 4
+    mgr = CheckpointManager(tmp_path, save_interval=1)
+    assert mgr.find_resume("auto") == tmp_path / "checkpoints" / "step_4"  # not the abandoned step_6
+    (tmp_path / "checkpoints" / "step_4" / "extra" / "rank_00000.pt").unlink()
+    with pytest.warns(UserWarning, match="step_4"):
+        assert mgr.find_resume("auto") == tmp_path / "checkpoints" / "step_6"
+
+
 def test_layout_manifest_and_latest(tmp_path):
     train(tmp_path, 4, save_interval=2)
     root = tmp_path / "checkpoints"

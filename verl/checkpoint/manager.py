@@ -516,7 +516,8 @@ class CheckpointManager:
         return list_checkpoints(self.run_dir, verify_files=verify_files)
 
     def find_resume(self, resume: str | Path | None) -> Path | None:
-        """``"never"``/None -> None; ``"auto"`` -> newest checkpoint that verifies (or None);
+        """``"never"``/None -> None; ``"auto"`` -> the ``latest`` checkpoint, or if it does not verify the
+        newest one that does (or None);
         a path -> that checkpoint (a step folder) or the newest good one under it (a run folder),
         raising CheckpointError naming the file when it does not verify."""
         if resume is None or resume == "never":
@@ -566,7 +567,12 @@ class CheckpointManager:
 
     def _newest_verified(self, root: Path, *, required: bool) -> Path | None:
         skipped = []
-        for _step, path in reversed(_committed_steps(root)):
+        # `latest` first: after resuming from an older checkpoint, newer folders of the abandoned run may
+        # still exist, and the run we are continuing is the one `latest` names
+        candidates = [p for _, p in reversed(_committed_steps(root))]
+        latest = read_latest(root)
+        candidates.sort(key=lambda p: p.name != latest)  # stable: the rest stay newest first
+        for path in candidates:
             problems = verify(path)
             if not problems:
                 if skipped:
