@@ -61,6 +61,11 @@ def test_greedy_equals_hf_generate(arch, kwargs):
     assert (lengths[~out.finished] == max_new).all()
 
 
+def test_greedy_equals_hf_generate_without_fused_projections(monkeypatch):
+    monkeypatch.setattr("verl.rollout.fast_decode.MAX_FUSED_BYTES", 0)
+    test_greedy_equals_hf_generate("llama", {})
+
+
 def test_greedy_equals_hf_generate_with_eager_attention():
     model = make_model("qwen2", seed=4, attn="eager")
     ids, mask = left_padded(LENGTHS, seed=5)

@@ -22,12 +22,11 @@ import torch
 import torch.nn.functional as F
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+# Fusing q/k/v and gate/up copies those weights for the rollout. That pays off on small models, where
+# each kernel launch costs more than its math, and would waste gigabytes on large ones, which are
+# compute-bound anyway; above this many bytes of copies the projections run as they are.
+MAX_FUSED_BYTES = 256 * 2**20
 _DYNAMIC_ROPE = ("dynamic", "longrope")
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class LlamaStyleDecodeStep:
@@ -74,44 +73,98 @@ class LlamaStyleDecodeStep:
         return True, ""
 
     def prepare(self, max_positions: int, device: torch.device, dtype: torch.dtype) -> None:
-        """Build the rotary table for positions 0..max_positions-1 with the model's own rotary module."""
+        """Per-rollout set-up: the rotary table and the fused projection weights.
+
+        The rotary table comes from the model's own rotary module for positions 0..max_positions-1.
+        ``rotate_half(x) * sin`` is rewritten as ``x[..., perm] * signed_sin`` (a sign flip is exact), one
+        gather instead of two slices, a negation and a concat. Where q/k/v (and gate/up) are plain
+        ``nn.Linear`` they run as one matmul on concatenated weights; anything else (LoRA, quantised
+        layers) is called as the module it is.
+        """
         positions = torch.arange(max_positions, device=device).unsqueeze(0)
         probe = torch.zeros(1, 1, 1, device=device, dtype=dtype)
         cos, sin = self.base.rotary_emb(probe, positions)
         self.cos, self.sin = cos[0], sin[0]  # [max_positions, head_dim]
+        half = self.cos.shape[-1] // 2
+        self.perm = torch.cat([torch.arange(half, 2 * half), torch.arange(half)]).to(device)
+        sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(device=device, dtype=self.sin.dtype)
+        self.signed_sin = self.sin * sign
+        self.qkv: list[Any] = [None] * len(self.layers)
+        self.gate_up: list[Any] = [None] * len(self.layers)
+        fused_bytes = sum(
+            p.numel() * p.element_size()
+            for layer in self.layers
+            for module, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj")),
+                                  (layer.mlp, ("gate_proj", "up_proj")))
+            for name in names if hasattr(module, name)
+            for p in getattr(module, name).parameters()
+        )
+        if fused_bytes > MAX_FUSED_BYTES:
+            return
+        self.qkv = [self._fuse(layer.self_attn, ("q_proj", "k_proj", "v_proj"))
+                    if not hasattr(layer.self_attn, "q_norm") else None for layer in self.layers]
+        self.gate_up = [self._fuse(layer.mlp, ("gate_proj", "up_proj"))
+                        if all(hasattr(layer.mlp, a) for a in ("down_proj", "act_fn")) else None
+                        for layer in self.layers]
+
+    @staticmethod
+    def _fuse(module: torch.nn.Module, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        linears = [getattr(module, name, None) for name in names]
+        if not all(type(lin) is torch.nn.Linear for lin in linears):
+            return None
+        has_bias = [lin.bias is not None for lin in linears]
+        if any(has_bias) and not all(has_bias):
+            return None
+        weight = torch.cat([lin.weight for lin in linears], dim=0)
+        bias = torch.cat([lin.bias for lin in linears], dim=0) if all(has_bias) else None
+        return weight, bias
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return x * cos + x[..., self.perm] * sin
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any) -> torch.Tensor:
         """Logits [A, V] for the next token after ``tokens`` [A] at ``positions`` [A].
 
         ``mask`` is a boolean [A, 1, 1, kv_len] mask of the keys each row may attend to, kv_len being
-        the cache length after this step.
+        the cache length after this step. Tensors are laid out [A, 1, heads, D] (one query token), which
+        folds the query heads sharing a KV head into sdpa's query axis without repeating K/V.
         """
         rows = tokens.shape[0]
         hidden = self.base.embed_tokens(tokens.unsqueeze(-1))  # [A, 1, H]
         cos = self.cos[positions].unsqueeze(1).unsqueeze(1)  # [A, 1, 1, D]
-        sin = self.sin[positions].unsqueeze(1).unsqueeze(1)
-        for layer, cache_layer in zip(self.layers, cache.layers):
+        sin = self.signed_sin[positions].unsqueeze(1).unsqueeze(1)
+        for layer, cache_layer, qkv, gate_up in zip(self.layers, cache.layers, self.qkv, self.gate_up):
             attn = layer.self_attn
             head_dim = attn.head_dim
             x = layer.input_layernorm(hidden)
-            q = attn.q_proj(x).view(rows, 1, -1, head_dim)
-            k = attn.k_proj(x).view(rows, 1, -1, head_dim)
-            v = attn.v_proj(x).view(rows, 1, -1, head_dim)
-            if hasattr(attn, "q_norm"):
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [A, heads, 1, D]
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            keys, values = cache_layer.update(k, v)
-            kv_heads = keys.shape[1]
-            # One query token: fold the query heads that share a KV head into the query-length axis,
-            # so attention runs on the KV heads without repeating them.
-            q = q.reshape(rows, kv_heads, -1, head_dim)
+            if qkv is not None:
+                heads = qkv[0].shape[0] // head_dim
+                kv_heads = attn.k_proj.weight.shape[0] // head_dim
+                q_heads = heads - 2 * kv_heads
+                states = F.linear(x, *qkv).view(rows, 1, heads, head_dim)
+                qk = self._rope(states[:, :, : q_heads + kv_heads], cos, sin)
+                q, k = qk[:, :, :q_heads], qk[:, :, q_heads:]
+                v = states[:, :, q_heads + kv_heads:]
+            else:
+                q = attn.q_proj(x).view(rows, 1, -1, head_dim)
+                k = attn.k_proj(x).view(rows, 1, -1, head_dim)
+                v = attn.v_proj(x).view(rows, 1, -1, head_dim)
+                if hasattr(attn, "q_norm"):
+                    q, k = attn.q_norm(q), attn.k_norm(k)
+                q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+            keys, values = cache_layer.update(k.transpose(1, 2), v.transpose(1, 2))
+            q = q.reshape(rows, keys.shape[1], -1, head_dim)
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
             hidden = hidden + attn.o_proj(out.reshape(rows, 1, -1))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            x = layer.post_attention_layernorm(hidden)
+            if gate_up is not None:
+                mlp = layer.mlp
+                gate, up = F.linear(x, *gate_up).chunk(2, dim=-1)
+                hidden = hidden + mlp.down_proj(mlp.act_fn(gate) * up)
+            else:
+                hidden = hidden + layer.mlp(x)
         hidden = self.base.norm(hidden)
         return self.model.lm_head(hidden[:, -1, :])
 
 
-__all__ = ["LlamaStyleDecodeStep", "SUPPORTED_MODEL_TYPES"]
+__all__ = ["LlamaStyleDecodeStep", "SUPPORTED_MODEL_TYPES", "MAX_FUSED_BYTES"]
