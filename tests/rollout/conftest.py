@@ -10,7 +10,14 @@ VOCAB = 300
 
 def make_model(arch: str = "qwen2", seed: int = 0, attn: str = "sdpa") -> torch.nn.Module:
     """A random 2-layer decoder with GQA, built from a seed without touching the caller's RNG."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)

@@ -66,6 +66,26 @@ def test_greedy_equals_hf_generate_without_fused_projections(monkeypatch):
     test_greedy_equals_hf_generate("llama", {})
 
 
+def test_sliding_window_model_takes_the_plain_path_and_matches_hf():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         use_sliding_window=True, sliding_window=4, max_window_layers=1)
+    assert config.layer_types == ["full_attention", "sliding_attention"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(config).eval()
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.data.normal_(0, 0.4)
+            layer.self_attn.k_proj.weight.data.normal_(0, 0.4)
+    engine = HFKVCacheEngine(model)
+    assert "sliding" in engine.fast_decode_reason or "cache layout" in engine.fast_decode_reason
+    ids, mask = left_padded(LENGTHS, seed=3)
+    out = engine.generate(ids, mask, SamplingParams(temperature=0, max_new_tokens=10))
+    assert torch.equal(out.response_ids, hf_greedy(model, ids, mask, 10, [], pad=0))
+
+
 def test_greedy_equals_hf_generate_with_eager_attention():
     model = make_model("qwen2", seed=4, attn="eager")
     ids, mask = left_padded(LENGTHS, seed=5)

@@ -61,7 +61,7 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
     big = expected >= 5
     obs = counts[big].tolist() + [counts[~big].sum().item()]
     exp = expected[big].tolist() + [expected[~big].sum().item()]
-    pairs = [(o, e) for o, e in zip(obs, exp) if e > 0]
+    pairs = [(o, e) for o, e in zip(obs, exp, strict=True) if e > 0]
     return sum((o - e) ** 2 / e for o, e in pairs), len(pairs) - 1
 
 

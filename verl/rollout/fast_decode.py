@@ -133,7 +133,7 @@ class LlamaStyleDecodeStep:
         hidden = self.base.embed_tokens(tokens.unsqueeze(-1))  # [A, 1, H]
         cos = self.cos[positions].unsqueeze(1).unsqueeze(1)  # [A, 1, 1, D]
         sin = self.signed_sin[positions].unsqueeze(1).unsqueeze(1)
-        for layer, cache_layer, qkv, gate_up in zip(self.layers, cache.layers, self.qkv, self.gate_up):
+        for layer, cache_layer, qkv, gate_up in zip(self.layers, cache.layers, self.qkv, self.gate_up, strict=True):
             attn = layer.self_attn
             head_dim = attn.head_dim
             x = layer.input_layernorm(hidden)

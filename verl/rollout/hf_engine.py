@@ -203,6 +203,13 @@ class HFKVCacheEngine(RolloutEngine):
                               f"{total} exceeds the model's max_position_embeddings {limit}; lower "
                               "max_new_tokens or the maximum prompt length.")
 
+    def _dynamic_cache(self) -> Any:
+        """The model's own cache layout (sliding-window layers included) where transformers knows it."""
+        try:
+            return DynamicCache(config=self.config)
+        except TypeError:  # transformers < 4.56 builds the layout lazily
+            return DynamicCache()
+
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
         kwargs = {self._cache_kw: cache, "use_cache": True}
         if self._logits_to_keep:
@@ -243,7 +250,7 @@ class HFKVCacheEngine(RolloutEngine):
 
         # Prefill each prompt once; the cache is repeated for the n samples afterwards.
         cache = (_RolloutCache(int(self._text_config.num_hidden_layers), prompt_len + max_new)
-                 if self._preallocate else DynamicCache())
+                 if self._preallocate else self._dynamic_cache())
         positions = (mask_bool.long().cumsum(-1) - 1).clamp_(min=0)
         feed = input_ids.masked_fill(~mask_bool, 0)
         logits = self._forward(feed, mask_bool.long(), positions, cache)

@@ -94,7 +94,7 @@ class VLLMEngine(RolloutEngine):
                 response[row, :length] = torch.tensor(tokens, dtype=torch.long)
                 response_mask[row, :length] = 1
                 if completion.logprobs:
-                    for t, (tok, entry) in enumerate(zip(tokens, completion.logprobs)):
+                    for t, (tok, entry) in enumerate(zip(tokens, completion.logprobs, strict=False)):
                         logprobs[row, t] = float(entry[tok].logprob)
                 finished[row] = bool(tokens) and tokens[-1] in eos
         device = input_ids.device
