@@ -63,6 +63,7 @@ def test_vllm_missing_is_a_config_error_with_install_hint():
         build_engine("vllm", "/models/qwen")
 
 
+@pytest.mark.slow
 def test_importing_rollout_does_not_import_vllm():
     code = "import sys, verl.rollout; assert 'vllm' not in sys.modules; print('ok')"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
