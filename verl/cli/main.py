@@ -45,6 +45,10 @@ def _load(args: argparse.Namespace):
     from verl.config import load_config
 
     config_path, overrides = split_config_and_overrides(args.items)
+    if config_path is None and args.command == "train":  # no config file: the built-in demo
+        from verl.trainer.demo import demo_config_path
+
+        config_path = demo_config_path()
     return load_config(config_path, overrides, legacy_argv=args.legacy)
 
 
@@ -61,7 +65,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return spawn_torchrun(args.nproc, ["train", *args.items, *args.legacy])
     from verl.trainer.entry import run_training
 
-    return run_training(config, demo=not args.items)
+    return run_training(config, demo=split_config_and_overrides(args.items)[0] is None)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -118,14 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--dtype", default="float32", help="(check model) dtype to load with")
     check.set_defaults(func=cmd_check)
 
-    from verl.cli import doctor
+    from verl.cli import ckpt_cmd, data_cmd, doctor
 
     doctor.register(sub)
-    for name, text in (("data", "Check or normalise a dataset."),
-                       ("ckpt", "List, verify or export checkpoints."),
-                       ("plot", "Plot the metrics of a run directory.")):
-        stub = sub.add_parser(name, help=text, description=text)
-        stub.set_defaults(func=cmd_not_built)
+    data_cmd.register(sub)
+    ckpt_cmd.register(sub)
+    plot = sub.add_parser("plot", help="Plot the metrics of a run directory.",
+                          description="Plot the metrics of a run directory.")
+    plot.set_defaults(func=cmd_not_built)
     return parser
 
 

@@ -180,6 +180,8 @@ class SFTConfig(Section):
     packing: bool = False
     lr: float = Field(1e-5, gt=0.0)
     epochs: int | None = Field(None, gt=0)
+    steps: int | None = Field(None, gt=0, description="Optimizer steps of the demo's warm start / a fixed budget.")
+    batch_size: int = Field(32, gt=0)
 
 
 class RunConfig(Section):

@@ -1,0 +1,68 @@
+"""The one batch object that flows through an RL step.
+
+Each stage fills in more fields (`generate` the responses, `compute_reward` the scores, ...) and never
+reaches back; the update stages read mini-batches of it through `select`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class RolloutBatch:
+    rows: list[dict[str, Any]]  # one per sequence: the prompt row, repeated n times
+    group_ids: torch.Tensor  # [N] index of the prompt each sequence answers
+    prompt_ids: torch.Tensor  # [N, P] left-padded
+    prompt_mask: torch.Tensor  # [N, P]
+    response_ids: torch.Tensor | None = None  # [N, R] right-padded
+    response_mask: torch.Tensor | None = None  # [N, R] 1 up to and including eos
+    finished: torch.Tensor | None = None  # [N] stopped at eos (not truncated)
+    responses: list[str] = field(default_factory=list)
+    scores: torch.Tensor | None = None  # [N] sequence-level reward
+    token_rewards: torch.Tensor | None = None  # [N, R]
+    old_logprobs: torch.Tensor | None = None  # [N, R] actor before the update
+    ref_logprobs: torch.Tensor | None = None  # [N, R]
+    values: torch.Tensor | None = None  # [N, R]
+    advantages: torch.Tensor | None = None  # [N, R]
+    returns: torch.Tensor | None = None  # [N, R]
+    reward_metrics: dict[str, float] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.prompt_ids.shape[0]
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+
+    @property
+    def position_ids(self) -> torch.Tensor:
+        return position_ids_from_mask(self.attention_mask)
+
+    def select(self, index: torch.Tensor) -> RolloutBatch:
+        """A sub-batch (rows `index`) sharing nothing mutable with this one."""
+        picked: dict[str, Any] = {}
+        idx = index.tolist()
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                picked[f.name] = value.index_select(0, index.to(value.device))
+            elif isinstance(value, list) and value and len(value) == len(self):
+                picked[f.name] = [value[i] for i in idx]
+            else:
+                picked[f.name] = value
+        return RolloutBatch(**picked)
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that count only real tokens (pads get 0), exactly as the rollout engine used them."""
+    mask = attention_mask.long()
+    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)

@@ -1,0 +1,447 @@
+"""`RLTrainer`: PPO / GRPO / RLOO / REINFORCE++ on a Hugging Face causal LM.
+
+`step()` reads top to bottom as the algorithm: get prompts, sample responses, score them, compute the
+reference/old log-probs and values, the advantages, then update the critic and the policy. Each stage is
+a method, so a subclass can replace exactly one of them. The formulas all come from `verl.algorithms`.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from verl.algorithms import (
+    AdaptiveKLController,
+    FixedKLController,
+    aggregate_loss,
+    compute_gae,
+    compute_grpo_advantages,
+    compute_reinforce_pp_returns,
+    compute_rloo_advantages,
+    explained_variance,
+    kl_penalty,
+    masked_mean,
+    masked_whiten,
+    place_score_on_last_token,
+    ppo_policy_loss,
+    value_loss,
+)
+from verl.config.loader import build_config
+from verl.config.schema import OptimConfig, RunConfig
+from verl.rollout import SamplingParams, build_engine
+from verl.trainer.batch import RolloutBatch
+from verl.trainer.batch_math import BatchPlan, plan_rl
+from verl.trainer.forward import response_logprobs, response_values
+from verl.trainer.optim import build_optimizer
+from verl.trainer.runtime import TrainerRuntime
+
+
+class RLTrainer(TrainerRuntime):
+    """Online RL trainer. `RLTrainer(config).fit()`; see `from_pretrained` for use without YAML."""
+
+    kind = "rl"
+
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        model: torch.nn.Module | None = None,
+        tokenizer: Any = None,
+        env: Any = None,
+    ) -> None:
+        super().__init__(config)
+        self.plans: dict[str, BatchPlan] = plan_rl(config, self.dp_size)  # before anything loads
+        self.model, self.tokenizer = self.load_policy(model, tokenizer)
+        self.env = env if env is not None else self.build_env()
+        self.ref_model = self._frozen_copy(self.model) if config.needs_ref else None
+        self.critic = self.build_critic() if config.needs_critic else None
+        total_updates = config.trainer.total_steps * config.actor.ppo_epochs * self.plans["actor"].num_mini_batches
+        self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), config.actor, total_steps=total_updates)
+        if self.critic is not None:
+            critic_updates = (config.trainer.total_steps * config.critic.ppo_epochs
+                              * self.plans["critic"].num_mini_batches)
+            self.critic_optimizer, self.critic_scheduler = build_optimizer(
+                self.critic.parameters(), config.critic, total_steps=critic_updates)
+        algo = config.algorithm
+        self.kl_ctrl = (AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon)
+                        if algo.kl_ctrl == "adaptive" else FixedKLController(algo.kl_coef))
+        self.engine = build_engine(config.rollout.engine, self.model)
+        self.sampling = self._sampling_params(config.rollout.temperature, config.rollout.n)
+
+    # ------------------------------------------------------------------ construction helpers
+    @classmethod
+    def from_pretrained(
+        cls,
+        model: str | torch.nn.Module = "tiny",
+        *,
+        tokenizer: Any = None,
+        reward_fn: str | Callable[..., Any] | Sequence[Any] | None = None,
+        dataset: str | Sequence[str] | Sequence[Mapping[str, Any]] | None = None,
+        env: Any = None,
+        **overrides: Any,
+    ) -> RLTrainer:
+        """Python entry point without YAML.
+
+        `overrides` are sections as dicts (`actor={"lr": 1e-6}`) or dotted keys (`**{"actor.lr": 1e-6}`).
+        `dataset` is a file path (or list of paths) or a list of prompt rows; `reward_fn` is a reward spec
+        name (`"numeric_match"`, `"path.py:fn"`), a callable `fn(prompt, response, ground_truth, **meta)`,
+        or a list of specs.
+        """
+        tree: dict[str, Any] = {}
+        for key, value in overrides.items():
+            node, parts = tree, key.split(".")
+            for part in parts[:-1]:
+                node = node.setdefault(part, {})
+            if isinstance(value, Mapping) and isinstance(node.get(parts[-1]), dict):
+                node[parts[-1]].update(value)
+            else:
+                node[parts[-1]] = dict(value) if isinstance(value, Mapping) else value
+        if isinstance(model, str):
+            tree.setdefault("model", {})["path"] = model
+        rows = None
+        if isinstance(dataset, str) or (isinstance(dataset, Sequence) and dataset and isinstance(dataset[0], str)):
+            tree.setdefault("data", {})["train_files"] = [dataset] if isinstance(dataset, str) else list(dataset)
+        elif dataset is not None:
+            rows = list(dataset)
+        functions = None
+        if callable(reward_fn):
+            functions = [reward_fn]
+        elif isinstance(reward_fn, str):
+            tree.setdefault("reward", {})["functions"] = [{"name": reward_fn}]
+        elif reward_fn is not None:
+            tree.setdefault("reward", {})["functions"] = list(reward_fn)
+        config = build_config(tree, source="RLTrainer.from_pretrained arguments")
+        trainer_env = env
+        if trainer_env is None and (rows is not None or functions is not None):
+            trainer_env = cls.env_from_rows(config, rows, functions)
+        return cls(config, model=None if isinstance(model, str) else model, tokenizer=tokenizer, env=trainer_env)
+
+    def build_critic(self) -> torch.nn.Module:
+        from verl.models.critic import ValueModel
+
+        if self.config.critic.path:
+            critic = ValueModel.from_pretrained(self.config.critic.path, dtype=self.dtype,
+                                                trust_remote_code=self.config.model.trust_remote_code)
+        else:
+            critic = ValueModel.from_actor(self.model)
+        return critic.to(self.device).train()
+
+    def _sampling_params(self, temperature: float, n: int) -> SamplingParams:
+        r = self.config.rollout
+        return SamplingParams(temperature=temperature, top_p=r.top_p, top_k=r.top_k or None,
+                              max_new_tokens=r.max_new_tokens, n=n, eos_token_ids=self.eos_token_ids,
+                              pad_token_id=self.tokenizer.pad_token_id)
+
+    # ------------------------------------------------------------------ the RL step
+    def step(self) -> dict[str, float]:
+        """One RL iteration; returns its metrics."""
+        timing: dict[str, float] = {}
+        with self.timer(timing, "generate"):
+            batch = self.get_batch()
+            batch = self.generate(batch)
+        with self.timer(timing, "reward"):
+            batch = self.compute_reward(batch)
+        with self.timer(timing, "ref"):
+            batch = self.compute_log_probs(batch)
+        if self.critic is not None:
+            with self.timer(timing, "critic"):
+                batch = self.compute_values(batch)
+        with self.timer(timing, "advantages"):
+            batch = self.compute_advantages(batch)
+        metrics: dict[str, float] = {}
+        if self.critic is not None:
+            with self.timer(timing, "update_critic"):
+                metrics |= self.update_critic(batch)
+        with self.timer(timing, "update"):
+            if self.step_count >= self.config.critic.warmup_steps_critic_only or self.critic is None:
+                metrics |= self.update_policy(batch)
+        metrics |= self.batch_metrics(batch)
+        metrics |= {f"timing/{k}": v for k, v in timing.items()}
+        total = sum(timing.values())
+        metrics["timing/step"] = total
+        metrics["perf/tokens_per_s"] = float(batch.attention_mask.sum()) * self.dp_size / max(total, 1e-9)
+        return metrics
+
+    def get_batch(self) -> RolloutBatch:
+        """This rank's share of the next prompts, tokenised and left-padded, each repeated n times."""
+        rows = self.env.get_batch(self.config.data.train_batch_size)
+        per_rank = len(rows) // self.dp_size
+        rows = rows[self.dp_rank * per_rank : (self.dp_rank + 1) * per_rank]
+        ids, mask = self.encode_prompts(rows)
+        n = self.config.rollout.n
+        return RolloutBatch(
+            rows=[row for row in rows for _ in range(n)],
+            group_ids=torch.arange(len(rows)).repeat_interleave(n) + self.dp_rank * per_rank,
+            prompt_ids=ids.repeat_interleave(n, dim=0),
+            prompt_mask=mask.repeat_interleave(n, dim=0),
+        )
+
+    def generate(self, batch: RolloutBatch) -> RolloutBatch:
+        n = self.config.rollout.n
+        out = self.engine.generate(batch.prompt_ids[::n].to(self.device), batch.prompt_mask[::n].to(self.device),
+                                   self.sampling, generator=self.generator)
+        batch.prompt_ids, batch.prompt_mask = out.prompt_ids, out.prompt_mask.long()
+        batch.response_ids, batch.response_mask = out.response_ids, out.response_mask.long()
+        batch.finished = out.finished
+        batch.responses = self.decode_responses(out.response_ids, out.response_mask)
+        return batch
+
+    def compute_reward(self, batch: RolloutBatch) -> RolloutBatch:
+        """Sequence scores from the environment, placed on each response's last token."""
+        result = self.env.compute_reward(batch.rows, batch.responses)
+        batch.scores = result.scores.to(self.device, torch.float32)
+        batch.reward_metrics = dict(result.metrics)
+        batch.token_rewards = place_score_on_last_token(batch.scores, batch.response_mask.float())
+        return batch
+
+    def compute_log_probs(self, batch: RolloutBatch) -> RolloutBatch:
+        """Log-probs of the sampled tokens under the current actor (pre-update) and the reference."""
+        temperature = self.config.rollout.temperature or 1.0
+        if self.needs_old_logprobs:
+            batch.old_logprobs = self.forward_in_micro_batches(
+                batch, lambda mb: response_logprobs(self.model, mb.input_ids, mb.attention_mask, mb.position_ids,
+                                                    mb.response_ids.shape[1], temperature=temperature)[0])
+        if self.ref_model is not None:
+            batch.ref_logprobs = self.forward_in_micro_batches(
+                batch, lambda mb: response_logprobs(self.ref_model, mb.input_ids, mb.attention_mask,
+                                                    mb.position_ids, mb.response_ids.shape[1],
+                                                    temperature=temperature)[0])
+        return batch
+
+    def compute_values(self, batch: RolloutBatch) -> RolloutBatch:
+        batch.values = self.forward_in_micro_batches(
+            batch, lambda mb: response_values(self.critic, mb.input_ids, mb.attention_mask, mb.position_ids,
+                                              mb.response_ids.shape[1]))
+        return batch
+
+    def compute_advantages(self, batch: RolloutBatch) -> RolloutBatch:
+        algo, mask = self.config.algorithm, batch.response_mask.float()
+        rewards = batch.token_rewards
+        if algo.kl_in_reward:
+            kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, algo.kl_type) * mask
+            rewards = rewards - self.kl_ctrl.value * kl
+            current_kl = float(masked_mean(kl.sum(-1), (mask.sum(-1) > 0).float()))
+            batch.reward_metrics["kl/in_reward"] = current_kl
+            batch.reward_metrics["kl/coef"] = float(self.kl_ctrl.value)
+            self.kl_ctrl.update(current_kl, len(batch))
+        batch.token_rewards = rewards
+        if algo.adv_estimator == "gae":
+            adv, ret = compute_gae(rewards, batch.values, mask, algo.gamma, algo.lam)
+            batch.advantages = masked_whiten(adv, mask) * mask if algo.whiten_advantages else adv
+            batch.returns = ret
+        elif algo.adv_estimator == "reinforce_pp":
+            ret = compute_reinforce_pp_returns(rewards, mask, algo.gamma)
+            batch.advantages = masked_whiten(ret, mask) * mask if algo.whiten_advantages else ret
+            batch.returns = ret
+        else:
+            scores = rewards.sum(-1)  # the score, minus the KL penalty when it is in the reward
+            if algo.adv_estimator == "grpo":
+                seq_adv = compute_grpo_advantages(scores, batch.group_ids.to(scores.device), algo.norm_by_std)
+            else:
+                seq_adv = compute_rloo_advantages(scores, batch.group_ids.to(scores.device))
+            batch.advantages = seq_adv[:, None] * mask
+            batch.returns = batch.advantages
+        return batch
+
+    def update_policy(self, batch: RolloutBatch) -> dict[str, float]:
+        """PPO-clip epochs over shuffled mini-batches with gradient accumulation over micro-batches."""
+        cfg, temperature = self.config.actor, self.config.rollout.temperature or 1.0
+        norm_len = batch.response_ids.shape[1]
+
+        def micro_loss(mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
+            mask = mb.response_mask.float()
+            logprobs, entropy = response_logprobs(self.model, mb.input_ids, mb.attention_mask, mb.position_ids,
+                                                  norm_len, temperature=temperature, with_entropy=True,
+                                                  entropy_grad=cfg.entropy_coef > 0)
+            old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
+            loss, stats = ppo_policy_loss(logprobs, old, mb.advantages, mask, clip_low=cfg.clip_low,
+                                          clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.loss_agg,
+                                          norm_len=norm_len)
+            metrics = {"actor/pg_loss": float(loss), "actor/clipfrac": stats["clipfrac"],
+                       "actor/approx_kl": stats["approx_kl"]}
+            ent = aggregate_loss(entropy, mask, cfg.loss_agg, norm_len=norm_len)
+            metrics["actor/entropy"] = float(ent)
+            if cfg.entropy_coef > 0:
+                loss = loss - cfg.entropy_coef * ent
+            if cfg.kl_loss_coef > 0:
+                kl = aggregate_loss(kl_penalty(logprobs, mb.ref_logprobs, cfg.kl_loss_type), mask, cfg.loss_agg,
+                                    norm_len=norm_len)
+                loss = loss + cfg.kl_loss_coef * kl
+                metrics["actor/kl_loss"] = float(kl)
+            return loss, metrics
+
+        metrics = self.optimize(self.model, self.optimizer, self.scheduler, batch, cfg, self.plans["actor"],
+                                micro_loss, prefix="actor")
+        if batch.ref_logprobs is not None:
+            metrics["actor/ref_kl"] = float(masked_mean(batch.old_logprobs - batch.ref_logprobs,
+                                                        batch.response_mask.float()))
+        return metrics
+
+    def update_critic(self, batch: RolloutBatch) -> dict[str, float]:
+        cfg = self.config.critic
+        norm_len = batch.response_ids.shape[1]
+
+        def micro_loss(mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
+            mask = mb.response_mask.float()
+            values = response_values(self.critic, mb.input_ids, mb.attention_mask, mb.position_ids, norm_len)
+            loss, stats = value_loss(values, mb.values, mb.returns, mask, clip_range=cfg.value_clip, agg=cfg.loss_agg)
+            return loss, {"critic/vf_loss": float(loss), **{f"critic/{k}": v for k, v in stats.items()}}
+
+        metrics = self.optimize(self.critic, self.critic_optimizer, self.critic_scheduler, batch, cfg,
+                                self.plans["critic"], micro_loss, prefix="critic")
+        mask = batch.response_mask.float()
+        metrics["critic/explained_var"] = float(explained_variance(batch.values, batch.returns, mask))
+        metrics["critic/values_mean"] = float(masked_mean(batch.values, mask))
+        return metrics
+
+    # ------------------------------------------------------------------ shared machinery
+    @property
+    def needs_old_logprobs(self) -> bool:
+        """Old log-probs need a separate pass unless the update is a single on-policy step."""
+        plan = self.plans["actor"]
+        return (self.config.algorithm.kl_in_reward or self.config.actor.ppo_epochs > 1
+                or plan.num_mini_batches > 1 or self.ref_model is not None)
+
+    def optimize(
+        self,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        batch: RolloutBatch,
+        cfg: OptimConfig,
+        plan: BatchPlan,
+        micro_loss: Callable[[RolloutBatch], tuple[torch.Tensor, dict[str, float]]],
+        *,
+        prefix: str,
+    ) -> dict[str, float]:
+        """Epochs x shuffled mini-batches x micro-batches; each micro loss is weighted by its share of the
+        mini-batch (tokens for token-mean, sequences otherwise) so accumulation equals one big batch."""
+        module.train()
+        sums: dict[str, float] = {}
+        counts = 0
+        grad_norms = []
+        n = len(batch)
+        for _ in range(cfg.ppo_epochs):
+            order = (torch.randperm(n, generator=self.shuffle_generator) if cfg.shuffle else torch.arange(n))
+            for start in range(0, n, plan.mini_batch_sequences):
+                mini = batch.select(order[start : start + plan.mini_batch_sequences])
+                weights = self._micro_weights(mini, plan.micro_batch_size, cfg.loss_agg)
+                optimizer.zero_grad(set_to_none=True)
+                for (mb, weight) in zip(self._micro_batches(mini, plan.micro_batch_size), weights, strict=True):
+                    loss, stats = micro_loss(mb)
+                    (loss * weight).backward()
+                    for k, v in stats.items():
+                        sums[k] = sums.get(k, 0.0) + v
+                    counts += 1
+                grad_norms.append(self.clip_and_step(module, optimizer, cfg.grad_clip))
+                scheduler.step()
+        metrics = {k: v / max(counts, 1) for k, v in sums.items()}
+        metrics[f"{prefix}/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
+        metrics[f"{prefix}/lr"] = scheduler.get_last_lr()[0]
+        return metrics
+
+    @staticmethod
+    def _micro_batches(batch: RolloutBatch, size: int) -> Iterator[RolloutBatch]:
+        for start in range(0, len(batch), size):
+            yield batch.select(torch.arange(start, min(start + size, len(batch))))
+
+    @staticmethod
+    def _micro_weights(mini: RolloutBatch, size: int, agg: str) -> list[float]:
+        mask = mini.response_mask
+        units = mask.sum(-1) if agg == "token-mean" else (mask.sum(-1) > 0).long()
+        total = max(int(units.sum()), 1)
+        return [int(units[s : s + size].sum()) / total for s in range(0, len(mini), size)]
+
+    def forward_in_micro_batches(self, batch: RolloutBatch, fn: Callable[[RolloutBatch], torch.Tensor]) -> torch.Tensor:
+        size = self.plans["actor"].micro_batch_size * 2  # no activations kept: twice the training micro size
+        with torch.no_grad():
+            return torch.cat([fn(mb) for mb in self._micro_batches(batch, size)], dim=0)
+
+    def batch_metrics(self, batch: RolloutBatch) -> dict[str, float]:
+        scores, mask = batch.scores, batch.response_mask.float()
+        lengths = mask.sum(-1)
+        metrics = {"reward/mean": float(scores.mean()), "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
+                   "response/length_mean": float(lengths.mean()), "response/length_max": float(lengths.max()),
+                   "response/truncation_ratio": float((~batch.finished).float().mean()),
+                   "prompt/length_mean": float(batch.prompt_mask.float().sum(-1).mean())}
+        if bool(((scores == 0) | (scores == 1)).all()):
+            metrics["reward/accuracy"] = float(scores.mean())
+        groups = batch.group_ids.to(scores.device)
+        _, inverse = torch.unique(groups, return_inverse=True)
+        g_max = torch.full((int(inverse.max()) + 1,), -float("inf"), device=scores.device).scatter_reduce(
+            0, inverse, scores, "amax")
+        g_min = torch.full_like(g_max, float("inf")).scatter_reduce(0, inverse, scores, "amin")
+        metrics["reward/zero_std_group_frac"] = float((g_max == g_min).float().mean())
+        metrics |= batch.reward_metrics
+        metrics["advantages/mean"] = float(masked_mean(batch.advantages, mask))
+        return metrics
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> dict[str, float]:
+        """Greedy (or `rollout.val_temperature`) answers on the held-out rows; mean score."""
+        rows = self.env.val_rows()
+        if not rows:
+            return {}
+        params = self._sampling_params(self.config.rollout.val_temperature, 1)
+        scores = []
+        size = self.config.data.val_batch_size
+        for start in range(0, len(rows), size):
+            chunk = rows[start : start + size]
+            ids, mask = self.encode_prompts(chunk)
+            out = self.engine.generate(ids.to(self.device), mask.to(self.device), params, generator=self.generator)
+            responses = self.decode_responses(out.response_ids, out.response_mask)
+            scores.append(self.env.compute_reward(chunk, responses).scores.float())
+        all_scores = torch.cat(scores)
+        metrics = {"val/score": float(all_scores.mean())}
+        if bool(((all_scores == 0) | (all_scores == 1)).all()):
+            metrics["val/accuracy"] = float(all_scores.mean())
+        return metrics
+
+    # ------------------------------------------------------------------ state for checkpoints
+    def trainer_state(self) -> dict[str, Any]:
+        return {"kl_ctrl": self.kl_ctrl.state_dict(), "env": self.env.state_dict()}
+
+    def load_trainer_state(self, state: Mapping[str, Any]) -> None:
+        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        self.env.load_state_dict(state["env"])
+
+    def app_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"model": self.model, "optimizer": self.optimizer}
+        if self.critic is not None:
+            state |= {"critic": self.critic, "critic_optimizer": self.critic_optimizer}
+        return state
+
+    def schedulers(self) -> dict[str, Any]:
+        out = {"scheduler": self.scheduler}
+        if self.critic is not None:
+            out["critic_scheduler"] = self.critic_scheduler
+        return out
+
+    @staticmethod
+    @contextmanager
+    def timer(timing: dict[str, float], name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
+
+    @staticmethod
+    def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+        ref = copy.deepcopy(model).eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return ref
+
+    @classmethod
+    def env_from_rows(cls, config: RunConfig, rows: Sequence[Mapping[str, Any]] | None,
+                      functions: Sequence[Any] | None) -> Any:
+        from verl.env import build_env_from_config
+
+        return build_env_from_config(config, rows=rows, reward_functions=functions)
+
+
+__all__ = ["RLTrainer"]
