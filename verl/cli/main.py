@@ -78,7 +78,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                                trust_remote_code=args.trust_remote_code, dtype=args.dtype)
     from verl.trainer.checks import run_checks
 
-    return run_checks(_load(args))
+    return run_checks(_load(args), nproc=args.nproc)
 
 
 def cmd_not_built(args: argparse.Namespace) -> int:
@@ -120,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--tokenizer", default=None, help="(check model) tokenizer path if it differs")
     check.add_argument("--trust-remote-code", action="store_true", help="(check model) allow model code")
     check.add_argument("--dtype", default="float32", help="(check model) dtype to load with")
+    check.add_argument("--nproc", type=int, default=None,
+                       help="world size to check the device mapping against (default: from devices.*)")
     check.set_defaults(func=cmd_check)
 
     from verl.cli import ckpt_cmd, data_cmd, doctor

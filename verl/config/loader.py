@@ -43,7 +43,8 @@ def parse_value(text: str) -> Any:
 def split_legacy_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """Turn `--actor_device_ids 0,1` / `--async_save=False` into `devices.actor=0,1` overrides.
 
-    Returns (overrides, remaining argv). Unknown `--flags` are left for the caller's parser.
+    Returns (overrides, remaining argv); bare `key=value` items pass through as overrides. Unknown
+    `--flags` are left for the caller to report.
     """
     overrides: list[str] = []
     rest: list[str] = []
@@ -53,7 +54,8 @@ def split_legacy_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
         name, eq, inline = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
         key = LEGACY_FLAGS.get(name.replace("-", "_")) if name else None
         if key is None:
-            rest.append(arg)
+            # a `key=value` override that argparse left behind after a legacy flag
+            (overrides if not arg.startswith("-") and "=" in arg else rest).append(arg)
             i += 1
             continue
         if eq:

@@ -61,7 +61,7 @@ def _as_spec(spec: RewardFunctionSpec | Mapping[str, Any], i: int) -> RewardFunc
     if not isinstance(spec, Mapping):
         raise ConfigError(
             f"reward.functions[{i}] is a {type(spec).__name__}; each entry must be a mapping "
-            "like {name: numeric_match, weight: 1.0}."
+            "like {name: numeric_match, weight: 1.0} (or, from Python, a function)."
         )
     try:
         return RewardFunctionSpec.model_validate(dict(spec))
@@ -131,7 +131,10 @@ class RewardManager:
     """Loads reward functions up front and scores batches with their weighted sum."""
 
     def __init__(
-        self, specs: Sequence[RewardFunctionSpec | Mapping[str, Any]], *, base_dir: str | Path | None = None
+        self,
+        specs: Sequence[RewardFunctionSpec | Mapping[str, Any] | Callable[..., Any]],
+        *,
+        base_dir: str | Path | None = None,
     ) -> None:
         if isinstance(specs, (str, bytes, Mapping)) or not isinstance(specs, Sequence):
             raise ConfigError(
@@ -146,9 +149,17 @@ class RewardManager:
         self._loaded: list[_Loaded] = []
         used: dict[str, int] = {}
         for i, raw in enumerate(specs):
-            spec = _as_spec(raw, i)
-            where = f"reward.functions[{i}] (name={spec.name!r})"
-            fn = load_reward_function(spec.name, base_dir=base_dir, where=where)
+            if callable(raw) and not isinstance(raw, (Mapping, RewardFunctionSpec)):
+                # A Python function passed directly (RLTrainer.from_pretrained(reward_fn=fn)): weight 1,
+                # every sample, per-sample call; it is labelled by its __name__ in the metrics.
+                label_name = getattr(raw, "__name__", None) or type(raw).__name__
+                spec = RewardFunctionSpec(name=label_name)
+                where = f"reward.functions[{i}] (callable {label_name!r})"
+                fn = raw
+            else:
+                spec = _as_spec(raw, i)
+                where = f"reward.functions[{i}] (name={spec.name!r})"
+                fn = load_reward_function(spec.name, base_dir=base_dir, where=where)
             check = BUILTIN_KWARG_CHECKS.get(spec.name)
             if check is not None:
                 try:

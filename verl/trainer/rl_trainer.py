@@ -35,7 +35,7 @@ from verl.config.loader import build_config
 from verl.config.schema import OptimConfig, RunConfig
 from verl.rollout import SamplingParams, build_engine
 from verl.trainer.batch import RolloutBatch
-from verl.trainer.batch_math import BatchPlan, plan_rl
+from verl.trainer.batch_math import BatchPlan
 from verl.trainer.forward import response_logprobs, response_values
 from verl.trainer.optim import build_optimizer
 from verl.trainer.runtime import TrainerRuntime
@@ -55,7 +55,7 @@ class RLTrainer(TrainerRuntime):
         env: Any = None,
     ) -> None:
         super().__init__(config)
-        self.plans: dict[str, BatchPlan] = plan_rl(config, self.dp_size)  # before anything loads
+        self.plans: dict[str, BatchPlan] = self.startup.plans
         self.model, self.tokenizer = self.load_policy(model, tokenizer)
         self.env = env if env is not None else self.build_env()
         self.ref_model = self._frozen_copy(self.model) if config.needs_ref else None

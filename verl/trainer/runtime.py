@@ -48,6 +48,22 @@ def resolve_run_dir(config: RunConfig, kind: str) -> Path:
     return Path("runs") / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def resolve_model_path(path: str) -> str:
+    """`model.path`, where `tiny[:arch[:hidden[:layers]]]` is built locally (tests, the demo, offline use)."""
+    if path != "tiny" and not path.startswith("tiny:"):
+        return path
+    from verl.models.tiny import build_tiny_model
+
+    parts = path.split(":")[1:]
+    try:
+        sizes = [int(p) for p in parts[1:3]]
+    except ValueError:
+        raise ConfigError(f"model.path={path!r}: expected tiny[:arch[:hidden_size[:num_layers]]], e.g. "
+                          "tiny:qwen2:128:2") from None
+    kwargs = dict(zip(("hidden_size", "num_layers"), sizes))
+    return build_tiny_model(arch=parts[0] if parts else "qwen2", seed=0, **kwargs)
+
+
 class TrainerRuntime:
     kind = "base"
 
@@ -58,6 +74,12 @@ class TrainerRuntime:
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         self.dp_rank, self.dp_size = self.rank, self.world_size
         self.device = resolve_device(config.trainer.device, self.local_rank)
+        from verl.trainer.startup import validate_startup
+
+        # Every check that needs no weights, before anything loads (the same ones `verl check` runs).
+        self.startup = validate_startup(config, world_size=self.world_size,
+                                        model_path=resolve_model_path(config.model.path),
+                                        device_type=self.device.type)
         self.dtype = self._resolve_dtype(config.model.dtype)
         seed = config.trainer.seed
         seed_everything(seed)
@@ -79,20 +101,7 @@ class TrainerRuntime:
         return resolve_dtype(name)
 
     def model_path(self) -> str:
-        """`model.path`, where `tiny[:arch[:hidden[:layers]]]` is built locally (tests, the demo, offline)."""
-        path = self.config.model.path
-        if path != "tiny" and not path.startswith("tiny:"):
-            return path
-        from verl.models.tiny import build_tiny_model
-
-        parts = path.split(":")[1:]
-        try:
-            sizes = [int(p) for p in parts[1:3]]
-        except ValueError:
-            raise ConfigError(f"model.path={path!r}: expected tiny[:arch[:hidden_size[:num_layers]]], e.g. "
-                              "tiny:qwen2:128:2") from None
-        kwargs = dict(zip(("hidden_size", "num_layers"), sizes))
-        return build_tiny_model(arch=parts[0] if parts else "qwen2", seed=0, **kwargs)
+        return resolve_model_path(self.config.model.path)
 
     def load_policy(self, model: torch.nn.Module | None, tokenizer: Any) -> tuple[torch.nn.Module, Any]:
         if model is not None:

@@ -1,0 +1,111 @@
+"""Start-up validation shared by every trainer and by `verl check`: one check, one place.
+
+Everything here runs before any weights load: batch arithmetic, the role -> device mapping, the FSDP
+option rules and a memory estimate from parameter counts (read off the model config on the meta
+device). A run that cannot work fails in seconds with every problem listed, not after the model loaded.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from verl.config.schema import RunConfig
+from verl.errors import ConfigError, VerlError
+
+
+@dataclass
+class StartupReport:
+    world_size: int
+    plans: dict[str, Any] = field(default_factory=dict)
+    mapping: Any = None
+    fsdp_notes: list[str] = field(default_factory=list)
+    memory: Any = None
+    memory_warnings: list[str] = field(default_factory=list)
+
+
+def role_dtype_names(config: RunConfig, device_type: str) -> dict[str, str | None]:
+    """The dtype every active role will load in ('auto' resolved for this device)."""
+    def resolve(name: str) -> str:
+        if name != "auto":
+            return name
+        bf16 = device_type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return "bfloat16" if bf16 else "float32"
+
+    actor = resolve(config.model.dtype)
+    return {"actor": actor, "critic": actor, "ref": actor,
+            "reward": resolve(config.reward.model_dtype) if config.reward.model_path and config.reward.model_dtype
+            else (actor if config.reward.model_path else None)}
+
+
+def count_parameters(path: str, *, trust_remote_code: bool = False, revision: str | None = None) -> int | None:
+    """Parameters of a causal LM from its config alone (meta device: no weights read, no memory used)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, revision=revision)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust_remote_code)
+    except Exception:  # an unreadable path is reported by the model check itself
+        return None
+    return sum(p.numel() for p in model.parameters())
+
+
+def plans_for(config: RunConfig, dp_size: int) -> dict[str, Any]:
+    if config.trainer.kind == "rl":
+        from verl.trainer.batch_math import plan_rl
+
+        return plan_rl(config, dp_size)
+    if config.data.train_batch_size % dp_size:
+        raise ConfigError(f"data.train_batch_size={config.data.train_batch_size} cannot be split evenly over "
+                          f"{dp_size} data-parallel ranks; use a multiple of {dp_size}")
+    return {}
+
+
+def validate_startup(config: RunConfig, *, world_size: int, model_path: str | None = None,
+                     device_type: str | None = None) -> StartupReport:
+    """Every check that needs no weights; raises one VerlError with all problems found."""
+    from verl.distributed.mapping import validate_device_mapping
+    from verl.distributed.memory import estimate_memory
+
+    device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+    report = StartupReport(world_size=world_size)
+    problems: list[str] = []
+    try:
+        dtypes = role_dtype_names(config, device_type)
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        report.mapping = validate_device_mapping(
+            config.devices, world_size=world_size, algorithm_needs_critic=config.needs_critic and config.trainer.kind == "rl",
+            needs_ref=config.needs_ref or (config.trainer.kind == "dpo"), needs_reward_model=bool(config.reward.model_path),
+            role_dtypes=dtypes, visible_devices=torch.cuda.device_count() if device_type == "cuda" else None,
+            cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), nodes=max(1, world_size // max(1, local_world)))
+    except VerlError as exc:
+        problems.append(str(exc))
+    actor_ranks = len(report.mapping.ranks("actor")) if report.mapping is not None else world_size
+    try:
+        report.plans = plans_for(config, actor_ranks)
+    except VerlError as exc:
+        problems.append(str(exc))
+    try:
+        report.fsdp_notes = config.fsdp.check(actor_ranks, num_gpus_per_node=config.devices.num_gpus_per_node,
+                                              device_type=device_type)
+    except VerlError as exc:
+        problems.append(str(exc))
+    if problems:
+        raise ConfigError("start-up checks failed (nothing was loaded):\n\n" + "\n\n".join(problems))
+    if model_path is not None and report.mapping is not None:
+        count = count_parameters(model_path, trust_remote_code=config.model.trust_remote_code,
+                                 revision=config.model.revision)
+        if count is not None:
+            roles = report.mapping.roles
+            counts = {role: count for role in roles if role != "reward"}
+            report.memory = estimate_memory(counts, dtypes, mapping=report.mapping,
+                                            sharding=config.fsdp.sharding_strategy if world_size > 1 else "NO_SHARD",
+                                            hybrid_shard_size=config.fsdp.hybrid_shard_size)
+            device_bytes = (torch.cuda.get_device_properties(0).total_memory
+                            if device_type == "cuda" and torch.cuda.is_available() else None)
+            report.memory_warnings = report.memory.check(device_bytes)
+    return report
