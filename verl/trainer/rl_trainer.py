@@ -33,6 +33,7 @@ from verl.algorithms import (
 )
 from verl.config.loader import build_config
 from verl.config.schema import OptimConfig, RunConfig
+from verl.errors import ConfigError, DataError
 from verl.rollout import SamplingParams, build_engine
 from verl.trainer.batch import RolloutBatch
 from verl.trainer.batch_math import BatchPlan
@@ -53,11 +54,20 @@ class RLTrainer(TrainerRuntime):
         model: torch.nn.Module | None = None,
         tokenizer: Any = None,
         env: Any = None,
+        rows: Sequence[Mapping[str, Any]] | None = None,
+        reward_functions: Sequence[Any] | None = None,
     ) -> None:
+        """`rows` (in-memory prompt rows) and `reward_functions` (specs or Python callables) replace
+        `data.train_files` and `reward.functions` when given; `env` replaces the whole environment."""
         super().__init__(config)
         self.plans: dict[str, BatchPlan] = self.startup.plans
+        if rows is not None and config.env.name is not None:
+            raise ConfigError(f"prompt rows were passed in, but env.name={config.env.name!r} makes its own "
+                              "prompts; drop the rows or set env.name to null (the rows + reward functions)")
         self.model, self.tokenizer = self.load_policy(model, tokenizer)
-        self.env = env if env is not None else self.build_env()
+        if env is None:
+            env = self.build_env(None if rows is None else self.canonical_rows(rows), reward_functions)
+        self.env = env
         self.ref_model = self._frozen_copy(self.model) if config.needs_ref else None
         self.critic = self.build_critic() if config.needs_critic else None
         total_updates = config.trainer.total_steps * config.actor.ppo_epochs * self.plans["actor"].num_mini_batches
@@ -116,10 +126,27 @@ class RLTrainer(TrainerRuntime):
         elif reward_fn is not None:
             tree.setdefault("reward", {})["functions"] = list(reward_fn)
         config = build_config(tree, source="RLTrainer.from_pretrained arguments")
-        trainer_env = env
-        if trainer_env is None and (rows is not None or functions is not None):
-            trainer_env = cls.env_from_rows(config, rows, functions)
-        return cls(config, model=None if isinstance(model, str) else model, tokenizer=tokenizer, env=trainer_env)
+        return cls(config, model=None if isinstance(model, str) else model, tokenizer=tokenizer, env=env,
+                   rows=rows, reward_functions=functions)
+
+    def canonical_rows(self, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """In-memory rows through the same field aliases as files (`question`/`answer`, `data.fields`)."""
+        from verl.data.fields import RowError, RowNormalizer
+
+        normalizer = RowNormalizer("prompt", self.config.data.fields or None)
+        out = []
+        for i, row in enumerate(rows):
+            if not isinstance(row, Mapping):
+                raise DataError(f"dataset[{i}] is a {type(row).__name__}; each row must be a dict like "
+                                "{'prompt': '...', 'ground_truth': '...'} (or pass file paths as strings)")
+            try:
+                out.append(normalizer.normalize(dict(row))[0])
+            except RowError as exc:
+                raise DataError(f"dataset[{i}]: {exc.detail}; fix the row or map its keys with "
+                                "data.fields (e.g. data={'fields': {'prompt': 'my_column'}})") from None
+        if not out:
+            raise DataError("dataset=[] has no rows; pass at least one prompt row")
+        return out
 
     def build_critic(self) -> torch.nn.Module:
         from verl.models.critic import ValueModel
@@ -262,17 +289,17 @@ class RLTrainer(TrainerRuntime):
             loss, stats = ppo_policy_loss(logprobs, old, mb.advantages, mask, clip_low=cfg.clip_low,
                                           clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.loss_agg,
                                           norm_len=norm_len)
-            metrics = {"actor/pg_loss": float(loss), "actor/clipfrac": stats["clipfrac"],
+            metrics = {"actor/pg_loss": float(loss.detach()), "actor/clipfrac": stats["clipfrac"],
                        "actor/approx_kl": stats["approx_kl"]}
             ent = aggregate_loss(entropy, mask, cfg.loss_agg, norm_len=norm_len)
-            metrics["actor/entropy"] = float(ent)
+            metrics["actor/entropy"] = float(ent.detach())
             if cfg.entropy_coef > 0:
                 loss = loss - cfg.entropy_coef * ent
             if cfg.kl_loss_coef > 0:
                 kl = aggregate_loss(kl_penalty(logprobs, mb.ref_logprobs, cfg.kl_loss_type), mask, cfg.loss_agg,
                                     norm_len=norm_len)
                 loss = loss + cfg.kl_loss_coef * kl
-                metrics["actor/kl_loss"] = float(kl)
+                metrics["actor/kl_loss"] = float(kl.detach())
             return loss, metrics
 
         metrics = self.optimize(self.model, self.optimizer, self.scheduler, batch, cfg, self.plans["actor"],
@@ -290,7 +317,7 @@ class RLTrainer(TrainerRuntime):
             mask = mb.response_mask.float()
             values = response_values(self.critic, mb.input_ids, mb.attention_mask, mb.position_ids, norm_len)
             loss, stats = value_loss(values, mb.values, mb.returns, mask, clip_range=cfg.value_clip, agg=cfg.loss_agg)
-            return loss, {"critic/vf_loss": float(loss), **{f"critic/{k}": v for k, v in stats.items()}}
+            return loss, {"critic/vf_loss": float(loss.detach()), **{f"critic/{k}": v for k, v in stats.items()}}
 
         metrics = self.optimize(self.critic, self.critic_optimizer, self.critic_scheduler, batch, cfg,
                                 self.plans["critic"], micro_loss, prefix="critic")
@@ -435,13 +462,6 @@ class RLTrainer(TrainerRuntime):
         for p in ref.parameters():
             p.requires_grad_(False)
         return ref
-
-    @classmethod
-    def env_from_rows(cls, config: RunConfig, rows: Sequence[Mapping[str, Any]] | None,
-                      functions: Sequence[Any] | None) -> Any:
-        from verl.env import build_env_from_config
-
-        return build_env_from_config(config, rows=rows, reward_functions=functions)
 
 
 __all__ = ["RLTrainer"]
