@@ -1,0 +1,157 @@
+"""RLTrainer end to end on the tiny model: what changes, what must not, what gets logged, and learning."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from rl_support import BASE_KEYS, CRITIC_KEYS, changed, digit_reward, read_metrics, rl_config, snapshot
+
+from verl.errors import ConfigError, DataError, RewardError
+from verl.trainer.rl_trainer import RLTrainer
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _run(config) -> tuple[RLTrainer, dict, dict | None, dict | None, list[dict]]:
+    trainer = RLTrainer(config)
+    actor0 = snapshot(trainer.model)
+    critic0 = snapshot(trainer.critic) if trainer.critic is not None else None
+    ref0 = snapshot(trainer.ref_model) if trainer.ref_model is not None else None
+    trainer.fit()
+    return trainer, actor0, critic0, ref0, read_metrics(trainer.run_dir)
+
+
+def _assert_all_changed(before: dict, module: torch.nn.Module, what: str) -> None:
+    unchanged = [name for name, moved in changed(before, module).items() if not moved]
+    assert not unchanged, f"{what} parameters that did not change: {unchanged}"
+
+
+def test_grpo_three_steps_with_kl_loss(tmp_path):
+    config = rl_config(tmp_path, "algorithm.adv_estimator=grpo", "trainer.total_steps=3", "actor.kl_loss_coef=0.01")
+    trainer, actor0, critic0, ref0, rows = _run(config)
+    assert trainer.critic is None and critic0 is None
+    _assert_all_changed(actor0, trainer.model, "actor")
+    # the reference is the initial actor, frozen: identical weights, no gradients
+    assert ref0 is not None
+    assert not any(changed(ref0, trainer.ref_model).values())
+    assert all(torch.equal(ref0[name], actor0[name]) for name in actor0)
+    assert not any(p.requires_grad for p in trainer.ref_model.parameters())
+    assert trainer.ref_model is not trainer.model
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        missing = BASE_KEYS - row.keys()
+        assert not missing, f"step {row['step']} lacks {sorted(missing)}"
+        assert {"actor/kl_loss", "actor/ref_kl", "timing/ref"} <= row.keys()
+        assert not CRITIC_KEYS & row.keys()
+        assert 0.0 <= row["reward/zero_std_group_frac"] <= 1.0
+        assert row["response/length_max"] <= 4 and 0.0 <= row["response/truncation_ratio"] <= 1.0
+        assert row["actor/lr"] == pytest.approx(1e-3)
+    # the first step is on-policy against an identical reference: KL is exactly 0, the ratio exactly 1
+    assert rows[0]["actor/ref_kl"] == 0.0 and rows[0]["actor/kl_loss"] == 0.0
+    assert rows[0]["actor/approx_kl"] == 0.0 and rows[0]["actor/clipfrac"] == 0.0
+    # after an update the policy has moved away from the reference
+    assert rows[-1]["actor/ref_kl"] != 0.0
+    assert trainer.history[-1]["step"] == 3 and "val/score" in trainer.history[-1]
+
+
+def test_ppo_three_steps_with_kl_in_reward(tmp_path):
+    config = rl_config(tmp_path, "algorithm.adv_estimator=gae", "trainer.total_steps=3",
+                       "algorithm.kl_in_reward=true", "algorithm.kl_coef=0.05")
+    trainer, actor0, critic0, ref0, rows = _run(config)
+    assert trainer.critic is not None and ref0 is not None
+    _assert_all_changed(actor0, trainer.model, "actor")
+    _assert_all_changed(critic0, trainer.critic, "critic")
+    assert not any(changed(ref0, trainer.ref_model).values())
+    # the critic is a separate network (a copy of the actor's backbone), not shared weights
+    actor_ptrs = {p.data_ptr() for p in trainer.model.parameters()}
+    assert not actor_ptrs & {p.data_ptr() for p in trainer.critic.parameters()}
+    for row in rows:
+        missing = (BASE_KEYS | CRITIC_KEYS | {"kl/in_reward", "kl/coef", "actor/ref_kl"}) - row.keys()
+        assert not missing, f"step {row['step']} lacks {sorted(missing)}"
+        assert row["kl/coef"] == pytest.approx(0.05)
+    assert rows[0]["kl/in_reward"] == 0.0 and rows[-1]["kl/in_reward"] != 0.0
+    assert any(row["critic/vf_loss"] > 0 for row in rows)
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "reinforce_pp"])
+def test_other_estimators_two_steps_without_reference(tmp_path, estimator):
+    config = rl_config(tmp_path, f"algorithm.adv_estimator={estimator}", "trainer.total_steps=2")
+    trainer, actor0, critic0, ref0, rows = _run(config)
+    # neither KL option is on: no reference model is built at all, and no critic outside PPO
+    assert trainer.ref_model is None and trainer.critic is None
+    _assert_all_changed(actor0, trainer.model, "actor")
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert not BASE_KEYS - row.keys()
+        assert not {"actor/ref_kl", "actor/kl_loss", "kl/in_reward"} & row.keys()
+
+
+def test_grpo_without_kl_builds_no_reference(tmp_path):
+    trainer = RLTrainer(rl_config(tmp_path, "trainer.total_steps=1"))
+    assert trainer.ref_model is None
+    assert not trainer.needs_old_logprobs  # one on-policy step: the old log-probs pass is skipped
+
+
+def test_from_pretrained_with_callable_reward_and_rows_learns(tmp_path):
+    """A seeded GRPO run on a dense, learnable reward raises the mean reward (not just noise)."""
+    rows = [{"question": f"{a}+{b}=", "answer": a + b} for a in range(4) for b in range(4)]
+    trainer = RLTrainer.from_pretrained(
+        "tiny", reward_fn=digit_reward, dataset=rows,
+        actor={"lr": 3e-3},
+        **{"model.dtype": "float32", "trainer.device": "cpu", "trainer.run_dir": str(tmp_path), "trainer.total_steps": 30,
+           "trainer.val_before_train": False, "trainer.resume": "never", "data.train_batch_size": 8,
+           "rollout.n": 8, "rollout.max_new_tokens": 4, "logging.backends": ["jsonl"]},
+    )
+    assert trainer.config.actor.lr == 3e-3 and trainer.config.model.path == "tiny"
+    # the rows went through the data layer's aliases: question -> prompt, answer -> ground_truth (text)
+    batch_rows = copy.deepcopy(trainer.env).get_batch(16)
+    assert {r["prompt"] for r in batch_rows} == {r["question"] for r in rows}
+    assert all(isinstance(r["ground_truth"], str) for r in batch_rows)
+    history = trainer.fit()
+    rewards = [h["reward/mean"] for h in history]
+    assert "reward/digit_reward/score" in history[0]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last > first + 0.1, f"mean reward did not rise: {rewards}"
+
+
+def test_from_pretrained_row_errors(tmp_path):
+    common = {"trainer.device": "cpu", "trainer.run_dir": str(tmp_path), "model.dtype": "float32",
+              "data.train_batch_size": 2, "rollout.max_new_tokens": 2}
+    with pytest.raises(DataError, match=r"dataset\[1\].*no key for 'prompt'.*data.fields"):
+        RLTrainer.from_pretrained("tiny", reward_fn=digit_reward, dataset=[{"prompt": "a"}, {"text": "b"}], **common)
+    with pytest.raises(DataError, match=r"dataset\[0\] is a int"):
+        RLTrainer.from_pretrained("tiny", reward_fn=digit_reward, dataset=[3, 4], **common)
+    with pytest.raises(ConfigError, match=r"env.name='arithmetic' makes its own prompts"):
+        RLTrainer.from_pretrained("tiny", reward_fn=digit_reward, dataset=[{"prompt": "a"}],
+                                  **common, **{"env.name": "arithmetic"})
+    with pytest.raises(ConfigError, match="reward.functions is empty"):
+        RLTrainer.from_pretrained("tiny", dataset=[{"prompt": "a"}, {"prompt": "b"}], **common)
+
+
+def test_callable_reward_is_checked_and_labelled(tmp_path):
+    def two_args(prompt, response):  # cannot take ground_truth: rejected at start-up, named
+        return 0.0
+
+    with pytest.raises(RewardError, match=r"reward.functions\[0\] \(callable 'two_args'\).*cannot be called"):
+        RLTrainer.from_pretrained("tiny", reward_fn=two_args, dataset=[{"prompt": "a"}, {"prompt": "b"}],
+                                  **{"trainer.device": "cpu", "trainer.run_dir": str(tmp_path),
+                                     "data.train_batch_size": 2})
+
+    def bad(prompt, response, ground_truth, **meta):
+        return None
+
+    trainer = RLTrainer.from_pretrained(
+        "tiny", reward_fn=bad, dataset=[{"prompt": "a"}, {"prompt": "b"}],
+        **{"trainer.device": "cpu", "trainer.run_dir": str(tmp_path), "model.dtype": "float32",
+           "data.train_batch_size": 2, "rollout.max_new_tokens": 2, "logging.backends": ["jsonl"],
+           "trainer.val_before_train": False})
+    with pytest.raises(RewardError, match="bad"):
+        trainer.step()
