@@ -1,0 +1,368 @@
+"""`SFTTrainer`: supervised fine-tuning, and `OfflineTrainer`, what SFT and DPO share.
+
+Both learn from a fixed dataset through the same runtime as `RLTrainer` (config, device, checkpoints,
+tracking, exact resume): a `ResumableSampler` picks each step's rows, the step's batch is split into
+micro-batches whose losses are weighted so that gradient accumulation equals one big batch, and one
+clipped optimizer step follows. `train_steps(n)` runs steps without the checkpointing loop, for callers
+such as the demo's warm start that only want the updated model.
+
+SFT's loss is the mean negative log-likelihood over the output tokens of the whole step batch (assistant
+turns for `messages` rows). With `sft.packing`, short examples share rows; position ids restart at every
+example and the attention mask is left to the model, which in transformers 5.x turns restarting
+position ids into a block-diagonal mask, so examples never see each other (checked at start-up).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from verl.algorithms import token_logprobs
+from verl.config.schema import RunConfig
+from verl.data.datasets import IGNORE_INDEX, SFTDataset, pad_token_id
+from verl.data.fields import RowError, RowNormalizer
+from verl.data.sampler import ResumableSampler
+from verl.errors import ConfigError, DataError, ModelError
+from verl.trainer.optim import build_optimizer
+from verl.trainer.runtime import TrainerRuntime
+
+Rows = Sequence[Mapping[str, Any]]
+
+
+def shifted_targets(labels: Sequence[int]) -> list[int]:
+    """Next-token targets: position t learns labels[t + 1]; an example's last position learns nothing.
+
+    Shifting inside each example (not after packing) is what keeps one packed example from being
+    trained to predict the first token of the next.
+    """
+    return list(labels[1:]) + [IGNORE_INDEX]
+
+
+def pack_examples(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Example indices grouped into rows of at most `capacity` tokens (first-fit, longest first)."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        n = lengths[i]
+        for b, free in enumerate(room):
+            if n <= free:
+                bins[b].append(i)
+                room[b] -= n
+                break
+        else:
+            bins.append([i])
+            room.append(capacity - n)
+    return bins
+
+
+def collate_sequences(
+    segments: Sequence[Sequence[tuple[list[int], list[int]]]], pad_id: int, packed: bool
+) -> dict[str, torch.Tensor | None]:
+    """Right-padded rows of (ids, targets) segments -> input_ids, targets, position_ids, attention_mask.
+
+    Unpacked rows (one segment each) get a 2-D padding mask. Packed rows get position ids restarting at
+    every segment and no mask, the layout transformers reads as packed sequences; the padding tail is
+    its own segment with ignored targets.
+    """
+    width = max(sum(len(ids) for ids, _ in row) for row in segments)
+    n = len(segments)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    targets = torch.full((n, width), IGNORE_INDEX, dtype=torch.long)
+    position_ids = torch.zeros((n, width), dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    for r, row in enumerate(segments):
+        at = 0
+        for ids, tgt in row:
+            k = len(ids)
+            input_ids[r, at : at + k] = torch.tensor(ids, dtype=torch.long)
+            targets[r, at : at + k] = torch.tensor(tgt, dtype=torch.long)
+            position_ids[r, at : at + k] = torch.arange(k)
+            mask[r, at : at + k] = 1
+            at += k
+        position_ids[r, at:] = torch.arange(width - at)
+        if not packed:
+            position_ids[r, at:] = torch.arange(at, width)
+    return {"input_ids": input_ids, "targets": targets, "position_ids": position_ids,
+            "attention_mask": None if packed else mask}
+
+
+def target_logprobs(model: torch.nn.Module, batch: Mapping[str, torch.Tensor | None],
+                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-prob of every target token [N], row index of each [N]) for the positions that have a target.
+
+    Only the N target positions are turned into float32 log-probs, never the whole [B, L, V] logits.
+    """
+    mask = batch["attention_mask"]
+    logits = model(input_ids=batch["input_ids"].to(device),
+                   attention_mask=None if mask is None else mask.to(device),
+                   position_ids=batch["position_ids"].to(device), use_cache=False).logits
+    targets = batch["targets"].to(device)
+    keep = targets != IGNORE_INDEX
+    rows = keep.nonzero()[:, 0]
+    return token_logprobs(logits[keep].float(), targets[keep]), rows
+
+
+class OfflineTrainer(TrainerRuntime):
+    """What the dataset trainers share: rows (from files or Python), a resumable sampler, the optimizer
+    state in checkpoints, data-parallel batch sharding and `train_steps(n)`."""
+
+    data_kind = "sft"
+
+    # ------------------------------------------------------------------ rows
+    def normalize_rows(self, rows: Rows, name: str) -> list[dict[str, Any]]:
+        """In-memory rows through the same field aliases and checks as rows read from files."""
+        norm = RowNormalizer(self.data_kind, self.config.data.fields or None)
+        out = []
+        for i, row in enumerate(rows):
+            if not isinstance(row, Mapping):
+                raise DataError(f"{name}[{i}] is a {type(row).__name__}; each row must be a dict, e.g. "
+                                f"{self._row_example()}")
+            try:
+                canonical, _ = norm.normalize(dict(row))
+            except RowError as e:
+                field = f" (field {e.field!r})" if e.field else ""
+                raise DataError(f"{name}[{i}]: {e.detail}{field}; rows of kind {self.data_kind!r} look like "
+                                f"{self._row_example()}") from None
+            canonical["file"], canonical["line"] = name, i
+            out.append(canonical)
+        return out
+
+    def _row_example(self) -> str:
+        if self.data_kind == "preference":
+            return '{"prompt": "...", "chosen": "...", "rejected": "..."}'
+        return '{"input": "...", "output": "..."} or {"messages": [...]}'
+
+    def train_val_rows(self, train_rows: Rows | None, val_rows: Rows | None) -> tuple[list[dict], list[dict]]:
+        """Rows given in Python take precedence over data.train_files / data.val_files."""
+        d = self.config.data
+        if train_rows is None:
+            train, val = self.split_train_val(self.data_kind)
+        else:
+            train = self.normalize_rows(train_rows, "train_rows")
+            if not train:
+                raise DataError(f"train_rows is empty; pass at least one row like {self._row_example()}")
+            val = []
+            if val_rows is None and d.val_files:
+                val = self.load_data_rows(d.val_files, self.data_kind)
+            elif val_rows is None and d.val_size:
+                if d.val_size >= len(train):
+                    raise DataError(f"data.val_size={d.val_size} leaves no training rows out of {len(train)}")
+                order = np.random.default_rng(self.config.trainer.seed).permutation(len(train))
+                held = set(order[: d.val_size].tolist())
+                train, val = ([r for i, r in enumerate(train) if i not in held],
+                              [r for i, r in enumerate(train) if i in held])
+        if val_rows is not None:
+            val = self.normalize_rows(val_rows, "val_rows")
+        return train, val
+
+    @property
+    def max_length(self) -> int:
+        d = self.config.data
+        return d.max_prompt_length + d.max_response_length
+
+    def warn_boundary_mismatch(self, count: int, total: int, split: str) -> None:
+        """Rows whose tokenised prompt is not a prefix of prompt+response train on a recomputed boundary."""
+        self.boundary_mismatch[split] = count
+        if count:
+            warnings.warn(
+                f"{count} of {total} {split} rows: the tokenised prompt is not a prefix of the tokenised "
+                "prompt+response (a token merges across the boundary, e.g. a prompt ending in a space, or "
+                "a chat template that is not prefix-stable); their loss boundary was recomputed from "
+                "character offsets. End prompts without trailing whitespace to avoid this",
+                stacklevel=3)
+
+    # ------------------------------------------------------------------ batches
+    def build_sampler(self, num_rows: int, batch_size: int, key: str) -> ResumableSampler:
+        if batch_size % self.dp_size:
+            raise ConfigError(f"{key}={batch_size} is not divisible by the {self.dp_size} data-parallel ranks; "
+                              f"use a multiple of {self.dp_size}")
+        if num_rows < batch_size:
+            raise DataError(f"the training set has {num_rows} usable rows, fewer than one batch of "
+                            f"{key}={batch_size}; lower {key} or add data")
+        return ResumableSampler(num_rows, batch_size, seed=self.config.trainer.seed,
+                                shuffle=self.config.data.shuffle)
+
+    def next_indices(self) -> list[int]:
+        """This rank's share of the next batch (contiguous slices, as RLTrainer shards prompts)."""
+        idx = self.sampler.next_batch()
+        per_rank = len(idx) // self.dp_size
+        return idx[self.dp_rank * per_rank : (self.dp_rank + 1) * per_rank]
+
+    def global_sum(self, values: Sequence[float]) -> tuple[list[float], bool]:
+        """Sum over data-parallel ranks (when a process group is up); returns (sums, whether reduced)."""
+        dist = torch.distributed
+        if self.dp_size > 1 and dist.is_available() and dist.is_initialized():
+            t = torch.tensor(list(values), dtype=torch.float64, device=self.device)
+            dist.all_reduce(t)
+            return t.tolist(), True
+        return list(values), False
+
+    # ------------------------------------------------------------------ runs and state
+    def train_steps(self, n: int) -> list[dict[str, float]]:
+        """Run `n` optimizer steps now and return their metrics: no checkpoint, resume, validation or logs.
+
+        `fit()` runs the same `step()`; this is for callers that only want the trained model (a warm start).
+        """
+        if n < 0:
+            raise ConfigError(f"train_steps(n={n}): n must be >= 0")
+        out = []
+        for _ in range(n):
+            out.append(self.step())
+            self.step_count += 1
+        return out
+
+    def app_state(self) -> dict[str, Any]:
+        return {"model": self.model, "optimizer": self.optimizer}
+
+    def trainer_state(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.state_dict()}
+
+    def load_trainer_state(self, state: Mapping[str, Any]) -> None:
+        self.sampler.load_state_dict(dict(state["sampler"]))
+
+    def schedulers(self) -> dict[str, Any]:
+        return {"scheduler": self.scheduler}
+
+
+class SFTTrainer(OfflineTrainer):
+    """Supervised fine-tuning on `sft` rows. `SFTTrainer(config).fit()`, or from Python with a loaded model:
+    `SFTTrainer(config, model=m, tokenizer=t, train_rows=[{"input": ..., "output": ...}]).train_steps(100)`.
+
+    Steps: `sft.steps` if set, else `sft.epochs` x batches per epoch, else `trainer.total_steps`. A step
+    is `sft.batch_size` examples (across data-parallel ranks), in micro-batches of
+    `actor.micro_batch_size` rows (packed rows when `sft.packing`); learning rate `sft.lr`, schedule,
+    warm-up, weight decay and grad clipping from `actor`.
+    """
+
+    kind = "sft"
+    data_kind = "sft"
+
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        model: torch.nn.Module | None = None,
+        tokenizer: Any = None,
+        train_rows: Rows | None = None,
+        val_rows: Rows | None = None,
+    ) -> None:
+        super().__init__(config)
+        s, d = config.sft, config.data
+        if s.steps is not None and s.epochs is not None:
+            raise ConfigError(f"sft.steps={s.steps} and sft.epochs={s.epochs} are both set; set only one "
+                              "(or neither, to train for trainer.total_steps)")
+        self.model, self.tokenizer = self.load_policy(model, tokenizer)
+        self.pad_id = pad_token_id(self.tokenizer)
+        train, val = self.train_val_rows(train_rows, val_rows)
+        self.boundary_mismatch: dict[str, int] = {}
+        self.train_data = SFTDataset(train, self.tokenizer, self.max_length, d.truncation, d.apply_chat_template)
+        self.warn_boundary_mismatch(self.train_data.stats["boundary_mismatch"], len(train), "train")
+        self.val_data = None
+        if val:
+            self.val_data = SFTDataset(val, self.tokenizer, self.max_length, d.truncation, d.apply_chat_template)
+            self.warn_boundary_mismatch(self.val_data.stats["boundary_mismatch"], len(val), "val")
+        self.examples = [(ids, shifted_targets(labels)) for ids, labels in self.train_data.items]
+        self.sampler = self.build_sampler(len(self.train_data), s.batch_size, "sft.batch_size")
+        total = s.steps or (s.epochs * len(self.sampler) if s.epochs else config.trainer.total_steps)
+        if total != config.trainer.total_steps:
+            self.config = config.model_copy(
+                update={"trainer": config.trainer.model_copy(update={"total_steps": total})})
+        self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), config.actor,
+                                                         total_steps=total, lr=s.lr)
+        if s.packing:
+            self.check_packing_isolation()
+
+    # ------------------------------------------------------------------ the SFT step
+    def step(self) -> dict[str, float]:
+        """One optimizer step on the next `sft.batch_size` examples."""
+        start = time.perf_counter()
+        cfg = self.config.actor
+        items = [self.examples[i] for i in self.next_indices()]
+        micro = self.micro_batches(items, packed=self.config.sft.packing)
+        local_tokens = sum(int((mb["targets"] != IGNORE_INDEX).sum()) for mb in micro)
+        (global_tokens,), reduced = self.global_sum([local_tokens])
+        # Gradients are averaged over ranks, so scale by the rank count to get the global token mean.
+        scale = (self.dp_size if reduced else 1) / max(global_tokens, 1)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        nll_sum = 0.0
+        for mb in micro:
+            logprobs, _ = target_logprobs(self.model, mb, self.device)
+            nll = -logprobs.sum()
+            (nll * scale).backward()
+            nll_sum += float(nll.detach())
+        grad_norm = self.clip_and_step(self.model, self.optimizer, cfg.grad_clip)
+        self.scheduler.step()
+        seconds = time.perf_counter() - start
+        input_tokens = sum(len(ids) for ids, _ in items)
+        return {"loss": nll_sum / max(local_tokens, 1), "grad_norm": grad_norm,
+                "lr": self.scheduler.get_last_lr()[0], "tokens/loss": float(local_tokens),
+                "timing/step": seconds, "perf/tokens_per_s": input_tokens * self.dp_size / max(seconds, 1e-9)}
+
+    def micro_batches(self, items: Sequence[tuple[list[int], list[int]]], packed: bool,
+                      rows_per_micro: int | None = None) -> list[dict[str, torch.Tensor | None]]:
+        """The step's examples as micro-batches of `actor.micro_batch_size` rows (packed rows if `packed`)."""
+        size = rows_per_micro or self.config.actor.micro_batch_size
+        if packed:
+            capacity = max(self.max_length, max(len(ids) for ids, _ in items))
+            rows = [[items[i] for i in b] for b in pack_examples([len(ids) for ids, _ in items], capacity)]
+        else:
+            rows = [[it] for it in items]
+        return [collate_sequences(rows[s : s + size], self.pad_id, packed) for s in range(0, len(rows), size)]
+
+    # ------------------------------------------------------------------ evaluation
+    def validate(self) -> dict[str, float]:
+        """Token-mean loss on the held-out rows (this rank's share, summed over ranks)."""
+        if self.val_data is None:
+            return {}
+        items = [(ids, shifted_targets(labels)) for ids, labels in self.val_data.items]
+        items = items[self.dp_rank :: self.dp_size] if self.dp_size > 1 else items
+        nll, count = 0.0, 0
+        was_training = self.model.training
+        self.model.eval()
+        with torch.no_grad():
+            for mb in self.micro_batches(items, packed=False,
+                                         rows_per_micro=self.config.actor.micro_batch_size * 2):
+                logprobs, _ = target_logprobs(self.model, mb, self.device)
+                nll -= float(logprobs.double().sum())
+                count += logprobs.numel()
+        self.model.train(was_training)
+        (nll, count), _ = self.global_sum([nll, count])
+        return {"val/loss": nll / max(count, 1)}
+
+    def check_packing_isolation(self) -> None:
+        """Fail loudly if this model's attention lets packed examples see each other.
+
+        transformers builds the block-diagonal mask from restarting position ids only for models and
+        attention kernels that support it; custom (remote-code) models may silently attend across
+        examples, which would train on the wrong context.
+        """
+        first, second = self.examples[0], self.examples[-1]
+        alone = collate_sequences([[second]], self.pad_id, packed=False)
+        both = collate_sequences([[first, second]], self.pad_id, packed=True)
+        was_training = self.model.training
+        self.model.eval()
+        with torch.no_grad():
+            a, _ = target_logprobs(self.model, alone, self.device)
+            b, _ = target_logprobs(self.model, both, self.device)
+        self.model.train(was_training)
+        b = b[-a.numel():] if a.numel() else b[:0]
+        tol = 1e-3 if self.dtype == torch.float32 else 5e-2
+        gap = float((a - b).abs().max()) if a.numel() else 0.0
+        if gap > tol:
+            impl = getattr(self.model.config, "_attn_implementation", None)
+            raise ModelError(
+                f"sft.packing=true but this model (attn_implementation={impl!r}) lets packed examples attend to "
+                f"each other: an example's log-probs change by {gap:.3g} when another example is packed before "
+                "it. Set sft.packing=false, or use a transformers model with sdpa/eager/flash_attention_2 "
+                "attention that honours restarting position_ids")
+
+
+__all__ = ["OfflineTrainer", "SFTTrainer", "collate_sequences", "pack_examples", "shifted_targets",
+           "target_logprobs"]
