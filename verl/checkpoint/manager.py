@@ -348,7 +348,7 @@ class CheckpointManager:
         extra_bytes = serialize_extra(extra)
         state_dict = to_state_dict(app_state)
         if self.rank == 0:
-            tmp.mkdir(parents=True)
+            tmp.mkdir(parents=True, exist_ok=True)
             if hf_assets:
                 (tmp / HF_DIR).mkdir()
                 for asset in hf_assets:
@@ -359,6 +359,7 @@ class CheckpointManager:
                             "model config, generation config and tokenizer."
                         )
                     asset.save_pretrained(str(tmp / HF_DIR))  # type: ignore[attr-defined]
+        self._barrier()  # the folder exists before any rank writes into it
         job_args = (step, tmp, final, state_dict, extra_bytes, sorted(state_dict))
         if not self.async_save:
             self._write_and_commit(*job_args)

@@ -70,6 +70,9 @@ class RLTrainer(TrainerRuntime):
         self.env = env
         self.ref_model = self._frozen_copy(self.model) if config.needs_ref else None
         self.critic = self.build_critic() if config.needs_critic else None
+        self.model = self.shard(self.model, "actor")  # after the ref/critic copies: they start from full weights
+        if self.critic is not None:
+            self.critic = self.shard(self.critic, "critic")
         total_updates = config.trainer.total_steps * config.actor.ppo_epochs * self.plans["actor"].num_mini_batches
         self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), config.actor, total_steps=total_updates)
         if self.critic is not None:
@@ -188,6 +191,7 @@ class RLTrainer(TrainerRuntime):
             if self.step_count >= self.config.critic.warmup_steps_critic_only or self.critic is None:
                 metrics |= self.update_policy(batch)
         metrics |= self.batch_metrics(batch)
+        metrics = self.mean_over_ranks(metrics)
         metrics |= {f"timing/{k}": v for k, v in timing.items()}
         total = sum(timing.values())
         metrics["timing/step"] = total
@@ -210,8 +214,9 @@ class RLTrainer(TrainerRuntime):
 
     def generate(self, batch: RolloutBatch) -> RolloutBatch:
         n = self.config.rollout.n
-        out = self.engine.generate(batch.prompt_ids[::n].to(self.device), batch.prompt_mask[::n].to(self.device),
-                                   self.sampling, generator=self.generator)
+        with self.gathered(self.model):
+            out = self.engine.generate(batch.prompt_ids[::n].to(self.device), batch.prompt_mask[::n].to(self.device),
+                                       self.sampling, generator=self.generator)
         batch.prompt_ids, batch.prompt_mask = out.prompt_ids, out.prompt_mask.long()
         batch.response_ids, batch.response_mask = out.response_ids, out.response_mask.long()
         batch.finished = out.finished
@@ -357,7 +362,7 @@ class RLTrainer(TrainerRuntime):
             order = (torch.randperm(n, generator=self.shuffle_generator) if cfg.shuffle else torch.arange(n))
             for start in range(0, n, plan.mini_batch_sequences):
                 mini = batch.select(order[start : start + plan.mini_batch_sequences])
-                weights = self._micro_weights(mini, plan.micro_batch_size, cfg.loss_agg)
+                weights = self.micro_weights(mini, plan.micro_batch_size, cfg.loss_agg)
                 optimizer.zero_grad(set_to_none=True)
                 for (mb, weight) in zip(self._micro_batches(mini, plan.micro_batch_size), weights, strict=True):
                     loss, stats = micro_loss(mb)
@@ -377,12 +382,16 @@ class RLTrainer(TrainerRuntime):
         for start in range(0, len(batch), size):
             yield batch.select(torch.arange(start, min(start + size, len(batch))))
 
-    @staticmethod
-    def _micro_weights(mini: RolloutBatch, size: int, agg: str) -> list[float]:
+    def micro_weights(self, mini: RolloutBatch, size: int, agg: str) -> list[float]:
+        """Each micro-batch's share of the global mini-batch (tokens for token-mean, else sequences).
+
+        Shares are of the total over all data-parallel ranks, times the number of ranks because FSDP
+        averages gradients: the accumulated gradient is that of one big batch, however it is split.
+        """
         mask = mini.response_mask
         units = mask.sum(-1) if agg == "token-mean" else (mask.sum(-1) > 0).long()
-        total = max(int(units.sum()), 1)
-        return [int(units[s : s + size].sum()) / total for s in range(0, len(mini), size)]
+        total = max(self.all_reduce_sum([float(units.sum())])[0], 1.0)
+        return [float(units[s : s + size].sum()) * self.dp_size / total for s in range(0, len(mini), size)]
 
     def forward_in_micro_batches(self, batch: RolloutBatch, fn: Callable[[RolloutBatch], torch.Tensor]) -> torch.Tensor:
         size = self.plans["actor"].micro_batch_size * 2  # no activations kept: twice the training micro size
@@ -420,7 +429,9 @@ class RLTrainer(TrainerRuntime):
         for start in range(0, len(rows), size):
             chunk = rows[start : start + size]
             ids, mask = self.encode_prompts(chunk)
-            out = self.engine.generate(ids.to(self.device), mask.to(self.device), params, generator=self.generator)
+            with self.gathered(self.model):
+                out = self.engine.generate(ids.to(self.device), mask.to(self.device), params,
+                                           generator=self.generator)
             responses = self.decode_responses(out.response_ids, out.response_mask)
             scores.append(self.env.compute_reward(chunk, responses).scores.float())
         all_scores = torch.cat(scores)

@@ -11,7 +11,8 @@ import json
 import os
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import torch
 
 from verl.config.loader import config_to_yaml
 from verl.config.schema import RunConfig
-from verl.errors import ConfigError, DataError, ModelError, VerlError
+from verl.errors import ConfigError, DataError, DeviceMappingError, ModelError, VerlError
 
 
 def seed_everything(seed: int) -> None:
@@ -69,17 +70,31 @@ class TrainerRuntime:
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
+        from verl.distributed.runtime import RoleGroups, init_distributed
+        from verl.trainer.startup import validate_startup
+
         self.rank = int(os.environ.get("RANK", 0))
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         self.dp_rank, self.dp_size = self.rank, self.world_size
         self.device = resolve_device(config.trainer.device, self.local_rank)
-        from verl.trainer.startup import validate_startup
-
         # Every check that needs no weights, before anything loads (the same ones `verl check` runs).
         self.startup = validate_startup(config, world_size=self.world_size,
                                         model_path=resolve_model_path(config.model.path),
                                         device_type=self.device.type)
+        self.groups = None
+        if self.world_size > 1:
+            if not self.startup.mapping.is_colocated():
+                raise DeviceMappingError(
+                    "this mapping places roles on different device groups; it is valid, but this version "
+                    "of the trainers runs every role on every rank (colocated, the default). Fix: remove "
+                    "devices.actor/critic/ref/reward (and the --*_device_id(s) flags) to colocate.\n"
+                    + self.startup.mapping.render_table())
+            env = init_distributed(config.devices.timeout_s)
+            self.device = env.device if config.trainer.device != "cpu" else torch.device("cpu")
+            self.groups = RoleGroups.create(self.startup.mapping, timeout_s=config.devices.timeout_s,
+                                            fsdp=config.fsdp, num_gpus_per_node=config.devices.num_gpus_per_node,
+                                            device=self.device)
         self.dtype = self._resolve_dtype(config.model.dtype)
         seed = config.trainer.seed
         seed_everything(seed)
@@ -89,6 +104,48 @@ class TrainerRuntime:
         self.step_count = 0
         self.run_dir = resolve_run_dir(config, self.kind)
         self.history: list[dict[str, float]] = []
+
+    # ------------------------------------------------------------------ data parallelism
+    def shard(self, module: torch.nn.Module, role: str) -> torch.nn.Module:
+        """FSDP2-shard a trainable model over its role's ranks (a no-op in one process)."""
+        if self.groups is None:
+            return module
+        from verl.distributed.fsdp import apply_fsdp
+
+        return apply_fsdp(module, self.config.fsdp, mesh=self.groups.mesh(role, self.device.type),
+                          device_type=self.device.type)
+
+    @contextmanager
+    def gathered(self, module: torch.nn.Module) -> Iterator[None]:
+        """Keep a sharded model's weights gathered for a while (generation): no collective per forward,
+        so ranks whose responses finish at different steps cannot deadlock each other."""
+        from torch.distributed.fsdp import FSDPModule
+
+        sharded = [m for m in module.modules() if isinstance(m, FSDPModule)]
+        for m in sharded:
+            m.set_reshard_after_forward(False, recurse=False)
+            m.unshard()
+        try:
+            yield
+        finally:
+            for m in sharded:
+                m.reshard()
+                m.set_reshard_after_forward(self.config.fsdp.reshard_after_forward, recurse=False)
+
+    def all_reduce_sum(self, values: list[float]) -> list[float]:
+        """Sum floats over the data-parallel ranks (identity in one process)."""
+        if self.groups is None:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=self.device if self.device.type == "cuda" else "cpu")
+        self.groups.all_reduce(t, "actor", "metrics")
+        return t.tolist()
+
+    def mean_over_ranks(self, metrics: dict[str, float]) -> dict[str, float]:
+        if self.groups is None:
+            return metrics
+        keys = sorted(metrics)
+        totals = self.all_reduce_sum([metrics[k] for k in keys])
+        return {k: v / self.dp_size for k, v in zip(keys, totals, strict=True)}
 
     # ------------------------------------------------------------------ model and data
     def _resolve_dtype(self, name: str) -> torch.dtype:
@@ -206,12 +263,10 @@ class TrainerRuntime:
                 for ids, n in zip(response_ids, lengths, strict=True)]
 
     def clip_and_step(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float | None) -> float:
+        """Clip (when configured), refuse a non-finite gradient, step; returns the pre-clip norm."""
         params = [p for p in module.parameters() if p.grad is not None]
-        if grad_clip is not None:
-            norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
-        else:
-            norm = torch.linalg.vector_norm(torch.stack([p.grad.detach().norm() for p in params])) if params \
-                else torch.tensor(0.0)
+        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else float("inf"))
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2 gives a DTensor
         if not torch.isfinite(norm):
             optimizer.zero_grad(set_to_none=True)
             raise VerlError(f"step {self.step_count + 1}: the gradient norm is {float(norm)}; the update was "

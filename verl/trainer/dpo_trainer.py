@@ -1,0 +1,211 @@
+"""`DPOTrainer`: direct preference optimisation (sigmoid / IPO / hinge) on preference pairs.
+
+A step takes `data.train_batch_size` (prompt, chosen, rejected) pairs. Chosen and rejected sequences
+of a micro-batch go through the policy in one concatenated forward pass; each sequence's log-prob is
+the sum over its response tokens (the mean for IPO, whose margin is defined on length-averaged
+log-ratios). The reference log-probs come from a frozen copy of the initial policy (or `ref.path`), or,
+with `dpo.precompute_ref=true`, from one pass over the data before training, after which the reference
+model is freed. The loss formula is `verl.algorithms.dpo_loss`; this file only feeds it.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from verl.algorithms import dpo_loss
+from verl.config.schema import RunConfig
+from verl.data.datasets import IGNORE_INDEX, PreferenceDataset, pad_token_id
+from verl.errors import ConfigError
+from verl.trainer.optim import build_optimizer
+from verl.trainer.sft_trainer import OfflineTrainer, Rows, collate_sequences, shifted_targets, target_logprobs
+
+PairItem = Mapping[str, Any]
+
+
+class DPOTrainer(OfflineTrainer):
+    """Offline DPO. `DPOTrainer(config).fit()`, or from Python with a loaded model:
+    `DPOTrainer(config, model=m, tokenizer=t, train_rows=[{"prompt", "chosen", "rejected"}, ...])`.
+
+    `actor.micro_batch_size` counts sequences per forward, so a micro-batch holds half as many pairs.
+    Learning rate `dpo.lr`; schedule, warm-up, weight decay and grad clipping from `actor`.
+    """
+
+    kind = "dpo"
+    data_kind = "preference"
+
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        model: torch.nn.Module | None = None,
+        tokenizer: Any = None,
+        ref_model: torch.nn.Module | None = None,
+        train_rows: Rows | None = None,
+        val_rows: Rows | None = None,
+    ) -> None:
+        super().__init__(config)
+        p, d = config.dpo, config.data
+        if p.label_smoothing and p.loss_type != "sigmoid":
+            raise ConfigError(f"dpo.label_smoothing={p.label_smoothing} only applies to dpo.loss_type=sigmoid, "
+                              f"not {p.loss_type!r}; set dpo.label_smoothing=0")
+        self.model, self.tokenizer = self.load_policy(model, tokenizer)
+        self.pad_id = pad_token_id(self.tokenizer)
+        train, val = self.train_val_rows(train_rows, val_rows)
+        self.boundary_mismatch: dict[str, int] = {}
+        self.train_data = self._dataset(train, "train")
+        self.val_data = self._dataset(val, "val") if val else None
+        self.sampler = self.build_sampler(len(self.train_data), d.train_batch_size, "data.train_batch_size")
+        self.pairs_per_micro = max(1, config.actor.micro_batch_size // 2)
+        # Precomputed reference log-probs: [rows, 2] (chosen, rejected), sums over response tokens.
+        self.ref_logps: dict[str, torch.Tensor] = {}
+        if p.precompute_ref:
+            # The untrained policy is the reference, so it scores the data itself: no copy is ever made.
+            ref = ref_model if ref_model is not None or config.ref.path else self.model
+            self.ref_model = self._load_ref(ref) if ref is not self.model else ref
+            self.ref_logps["train"] = self.precompute(self.train_data)
+            if self.val_data is not None:
+                self.ref_logps["val"] = self.precompute(self.val_data)
+            self.model.train()
+            self.ref_model = None  # freed: training never runs the reference again
+        else:
+            self.ref_model = self._load_ref(ref_model)
+        self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), config.actor,
+                                                         total_steps=config.trainer.total_steps, lr=p.lr)
+
+    def _dataset(self, rows: list[dict[str, Any]], split: str) -> PreferenceDataset:
+        d = self.config.data
+        data = PreferenceDataset(rows, self.tokenizer, self.max_length, d.truncation, d.apply_chat_template)
+        self.warn_boundary_mismatch(data.boundary_mismatch, len(rows), split)
+        return data
+
+    def _load_ref(self, given: torch.nn.Module | None) -> torch.nn.Module:
+        """The frozen reference: `given`, else `ref.path`, else a copy of the policy's initial weights."""
+        path = self.config.ref.path
+        if given is not None:
+            ref = given
+        elif path is None:
+            ref = copy.deepcopy(self.model)
+        else:
+            from verl.utils.hf_loader import load_hf_model
+
+            cfg = self.config.model
+            ref, _ = load_hf_model(path, tokenizer_name=cfg.tokenizer_path or self.model_path(),
+                                   attn_implementation=cfg.attn_implementation, torch_dtype=self.dtype,
+                                   trust_remote_code=cfg.trust_remote_code, device=self.device)
+        ref = ref.to(self.device).eval()
+        for param in ref.parameters():
+            param.requires_grad_(False)
+        return ref
+
+    # ------------------------------------------------------------------ log-probs
+    def pair_batch(self, items: Sequence[PairItem]) -> dict[str, torch.Tensor | None]:
+        """Chosen then rejected sequences of `items`, right-padded to one width: [2m, L]."""
+        seqs = [[(it[f"{side}_input_ids"], shifted_targets(it[f"{side}_labels"]))]
+                for side in ("chosen", "rejected") for it in items]
+        return collate_sequences(seqs, self.pad_id, packed=False)
+
+    def sequence_logps(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor | None]) -> torch.Tensor:
+        """Sum of response-token log-probs per sequence: [2m] (chosen first), differentiable."""
+        logprobs, rows = target_logprobs(model, batch, self.device)
+        n = batch["input_ids"].shape[0]
+        return torch.zeros(n, dtype=logprobs.dtype, device=logprobs.device).index_add(0, rows, logprobs)
+
+    def _lengths(self, items: Sequence[PairItem]) -> torch.Tensor:
+        """Response tokens of chosen and rejected: [m, 2]."""
+        return torch.tensor([[max(1, sum(t != IGNORE_INDEX for t in it[f"{side}_labels"][1:]))
+                              for side in ("chosen", "rejected")] for it in items],
+                            dtype=torch.float32, device=self.device)
+
+    def precompute(self, data: PreferenceDataset) -> torch.Tensor:
+        """Reference log-prob sums [rows, 2] for every pair of `data`, in one no-grad pass."""
+        out = []
+        size = self.pairs_per_micro * 2  # no activations are kept: twice the training micro-batch
+        self.ref_model.eval()
+        with torch.no_grad():
+            for start in range(0, len(data), size):
+                items = [data[i] for i in range(start, min(start + size, len(data)))]
+                logps = self.sequence_logps(self.ref_model, self.pair_batch(items))
+                out.append(torch.stack(logps.float().chunk(2), dim=1))
+        return torch.cat(out).cpu()
+
+    def reference_logps(self, split: str, indices: Sequence[int], batch: Mapping[str, torch.Tensor | None]) -> torch.Tensor:
+        """[m, 2] reference sums, from the precomputed table or a no-grad pass of the frozen reference."""
+        if split in self.ref_logps:
+            return self.ref_logps[split][list(indices)].to(self.device)
+        with torch.no_grad():
+            return torch.stack(self.sequence_logps(self.ref_model, batch).float().chunk(2), dim=1)
+
+    def pair_loss(self, split: str, data: PreferenceDataset, indices: Sequence[int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Per-pair DPO losses [m] and per-pair statistics for the pairs `indices` of `data`."""
+        p = self.config.dpo
+        items = [data[i] for i in indices]
+        batch = self.pair_batch(items)
+        logps = torch.stack(self.sequence_logps(self.model, batch).float().chunk(2), dim=1)
+        ref = self.reference_logps(split, indices, batch)
+        if p.loss_type == "ipo":  # IPO is defined on length-averaged log-ratios
+            lengths = self._lengths(items)
+            logps, ref = logps / lengths, ref / lengths
+        losses, chosen_r, rejected_r = dpo_loss(logps[:, 0], logps[:, 1], ref[:, 0], ref[:, 1], beta=p.beta,
+                                                loss_type=p.loss_type, label_smoothing=p.label_smoothing)
+        stats = {"rewards/chosen": chosen_r, "rewards/rejected": rejected_r,
+                 "rewards/margins": chosen_r - rejected_r, "accuracy": (chosen_r > rejected_r).float(),
+                 "logps/chosen": logps[:, 0].detach(), "logps/rejected": logps[:, 1].detach()}
+        return losses, stats
+
+    # ------------------------------------------------------------------ the DPO step
+    def step(self) -> dict[str, float]:
+        """One optimizer step on the next `data.train_batch_size` pairs."""
+        start = time.perf_counter()
+        indices = self.next_indices()
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        # Each pair weighs 1 / (pairs on this rank); every rank holds as many pairs and gradients are
+        # averaged over ranks, so this is the mean over the global batch.
+        weight = 1.0 / len(indices)
+        sums: dict[str, float] = {}
+        for s in range(0, len(indices), self.pairs_per_micro):
+            chunk = indices[s : s + self.pairs_per_micro]
+            losses, stats = self.pair_loss("train", self.train_data, chunk)
+            (losses.sum() * weight).backward()
+            for k, v in {"loss": losses.detach(), **stats}.items():
+                sums[k] = sums.get(k, 0.0) + float(v.double().sum())
+        grad_norm = self.clip_and_step(self.model, self.optimizer, self.config.actor.grad_clip)
+        self.scheduler.step()
+        seconds = time.perf_counter() - start
+        tokens = sum(len(self.train_data[i][f"{side}_input_ids"]) for i in indices for side in ("chosen", "rejected"))
+        metrics = {k: v / len(indices) for k, v in sums.items()}
+        metrics |= {"grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0], "timing/step": seconds,
+                    "perf/tokens_per_s": tokens * self.dp_size / max(seconds, 1e-9)}
+        return metrics
+
+    # ------------------------------------------------------------------ evaluation
+    def validate(self) -> dict[str, float]:
+        """DPO loss, reward accuracy and margins on the held-out pairs (summed over ranks)."""
+        if self.val_data is None:
+            return {}
+        return {f"val/{k}": v for k, v in self.evaluate_pairs("val", self.val_data).items()}
+
+    def evaluate_pairs(self, split: str, data: PreferenceDataset) -> dict[str, float]:
+        indices = list(range(self.dp_rank, len(data), self.dp_size))
+        keys = ("loss", "accuracy", "rewards/margins", "rewards/chosen", "rewards/rejected")
+        sums = [0.0] * len(keys)
+        was_training = self.model.training
+        self.model.eval()
+        with torch.no_grad():
+            for s in range(0, len(indices), self.pairs_per_micro * 2):
+                losses, stats = self.pair_loss(split, data, indices[s : s + self.pairs_per_micro * 2])
+                stats["loss"] = losses
+                for j, k in enumerate(keys):
+                    sums[j] += float(stats[k].double().sum())
+        self.model.train(was_training)
+        totals, _ = self.global_sum([*sums, len(indices)])
+        count = max(totals[-1], 1)
+        return {k: v / count for k, v in zip(keys, totals[:-1], strict=True)}
+
+
+__all__ = ["DPOTrainer"]
