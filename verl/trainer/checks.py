@@ -63,7 +63,7 @@ def run_checks(config: RunConfig, *, nproc: int | None = None) -> int:
 
     section("model and tokenizer")
     if model_path is not None:
-        if not Path(model_path).exists() and "/" in model_path and model_path.startswith(("/", ".", "~")):
+        if not Path(model_path).expanduser().exists() and model_path.startswith(("/", ".", "~")):
             problem(f"model.path={model_path} does not exist on this machine; download the model there or fix "
                     "the path (everything else above was checked without it)")
         else:

@@ -43,8 +43,12 @@ def role_dtype_names(config: RunConfig, device_type: str) -> dict[str, str | Non
 
 def count_parameters(path: str, *, trust_remote_code: bool = False, revision: str | None = None) -> int | None:
     """Parameters of a causal LM from its config alone (meta device: no weights read, no memory used)."""
+    from pathlib import Path
+
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    if not Path(path).expanduser().exists():
+        return None  # a hub id not downloaded yet, or a missing path (the model check reports it)
     try:
         cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, revision=revision)
         with torch.device("meta"):
