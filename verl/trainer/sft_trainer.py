@@ -179,18 +179,24 @@ class OfflineTrainer(TrainerRuntime):
 
     # ------------------------------------------------------------------ batches
     def build_sampler(self, num_rows: int, batch_size: int, key: str) -> ResumableSampler:
+        """A row stream: a fresh seeded permutation every epoch, read `batch_size` rows at a time.
+
+        Batches run across epoch ends, so no row is dropped and a batch may be larger than the dataset
+        (a small warm-start set with a large batch still sees every row equally often).
+        """
         if batch_size % self.dp_size:
             raise ConfigError(f"{key}={batch_size} is not divisible by the {self.dp_size} data-parallel ranks; "
                               f"use a multiple of {self.dp_size}")
-        if num_rows < batch_size:
-            raise DataError(f"the training set has {num_rows} usable rows, fewer than one batch of "
-                            f"{key}={batch_size}; lower {key} or add data")
-        return ResumableSampler(num_rows, batch_size, seed=self.config.trainer.seed,
-                                shuffle=self.config.data.shuffle)
+        self.batch_size = batch_size
+        return ResumableSampler(num_rows, 1, seed=self.config.trainer.seed, shuffle=self.config.data.shuffle)
+
+    def steps_for_epochs(self, epochs: int) -> int:
+        """Optimizer steps that read `epochs` passes over the training rows (the last step may run over)."""
+        return max(1, -(-epochs * self.sampler.num_rows // self.batch_size))
 
     def next_indices(self) -> list[int]:
         """This rank's share of the next batch (contiguous slices, as RLTrainer shards prompts)."""
-        idx = self.sampler.next_batch()
+        idx = [self.sampler.next_batch()[0] for _ in range(self.batch_size)]
         per_rank = len(idx) // self.dp_size
         return idx[self.dp_rank * per_rank : (self.dp_rank + 1) * per_rank]
 
@@ -269,7 +275,7 @@ class SFTTrainer(OfflineTrainer):
             self.warn_boundary_mismatch(self.val_data.stats["boundary_mismatch"], len(val), "val")
         self.examples = [(ids, shifted_targets(labels)) for ids, labels in self.train_data.items]
         self.sampler = self.build_sampler(len(self.train_data), s.batch_size, "sft.batch_size")
-        total = s.steps or (s.epochs * len(self.sampler) if s.epochs else config.trainer.total_steps)
+        total = s.steps or (self.steps_for_epochs(s.epochs) if s.epochs else config.trainer.total_steps)
         if total != config.trainer.total_steps:
             self.config = config.model_copy(
                 update={"trainer": config.trainer.model_copy(update={"total_steps": total})})
