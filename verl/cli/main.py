@@ -81,11 +81,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     return run_checks(_load(args), nproc=args.nproc)
 
 
-def cmd_not_built(args: argparse.Namespace) -> int:
-    print(f"verl {args.command}: not built yet in this version of verl.", file=sys.stderr)
-    return 2
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="verl",
@@ -129,9 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.register(sub)
     data_cmd.register(sub)
     ckpt_cmd.register(sub)
-    plot = sub.add_parser("plot", help="Plot the metrics of a run directory.",
-                          description="Plot the metrics of a run directory.")
-    plot.set_defaults(func=cmd_not_built)
+    from verl.tracking import plot
+
+    plot.register(sub)
     return parser
 
 

@@ -1,0 +1,109 @@
+"""`verl plot RUN_DIR`: the metrics of a run as terminal sparklines and a self-contained SVG.
+
+No plotting library is needed: an SVG of small line charts opens in any browser, and the sparklines
+answer "is it learning?" over SSH.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+from verl.errors import VerlError
+from verl.tracking.tracker import read_metrics
+
+DEFAULT_KEYS = ("reward/mean", "val/accuracy", "val/score", "actor/pg_loss", "actor/entropy", "actor/approx_kl",
+                "critic/vf_loss", "response/length_mean", "loss", "accuracy", "eval/loss")
+BARS = "▁▂▃▄▅▆▇█"
+
+
+def series(rows: Sequence[dict], key: str) -> list[tuple[int, float]]:
+    out = []
+    for row in rows:
+        value = row.get(key)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            out.append((int(row["step"]), float(value)))
+    return out
+
+
+def sparkline(values: Sequence[float], width: int = 40) -> str:
+    if not values:
+        return ""
+    if len(values) > width:  # average into `width` buckets
+        size = len(values) / width
+        values = [sum(values[int(i * size):int((i + 1) * size)]) / max(1, int((i + 1) * size) - int(i * size))
+                  for i in range(width)]
+    low, high = min(values), max(values)
+    span = high - low or 1.0
+    return "".join(BARS[round((v - low) / span * (len(BARS) - 1))] for v in values)
+
+
+def svg_charts(charts: dict[str, list[tuple[int, float]]], title: str) -> str:
+    w, h, pad, cols = 360, 200, 36, 2
+    rows = math.ceil(len(charts) / cols)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{cols * w}" height="{rows * h + 30}" '
+             'font-family="sans-serif" font-size="11">',
+             f'<text x="10" y="20" font-size="14">{escape(title)}</text>']
+    for i, (key, points) in enumerate(charts.items()):
+        x0, y0 = (i % cols) * w, 30 + (i // cols) * h
+        steps, values = [p[0] for p in points], [p[1] for p in points]
+        lo, hi = min(values), max(values)
+        s_lo, s_hi = min(steps), max(steps)
+
+        def px(step: int, value: float) -> str:
+            x = x0 + pad + (step - s_lo) / ((s_hi - s_lo) or 1) * (w - 2 * pad)
+            y = y0 + h - pad - (value - lo) / ((hi - lo) or 1) * (h - 2 * pad)
+            return f"{x:.1f},{y:.1f}"
+
+        parts.append(f'<rect x="{x0 + pad}" y="{y0 + pad}" width="{w - 2 * pad}" height="{h - 2 * pad}" '
+                     'fill="none" stroke="#ccc"/>')
+        parts.append(f'<text x="{x0 + pad}" y="{y0 + pad - 6}">{escape(key)}</text>')
+        parts.append(f'<text x="{x0 + 2}" y="{y0 + pad + 4}">{hi:.3g}</text>')
+        parts.append(f'<text x="{x0 + 2}" y="{y0 + h - pad}">{lo:.3g}</text>')
+        parts.append(f'<text x="{x0 + w - pad - 30}" y="{y0 + h - pad + 14}">step {s_hi}</text>')
+        parts.append('<polyline fill="none" stroke="#1f77b4" stroke-width="1.5" points="'
+                     + " ".join(px(s, v) for s, v in points) + '"/>')
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def plot_run(run_dir: str | Path, keys: Sequence[str] | None = None, out: str | Path | None = None) -> tuple[Path, dict]:
+    run_dir = Path(run_dir)
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        raise VerlError(f"{metrics} does not exist; pass a run directory written by `verl train` "
+                        "(with logging.backends including jsonl)")
+    rows = read_metrics(metrics)
+    wanted = list(keys) if keys else [k for k in DEFAULT_KEYS]
+    charts = {k: s for k in wanted if (s := series(rows, k))}
+    if not charts:
+        known = sorted({k for row in rows for k in row if k != "step"})
+        raise VerlError(f"none of {wanted} is in {metrics}; available keys: {', '.join(known)}")
+    path = Path(out) if out else run_dir / "metrics.svg"
+    path.write_text(svg_charts(charts, str(run_dir)), encoding="utf-8")
+    return path, charts
+
+
+def run(args) -> int:
+    from rich.console import Console
+
+    path, charts = plot_run(args.run_dir, args.keys.split(",") if args.keys else None, args.out)
+    console = Console(soft_wrap=True)
+    width = max(len(k) for k in charts)
+    for key, points in charts.items():
+        values = [v for _, v in points]
+        console.print(f"{key:<{width}}  {sparkline(values)}  {values[0]:.4g} -> {values[-1]:.4g}", highlight=False)
+    console.print(f"wrote {path}", highlight=False)
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "plot", help="Plot the metrics of a run directory.",
+        description="Show a run's metrics as sparklines and write RUN_DIR/metrics.svg (a chart per metric).")
+    parser.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
+    parser.add_argument("--keys", default=None, help="comma-separated metric names (default: the main ones)")
+    parser.add_argument("--out", default=None, help="SVG path (default: RUN_DIR/metrics.svg)")
+    parser.set_defaults(func=run)
