@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 
 from verl.algorithms import (
@@ -424,6 +425,10 @@ class RLTrainer(TrainerRuntime):
         if not rows:
             return {}
         params = self._sampling_params(self.config.rollout.val_temperature, 1)
+        # Its own stream, derived from (seed, step, rank): sampled validation is reproducible, survives a
+        # resume, and never shifts the training samples (which `self.generator` alone decides).
+        entropy = np.random.SeedSequence([self.config.trainer.seed, self.step_count, self.rank, 1])
+        generator = torch.Generator(device=self.device).manual_seed(int(entropy.generate_state(1)[0]))
         scores = []
         size = self.config.data.val_batch_size
         for start in range(0, len(rows), size):
@@ -431,7 +436,7 @@ class RLTrainer(TrainerRuntime):
             ids, mask = self.encode_prompts(chunk)
             with self.gathered(self.model):
                 out = self.engine.generate(ids.to(self.device), mask.to(self.device), params,
-                                           generator=self.generator)
+                                           generator=generator)
             responses = self.decode_responses(out.response_ids, out.response_mask)
             scores.append(self.env.compute_reward(chunk, responses).scores.float())
         all_scores = torch.cat(scores)
