@@ -8,7 +8,7 @@ import pytest
 import torch
 from rl_support import BASE_KEYS, CRITIC_KEYS, changed, digit_reward, read_metrics, rl_config, snapshot
 
-from verl.errors import ConfigError, DataError, RewardError
+from verl.errors import ConfigError, DataError, ModelError, RewardError
 from verl.trainer.rl_trainer import RLTrainer
 
 
@@ -190,3 +190,26 @@ def test_micro_batch_accumulation_equals_one_batch(tmp_path, agg):
     assert split["actor/grad_norm"] > 0
     assert split["actor/grad_norm"] == pytest.approx(whole["actor/grad_norm"], rel=1e-5)
     assert split["reward/mean"] == whole["reward/mean"]
+
+
+def test_ref_path_loads_that_model(tmp_path):
+    from verl.models.tiny import build_tiny_model
+
+    other = build_tiny_model(tmp_path / "other", seed=1)  # same tokenizer, different weights
+    trainer = RLTrainer(rl_config(tmp_path / "run", "trainer.total_steps=1", "actor.kl_loss_coef=0.1",
+                                  f"ref.path={other}"))
+    actor = dict(trainer.model.named_parameters())
+    ref = dict(trainer.ref_model.named_parameters())
+    assert ref.keys() == actor.keys()
+    assert not any(torch.equal(ref[k], actor[k]) for k in ref if k.endswith("q_proj.weight"))
+    assert not any(p.requires_grad for p in ref.values())
+    metrics = trainer.step()
+    assert metrics["actor/ref_kl"] != 0.0 and metrics["actor/kl_loss"] > 0.0  # a different anchor from step 1
+
+
+def test_ref_path_with_another_tokenizer_is_refused(tmp_path):
+    from verl.models.tiny import build_tiny_model
+
+    other = build_tiny_model(tmp_path / "other", vocab_size=512)
+    with pytest.raises(ModelError, match=r"ref.path=.*different tokenizer from model.path='tiny'.*same model family"):
+        RLTrainer(rl_config(tmp_path / "run", "actor.kl_loss_coef=0.1", f"ref.path={other}"))

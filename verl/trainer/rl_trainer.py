@@ -34,7 +34,7 @@ from verl.algorithms import (
 )
 from verl.config.loader import build_config
 from verl.config.schema import OptimConfig, RunConfig
-from verl.errors import ConfigError, DataError
+from verl.errors import ConfigError, DataError, ModelError
 from verl.rollout import SamplingParams, build_engine
 from verl.trainer.batch import RolloutBatch
 from verl.trainer.batch_math import BatchPlan
@@ -69,7 +69,7 @@ class RLTrainer(TrainerRuntime):
         if env is None:
             env = self.build_env(None if rows is None else self.canonical_rows(rows), reward_functions)
         self.env = env
-        self.ref_model = self._frozen_copy(self.model) if config.needs_ref else None
+        self.ref_model = self.build_reference() if config.needs_ref else None
         self.critic = self.build_critic() if config.needs_critic else None
         self.model = self.shard(self.model, "actor")  # after the ref/critic copies: they start from full weights
         if self.critic is not None:
@@ -151,6 +151,25 @@ class RLTrainer(TrainerRuntime):
         if not out:
             raise DataError("dataset=[] has no rows; pass at least one prompt row")
         return out
+
+    def build_reference(self) -> torch.nn.Module:
+        """The frozen KL anchor: `ref.path` when set, else a copy of the actor's initial weights."""
+        path = self.config.ref.path
+        if not path:
+            return self._frozen_copy(self.model)
+        from verl.trainer.runtime import resolve_model_path
+        from verl.utils.hf_loader import load_hf_model
+
+        cfg = self.config.model
+        ref, ref_tokenizer = load_hf_model(
+            resolve_model_path(path), attn_implementation=cfg.attn_implementation, torch_dtype=self.dtype,
+            trust_remote_code=cfg.trust_remote_code, device=self.device, for_training=False)
+        if ref_tokenizer.get_vocab() != self.tokenizer.get_vocab():
+            raise ModelError(f"ref.path={path!r} has a different tokenizer from model.path={cfg.path!r}, so its "
+                             "log-probs of the policy's tokens would be meaningless; use a reference from the "
+                             "same model family (same tokenizer), or leave ref.path empty to use the "
+                             "actor's initial weights")
+        return self._frozen_copy(ref)
 
     def build_critic(self) -> torch.nn.Module:
         from verl.models.critic import ValueModel
