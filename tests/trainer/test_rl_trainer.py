@@ -213,3 +213,18 @@ def test_ref_path_with_another_tokenizer_is_refused(tmp_path):
     other = build_tiny_model(tmp_path / "other", vocab_size=512)
     with pytest.raises(ModelError, match=r"ref.path=.*different tokenizer from model.path='tiny'.*same model family"):
         RLTrainer(rl_config(tmp_path / "run", "actor.kl_loss_coef=0.1", f"ref.path={other}"))
+
+
+def test_critic_warmup_updates_only_the_critic(tmp_path):
+    trainer = RLTrainer(rl_config(tmp_path, "algorithm.adv_estimator=gae", "critic.warmup_steps_critic_only=1",
+                                  "trainer.total_steps=2"))
+    actor0, critic0 = snapshot(trainer.model), snapshot(trainer.critic)
+    first = trainer.step()
+    trainer.step_count += 1
+    assert not any(changed(actor0, trainer.model).values())  # the policy waits for a trained critic
+    # the value head starts at zero, so on the first update only the head itself gets a gradient
+    moved = changed(critic0, trainer.critic)
+    assert moved["value_head.weight"] and moved["value_head.bias"]
+    assert "critic/vf_loss" in first and "actor/pg_loss" not in first
+    second = trainer.step()
+    assert "actor/pg_loss" in second and all(changed(actor0, trainer.model).values())
