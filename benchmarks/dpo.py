@@ -1,0 +1,145 @@
+"""DPO training speed: verl's DPOTrainer against TRL's DPOTrainer on the same model, data and batch.
+
+Run by hand (not a test):  python benchmarks/dpo.py [--device cuda] [--model tiny:qwen2:256:4]
+Both trainers get the same locally built tiny model (no hub), the same preference pairs, batch size,
+learning rate, beta and float32 weights; each runs --warmup steps first, then --steps timed steps.
+TRL is optional (`pip install verl[bench]`); without it only verl's numbers are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+
+def make_pairs(n: int, seed: int = 0) -> list[dict[str, str]]:
+    """Arithmetic questions with a correct (chosen) and a wrong (rejected) answer sentence."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        wrong = a + b + rng.choice([-11, -2, -1, 1, 2, 10])
+        prompt = f"Solve the problem and write the result. What is {a} plus {b}?"
+        rows.append({"prompt": prompt, "chosen": f" The answer is {a + b}.",
+                     "rejected": f" Let's think step by step. The answer is {wrong}."})
+    return rows
+
+
+def model_dir(spec: str) -> str:
+    """The folder for `spec`, building `tiny[:arch[:hidden[:layers]]]` exactly as verl's `model.path` does."""
+    if spec != "tiny" and not spec.startswith("tiny:"):
+        return spec
+    from verl.models.tiny import build_tiny_model
+
+    parts = spec.split(":")[1:]
+    sizes = dict(zip(("hidden_size", "num_layers"), (int(p) for p in parts[1:3]), strict=False))
+    return build_tiny_model(arch=parts[0] if parts else "qwen2", seed=0, **sizes)
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def bench_verl(args: argparse.Namespace, rows: list[dict[str, str]]) -> dict[str, float]:
+    from verl.config.loader import build_config
+    from verl.trainer.dpo_trainer import DPOTrainer
+
+    config = build_config({
+        "model": {"path": args.model, "dtype": "float32"},
+        "trainer": {"kind": "dpo", "device": args.device, "total_steps": args.warmup + args.steps,
+                    "seed": args.seed},
+        "logging": {"backends": []},
+        "dpo": {"beta": args.beta, "lr": args.lr, "precompute_ref": args.precompute_ref},
+        "actor": {"micro_batch_size": 2 * args.batch_size},
+        "data": {"train_batch_size": args.batch_size, "max_prompt_length": 64, "max_response_length": 64},
+    })
+    t0 = time.perf_counter()
+    trainer = DPOTrainer(config, train_rows=rows)
+    setup = time.perf_counter() - t0
+    metrics = trainer.train_steps(args.warmup)
+    sync(args.device)
+    t0 = time.perf_counter()
+    metrics += trainer.train_steps(args.steps)
+    sync(args.device)
+    seconds = time.perf_counter() - t0
+    mean_loss = sum(m["loss"] for m in metrics) / len(metrics)
+    return {"steps_per_s": args.steps / seconds, "setup_s": setup, "mean_loss": mean_loss}
+
+
+def bench_trl(args: argparse.Namespace, rows: list[dict[str, str]]) -> dict[str, float] | None:
+    try:
+        import dataclasses
+
+        from datasets import Dataset
+        from transformers import TrainerCallback
+        from trl import DPOConfig, DPOTrainer
+    except ImportError as e:
+        print(f"TRL not available ({e}); install the bench extra (`pip install verl[bench]`) to compare")
+        return None
+    from verl.utils.hf_loader import load_hf_model
+
+    model, tok = load_hf_model(model_dir(args.model), torch_dtype=torch.float32, device=args.device, for_training=True)
+
+    class Clock(TrainerCallback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def on_step_end(self, *a: Any, **k: Any) -> None:
+            sync(args.device)
+            self.times.append(time.perf_counter())
+
+    wanted = {"output_dir": tempfile.mkdtemp(prefix="trl-bench-"), "per_device_train_batch_size": args.batch_size,
+              "max_steps": args.warmup + args.steps, "learning_rate": args.lr, "beta": args.beta,
+              "loss_type": "sigmoid", "max_length": 128, "report_to": "none", "save_strategy": "no",
+              "logging_steps": 10**6, "use_cpu": args.device == "cpu", "seed": args.seed, "bf16": False,
+              "precompute_ref_log_probs": args.precompute_ref, "lr_scheduler_type": "constant",
+              "warmup_steps": 0, "weight_decay": 0.0, "max_grad_norm": 1.0, "dataloader_num_workers": 0}
+    fields = {f.name for f in dataclasses.fields(DPOConfig)}
+    cfg = DPOConfig(**{k: v for k, v in wanted.items() if k in fields})
+    clock = Clock()
+    t0 = time.perf_counter()
+    trainer = DPOTrainer(model=model, ref_model=None, args=cfg, train_dataset=Dataset.from_list(rows),
+                         processing_class=tok, callbacks=[clock])
+    setup = time.perf_counter() - t0
+    out = trainer.train()
+    timed = clock.times[args.warmup - 1 :]  # from the end of the last warm-up step
+    seconds = timed[-1] - timed[0]
+    return {"steps_per_s": (len(timed) - 1) / seconds, "setup_s": setup, "mean_loss": float(out.training_loss)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny:qwen2:128:4", help="tiny[:arch[:hidden[:layers]]] or a local dir")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--pairs", type=int, default=512)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--beta", type=float, default=0.1)
+    parser.add_argument("--precompute-ref", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if args.warmup < 1:
+        parser.error("--warmup must be >= 1 (the first step includes one-off costs on both sides)")
+    rows = make_pairs(args.pairs, args.seed)
+    results = {"verl": bench_verl(args, rows)}
+    trl = bench_trl(args, rows)
+    if trl is not None:
+        results["TRL"] = trl
+    print(f"\nDPO, {args.model}, batch {args.batch_size} pairs, {args.steps} timed steps on {args.device}")
+    print(f"{'trainer':<8} {'steps/s':>9} {'setup s':>9} {'mean loss':>11}")
+    for name, r in results.items():
+        print(f"{name:<8} {r['steps_per_s']:>9.2f} {r['setup_s']:>9.1f} {r['mean_loss']:>11.4f}")
+    if trl is not None:
+        print(f"ratio verl/TRL steps/s: {results['verl']['steps_per_s'] / trl['steps_per_s']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
