@@ -158,6 +158,7 @@ class TrainerConfig(Section):
     val_before_train: bool = True
     device: str = Field("auto", description="auto | cpu | cuda")
     log_every: int = Field(1, gt=0)
+    cpu_threads: int | None = Field(None, gt=0, description="torch CPU threads; 1 is fastest for tiny models.")
 
 
 class LoggingConfig(Section):

@@ -78,6 +78,8 @@ class TrainerRuntime:
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         self.dp_rank, self.dp_size = self.rank, self.world_size
         self.device = resolve_device(config.trainer.device, self.local_rank)
+        if config.trainer.cpu_threads is not None:
+            torch.set_num_threads(config.trainer.cpu_threads)
         # Every check that needs no weights, before anything loads (the same ones `verl check` runs).
         self.startup = validate_startup(config, world_size=self.world_size,
                                         model_path=resolve_model_path(config.model.path),
