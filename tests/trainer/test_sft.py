@@ -68,8 +68,11 @@ def reference_loss(model, tok, rows) -> float:
 
 
 def test_loss_and_eval_loss_match_float64_reference(tiny):
-    tr = trainer(tiny, make_config(), val_rows=ROWS[:5])
-    ref = reference_loss(tr.model.eval(), tr.tokenizer, ROWS[:5])
+    val = [*ROWS[:4], {"input": "Please compute 10+25 for me?", "output": " It is 35, of course."}]
+    tr = trainer(tiny, make_config(), val_rows=val)
+    mb = tr.micro_batches(tr.examples[:2], packed=False)[0]
+    assert mb["keep_last"] < mb["input_ids"].shape[1]  # prompt positions skip the vocabulary projection
+    ref = reference_loss(tr.model.eval(), tr.tokenizer, val)
     assert tr.validate()["val/loss"] == pytest.approx(ref, abs=1e-5)
     # A training step's reported loss is the same quantity on its own batch.
     tr.model.train()

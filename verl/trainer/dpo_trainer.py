@@ -103,13 +103,13 @@ class DPOTrainer(OfflineTrainer):
         return ref
 
     # ------------------------------------------------------------------ log-probs
-    def pair_batch(self, items: Sequence[PairItem]) -> dict[str, torch.Tensor | None]:
-        """Chosen then rejected sequences of `items`, right-padded to one width: [2m, L]."""
+    def pair_batch(self, items: Sequence[PairItem]) -> dict[str, Any]:
+        """Chosen then rejected sequences of `items`, left-padded to one width: [2m, L]."""
         seqs = [[(it[f"{side}_input_ids"], shifted_targets(it[f"{side}_labels"]))]
                 for side in ("chosen", "rejected") for it in items]
         return collate_sequences(seqs, self.pad_id, packed=False)
 
-    def sequence_logps(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor | None]) -> torch.Tensor:
+    def sequence_logps(self, model: torch.nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
         """Sum of response-token log-probs per sequence: [2m] (chosen first), differentiable."""
         logprobs, rows = target_logprobs(model, batch, self.device)
         n = batch["input_ids"].shape[0]
@@ -133,7 +133,7 @@ class DPOTrainer(OfflineTrainer):
                 out.append(torch.stack(logps.float().chunk(2), dim=1))
         return torch.cat(out).cpu()
 
-    def reference_logps(self, split: str, indices: Sequence[int], batch: Mapping[str, torch.Tensor | None]) -> torch.Tensor:
+    def reference_logps(self, split: str, indices: Sequence[int], batch: Mapping[str, Any]) -> torch.Tensor:
         """[m, 2] reference sums, from the precomputed table or a no-grad pass of the frozen reference."""
         if split in self.ref_logps:
             return self.ref_logps[split][list(indices)].to(self.device)

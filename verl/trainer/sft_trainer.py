@@ -28,6 +28,7 @@ from verl.data.datasets import IGNORE_INDEX, SFTDataset, pad_token_id
 from verl.data.fields import RowError, RowNormalizer
 from verl.data.sampler import ResumableSampler
 from verl.errors import ConfigError, DataError, ModelError
+from verl.trainer.forward import _accepts
 from verl.trainer.optim import build_optimizer
 from verl.trainer.runtime import TrainerRuntime
 
@@ -63,12 +64,14 @@ def pack_examples(lengths: Sequence[int], capacity: int) -> list[list[int]]:
 
 def collate_sequences(
     segments: Sequence[Sequence[tuple[list[int], list[int]]]], pad_id: int, packed: bool
-) -> dict[str, torch.Tensor | None]:
-    """Right-padded rows of (ids, targets) segments -> input_ids, targets, position_ids, attention_mask.
+) -> dict[str, Any]:
+    """Rows of (ids, targets) segments -> input_ids, targets, position_ids, attention_mask, keep_last.
 
-    Unpacked rows (one segment each) get a 2-D padding mask. Packed rows get position ids restarting at
-    every segment and no mask, the layout transformers reads as packed sequences; the padding tail is
-    its own segment with ignored targets.
+    Unpacked rows (one segment each) are left-padded with a 2-D padding mask, so every row's targets
+    end at the last column and only the last `keep_last` positions need logits (`logits_to_keep`):
+    the prompt positions never go through the vocabulary projection. Packed rows are right-padded,
+    with position ids restarting at every segment and no mask, the layout transformers reads as
+    packed sequences; the padding tail is its own segment with ignored targets.
     """
     width = max(sum(len(ids) for ids, _ in row) for row in segments)
     n = len(segments)
@@ -77,7 +80,7 @@ def collate_sequences(
     position_ids = torch.zeros((n, width), dtype=torch.long)
     mask = torch.zeros((n, width), dtype=torch.long)
     for r, row in enumerate(segments):
-        at = 0
+        at = 0 if packed else width - sum(len(ids) for ids, _ in row)
         for ids, tgt in row:
             k = len(ids)
             input_ids[r, at : at + k] = torch.tensor(ids, dtype=torch.long)
@@ -85,27 +88,35 @@ def collate_sequences(
             position_ids[r, at : at + k] = torch.arange(k)
             mask[r, at : at + k] = 1
             at += k
-        position_ids[r, at:] = torch.arange(width - at)
-        if not packed:
-            position_ids[r, at:] = torch.arange(at, width)
-    return {"input_ids": input_ids, "targets": targets, "position_ids": position_ids,
-            "attention_mask": None if packed else mask}
+        if packed:
+            position_ids[r, at:] = torch.arange(width - at)
+    if packed:
+        return {"input_ids": input_ids, "targets": targets, "position_ids": position_ids,
+                "attention_mask": None, "keep_last": width}
+    has = targets != IGNORE_INDEX
+    first = torch.where(has, torch.arange(width), width).min(dim=1).values
+    return {"input_ids": input_ids, "targets": targets, "position_ids": position_ids, "attention_mask": mask,
+            "keep_last": max(1, width - int(first.min()))}
 
 
-def target_logprobs(model: torch.nn.Module, batch: Mapping[str, torch.Tensor | None],
+def target_logprobs(model: torch.nn.Module, batch: Mapping[str, Any],
                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-prob of every target token [N], row index of each [N]) for the positions that have a target.
 
-    Only the N target positions are turned into float32 log-probs, never the whole [B, L, V] logits.
+    Only the N target positions are turned into float32 log-probs, never the whole [B, L, V] logits,
+    and with `logits_to_keep` the model projects only the last `keep_last` positions onto the vocabulary.
     """
     mask = batch["attention_mask"]
-    logits = model(input_ids=batch["input_ids"].to(device),
-                   attention_mask=None if mask is None else mask.to(device),
-                   position_ids=batch["position_ids"].to(device), use_cache=False).logits
-    targets = batch["targets"].to(device)
-    keep = targets != IGNORE_INDEX
-    rows = keep.nonzero()[:, 0]
-    return token_logprobs(logits[keep].float(), targets[keep]), rows
+    kwargs = {"input_ids": batch["input_ids"].to(device), "position_ids": batch["position_ids"].to(device),
+              "attention_mask": None if mask is None else mask.to(device), "use_cache": False}
+    width, keep = batch["input_ids"].shape[1], batch.get("keep_last", batch["input_ids"].shape[1])
+    if keep < width and _accepts(model, "logits_to_keep"):
+        kwargs["logits_to_keep"] = keep
+    logits = model(**kwargs).logits
+    targets = batch["targets"][:, width - logits.shape[1] :].to(device)
+    has = targets != IGNORE_INDEX
+    rows = has.nonzero()[:, 0]
+    return token_logprobs(logits[has].float(), targets[has]), rows
 
 
 class OfflineTrainer(TrainerRuntime):
@@ -312,7 +323,7 @@ class SFTTrainer(OfflineTrainer):
                 "timing/step": seconds, "perf/tokens_per_s": input_tokens * self.dp_size / max(seconds, 1e-9)}
 
     def micro_batches(self, items: Sequence[tuple[list[int], list[int]]], packed: bool,
-                      rows_per_micro: int | None = None) -> list[dict[str, torch.Tensor | None]]:
+                      rows_per_micro: int | None = None) -> list[dict[str, Any]]:
         """The step's examples as micro-batches of `actor.micro_batch_size` rows (packed rows if `packed`)."""
         size = rows_per_micro or self.config.actor.micro_batch_size
         if packed:
