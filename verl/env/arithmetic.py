@@ -31,7 +31,8 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
 class ArithmeticEnv(PromptEnv):
     """Integer arithmetic problems with disjoint train and validation sets.
 
-    Every distinct (a, op, b) with 0 <= a, b <= max_operand is a candidate; a seeded shuffle picks
+    Every distinct (a, op, b) with 0 <= a <= max_operand and 0 <= b <= max_second_operand (default:
+    max_operand) is a candidate; a seeded shuffle picks
     `num_val` validation problems first and then `num_train` training problems (None = all the rest).
     With allow_negative=False, subtraction only uses a >= b so answers stay non-negative.
     """
@@ -42,6 +43,7 @@ class ArithmeticEnv(PromptEnv):
         num_train: int | None = None,
         num_val: int = 64,
         max_operand: int = 20,
+        max_second_operand: int | None = None,
         ops: Sequence[str] = ("+", "-"),
         allow_negative: bool = False,
         prompt_template: str = "{a}{op}{b}=",
@@ -50,6 +52,9 @@ class ArithmeticEnv(PromptEnv):
         reward_manager: RewardManager | None = None,
     ) -> None:
         _check_int("max_operand", max_operand, 1)
+        if max_second_operand is None:
+            max_second_operand = max_operand
+        _check_int("max_second_operand", max_second_operand, 1)
         _check_int("num_val", num_val, 0)
         if num_train is not None:
             _check_int("num_train", num_train, 1)
@@ -83,7 +88,7 @@ class ArithmeticEnv(PromptEnv):
             (a, op, b)
             for op in ops
             for a in range(max_operand + 1)
-            for b in range(max_operand + 1)
+            for b in range(max_second_operand + 1)
             if allow_negative or op != "-" or a >= b
         ]
         order = np.random.default_rng([seed, 1]).permutation(len(problems))

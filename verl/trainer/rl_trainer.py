@@ -440,7 +440,10 @@ class RLTrainer(TrainerRuntime):
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
         """Greedy (or `rollout.val_temperature`) answers on the held-out rows; mean score."""
-        rows = self.env.val_rows()
+        return self.evaluate(self.env.val_rows(), prefix="val")
+
+    def evaluate(self, rows: Sequence[Mapping[str, Any]], prefix: str = "val") -> dict[str, float]:
+        """Mean score (and accuracy, for 0/1 rewards) of one answer per row, as validation samples them."""
         if not rows:
             return {}
         params = self._sampling_params(self.config.rollout.val_temperature, 1)
@@ -459,9 +462,9 @@ class RLTrainer(TrainerRuntime):
             responses = self.decode_responses(out.response_ids, out.response_mask)
             scores.append(self.env.compute_reward(chunk, responses).scores.float())
         all_scores = torch.cat(scores)
-        metrics = {"val/score": float(all_scores.mean())}
+        metrics = {f"{prefix}/score": float(all_scores.mean())}
         if bool(((all_scores == 0) | (all_scores == 1)).all()):
-            metrics["val/accuracy"] = float(all_scores.mean())
+            metrics[f"{prefix}/accuracy"] = float(all_scores.mean())
         return metrics
 
     # ------------------------------------------------------------------ state for checkpoints
