@@ -11,11 +11,7 @@ import time
 from importlib import resources
 from typing import Any
 
-import torch
-
 from verl.config.schema import RunConfig
-from verl.data.chat import encode_pair, template_mode
-
 
 # The warm start stops once the model answers this share of its *training* problems (greedy).
 SFT_TARGET_ACCURACY = 0.3
@@ -25,53 +21,22 @@ def demo_config_path() -> str:
     return str(resources.files("verl.config") / "presets" / "demo.yaml")
 
 
-def supervised_warm_start(trainer: Any, steps: int, batch_size: int, lr: float) -> dict[str, float]:
-    """Minimal SFT on the environment's training problems: loss on the answer (and eos) tokens only."""
+def warm_start_until(trainer: Any, target: float, max_steps: int, chunk: int = 25) -> tuple[int, float, list]:
+    """SFT (with `SFTTrainer`) in chunks until greedy accuracy on a sample of the *training* problems
+    reaches `target`, or `max_steps`. Stopping on training problems keeps the held-out set untouched,
+    and starting RL from a similar competence for every seed keeps the demo's outcome stable."""
+    from verl.trainer.sft_trainer import SFTTrainer
+
     pairs = trainer.env.sft_pairs()
-    mode = template_mode(trainer.config.data.apply_chat_template)
-    encoded = []
-    for prompt, answer in pairs:
-        ids, boundary, _ = encode_pair(trainer.tokenizer, prompt, answer, mode)
-        encoded.append((ids, boundary))
-    model, device = trainer.model, trainer.device
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    generator = torch.Generator().manual_seed(trainer.config.trainer.seed)
-    pad = trainer.tokenizer.pad_token_id
-    model.train()
-    losses = []
-    for _ in range(steps):
-        picks = torch.randint(len(encoded), (batch_size,), generator=generator).tolist()
-        width = max(len(encoded[i][0]) for i in picks)
-        ids = torch.full((batch_size, width), pad, dtype=torch.long)
-        labels = torch.full((batch_size, width), -100, dtype=torch.long)
-        mask = torch.zeros((batch_size, width), dtype=torch.long)
-        for row, i in enumerate(picks):
-            seq, boundary = encoded[i]
-            ids[row, : len(seq)] = torch.tensor(seq)
-            mask[row, : len(seq)] = 1
-            labels[row, boundary : len(seq)] = torch.tensor(seq[boundary:])
-        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), labels=labels.to(device))
-        optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(float(out.loss.detach()))
-    return {"sft/loss_first": losses[0], "sft/loss_last": losses[-1]}
-
-
-def warm_start_until(trainer: Any, target: float, max_steps: int, batch_size: int, lr: float,
-                     chunk: int = 25) -> tuple[int, float, dict[str, float]]:
-    """Supervised steps in chunks until greedy accuracy on (a sample of) the *training* problems reaches
-    `target`, or `max_steps`. Stopping on training problems keeps the held-out set untouched, and
-    starting RL from a similar level of competence for every seed keeps the demo's outcome stable."""
-    probe = [{"prompt": p, "ground_truth": a, "data_source": "arithmetic", "metadata": {}}
-             for p, a in trainer.env.sft_pairs()[:128]]
-    steps, accuracy, losses = 0, 0.0, {}
+    sft = SFTTrainer(trainer.config, model=trainer.model, tokenizer=trainer.tokenizer,
+                     train_rows=[{"input": prompt, "output": answer} for prompt, answer in pairs])
+    probe = [{"prompt": p, "ground_truth": a, "data_source": "arithmetic", "metadata": {}} for p, a in pairs[:128]]
+    steps, accuracy, history = 0, 0.0, []
     while steps < max_steps and accuracy < target:
-        losses = supervised_warm_start(trainer, min(chunk, max_steps - steps), batch_size, lr)
-        steps += min(chunk, max_steps - steps)
+        history += sft.train_steps(min(chunk, max_steps - steps))
+        steps = len(history)
         accuracy = trainer.evaluate(probe, prefix="train").get("train/accuracy", 0.0)
-    return steps, accuracy, losses
+    return steps, accuracy, history
 
 
 def run_demo(config: RunConfig) -> dict[str, Any]:
@@ -87,11 +52,10 @@ def run_demo(config: RunConfig) -> dict[str, Any]:
                   f"({sum(p.numel() for p in trainer.model.parameters()):,} parameters) on "
                   f"{len(trainer.env)} arithmetic problems, {len(trainer.env.val_rows())} held out")
     t0 = time.perf_counter()
-    sft_steps, train_acc, sft = warm_start_until(trainer, SFT_TARGET_ACCURACY, config.sft.steps or 600,
-                                                 config.sft.batch_size, config.sft.lr)
+    sft_steps, train_acc, sft = warm_start_until(trainer, SFT_TARGET_ACCURACY, config.sft.steps or 1500)
     sft_seconds = time.perf_counter() - t0
-    console.print(f"warm start: {sft_steps} supervised steps, loss -> {sft['sft/loss_last']:.3f}, "
-                  f"training-problem accuracy {train_acc:.0%} ({sft_seconds:.1f}s); now GRPO")
+    console.print(f"warm start: {sft_steps} SFT steps, loss {sft[0]['loss']:.3f} -> {sft[-1]['loss']:.3f}, "
+                  f"greedy accuracy on training problems {train_acc:.0%} ({sft_seconds:.1f}s); now GRPO")
     t0 = time.perf_counter()
     history = trainer.fit()
     rl_seconds = time.perf_counter() - t0

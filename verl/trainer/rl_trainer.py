@@ -101,7 +101,9 @@ class RLTrainer(TrainerRuntime):
     ) -> RLTrainer:
         """Python entry point without YAML.
 
-        `overrides` are sections as dicts (`actor={"lr": 1e-6}`) or dotted keys (`**{"actor.lr": 1e-6}`).
+        `overrides` are sections as dicts (`actor={"lr": 1e-6}`) or dotted keys (`**{"actor.lr": 1e-6}`);
+        the `model` section's other keys go in dotted form, since `model` names the model itself
+        (`**{"model.dtype": "bfloat16"}`).
         `dataset` is a file path (or list of paths) or a list of prompt rows; `reward_fn` is a reward spec
         name (`"numeric_match"`, `"path.py:fn"`), a callable `fn(prompt, response, ground_truth, **meta)`,
         or a list of specs.
