@@ -74,6 +74,7 @@ class DPOTrainer(OfflineTrainer):
             self.ref_model = None  # freed: training never runs the reference again
         else:
             self.ref_model = self._load_ref(ref_model)
+        self.model = self.shard(self.model, "actor")  # after any reference copy: it starts from full weights
         self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), config.actor,
                                                          total_steps=config.trainer.total_steps, lr=p.lr)
 

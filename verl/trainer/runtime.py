@@ -110,7 +110,9 @@ class TrainerRuntime:
     # ------------------------------------------------------------------ data parallelism
     def shard(self, module: torch.nn.Module, role: str) -> torch.nn.Module:
         """FSDP2-shard a trainable model over its role's ranks (a no-op in one process)."""
-        if self.groups is None:
+        from torch.distributed.fsdp import FSDPModule
+
+        if self.groups is None or isinstance(module, FSDPModule):  # one process, or sharded already
             return module
         from verl.distributed.fsdp import apply_fsdp
 

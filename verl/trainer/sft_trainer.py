@@ -290,6 +290,7 @@ class SFTTrainer(OfflineTrainer):
         if total != config.trainer.total_steps:
             self.config = config.model_copy(
                 update={"trainer": config.trainer.model_copy(update={"total_steps": total})})
+        self.model = self.shard(self.model, "actor")  # after any reference copy: it starts from full weights
         self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), config.actor,
                                                          total_steps=total, lr=s.lr)
         if s.packing:
