@@ -152,8 +152,9 @@ class RewardManager:
             if callable(raw) and not isinstance(raw, (Mapping, RewardFunctionSpec)):
                 # A Python function passed directly (RLTrainer.from_pretrained(reward_fn=fn)): weight 1,
                 # every sample, per-sample call; it is labelled by its __name__ in the metrics.
+                # An object may carry its spec options (e.g. a reward model: weight, batched).
                 label_name = getattr(raw, "__name__", None) or type(raw).__name__
-                spec = RewardFunctionSpec(name=label_name)
+                spec = RewardFunctionSpec(name=label_name, **getattr(raw, "reward_spec", {}))
                 where = f"reward.functions[{i}] (callable {label_name!r})"
                 fn = raw
             else:

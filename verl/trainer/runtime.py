@@ -219,7 +219,14 @@ class TrainerRuntime:
         train_rows = val_rows = None
         if cfg.env.name is None:
             train_rows, val_rows = (list(rows), []) if rows is not None else self.split_train_val("prompt")
-        functions = list(reward_functions) if reward_functions is not None else cfg.reward.functions
+        functions = list(reward_functions) if reward_functions is not None else list(cfg.reward.functions)
+        if cfg.reward.model_path:
+            from verl.trainer.reward_model import build_reward_model_function
+
+            dtype = self._resolve_dtype(cfg.reward.model_dtype or cfg.model.dtype)
+            functions.append(build_reward_model_function(
+                cfg.reward.model_path, dtype=dtype, device=self.device, weight=cfg.reward.model_weight,
+                trust_remote_code=cfg.model.trust_remote_code))
         return build_env(cfg.env, reward_functions=functions, train_rows=train_rows, val_rows=val_rows,
                          base_dir=cfg._source_dir, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
 

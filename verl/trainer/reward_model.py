@@ -1,0 +1,40 @@
+"""A reward model (`reward.model_path`) as one more batched reward function.
+
+Going through the reward manager means a reward model combines with rule-based rewards by weight,
+gets the same error handling and shows up in the metrics as `reward/reward_model/score`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from verl.models.reward_model import RewardModelScorer
+
+
+class RewardModelFunction:
+    """Scores prompt + response with a sequence-classification model, in the model's own chat format."""
+
+    __name__ = "reward_model"
+
+    def __init__(self, scorer: RewardModelScorer, weight: float) -> None:
+        self.scorer = scorer
+        self.reward_spec = {"weight": weight, "batched": True}
+
+    def text(self, prompt: Any, response: str) -> str:
+        if isinstance(prompt, list):  # chat messages: the reward model's own template
+            messages = [*prompt, {"role": "assistant", "content": response}]
+            return self.scorer.tokenizer.apply_chat_template(messages, tokenize=False)
+        return f"{prompt}{response}"
+
+    def __call__(self, prompts: Sequence[Any], responses: Sequence[str], ground_truths: Sequence[Any],
+                 metadatas: Sequence[Mapping[str, Any]]) -> list[float]:
+        return self.scorer.score_texts([self.text(p, r) for p, r in zip(prompts, responses, strict=True)]).tolist()
+
+
+def build_reward_model_function(path: str, *, dtype: torch.dtype, device: torch.device, weight: float,
+                                trust_remote_code: bool = False) -> RewardModelFunction:
+    scorer = RewardModelScorer(path, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    return RewardModelFunction(scorer, weight)
