@@ -1,8 +1,8 @@
 """A reward model (`reward.model_path`) scores rollouts next to rule-based rewards."""
 
 import pytest
-
 from rl_support import rl_config  # pytest puts this folder on sys.path
+
 from verl.errors import ModelError
 from verl.models.tiny import build_tiny_reward_model
 from verl.trainer.rl_trainer import RLTrainer

@@ -40,6 +40,15 @@ def sparkline(values: Sequence[float], width: int = 40) -> str:
     return "".join(BARS[round((v - low) / span * (len(BARS) - 1))] for v in values)
 
 
+def polyline(points: Sequence[tuple[int, float]], x0: float, y0: float, width: float, height: float) -> str:
+    """SVG points of `points` scaled into the box at (x0, y0): steps left to right, values bottom to top."""
+    steps, values = [p[0] for p in points], [p[1] for p in points]
+    s_lo, s_span = min(steps), (max(steps) - min(steps)) or 1
+    v_lo, v_span = min(values), (max(values) - min(values)) or 1
+    return " ".join(f"{x0 + (s - s_lo) / s_span * width:.1f},{y0 + height - (v - v_lo) / v_span * height:.1f}"
+                    for s, v in points)
+
+
 def svg_charts(charts: dict[str, list[tuple[int, float]]], title: str) -> str:
     w, h, pad, cols = 360, 200, 36, 2
     rows = math.ceil(len(charts) / cols)
@@ -48,23 +57,17 @@ def svg_charts(charts: dict[str, list[tuple[int, float]]], title: str) -> str:
              f'<text x="10" y="20" font-size="14">{escape(title)}</text>']
     for i, (key, points) in enumerate(charts.items()):
         x0, y0 = (i % cols) * w, 30 + (i // cols) * h
-        steps, values = [p[0] for p in points], [p[1] for p in points]
-        lo, hi = min(values), max(values)
-        s_lo, s_hi = min(steps), max(steps)
-
-        def px(step: int, value: float) -> str:
-            x = x0 + pad + (step - s_lo) / ((s_hi - s_lo) or 1) * (w - 2 * pad)
-            y = y0 + h - pad - (value - lo) / ((hi - lo) or 1) * (h - 2 * pad)
-            return f"{x:.1f},{y:.1f}"
-
-        parts.append(f'<rect x="{x0 + pad}" y="{y0 + pad}" width="{w - 2 * pad}" height="{h - 2 * pad}" '
-                     'fill="none" stroke="#ccc"/>')
-        parts.append(f'<text x="{x0 + pad}" y="{y0 + pad - 6}">{escape(key)}</text>')
-        parts.append(f'<text x="{x0 + 2}" y="{y0 + pad + 4}">{hi:.3g}</text>')
-        parts.append(f'<text x="{x0 + 2}" y="{y0 + h - pad}">{lo:.3g}</text>')
-        parts.append(f'<text x="{x0 + w - pad - 30}" y="{y0 + h - pad + 14}">step {s_hi}</text>')
-        parts.append('<polyline fill="none" stroke="#1f77b4" stroke-width="1.5" points="'
-                     + " ".join(px(s, v) for s, v in points) + '"/>')
+        values = [v for _, v in points]
+        parts += [
+            f'<rect x="{x0 + pad}" y="{y0 + pad}" width="{w - 2 * pad}" height="{h - 2 * pad}" fill="none" '
+            'stroke="#ccc"/>',
+            f'<text x="{x0 + pad}" y="{y0 + pad - 6}">{escape(key)}</text>',
+            f'<text x="{x0 + 2}" y="{y0 + pad + 4}">{max(values):.3g}</text>',
+            f'<text x="{x0 + 2}" y="{y0 + h - pad}">{min(values):.3g}</text>',
+            f'<text x="{x0 + w - pad - 40}" y="{y0 + h - pad + 14}">step {points[-1][0]}</text>',
+            '<polyline fill="none" stroke="#1f77b4" stroke-width="1.5" points="'
+            + polyline(points, x0 + pad, y0 + pad, w - 2 * pad, h - 2 * pad) + '"/>',
+        ]
     parts.append("</svg>")
     return "\n".join(parts)
 

@@ -61,7 +61,7 @@ def resolve_model_path(path: str) -> str:
     except ValueError:
         raise ConfigError(f"model.path={path!r}: expected tiny[:arch[:hidden_size[:num_layers]]], e.g. "
                           "tiny:qwen2:128:2") from None
-    kwargs = dict(zip(("hidden_size", "num_layers"), sizes))
+    kwargs = dict(zip(("hidden_size", "num_layers"), sizes, strict=False))
     return build_tiny_model(arch=parts[0] if parts else "qwen2", seed=0, **kwargs)
 
 
