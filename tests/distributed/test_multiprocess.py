@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import _dist_workers as W  # noqa: E402 - pytest puts tests/dist on sys.path
+import _dist_workers as W  # noqa: E402 - pytest puts tests/distributed on sys.path
 import pytest
 import torch
 
-pytestmark = [pytest.mark.dist, pytest.mark.slow]
+pytestmark = pytest.mark.dist
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
