@@ -207,6 +207,15 @@ class RunConfig(Section):
     dpo: DPOConfig = DPOConfig()
     sft: SFTConfig = SFTConfig()
 
+    def resolve_path(self, path: str) -> str:
+        """A relative path that does not exist from the working directory is taken relative to the YAML's
+        folder, so `data/train.jsonl` next to a config works from anywhere."""
+        from pathlib import Path
+
+        if self._source_dir and not Path(path).is_absolute() and not Path(path).exists():
+            return str(Path(self._source_dir) / path)
+        return path
+
     @property
     def needs_critic(self) -> bool:
         return self.algorithm.adv_estimator == "gae"

@@ -74,7 +74,7 @@ def run_checks(config: RunConfig, *, nproc: int | None = None) -> int:
 
     if config.env.name is None:
         section("data")
-        failures += _check_data(config, console, problem)
+        _check_data(config, console, problem)
     else:
         section(f"environment: {config.env.name}")
         try:
@@ -102,22 +102,19 @@ def run_checks(config: RunConfig, *, nproc: int | None = None) -> int:
     return 0
 
 
-def _check_data(config: RunConfig, console, problem) -> int:
+def _check_data(config: RunConfig, console, problem) -> None:
     from verl.data import load_rows
 
     d = config.data
     if not d.train_files:
         problem("data.train_files is empty; set it to your JSONL/JSON/Parquet/CSV file(s)")
-        return 0
-    base = Path(config._source_dir) if config._source_dir else None
+        return
     for name, files in (("train", d.train_files), ("val", d.val_files)):
         if not files:
             continue
-        paths = [str(base / f) if base and not Path(f).is_absolute() and not Path(f).exists() else f for f in files]
         try:
-            rows, report = load_rows(paths, d.kind, fields=d.fields or None, on_bad_row=d.on_bad_row)
+            _rows, report = load_rows([config.resolve_path(f) for f in files], d.kind, fields=d.fields or None, on_bad_row=d.on_bad_row)
             console.print(f"{name}: {report.kept_rows}/{report.total_rows} rows kept", highlight=False)
             console.print(report.render(), highlight=False, markup=False)
         except VerlError as exc:
             problem(f"{name} data: {exc}")
-    return 0

@@ -186,10 +186,7 @@ class TrainerRuntime:
         from verl.data import load_rows
 
         d = self.config.data
-        base = self.config._source_dir
-        paths = [str(Path(base) / f) if base and not Path(f).is_absolute() and not Path(f).exists() else f
-                 for f in files]
-        rows, _report = load_rows(paths, kind, fields=d.fields or None, on_bad_row=d.on_bad_row,
+        rows, _report = load_rows([self.config.resolve_path(f) for f in files], kind, fields=d.fields or None, on_bad_row=d.on_bad_row,
                                   tokenizer=self.tokenizer, max_prompt_length=d.max_prompt_length,
                                   truncation=d.truncation, apply_chat_template=d.apply_chat_template)
         return rows
