@@ -45,9 +45,9 @@ def run_demo(config: RunConfig) -> dict[str, Any]:
 
     from verl.trainer.rl_trainer import RLTrainer
 
-    console = Console()
     start = time.perf_counter()
     trainer = RLTrainer(config)
+    console = Console(quiet=trainer.rank != 0)  # under torchrun, one summary
     console.print(f"[bold]verl demo[/]: tiny {trainer.model.config.model_type} model "
                   f"({sum(p.numel() for p in trainer.model.parameters()):,} parameters) on "
                   f"{len(trainer.env)} arithmetic problems, {len(trainer.env.val_rows())} held out")
