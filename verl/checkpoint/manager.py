@@ -443,6 +443,8 @@ class CheckpointManager:
         got = sha256_file(tmp / extra_file(0))
         if got != extra0_sha:
             raise CheckpointError(f"{tmp / extra_file(0)}: bytes on disk differ from what was written.")
+        # ranks may hold different keys (roles on different ranks): list what DCP wrote for all of them
+        keys = sorted(set(keys) | top_level_keys(read_metadata_safely(tmp / DCP_DIR / ".metadata")))
         manifest = build_manifest(tmp, step=step, world_size=self.world_size, app_state_keys=keys)
         write_manifest(tmp, manifest)
         problems = verify(tmp, deep=False)

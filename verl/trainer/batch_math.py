@@ -66,13 +66,17 @@ def plan_batches(prompts: int, n: int, cfg: OptimConfig, dp_size: int, *, role: 
     )
 
 
-def plan_rl(config: RunConfig, dp_size: int = 1) -> dict[str, BatchPlan]:
-    """Plans for the actor (and critic for PPO); both checked so every problem is reported together."""
+def plan_rl(config: RunConfig, dp_size: int = 1, critic_dp_size: int | None = None) -> dict[str, BatchPlan]:
+    """Plans for the actor (and critic for PPO); both checked so every problem is reported together.
+
+    `critic_dp_size` is the critic's rank count when it is placed apart from the actor (default: the same)."""
     plans, errors = {}, []
-    roles = [("actor", config.actor)] + ([("critic", config.critic)] if config.needs_critic else [])
-    for role, cfg in roles:
+    roles = [("actor", config.actor, dp_size)]
+    if config.needs_critic:
+        roles.append(("critic", config.critic, critic_dp_size or dp_size))
+    for role, cfg, size in roles:
         try:
-            plans[role] = plan_batches(config.data.train_batch_size, config.rollout.n, cfg, dp_size, role=role)
+            plans[role] = plan_batches(config.data.train_batch_size, config.rollout.n, cfg, size, role=role)
         except ConfigError as exc:
             errors.append(str(exc))
     if config.algorithm.adv_estimator in ("grpo", "rloo") and config.rollout.n < 2:

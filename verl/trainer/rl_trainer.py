@@ -69,14 +69,23 @@ class RLTrainer(TrainerRuntime):
         if env is None:
             env = self.build_env(None if rows is None else self.canonical_rows(rows), reward_functions)
         self.env = env
-        self.ref_model = self.build_reference() if config.needs_ref else None
-        self.critic = self.build_critic() if config.needs_critic else None
-        self.model = self.shard(self.model, "actor")  # after the ref/critic copies: they start from full weights
+        # Each rank builds what its roles need: all of it when colocated; with a split placement every rank
+        # loaded the policy once so the ref and critic start from the actor's initial weights.
+        self.ref_model = self.build_reference() if config.needs_ref and "ref" in self.roles else None
+        self.critic = self.build_critic() if config.needs_critic and "critic" in self.roles else None
+        self._hf_assets = super().hf_assets()
+        self.sampling = self._sampling_params(config.rollout.temperature, config.rollout.n)
+        if "actor" not in self.roles:  # a critic/ref-only rank of a split placement drops the policy
+            self.model = self.optimizer = self.scheduler = self.engine = None
+        else:
+            self.model = self.shard(self.model, "actor")  # after the ref/critic copies: they start from full weights
+            total_updates = (config.trainer.total_steps * config.actor.ppo_epochs
+                             * self.plans["actor"].num_mini_batches)
+            self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), config.actor,
+                                                             total_steps=total_updates)
+            self.engine = build_engine(config.rollout.engine, self.model)
         if self.critic is not None:
             self.critic = self.shard(self.critic, "critic")
-        total_updates = config.trainer.total_steps * config.actor.ppo_epochs * self.plans["actor"].num_mini_batches
-        self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), config.actor, total_steps=total_updates)
-        if self.critic is not None:
             critic_updates = (config.trainer.total_steps * config.critic.ppo_epochs
                               * self.plans["critic"].num_mini_batches)
             self.critic_optimizer, self.critic_scheduler = build_optimizer(
@@ -84,8 +93,9 @@ class RLTrainer(TrainerRuntime):
         algo = config.algorithm
         self.kl_ctrl = (AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon)
                         if algo.kl_ctrl == "adaptive" else FixedKLController(algo.kl_coef))
-        self.engine = build_engine(config.rollout.engine, self.model)
-        self.sampling = self._sampling_params(config.rollout.temperature, config.rollout.n)
+
+    def refuse_split_placement(self) -> None:
+        """The RL trainer runs split placements (`split_step`): nothing to refuse."""
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -192,6 +202,8 @@ class RLTrainer(TrainerRuntime):
     # ------------------------------------------------------------------ the RL step
     def step(self) -> dict[str, float]:
         """One RL iteration; returns its metrics."""
+        if self.split:
+            return self.split_step()
         timing: dict[str, float] = {}
         with self.timer(timing, "generate"):
             batch = self.get_batch()
@@ -219,6 +231,97 @@ class RLTrainer(TrainerRuntime):
         metrics["timing/step"] = total
         metrics["perf/tokens_per_s"] = float(batch.attention_mask.sum()) * self.dp_size / max(total, 1e-9)
         return metrics
+
+    # Tensors a ref or critic rank needs to run the model on the actor's sequences.
+    SEQUENCE_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+
+    def split_step(self) -> dict[str, float]:
+        """One RL iteration with roles on different ranks (devices.actor/critic/ref): the stages of `step()`,
+        each run by its role's ranks, with the batch moved between role groups.
+
+        Every rank calls every `move_batch` in this order; a rank outside the receiving role gets None and
+        skips that stage. Only GAE needs the critic; the other estimators stay on the actor ranks.
+        """
+        timing: dict[str, float] = {}
+        actor, groups = "actor" in self.roles, self.groups
+        with self.timer(timing, "generate"):
+            batch = self.get_batch()  # on every rank: the prompt order (saved in checkpoints) stays in step
+            if actor:
+                batch = self.pad_to_actor_width(self.generate(batch))
+        if actor:
+            with self.timer(timing, "reward"):
+                batch = self.compute_reward(batch)
+            with self.timer(timing, "old_logprobs"):
+                if self.needs_old_logprobs:
+                    batch.old_logprobs = self.sequence_logprobs(self.model, batch)
+        if self.config.needs_ref:
+            with self.timer(timing, "ref"):
+                got = groups.move_batch(self.fields(batch, self.SEQUENCE_FIELDS) if actor else None,
+                                        "actor", "ref", stage="ref_inputs")
+                back = None if got is None else {"ref_logprobs": self.sequence_logprobs(self.ref_model,
+                                                                                         self.received(got))}
+                back = groups.move_batch(back, "ref", "actor", stage="ref_logprobs")
+            if actor:
+                batch.ref_logprobs = back["ref_logprobs"]
+        metrics: dict[str, float] = {}
+        if actor:
+            batch = self.apply_kl_in_reward(batch)
+        if self.config.needs_critic:
+            fields = self.SEQUENCE_FIELDS + ("token_rewards",)
+            got = groups.move_batch(self.fields(batch, fields) if actor else None, "actor", "critic", stage="values")
+            back = None
+            if got is not None:
+                with self.timer(timing, "critic"):
+                    critic_batch = self.estimate_advantages(self.compute_values(self.received(got)))
+                with self.timer(timing, "update_critic"):
+                    metrics |= self.update_critic(critic_batch)
+                back = self.fields(critic_batch, ("advantages", "returns"))
+            back = groups.move_batch(back, "critic", "actor", stage="advantages")
+            if actor:
+                batch.advantages, batch.returns = back["advantages"], back["returns"]
+        elif actor:
+            with self.timer(timing, "advantages"):
+                batch = self.estimate_advantages(batch)
+        if actor:
+            with self.timer(timing, "update"):
+                if self.step_count >= self.config.critic.warmup_steps_critic_only or not self.config.needs_critic:
+                    metrics |= self.update_policy(batch)
+            metrics |= self.batch_metrics(batch)
+        metrics |= {f"timing/{k}": v for k, v in timing.items()}
+        metrics["timing/step"] = sum(timing.values())
+        if actor:
+            metrics["perf/tokens_per_s"] = (float(batch.attention_mask.sum()) * self.dp_size
+                                            / max(metrics["timing/step"], 1e-9))
+        return self.mean_over_owners(metrics)
+
+    def pad_to_actor_width(self, batch: RolloutBatch) -> RolloutBatch:
+        """Pad prompts (left) and responses (right) to the widest actor rank's, so that the shards of the
+        actor ranks can be concatenated when they move to another role."""
+        import torch.distributed as dist
+        import torch.nn.functional as F
+
+        widths = torch.tensor([batch.prompt_ids.shape[1], batch.response_ids.shape[1]], device=self.device)
+        self.groups.all_reduce(widths, "actor", "widths", op=dist.ReduceOp.MAX)
+        extra_p = int(widths[0]) - batch.prompt_ids.shape[1]
+        extra_r = int(widths[1]) - batch.response_ids.shape[1]
+        pad = self.tokenizer.pad_token_id
+        batch.prompt_ids = F.pad(batch.prompt_ids, (extra_p, 0), value=pad)
+        batch.prompt_mask = F.pad(batch.prompt_mask, (extra_p, 0), value=0)
+        batch.response_ids = F.pad(batch.response_ids, (0, extra_r), value=pad)
+        batch.response_mask = F.pad(batch.response_mask, (0, extra_r), value=0)
+        return batch
+
+    @staticmethod
+    def fields(batch: RolloutBatch, names: Sequence[str]) -> dict[str, torch.Tensor]:
+        """The named tensors of a batch, as `move_batch` sends them."""
+        return {name: getattr(batch, name) for name in names}
+
+    @staticmethod
+    def received(fields: Mapping[str, torch.Tensor]) -> RolloutBatch:
+        """A batch on a ref/critic rank from the tensors it was sent (no prompt rows: it needs none)."""
+        n = fields["prompt_ids"].shape[0]
+        return RolloutBatch(rows=[{} for _ in range(n)], group_ids=torch.arange(n),
+                            **{k: v for k, v in fields.items() if k != "group_ids"})
 
     def get_batch(self) -> RolloutBatch:
         """This rank's share of the next prompts, tokenised and left-padded, each repeated n times."""
@@ -255,17 +358,18 @@ class RLTrainer(TrainerRuntime):
 
     def compute_log_probs(self, batch: RolloutBatch) -> RolloutBatch:
         """Log-probs of the sampled tokens under the current actor (pre-update) and the reference."""
-        temperature = self.config.rollout.temperature or 1.0
         if self.needs_old_logprobs:
-            batch.old_logprobs = self.forward_in_micro_batches(
-                batch, lambda mb: response_logprobs(self.model, mb.input_ids, mb.attention_mask, mb.position_ids,
-                                                    mb.response_ids.shape[1], temperature=temperature)[0])
+            batch.old_logprobs = self.sequence_logprobs(self.model, batch)
         if self.ref_model is not None:
-            batch.ref_logprobs = self.forward_in_micro_batches(
-                batch, lambda mb: response_logprobs(self.ref_model, mb.input_ids, mb.attention_mask,
-                                                    mb.position_ids, mb.response_ids.shape[1],
-                                                    temperature=temperature)[0])
+            batch.ref_logprobs = self.sequence_logprobs(self.ref_model, batch)
         return batch
+
+    def sequence_logprobs(self, model: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
+        """Log-probs of the sampled response tokens under `model` (no gradient)."""
+        temperature = self.config.rollout.temperature or 1.0
+        return self.forward_in_micro_batches(
+            batch, lambda mb: response_logprobs(model, mb.input_ids, mb.attention_mask, mb.position_ids,
+                                                mb.response_ids.shape[1], temperature=temperature)[0])
 
     def compute_values(self, batch: RolloutBatch) -> RolloutBatch:
         batch.values = self.forward_in_micro_batches(
@@ -274,6 +378,10 @@ class RLTrainer(TrainerRuntime):
         return batch
 
     def compute_advantages(self, batch: RolloutBatch) -> RolloutBatch:
+        return self.estimate_advantages(self.apply_kl_in_reward(batch))
+
+    def apply_kl_in_reward(self, batch: RolloutBatch) -> RolloutBatch:
+        """With `algorithm.kl_in_reward`, subtract the (controlled) KL to the reference from the token rewards."""
         algo, mask = self.config.algorithm, batch.response_mask.float()
         rewards = batch.token_rewards
         if algo.kl_in_reward:
@@ -284,6 +392,11 @@ class RLTrainer(TrainerRuntime):
             batch.reward_metrics["kl/coef"] = float(self.kl_ctrl.value)
             self.kl_ctrl.update(current_kl, len(batch))
         batch.token_rewards = rewards
+        return batch
+
+    def estimate_advantages(self, batch: RolloutBatch) -> RolloutBatch:
+        """Advantages and returns from the token rewards (and the values, for GAE)."""
+        algo, mask, rewards = self.config.algorithm, batch.response_mask.float(), batch.token_rewards
         if algo.adv_estimator == "gae":
             adv, ret = compute_gae(rewards, batch.values, mask, algo.gamma, algo.lam)
             batch.advantages = masked_whiten(adv, mask) * mask if algo.whiten_advantages else adv
@@ -359,7 +472,7 @@ class RLTrainer(TrainerRuntime):
         """Old log-probs need a separate pass unless the update is a single on-policy step."""
         plan = self.plans["actor"]
         return (self.config.algorithm.kl_in_reward or self.config.actor.ppo_epochs > 1
-                or plan.num_mini_batches > 1 or self.ref_model is not None)
+                or plan.num_mini_batches > 1 or self.config.needs_ref)
 
     def optimize(
         self,
@@ -384,7 +497,7 @@ class RLTrainer(TrainerRuntime):
             order = (torch.randperm(n, generator=self.shuffle_generator) if cfg.shuffle else torch.arange(n))
             for start in range(0, n, plan.mini_batch_sequences):
                 mini = batch.select(order[start : start + plan.mini_batch_sequences])
-                weights = self.micro_weights(mini, plan.micro_batch_size, cfg.loss_agg)
+                weights = self.micro_weights(mini, plan.micro_batch_size, cfg.loss_agg, role=prefix)
                 optimizer.zero_grad(set_to_none=True)
                 for (mb, weight) in zip(self._micro_batches(mini, plan.micro_batch_size), weights, strict=True):
                     loss, stats = micro_loss(mb)
@@ -404,16 +517,17 @@ class RLTrainer(TrainerRuntime):
         for start in range(0, len(batch), size):
             yield batch.select(torch.arange(start, min(start + size, len(batch))))
 
-    def micro_weights(self, mini: RolloutBatch, size: int, agg: str) -> list[float]:
+    def micro_weights(self, mini: RolloutBatch, size: int, agg: str, role: str = "actor") -> list[float]:
         """Each micro-batch's share of the global mini-batch (tokens for token-mean, else sequences).
 
-        Shares are of the total over all data-parallel ranks, times the number of ranks because FSDP
+        Shares are of the total over the role's data-parallel ranks, times the number of ranks because FSDP
         averages gradients: the accumulated gradient is that of one big batch, however it is split.
         """
         mask = mini.response_mask
         units = mask.sum(-1) if agg == "token-mean" else (mask.sum(-1) > 0).long()
-        total = max(self.all_reduce_sum([float(units.sum())])[0], 1.0)
-        return [float(units[s : s + size].sum()) * self.dp_size / total for s in range(0, len(mini), size)]
+        total = max(self.all_reduce_sum([float(units.sum())], role)[0], 1.0)
+        ranks = self.role_size(role)
+        return [float(units[s : s + size].sum()) * ranks / total for s in range(0, len(mini), size)]
 
     def forward_in_micro_batches(self, batch: RolloutBatch, fn: Callable[[RolloutBatch], torch.Tensor]) -> torch.Tensor:
         size = self.plans["actor"].micro_batch_size * 2  # no activations kept: twice the training micro size
@@ -442,6 +556,9 @@ class RLTrainer(TrainerRuntime):
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
         """Greedy (or `rollout.val_temperature`) answers on the held-out rows; mean score."""
+        if self.split:  # the actor ranks answer; every rank gets their mean
+            return self.mean_over_owners(self.evaluate(self.env.val_rows(), prefix="val")
+                                         if "actor" in self.roles else {})
         return self.evaluate(self.env.val_rows(), prefix="val")
 
     def evaluate(self, rows: Sequence[Mapping[str, Any]], prefix: str = "val") -> dict[str, float]:
@@ -478,16 +595,25 @@ class RLTrainer(TrainerRuntime):
         self.env.load_state_dict(state["env"])
 
     def app_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"model": self.model, "optimizer": self.optimizer}
+        """What this rank holds (split placements: actor ranks the policy, critic ranks the critic; the
+        checkpoint is their union)."""
+        state: dict[str, Any] = {}
+        if self.model is not None:
+            state |= {"model": self.model, "optimizer": self.optimizer}
         if self.critic is not None:
             state |= {"critic": self.critic, "critic_optimizer": self.critic_optimizer}
         return state
 
     def schedulers(self) -> dict[str, Any]:
-        out = {"scheduler": self.scheduler}
+        out = {}
+        if self.model is not None:
+            out["scheduler"] = self.scheduler
         if self.critic is not None:
             out["critic_scheduler"] = self.critic_scheduler
         return out
+
+    def hf_assets(self) -> tuple[Any, ...]:
+        return self._hf_assets  # captured at start-up: a critic-only rank (maybe rank 0) holds no policy
 
     @staticmethod
     @contextmanager

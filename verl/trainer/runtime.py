@@ -21,7 +21,7 @@ import torch
 
 from verl.config.loader import config_to_yaml
 from verl.config.schema import RunConfig
-from verl.errors import ConfigError, DataError, DeviceMappingError, ModelError, VerlError
+from verl.errors import CheckpointError, ConfigError, DataError, DeviceMappingError, ModelError, VerlError
 
 
 def seed_everything(seed: int) -> None:
@@ -85,13 +85,17 @@ class TrainerRuntime:
                                         model_path=resolve_model_path(config.model.path),
                                         device_type=self.device.type)
         self.groups = None
+        mapping = self.startup.mapping
+        # Roles this rank runs; a split placement (roles on different ranks) is executed by trainers that
+        # support it (RLTrainer.split_step) and refused by the others (`refuse_split_placement`).
+        self.roles: set[str] = set(mapping.roles_on(self.rank))
+        self.split = self.world_size > 1 and not mapping.is_colocated()
+        if self.split:
+            self.refuse_split_placement()
+            actor_ranks = mapping.ranks("actor")
+            self.dp_rank = actor_ranks.index(self.rank) if self.rank in actor_ranks else 0
+            self.dp_size = len(actor_ranks)
         if self.world_size > 1:
-            if not self.startup.mapping.is_colocated():
-                raise DeviceMappingError(
-                    "this mapping places roles on different device groups; it is valid, but this version "
-                    "of the trainers runs every role on every rank (colocated, the default). Fix: remove "
-                    "devices.actor/critic/ref/reward (and the --*_device_id(s) flags) to colocate.\n"
-                    + self.startup.mapping.render_table())
             env = init_distributed(config.devices.timeout_s)
             self.device = env.device if config.trainer.device != "cpu" else torch.device("cpu")
             self.groups = RoleGroups.create(self.startup.mapping, timeout_s=config.devices.timeout_s,
@@ -106,6 +110,18 @@ class TrainerRuntime:
         self.step_count = 0
         self.run_dir = resolve_run_dir(config, self.kind)
         self.history: list[dict[str, float]] = []
+
+    def refuse_split_placement(self) -> None:
+        """Trainers that run every role on every rank refuse a split mapping before anything loads."""
+        raise DeviceMappingError(
+            f"this mapping places roles on different device groups; it is valid, but the {self.kind} trainer "
+            "runs every role on every rank (colocated, the default; only the RL trainer runs split "
+            "placements). Fix: remove devices.actor/critic/ref/reward (and the --*_device_id(s) flags) to "
+            "colocate.\n" + self.startup.mapping.render_table())
+
+    def role_size(self, role: str) -> int:
+        """How many ranks share `role`'s data (its data-parallel size)."""
+        return len(self.groups.ranks(role)) if self.groups is not None else 1
 
     # ------------------------------------------------------------------ data parallelism
     def shard(self, module: torch.nn.Module, role: str) -> torch.nn.Module:
@@ -136,12 +152,12 @@ class TrainerRuntime:
                 m.reshard()
                 m.set_reshard_after_forward(self.config.fsdp.reshard_after_forward, recurse=False)
 
-    def all_reduce_sum(self, values: list[float]) -> list[float]:
-        """Sum floats over the data-parallel ranks (identity in one process)."""
+    def all_reduce_sum(self, values: list[float], role: str = "actor") -> list[float]:
+        """Sum floats over the ranks of `role` (the data-parallel ranks; identity in one process)."""
         if self.groups is None:
             return values
         t = torch.tensor(values, dtype=torch.float64, device=self.device if self.device.type == "cuda" else "cpu")
-        self.groups.all_reduce(t, "actor", "metrics")
+        self.groups.all_reduce(t, role, "metrics")
         return t.tolist()
 
     def mean_over_ranks(self, metrics: dict[str, float]) -> dict[str, float]:
@@ -150,6 +166,44 @@ class TrainerRuntime:
         keys = sorted(metrics)
         totals = self.all_reduce_sum([metrics[k] for k in keys])
         return {k: v / self.dp_size for k, v in zip(keys, totals, strict=True)}
+
+    def mean_over_owners(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Each metric's mean over the ranks that computed it, on every rank.
+
+        With a split placement the ranks hold different metrics (critic ones on the critic ranks, actor
+        ones on the actor ranks) and rank 0, which logs, may hold neither: the names travel as JSON (no
+        pickling), then one world all-reduce sums each value and its number of owners.
+        """
+        if self.groups is None:
+            return metrics
+        import json
+
+        import torch.distributed as dist
+
+        from verl.distributed.runtime import role_key
+
+        device = self.device if self.device.type == "cuda" else torch.device("cpu")
+        world = tuple(range(self.world_size))
+        payload = torch.tensor(list(json.dumps(sorted(metrics)).encode()), dtype=torch.uint8, device=device)
+
+        def exchange() -> dict[str, float]:
+            lengths = [torch.zeros(1, dtype=torch.long, device=device) for _ in world]
+            dist.all_gather(lengths, torch.tensor([payload.numel()], dtype=torch.long, device=device))
+            width = max(int(n) for n in lengths)
+            padded = torch.zeros(width, dtype=torch.uint8, device=device)
+            padded[: payload.numel()] = payload
+            parts = [torch.empty_like(padded) for _ in world]
+            dist.all_gather(parts, padded)
+            names = sorted(set().union(*(json.loads(bytes(p[: int(n)].cpu().tolist()).decode())
+                                         for p, n in zip(parts, lengths, strict=True))))
+            if not names:
+                return {}
+            sums = torch.tensor([[metrics.get(k, 0.0), float(k in metrics)] for k in names],
+                                dtype=torch.float64, device=device)
+            dist.all_reduce(sums)
+            return {k: s / c for k, (s, c) in zip(names, sums.tolist(), strict=True)}
+
+        return self.groups.guard.run("metrics:owners", world, exchange, group_name=role_key(world))
 
     # ------------------------------------------------------------------ model and data
     def _resolve_dtype(self, name: str) -> torch.dtype:
@@ -322,6 +376,12 @@ class TrainerRuntime:
         self.step_count = int(extra["step"])
         self.load_trainer_state(extra["trainer"])
         for name, sched in self.schedulers().items():
+            if name not in extra["schedulers"]:
+                raise CheckpointError(
+                    f"rank {self.rank}: the checkpoint holds no {name!r} for this rank (it has "
+                    f"{sorted(extra['schedulers'])}); it was saved with another role placement (devices.actor/"
+                    "critic/ref). Fix: resume with the devices.* placement it was saved with, or set "
+                    "trainer.resume=never")
             sched.load_state_dict(extra["schedulers"][name])
         self.generator.set_state(extra["generators"]["sample"])
         self.shuffle_generator.set_state(extra["generators"]["shuffle"])

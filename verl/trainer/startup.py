@@ -58,11 +58,11 @@ def count_parameters(path: str, *, trust_remote_code: bool = False, revision: st
     return sum(p.numel() for p in model.parameters())
 
 
-def plans_for(config: RunConfig, dp_size: int) -> dict[str, Any]:
+def plans_for(config: RunConfig, dp_size: int, critic_dp_size: int | None = None) -> dict[str, Any]:
     if config.trainer.kind == "rl":
         from verl.trainer.batch_math import plan_rl
 
-        return plan_rl(config, dp_size)
+        return plan_rl(config, dp_size, critic_dp_size)
     if config.data.train_batch_size % dp_size:
         raise ConfigError(f"data.train_batch_size={config.data.train_batch_size} cannot be split evenly over "
                           f"{dp_size} data-parallel ranks; use a multiple of {dp_size}")
@@ -89,8 +89,10 @@ def validate_startup(config: RunConfig, *, world_size: int, model_path: str | No
     except VerlError as exc:
         problems.append(str(exc))
     actor_ranks = len(report.mapping.ranks("actor")) if report.mapping is not None else world_size
+    critic_ranks = (len(report.mapping.ranks("critic"))
+                    if report.mapping is not None and "critic" in report.mapping.roles else None)
     try:
-        report.plans = plans_for(config, actor_ranks)
+        report.plans = plans_for(config, actor_ranks, critic_ranks)
     except VerlError as exc:
         problems.append(str(exc))
     try:
