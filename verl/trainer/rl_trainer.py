@@ -34,7 +34,7 @@ from verl.algorithms import (
 )
 from verl.config.loader import build_config
 from verl.config.schema import OptimConfig, RunConfig
-from verl.errors import ConfigError, DataError, ModelError
+from verl.errors import ConfigError, DataError, DeviceMappingError, ModelError
 from verl.rollout import SamplingParams, build_engine
 from verl.trainer.batch import RolloutBatch
 from verl.trainer.batch_math import BatchPlan
@@ -95,7 +95,16 @@ class RLTrainer(TrainerRuntime):
                         if algo.kl_ctrl == "adaptive" else FixedKLController(algo.kl_coef))
 
     def refuse_split_placement(self) -> None:
-        """The RL trainer runs split placements (`split_step`): nothing to refuse."""
+        """The RL trainer runs split placements (`split_step`). A reward model, though, scores on the actor
+        ranks, next to the responses they generated: a placement of its own would be silently ignored."""
+        mapping = self.startup.mapping
+        if (self.config.devices.reward is not None and "reward" in mapping.roles
+                and mapping.ranks("reward") != mapping.ranks("actor")):
+            raise DeviceMappingError(
+                f"devices.reward={list(mapping.ranks('reward'))}: the reward model (reward.model_path) scores "
+                f"the responses on the actor ranks {list(mapping.ranks('actor'))}, so it cannot be placed "
+                "elsewhere. Fix: remove devices.reward (or set it to the actor's ranks).\n"
+                + mapping.render_table())
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod

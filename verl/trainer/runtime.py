@@ -271,7 +271,7 @@ class TrainerRuntime:
         if cfg.env.name is None:
             train_rows, val_rows = (list(rows), []) if rows is not None else self.split_train_val("prompt")
         functions = list(reward_functions) if reward_functions is not None else list(cfg.reward.functions)
-        if cfg.reward.model_path:
+        if cfg.reward.model_path and "actor" in self.roles:  # scored where the responses are generated
             from verl.trainer.reward_model import build_reward_model_function
 
             dtype = self._resolve_dtype(cfg.reward.model_dtype or cfg.model.dtype)
