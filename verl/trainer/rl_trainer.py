@@ -234,7 +234,7 @@ class RLTrainer(TrainerRuntime):
             if self.step_count >= self.config.critic.warmup_steps_critic_only or self.critic is None:
                 metrics |= self.update_policy(batch)
         metrics |= self.batch_metrics(batch)
-        metrics = self.mean_over_ranks(metrics)
+        metrics = self.mean_over_owners(metrics)  # ranks may differ in which metrics they have
         metrics |= {f"timing/{k}": v for k, v in timing.items()}
         total = sum(timing.values())
         metrics["timing/step"] = total

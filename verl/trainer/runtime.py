@@ -160,13 +160,6 @@ class TrainerRuntime:
         self.groups.all_reduce(t, role, "metrics")
         return t.tolist()
 
-    def mean_over_ranks(self, metrics: dict[str, float]) -> dict[str, float]:
-        if self.groups is None:
-            return metrics
-        keys = sorted(metrics)
-        totals = self.all_reduce_sum([metrics[k] for k in keys])
-        return {k: v / self.dp_size for k, v in zip(keys, totals, strict=True)}
-
     def mean_over_owners(self, metrics: dict[str, float]) -> dict[str, float]:
         """Each metric's mean over the ranks that computed it, on every rank.
 
