@@ -1,5 +1,5 @@
 """The RL trainer with roles on different ranks: PPO on 4 gloo processes with the actor on [0, 1], the
-critic on [2, 3] and the reference on [0], then resumed with the same placement."""
+critic on [2, 3], the reference on [0] and a reward model on [3], then resumed with the same placement."""
 
 import json
 import os
@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from verl.checkpoint import verify
+from verl.models.tiny import build_tiny_reward_model
 
 pytestmark = pytest.mark.dist
 
@@ -27,7 +28,8 @@ def _config(tmp_path, steps):
         "env": {"name": "arithmetic", "kwargs": {"max_operand": 9, "num_val": 4}},
         "data": {"train_batch_size": 4, "max_prompt_length": 16},
         "rollout": {"n": 2, "max_new_tokens": 3},
-        "reward": {"functions": [{"name": f"{tmp_path / 'reward.py'}:digit_share"}]},
+        "reward": {"functions": [{"name": f"{tmp_path / 'reward.py'}:digit_share"}],
+                   "model_path": build_tiny_reward_model(), "model_weight": 0.5},
         "algorithm": {"adv_estimator": "gae", "kl_in_reward": True, "kl_coef": 0.5},
         "actor": {"lr": 1e-3, "micro_batch_size": 2, "entropy_coef": 0.01, "kl_loss_coef": 0.1},
         "critic": {"lr": 1e-3, "micro_batch_size": 2},
@@ -58,6 +60,7 @@ def test_split_placement_trains_checkpoints_and_resumes(tmp_path):
     for r in rows:  # actor metrics from ranks 0-1, critic metrics from ranks 2-3 reach rank 0
         assert r["actor/grad_norm"] > 0 and r["critic/grad_norm"] > 0
         assert {"actor/kl_loss", "actor/ref_kl", "kl/in_reward", "critic/vf_loss", "critic/grad_norm"} <= set(r)
+        assert "reward/reward_model/score" in r and "timing/reward_model" in r  # scored on rank 3
     assert rows[0]["kl/in_reward"] == 0.0 and rows[1]["kl/in_reward"] != 0.0  # the ref anchors the actor
     assert "val/score" in rows[-1]
     step2 = tmp_path / "run" / "checkpoints" / "step_2"

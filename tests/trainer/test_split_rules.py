@@ -38,17 +38,3 @@ def test_offline_trainers_refuse_a_split_placement_before_loading(monkeypatch, t
     message = str(err.value)
     assert "the dpo trainer runs every role on every rank" in message and "Fix: remove devices." in message
     assert "ref" in message and "0" in message  # the mapping table
-
-
-def test_rl_trainer_refuses_a_reward_model_placed_apart_from_the_actor(monkeypatch, tmp_path):
-    from verl.trainer.rl_trainer import RLTrainer
-
-    monkeypatch.setenv("WORLD_SIZE", "4")
-    monkeypatch.setenv("RANK", "0")
-    config = _ppo("devices.actor=[0,1]", "devices.critic=[2,3]", "devices.reward=[3]",
-                  f"reward.model_path={tmp_path / 'rm'}", f"trainer.run_dir={tmp_path}")
-    with pytest.raises(DeviceMappingError) as err:
-        RLTrainer(config)
-    message = str(err.value)
-    assert "devices.reward=[3]" in message and "actor ranks [0, 1]" in message
-    assert "Fix: remove devices.reward" in message

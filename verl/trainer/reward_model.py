@@ -23,15 +23,18 @@ class RewardModelFunction:
         self.scorer = scorer
         self.reward_spec = {"weight": weight, "batched": True}
 
-    def text(self, prompt: Any, response: str) -> str:
-        if isinstance(prompt, list):  # chat messages: the reward model's own template
-            messages = [*prompt, {"role": "assistant", "content": response}]
-            return self.scorer.tokenizer.apply_chat_template(messages, tokenize=False)
-        return f"{prompt}{response}"
-
     def __call__(self, prompts: Sequence[Any], responses: Sequence[str], ground_truths: Sequence[Any],
                  metadatas: Sequence[Mapping[str, Any]]) -> list[float]:
-        return self.scorer.score_texts([self.text(p, r) for p, r in zip(prompts, responses, strict=True)]).tolist()
+        texts = [reward_text(self.scorer.tokenizer, p, r) for p, r in zip(prompts, responses, strict=True)]
+        return self.scorer.score_texts(texts).tolist()
+
+
+def reward_text(tokenizer: Any, prompt: Any, response: str) -> str:
+    """What the reward model reads: prompt + response, in the reward model's own chat format for messages."""
+    if isinstance(prompt, list):
+        messages = [*prompt, {"role": "assistant", "content": response}]
+        return tokenizer.apply_chat_template(messages, tokenize=False)
+    return f"{prompt}{response}"
 
 
 def build_reward_model_function(path: str, *, dtype: torch.dtype, device: torch.device, weight: float,

@@ -34,7 +34,7 @@ from verl.algorithms import (
 )
 from verl.config.loader import build_config
 from verl.config.schema import OptimConfig, RunConfig
-from verl.errors import ConfigError, DataError, DeviceMappingError, ModelError
+from verl.errors import ConfigError, DataError, ModelError
 from verl.rollout import SamplingParams, build_engine
 from verl.trainer.batch import RolloutBatch
 from verl.trainer.batch_math import BatchPlan
@@ -90,21 +90,22 @@ class RLTrainer(TrainerRuntime):
                               * self.plans["critic"].num_mini_batches)
             self.critic_optimizer, self.critic_scheduler = build_optimizer(
                 self.critic.parameters(), config.critic, total_steps=critic_updates)
+        if self.remote_reward_model:  # scores on its own ranks; the actor ranks only tokenise for it
+            from verl.models.reward_model import RewardModelScorer
+            from verl.utils.hf_loader import load_tokenizer
+
+            r = config.reward
+            self.reward_tokenizer = load_tokenizer(r.model_path, trust_remote_code=config.model.trust_remote_code)
+            if "reward" in self.roles:
+                self.reward_scorer = RewardModelScorer(
+                    r.model_path, self.reward_tokenizer, dtype=self._resolve_dtype(r.model_dtype or config.model.dtype),
+                    device=self.device, trust_remote_code=config.model.trust_remote_code)
         algo = config.algorithm
         self.kl_ctrl = (AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon)
                         if algo.kl_ctrl == "adaptive" else FixedKLController(algo.kl_coef))
 
     def refuse_split_placement(self) -> None:
-        """The RL trainer runs split placements (`split_step`). A reward model, though, scores on the actor
-        ranks, next to the responses they generated: a placement of its own would be silently ignored."""
-        mapping = self.startup.mapping
-        if (self.config.devices.reward is not None and "reward" in mapping.roles
-                and mapping.ranks("reward") != mapping.ranks("actor")):
-            raise DeviceMappingError(
-                f"devices.reward={list(mapping.ranks('reward'))}: the reward model (reward.model_path) scores "
-                f"the responses on the actor ranks {list(mapping.ranks('actor'))}, so it cannot be placed "
-                "elsewhere. Fix: remove devices.reward (or set it to the actor's ranks).\n"
-                + mapping.render_table())
+        """The RL trainer runs split placements (`split_step`)."""
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -260,9 +261,18 @@ class RLTrainer(TrainerRuntime):
         if actor:
             with self.timer(timing, "reward"):
                 batch = self.compute_reward(batch)
+        if self.remote_reward_model:
+            with self.timer(timing, "reward_model"):
+                got = groups.move_batch(self.reward_model_inputs(batch) if actor else None, "actor", "reward",
+                                        stage="reward_inputs")
+                back = None if got is None else {
+                    "scores": self.reward_scorer.score_ids(got["input_ids"], got["attention_mask"])}
+                back = groups.move_batch(back, "reward", "actor", stage="reward_scores")
+            if actor:
+                batch = self.add_reward_model_scores(batch, back["scores"])
+        if actor and self.needs_old_logprobs:
             with self.timer(timing, "old_logprobs"):
-                if self.needs_old_logprobs:
-                    batch.old_logprobs = self.sequence_logprobs(self.model, batch)
+                batch.old_logprobs = self.sequence_logprobs(self.model, batch)
         if self.config.needs_ref:
             with self.timer(timing, "ref"):
                 got = groups.move_batch(self.fields(batch, self.SEQUENCE_FIELDS) if actor else None,
@@ -302,6 +312,31 @@ class RLTrainer(TrainerRuntime):
             metrics["perf/tokens_per_s"] = (float(batch.attention_mask.sum()) * self.dp_size
                                             / max(metrics["timing/step"], 1e-9))
         return self.mean_over_owners(metrics)
+
+    def reward_model_inputs(self, batch: RolloutBatch) -> dict[str, torch.Tensor]:
+        """The reward model's token ids for prompt + response, padded to one width over the actor ranks."""
+        import torch.distributed as dist
+        import torch.nn.functional as F
+
+        from verl.trainer.reward_model import reward_text
+
+        texts = [reward_text(self.reward_tokenizer, row["prompt"], response)
+                 for row, response in zip(batch.rows, batch.responses, strict=True)]
+        enc = self.reward_tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        width = torch.tensor([enc["input_ids"].shape[1]], device=self.device)
+        self.groups.all_reduce(width, "actor", "reward_width", op=dist.ReduceOp.MAX)
+        extra = int(width) - enc["input_ids"].shape[1]
+        pad = self.reward_tokenizer.pad_token_id
+        return {"input_ids": F.pad(enc["input_ids"], (0, extra), value=pad),
+                "attention_mask": F.pad(enc["attention_mask"], (0, extra), value=0)}
+
+    def add_reward_model_scores(self, batch: RolloutBatch, scores: torch.Tensor) -> RolloutBatch:
+        """Add `reward.model_weight` x the reward model's scores, as the reward function would colocated."""
+        scores = scores.to(batch.scores.device, torch.float32)
+        batch.scores = batch.scores + self.config.reward.model_weight * scores
+        batch.token_rewards = place_score_on_last_token(batch.scores, batch.response_mask.float())
+        batch.reward_metrics["reward/reward_model/score"] = float(scores.mean())
+        return batch
 
     def pad_to_actor_width(self, batch: RolloutBatch) -> RolloutBatch:
         """Pad prompts (left) and responses (right) to the widest actor rank's, so that the shards of the

@@ -111,6 +111,13 @@ class TrainerRuntime:
         self.run_dir = resolve_run_dir(config, self.kind)
         self.history: list[dict[str, float]] = []
 
+    @property
+    def remote_reward_model(self) -> bool:
+        """A reward model placed on ranks of its own (devices.reward apart from the actor's ranks)."""
+        mapping = self.startup.mapping
+        return (self.split and bool(self.config.reward.model_path) and self.config.devices.reward is not None
+                and mapping.ranks("reward") != mapping.ranks("actor"))
+
     def refuse_split_placement(self) -> None:
         """Trainers that run every role on every rank refuse a split mapping before anything loads."""
         raise DeviceMappingError(
@@ -264,7 +271,7 @@ class TrainerRuntime:
         if cfg.env.name is None:
             train_rows, val_rows = (list(rows), []) if rows is not None else self.split_train_val("prompt")
         functions = list(reward_functions) if reward_functions is not None else list(cfg.reward.functions)
-        if cfg.reward.model_path and "actor" in self.roles:  # scored where the responses are generated
+        if cfg.reward.model_path and "actor" in self.roles and not self.remote_reward_model:
             from verl.trainer.reward_model import build_reward_model_function
 
             dtype = self._resolve_dtype(cfg.reward.model_dtype or cfg.model.dtype)
