@@ -83,7 +83,9 @@ LATEST_NAME = "latest"
 EXTRA_DIR = "extra"
 HF_DIR = "hf"
 _STEP_RE = re.compile(r"^step_(\d+)$")
-_TRASH_RE = re.compile(r"^step_\d+\.(tmp|deleting|old)-[0-9a-f]+$")
+# Leftovers of an interrupted save: a step folder being written, deleted or swapped, or the `latest`
+# pointer's temporary file (killed between its write and the rename).
+_TRASH_RE = re.compile(r"^(step_\d+\.(tmp|deleting|old)-[0-9a-f]+|latest\.tmp-\d+)$")
 
 
 def extra_file(rank: int) -> str:
@@ -486,7 +488,10 @@ class CheckpointManager:
                     os.rename(p, base)
                     continue
             logger.warning("removing %s, left over by an interrupted save", p)
-            shutil.rmtree(p, ignore_errors=True)
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ async bookkeeping
     def wait(self) -> None:
