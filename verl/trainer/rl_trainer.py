@@ -47,6 +47,7 @@ class RLTrainer(TrainerRuntime):
     """Online RL trainer. `RLTrainer(config).fit()`; see `from_pretrained` for use without YAML."""
 
     kind = "rl"
+    runs_split_placements = True
 
     def __init__(
         self,
@@ -103,9 +104,6 @@ class RLTrainer(TrainerRuntime):
         algo = config.algorithm
         self.kl_ctrl = (AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon)
                         if algo.kl_ctrl == "adaptive" else FixedKLController(algo.kl_coef))
-
-    def refuse_split_placement(self) -> None:
-        """The RL trainer runs split placements (`split_step`)."""
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod

@@ -67,6 +67,7 @@ def resolve_model_path(path: str) -> str:
 
 class TrainerRuntime:
     kind = "base"
+    runs_split_placements = False  # roles on different ranks (RLTrainer.split_step)
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
@@ -87,11 +88,16 @@ class TrainerRuntime:
         self.groups = None
         mapping = self.startup.mapping
         # Roles this rank runs; a split placement (roles on different ranks) is executed by trainers that
-        # support it (RLTrainer.split_step) and refused by the others (`refuse_split_placement`).
+        # support it (RLTrainer.split_step) and refused by the others before anything loads.
         self.roles: set[str] = set(mapping.roles_on(self.rank))
         self.split = self.world_size > 1 and not mapping.is_colocated()
         if self.split:
-            self.refuse_split_placement()
+            if not self.runs_split_placements:
+                raise DeviceMappingError(
+                    f"this mapping places roles on different device groups; it is valid, but the {self.kind} "
+                    "trainer runs every role on every rank (colocated, the default; only the RL trainer runs "
+                    "split placements). Fix: remove devices.actor/critic/ref/reward (and the "
+                    "--*_device_id(s) flags) to colocate.\n" + mapping.render_table())
             actor_ranks = mapping.ranks("actor")
             self.dp_rank = actor_ranks.index(self.rank) if self.rank in actor_ranks else 0
             self.dp_size = len(actor_ranks)
@@ -117,14 +123,6 @@ class TrainerRuntime:
         mapping = self.startup.mapping
         return (self.split and bool(self.config.reward.model_path) and self.config.devices.reward is not None
                 and mapping.ranks("reward") != mapping.ranks("actor"))
-
-    def refuse_split_placement(self) -> None:
-        """Trainers that run every role on every rank refuse a split mapping before anything loads."""
-        raise DeviceMappingError(
-            f"this mapping places roles on different device groups; it is valid, but the {self.kind} trainer "
-            "runs every role on every rank (colocated, the default; only the RL trainer runs split "
-            "placements). Fix: remove devices.actor/critic/ref/reward (and the --*_device_id(s) flags) to "
-            "colocate.\n" + self.startup.mapping.render_table())
 
     def role_size(self, role: str) -> int:
         """How many ranks share `role`'s data (its data-parallel size)."""
