@@ -70,7 +70,8 @@ def split_legacy_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return overrides, rest
 
 
-def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+def set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    """`tree['a']['b'] = value` for `a.b`, creating the sections on the way."""
     node = tree
     parts = dotted.split(".")
     for part in parts[:-1]:
@@ -91,7 +92,7 @@ def apply_overrides(tree: dict, overrides: Sequence[str]) -> list[str]:
         if not eq or not key or any(not p for p in key.split(".")):
             problems.append(f"override {item!r}: expected KEY=VALUE with a dotted key, e.g. actor.lr=1e-6")
             continue
-        _set_dotted(tree, key, parse_value(raw.strip()))
+        set_dotted(tree, key, parse_value(raw.strip()))
     return problems
 
 

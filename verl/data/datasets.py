@@ -32,7 +32,9 @@ def pad_token_id(tokenizer: Any) -> int:
 
 
 def _where(row: dict[str, Any]) -> str:
-    return f"{row.get('file', '?')}:{row.get('line', '?')}"
+    if "file" in row or "line" in row:
+        return f"{row.get('file', '?')}:{row.get('line', '?')}"
+    return f"prompt {str(row.get('prompt'))[:40]!r}"  # a row from an environment or from Python, not a file
 
 
 def _check(name: str, value: str, allowed: Sequence[str]) -> None:

@@ -6,6 +6,7 @@ vocabulary-sized memory.
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -13,9 +14,11 @@ import torch
 from verl.algorithms import entropy_from_logits, token_logprobs
 
 
-def _accepts(model: torch.nn.Module, name: str) -> bool:
+@functools.cache
+def _accepts(model_type: type, name: str) -> bool:
+    """Whether the model class's forward takes `name` (asked once per class: this is the RL hot path)."""
     try:
-        return name in inspect.signature(model.forward).parameters
+        return name in inspect.signature(model_type.forward).parameters
     except (TypeError, ValueError):
         return False
 
@@ -30,7 +33,7 @@ def sequence_logits(
     """Logits predicting the last `keep_last` tokens: [B, keep_last, V] (float32)."""
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
               "use_cache": False}
-    if _accepts(model, "logits_to_keep"):
+    if _accepts(type(model), "logits_to_keep"):
         kwargs["logits_to_keep"] = keep_last + 1
     logits = model(**kwargs).logits
     return logits[:, -keep_last - 1 : -1, :].float()

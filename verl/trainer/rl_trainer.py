@@ -32,7 +32,7 @@ from verl.algorithms import (
     ppo_policy_loss,
     value_loss,
 )
-from verl.config.loader import build_config
+from verl.config.loader import build_config, set_dotted
 from verl.config.schema import OptimConfig, RunConfig
 from verl.errors import ConfigError, DataError, ModelError
 from verl.rollout import SamplingParams, build_engine
@@ -40,7 +40,7 @@ from verl.trainer.batch import RolloutBatch
 from verl.trainer.batch_math import BatchPlan
 from verl.trainer.forward import response_logprobs, response_values
 from verl.trainer.optim import build_optimizer
-from verl.trainer.runtime import TrainerRuntime
+from verl.trainer.runtime import TrainerRuntime, resolve_model_path
 
 
 class RLTrainer(TrainerRuntime):
@@ -127,14 +127,9 @@ class RLTrainer(TrainerRuntime):
         or a list of specs.
         """
         tree: dict[str, Any] = {}
-        for key, value in overrides.items():
-            node, parts = tree, key.split(".")
-            for part in parts[:-1]:
-                node = node.setdefault(part, {})
-            if isinstance(value, Mapping) and isinstance(node.get(parts[-1]), dict):
-                node[parts[-1]].update(value)
-            else:
-                node[parts[-1]] = dict(value) if isinstance(value, Mapping) else value
+        for key, value in overrides.items():  # a section dict is its dotted keys: both forms merge
+            for sub, item in (value.items() if isinstance(value, Mapping) else [(None, value)]):
+                set_dotted(tree, f"{key}.{sub}" if sub is not None else key, item)
         if isinstance(model, str):
             tree.setdefault("model", {})["path"] = model
         rows = None
@@ -177,7 +172,6 @@ class RLTrainer(TrainerRuntime):
         path = self.config.ref.path
         if not path:
             return self._frozen_copy(self.model)
-        from verl.trainer.runtime import resolve_model_path
         from verl.utils.hf_loader import load_hf_model
 
         cfg = self.config.model

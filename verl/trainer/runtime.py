@@ -291,31 +291,17 @@ class TrainerRuntime:
         return out
 
     def encode_prompts(self, rows: Sequence[Mapping[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded prompt ids and mask, with the chat template where the data layer says so."""
-        from verl.data.chat import encode_prompt, template_mode
+        """Left-padded prompt ids and mask, through the data layer's `PromptDataset` (chat template,
+        length limit). Rows are never dropped here, since each one owns n responses; `data.truncation=drop`
+        already filtered over-long rows when the files were read, so a long prompt left now is an error."""
+        from verl.data import PromptDataset
 
         d = self.config.data
-        mode = template_mode(d.apply_chat_template)
-        encoded = []
-        for row in rows:
-            ids = encode_prompt(self.tokenizer, row["prompt"], mode, dict(row))
-            if len(ids) > d.max_prompt_length:
-                if d.truncation != "truncate_left":
-                    where = f"{row['file']}:{row['line']}: " if "file" in row and "line" in row else ""
-                    raise DataError(f"{where}prompt has {len(ids)} tokens > data.max_prompt_length="
-                                    f"{d.max_prompt_length}; raise the limit or set data.truncation="
-                                    "truncate_left (or drop, to filter such rows when the data is loaded)")
-                ids = ids[-d.max_prompt_length :]
-            encoded.append(ids)
-        width = max(len(ids) for ids in encoded)
-        pad = self.tokenizer.pad_token_id
-        input_ids = torch.full((len(encoded), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(encoded), width), dtype=torch.long)
-        for i, ids in enumerate(encoded):
-            if ids:
-                input_ids[i, width - len(ids) :] = torch.tensor(ids)
-                mask[i, width - len(ids) :] = 1
-        return input_ids, mask
+        truncation = "truncate_left" if d.truncation == "truncate_left" else "error"
+        data = PromptDataset([dict(r) for r in rows], self.tokenizer, d.max_prompt_length, truncation,
+                             d.apply_chat_template)
+        batch = data.collate([data[i] for i in range(len(data))])
+        return batch["input_ids"], batch["attention_mask"]
 
     def decode_responses(self, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
         lengths = response_mask.sum(-1).tolist()
