@@ -2,12 +2,10 @@
 with a verified checkpoint."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import yaml
+from launch_support import metrics, verl_train  # pytest puts this folder on sys.path
 
 from verl.checkpoint import verify
 
@@ -37,11 +35,7 @@ def test_two_ranks(tmp_path, kind, data_kind):
     }
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          "-m", "verl.cli.main", "train", str(path)], capture_output=True, text=True,
-                         timeout=600, env=env, cwd=tmp_path)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    verl_train(path, tmp_path, nproc=2)
+    rows = metrics(tmp_path / "run")
     assert [r["step"] for r in rows if "loss" in r] == [1, 2]
     assert verify(tmp_path / "run" / "checkpoints" / "step_2") == []

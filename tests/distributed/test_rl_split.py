@@ -2,12 +2,10 @@
 critic on [2, 3], the reference on [0] and a reward model on [3], then resumed with the same placement."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import yaml
+from launch_support import metrics, verl_train  # pytest puts this folder on sys.path
 
 from verl.checkpoint import verify
 from verl.models.tiny import build_tiny_reward_model
@@ -45,13 +43,8 @@ def _config(tmp_path, steps):
 
 
 def _train(tmp_path, steps):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
-            "-m", "verl.cli.main", "train", str(_config(tmp_path, steps))]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    return rows
+    verl_train(_config(tmp_path, steps), tmp_path, nproc=4)
+    return metrics(tmp_path / "run")
 
 
 def test_split_placement_trains_checkpoints_and_resumes(tmp_path):
