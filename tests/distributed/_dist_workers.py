@@ -38,7 +38,7 @@ def free_port() -> int:
 
 def setup(rank: int, world: int, port: int):
     """What torchrun would export, then our own init_distributed reads it."""
-    from verl.distributed.runtime import init_distributed
+    from verl.distributed.process import init_distributed
 
     torch.set_num_threads(1)
     os.environ.update(
@@ -119,9 +119,9 @@ def reference_run(optimizer: str) -> tuple[list[float], dict[str, torch.Tensor]]
 def two_rank_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     """Equivalence run, the FSDPConfig matrix and the planted collective mismatch, in one process group."""
     from verl.config.fsdp import FSDPConfig, MixedPrecisionSpec
+    from verl.distributed import CollectiveGuard, RoleGroups
     from verl.distributed.fsdp import apply_fsdp, full_state_dict
     from verl.distributed.mapping import validate_device_mapping
-    from verl.distributed.runtime import CollectiveGuard, RoleGroups
     from verl.errors import DistributedError
 
     setup(rank, world, port)
@@ -200,9 +200,9 @@ def two_rank_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 def split_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     """actor [0,1], critic [2,3], ref [0], reward [3]: batches move between groups; FSDP per group."""
     from verl.config.fsdp import FSDPConfig
+    from verl.distributed import RoleGroups
     from verl.distributed.fsdp import apply_fsdp
     from verl.distributed.mapping import validate_device_mapping
-    from verl.distributed.runtime import RoleGroups
 
     setup(rank, world, port)
     mapping = validate_device_mapping(

@@ -7,9 +7,10 @@ import torch
 from torch import nn
 
 from verl.config.fsdp import FSDPConfig
+from verl.distributed import CollectiveGuard, RoleGroups, init_distributed
 from verl.distributed.fsdp import apply_fsdp, enable_activation_checkpointing, find_decoder_layers
 from verl.distributed.mapping import validate_device_mapping
-from verl.distributed.runtime import CollectiveGuard, RoleGroups, init_distributed, shard_batch
+from verl.distributed.transfer import shard_batch
 from verl.errors import ConfigError, DeviceMappingError, DistributedError
 
 

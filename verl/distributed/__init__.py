@@ -5,10 +5,12 @@ init_distributed -> RoleGroups.create (every rank) -> apply_fsdp per role -> mov
 """
 
 from verl.distributed.fsdp import apply_fsdp, full_state_dict, load_full_state_dict
+from verl.distributed.groups import RoleGroups
+from verl.distributed.guard import CollectiveGuard
 from verl.distributed.launch import build_torchrun_command, spawn_torchrun
 from verl.distributed.mapping import ROLES, DeviceMapping, validate_device_mapping
 from verl.distributed.memory import MemoryEstimate, estimate_memory
-from verl.distributed.runtime import CollectiveGuard, DistEnv, RoleGroups, init_distributed
+from verl.distributed.process import DistEnv, init_distributed
 
 __all__ = [
     "ROLES",

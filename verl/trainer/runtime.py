@@ -71,7 +71,7 @@ class TrainerRuntime:
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
-        from verl.distributed.runtime import RoleGroups, init_distributed
+        from verl.distributed import RoleGroups, init_distributed
         from verl.trainer.startup import validate_startup
 
         self.rank = int(os.environ.get("RANK", 0))
@@ -178,7 +178,7 @@ class TrainerRuntime:
 
         import torch.distributed as dist
 
-        from verl.distributed.runtime import role_key
+        from verl.distributed.guard import role_key
 
         device = self.device if self.device.type == "cuda" else torch.device("cpu")
         world = tuple(range(self.world_size))

@@ -1,0 +1,216 @@
+"""Every role's process group, created up front on every rank in one fixed order.
+
+Two rules make role placement deadlock-free by construction:
+  1. every process group is created up front, on every rank, in the fixed role order (new_group is a
+     collective over the whole world);
+  2. every transfer is a fixed sequence of group collectives that every member calls in the same order,
+     preceded by an arrival check (`CollectiveGuard`), which names the stage and the missing ranks after
+     `timeout_s` instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from verl.config.fsdp import FSDPConfig
+from verl.distributed.guard import CollectiveGuard, role_key
+from verl.distributed.mapping import ROLES, DeviceMapping
+from verl.distributed.transfer import Batch, broadcast_batch, gather_batch, shard_batch
+from verl.errors import DeviceMappingError, DistributedError
+
+
+@dataclass
+class RoleGroups:
+    """Every role's process group (and FSDP mesh groups), created on every rank in one fixed order."""
+
+    mapping: DeviceMapping
+    rank: int
+    guard: CollectiveGuard
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    _groups: dict[tuple[int, ...], Any] = field(default_factory=dict)
+    _mesh_groups: dict[str, tuple[tuple[int, int], Any, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def create(
+        cls,
+        mapping: DeviceMapping,
+        *,
+        timeout_s: float = 600.0,
+        fsdp: FSDPConfig | Mapping[str, FSDPConfig] | None = None,
+        num_gpus_per_node: int | None = None,
+        device: torch.device | None = None,
+    ) -> RoleGroups:
+        """Create the groups; must be called by every rank with the same arguments.
+
+        Groups are keyed by their rank set, so colocated roles share one communicator. For roles whose
+        FSDP strategy needs a 2-D mesh (HYBRID_SHARD, NO_SHARD) the shard and replicate sub-groups are
+        created here too, so apply_fsdp never creates groups behind the back of non-member ranks.
+        """
+        initialized = dist.is_initialized()
+        rank = dist.get_rank() if initialized else 0
+        world = dist.get_world_size() if initialized else 1
+        if world != mapping.world_size:
+            raise DeviceMappingError(
+                f"the mapping was validated for world size {mapping.world_size} but {world} process(es) are "
+                f"running. Fix: validate with world_size={world}."
+            )
+        timeout = datetime.timedelta(seconds=timeout_s)
+        self = cls(
+            mapping=mapping, rank=rank, guard=CollectiveGuard(timeout_s), device=device or torch.device("cpu")
+        )
+
+        def group_for(ranks: tuple[int, ...]) -> Any:
+            if ranks not in self._groups:
+                if not initialized:
+                    self._groups[ranks] = None
+                elif ranks == tuple(range(world)):
+                    self._groups[ranks] = dist.group.WORLD
+                else:
+                    self._groups[ranks] = dist.new_group(list(ranks), timeout=timeout)
+            return self._groups[ranks]
+
+        active = [role for role in ROLES if role in mapping.roles]
+        for role in active:  # fixed order: identical new_group sequence on every rank
+            group_for(mapping.roles[role])
+        for i, a in enumerate(active):  # transfer groups: src ∪ dst for every role pair
+            for b in active[i + 1 :]:
+                group_for(tuple(sorted(set(mapping.roles[a]) | set(mapping.roles[b]))))
+        for role in ROLES:
+            if role not in mapping.roles:
+                continue
+            cfg = fsdp.get(role) if isinstance(fsdp, Mapping) else fsdp
+            if cfg is None or cfg.sharding_strategy not in ("HYBRID_SHARD", "NO_SHARD"):
+                continue
+            ranks = mapping.roles[role]
+            shard = cfg.shard_group_size(len(ranks), num_gpus_per_node=num_gpus_per_node)
+            cfg.check(len(ranks), num_gpus_per_node=num_gpus_per_node, key=f"{role}.fsdp")
+            replicas = len(ranks) // shard
+            grid = [list(ranks[i * shard : (i + 1) * shard]) for i in range(replicas)]
+            mine_shard = mine_rep = None
+            for row in grid:  # shard groups: rows of the grid
+                g = group_for(tuple(row))
+                if rank in row:
+                    mine_shard = g
+            for col in range(shard):  # replicate groups: columns of the grid
+                members = tuple(grid[i][col] for i in range(replicas))
+                g = group_for(members)
+                if rank in members:
+                    mine_rep = g
+            self._mesh_groups[role] = ((replicas, shard), mine_rep, mine_shard)
+        return self
+
+    def group(self, role: str) -> Any:
+        """The ProcessGroup of `role` (None when not running distributed)."""
+        return self._groups[self.mapping.ranks(role)]
+
+    def ranks(self, role: str) -> tuple[int, ...]:
+        return self.mapping.ranks(role)
+
+    def has(self, role: str) -> bool:
+        """Whether this rank takes part in `role`."""
+        return role in self.mapping.roles and self.rank in self.mapping.roles[role]
+
+    def mesh(self, role: str, device_type: str | None = None) -> Any:
+        """The DeviceMesh FSDP2 shards `role` over: 1-D over its group, 2-D for HYBRID_SHARD/NO_SHARD.
+
+        Only members of the role may ask (a mesh of groups this rank is not in is meaningless).
+        """
+        from torch.distributed.device_mesh import DeviceMesh
+
+        if not self.has(role):
+            raise DistributedError(
+                f"rank {self.rank} asked for the {role} mesh but is not one of its ranks {list(self.ranks(role))}. "
+                f"Fix: guard the call with role_groups.has({role!r})."
+            )
+        dtype = device_type or self.device.type
+        ranks = self.mapping.ranks(role)
+        if role in self._mesh_groups:
+            (replicas, shard), rep, sh = self._mesh_groups[role]
+            return DeviceMesh.from_group(
+                [rep, sh],
+                dtype,
+                mesh=torch.tensor(ranks, dtype=torch.int).view(replicas, shard),
+                mesh_dim_names=("replicate", "shard"),
+            )
+        return DeviceMesh.from_group(self.group(role), dtype, mesh=torch.tensor(ranks, dtype=torch.int))
+
+    # --- guarded collectives over a role's group -----------------------------------------------
+    def barrier(self, role: str, stage: str) -> None:
+        """Arrival check over the role's ranks (the check is itself the barrier)."""
+        if self.has(role):
+            self.guard.arrive(stage, self.ranks(role), group_name=role_key(self.ranks(role)))
+
+    def all_reduce(self, tensor: torch.Tensor, role: str, stage: str, op: Any = None) -> torch.Tensor:
+        """In-place all-reduce (sum by default) over the role's group, behind the arrival check."""
+        if not self.has(role) or len(self.ranks(role)) == 1 or not dist.is_initialized():
+            return tensor
+        ranks = self.ranks(role)
+        op = dist.ReduceOp.SUM if op is None else op
+        self.guard.run(
+            stage,
+            ranks,
+            lambda: dist.all_reduce(tensor, op=op, group=self.group(role)),
+            group_name=role_key(ranks),
+        )
+        return tensor
+
+    def move_batch(self, batch: Batch | None, src: str, dst: str, *, stage: str) -> Batch | None:
+        """Move a data-parallel batch from the `src` role's ranks to the `dst` role's ranks.
+
+        Every rank of the world calls this with the same (src, dst, stage), in the same order; ranks in
+        neither group return immediately. On src ranks `batch` is this rank's shard (dim 0 = samples);
+        dst ranks get back their contiguous shard of the concatenated batch (torch.tensor_split order),
+        others get None. Sequence: gather to the src leader inside src, broadcast schema + tensors from
+        the src leader over src ∪ dst, each dst rank keeps its slice. No pickling: the schema is JSON.
+        """
+        src_ranks, dst_ranks = self.ranks(src), self.ranks(dst)
+        in_src, in_dst = self.rank in src_ranks, self.rank in dst_ranks
+        if not dist.is_initialized() or (src_ranks == dst_ranks):
+            return batch if in_dst else None
+        if not (in_src or in_dst):
+            return None
+        if in_src and batch is None:
+            raise DistributedError(
+                f"stage {stage!r}: rank {self.rank} belongs to the {src} group {list(src_ranks)} but passed no batch. "
+                f"Fix: every {src} rank must pass its shard to move_batch."
+            )
+        full: Batch | None = None
+        if in_src:
+            full = gather_batch(
+                batch,
+                group=self.group(src),
+                ranks=src_ranks,
+                guard=self.guard,
+                stage=f"{stage}:gather[{src}]",
+                device=self.device,
+            )
+        union = tuple(sorted(set(src_ranks) | set(dst_ranks)))
+        union_group = self._union_group(union)
+        full = broadcast_batch(
+            full,
+            src_rank=src_ranks[0],
+            group=union_group,
+            ranks=union,
+            guard=self.guard,
+            stage=f"{stage}:send[{src}->{dst}]",
+            device=self.device,
+        )
+        if not in_dst:
+            return None
+        return shard_batch(full, dst_ranks.index(self.rank), len(dst_ranks))
+
+    def _union_group(self, ranks: tuple[int, ...]) -> Any:
+        group = self._groups.get(ranks)
+        if group is None:
+            raise DistributedError(
+                f"no process group for ranks {list(ranks)}: transfer groups are created by "
+                f"RoleGroups.create for every role pair. Fix: create RoleGroups with the same mapping on every rank."
+            )
+        return group
+
