@@ -12,8 +12,10 @@ from verl.algorithms import (
     aggregate_loss,
     explained_variance,
     masked_mean,
+    masked_moments,
     masked_var,
     masked_whiten,
+    whiten_from_moments,
 )
 
 # Rows: full, a gap in the middle plus end padding, empty, left and right padding.
@@ -212,3 +214,19 @@ def test_errors_name_the_argument():
         aggregate_loss(x, torch.ones(2, 3), "seq-mean-token-sum-norm", norm_len=0)
     with pytest.raises(ValueError, match="returns has shape"):
         explained_variance(x, torch.zeros(3), torch.ones(2, 3))
+
+
+def test_whitening_from_summed_moments_equals_whitening_the_whole_batch():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 9, generator=g, dtype=torch.float64) * 3 + 2
+    mask = (torch.rand(6, 9, generator=g) > 0.3).long()
+    shards = [(x[:2], mask[:2]), (x[2:], mask[2:])]
+    moments = sum(masked_moments(xs, ms) for xs, ms in shards)
+    got = torch.cat([whiten_from_moments(xs, ms, moments) for xs, ms in shards])
+    vals = [x[i, j].item() for i in range(6) for j in range(9) if mask[i, j]]
+    mean = sum(vals) / len(vals)
+    std = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5
+    want = torch.tensor([[(x[i, j].item() - mean) / std if mask[i, j] else 0.0 for j in range(9)]
+                         for i in range(6)], dtype=torch.float64)
+    assert torch.allclose(got, want, rtol=0, atol=1e-7)  # eps=1e-8 inside the sqrt
+    assert torch.equal(got, masked_whiten(x, mask))

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from verl.algorithms import KL_KINDS, AdaptiveKLController, FixedKLController, kl_penalty
+from verl.algorithms import KL_KINDS, AdaptiveKLController, FixedKLController, kl_penalty, sequence_kl_sums
 
 
 def ref_kl(lp: float, ref: float, kind: str) -> float:
@@ -16,7 +16,8 @@ def ref_kl(lp: float, ref: float, kind: str) -> float:
     if kind == "k2":
         return 0.5 * (lp - ref) ** 2
     if kind == "k3":
-        return math.exp(ref - lp) - (ref - lp) - 1
+        x = min(max(ref - lp, -20.0), 20.0)
+        return min(max(math.exp(x) - x - 1, -10.0), 10.0)
     return abs(lp - ref)
 
 
@@ -132,3 +133,30 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match=r"state\['value'\]=-1\.0 for FixedKLController must be"):
         FixedKLController(0.1).load_state_dict({"value": -1.0})
     assert c.value == 0.1  # failed calls changed nothing
+
+
+def test_k3_is_clamped_and_its_gradient_stays_finite():
+    lp = torch.tensor([-30.0, -5.0, -1.0], requires_grad=True)  # ref - lp = 29 (overflows exp in float32), 4, 0
+    ref = torch.tensor([-1.0, -1.0, -1.0])
+    kl = kl_penalty(lp, ref, "k3")
+    assert kl.tolist() == pytest.approx([10.0, 10.0, 0.0])  # e^4 - 4 - 1 = 49.6 -> 10
+    kl.sum().backward()
+    assert torch.isfinite(lp.grad).all() and lp.grad.tolist() == pytest.approx([0.0, 0.0, 0.0])
+    many = torch.full((1, 64), -1.0)
+    one_extreme = many.clone()
+    one_extreme[0, 0] = -40.0
+    assert float(kl_penalty(one_extreme, many * 0 - 1, "k3").mean()) <= 10.0 / 64 + 1e-6
+
+
+def test_sequence_kl_sums_is_the_mean_of_per_sequence_token_means():
+    g = torch.Generator().manual_seed(3)
+    kl = torch.randn(5, 7, generator=g, dtype=torch.float64)
+    mask = (torch.rand(5, 7, generator=g) > 0.4).long()
+    mask[2] = 0  # an empty response is not counted
+    total, count = sequence_kl_sums(kl, mask).tolist()
+    means = [sum(kl[i, j].item() for j in range(7) if mask[i, j]) / int(mask[i].sum())
+             for i in range(5) if mask[i].sum() > 0]
+    assert count == len(means) == 4
+    assert total / count == pytest.approx(sum(means) / len(means), rel=1e-12)
+    halves = sequence_kl_sums(kl[:3], mask[:3]) + sequence_kl_sums(kl[3:], mask[3:])
+    assert torch.allclose(halves, sequence_kl_sums(kl, mask), rtol=0, atol=1e-12)

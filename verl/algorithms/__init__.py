@@ -11,15 +11,25 @@ from .advantages import (
     compute_rloo_advantages,
     place_score_on_last_token,
 )
-from .core import AGG_MODES, aggregate_loss, explained_variance, masked_mean, masked_var, masked_whiten
+from .core import (
+    AGG_MODES,
+    aggregate_loss,
+    explained_variance,
+    masked_mean,
+    masked_moments,
+    masked_var,
+    masked_whiten,
+    whiten_from_moments,
+)
 from .dpo import DPO_LOSS_TYPES, dpo_loss
-from .kl import KL_KINDS, AdaptiveKLController, FixedKLController, kl_penalty
+from .kl import K3_CLAMP, KL_KINDS, AdaptiveKLController, FixedKLController, kl_penalty, sequence_kl_sums
 from .logits import entropy_from_logits, token_logprobs
 from .losses import ppo_policy_loss, value_loss
 
 __all__ = [
     "AGG_MODES",
     "DPO_LOSS_TYPES",
+    "K3_CLAMP",
     "KL_KINDS",
     "AdaptiveKLController",
     "FixedKLController",
@@ -33,10 +43,13 @@ __all__ = [
     "explained_variance",
     "kl_penalty",
     "masked_mean",
+    "masked_moments",
     "masked_var",
     "masked_whiten",
     "place_score_on_last_token",
     "ppo_policy_loss",
+    "sequence_kl_sums",
     "token_logprobs",
     "value_loss",
+    "whiten_from_moments",
 ]

@@ -78,6 +78,37 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
     return sq / dof.clamp(min=1)
 
 
+def masked_moments(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[count, sum, sum of squares] of the unmasked elements, in float64.
+
+    Moments add up: summed over data-parallel shards they are the moments of the whole batch, which is
+    how whitening stays a statistic of the global batch however it is split (`whiten_from_moments`).
+    """
+    m = _bool_mask(mask, x)
+    xs = torch.where(m, x, 0).double()
+    return torch.stack([m.sum().double(), xs.sum(), (xs * xs).sum()])
+
+
+def whiten_from_moments(
+    x: torch.Tensor, mask: torch.Tensor, moments: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
+) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) with mean and unbiased var from `masked_moments` (maybe of a larger
+    batch); masked positions become 0. `shift_mean=False` adds the mean back."""
+    if not eps >= 0:
+        raise ValueError(f"eps={eps!r} must be >= 0")
+    if tuple(moments.shape) != (3,):
+        raise ValueError(f"moments has shape {tuple(moments.shape)}; pass [count, sum, sum of squares] "
+                         "from masked_moments")
+    m = _bool_mask(mask, x)
+    count, total, squares = moments.double().unbind()
+    mean = total / count.clamp(min=1)
+    var = ((squares - total * mean) / (count - 1).clamp(min=1)).clamp(min=0)
+    out = (torch.where(m, x, 0).double() - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return torch.where(m, out, 0).to(x.dtype)
+
+
 def masked_whiten(
     x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
 ) -> torch.Tensor:
@@ -86,16 +117,7 @@ def masked_whiten(
     `shift_mean=False` adds the mean back, which rescales without moving the centre: for rewards or values
     whose sign carries meaning.
     """
-    if not eps >= 0:
-        raise ValueError(f"eps={eps!r} must be >= 0")
-    m = _bool_mask(mask, x)
-    xs = torch.where(m, x, 0)
-    mean = masked_mean(xs, m)
-    var = masked_var(xs, m, unbiased=True)
-    out = (xs - mean) * torch.rsqrt(var + eps)
-    if not shift_mean:
-        out = out + mean
-    return torch.where(m, out, 0)
+    return whiten_from_moments(x, mask, masked_moments(x, mask), shift_mean=shift_mean, eps=eps)
 
 
 def aggregate_loss(

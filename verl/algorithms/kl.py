@@ -15,10 +15,28 @@ import torch
 from .core import _check_same_shape
 
 KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3", "abs")
+K3_CLAMP = 10.0
+
+
+def sequence_kl_sums(kl: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[sum over sequences of each one's mean per-token KL, number of sequences], in float64.
+
+    The adaptive controller's input is the per-token KL averaged within each response, then over the
+    batch (the unit of `algorithm.kl_target`). As sums, shards add up to the global batch's value:
+    divide the first entry by the second after summing over data-parallel ranks. Empty responses
+    (no unmasked token) have no per-token KL and are not counted.
+    """
+    _check_same_shape("kl", kl, mask=mask)
+    m = mask != 0
+    tokens = m.sum(-1)
+    per_seq = torch.where(m, kl, 0).double().sum(-1) / tokens.clamp(min=1)
+    has = tokens > 0
+    return torch.stack([per_seq[has].sum(), has.sum().double()])
 
 
 def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str) -> torch.Tensor:
-    """Per-token KL estimate: k1 = logp - ref, k2 = 0.5 (logp - ref)^2, k3 = exp(ref - logp) - (ref - logp) - 1, abs = |logp - ref|."""
+    """Per-token KL estimate: k1 = logp - ref, k2 = 0.5 (logp - ref)^2, k3 = exp(ref - logp) - (ref - logp) - 1
+    (clamped to [-10, 10]), abs = |logp - ref|."""
     _check_same_shape("logprob", logprob, ref_logprob=ref_logprob)
     diff = logprob - ref_logprob
     if kind == "k1":
@@ -26,9 +44,11 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str) -> t
     if kind == "k2":
         return 0.5 * diff * diff
     if kind == "k3":
-        # expm1(x) - x is exp(x) - x - 1 without the cancellation that loses small KLs in float32.
-        x = -diff
-        return torch.expm1(x) - x
+        # expm1(x) - x is exp(x) - x - 1 without the cancellation that loses small KLs in float32. The
+        # log-ratio is bounded first (exp(89) overflows float32, and inf would give NaN gradients), the
+        # estimate then clamped to [-10, 10] so one extreme token cannot dominate a batch.
+        x = (-diff).clamp(-20.0, 20.0)
+        return (torch.expm1(x) - x).clamp(-K3_CLAMP, K3_CLAMP)
     if kind == "abs":
         return diff.abs()
     raise ValueError(f"kind={kind!r} is not a KL estimator; use one of {', '.join(KL_KINDS)}")

@@ -144,3 +144,62 @@ def shard_batch(batch: Batch, index: int, parts: int) -> Batch:
     """Contiguous shard `index` of `parts` along dim 0 (torch.tensor_split order: sizes differ by <= 1)."""
     return {k: torch.tensor_split(t, parts, dim=0)[index] for k, t in batch.items()}
 
+
+
+def pad_to_group_width(
+    tensors: dict[str, torch.Tensor],
+    sides: dict[str, tuple[str, int | float]],
+    *,
+    all_reduce_max: Any,
+) -> dict[str, torch.Tensor]:
+    """Pad each tensor's dim 1 to the widest over a group, so the members' shards can be concatenated.
+
+    `sides[name]` is ("left" | "right", pad value): prompts are left-padded, responses right-padded.
+    `all_reduce_max(t)` takes the element-wise max of a long tensor over the group, in place.
+    """
+    names = sorted(tensors)
+    widths = torch.tensor([tensors[k].shape[1] for k in names], dtype=torch.long)
+    all_reduce_max(widths)
+    out = {}
+    for name, width in zip(names, widths.tolist(), strict=True):
+        t = tensors[name]
+        extra = width - t.shape[1]
+        side, value = sides[name]
+        out[name] = torch.nn.functional.pad(t, (extra, 0) if side == "left" else (0, extra), value=value)
+    return out
+
+
+def _all_gather_json(payload: Any, *, group: Any, members: int, device: torch.device) -> list[Any]:
+    """Every member's JSON-serialisable `payload` (no pickling: bytes of JSON in uint8 tensors)."""
+    data = torch.tensor(list(json.dumps(payload).encode()), dtype=torch.uint8, device=device)
+    lengths = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(members)]
+    dist.all_gather(lengths, torch.tensor([data.numel()], dtype=torch.long, device=device), group=group)
+    width = max(int(n) for n in lengths)
+    padded = torch.zeros(width, dtype=torch.uint8, device=device)
+    padded[: data.numel()] = data
+    parts = [torch.empty_like(padded) for _ in range(members)]
+    dist.all_gather(parts, padded, group=group)
+    return [json.loads(bytes(p[: int(n)].cpu().tolist()).decode()) for p, n in zip(parts, lengths, strict=True)]
+
+
+def mean_over_owners(
+    metrics: dict[str, float], *, group: Any, ranks: tuple[int, ...], guard: CollectiveGuard, device: torch.device
+) -> dict[str, float]:
+    """Each metric's mean over the ranks that hold it, returned on every rank of `ranks`.
+
+    Ranks may hold different metrics (critic ones on critic ranks, actor ones on actor ranks, and the
+    logging rank maybe neither): the names are all-gathered as JSON, then one all-reduce sums each value
+    and its number of owners.
+    """
+
+    def exchange() -> dict[str, float]:
+        lists = _all_gather_json(sorted(metrics), group=group, members=len(ranks), device=device)
+        names = sorted(set().union(*lists))
+        if not names:
+            return {}
+        sums = torch.tensor([[metrics.get(k, 0.0), float(k in metrics)] for k in names],
+                            dtype=torch.float64, device=device)
+        dist.all_reduce(sums, group=group)
+        return {k: s / c for k, (s, c) in zip(names, sums.tolist(), strict=True)}
+
+    return guard.run("metrics:owners", ranks, exchange, group_name=role_key(ranks))
