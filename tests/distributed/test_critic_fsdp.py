@@ -1,10 +1,9 @@
 """The FSDP2-sharded critic: its gradient on 2 gloo ranks equals one process on the whole batch, and its
 output is not a view (FSDP2 hooks a view's autograd node, which an in-place op on the view replaces)."""
 
+import _dist_workers as W  # noqa: E402 - pytest puts tests/distributed on sys.path
 import pytest
 import torch
-
-import _dist_workers as W  # noqa: E402 - pytest puts tests/distributed on sys.path
 
 pytestmark = pytest.mark.dist
 
