@@ -248,3 +248,96 @@ def split_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     torch.save(record, Path(out_dir) / f"split{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------------------------------
+RESPONSE_LEN = 4
+
+
+def critic_batch() -> dict[str, torch.Tensor]:
+    """A fixed PPO critic batch: left padding on odd rows, every row with RESPONSE_LEN response tokens
+    (so each rank's token-mean loss averages exactly to the global token-mean)."""
+    from verl.models.critic import positions_from_mask
+
+    g = torch.Generator().manual_seed(2)
+    mask = torch.ones(GLOBAL_BATCH, SEQ_LEN, dtype=torch.long)
+    mask[1::2, :2] = 0
+    return {
+        "input_ids": global_batch(),
+        "attention_mask": mask,
+        "position_ids": positions_from_mask(mask),
+        "old_values": torch.randn(GLOBAL_BATCH, RESPONSE_LEN, generator=g),
+        "returns": torch.randn(GLOBAL_BATCH, RESPONSE_LEN, generator=g),
+        "response_mask": torch.ones(GLOBAL_BATCH, RESPONSE_LEN),
+    }
+
+
+def tiny_critic() -> torch.nn.Module:
+    """ValueModel on the tiny actor with a non-zero head (the default zero head gives the backbone no
+    gradient, which would make any gradient comparison vacuous)."""
+    from verl.models.critic import ValueModel
+
+    critic = ValueModel.from_actor(tiny_qwen2())
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        critic.value_head.weight.copy_(torch.randn(critic.value_head.weight.shape, generator=g))
+        critic.value_head.bias.fill_(0.1)
+    return critic
+
+
+def critic_backward(critic: torch.nn.Module, batch: dict[str, torch.Tensor], *, in_place: bool) -> None:
+    """The value loss as RLTrainer.update_critic computes it, then backward. With `in_place`, the raw
+    critic output is first modified in place (an identity `mul_`), which a view output cannot survive."""
+    from verl.algorithms.losses import value_loss
+    from verl.trainer.forward import response_values
+
+    if in_place:
+        raw = critic(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                     position_ids=batch["position_ids"])
+        raw.mul_(1.0)
+        values = raw[:, -RESPONSE_LEN - 1 : -1]
+    else:
+        values = response_values(critic, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
+                                 RESPONSE_LEN)
+    loss, _ = value_loss(values, batch["old_values"], batch["returns"], batch["response_mask"], clip_range=0.2)
+    loss.backward()
+
+
+def critic_grads(critic: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Full (unsharded) gradients by parameter name; collective when the parameters are DTensors."""
+    out = {}
+    for name, p in critic.named_parameters():
+        g = p.grad
+        if g is not None and hasattr(g, "full_tensor"):
+            g = g.full_tensor()
+        out[name] = None if g is None else g.detach().clone()
+    return out
+
+
+def critic_grad_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """FSDP2 critic on `world` ranks, each with its rows of the batch, vs one process on the whole batch."""
+    import warnings
+
+    from verl.config.fsdp import FSDPConfig
+    from verl.distributed.fsdp import apply_fsdp
+
+    setup(rank, world, port)
+    batch = critic_batch()
+    result: dict[str, object] = {}
+    if rank == 0:
+        reference = tiny_critic()
+        critic_backward(reference, batch, in_place=False)
+        result["reference"] = critic_grads(reference)
+
+    critic = apply_fsdp(tiny_critic(), FSDPConfig())
+    local = {k: v.chunk(world)[rank] for k, v in batch.items()}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for in_place in (False, True):
+            critic.zero_grad(set_to_none=True)
+            critic_backward(critic, local, in_place=in_place)
+            result["in_place" if in_place else "sharded"] = critic_grads(critic)
+    result["warnings"] = [str(w.message) for w in caught]
+    torch.save(result, Path(out_dir) / f"critic{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()

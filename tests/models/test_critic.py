@@ -42,6 +42,18 @@ def test_values_match_float64_reference(actor):
     torch.testing.assert_close(values.double(), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_values_are_a_fresh_tensor_not_a_view(actor):
+    """FSDP2 hooks the output's autograd node; a view output loses that hook on an in-place op."""
+    critic = ValueModel.from_actor(actor)
+    _random_head(critic)
+    ids, mask = _batch()
+    values = critic(ids, mask)
+    assert values._base is None and values.requires_grad
+    values.mul_(2.0)  # allowed on a fresh tensor; the gradient follows the modified values
+    values.sum().backward()
+    assert critic.value_head.bias.grad.item() == pytest.approx(2.0 * values.numel())
+
+
 def test_from_actor_copies_the_backbone(actor):
     critic = ValueModel.from_actor(actor)
     with torch.no_grad():

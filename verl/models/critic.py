@@ -73,7 +73,9 @@ class ValueModel(nn.Module):
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             use_cache=False)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-        return self.value_head(hidden.float()).squeeze(-1)
+        # squeeze(-1) alone returns a view: FSDP2 hooks the root output's autograd node for its pre-backward
+        # all-gather, and an in-place op on a view swaps that node out, so callers must get a fresh tensor.
+        return self.value_head(hidden.float()).squeeze(-1).clone()
 
     @classmethod
     def from_actor(cls, actor: nn.Module) -> ValueModel:
