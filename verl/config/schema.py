@@ -79,7 +79,8 @@ class AlgorithmConfig(Section):
     kl_coef: float = Field(0.001, ge=0.0)
     kl_type: Literal["k1", "k2", "k3", "abs"] = "k1"
     kl_ctrl: Literal["fixed", "adaptive"] = "fixed"
-    kl_target: float = Field(0.1, gt=0.0)
+    kl_target: float = Field(0.1, gt=0.0, description="Adaptive controller's target KL per token: the mean over "
+                             "a response's tokens, averaged over the global batch (verl's unit).")
     kl_horizon: int = Field(10000, gt=0)
     whiten_advantages: bool = Field(True, description="Whiten GAE / REINFORCE++ advantages over the batch.")
 
@@ -101,6 +102,8 @@ class OptimConfig(Section):
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = (
         "token-mean"
     )
+    disable_dropout: bool = Field(True, description="Zero every dropout in this model (RL, as TRL does): the "
+                                  "PPO ratio then starts at exactly 1 and the update sees the sampling policy.")
 
 
 class ActorConfig(OptimConfig):

@@ -30,6 +30,9 @@ class RolloutBatch:
     values: torch.Tensor | None = None  # [N, R]
     advantages: torch.Tensor | None = None  # [N, R]
     returns: torch.Tensor | None = None  # [N, R]
+    reward_input_ids: torch.Tensor | None = None  # [N, L] prompt + response in the reward model's tokens
+    reward_attention_mask: torch.Tensor | None = None  # [N, L]
+    reward_model_scores: torch.Tensor | None = None  # [N] a reward model on ranks of its own
     reward_metrics: dict[str, float] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -46,6 +49,14 @@ class RolloutBatch:
     @property
     def position_ids(self) -> torch.Tensor:
         return position_ids_from_mask(self.attention_mask)
+
+    @classmethod
+    def from_fields(cls, fields: dict[str, torch.Tensor]) -> RolloutBatch:
+        """The batch a ref/critic/reward rank builds from the tensors it was sent (it needs no prompt rows)."""
+        n = next(iter(fields.values())).shape[0]
+        blank = torch.zeros((n, 0), dtype=torch.long)
+        base = {"prompt_ids": blank, "prompt_mask": blank, "group_ids": torch.arange(n)}
+        return cls(rows=[{} for _ in range(n)], **(base | dict(fields)))
 
     def select(self, index: torch.Tensor) -> RolloutBatch:
         """A sub-batch (rows `index`) sharing nothing mutable with this one."""

@@ -8,6 +8,7 @@ a method, so a subclass can replace exactly one of them. The formulas all come f
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -20,27 +21,28 @@ from verl.algorithms import (
     AdaptiveKLController,
     FixedKLController,
     aggregate_loss,
-    compute_gae,
-    compute_grpo_advantages,
-    compute_reinforce_pp_returns,
-    compute_rloo_advantages,
     explained_variance,
     kl_penalty,
     masked_mean,
-    masked_whiten,
     place_score_on_last_token,
     ppo_policy_loss,
     value_loss,
 )
 from verl.config.loader import build_config, set_dotted
 from verl.config.schema import OptimConfig, RunConfig
+from verl.distributed.placement import Placement
 from verl.errors import ConfigError, DataError, ModelError
+from verl.models.dropout import disable_dropout, no_grad_eval
+from verl.models.reward_model import RewardModelScorer
 from verl.rollout import SamplingParams, build_engine
+from verl.trainer.advantages import apply_kl_in_reward, estimate_advantages
 from verl.trainer.batch import RolloutBatch
 from verl.trainer.batch_math import BatchPlan
 from verl.trainer.forward import response_logprobs, response_values
 from verl.trainer.optim import build_optimizer
+from verl.trainer.reward_model import reward_text
 from verl.trainer.runtime import TrainerRuntime, resolve_model_path
+from verl.utils.hf_loader import load_tokenizer
 
 
 class RLTrainer(TrainerRuntime):
@@ -67,6 +69,8 @@ class RLTrainer(TrainerRuntime):
             raise ConfigError(f"prompt rows were passed in, but env.name={config.env.name!r} makes its own "
                               "prompts; drop the rows or set env.name to null (the rows + reward functions)")
         self.model, self.tokenizer = self.load_policy(model, tokenizer)
+        if config.actor.disable_dropout:  # before the ref/critic copies, so they have none either
+            disable_dropout(self.model)
         if env is None:
             env = self.build_env(None if rows is None else self.canonical_rows(rows), reward_functions)
         self.env = env
@@ -74,6 +78,10 @@ class RLTrainer(TrainerRuntime):
         # loaded the policy once so the ref and critic start from the actor's initial weights.
         self.ref_model = self.build_reference() if config.needs_ref and "ref" in self.roles else None
         self.critic = self.build_critic() if config.needs_critic and "critic" in self.roles else None
+        if self.critic is not None and config.critic.disable_dropout:
+            disable_dropout(self.critic)
+        self.placement = Placement.create(self.groups, rank=self.rank, world_size=self.world_size,
+                                          device=self.device, receive=RolloutBatch.from_fields)
         self._hf_assets = super().hf_assets()
         self.sampling = self._sampling_params(config.rollout.temperature, config.rollout.n)
         if "actor" not in self.roles:  # a critic/ref-only rank of a split placement drops the policy
@@ -92,9 +100,6 @@ class RLTrainer(TrainerRuntime):
             self.critic_optimizer, self.critic_scheduler = build_optimizer(
                 self.critic.parameters(), config.critic, total_steps=critic_updates)
         if self.remote_reward_model:  # scores on its own ranks; the actor ranks only tokenise for it
-            from verl.models.reward_model import RewardModelScorer
-            from verl.utils.hf_loader import load_tokenizer
-
             r = config.reward
             self.reward_tokenizer = load_tokenizer(r.model_path, trust_remote_code=config.model.trust_remote_code)
             if "reward" in self.roles:
@@ -202,162 +207,66 @@ class RLTrainer(TrainerRuntime):
                               pad_token_id=self.tokenizer.pad_token_id)
 
     # ------------------------------------------------------------------ the RL step
+    # What a ref or critic rank needs to run its model on the actor's sequences.
+    SEQUENCES = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+    REWARD_MODEL_INPUTS = ("reward_input_ids", "reward_attention_mask")
+
     def step(self) -> dict[str, float]:
-        """One RL iteration; returns its metrics."""
-        if self.split:
-            return self.split_step()
-        timing: dict[str, float] = {}
-        with self.timer(timing, "generate"):
-            batch = self.get_batch()
-            batch = self.generate(batch)
-        with self.timer(timing, "reward"):
-            batch = self.compute_reward(batch)
-        with self.timer(timing, "ref"):
-            batch = self.compute_log_probs(batch)
-        if self.critic is not None:
-            with self.timer(timing, "critic"):
-                batch = self.compute_values(batch)
-        with self.timer(timing, "advantages"):
-            batch = self.compute_advantages(batch)
-        metrics: dict[str, float] = {}
-        if self.critic is not None:
-            with self.timer(timing, "update_critic"):
-                metrics |= self.update_critic(batch)
-        with self.timer(timing, "update"):
-            if self.step_count >= self.config.critic.warmup_steps_critic_only or self.critic is None:
-                metrics |= self.update_policy(batch)
-        metrics |= self.batch_metrics(batch)
-        metrics = self.mean_over_owners(metrics)  # ranks may differ in which metrics they have
-        metrics |= {f"timing/{k}": v for k, v in timing.items()}
-        total = sum(timing.values())
-        metrics["timing/step"] = total
-        metrics["perf/tokens_per_s"] = float(batch.attention_mask.sum()) * self.dp_size / max(total, 1e-9)
-        return metrics
+        """One RL iteration; returns its metrics.
 
-    # Tensors a ref or critic rank needs to run the model on the actor's sequences.
-    SEQUENCE_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
-
-    def split_step(self) -> dict[str, float]:
-        """One RL iteration with roles on different ranks (devices.actor/critic/ref): the stages of `step()`,
-        each run by its role's ranks, with the batch moved between role groups.
-
-        Every rank calls every `move_batch` in this order; a rank outside the receiving role gets None and
-        skips that stage. Only GAE needs the critic; the other estimators stay on the actor ranks.
+        Each stage runs on its role's ranks: `self.placement` runs it in place when the roles are
+        colocated, and moves the fields it reads there and the fields it writes back when they are split.
+        Every rank executes this same sequence of calls (the placement keeps the collectives in step).
         """
-        timing: dict[str, float] = {}
-        actor, groups = "actor" in self.roles, self.groups
+        run, timing, metrics = self.placement.run, {}, {}
         with self.timer(timing, "generate"):
-            batch = self.get_batch()  # on every rank: the prompt order (saved in checkpoints) stays in step
-            if actor:
-                batch = self.pad_to_actor_width(self.generate(batch))
-        if actor:
-            with self.timer(timing, "reward"):
-                batch = self.compute_reward(batch)
+            batch = self.get_batch()  # every rank draws, so the prompt order (saved in checkpoints) stays in step
+            batch = self.placement.align(run("actor", self.generate, batch), self.sequence_padding)
+        with self.timer(timing, "reward"):
+            batch = run("actor", self.compute_reward, batch)
         if self.remote_reward_model:
             with self.timer(timing, "reward_model"):
-                got = groups.move_batch(self.reward_model_inputs(batch) if actor else None, "actor", "reward",
-                                        stage="reward_inputs")
-                back = None if got is None else {
-                    "scores": self.reward_scorer.score_ids(got["input_ids"], got["attention_mask"])}
-                back = groups.move_batch(back, "reward", "actor", stage="reward_scores")
-            if actor:
-                batch = self.add_reward_model_scores(batch, back["scores"])
-        if actor and self.needs_old_logprobs:
-            with self.timer(timing, "old_logprobs"):
-                batch.old_logprobs = self.sequence_logprobs(self.model, batch)
+                batch = self.placement.align(run("actor", self.reward_model_inputs, batch),
+                                             self.reward_model_padding)
+                batch = run("reward", self.score_with_reward_model, batch, send=self.REWARD_MODEL_INPUTS,
+                            back=("reward_model_scores",))
+                batch = run("actor", self.add_reward_model_scores, batch)
+        with self.timer(timing, "old_logprobs"):
+            batch = run("actor", self.compute_log_probs, batch)
         if self.config.needs_ref:
             with self.timer(timing, "ref"):
-                got = groups.move_batch(self.fields(batch, self.SEQUENCE_FIELDS) if actor else None,
-                                        "actor", "ref", stage="ref_inputs")
-                back = None if got is None else {"ref_logprobs": self.sequence_logprobs(self.ref_model,
-                                                                                         self.received(got))}
-                back = groups.move_batch(back, "ref", "actor", stage="ref_logprobs")
-            if actor:
-                batch.ref_logprobs = back["ref_logprobs"]
-        metrics: dict[str, float] = {}
-        if actor:
-            batch = self.apply_kl_in_reward(batch)
+                batch = run("ref", self.compute_ref_log_probs, batch, send=self.SEQUENCES, back=("ref_logprobs",))
         if self.config.needs_critic:
-            fields = self.SEQUENCE_FIELDS + ("token_rewards",)
-            got = groups.move_batch(self.fields(batch, fields) if actor else None, "actor", "critic", stage="values")
-            back = None
-            if got is not None:
-                with self.timer(timing, "critic"):
-                    critic_batch = self.estimate_advantages(self.compute_values(self.received(got)))
-                with self.timer(timing, "update_critic"):
-                    metrics |= self.update_critic(critic_batch)
-                back = self.fields(critic_batch, ("advantages", "returns"))
-            back = groups.move_batch(back, "critic", "actor", stage="advantages")
-            if actor:
-                batch.advantages, batch.returns = back["advantages"], back["returns"]
-        elif actor:
-            with self.timer(timing, "advantages"):
-                batch = self.estimate_advantages(batch)
-        if actor:
+            with self.timer(timing, "critic"):
+                batch = run("critic", self.compute_values, batch, send=self.SEQUENCES, back=("values",))
+        with self.timer(timing, "advantages"):
+            batch = run("actor", self.compute_advantages, batch)
+        if self.config.needs_critic:
+            with self.timer(timing, "update_critic"):
+                metrics |= self.placement.run_for_metrics("critic", self.update_critic, batch,
+                                                          send=(*self.SEQUENCES, "values", "returns"))
+        if self.step_count >= self.config.critic.warmup_steps_critic_only or not self.config.needs_critic:
             with self.timer(timing, "update"):
-                if self.step_count >= self.config.critic.warmup_steps_critic_only or not self.config.needs_critic:
-                    metrics |= self.update_policy(batch)
-            metrics |= self.batch_metrics(batch)
+                metrics |= self.placement.run_for_metrics("actor", self.update_policy, batch)
         metrics |= {f"timing/{k}": v for k, v in timing.items()}
         metrics["timing/step"] = sum(timing.values())
-        if actor:
+        if batch is not None:  # the actor ranks
+            metrics |= self.batch_metrics(batch)
             metrics["perf/tokens_per_s"] = (float(batch.attention_mask.sum()) * self.dp_size
                                             / max(metrics["timing/step"], 1e-9))
-        return self.mean_over_owners(metrics)
+        return self.placement.mean_over_owners(metrics)  # ranks may differ in which metrics they have
 
-    def reward_model_inputs(self, batch: RolloutBatch) -> dict[str, torch.Tensor]:
-        """The reward model's token ids for prompt + response, padded to one width over the actor ranks."""
-        import torch.distributed as dist
-        import torch.nn.functional as F
-
-        from verl.trainer.reward_model import reward_text
-
-        texts = [reward_text(self.reward_tokenizer, row["prompt"], response)
-                 for row, response in zip(batch.rows, batch.responses, strict=True)]
-        enc = self.reward_tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        width = torch.tensor([enc["input_ids"].shape[1]], device=self.device)
-        self.groups.all_reduce(width, "actor", "reward_width", op=dist.ReduceOp.MAX)
-        extra = int(width) - enc["input_ids"].shape[1]
-        pad = self.reward_tokenizer.pad_token_id
-        return {"input_ids": F.pad(enc["input_ids"], (0, extra), value=pad),
-                "attention_mask": F.pad(enc["attention_mask"], (0, extra), value=0)}
-
-    def add_reward_model_scores(self, batch: RolloutBatch, scores: torch.Tensor) -> RolloutBatch:
-        """Add `reward.model_weight` x the reward model's scores, as the reward function would colocated."""
-        scores = scores.to(batch.scores.device, torch.float32)
-        batch.scores = batch.scores + self.config.reward.model_weight * scores
-        batch.token_rewards = place_score_on_last_token(batch.scores, batch.response_mask.float())
-        batch.reward_metrics["reward/reward_model/score"] = float(scores.mean())
-        return batch
-
-    def pad_to_actor_width(self, batch: RolloutBatch) -> RolloutBatch:
-        """Pad prompts (left) and responses (right) to the widest actor rank's, so that the shards of the
-        actor ranks can be concatenated when they move to another role."""
-        import torch.distributed as dist
-        import torch.nn.functional as F
-
-        widths = torch.tensor([batch.prompt_ids.shape[1], batch.response_ids.shape[1]], device=self.device)
-        self.groups.all_reduce(widths, "actor", "widths", op=dist.ReduceOp.MAX)
-        extra_p = int(widths[0]) - batch.prompt_ids.shape[1]
-        extra_r = int(widths[1]) - batch.response_ids.shape[1]
+    @property
+    def sequence_padding(self) -> dict[str, tuple[str, int]]:
+        """How the sequence fields pad when the actor ranks' shards are brought to one width."""
         pad = self.tokenizer.pad_token_id
-        batch.prompt_ids = F.pad(batch.prompt_ids, (extra_p, 0), value=pad)
-        batch.prompt_mask = F.pad(batch.prompt_mask, (extra_p, 0), value=0)
-        batch.response_ids = F.pad(batch.response_ids, (0, extra_r), value=pad)
-        batch.response_mask = F.pad(batch.response_mask, (0, extra_r), value=0)
-        return batch
+        return {"prompt_ids": ("left", pad), "prompt_mask": ("left", 0),
+                "response_ids": ("right", pad), "response_mask": ("right", 0)}
 
-    @staticmethod
-    def fields(batch: RolloutBatch, names: Sequence[str]) -> dict[str, torch.Tensor]:
-        """The named tensors of a batch, as `move_batch` sends them."""
-        return {name: getattr(batch, name) for name in names}
-
-    @staticmethod
-    def received(fields: Mapping[str, torch.Tensor]) -> RolloutBatch:
-        """A batch on a ref/critic rank from the tensors it was sent (no prompt rows: it needs none)."""
-        n = fields["prompt_ids"].shape[0]
-        return RolloutBatch(rows=[{} for _ in range(n)], group_ids=torch.arange(n),
-                            **{k: v for k, v in fields.items() if k != "group_ids"})
+    @property
+    def reward_model_padding(self) -> dict[str, tuple[str, int]]:
+        return {"reward_input_ids": ("right", self.reward_tokenizer.pad_token_id),
+                "reward_attention_mask": ("right", 0)}
 
     def get_batch(self) -> RolloutBatch:
         """This rank's share of the next prompts, tokenised and left-padded, each repeated n times."""
@@ -392,64 +301,53 @@ class RLTrainer(TrainerRuntime):
         batch.token_rewards = place_score_on_last_token(batch.scores, batch.response_mask.float())
         return batch
 
+    def reward_model_inputs(self, batch: RolloutBatch) -> RolloutBatch:
+        """Prompt + response in the reward model's own tokens (for a reward model on ranks of its own)."""
+        texts = [reward_text(self.reward_tokenizer, row["prompt"], response)
+                 for row, response in zip(batch.rows, batch.responses, strict=True)]
+        enc = self.reward_tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        batch.reward_input_ids, batch.reward_attention_mask = enc["input_ids"], enc["attention_mask"]
+        return batch
+
+    def score_with_reward_model(self, batch: RolloutBatch) -> RolloutBatch:
+        batch.reward_model_scores = self.reward_scorer.score_ids(batch.reward_input_ids, batch.reward_attention_mask)
+        return batch
+
+    def add_reward_model_scores(self, batch: RolloutBatch) -> RolloutBatch:
+        """Add `reward.model_weight` x the reward model's scores, as the reward function would colocated."""
+        scores = batch.reward_model_scores.to(batch.scores.device, torch.float32)
+        batch.scores = batch.scores + self.config.reward.model_weight * scores
+        batch.token_rewards = place_score_on_last_token(batch.scores, batch.response_mask.float())
+        batch.reward_metrics["reward/reward_model/score"] = float(scores.mean())
+        return batch
+
     def compute_log_probs(self, batch: RolloutBatch) -> RolloutBatch:
-        """Log-probs of the sampled tokens under the current actor (pre-update) and the reference."""
+        """Log-probs of the sampled tokens under the actor before the update (when the update needs them)."""
         if self.needs_old_logprobs:
             batch.old_logprobs = self.sequence_logprobs(self.model, batch)
-        if self.ref_model is not None:
-            batch.ref_logprobs = self.sequence_logprobs(self.ref_model, batch)
+        return batch
+
+    def compute_ref_log_probs(self, batch: RolloutBatch) -> RolloutBatch:
+        batch.ref_logprobs = self.sequence_logprobs(self.ref_model, batch)
         return batch
 
     def sequence_logprobs(self, model: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
-        """Log-probs of the sampled response tokens under `model` (no gradient)."""
+        """Log-probs of the sampled response tokens under `model` (no gradient, eval mode)."""
         temperature = self.config.rollout.temperature or 1.0
         return self.forward_in_micro_batches(
-            batch, lambda mb: response_logprobs(model, mb.input_ids, mb.attention_mask, mb.position_ids,
-                                                mb.response_ids.shape[1], temperature=temperature)[0])
+            model, batch, lambda mb: response_logprobs(model, mb.input_ids, mb.attention_mask, mb.position_ids,
+                                                       mb.response_ids.shape[1], temperature=temperature)[0])
 
     def compute_values(self, batch: RolloutBatch) -> RolloutBatch:
         batch.values = self.forward_in_micro_batches(
-            batch, lambda mb: response_values(self.critic, mb.input_ids, mb.attention_mask, mb.position_ids,
-                                              mb.response_ids.shape[1]))
+            self.critic, batch, lambda mb: response_values(self.critic, mb.input_ids, mb.attention_mask,
+                                                           mb.position_ids, mb.response_ids.shape[1]))
         return batch
 
     def compute_advantages(self, batch: RolloutBatch) -> RolloutBatch:
-        return self.estimate_advantages(self.apply_kl_in_reward(batch))
-
-    def apply_kl_in_reward(self, batch: RolloutBatch) -> RolloutBatch:
-        """With `algorithm.kl_in_reward`, subtract the (controlled) KL to the reference from the token rewards."""
-        algo, mask = self.config.algorithm, batch.response_mask.float()
-        rewards = batch.token_rewards
-        if algo.kl_in_reward:
-            kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, algo.kl_type) * mask
-            rewards = rewards - self.kl_ctrl.value * kl
-            current_kl = float(masked_mean(kl.sum(-1), (mask.sum(-1) > 0).float()))
-            batch.reward_metrics["kl/in_reward"] = current_kl
-            batch.reward_metrics["kl/coef"] = float(self.kl_ctrl.value)
-            self.kl_ctrl.update(current_kl, len(batch))
-        batch.token_rewards = rewards
-        return batch
-
-    def estimate_advantages(self, batch: RolloutBatch) -> RolloutBatch:
-        """Advantages and returns from the token rewards (and the values, for GAE)."""
-        algo, mask, rewards = self.config.algorithm, batch.response_mask.float(), batch.token_rewards
-        if algo.adv_estimator == "gae":
-            adv, ret = compute_gae(rewards, batch.values, mask, algo.gamma, algo.lam)
-            batch.advantages = masked_whiten(adv, mask) * mask if algo.whiten_advantages else adv
-            batch.returns = ret
-        elif algo.adv_estimator == "reinforce_pp":
-            ret = compute_reinforce_pp_returns(rewards, mask, algo.gamma)
-            batch.advantages = masked_whiten(ret, mask) * mask if algo.whiten_advantages else ret
-            batch.returns = ret
-        else:
-            scores = rewards.sum(-1)  # the score, minus the KL penalty when it is in the reward
-            if algo.adv_estimator == "grpo":
-                seq_adv = compute_grpo_advantages(scores, batch.group_ids.to(scores.device), algo.norm_by_std)
-            else:
-                seq_adv = compute_rloo_advantages(scores, batch.group_ids.to(scores.device))
-            batch.advantages = seq_adv[:, None] * mask
-            batch.returns = batch.advantages
-        return batch
+        """KL in the reward (when configured), then the estimator; statistics over the global batch."""
+        algo, reduce = self.config.algorithm, functools.partial(self.placement.all_reduce_sum, role="actor")
+        return estimate_advantages(apply_kl_in_reward(batch, algo, self.kl_ctrl, reduce), algo, reduce)
 
     def update_policy(self, batch: RolloutBatch) -> dict[str, float]:
         """PPO-clip epochs over shuffled mini-batches with gradient accumulation over micro-batches."""
@@ -561,13 +459,16 @@ class RLTrainer(TrainerRuntime):
         """
         mask = mini.response_mask
         units = mask.sum(-1) if agg == "token-mean" else (mask.sum(-1) > 0).long()
-        total = max(self.all_reduce_sum([float(units.sum())], role)[0], 1.0)
-        ranks = self.role_size(role)
+        total = max(float(self.placement.all_reduce_sum(units.sum().double().reshape(1), role)), 1.0)
+        ranks = self.placement.role_size(role)
         return [float(units[s : s + size].sum()) * ranks / total for s in range(0, len(mini), size)]
 
-    def forward_in_micro_batches(self, batch: RolloutBatch, fn: Callable[[RolloutBatch], torch.Tensor]) -> torch.Tensor:
+    def forward_in_micro_batches(self, model: torch.nn.Module, batch: RolloutBatch,
+                                 fn: Callable[[RolloutBatch], torch.Tensor]) -> torch.Tensor:
+        """`fn` over micro-batches, without gradient and in eval mode: dropout would make the old
+        log-probs differ from the policy that sampled, and PPO's ratio start away from 1."""
         size = self.plans["actor"].micro_batch_size * 2  # no activations kept: twice the training micro size
-        with torch.no_grad():
+        with no_grad_eval(model):
             return torch.cat([fn(mb) for mb in self._micro_batches(batch, size)], dim=0)
 
     def batch_metrics(self, batch: RolloutBatch) -> dict[str, float]:
@@ -592,10 +493,9 @@ class RLTrainer(TrainerRuntime):
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
         """Greedy (or `rollout.val_temperature`) answers on the held-out rows; mean score."""
-        if self.split:  # the actor ranks answer; every rank gets their mean
-            return self.mean_over_owners(self.evaluate(self.env.val_rows(), prefix="val")
-                                         if "actor" in self.roles else {})
-        return self.evaluate(self.env.val_rows(), prefix="val")
+        # The actor ranks answer; every rank gets their mean.
+        return self.placement.mean_over_owners(
+            self.evaluate(self.env.val_rows(), prefix="val") if self.placement.holds("actor") else {})
 
     def evaluate(self, rows: Sequence[Mapping[str, Any]], prefix: str = "val") -> dict[str, float]:
         """Mean score (and accuracy, for 0/1 rewards) of one answer per row, as validation samples them."""

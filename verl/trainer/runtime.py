@@ -67,7 +67,7 @@ def resolve_model_path(path: str) -> str:
 
 class TrainerRuntime:
     kind = "base"
-    runs_split_placements = False  # roles on different ranks (RLTrainer.split_step)
+    runs_split_placements = False  # roles on different ranks (RLTrainer, through its Placement)
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
@@ -88,7 +88,7 @@ class TrainerRuntime:
         self.groups = None
         mapping = self.startup.mapping
         # Roles this rank runs; a split placement (roles on different ranks) is executed by trainers that
-        # support it (RLTrainer.split_step) and refused by the others before anything loads.
+        # support it (RLTrainer) and refused by the others before anything loads.
         self.roles: set[str] = set(mapping.roles_on(self.rank))
         self.split = self.world_size > 1 and not mapping.is_colocated()
         if self.split:
@@ -124,10 +124,6 @@ class TrainerRuntime:
         return (self.split and bool(self.config.reward.model_path) and self.config.devices.reward is not None
                 and mapping.ranks("reward") != mapping.ranks("actor"))
 
-    def role_size(self, role: str) -> int:
-        """How many ranks share `role`'s data (its data-parallel size)."""
-        return len(self.groups.ranks(role)) if self.groups is not None else 1
-
     # ------------------------------------------------------------------ data parallelism
     def shard(self, module: torch.nn.Module, role: str) -> torch.nn.Module:
         """FSDP2-shard a trainable model over its role's ranks (a no-op in one process)."""
@@ -156,52 +152,6 @@ class TrainerRuntime:
             for m in sharded:
                 m.reshard()
                 m.set_reshard_after_forward(self.config.fsdp.reshard_after_forward, recurse=False)
-
-    def all_reduce_sum(self, values: list[float], role: str = "actor") -> list[float]:
-        """Sum floats over the ranks of `role` (the data-parallel ranks; identity in one process)."""
-        if self.groups is None:
-            return values
-        t = torch.tensor(values, dtype=torch.float64, device=self.device if self.device.type == "cuda" else "cpu")
-        self.groups.all_reduce(t, role, "metrics")
-        return t.tolist()
-
-    def mean_over_owners(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Each metric's mean over the ranks that computed it, on every rank.
-
-        With a split placement the ranks hold different metrics (critic ones on the critic ranks, actor
-        ones on the actor ranks) and rank 0, which logs, may hold neither: the names travel as JSON (no
-        pickling), then one world all-reduce sums each value and its number of owners.
-        """
-        if self.groups is None:
-            return metrics
-        import json
-
-        import torch.distributed as dist
-
-        from verl.distributed.guard import role_key
-
-        device = self.device if self.device.type == "cuda" else torch.device("cpu")
-        world = tuple(range(self.world_size))
-        payload = torch.tensor(list(json.dumps(sorted(metrics)).encode()), dtype=torch.uint8, device=device)
-
-        def exchange() -> dict[str, float]:
-            lengths = [torch.zeros(1, dtype=torch.long, device=device) for _ in world]
-            dist.all_gather(lengths, torch.tensor([payload.numel()], dtype=torch.long, device=device))
-            width = max(int(n) for n in lengths)
-            padded = torch.zeros(width, dtype=torch.uint8, device=device)
-            padded[: payload.numel()] = payload
-            parts = [torch.empty_like(padded) for _ in world]
-            dist.all_gather(parts, padded)
-            names = sorted(set().union(*(json.loads(bytes(p[: int(n)].cpu().tolist()).decode())
-                                         for p, n in zip(parts, lengths, strict=True))))
-            if not names:
-                return {}
-            sums = torch.tensor([[metrics.get(k, 0.0), float(k in metrics)] for k in names],
-                                dtype=torch.float64, device=device)
-            dist.all_reduce(sums)
-            return {k: s / c for k, (s, c) in zip(names, sums.tolist(), strict=True)}
-
-        return self.groups.guard.run("metrics:owners", world, exchange, group_name=role_key(world))
 
     # ------------------------------------------------------------------ model and data
     def _resolve_dtype(self, name: str) -> torch.dtype:
