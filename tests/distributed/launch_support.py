@@ -10,10 +10,13 @@ from pathlib import Path
 from typing import Any
 
 
-def verl_train(config: Path, cwd: Path, nproc: int = 1) -> subprocess.CompletedProcess:
-    """Run `verl train CONFIG` (under torchrun when nproc > 1); fails the test with the output tail."""
+def verl_train(config: Path, cwd: Path, nproc: int = 1, script: Path | None = None) -> subprocess.CompletedProcess:
+    """Run `verl train CONFIG` (under torchrun when nproc > 1); fails the test with the output tail.
+
+    `script` runs `python SCRIPT CONFIG` instead of `verl train` (e.g. a trainer subclass)."""
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else []
-    args = [sys.executable, *launcher, "-m", "verl.cli.main", "train", str(config)]
+    entry = [str(script)] if script is not None else ["-m", "verl.cli.main", "train"]
+    args = [sys.executable, *launcher, *entry, str(config)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     out = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env, cwd=cwd)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]

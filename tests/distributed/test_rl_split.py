@@ -1,7 +1,9 @@
 """The RL trainer with roles on different ranks: PPO on 4 gloo processes with the actor on [0, 1], the
-critic on [2, 3], the reference on [0] and a reward model on [3], then resumed with the same placement."""
+critic on [2, 3], the reference on [0] and a reward model on [3], then resumed with the same placement.
+The first run is a subclass that replaces one stage: the one `step()` runs it on the critic's ranks."""
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -42,13 +44,17 @@ def _config(tmp_path, steps):
     return path
 
 
-def _train(tmp_path, steps):
-    verl_train(_config(tmp_path, steps), tmp_path, nproc=4)
+def _train(tmp_path, steps, script=None):
+    verl_train(_config(tmp_path, steps), tmp_path, nproc=4, script=script)
     return metrics(tmp_path / "run")
 
 
 def test_split_placement_trains_checkpoints_and_resumes(tmp_path):
-    rows = _train(tmp_path, 2)
+    rows = _train(tmp_path, 2, script=Path(__file__).with_name("custom_stage_train.py"))
+    records = sorted(p.name for p in tmp_path.glob("values_rank*.json"))
+    assert records == [f"values_rank{r}_step{s}.json" for r in (2, 3) for s in (0, 1)]  # the critic's ranks
+    for path in tmp_path.glob("values_rank*.json"):  # each got its half of the 4 x 2 sequences, no policy
+        assert json.loads(path.read_text()) == {"rows": 4, "holds_actor": False}
     assert [r["step"] for r in rows] == [1, 2]  # rank 0 (actor + ref) logs once per step
     for r in rows:  # actor metrics from ranks 0-1, critic metrics from ranks 2-3 reach rank 0
         assert r["actor/grad_norm"] > 0 and r["critic/grad_norm"] > 0
