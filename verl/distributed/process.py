@@ -89,3 +89,11 @@ def init_distributed(timeout_s: float = 600.0) -> DistEnv:
     dist.init_process_group(backend=backend, rank=rank, world_size=world_size, **kwargs)
     return DistEnv(rank, world_size, local_rank, local_world_size, backend, device)
 
+
+
+def shutdown_distributed() -> None:
+    """Leave the process group at the end of a run. Without it, gloo/NCCL threads still alive at
+    interpreter exit can abort the process ("terminate called without an active exception"), and a run
+    that finished reports a failure to torchrun."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from verl.config.schema import RunConfig
+from verl.distributed.process import shutdown_distributed
 
 
 def build_trainer(config: RunConfig):
@@ -21,13 +22,16 @@ def build_trainer(config: RunConfig):
 
 
 def run_training(config: RunConfig, *, demo: bool = False) -> int:
-    if demo:
-        from verl.trainer.demo import run_demo
+    try:
+        if demo:
+            from verl.trainer.demo import run_demo
 
-        run_demo(config)
+            run_demo(config)
+            return 0
+        trainer = build_trainer(config)
+        trainer.fit()
+        if trainer.rank == 0:
+            print(f"run directory: {trainer.run_dir}")
         return 0
-    trainer = build_trainer(config)
-    trainer.fit()
-    if trainer.rank == 0:
-        print(f"run directory: {trainer.run_dir}")
-    return 0
+    finally:
+        shutdown_distributed()
