@@ -17,14 +17,10 @@ import torch
 from torch import nn
 
 from verl.errors import CheckpointError, ModelError
+from verl.utils.positions import position_ids_from_mask
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 CRITIC_MARKER = "verl_critic.json"
-
-
-def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position ids that start at 0 on the first real token, so left padding does not shift positions."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def _backbone_of(causal_lm: nn.Module) -> nn.Module:
@@ -69,7 +65,7 @@ class ValueModel(nn.Module):
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Values for every position, ``[B, T]`` float32 (padding positions hold meaningless values)."""
         if position_ids is None:
-            position_ids = positions_from_mask(attention_mask)
+            position_ids = position_ids_from_mask(attention_mask)
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             use_cache=False)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
@@ -146,4 +142,4 @@ class ValueModel(nn.Module):
         self.value_head.load_state_dict({k: v.float() for k, v in state.items()})
 
 
-__all__ = ["ValueModel", "positions_from_mask", "VALUE_HEAD_FILE"]
+__all__ = ["ValueModel", "VALUE_HEAD_FILE"]

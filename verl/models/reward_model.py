@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from verl.errors import ModelError
-from verl.models.critic import positions_from_mask
+from verl.utils.positions import position_ids_from_mask
 
 
 def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -94,7 +94,7 @@ class RewardModelScorer:
         input_ids = input_ids.to(self.device)
         attention_mask = attention_mask.to(self.device)
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                            position_ids=positions_from_mask(attention_mask), use_cache=False)
+                            position_ids=position_ids_from_mask(attention_mask), use_cache=False)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         rows = torch.arange(hidden.shape[0], device=hidden.device)
         picked = hidden[rows, last.to(hidden.device)]
