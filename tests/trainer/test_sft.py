@@ -77,7 +77,7 @@ def test_loss_and_eval_loss_match_float64_reference(tiny):
     # A training step's reported loss is the same quantity on its own batch.
     tr.model.train()
     idx_state = copy.deepcopy(tr.sampler.state_dict())
-    rows = [ROWS[i] for i in [tr.sampler.next_batch()[0] for _ in range(6)]]
+    rows = [ROWS[i] for i in tr.sampler.take(6)]
     tr.sampler.load_state_dict(idx_state)
     expected = reference_loss(copy.deepcopy(tr.model).eval(), tr.tokenizer, rows)
     assert tr.step()["loss"] == pytest.approx(expected, abs=1e-5)
