@@ -21,8 +21,8 @@ ROWS = [{"input": f"What is {a}+{b}?", "output": f" The answer is {a + b}."} for
 def tiny():
     """(model, tokenizer) loaded once; tests take deep copies. Attention is sharpened so that a wrong
     mask or wrong positions change the loss visibly (random init gives nearly uniform attention)."""
+    from verl.models.hf_loader import load_hf_model
     from verl.models.tiny import build_tiny_model
-    from verl.utils.hf_loader import load_hf_model
 
     model, tok = load_hf_model(build_tiny_model(), torch_dtype=torch.float32, device="cpu", for_training=True)
     with torch.random.fork_rng(devices=[]), torch.no_grad():

@@ -53,7 +53,7 @@ def run_check_model(name_or_path: str, tokenizer: str | None = None, trust_remot
     from rich.console import Console
     from rich.markup import escape
 
-    from verl.utils.hf_loader import load_hf_model_with_report
+    from verl.models.hf_loader import load_hf_model_with_report
 
     console = console or Console(soft_wrap=True)
     try:

@@ -83,8 +83,8 @@ class ValueModel(nn.Module):
         """Load the backbone of a causal LM (or a saved critic) from ``path``; loads the head if saved there."""
         from transformers import AutoModel
 
+        from verl.models.hf_loader import check_remote_code, quiet_hf_progress
         from verl.utils.dtype import resolve_dtype
-        from verl.utils.hf_loader import check_remote_code, quiet_hf_progress
 
         path = os.fspath(path)
         torch_dtype = resolve_dtype(dtype, where="critic dtype")
@@ -108,7 +108,7 @@ class ValueModel(nn.Module):
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
         """Save backbone (HF format) + head (safetensors), loadable with ``ValueModel.from_pretrained``."""
-        from verl.utils.hf_loader import quiet_hf_progress
+        from verl.models.hf_loader import quiet_hf_progress
 
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)

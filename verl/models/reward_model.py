@@ -34,8 +34,8 @@ class RewardModelScorer:
     def __init__(self, path_or_model: str | os.PathLike | nn.Module, tokenizer: Any = None, *,
                  dtype: torch.dtype | str = torch.float32, device: str | torch.device | None = None,
                  max_length: int | None = None, batch_size: int = 16, trust_remote_code: bool = False) -> None:
+        from verl.models.hf_loader import check_remote_code, load_tokenizer, quiet_hf_progress
         from verl.utils.dtype import resolve_dtype
-        from verl.utils.hf_loader import check_remote_code, load_tokenizer, quiet_hf_progress
 
         if isinstance(path_or_model, nn.Module):
             model = path_or_model

@@ -92,8 +92,8 @@ class RLTrainer(TrainerRuntime):
             self.critic_optimizer, self.critic_scheduler = build_optimizer(
                 self.critic.parameters(), config.critic, total_steps=critic_updates)
         if self.remote_reward_model:  # scores on its own ranks; the actor ranks only tokenise for it
+            from verl.models.hf_loader import load_tokenizer
             from verl.models.reward_model import RewardModelScorer
-            from verl.utils.hf_loader import load_tokenizer
 
             r = config.reward
             self.reward_tokenizer = load_tokenizer(r.model_path, trust_remote_code=config.model.trust_remote_code)
@@ -172,7 +172,7 @@ class RLTrainer(TrainerRuntime):
         path = self.config.ref.path
         if not path:
             return self._frozen_copy(self.model)
-        from verl.utils.hf_loader import load_hf_model
+        from verl.models.hf_loader import load_hf_model
 
         cfg = self.config.model
         ref, ref_tokenizer = load_hf_model(
