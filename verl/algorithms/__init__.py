@@ -13,12 +13,18 @@ from .advantages import (
 )
 from .core import AGG_MODES, aggregate_loss, explained_variance, masked_mean, masked_var, masked_whiten
 from .dpo import DPO_LOSS_TYPES, dpo_loss
+from .estimators import ESTIMATOR_NAMES, ESTIMATORS, AdvantageEstimator, EstimatorParams, get_estimator
 from .kl import KL_KINDS, AdaptiveKLController, FixedKLController, kl_penalty
 from .logits import entropy_from_logits, token_logprobs
 from .losses import ppo_policy_loss, value_loss
 
 __all__ = [
     "AGG_MODES",
+    "ESTIMATORS",
+    "ESTIMATOR_NAMES",
+    "AdvantageEstimator",
+    "EstimatorParams",
+    "get_estimator",
     "DPO_LOSS_TYPES",
     "KL_KINDS",
     "AdaptiveKLController",
