@@ -27,7 +27,7 @@ def test_check_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     bad = write(tmp_path / "bad.jsonl", {"question": "a", "answer": "b"}, {"question": "a"})
     assert main(["data", "check", str(bad), "--kind", "sft"]) == 1
     out = capsys.readouterr().out
-    assert "missing: output" in out and "fix (missing: output): add 'output'" in out
+    assert "missing: output: 1 rows" in out and "fix: add 'output'" in out and "status: not clean" in out
     assert main(["data", "check", str(tmp_path / "none.jsonl"), "--kind", "sft"]) == 2
     assert "does not exist" in capsys.readouterr().err
     (tmp_path / "u16.jsonl").write_bytes("{}".encode("utf-16"))
@@ -119,3 +119,13 @@ def test_token_stats_against_float64_reference() -> None:
         assert ts.p95 == np.percentile(a, 95, method="inverted_cdf")  # nearest rank
         assert ts.over_limit == int((a > 250).sum())
     assert TokenStats.from_lengths([], None, "error", 0, 0) is None
+
+
+def test_cli_prints_the_same_report_text_as_the_trainer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One renderer: `verl data check` shows DataReport.render(), the text DataError and `verl check` use."""
+    f = write(tmp_path / "mixed.jsonl", {"input": "a", "output": "b"}, {"input": "c"}, {"input": "", "output": "d"})
+    _rows, report = load_rows([str(f)], "sft", on_bad_row="skip")
+    assert main(["data", "check", str(f), "--kind", "sft"]) == 1
+    out = capsys.readouterr().out
+    assert out == report.render() + "\nstatus: not clean\n"
+    assert "missing: output: 1 rows" in out and "empty: input: 1 rows" in out

@@ -7,7 +7,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from verl.errors import CheckpointError, ModelError
-from verl.models.critic import VALUE_HEAD_FILE, ValueModel, positions_from_mask
+from verl.models.critic import VALUE_HEAD_FILE, ValueModel
+from verl.utils.positions import position_ids_from_mask
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,7 @@ def test_left_padding_does_not_change_values(actor):
     ids = torch.tensor([[5, 17, 40, 41]])
     padded = torch.tensor([[0, 0, 5, 17, 40, 41]])
     mask = torch.tensor([[0, 0, 1, 1, 1, 1]])
-    assert positions_from_mask(mask).tolist() == [[0, 0, 0, 1, 2, 3]]
+    assert position_ids_from_mask(mask).tolist() == [[0, 0, 0, 1, 2, 3]]
     with torch.no_grad():
         plain = critic(ids, torch.ones_like(ids))
         left = critic(padded, mask)

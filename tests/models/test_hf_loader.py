@@ -10,11 +10,11 @@ import torch
 from transformers import AutoTokenizer
 
 from verl.errors import ConfigError, ModelError
+from verl.models import hf_loader
 from verl.models.checks import check_model_and_tokenizer
+from verl.models.hf_loader import load_hf_model, load_hf_model_with_report, resolve_attn_implementation
 from verl.models.tiny import build_tiny_model
-from verl.utils import hf_loader
 from verl.utils.dtype import check_dtype_for_device, dtype_name, resolve_dtype
-from verl.utils.hf_loader import load_hf_model, load_hf_model_with_report, resolve_attn_implementation
 
 
 def load(path, **kwargs):
@@ -253,3 +253,11 @@ def test_save_reload_gives_identical_logits(instruct_path, tmp_path):
     assert torch.equal(a, b)
     saved = json.loads((tmp_path / "copy" / "generation_config.json").read_text())
     assert saved["eos_token_id"] == model.verl_load_report.stop_token_ids
+
+
+def test_documented_import_path_reexports_the_loader():
+    import verl
+    import verl.utils.hf_loader as public
+
+    assert public.load_hf_model is hf_loader.load_hf_model is verl.load_hf_model
+    assert all(getattr(public, name) is getattr(hf_loader, name) for name in public.__all__)

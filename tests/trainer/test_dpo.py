@@ -34,8 +34,8 @@ ROWS = arithmetic_pairs(16)
 
 @pytest.fixture(scope="module")
 def tiny():
+    from verl.models.hf_loader import load_hf_model
     from verl.models.tiny import build_tiny_model
-    from verl.utils.hf_loader import load_hf_model
 
     return load_hf_model(build_tiny_model(), torch_dtype=torch.float32, device="cpu", for_training=True)
 

@@ -18,7 +18,7 @@ def no_model_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the batch arithmetic was checked")
 
-    monkeypatch.setattr("verl.utils.hf_loader.load_hf_model", refuse)
+    monkeypatch.setattr("verl.models.hf_loader.load_hf_model", refuse)
     monkeypatch.setattr("verl.trainer.runtime.TrainerRuntime.load_policy", refuse)
 
 

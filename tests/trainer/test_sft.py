@@ -21,8 +21,8 @@ ROWS = [{"input": f"What is {a}+{b}?", "output": f" The answer is {a + b}."} for
 def tiny():
     """(model, tokenizer) loaded once; tests take deep copies. Attention is sharpened so that a wrong
     mask or wrong positions change the loss visibly (random init gives nearly uniform attention)."""
+    from verl.models.hf_loader import load_hf_model
     from verl.models.tiny import build_tiny_model
-    from verl.utils.hf_loader import load_hf_model
 
     model, tok = load_hf_model(build_tiny_model(), torch_dtype=torch.float32, device="cpu", for_training=True)
     with torch.random.fork_rng(devices=[]), torch.no_grad():
@@ -77,7 +77,7 @@ def test_loss_and_eval_loss_match_float64_reference(tiny):
     # A training step's reported loss is the same quantity on its own batch.
     tr.model.train()
     idx_state = copy.deepcopy(tr.sampler.state_dict())
-    rows = [ROWS[i] for i in [tr.sampler.next_batch()[0] for _ in range(6)]]
+    rows = [ROWS[i] for i in tr.sampler.take(6)]
     tr.sampler.load_state_dict(idx_state)
     expected = reference_loss(copy.deepcopy(tr.model).eval(), tr.tokenizer, rows)
     assert tr.step()["loss"] == pytest.approx(expected, abs=1e-5)

@@ -22,12 +22,18 @@ from .core import (
     whiten_from_moments,
 )
 from .dpo import DPO_LOSS_TYPES, dpo_loss
+from .estimators import ESTIMATOR_NAMES, ESTIMATORS, AdvantageEstimator, EstimatorParams, get_estimator
 from .kl import K3_CLAMP, KL_KINDS, AdaptiveKLController, FixedKLController, kl_penalty, sequence_kl_sums
 from .logits import entropy_from_logits, token_logprobs
 from .losses import ppo_policy_loss, value_loss
 
 __all__ = [
     "AGG_MODES",
+    "ESTIMATORS",
+    "ESTIMATOR_NAMES",
+    "AdvantageEstimator",
+    "EstimatorParams",
+    "get_estimator",
     "DPO_LOSS_TYPES",
     "K3_CLAMP",
     "KL_KINDS",

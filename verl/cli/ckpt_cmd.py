@@ -63,15 +63,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    import torch
-
     from verl.checkpoint import export_hf
+    from verl.utils.dtype import resolve_dtype
 
     dtype: Any = None
     if args.dtype:
-        dtype = getattr(torch, args.dtype, None)
-        if not isinstance(dtype, torch.dtype):
-            raise CheckpointError(f"--dtype {args.dtype}: not a torch dtype; use float32, bfloat16 or float16.")
+        dtype = resolve_dtype(args.dtype, where="--dtype")
     out = export_hf(args.path, args.out, dtype=dtype)
     print(f"exported {args.path} -> {out} (load with AutoModelForCausalLM.from_pretrained('{out}'))")
     return 0

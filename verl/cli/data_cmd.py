@@ -44,80 +44,18 @@ def load_tokenizer(path: str | None) -> Any:
 
 
 def print_report(report: Any, as_json: bool, out_path: str | None = None) -> None:
-    """The report as a rich table (or JSON for scripts)."""
+    """The report as DataReport.render() text, the same the trainer prints (or JSON for scripts)."""
     if as_json:
         d = report.to_dict()
         if out_path is not None:
             d["output"] = out_path
         print(json.dumps(d, ensure_ascii=False, indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    from verl.data.report import location
-
-    console = Console(highlight=False, soft_wrap=False)
-    status = "[green]clean[/]" if report.is_clean else "[red]not clean[/]"
-    console.print(
-        f"[bold]{report.kind}[/] data: {report.total_rows} rows read, {report.kept_rows} kept, "
-        f"{report.dropped_rows} dropped: {status}"
-    )
-    console.print("files: " + ", ".join(report.files))
-    if report.field_mapping:
-        t = Table(title="field mapping", title_justify="left")
-        t.add_column("field")
-        t.add_column("source key")
-        t.add_column("rows", justify="right")
-        for fld, srcs in report.field_mapping.items():
-            for src, n in srcs.items():
-                t.add_row(fld, repr(src), str(n))
-        console.print(t)
-    if report.reasons:
-        t = Table(title="dropped rows", title_justify="left")
-        t.add_column("reason")
-        t.add_column("rows", justify="right")
-        t.add_column("lines (first 20)")
-        t.add_column("first example")
-        ordered = sorted(report.reasons.items(), key=lambda kv: -kv[1].count)
-        for key, st in ordered:
-            ex = st.examples[0]
-            t.add_row(
-                key,
-                str(st.count),
-                ", ".join(str(e["line"]) for e in st.examples),
-                f"{location(ex['file'], ex['line'])}: {ex['detail']}",
-            )
-        console.print(t)
-        for key, st in ordered:
-            if st.hint:
-                console.print(f"fix ({key}): {st.hint}", markup=False)
-    ts = report.token_stats
-    if ts is not None:
-        t = Table(title="prompt tokens", title_justify="left")
-        for c in ("min", "median", "p95", "max", "limit", "over limit", "truncation"):
-            t.add_column(c, justify="right")
-        t.add_row(
-            str(ts.min),
-            f"{ts.median:g}",
-            str(ts.p95),
-            str(ts.max),
-            str(ts.limit),
-            str(ts.over_limit),
-            ts.truncation,
-        )
-        console.print(t)
-    if report.total_rows == 0:
-        console.print("[red]no rows at all[/]: the file(s) are empty or hold only blank lines")
-    if report.blank_lines:
-        console.print(f"blank lines skipped: {report.blank_lines}")
-    if report.ignored_files:
-        console.print("ignored files (unsupported extension): " + ", ".join(report.ignored_files))
-    for n in report.notes:
-        console.print(f"note: {n}")
+    status = "clean" if report.is_clean else "not clean"
+    lines = [report.render(), f"status: {status}"]
     if out_path is not None:
-        console.print(
-            f"wrote {report.kept_rows} rows to {out_path}" if report.kept_rows else "nothing written"
-        )
+        lines.append(f"wrote {report.kept_rows} rows to {out_path}" if report.kept_rows else "nothing written")
+    print("\n".join(lines))
 
 
 def _common(p: argparse.ArgumentParser) -> None:

@@ -13,35 +13,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from verl.errors import ConfigError
-
-# dtype names a user may write, mapped to torch dtypes; short aliases are accepted because they are what
-# people type on the command line ("bf16").
-DTYPE_ALIASES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-}
-
-
-def parse_dtype(name: str, *, key: str) -> torch.dtype:
-    """Turn a dtype string into a torch dtype, or raise a ConfigError naming the config key."""
-    dtype = DTYPE_ALIASES.get(str(name).lower())
-    if dtype is None:
-        raise ConfigError(
-            f"{key}: unknown dtype {name!r}. Use one of: float32, bfloat16, float16 "
-            f"(aliases: {', '.join(sorted(k for k in DTYPE_ALIASES if k not in ('float32', 'bfloat16', 'float16')))})."
-        )
-    return dtype
-
-
-def canonical_dtype_name(name: str, *, key: str) -> str:
-    """'bf16' -> 'bfloat16': lets the mapping compare dtypes written with different aliases."""
-    return str(parse_dtype(name, key=key)).removeprefix("torch.")
+from verl.utils.dtype import dtype_aliases, is_dtype_name, resolve_dtype
 
 
 class MixedPrecisionSpec(BaseModel):
@@ -52,8 +24,9 @@ class MixedPrecisionSpec(BaseModel):
     @field_validator("param_dtype", "reduce_dtype")
     @classmethod
     def _known_dtype(cls, value: str) -> str:
-        if str(value).lower() not in DTYPE_ALIASES:
-            raise ValueError(f"unknown dtype {value!r}; use float32, bfloat16 or float16")
+        if not is_dtype_name(value):
+            raise ValueError(f"unknown dtype {value!r}; use float32, bfloat16 or float16 "
+                             f"(accepted spellings: {', '.join(dtype_aliases())})")
         return value
 
 
@@ -105,8 +78,8 @@ class FSDPConfig(BaseModel):
             else MixedPrecisionSpec()
         )
         return (
-            parse_dtype(spec.param_dtype, key="fsdp.mixed_precision.param_dtype"),
-            parse_dtype(spec.reduce_dtype, key="fsdp.mixed_precision.reduce_dtype"),
+            resolve_dtype(spec.param_dtype, where="fsdp.mixed_precision.param_dtype"),
+            resolve_dtype(spec.reduce_dtype, where="fsdp.mixed_precision.reduce_dtype"),
         )
 
     def shard_group_size(self, world_size: int, *, num_gpus_per_node: int | None = None) -> int:
@@ -195,4 +168,4 @@ def _largest_divisor_at_most(n: int, limit: int) -> int:
     return max(d for d in range(1, max(1, min(n, limit)) + 1) if n % d == 0)
 
 
-__all__ = ["FSDPConfig", "MixedPrecisionSpec", "parse_dtype", "canonical_dtype_name", "DTYPE_ALIASES"]
+__all__ = ["FSDPConfig", "MixedPrecisionSpec"]

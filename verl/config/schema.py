@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
+from verl.algorithms.estimators import ESTIMATOR_NAMES, ESTIMATORS
 from verl.config.fsdp import FSDPConfig
 
 
@@ -71,7 +72,7 @@ class RolloutConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    adv_estimator: Literal["gae", "grpo", "rloo", "reinforce_pp"] = "grpo"
+    adv_estimator: Literal[ESTIMATOR_NAMES] = "grpo"  # the names of verl.algorithms.estimators
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     lam: float = Field(1.0, ge=0.0, le=1.0)
     norm_by_std: bool = True
@@ -221,7 +222,8 @@ class RunConfig(Section):
 
     @property
     def needs_critic(self) -> bool:
-        return self.algorithm.adv_estimator == "gae"
+        """Whether the advantage estimator reads a learned critic's values (from the estimator table)."""
+        return ESTIMATORS[self.algorithm.adv_estimator].needs_critic
 
     @property
     def needs_ref(self) -> bool:

@@ -18,6 +18,7 @@ _LAZY = {
     "SFTDataset": "verl.data.datasets",
     "PreferenceDataset": "verl.data.datasets",
     "IGNORE_INDEX": "verl.data.datasets",
+    "ResumableOrder": "verl.data.sampler",
     "ResumableSampler": "verl.data.sampler",
 }
 
@@ -45,5 +46,6 @@ __all__ = [
     "SFTDataset",
     "PreferenceDataset",
     "IGNORE_INDEX",
+    "ResumableOrder",
     "ResumableSampler",
 ]

@@ -16,6 +16,7 @@ from torch.utils.data import Dataset
 
 from verl.data.chat import encode_conversation, encode_pair, encode_prompt, template_mode
 from verl.errors import ConfigError, DataError, ModelError
+from verl.utils.positions import position_ids_from_mask
 
 IGNORE_INDEX = -100
 SEQ_TRUNCATION = ("error", "drop", "truncate_left", "truncate_right")
@@ -120,7 +121,7 @@ class PromptDataset(Dataset):
     def collate(self, batch: list[dict[str, Any]]) -> dict[str, Any]:
         """Left-padded input_ids/attention_mask/position_ids plus the raw rows (for reward functions)."""
         ids, mask = left_pad([b["input_ids"] for b in batch], self.pad_id)
-        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        position_ids = position_ids_from_mask(mask)
         return {
             "input_ids": ids,
             "attention_mask": mask,

@@ -13,13 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from verl.config.fsdp import DTYPE_ALIASES, canonical_dtype_name
 from verl.errors import ConfigError, DeviceMappingError
+from verl.utils.dtype import canonical_dtype_name, dtype_aliases
 
 ROLES: tuple[str, ...] = ("actor", "critic", "ref", "reward")
 """Fixed role order: process groups are created and batches moved in this order on every rank."""
-
-_BYTES_PER_DTYPE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True)
@@ -205,6 +203,7 @@ def validate_device_mapping(
 
     # --- dtypes ---------------------------------------------------------------------------------
     dtypes: dict[str, str | None] = {}
+    unknown_dtype: set[str] = set()
     for role in ROLES:
         if not active[role]:
             continue
@@ -214,18 +213,19 @@ def validate_device_mapping(
             continue
         key = "reward.model_dtype" if role == "reward" else "model.dtype"
         try:
-            dtypes[role] = canonical_dtype_name(name, key=key)
+            dtypes[role] = canonical_dtype_name(name, where=key)
         except ConfigError:
             dtypes[role] = str(name)
+            unknown_dtype.add(role)
             problems.append(
                 f"{role} dtype {name!r} ({key}) is not a dtype verl knows. Fix: use float32, bfloat16 or "
-                f"float16 (also: {', '.join(k for k in DTYPE_ALIASES if k not in _BYTES_PER_DTYPE)})."
+                f"float16 (accepted spellings: {', '.join(dtype_aliases())})."
             )
     for role in role_dtypes:
         if role not in ROLES:
             problems.append(f"role_dtypes has unknown role {role!r}. Fix: use one of {', '.join(ROLES)}.")
     casts: list[str] = []
-    known = {r: d for r, d in dtypes.items() if d in _BYTES_PER_DTYPE}
+    known = {r: d for r, d in dtypes.items() if d is not None and r not in unknown_dtype}
     actor_dtype = known.get("actor")
     mismatched = {r: d for r, d in known.items() if actor_dtype is not None and d != actor_dtype}
     if mismatched:

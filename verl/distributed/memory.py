@@ -11,11 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from verl.config.fsdp import canonical_dtype_name
 from verl.distributed.mapping import DeviceMapping
 from verl.errors import ConfigError, DeviceMappingError
-
-BYTES_PER_DTYPE: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+from verl.utils.dtype import bytes_per_element
 
 OPTIMIZER_STATES: dict[str, int] = {"adamw": 2, "adam": 2, "sgd": 0, "sgd_momentum": 1}
 """Tensors of optimizer state per parameter, each in the parameter's dtype (as torch.optim keeps them)."""
@@ -119,8 +117,7 @@ def estimate_memory(
         count = int(param_counts.get(role, 0))
         if count <= 0:
             continue
-        dtype = canonical_dtype_name(dtypes.get(role) or "float32", key=f"{role} dtype")
-        width = BYTES_PER_DTYPE[dtype]
+        width = bytes_per_element(dtypes.get(role) or "float32", where=f"{role} dtype")
         strategy = sharding.get(role, "FULL_SHARD") if isinstance(sharding, dict) else sharding
         shards = _shard_factor(strategy, len(ranks), hybrid_shard_size)
         sharded = -(-count * width // shards)  # ceil: uneven shards pad the last rank
@@ -134,4 +131,4 @@ def estimate_memory(
     return MemoryEstimate(per_rank=per_rank, device_type=mapping.device_type)
 
 
-__all__ = ["MemoryEstimate", "estimate_memory", "BYTES_PER_DTYPE", "OPTIMIZER_STATES"]
+__all__ = ["MemoryEstimate", "estimate_memory", "OPTIMIZER_STATES"]

@@ -11,9 +11,8 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
-
-from verl.errors import CheckpointError, ConfigError, RewardError
+from verl.data.sampler import ResumableOrder
+from verl.errors import ConfigError, RewardError
 from verl.rewards.manager import RewardManager, RewardResult
 
 
@@ -77,10 +76,8 @@ class PromptEnv:
         self.reward_manager = reward_manager
         self.seed = seed
         self.shuffle = shuffle
-        self._epoch = 0
-        self._position = 0
-        self._perm_epoch = -1
-        self._perm: np.ndarray = np.arange(0)
+        # Stream (0,) keeps this order apart from other consumers of the same seed.
+        self._order = ResumableOrder(len(self._train), seed, shuffle, stream=(0,), what="environment")
 
     def __len__(self) -> int:
         return len(self._train)
@@ -88,17 +85,7 @@ class PromptEnv:
     @property
     def epoch(self) -> int:
         """Epochs completed so far (a batch that wraps around counts toward the next one)."""
-        return self._epoch
-
-    def _order(self, epoch: int) -> np.ndarray:
-        if self._perm_epoch != epoch:
-            n = len(self._train)
-            if self.shuffle:
-                self._perm = np.random.default_rng([self.seed, 0, epoch]).permutation(n)
-            else:
-                self._perm = np.arange(n)
-            self._perm_epoch = epoch
-        return self._perm
+        return self._order.epoch
 
     def get_batch(self, batch_size: int) -> list[dict[str, Any]]:
         """The next `batch_size` training rows (copies)."""
@@ -112,16 +99,7 @@ class PromptEnv:
                 f"data.train_batch_size={batch_size} is larger than the {n} training prompts, "
                 "so a batch would repeat prompts; lower data.train_batch_size or add data."
             )
-        out: list[dict[str, Any]] = []
-        while len(out) < batch_size:
-            if self._position >= n:
-                self._epoch += 1
-                self._position = 0
-            take = min(batch_size - len(out), n - self._position)
-            order = self._order(self._epoch)
-            out.extend(_copy_row(self._train[int(i)]) for i in order[self._position : self._position + take])
-            self._position += take
-        return out
+        return [_copy_row(self._train[i]) for i in self._order.take(batch_size)]
 
     def val_rows(self) -> list[dict[str, Any]]:
         return [_copy_row(r) for r in self._val]
@@ -136,40 +114,10 @@ class PromptEnv:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "num_rows": len(self._train),
-            "epoch": self._epoch,
-            "position": self._position,
-        }
+        return self._order.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        missing = [k for k in ("seed", "shuffle", "num_rows", "epoch", "position") if k not in state]
-        if missing:
-            raise CheckpointError(
-                f"environment state is missing {missing}; it was not written by "
-                f"{type(self).__name__}.state_dict(). Resume from a complete checkpoint."
-            )
-        mismatch = {
-            k: (state[k], v)
-            for k, v in (("seed", self.seed), ("shuffle", self.shuffle), ("num_rows", len(self._train)))
-            if state[k] != v
-        }
-        if mismatch:
-            detail = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in mismatch.items())
-            raise CheckpointError(
-                f"environment state does not match this run ({detail}); the prompt order "
-                "cannot be resumed. Use the same seed, data.shuffle and training data as "
-                "the checkpointed run, or start a fresh run."
-            )
-        epoch, position = int(state["epoch"]), int(state["position"])
-        if epoch < 0 or not 0 <= position <= len(self._train):
-            raise CheckpointError(
-                f"environment state has epoch={epoch}, position={position} outside "
-                f"[0, {len(self._train)}]; the checkpoint is corrupt."
-            )
-        self._epoch, self._position = epoch, position
+        self._order.load_state_dict(state)
 
 
 __all__ = ["Environment", "PromptEnv"]

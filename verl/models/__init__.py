@@ -1,6 +1,6 @@
 """Model-side building blocks: load-time checks, the critic, reward-model scoring, tiny local models.
 
-`load_hf_model` itself lives in `verl.utils.hf_loader` (the documented import path) and uses the checks here.
+`load_hf_model` lives in `verl.models.hf_loader` (re-exported at the documented path `verl.utils.hf_loader`).
 """
 
 from verl.models.checks import LoadReport, SpecialToken, check_model_and_tokenizer

@@ -17,14 +17,10 @@ import torch
 from torch import nn
 
 from verl.errors import CheckpointError, ModelError
+from verl.utils.positions import position_ids_from_mask
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 CRITIC_MARKER = "verl_critic.json"
-
-
-def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position ids that start at 0 on the first real token, so left padding does not shift positions."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def _backbone_of(causal_lm: nn.Module) -> nn.Module:
@@ -69,7 +65,7 @@ class ValueModel(nn.Module):
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Values for every position, ``[B, T]`` float32 (padding positions hold meaningless values)."""
         if position_ids is None:
-            position_ids = positions_from_mask(attention_mask)
+            position_ids = position_ids_from_mask(attention_mask)
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             use_cache=False)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
@@ -89,8 +85,8 @@ class ValueModel(nn.Module):
         """Load the backbone of a causal LM (or a saved critic) from ``path``; loads the head if saved there."""
         from transformers import AutoModel
 
+        from verl.models.hf_loader import check_remote_code, quiet_hf_progress
         from verl.utils.dtype import resolve_dtype
-        from verl.utils.hf_loader import check_remote_code, quiet_hf_progress
 
         path = os.fspath(path)
         torch_dtype = resolve_dtype(dtype, where="critic dtype")
@@ -114,7 +110,7 @@ class ValueModel(nn.Module):
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
         """Save backbone (HF format) + head (safetensors), loadable with ``ValueModel.from_pretrained``."""
-        from verl.utils.hf_loader import quiet_hf_progress
+        from verl.models.hf_loader import quiet_hf_progress
 
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
@@ -148,4 +144,4 @@ class ValueModel(nn.Module):
         self.value_head.load_state_dict({k: v.float() for k, v in state.items()})
 
 
-__all__ = ["ValueModel", "positions_from_mask", "VALUE_HEAD_FILE"]
+__all__ = ["ValueModel", "VALUE_HEAD_FILE"]

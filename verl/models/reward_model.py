@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from verl.errors import ModelError
-from verl.models.critic import positions_from_mask
+from verl.utils.positions import position_ids_from_mask
 
 
 def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -34,8 +34,8 @@ class RewardModelScorer:
     def __init__(self, path_or_model: str | os.PathLike | nn.Module, tokenizer: Any = None, *,
                  dtype: torch.dtype | str = torch.float32, device: str | torch.device | None = None,
                  max_length: int | None = None, batch_size: int = 16, trust_remote_code: bool = False) -> None:
+        from verl.models.hf_loader import check_remote_code, load_tokenizer, quiet_hf_progress
         from verl.utils.dtype import resolve_dtype
-        from verl.utils.hf_loader import check_remote_code, load_tokenizer, quiet_hf_progress
 
         if isinstance(path_or_model, nn.Module):
             model = path_or_model
@@ -94,7 +94,7 @@ class RewardModelScorer:
         input_ids = input_ids.to(self.device)
         attention_mask = attention_mask.to(self.device)
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                            position_ids=positions_from_mask(attention_mask), use_cache=False)
+                            position_ids=position_ids_from_mask(attention_mask), use_cache=False)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         rows = torch.arange(hidden.shape[0], device=hidden.device)
         picked = hidden[rows, last.to(hidden.device)]

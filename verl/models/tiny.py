@@ -320,7 +320,7 @@ def _write(params: dict[str, Any], directory: Path) -> None:
             eos_token_id=_generation_eos(tokenizer, params["variant"]),
             pad_token_id=tokenizer.pad_token_id,
         )
-    from verl.utils.hf_loader import quiet_hf_progress
+    from verl.models.hf_loader import quiet_hf_progress
 
     with quiet_hf_progress():
         model.save_pretrained(str(directory))

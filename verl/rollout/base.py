@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from verl.errors import ConfigError
+from verl.utils.positions import position_ids_from_mask
 
 
 @dataclass
@@ -105,8 +106,7 @@ class RolloutOutput:
     @property
     def position_ids(self) -> torch.Tensor:
         """Positions that count only real tokens, as the model saw them while sampling (pads get 0)."""
-        mask = self.attention_mask.long()
-        return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        return position_ids_from_mask(self.attention_mask)
 
     @property
     def response_lengths(self) -> torch.Tensor:

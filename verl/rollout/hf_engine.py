@@ -26,6 +26,7 @@ from verl.errors import ConfigError, DataError, ModelError
 from verl.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 from verl.rollout.fast_decode import LlamaStyleDecodeStep
 from verl.rollout.sampling import sample_step
+from verl.utils.positions import position_ids_from_mask
 
 try:  # transformers >= 4.56 has per-layer caches; older versions use a plain DynamicCache.
     from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
@@ -251,7 +252,7 @@ class HFKVCacheEngine(RolloutEngine):
         # Prefill each prompt once; the cache is repeated for the n samples afterwards.
         cache = (_RolloutCache(int(self._text_config.num_hidden_layers), prompt_len + max_new)
                  if self._preallocate else self._dynamic_cache())
-        positions = (mask_bool.long().cumsum(-1) - 1).clamp_(min=0)
+        positions = position_ids_from_mask(mask_bool)  # prompts are left-padded and non-empty (checked)
         feed = input_ids.masked_fill(~mask_bool, 0)
         logits = self._forward(feed, mask_bool.long(), positions, cache)
         next_pos = positions[:, -1:] + 1  # [batch, 1]: position of the first response token

@@ -13,16 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from verl.algorithms import (
-    compute_gae,
-    compute_grpo_advantages,
-    compute_reinforce_pp_returns,
-    compute_rloo_advantages,
-    kl_penalty,
-    masked_moments,
-    sequence_kl_sums,
-    whiten_from_moments,
-)
+from verl.algorithms import ESTIMATORS, EstimatorParams, kl_penalty, sequence_kl_sums
 from verl.config.schema import AlgorithmConfig
 from verl.trainer.batch import RolloutBatch
 
@@ -32,11 +23,6 @@ Reduce = Callable[[torch.Tensor], torch.Tensor]
 def local_sum(t: torch.Tensor) -> torch.Tensor:
     """The reduction of a single process."""
     return t
-
-
-def global_whiten(x: torch.Tensor, mask: torch.Tensor, reduce: Reduce) -> torch.Tensor:
-    """Whiten with the mean and variance of the global batch; masked positions are 0."""
-    return whiten_from_moments(x, mask, reduce(masked_moments(x, mask))) * mask
 
 
 def apply_kl_in_reward(batch: RolloutBatch, algo: AlgorithmConfig, kl_ctrl, reduce: Reduce = local_sum) -> RolloutBatch:
@@ -58,26 +44,13 @@ def apply_kl_in_reward(batch: RolloutBatch, algo: AlgorithmConfig, kl_ctrl, redu
 
 
 def estimate_advantages(batch: RolloutBatch, algo: AlgorithmConfig, reduce: Reduce = local_sum) -> RolloutBatch:
-    """Advantages and returns from the token rewards (and the values, for GAE)."""
-    mask, rewards = batch.response_mask.float(), batch.token_rewards
-    if algo.adv_estimator == "gae":
-        adv, ret = compute_gae(rewards, batch.values, mask, algo.gamma, algo.lam)
-        batch.advantages = global_whiten(adv, mask, reduce) if algo.whiten_advantages else adv
-        batch.returns = ret
-    elif algo.adv_estimator == "reinforce_pp":
-        ret = compute_reinforce_pp_returns(rewards, mask, algo.gamma)
-        batch.advantages = global_whiten(ret, mask, reduce) if algo.whiten_advantages else ret
-        batch.returns = ret
-    else:  # group estimators: a group's responses sit on one rank, so no reduction is needed
-        scores = rewards.sum(-1)  # the score, minus the KL penalty when it is in the reward
-        groups = batch.group_ids.to(scores.device)
-        if algo.adv_estimator == "grpo":
-            seq_adv = compute_grpo_advantages(scores, groups, algo.norm_by_std)
-        else:
-            seq_adv = compute_rloo_advantages(scores, groups)
-        batch.advantages = seq_adv[:, None] * mask
-        batch.returns = batch.advantages
+    """Advantages and returns from the token rewards (and the values, for GAE), by `algorithm.adv_estimator`."""
+    params = EstimatorParams(gamma=algo.gamma, lam=algo.lam, norm_by_std=algo.norm_by_std,
+                             whiten_advantages=algo.whiten_advantages)
+    batch.advantages, batch.returns = ESTIMATORS[algo.adv_estimator].compute(
+        batch.token_rewards, batch.response_mask, values=batch.values, group_ids=batch.group_ids, params=params,
+        reduce=reduce)
     return batch
 
 
-__all__ = ["apply_kl_in_reward", "estimate_advantages", "global_whiten", "local_sum"]
+__all__ = ["apply_kl_in_reward", "estimate_advantages", "local_sum"]

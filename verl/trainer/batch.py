@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from verl.utils.positions import position_ids_from_mask
+
 
 @dataclass
 class RolloutBatch:
@@ -72,8 +74,3 @@ class RolloutBatch:
                 picked[f.name] = value
         return RolloutBatch(**picked)
 
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that count only real tokens (pads get 0), exactly as the rollout engine used them."""
-    mask = attention_mask.long()
-    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)

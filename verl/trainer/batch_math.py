@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from verl.algorithms.estimators import ESTIMATORS
 from verl.config.schema import OptimConfig, RunConfig
 from verl.errors import ConfigError
 
@@ -79,7 +80,7 @@ def plan_rl(config: RunConfig, dp_size: int = 1, critic_dp_size: int | None = No
             plans[role] = plan_batches(config.data.train_batch_size, config.rollout.n, cfg, size, role=role)
         except ConfigError as exc:
             errors.append(str(exc))
-    if config.algorithm.adv_estimator in ("grpo", "rloo") and config.rollout.n < 2:
+    if ESTIMATORS[config.algorithm.adv_estimator].needs_groups and config.rollout.n < 2:
         errors.append(f"algorithm.adv_estimator={config.algorithm.adv_estimator} compares the samples of a prompt "
                       f"with each other, but rollout.n={config.rollout.n}: every advantage would be 0. "
                       "Set rollout.n >= 2 (typically 4-16)")

@@ -23,7 +23,7 @@ def run_checks(config: RunConfig, *, nproc: int | None = None) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from verl.cli.check_model import run_check_model
+    from verl.models.check_model import run_check_model
     from verl.trainer.runtime import resolve_model_path
     from verl.trainer.startup import validate_startup
 

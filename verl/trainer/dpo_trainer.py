@@ -92,7 +92,7 @@ class DPOTrainer(OfflineTrainer):
         elif path is None:
             ref = copy.deepcopy(self.model)
         else:
-            from verl.utils.hf_loader import load_hf_model
+            from verl.models.hf_loader import load_hf_model
 
             cfg = self.config.model
             ref, _ = load_hf_model(path, tokenizer_name=cfg.tokenizer_path or self.model_path(),

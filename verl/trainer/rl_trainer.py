@@ -33,6 +33,7 @@ from verl.config.schema import OptimConfig, RunConfig
 from verl.distributed.placement import Placement
 from verl.errors import ConfigError, DataError, ModelError
 from verl.models.dropout import disable_dropout, no_grad_eval
+from verl.models.hf_loader import load_tokenizer
 from verl.models.reward_model import RewardModelScorer
 from verl.rollout import SamplingParams, build_engine
 from verl.trainer.advantages import apply_kl_in_reward, estimate_advantages
@@ -42,7 +43,6 @@ from verl.trainer.forward import response_logprobs, response_values
 from verl.trainer.optim import build_optimizer
 from verl.trainer.reward_model import reward_text
 from verl.trainer.runtime import TrainerRuntime, resolve_model_path
-from verl.utils.hf_loader import load_tokenizer
 
 
 class RLTrainer(TrainerRuntime):
@@ -177,7 +177,7 @@ class RLTrainer(TrainerRuntime):
         path = self.config.ref.path
         if not path:
             return self._frozen_copy(self.model)
-        from verl.utils.hf_loader import load_hf_model
+        from verl.models.hf_loader import load_hf_model
 
         cfg = self.config.model
         ref, ref_tokenizer = load_hf_model(

@@ -172,7 +172,7 @@ class TrainerRuntime:
                 raise ModelError("a model object was given without its tokenizer; pass tokenizer=... too "
                                  "(they must come from the same source)")
             return model.to(self.device).train(), tokenizer
-        from verl.utils.hf_loader import load_hf_model
+        from verl.models.hf_loader import load_hf_model
 
         cfg = self.config.model
         path = self.model_path()

@@ -26,7 +26,7 @@ from verl.algorithms import token_logprobs
 from verl.config.schema import RunConfig
 from verl.data.datasets import IGNORE_INDEX, SFTDataset, pad_token_id
 from verl.data.fields import RowError, RowNormalizer
-from verl.data.sampler import ResumableSampler
+from verl.data.sampler import ResumableOrder
 from verl.errors import ConfigError, DataError, ModelError
 from verl.trainer.forward import _accepts
 from verl.trainer.optim import build_optimizer
@@ -189,7 +189,7 @@ class OfflineTrainer(TrainerRuntime):
                 stacklevel=3)
 
     # ------------------------------------------------------------------ batches
-    def build_sampler(self, num_rows: int, batch_size: int, key: str) -> ResumableSampler:
+    def build_sampler(self, num_rows: int, batch_size: int, key: str) -> ResumableOrder:
         """A row stream: a fresh seeded permutation every epoch, read `batch_size` rows at a time.
 
         Batches run across epoch ends, so no row is dropped and a batch may be larger than the dataset
@@ -199,7 +199,7 @@ class OfflineTrainer(TrainerRuntime):
             raise ConfigError(f"{key}={batch_size} is not divisible by the {self.dp_size} data-parallel ranks; "
                               f"use a multiple of {self.dp_size}")
         self.batch_size = batch_size
-        return ResumableSampler(num_rows, 1, seed=self.config.trainer.seed, shuffle=self.config.data.shuffle)
+        return ResumableOrder(num_rows, seed=self.config.trainer.seed, shuffle=self.config.data.shuffle)
 
     def steps_for_epochs(self, epochs: int) -> int:
         """Optimizer steps that read `epochs` passes over the training rows (the last step may run over)."""
@@ -207,7 +207,7 @@ class OfflineTrainer(TrainerRuntime):
 
     def next_indices(self) -> list[int]:
         """This rank's share of the next batch (contiguous slices, as RLTrainer shards prompts)."""
-        idx = [self.sampler.next_batch()[0] for _ in range(self.batch_size)]
+        idx = self.sampler.take(self.batch_size)
         per_rank = len(idx) // self.dp_size
         return idx[self.dp_rank * per_rank : (self.dp_rank + 1) * per_rank]
 

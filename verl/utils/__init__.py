@@ -1,1 +1,1 @@
-"""Shared helpers: dtype spellings and `load_hf_model` (import from `verl.utils.hf_loader`)."""
+"""Shared low-level helpers (dtype spellings, position ids); `hf_loader` re-exports `verl.models.hf_loader`."""

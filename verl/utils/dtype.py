@@ -57,6 +57,30 @@ def dtype_name(dtype: torch.dtype) -> str:
     return _SHORT_NAMES.get(dtype, str(dtype).removeprefix("torch."))
 
 
+def canonical_dtype_name(value: str | torch.dtype, *, where: str = "dtype") -> str:
+    """'bf16' -> 'bfloat16': the torch spelling, so dtypes written with different aliases compare equal."""
+    return str(resolve_dtype(value, where=where)).removeprefix("torch.")
+
+
+def is_dtype_name(value: object) -> bool:
+    """Whether ``value`` is a spelling resolve_dtype accepts, for validators that raise their own error."""
+    try:
+        resolve_dtype(value, where="dtype")  # type: ignore[arg-type]
+    except ConfigError:
+        return False
+    return True
+
+
+def dtype_aliases() -> list[str]:
+    """Every accepted spelling, sorted: for error messages that list the choices."""
+    return sorted(_DTYPE_NAMES)
+
+
+def bytes_per_element(value: str | torch.dtype, *, where: str = "dtype") -> int:
+    """Bytes one parameter takes in this dtype (memory estimates)."""
+    return resolve_dtype(value, where=where).itemsize
+
+
 def check_dtype_for_device(dtype: torch.dtype, device_type: str, *, where: str = "dtype") -> None:
     """Refuse dtypes the device cannot run well, before minutes are spent loading weights.
 
@@ -73,4 +97,5 @@ def check_dtype_for_device(dtype: torch.dtype, device_type: str, *, where: str =
                          "scaling) or 'fp32'.")
 
 
-__all__ = ["resolve_dtype", "dtype_name", "check_dtype_for_device"]
+__all__ = ["resolve_dtype", "dtype_name", "canonical_dtype_name", "is_dtype_name", "dtype_aliases",
+           "bytes_per_element", "check_dtype_for_device"]

@@ -1,0 +1,75 @@
+"""The estimator table: its properties drive the config, and its compute matches the formulas it wraps."""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+import torch
+
+from verl.algorithms import (
+    compute_gae,
+    compute_grpo_advantages,
+    compute_reinforce_pp_returns,
+    compute_rloo_advantages,
+    masked_whiten,
+)
+from verl.algorithms.estimators import ESTIMATOR_NAMES, ESTIMATORS, EstimatorParams, get_estimator
+from verl.config import load_config
+from verl.config.schema import AlgorithmConfig
+
+G = torch.Generator().manual_seed(0)
+REWARDS = torch.randn(6, 5, generator=G, dtype=torch.float64)
+VALUES = torch.randn(6, 5, generator=G, dtype=torch.float64)
+MASK = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0],
+                     [1, 1, 1, 1, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]])
+GROUPS = torch.tensor([0, 0, 0, 1, 1, 1])
+
+
+def _reference(name: str, p: EstimatorParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """What RLTrainer.estimate_advantages computes, written out with the public formulas."""
+    mask = MASK.double()
+    if name == "gae":
+        adv, ret = compute_gae(REWARDS, VALUES, mask, p.gamma, p.lam)
+        return (masked_whiten(adv, mask) * mask if p.whiten_advantages else adv), ret
+    if name == "reinforce_pp":
+        ret = compute_reinforce_pp_returns(REWARDS, mask, p.gamma)
+        return (masked_whiten(ret, mask) * mask if p.whiten_advantages else ret), ret
+    scores = REWARDS.sum(-1)
+    seq = (compute_grpo_advantages(scores, GROUPS, p.norm_by_std) if name == "grpo"
+           else compute_rloo_advantages(scores, GROUPS))
+    return seq[:, None] * mask, seq[:, None] * mask
+
+
+@pytest.mark.parametrize("name", ESTIMATOR_NAMES)
+@pytest.mark.parametrize("params", [EstimatorParams(), EstimatorParams(gamma=0.9, lam=0.8, norm_by_std=False,
+                                                                       whiten_advantages=False)])
+def test_compute_matches_the_formulas(name, params):
+    adv, ret = ESTIMATORS[name].compute(REWARDS, MASK, values=VALUES, group_ids=GROUPS, params=params)
+    want_adv, want_ret = _reference(name, params)
+    assert adv.dtype == torch.float64
+    torch.testing.assert_close(adv, want_adv, rtol=0, atol=0)
+    torch.testing.assert_close(ret, want_ret, rtol=0, atol=0)
+
+
+def test_properties():
+    assert [n for n, e in ESTIMATORS.items() if e.needs_critic] == ["gae"]
+    assert sorted(n for n, e in ESTIMATORS.items() if e.needs_groups) == ["grpo", "rloo"]
+    assert all(e.outcome_level == e.needs_groups for e in ESTIMATORS.values())
+    assert all(e.whitens != e.outcome_level for e in ESTIMATORS.values())
+
+
+def test_missing_inputs_are_named():
+    with pytest.raises(ValueError, match="'gae' needs the critic's values"):
+        ESTIMATORS["gae"].compute(REWARDS, MASK)
+    with pytest.raises(ValueError, match="'rloo' compares samples of a prompt; pass group_ids"):
+        ESTIMATORS["rloo"].compute(REWARDS, MASK)
+    with pytest.raises(KeyError, match="known: gae, grpo, rloo, reinforce_pp"):
+        get_estimator("ppo")
+
+
+def test_config_reads_the_table():
+    field = AlgorithmConfig.model_fields["adv_estimator"]
+    assert typing.get_args(field.annotation) == ESTIMATOR_NAMES
+    for name, est in ESTIMATORS.items():
+        assert load_config(overrides=[f"algorithm.adv_estimator={name}"]).needs_critic is est.needs_critic

@@ -1,0 +1,177 @@
+"""The package layer order of DESIGN.md, enforced on every module's imports (parsed with `ast`).
+
+Module-level, function-level, TYPE_CHECKING and relative imports all count, as do lazy imports (a dict
+value or an `importlib.import_module` argument that is exactly a dotted `verl.*` module path). A command
+line naming a module to run in a subprocess (distributed/launch.py's `-m verl.cli.main`) is not an import. A package may import itself and any
+package of a strictly lower layer; `algorithms` may import only torch and the standard library.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "verl"
+
+# Layer of each top-level package (or module) of verl. Lower layers never import higher ones.
+LAYERS: dict[str, int] = {
+    "errors": 0,
+    "utils": 1,          # dtype spellings, position ids: torch only
+    "algorithms": 1,     # pure tensor math (further restricted below)
+    "config": 2,         # the typed schema; reads the estimator table and the dtype table
+    "data": 3,
+    "rewards": 3,
+    "models": 3,
+    "rollout": 3,
+    "checkpoint": 3,
+    "tracking": 3,
+    "distributed": 3,
+    "env": 4,            # prompt source (data) + reward (rewards)
+    "trainer": 5,
+    "cli": 6,
+}
+
+# Third-party packages `algorithms` may import, besides the standard library and itself.
+ALGORITHMS_THIRD_PARTY = {"torch"}
+
+# Public re-exports that deliberately reach up: file -> the higher packages it may import, and why.
+EXEMPT: dict[str, set[str]] = {
+    "verl/__init__.py": set(LAYERS),              # the public API re-exports trainers and the loader lazily
+    "verl/utils/hf_loader.py": {"models"},      # documented path of verl.models.hf_loader.load_hf_model
+}
+
+_DOTTED_VERL = re.compile(r"verl(\.[A-Za-z_]\w*)+")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_module_path(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str) and bool(_DOTTED_VERL.fullmatch(node.value))
+
+
+def _call_name(func: ast.expr) -> str:
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+def imported_modules(source: str, module: str, *, is_package: bool) -> list[tuple[str, int]]:
+    """(absolute module name, line) for every import in `source`, relative ones resolved against `module`."""
+    package = module if is_package else module.rpartition(".")[0]
+    found: list[tuple[str, int]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                prefix = ".".join(base)
+                if node.module:
+                    found.append((f"{prefix}.{node.module}", node.lineno))
+                else:  # `from . import x`: each name is a submodule (or a name of the package itself)
+                    found += [(f"{prefix}.{alias.name}", node.lineno) for alias in node.names]
+            else:
+                found.append((node.module or "", node.lineno))
+        elif isinstance(node, ast.Dict):  # lazy-import tables: {"Name": "verl.pkg.module"}
+            found += [(v.value, v.lineno) for v in node.values if _is_module_path(v)]
+        elif isinstance(node, ast.Call) and _call_name(node.func) in ("import_module", "__import__"):
+            found += [(a.value, a.lineno) for a in node.args[:1] if _is_module_path(a)]
+    return found
+
+
+def violations(source: str, rel_path: str) -> list[str]:
+    """Every import in the file at `rel_path` (relative to the repo root) that breaks the layer order."""
+    path = ROOT / rel_path
+    module = module_name(path)
+    parts = module.split(".")
+    if len(parts) < 2:  # verl/__init__.py
+        own = None
+    else:
+        own = parts[1]
+    allowed_up = EXEMPT.get(rel_path, set())
+    problems = []
+    for target, line in imported_modules(source, module, is_package=path.name == "__init__.py"):
+        top = target.split(".")[0]
+        where = f"{rel_path}:{line}"
+        if own == "algorithms" and top != "verl":
+            if top not in ALGORITHMS_THIRD_PARTY and top not in sys.stdlib_module_names:
+                problems.append(f"{where}: algorithms imports {target}; it may import only torch and the stdlib")
+            continue
+        if top != "verl" or own is None:
+            continue
+        tparts = target.split(".")
+        other = tparts[1] if len(tparts) > 1 else None
+        if other == own:
+            continue
+        if other is None:
+            problems.append(f"{where}: imports the `verl` root package (it re-exports the trainers); "
+                            "import the defining module instead")
+        elif own == "algorithms":
+            problems.append(f"{where}: algorithms imports {target}; it may import only torch and the stdlib")
+        elif other not in LAYERS:
+            problems.append(f"{where}: imports {target}, a package missing from LAYERS in tests/test_layers.py")
+        elif LAYERS[other] >= LAYERS[own] and other not in allowed_up:
+            problems.append(f"{where}: {own} (layer {LAYERS[own]}) imports {target} "
+                            f"({other}, layer {LAYERS[other]}); lower layers never import higher ones")
+    return problems
+
+
+def _modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_package_has_a_layer():
+    tops = {p.relative_to(PACKAGE).parts[0].removesuffix(".py") for p in _modules()} - {"__init__"}
+    assert tops == set(LAYERS), f"add these to LAYERS: {sorted(tops - set(LAYERS))}; stale: {sorted(set(LAYERS) - tops)}"
+
+
+def test_exemptions_exist():
+    assert all((ROOT / rel).is_file() for rel in EXEMPT)
+
+
+def test_imports_follow_the_layer_order():
+    problems = []
+    for path in _modules():
+        rel = path.relative_to(ROOT).as_posix()
+        problems += violations(path.read_text(encoding="utf-8"), rel)
+    assert not problems, "layer violations:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("rel_path", "source", "expected"),
+    [
+        ("verl/trainer/x.py", "def f():\n    from verl.cli.main import main\n", "trainer (layer 5) imports verl.cli.main"),
+        ("verl/utils/x.py", "import verl.models.tiny\n", "utils (layer 1) imports verl.models.tiny"),
+        ("verl/data/x.py", "from verl.trainer import batch\n", "data (layer 3) imports verl.trainer"),
+        ("verl/models/x.py", "if True:\n    from verl.trainer.rl_trainer import RLTrainer\n", "imports verl.trainer"),
+        ("verl/distributed/x.py", "from verl.cli import main\n", "imports verl.cli"),
+        ("verl/env/x.py", "from ..trainer.batch import RolloutBatch\n", "env (layer 4) imports verl.trainer.batch"),
+        ("verl/rollout/sub/x.py", "from ...cli import main\n", "rollout (layer 3) imports verl.cli"),
+        ("verl/algorithms/x.py", "import numpy as np\n", "algorithms imports numpy"),
+        ("verl/algorithms/x.py", "from verl.errors import ConfigError\n", "algorithms imports verl.errors"),
+        ("verl/config/x.py", "_LAZY = {'A': 'verl.data.load'}\n", "config (layer 2) imports verl.data.load"),
+        ("verl/trainer/x.py", "from verl import RLTrainer\n", "imports the `verl` root package"),
+        ("verl/rewards/x.py", "importlib.import_module('verl.env.base')\n", "rewards (layer 3) imports verl.env.base"),
+    ],
+)
+def test_a_violating_import_is_caught(rel_path, source, expected):
+    """The checker itself: each synthetic module breaks the order once and must be reported."""
+    found = violations(source, rel_path)
+    assert len(found) == 1 and expected in found[0], found
+
+
+def test_allowed_imports_pass():
+    ok = ("import torch\nimport math\nfrom .core import masked_mean\nfrom . import kl\n")
+    assert violations(ok, "verl/algorithms/x.py") == []
+    assert violations("from verl.utils.dtype import resolve_dtype\nfrom . import fsdp\n", "verl/config/x.py") == []
+    assert violations("from verl.models.hf_loader import load_hf_model\n", "verl/utils/hf_loader.py") == []
+    assert violations("from verl.models.hf_loader import load_hf_model\n", "verl/utils/other.py") != []

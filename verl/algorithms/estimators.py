@@ -1,0 +1,135 @@
+"""The advantage estimators as one table: name -> what the estimator needs and how it is computed.
+
+The config schema's allowed names, the critic decision and the batch checks (rollout.n >= 2 for group
+baselines) all read this table, so adding an estimator is one entry here instead of a name repeated in
+four places. `compute` maps token rewards to (advantages, returns) with the formulas of `advantages.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .advantages import (
+    compute_gae,
+    compute_grpo_advantages,
+    compute_reinforce_pp_returns,
+    compute_rloo_advantages,
+)
+from .core import masked_moments, whiten_from_moments
+
+Tensor = torch.Tensor
+Reduce = Callable[[Tensor], Tensor]
+
+
+def _identity(t: Tensor) -> Tensor:
+    return t
+
+
+@dataclass(frozen=True)
+class EstimatorParams:
+    """Algorithm settings an estimator may read (from `algorithm.*`); unused ones are ignored."""
+
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_by_std: bool = True
+    whiten_advantages: bool = True
+
+
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    """One estimator's properties plus its compute function.
+
+    needs_critic: values from a learned critic are an input (PPO).
+    needs_groups: advantages compare the n samples of one prompt, so rollout.n must be >= 2.
+    outcome_level: one advantage per sequence (broadcast over its tokens) rather than per token.
+    whitens: `algorithm.whiten_advantages` applies (batch whitening of token-level advantages).
+    """
+
+    name: str
+    needs_critic: bool
+    needs_groups: bool
+    outcome_level: bool
+    whitens: bool
+    summary: str
+    _compute: Callable[[Tensor, Tensor, Tensor | None, Tensor | None, EstimatorParams, Reduce], tuple[Tensor, Tensor]]
+
+    def compute(self, token_rewards: Tensor, response_mask: Tensor, *, values: Tensor | None = None,
+                group_ids: Tensor | None = None, params: EstimatorParams | None = None,
+                reduce: Reduce = _identity) -> tuple[Tensor, Tensor]:
+        """(advantages, returns), both [B, T] and zero outside the response mask where the formula says so.
+
+        `reduce` sums the whitening moments over the data-parallel shards of the batch (identity for one
+        shard), so whitening is over the global batch however it is split. Group estimators need none:
+        a prompt's samples sit on one shard."""
+        if self.needs_critic and values is None:
+            raise ValueError(f"adv_estimator={self.name!r} needs the critic's values; pass values=[B, T]")
+        if self.needs_groups and group_ids is None:
+            raise ValueError(f"adv_estimator={self.name!r} compares samples of a prompt; pass group_ids=[B]")
+        return self._compute(token_rewards, response_mask.float(), values, group_ids, params or EstimatorParams(),
+                             reduce)
+
+
+def _whiten_if(x: Tensor, mask: Tensor, p: EstimatorParams, reduce: Reduce) -> Tensor:
+    if not p.whiten_advantages:
+        return x
+    return whiten_from_moments(x, mask, reduce(masked_moments(x, mask))) * mask
+
+
+def _gae(rewards: Tensor, mask: Tensor, values: Tensor | None, _groups: Tensor | None,
+         p: EstimatorParams, reduce: Reduce) -> tuple[Tensor, Tensor]:
+    adv, ret = compute_gae(rewards, values, mask, p.gamma, p.lam)
+    return _whiten_if(adv, mask, p, reduce), ret
+
+
+def _reinforce_pp(rewards: Tensor, mask: Tensor, _values: Tensor | None, _groups: Tensor | None,
+                  p: EstimatorParams, reduce: Reduce) -> tuple[Tensor, Tensor]:
+    ret = compute_reinforce_pp_returns(rewards, mask, p.gamma)
+    return _whiten_if(ret, mask, p, reduce), ret
+
+
+def _outcome(per_sequence: Callable[[Tensor, Tensor, EstimatorParams], Tensor]):
+    """Sequence-level estimators score the summed token rewards (score minus any in-reward KL)."""
+
+    def compute(rewards: Tensor, mask: Tensor, _values: Tensor | None, groups: Tensor | None,
+                p: EstimatorParams, _reduce: Reduce) -> tuple[Tensor, Tensor]:
+        scores = rewards.sum(-1)
+        adv = per_sequence(scores, groups.to(scores.device), p)[:, None] * mask
+        return adv, adv
+
+    return compute
+
+
+ESTIMATORS: dict[str, AdvantageEstimator] = {
+    e.name: e
+    for e in (
+        AdvantageEstimator("gae", needs_critic=True, needs_groups=False, outcome_level=False, whitens=True,
+                           summary="PPO: generalised advantage estimation against a learned critic",
+                           _compute=_gae),
+        AdvantageEstimator("grpo", needs_critic=False, needs_groups=True, outcome_level=True, whitens=False,
+                           summary="GRPO: score minus the group mean (divided by the group std)",
+                           _compute=_outcome(lambda s, g, p: compute_grpo_advantages(s, g, p.norm_by_std))),
+        AdvantageEstimator("rloo", needs_critic=False, needs_groups=True, outcome_level=True, whitens=False,
+                           summary="RLOO: score minus the mean of the other samples of the prompt",
+                           _compute=_outcome(lambda s, g, p: compute_rloo_advantages(s, g))),
+        AdvantageEstimator("reinforce_pp", needs_critic=False, needs_groups=False, outcome_level=False,
+                           whitens=True, summary="REINFORCE++: discounted returns whitened over the batch",
+                           _compute=_reinforce_pp),
+    )
+}
+
+ESTIMATOR_NAMES: tuple[str, ...] = tuple(ESTIMATORS)
+"""Allowed `algorithm.adv_estimator` values, in table order (the config schema's Literal)."""
+
+
+def get_estimator(name: str) -> AdvantageEstimator:
+    """The table entry for `name`; KeyError lists the known names (config validation catches typos first)."""
+    try:
+        return ESTIMATORS[name]
+    except KeyError:
+        raise KeyError(f"unknown advantage estimator {name!r}; known: {', '.join(ESTIMATOR_NAMES)}") from None
+
+
+__all__ = ["AdvantageEstimator", "EstimatorParams", "ESTIMATORS", "ESTIMATOR_NAMES", "get_estimator"]
