@@ -87,10 +87,17 @@ class Placement:
 
         Only ranks of `role` may call it; all of them must.
         """
+        return self._all_reduce(values, role, dist.ReduceOp.SUM, "reduce:sum")
+
+    def all_reduce_max(self, values: torch.Tensor, role: str = HOME) -> torch.Tensor:
+        """Element-wise max over `role`'s data-parallel ranks (identity in one process)."""
+        return self._all_reduce(values, role, dist.ReduceOp.MAX, "reduce:max")
+
+    def _all_reduce(self, values: torch.Tensor, role: str, op: Any, stage: str) -> torch.Tensor:
         if self.groups is None:
             return values
         t = values.detach().to(self.device, torch.float64).clone()
-        self.groups.all_reduce(t, role, "reduce:sum")
+        self.groups.all_reduce(t, role, stage, op=op)
         return t.to(values.device)
 
     def mean_over_owners(self, metrics: dict[str, float]) -> dict[str, float]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from verl.algorithms import (
     explained_variance,
     kl_penalty,
     masked_mean,
+    masked_moments,
     place_score_on_last_token,
     ppo_policy_loss,
     value_loss,
@@ -472,10 +474,16 @@ class RLTrainer(TrainerRuntime):
             return torch.cat([fn(mb) for mb in self._micro_batches(batch, size)], dim=0)
 
     def batch_metrics(self, batch: RolloutBatch) -> dict[str, float]:
+        """Metrics of the global batch: means and spreads from sums over the actor ranks, maxima by max."""
         scores, mask = batch.scores, batch.response_mask.float()
         lengths = mask.sum(-1)
-        metrics = {"reward/mean": float(scores.mean()), "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
-                   "response/length_mean": float(lengths.mean()), "response/length_max": float(lengths.max()),
+        reduce = functools.partial(self.placement.all_reduce_sum, role="actor")
+        count, total, squares = reduce(masked_moments(scores, torch.ones_like(scores))).tolist()
+        mean = total / max(count, 1.0)
+        std = math.sqrt(max(squares - total * mean, 0.0) / (count - 1)) if count > 1 else 0.0
+        metrics = {"reward/mean": float(scores.mean()), "reward/std": std,
+                   "response/length_mean": float(lengths.mean()),
+                   "response/length_max": float(self.placement.all_reduce_max(lengths.max().reshape(1), "actor")),
                    "response/truncation_ratio": float((~batch.finished).float().mean()),
                    "prompt/length_mean": float(batch.prompt_mask.float().sum(-1).mean())}
         if bool(((scores == 0) | (scores == 1)).all()):
@@ -487,7 +495,8 @@ class RLTrainer(TrainerRuntime):
         g_min = torch.full_like(g_max, float("inf")).scatter_reduce(0, inverse, scores, "amin")
         metrics["reward/zero_std_group_frac"] = float((g_max == g_min).float().mean())
         metrics |= batch.reward_metrics
-        metrics["advantages/mean"] = float(masked_mean(batch.advantages, mask))
+        adv_count, adv_sum, _ = reduce(masked_moments(batch.advantages, mask)).tolist()
+        metrics["advantages/mean"] = adv_sum / max(adv_count, 1.0)  # token-weighted over the global batch
         return metrics
 
     # ------------------------------------------------------------------ validation
