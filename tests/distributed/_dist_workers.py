@@ -257,7 +257,7 @@ RESPONSE_LEN = 4
 def critic_batch() -> dict[str, torch.Tensor]:
     """A fixed PPO critic batch: left padding on odd rows, every row with RESPONSE_LEN response tokens
     (so each rank's token-mean loss averages exactly to the global token-mean)."""
-    from verl.models.critic import positions_from_mask
+    from verl.utils.positions import position_ids_from_mask as positions_from_mask
 
     g = torch.Generator().manual_seed(2)
     mask = torch.ones(GLOBAL_BATCH, SEQ_LEN, dtype=torch.long)
