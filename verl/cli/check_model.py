@@ -24,7 +24,8 @@ def register_arguments(parser: argparse.ArgumentParser) -> None:
                                                           dtype=args.dtype, chat=True if args.chat else None))
 
 
-def _print(console, report) -> None:
+def print_report(console, report, *, problems: bool = True) -> None:
+    """The load report as tables, then its warnings (and its problems, unless the caller lists them)."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -43,7 +44,7 @@ def _print(console, report) -> None:
     console.print(tokens)
     for w in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(w)}", markup=True, highlight=False)
-    for p in report.problems:
+    for p in report.problems if problems else ():
         console.print(f"[red]problem:[/red] {escape(p)}", markup=True, highlight=False)
 
 
@@ -63,7 +64,7 @@ def run_check_model(name_or_path: str, tokenizer: str | None = None, trust_remot
     except VerlError as exc:
         console.print(f"[red]problem:[/red] {escape(str(exc))}", markup=True, highlight=False)
         return 1
-    _print(console, report)
+    print_report(console, report)
     if report.problems:
         console.print(f"[red]{len(report.problems)} problem(s) found.[/red]", markup=True)
         return 1
@@ -71,4 +72,4 @@ def run_check_model(name_or_path: str, tokenizer: str | None = None, trust_remot
     return 0
 
 
-__all__ = ["register_arguments", "run_check_model"]
+__all__ = ["print_report", "register_arguments", "run_check_model"]

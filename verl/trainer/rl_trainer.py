@@ -34,13 +34,14 @@ from verl.algorithms import (
 )
 from verl.config.loader import build_config, set_dotted
 from verl.config.schema import OptimConfig, RunConfig
-from verl.errors import ConfigError, DataError, ModelError
+from verl.errors import ConfigError, DataError
 from verl.rollout import SamplingParams, build_engine
 from verl.trainer.batch import RolloutBatch
 from verl.trainer.batch_math import BatchPlan
 from verl.trainer.forward import response_logprobs, response_values
+from verl.trainer.models import build_reference
 from verl.trainer.optim import build_optimizer
-from verl.trainer.runtime import TrainerRuntime, resolve_model_path
+from verl.trainer.runtime import TrainerRuntime
 
 
 class RLTrainer(TrainerRuntime):
@@ -61,7 +62,7 @@ class RLTrainer(TrainerRuntime):
     ) -> None:
         """`rows` (in-memory prompt rows) and `reward_functions` (specs or Python callables) replace
         `data.train_files` and `reward.functions` when given; `env` replaces the whole environment."""
-        super().__init__(config)
+        super().__init__(config, model=model, tokenizer=tokenizer, rows=rows, env=env, reward_functions=reward_functions)
         self.plans: dict[str, BatchPlan] = self.startup.plans
         if rows is not None and config.env.name is not None:
             raise ConfigError(f"prompt rows were passed in, but env.name={config.env.name!r} makes its own "
@@ -169,21 +170,7 @@ class RLTrainer(TrainerRuntime):
 
     def build_reference(self) -> torch.nn.Module:
         """The frozen KL anchor: `ref.path` when set, else a copy of the actor's initial weights."""
-        path = self.config.ref.path
-        if not path:
-            return self._frozen_copy(self.model)
-        from verl.utils.hf_loader import load_hf_model
-
-        cfg = self.config.model
-        ref, ref_tokenizer = load_hf_model(
-            resolve_model_path(path), attn_implementation=cfg.attn_implementation, torch_dtype=self.dtype,
-            trust_remote_code=cfg.trust_remote_code, device=self.device, for_training=False)
-        if ref_tokenizer.get_vocab() != self.tokenizer.get_vocab():
-            raise ModelError(f"ref.path={path!r} has a different tokenizer from model.path={cfg.path!r}, so its "
-                             "log-probs of the policy's tokens would be meaningless; use a reference from the "
-                             "same model family (same tokenizer), or leave ref.path empty to use the "
-                             "actor's initial weights")
-        return self._frozen_copy(ref)
+        return build_reference(self.config, self.model, self.tokenizer, device=self.device, dtype=self.dtype)
 
     def build_critic(self) -> torch.nn.Module:
         from verl.models.critic import ValueModel
