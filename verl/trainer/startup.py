@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from verl.config.schema import RunConfig
 from verl.distributed.mapping import validate_device_mapping
@@ -48,8 +49,6 @@ def role_dtype_names(config: RunConfig, device_type: str) -> dict[str, str | Non
 
 def count_parameters(path: str, *, trust_remote_code: bool = False, revision: str | None = None) -> int | None:
     """Parameters of a causal LM from its config alone (meta device: no weights read, no memory used)."""
-    from transformers import AutoConfig, AutoModelForCausalLM  # transformers is slow to import: only here
-
     if not Path(path).expanduser().exists():
         return None  # a hub id not downloaded yet, or a missing path (the model check reports it)
     try:
