@@ -87,7 +87,18 @@ def test_the_trainer_loads_the_model_once_and_keeps_the_checked_rows(tmp_path, m
     path = _long_prompt_file(tmp_path)
     config = load_config(overrides=[*base_overrides(tmp_path / "run"), *_data_overrides(tmp_path, path),
                                     "data.max_prompt_length=16", "data.truncation=drop"])
+    loaded = []
+    real_take = preflight_module.Preflight.take
+
+    def recording_take(self, name):
+        value = real_take(self, name)
+        loaded.append((name, value))
+        return value
+
+    monkeypatch.setattr(preflight_module.Preflight, "take", recording_take)
     trainer = RLTrainer(config)
     assert len(calls) == 1
-    assert trainer.model is trainer.preflight.model and trainer.env is trainer.preflight.env
+    taken = dict(loaded)
+    assert taken["env"] is trainer.env and taken["model"] is trainer.model
+    assert trainer.preflight.model is None and trainer.preflight.env is None  # handed over, not kept twice
     assert len(trainer.env) == 1  # the long prompt was dropped with the trainer's tokenizer and limit

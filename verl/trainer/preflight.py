@@ -84,6 +84,13 @@ class Preflight:
     def messages(self) -> list[str]:
         return [str(p) for p in self.problems]
 
+    def take(self, name: str) -> Any:
+        """Hand a loaded object (model, data, env) to the trainer and drop this reference to it, so a
+        rank that discards it (a critic-only rank drops the policy) really frees it."""
+        value = getattr(self, name)
+        setattr(self, name, None)
+        return value
+
     def add(self, section: str, error: VerlError) -> None:
         self.problems.append(Problem(section, error))
 
@@ -152,8 +159,8 @@ def _model_pass(pf: Preflight, given: Given, device: torch.device, dtype: torch.
 
 def _data_pass(pf: Preflight, given: Given) -> None:
     config = pf.config
-    if given.rows:
-        pf.skipped["data"] = "training rows were passed in from Python"
+    if given.rows or (pf.kind == "rl" and given.env):
+        pf.skipped["data"] = "the training prompts were passed in from Python"
         return
     if pf.kind == "rl" and config.env.name is not None:
         pf.skipped["data"] = f"env.name={config.env.name!r} makes its own prompts"

@@ -171,7 +171,7 @@ class TrainerRuntime:
         """The policy the start-up pass loaded (or was given); loads one only when asked for another."""
         pf = self.preflight
         if pf.model is not None and model in (None, pf.model):
-            return pf.model, pf.tokenizer
+            return pf.take("model"), pf.tokenizer
         if model is not None:
             return given_policy(model, tokenizer, self.device)
         model, tokenizer, report = load_policy_with_report(self.config, self.model_path(), device=self.device,
@@ -186,7 +186,7 @@ class TrainerRuntime:
         """(train, val) rows: those the start-up pass read, or read now (`data_split.split_train_val`)."""
         pf = self.preflight
         if pf.data is not None and kind == pf.data_kind:
-            return pf.data.rows()
+            return pf.take("data").rows()
         return split_train_val(self.config, kind, self.tokenizer).rows()
 
     def build_env(self, rows: Sequence[Mapping[str, Any]] | None = None,
@@ -194,7 +194,7 @@ class TrainerRuntime:
         cfg = self.config
         local_reward_model = bool(cfg.reward.model_path) and "actor" in self.roles and not self.remote_reward_model
         if rows is None and reward_functions is None and not local_reward_model and self.preflight.env is not None:
-            return self.preflight.env  # built by the start-up pass from the same config
+            return self.preflight.take("env")  # built by the start-up pass from the same config
         train_rows = val_rows = None
         if cfg.env.name is None:
             train_rows, val_rows = (list(rows), []) if rows is not None else self.split_train_val("prompt")
