@@ -108,7 +108,7 @@ class Preflight:
 
 
 def preflight(config: RunConfig, *, world_size: int, device_type: str, kind: str | None = None,
-              given: Given = Given(), prepare: Callable[[StartupReport], tuple[torch.device, torch.dtype]] | None = None) -> Preflight:
+              runs_split_placements: bool | None = None, given: Given = Given(), prepare: Callable[[StartupReport], tuple[torch.device, torch.dtype]] | None = None) -> Preflight:
     """Run every start-up check for `config` on `world_size` processes; never raises a VerlError.
 
     `prepare` runs once the weight-free checks pass, before anything loads, and returns the device and
@@ -121,7 +121,7 @@ def preflight(config: RunConfig, *, world_size: int, device_type: str, kind: str
     except VerlError as exc:
         pf.add("start-up", exc)
     pf.startup = check_startup(config, world_size=world_size, model_path=pf.model_path, device_type=device_type,
-                               kind=pf.kind)
+                               kind=pf.kind, runs_split_placements=runs_split_placements)
     for exc in pf.startup.problems:
         pf.add("start-up", exc)
     if pf.problems:

@@ -63,7 +63,8 @@ class TrainerRuntime:
         # The same pass as `verl check`: weight-free checks, then (once they pass, and after joining the
         # process group) the model, data and environment, which the trainer then uses as they are.
         self.preflight: Preflight = preflight(config, world_size=self.world_size, device_type=self.device.type,
-                                              kind=self.kind, given=given,
+                                              kind=self.kind, runs_split_placements=self.runs_split_placements,
+                                              given=given,
                                               prepare=lambda startup: self._set_up(startup, identity))
         self.startup: StartupReport = self.preflight.startup
         self.preflight.raise_if_problems()
@@ -170,7 +171,7 @@ class TrainerRuntime:
     def load_policy(self, model: torch.nn.Module | None, tokenizer: Any) -> tuple[torch.nn.Module, Any]:
         """The policy the start-up pass loaded (or was given); loads one only when asked for another."""
         pf = self.preflight
-        if pf.model is not None and model in (None, pf.model):
+        if pf.model is not None and (model is None or model is pf.model):
             return pf.take("model"), pf.tokenizer
         if model is not None:
             return given_policy(model, tokenizer, self.device)

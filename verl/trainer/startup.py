@@ -70,9 +70,9 @@ def plans_for(config: RunConfig, dp_size: int, critic_dp_size: int | None = None
     return {}
 
 
-def split_refusal(kind: str, mapping: Any, world_size: int) -> DeviceMappingError | None:
+def split_refusal(kind: str, mapping: Any, world_size: int, runs_split: bool) -> DeviceMappingError | None:
     """Only the RL trainer runs roles on different ranks; the offline trainers refuse such a mapping."""
-    if kind == "rl" or world_size <= 1 or mapping.is_colocated():
+    if runs_split or world_size <= 1 or mapping.is_colocated():
         return None
     return DeviceMappingError(
         f"this mapping places roles on different device groups; it is valid, but the {kind} "
@@ -82,13 +82,16 @@ def split_refusal(kind: str, mapping: Any, world_size: int) -> DeviceMappingErro
 
 
 def check_startup(config: RunConfig, *, world_size: int, model_path: str | None = None,
-                  device_type: str | None = None, kind: str | None = None) -> StartupReport:
+                  device_type: str | None = None, kind: str | None = None,
+                  runs_split_placements: bool | None = None) -> StartupReport:
     """Every check that needs no weights; the problems are collected in the report, not raised.
 
     `kind` is the trainer that will run (default `trainer.kind`; the demo's warm start runs SFT on an
-    RL config).
+    RL config). `runs_split_placements` says whether that trainer runs roles on different ranks (default:
+    only RL does).
     """
     kind = kind or config.trainer.kind
+    runs_split = kind == "rl" if runs_split_placements is None else runs_split_placements
     device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
     report = StartupReport(world_size=world_size)
     problems = report.problems
@@ -104,7 +107,7 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
     except VerlError as exc:
         problems.append(exc)
     if report.mapping is not None:
-        refusal = split_refusal(kind, report.mapping, world_size)
+        refusal = split_refusal(kind, report.mapping, world_size, runs_split)
         if refusal is not None:
             problems.append(refusal)
     actor_ranks = len(report.mapping.ranks("actor")) if report.mapping is not None else world_size
