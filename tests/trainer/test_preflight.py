@@ -36,6 +36,9 @@ BAD = {
     "prompt too long": lambda tmp: [*_data_overrides(tmp, _long_prompt_file(tmp)), "data.max_prompt_length=16",
                                     "data.truncation=error"],
     "unknown reward function": lambda tmp: ["reward.functions=[{name: numeric_mach}]"],
+    "sft data file missing": lambda tmp: ["trainer.kind=sft", *_data_overrides(tmp, tmp / "missing.jsonl")],
+    "dpo bad dtype": lambda tmp: ["trainer.kind=dpo", "model.dtype=float8",
+                                  *_data_overrides(tmp, tmp / "missing.jsonl")],
     "several at once": lambda tmp: ["actor.mini_batch_size=8", *_data_overrides(tmp, tmp / "missing.jsonl"),
                                     "reward.functions=[{name: numeric_mach}]"],
 }

@@ -79,6 +79,7 @@ def run_checks(config: RunConfig, *, nproc: int | None = None) -> int:
 
     section("data")
     skipped("data")
+    skipped("prompt lengths")
     if pf.data is not None:
         for name, data_report in pf.data.reports.items():
             console.print(f"{name}: {data_report.kept_rows}/{data_report.total_rows} rows kept", highlight=False)

@@ -165,6 +165,8 @@ def _data_pass(pf: Preflight, given: Given) -> None:
     if pf.kind == "rl" and config.env.name is not None:
         pf.skipped["data"] = f"env.name={config.env.name!r} makes its own prompts"
         return
+    if pf.tokenizer is None:
+        pf.skipped["prompt lengths"] = "no tokenizer was loaded, so prompt lengths were not checked"
     pf.data = split_train_val(config, pf.data_kind, pf.tokenizer)
     for exc in pf.data.problems:
         pf.add("data", exc)
