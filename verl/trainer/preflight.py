@@ -107,9 +107,14 @@ class Preflight:
         raise error
 
 
+Prepare = Callable[[StartupReport], tuple[torch.device, torch.dtype]]
+
+
 def preflight(config: RunConfig, *, world_size: int, device_type: str, kind: str | None = None,
-              runs_split_placements: bool | None = None, given: Given = Given(), prepare: Callable[[StartupReport], tuple[torch.device, torch.dtype]] | None = None) -> Preflight:
-    """Run every start-up check for `config` on `world_size` processes; never raises a VerlError.
+              runs_split_placements: bool | None = None, given: Given = Given(),
+              prepare: Prepare | None = None) -> Preflight:
+    """Run every start-up check for `config` on `world_size` processes; the checks never raise, their
+    problems are in the returned `Preflight`.
 
     `prepare` runs once the weight-free checks pass, before anything loads, and returns the device and
     dtype to load in (the trainer joins its process group there); without it the model loads on
