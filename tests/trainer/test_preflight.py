@@ -10,10 +10,11 @@ from rl_support import base_overrides
 from verl.cli.check_cmd import collect
 from verl.cli.main import main
 from verl.config import load_config
-from verl.errors import VerlError
+from verl.errors import ConfigError, VerlError
 from verl.trainer import preflight as preflight_module
 from verl.trainer.entry import build_trainer
 from verl.trainer.rl_trainer import RLTrainer
+from verl.trainer.startup import plans_for
 
 
 def _long_prompt_file(tmp_path):
@@ -105,3 +106,12 @@ def test_the_trainer_loads_the_model_once_and_keeps_the_checked_rows(tmp_path, m
     assert taken["env"] is trainer.env and taken["model"] is trainer.model
     assert trainer.preflight.model is None and trainer.preflight.env is None  # handed over, not kept twice
     assert len(trainer.env) == 1  # the long prompt was dropped with the trainer's tokenizer and limit
+
+
+def test_offline_batch_sizes_are_checked_over_the_ranks():
+    config = load_config(overrides=["trainer.kind=sft", "sft.batch_size=6", "data.train_batch_size=8"])
+    with pytest.raises(ConfigError, match=r"sft.batch_size=6 cannot be split evenly over 4 data-parallel ranks"):
+        plans_for(config, 4)
+    assert plans_for(config, 3) == {}
+    with pytest.raises(ConfigError, match=r"data.train_batch_size=8 cannot be split evenly over 3"):
+        plans_for(config, 3, kind="dpo")

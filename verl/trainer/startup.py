@@ -62,11 +62,15 @@ def count_parameters(path: str, *, trust_remote_code: bool = False, revision: st
 
 def plans_for(config: RunConfig, dp_size: int, critic_dp_size: int | None = None, *,
               kind: str | None = None) -> dict[str, Any]:
-    if (kind or config.trainer.kind) == "rl":
+    """RL batch plans per role; for SFT/DPO, whether the step's batch splits evenly over the ranks."""
+    kind = kind or config.trainer.kind
+    if kind == "rl":
         return plan_rl(config, dp_size, critic_dp_size)
-    if config.data.train_batch_size % dp_size:
-        raise ConfigError(f"data.train_batch_size={config.data.train_batch_size} cannot be split evenly over "
-                          f"{dp_size} data-parallel ranks; use a multiple of {dp_size}")
+    key, size = ("sft.batch_size", config.sft.batch_size) if kind == "sft" else ("data.train_batch_size",
+                                                                                config.data.train_batch_size)
+    if size % dp_size:
+        raise ConfigError(f"{key}={size} cannot be split evenly over {dp_size} data-parallel ranks; use a "
+                          f"multiple of {dp_size}")
     return {}
 
 
