@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from verl.config.loader import build_config
-from verl.errors import ConfigError, DataError
+from verl.errors import ConfigError, DataError, ModelError
 from verl.trainer.dpo_trainer import DPOTrainer
 
 
@@ -210,3 +210,12 @@ def test_build_trainer_dispatches_to_dpo(tmp_path):
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     tr = build_trainer(make_config(tmp_path, data={"train_files": [str(data)]}))
     assert isinstance(tr, DPOTrainer) and len(tr.train_data) == len(ROWS)
+
+
+def test_ref_path_with_another_tokenizer_is_refused_as_in_rl(tiny, tmp_path):
+    # DPO and RL build their reference with one function (verl.trainer.models.build_reference)
+    from verl.models.tiny import build_tiny_model
+
+    other = build_tiny_model(tmp_path / "other", vocab_size=512)
+    with pytest.raises(ModelError, match=r"ref.path=.*different tokenizer from model.path='tiny'.*same model family"):
+        trainer(tiny, make_config(ref={"path": str(other)}))

@@ -20,6 +20,7 @@ def no_model_load(monkeypatch):
 
     monkeypatch.setattr("verl.models.hf_loader.load_hf_model", refuse)
     monkeypatch.setattr("verl.trainer.runtime.TrainerRuntime.load_policy", refuse)
+    monkeypatch.setattr("verl.trainer.preflight.load_policy_with_report", refuse)  # the start-up pass loads it
 
 
 def _trainer(tmp_path, *overrides):

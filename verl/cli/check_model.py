@@ -1,14 +1,14 @@
 """`verl check model NAME_OR_PATH [--tokenizer PATH]`: load a model the way training would and report.
 
-The command only parses arguments; the load-and-report routine is `verl.models.check_model.run_check_model`,
-which `verl check CONFIG` runs too.
+It runs the same checks as the trainer's start-up (`verl.models.checks` via `load_hf_model_with_report`),
+so a model that passes here loads in training, and one that fails here fails there with the same message.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from verl.models.check_model import run_check_model
+from verl.errors import VerlError
 
 
 def register_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,4 +24,52 @@ def register_arguments(parser: argparse.ArgumentParser) -> None:
                                                           dtype=args.dtype, chat=True if args.chat else None))
 
 
-__all__ = ["register_arguments", "run_check_model"]
+def print_report(console, report, *, problems: bool = True) -> None:
+    """The load report as tables, then its warnings (and its problems, unless the caller lists them)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title="model load report", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    for key, value in report.summary_rows():
+        table.add_row(escape(key), escape(value))
+    console.print(table)
+    tokens = Table(title="special tokens")
+    for col in ("role", "token", "id", "note"):
+        tokens.add_column(col)
+    for t in report.special_tokens:
+        tokens.add_row(t.role, escape(repr(t.token)) if t.token is not None else "-",
+                       str(t.id) if t.id is not None else "-", escape(t.note))
+    console.print(tokens)
+    for w in report.warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(w)}", markup=True, highlight=False)
+    for p in report.problems if problems else ():
+        console.print(f"[red]problem:[/red] {escape(p)}", markup=True, highlight=False)
+
+
+def run_check_model(name_or_path: str, tokenizer: str | None = None, trust_remote_code: bool = False,
+                    dtype: str = "fp32", *, chat: bool | None = None, console=None) -> int:
+    """Print the load report and problems; return 0 if the model is usable, 1 otherwise."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    from verl.models.hf_loader import load_hf_model_with_report
+
+    console = console or Console(soft_wrap=True)
+    try:
+        _model, _tok, report = load_hf_model_with_report(
+            name_or_path, tokenizer_name=tokenizer, torch_dtype=dtype, trust_remote_code=trust_remote_code,
+            device="cpu", for_training=False, chat=chat)
+    except VerlError as exc:
+        console.print(f"[red]problem:[/red] {escape(str(exc))}", markup=True, highlight=False)
+        return 1
+    print_report(console, report)
+    if report.problems:
+        console.print(f"[red]{len(report.problems)} problem(s) found.[/red]", markup=True)
+        return 1
+    console.print("[green]model and tokenizer are consistent.[/green]", markup=True)
+    return 0
+
+
+__all__ = ["print_report", "register_arguments", "run_check_model"]

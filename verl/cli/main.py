@@ -76,7 +76,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             raise VerlError("usage: verl check model NAME_OR_PATH [--tokenizer PATH]")
         return run_check_model(args.items[1], tokenizer=args.tokenizer,
                                trust_remote_code=args.trust_remote_code, dtype=args.dtype)
-    from verl.trainer.checks import run_checks
+    from verl.cli.check_cmd import run_checks
 
     return run_checks(_load(args), nproc=args.nproc)
 

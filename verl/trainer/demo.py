@@ -11,7 +11,12 @@ import time
 from importlib import resources
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
 from verl.config.schema import RunConfig
+from verl.trainer.rl_trainer import RLTrainer
+from verl.trainer.sft_trainer import SFTTrainer
 
 # The warm start stops once the model answers this share of its *training* problems (greedy).
 SFT_TARGET_ACCURACY = 0.3
@@ -25,8 +30,6 @@ def warm_start_until(trainer: Any, target: float, max_steps: int, chunk: int = 2
     """SFT (with `SFTTrainer`) in chunks until greedy accuracy on a sample of the *training* problems
     reaches `target`, or `max_steps`. Stopping on training problems keeps the held-out set untouched,
     and starting RL from a similar competence for every seed keeps the demo's outcome stable."""
-    from verl.trainer.sft_trainer import SFTTrainer
-
     pairs = trainer.env.sft_pairs()
     sft = SFTTrainer(trainer.config, model=trainer.model, tokenizer=trainer.tokenizer,
                      train_rows=[{"input": prompt, "output": answer} for prompt, answer in pairs])
@@ -40,11 +43,6 @@ def warm_start_until(trainer: Any, target: float, max_steps: int, chunk: int = 2
 
 
 def run_demo(config: RunConfig) -> dict[str, Any]:
-    from rich.console import Console
-    from rich.table import Table
-
-    from verl.trainer.rl_trainer import RLTrainer
-
     start = time.perf_counter()
     trainer = RLTrainer(config)
     console = Console(quiet=trainer.rank != 0)  # under torchrun, one summary

@@ -10,7 +10,6 @@ model is freed. The loss formula is `verl.algorithms.dpo_loss`; this file only f
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,8 +20,10 @@ from verl.algorithms import dpo_loss
 from verl.config.schema import RunConfig
 from verl.data.datasets import IGNORE_INDEX, PreferenceDataset, pad_token_id
 from verl.errors import ConfigError
+from verl.trainer.models import build_reference
+from verl.trainer.offline import OfflineTrainer, Rows
 from verl.trainer.optim import build_optimizer
-from verl.trainer.sft_trainer import OfflineTrainer, Rows, collate_sequences, shifted_targets, target_logprobs
+from verl.trainer.sft_trainer import collate_sequences, shifted_targets, target_logprobs
 
 PairItem = Mapping[str, Any]
 
@@ -48,7 +49,7 @@ class DPOTrainer(OfflineTrainer):
         train_rows: Rows | None = None,
         val_rows: Rows | None = None,
     ) -> None:
-        super().__init__(config)
+        super().__init__(config, model=model, tokenizer=tokenizer, rows=train_rows, val_rows=val_rows)
         p, d = config.dpo, config.data
         if p.label_smoothing and p.loss_type != "sigmoid":
             raise ConfigError(f"dpo.label_smoothing={p.label_smoothing} only applies to dpo.loss_type=sigmoid, "
@@ -86,22 +87,8 @@ class DPOTrainer(OfflineTrainer):
 
     def _load_ref(self, given: torch.nn.Module | None) -> torch.nn.Module:
         """The frozen reference: `given`, else `ref.path`, else a copy of the policy's initial weights."""
-        path = self.config.ref.path
-        if given is not None:
-            ref = given
-        elif path is None:
-            ref = copy.deepcopy(self.model)
-        else:
-            from verl.models.hf_loader import load_hf_model
-
-            cfg = self.config.model
-            ref, _ = load_hf_model(path, tokenizer_name=cfg.tokenizer_path or self.model_path(),
-                                   attn_implementation=cfg.attn_implementation, torch_dtype=self.dtype,
-                                   trust_remote_code=cfg.trust_remote_code, device=self.device)
-        ref = ref.to(self.device).eval()
-        for param in ref.parameters():
-            param.requires_grad_(False)
-        return ref
+        return build_reference(self.config, self.model, self.tokenizer, device=self.device, dtype=self.dtype,
+                               given=given)
 
     # ------------------------------------------------------------------ log-probs
     def pair_batch(self, items: Sequence[PairItem]) -> dict[str, Any]:

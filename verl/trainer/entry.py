@@ -4,28 +4,24 @@ from __future__ import annotations
 
 from verl.config.schema import RunConfig
 from verl.distributed.process import shutdown_distributed
+from verl.trainer.demo import run_demo
+from verl.trainer.dpo_trainer import DPOTrainer
+from verl.trainer.rl_trainer import RLTrainer
+from verl.trainer.sft_trainer import SFTTrainer
 
 
 def build_trainer(config: RunConfig):
     kind = config.trainer.kind
     if kind == "rl":
-        from verl.trainer.rl_trainer import RLTrainer
-
         return RLTrainer(config)
     if kind == "dpo":
-        from verl.trainer.dpo_trainer import DPOTrainer
-
         return DPOTrainer(config)
-    from verl.trainer.sft_trainer import SFTTrainer
-
     return SFTTrainer(config)
 
 
 def run_training(config: RunConfig, *, demo: bool = False) -> int:
     try:
         if demo:
-            from verl.trainer.demo import run_demo
-
             run_demo(config)
             return 0
         trainer = build_trainer(config)

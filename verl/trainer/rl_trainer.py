@@ -7,7 +7,6 @@ a method, so a subclass can replace exactly one of them. The formulas all come f
 
 from __future__ import annotations
 
-import copy
 import functools
 import math
 import time
@@ -33,7 +32,7 @@ from verl.algorithms import (
 from verl.config.loader import build_config, set_dotted
 from verl.config.schema import OptimConfig, RunConfig
 from verl.distributed.placement import Placement
-from verl.errors import ConfigError, DataError, ModelError
+from verl.errors import ConfigError, DataError
 from verl.models.dropout import disable_dropout, no_grad_eval
 from verl.models.hf_loader import load_tokenizer
 from verl.models.reward_model import RewardModelScorer
@@ -42,9 +41,10 @@ from verl.trainer.advantages import apply_kl_in_reward, estimate_advantages
 from verl.trainer.batch import RolloutBatch
 from verl.trainer.batch_math import BatchPlan
 from verl.trainer.forward import response_logprobs, response_values
+from verl.trainer.models import build_reference
 from verl.trainer.optim import build_optimizer
 from verl.trainer.reward_model import reward_text
-from verl.trainer.runtime import TrainerRuntime, resolve_model_path
+from verl.trainer.runtime import TrainerRuntime
 
 
 class RLTrainer(TrainerRuntime):
@@ -65,7 +65,7 @@ class RLTrainer(TrainerRuntime):
     ) -> None:
         """`rows` (in-memory prompt rows) and `reward_functions` (specs or Python callables) replace
         `data.train_files` and `reward.functions` when given; `env` replaces the whole environment."""
-        super().__init__(config)
+        super().__init__(config, model=model, tokenizer=tokenizer, rows=rows, env=env, reward_functions=reward_functions)
         self.plans: dict[str, BatchPlan] = self.startup.plans
         if rows is not None and config.env.name is not None:
             raise ConfigError(f"prompt rows were passed in, but env.name={config.env.name!r} makes its own "
@@ -176,21 +176,7 @@ class RLTrainer(TrainerRuntime):
 
     def build_reference(self) -> torch.nn.Module:
         """The frozen KL anchor: `ref.path` when set, else a copy of the actor's initial weights."""
-        path = self.config.ref.path
-        if not path:
-            return self._frozen_copy(self.model)
-        from verl.models.hf_loader import load_hf_model
-
-        cfg = self.config.model
-        ref, ref_tokenizer = load_hf_model(
-            resolve_model_path(path), attn_implementation=cfg.attn_implementation, torch_dtype=self.dtype,
-            trust_remote_code=cfg.trust_remote_code, device=self.device, for_training=False)
-        if ref_tokenizer.get_vocab() != self.tokenizer.get_vocab():
-            raise ModelError(f"ref.path={path!r} has a different tokenizer from model.path={cfg.path!r}, so its "
-                             "log-probs of the policy's tokens would be meaningless; use a reference from the "
-                             "same model family (same tokenizer), or leave ref.path empty to use the "
-                             "actor's initial weights")
-        return self._frozen_copy(ref)
+        return build_reference(self.config, self.model, self.tokenizer, device=self.device, dtype=self.dtype)
 
     def build_critic(self) -> torch.nn.Module:
         from verl.models.critic import ValueModel
@@ -566,13 +552,6 @@ class RLTrainer(TrainerRuntime):
         start = time.perf_counter()
         yield
         timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
-
-    @staticmethod
-    def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-        ref = copy.deepcopy(model).eval()
-        for p in ref.parameters():
-            p.requires_grad_(False)
-        return ref
 
 
 __all__ = ["RLTrainer"]

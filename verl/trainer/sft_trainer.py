@@ -1,6 +1,6 @@
-"""`SFTTrainer`: supervised fine-tuning, and `OfflineTrainer`, what SFT and DPO share.
+"""`SFTTrainer`: supervised fine-tuning, and the sequence helpers SFT and DPO share.
 
-Both learn from a fixed dataset through the same runtime as `RLTrainer` (config, device, checkpoints,
+Both trainers (`OfflineTrainer`, in offline.py) learn from a fixed dataset through the same runtime as `RLTrainer` (config, device, checkpoints,
 tracking, exact resume): a `ResumableSampler` picks each step's rows, the step's batch is split into
 micro-batches whose losses are weighted so that gradient accumulation equals one big batch, and one
 clipped optimizer step follows. `train_steps(n)` runs steps without the checkpointing loop, for callers
@@ -15,24 +15,18 @@ position ids into a block-diagonal mask, so examples never see each other (check
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from verl.algorithms import token_logprobs
 from verl.config.schema import RunConfig
 from verl.data.datasets import IGNORE_INDEX, SFTDataset, pad_token_id
-from verl.data.fields import RowError, RowNormalizer
-from verl.data.sampler import ResumableOrder
-from verl.errors import ConfigError, DataError, ModelError
+from verl.errors import ConfigError, ModelError
 from verl.trainer.forward import _accepts
+from verl.trainer.offline import OfflineTrainer, Rows
 from verl.trainer.optim import build_optimizer
-from verl.trainer.runtime import TrainerRuntime
-
-Rows = Sequence[Mapping[str, Any]]
 
 
 def shifted_targets(labels: Sequence[int]) -> list[int]:
@@ -119,134 +113,6 @@ def target_logprobs(model: torch.nn.Module, batch: Mapping[str, Any],
     return token_logprobs(logits[has].float(), targets[has]), rows
 
 
-class OfflineTrainer(TrainerRuntime):
-    """What the dataset trainers share: rows (from files or Python), a resumable sampler, the optimizer
-    state in checkpoints, data-parallel batch sharding and `train_steps(n)`."""
-
-    data_kind = "sft"
-
-    # ------------------------------------------------------------------ rows
-    def normalize_rows(self, rows: Rows, name: str) -> list[dict[str, Any]]:
-        """In-memory rows through the same field aliases and checks as rows read from files."""
-        norm = RowNormalizer(self.data_kind, self.config.data.fields or None)
-        out = []
-        for i, row in enumerate(rows):
-            if not isinstance(row, Mapping):
-                raise DataError(f"{name}[{i}] is a {type(row).__name__}; each row must be a dict, e.g. "
-                                f"{self._row_example()}")
-            try:
-                canonical, _ = norm.normalize(dict(row))
-            except RowError as e:
-                field = f" (field {e.field!r})" if e.field else ""
-                raise DataError(f"{name}[{i}]: {e.detail}{field}; rows of kind {self.data_kind!r} look like "
-                                f"{self._row_example()}") from None
-            canonical["file"], canonical["line"] = name, i
-            out.append(canonical)
-        return out
-
-    def _row_example(self) -> str:
-        if self.data_kind == "preference":
-            return '{"prompt": "...", "chosen": "...", "rejected": "..."}'
-        return '{"input": "...", "output": "..."} or {"messages": [...]}'
-
-    def train_val_rows(self, train_rows: Rows | None, val_rows: Rows | None) -> tuple[list[dict], list[dict]]:
-        """Rows given in Python take precedence over data.train_files / data.val_files."""
-        d = self.config.data
-        if train_rows is None:
-            train, val = self.split_train_val(self.data_kind)
-        else:
-            train = self.normalize_rows(train_rows, "train_rows")
-            if not train:
-                raise DataError(f"train_rows is empty; pass at least one row like {self._row_example()}")
-            val = []
-            if val_rows is None and d.val_files:
-                val = self.load_data_rows(d.val_files, self.data_kind)
-            elif val_rows is None and d.val_size:
-                if d.val_size >= len(train):
-                    raise DataError(f"data.val_size={d.val_size} leaves no training rows out of {len(train)}")
-                order = np.random.default_rng(self.config.trainer.seed).permutation(len(train))
-                held = set(order[: d.val_size].tolist())
-                train, val = ([r for i, r in enumerate(train) if i not in held],
-                              [r for i, r in enumerate(train) if i in held])
-        if val_rows is not None:
-            val = self.normalize_rows(val_rows, "val_rows")
-        return train, val
-
-    @property
-    def max_length(self) -> int:
-        d = self.config.data
-        return d.max_prompt_length + d.max_response_length
-
-    def warn_boundary_mismatch(self, count: int, total: int, split: str) -> None:
-        """Rows whose tokenised prompt is not a prefix of prompt+response train on a recomputed boundary."""
-        self.boundary_mismatch[split] = count
-        if count:
-            warnings.warn(
-                f"{count} of {total} {split} rows: the tokenised prompt is not a prefix of the tokenised "
-                "prompt+response (a token merges across the boundary, e.g. a prompt ending in a space, or "
-                "a chat template that is not prefix-stable); their loss boundary was recomputed from "
-                "character offsets. End prompts without trailing whitespace to avoid this",
-                stacklevel=3)
-
-    # ------------------------------------------------------------------ batches
-    def build_sampler(self, num_rows: int, batch_size: int, key: str) -> ResumableOrder:
-        """A row stream: a fresh seeded permutation every epoch, read `batch_size` rows at a time.
-
-        Batches run across epoch ends, so no row is dropped and a batch may be larger than the dataset
-        (a small warm-start set with a large batch still sees every row equally often).
-        """
-        if batch_size % self.dp_size:
-            raise ConfigError(f"{key}={batch_size} is not divisible by the {self.dp_size} data-parallel ranks; "
-                              f"use a multiple of {self.dp_size}")
-        self.batch_size = batch_size
-        return ResumableOrder(num_rows, seed=self.config.trainer.seed, shuffle=self.config.data.shuffle)
-
-    def steps_for_epochs(self, epochs: int) -> int:
-        """Optimizer steps that read `epochs` passes over the training rows (the last step may run over)."""
-        return max(1, -(-epochs * self.sampler.num_rows // self.batch_size))
-
-    def next_indices(self) -> list[int]:
-        """This rank's share of the next batch (contiguous slices, as RLTrainer shards prompts)."""
-        idx = self.sampler.take(self.batch_size)
-        per_rank = len(idx) // self.dp_size
-        return idx[self.dp_rank * per_rank : (self.dp_rank + 1) * per_rank]
-
-    def global_sum(self, values: Sequence[float]) -> tuple[list[float], bool]:
-        """Sum over data-parallel ranks (when a process group is up); returns (sums, whether reduced)."""
-        dist = torch.distributed
-        if self.dp_size > 1 and dist.is_available() and dist.is_initialized():
-            t = torch.tensor(list(values), dtype=torch.float64, device=self.device)
-            dist.all_reduce(t)
-            return t.tolist(), True
-        return list(values), False
-
-    # ------------------------------------------------------------------ runs and state
-    def train_steps(self, n: int) -> list[dict[str, float]]:
-        """Run `n` optimizer steps now and return their metrics: no checkpoint, resume, validation or logs.
-
-        `fit()` runs the same `step()`; this is for callers that only want the trained model (a warm start).
-        """
-        if n < 0:
-            raise ConfigError(f"train_steps(n={n}): n must be >= 0")
-        out = []
-        for _ in range(n):
-            out.append(self.step())
-            self.step_count += 1
-        return out
-
-    def app_state(self) -> dict[str, Any]:
-        return {"model": self.model, "optimizer": self.optimizer}
-
-    def trainer_state(self) -> dict[str, Any]:
-        return {"sampler": self.sampler.state_dict()}
-
-    def load_trainer_state(self, state: Mapping[str, Any]) -> None:
-        self.sampler.load_state_dict(dict(state["sampler"]))
-
-    def schedulers(self) -> dict[str, Any]:
-        return {"scheduler": self.scheduler}
-
-
 class SFTTrainer(OfflineTrainer):
     """Supervised fine-tuning on `sft` rows. `SFTTrainer(config).fit()`, or from Python with a loaded model:
     `SFTTrainer(config, model=m, tokenizer=t, train_rows=[{"input": ..., "output": ...}]).train_steps(100)`.
@@ -269,7 +135,7 @@ class SFTTrainer(OfflineTrainer):
         train_rows: Rows | None = None,
         val_rows: Rows | None = None,
     ) -> None:
-        super().__init__(config)
+        super().__init__(config, model=model, tokenizer=tokenizer, rows=train_rows, val_rows=val_rows)
         s, d = config.sft, config.data
         if s.steps is not None and s.epochs is not None:
             raise ConfigError(f"sft.steps={s.steps} and sft.epochs={s.epochs} are both set; set only one "

@@ -9,17 +9,26 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from verl.config.schema import RunConfig
-from verl.errors import ConfigError, VerlError
+from verl.distributed.mapping import validate_device_mapping
+from verl.distributed.memory import estimate_memory
+from verl.errors import ConfigError, DeviceMappingError, VerlError
+from verl.trainer.batch_math import plan_rl
+from verl.trainer.setup import run_dtype
 
 
 @dataclass
 class StartupReport:
+    """What the weight-free checks worked out (plans, mapping, memory) and every problem they found."""
+
     world_size: int
+    problems: list[VerlError] = field(default_factory=list)
     plans: dict[str, Any] = field(default_factory=dict)
     mapping: Any = None
     fsdp_notes: list[str] = field(default_factory=list)
@@ -28,25 +37,18 @@ class StartupReport:
 
 
 def role_dtype_names(config: RunConfig, device_type: str) -> dict[str, str | None]:
-    """The dtype every active role will load in ('auto' resolved for this device)."""
-    def resolve(name: str) -> str:
-        if name != "auto":
-            return name
-        bf16 = device_type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-        return "bfloat16" if bf16 else "float32"
+    """The dtype every active role will load in ('auto' resolved for this device, as the trainer does)."""
+    def name(value: str) -> str:  # other spellings are checked (with their config key) by the mapping
+        return str(run_dtype(value, device_type)).removeprefix("torch.") if value == "auto" else value
 
-    actor = resolve(config.model.dtype)
+    actor = name(config.model.dtype)
     return {"actor": actor, "critic": actor, "ref": actor,
-            "reward": resolve(config.reward.model_dtype) if config.reward.model_path and config.reward.model_dtype
+            "reward": name(config.reward.model_dtype) if config.reward.model_path and config.reward.model_dtype
             else (actor if config.reward.model_path else None)}
 
 
 def count_parameters(path: str, *, trust_remote_code: bool = False, revision: str | None = None) -> int | None:
     """Parameters of a causal LM from its config alone (meta device: no weights read, no memory used)."""
-    from pathlib import Path
-
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     if not Path(path).expanduser().exists():
         return None  # a hub id not downloaded yet, or a missing path (the model check reports it)
     try:
@@ -58,60 +60,82 @@ def count_parameters(path: str, *, trust_remote_code: bool = False, revision: st
     return sum(p.numel() for p in model.parameters())
 
 
-def plans_for(config: RunConfig, dp_size: int, critic_dp_size: int | None = None) -> dict[str, Any]:
-    if config.trainer.kind == "rl":
-        from verl.trainer.batch_math import plan_rl
-
+def plans_for(config: RunConfig, dp_size: int, critic_dp_size: int | None = None, *,
+              kind: str | None = None) -> dict[str, Any]:
+    """RL batch plans per role; for SFT/DPO, whether the step's batch splits evenly over the ranks."""
+    kind = kind or config.trainer.kind
+    if kind == "rl":
         return plan_rl(config, dp_size, critic_dp_size)
-    if config.data.train_batch_size % dp_size:
-        raise ConfigError(f"data.train_batch_size={config.data.train_batch_size} cannot be split evenly over "
-                          f"{dp_size} data-parallel ranks; use a multiple of {dp_size}")
+    key, size = ("sft.batch_size", config.sft.batch_size) if kind == "sft" else ("data.train_batch_size",
+                                                                                config.data.train_batch_size)
+    if size % dp_size:
+        raise ConfigError(f"{key}={size} cannot be split evenly over {dp_size} data-parallel ranks; use a "
+                          f"multiple of {dp_size}")
     return {}
 
 
-def validate_startup(config: RunConfig, *, world_size: int, model_path: str | None = None,
-                     device_type: str | None = None) -> StartupReport:
-    """Every check that needs no weights; raises one VerlError with all problems found."""
-    from verl.distributed.mapping import validate_device_mapping
-    from verl.distributed.memory import estimate_memory
+def split_refusal(kind: str, mapping: Any, world_size: int, runs_split: bool) -> DeviceMappingError | None:
+    """Only the RL trainer runs roles on different ranks; the offline trainers refuse such a mapping."""
+    if runs_split or world_size <= 1 or mapping.is_colocated():
+        return None
+    return DeviceMappingError(
+        f"this mapping places roles on different device groups; it is valid, but the {kind} "
+        "trainer runs every role on every rank (colocated, the default; only the RL trainer runs "
+        "split placements). Fix: remove devices.actor/critic/ref/reward (and the "
+        "--*_device_id(s) flags) to colocate.\n" + mapping.render_table())
 
+
+def check_startup(config: RunConfig, *, world_size: int, model_path: str | None = None,
+                  device_type: str | None = None, kind: str | None = None,
+                  runs_split_placements: bool | None = None) -> StartupReport:
+    """Every check that needs no weights; the problems are collected in the report, not raised.
+
+    `kind` is the trainer that will run (default `trainer.kind`; the demo's warm start runs SFT on an
+    RL config). `runs_split_placements` says whether that trainer runs roles on different ranks (default:
+    only RL does).
+    """
+    kind = kind or config.trainer.kind
+    runs_split = kind == "rl" if runs_split_placements is None else runs_split_placements
     device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
     report = StartupReport(world_size=world_size)
-    problems: list[str] = []
+    problems = report.problems
+    dtypes: dict[str, str | None] = {}
     try:
         dtypes = role_dtype_names(config, device_type)
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
         report.mapping = validate_device_mapping(
-            config.devices, world_size=world_size, algorithm_needs_critic=config.needs_critic and config.trainer.kind == "rl",
-            needs_ref=config.needs_ref or (config.trainer.kind == "dpo"), needs_reward_model=bool(config.reward.model_path),
+            config.devices, world_size=world_size, algorithm_needs_critic=config.needs_critic and kind == "rl",
+            needs_ref=config.needs_ref or (kind == "dpo"), needs_reward_model=bool(config.reward.model_path),
             role_dtypes=dtypes, visible_devices=torch.cuda.device_count() if device_type == "cuda" else None,
             cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), nodes=max(1, world_size // max(1, local_world)))
     except VerlError as exc:
-        problems.append(str(exc))
+        problems.append(exc)
+    if report.mapping is not None:
+        refusal = split_refusal(kind, report.mapping, world_size, runs_split)
+        if refusal is not None:
+            problems.append(refusal)
     actor_ranks = len(report.mapping.ranks("actor")) if report.mapping is not None else world_size
     critic_ranks = (len(report.mapping.ranks("critic"))
                     if report.mapping is not None and "critic" in report.mapping.roles else None)
     try:
-        report.plans = plans_for(config, actor_ranks, critic_ranks)
+        report.plans = plans_for(config, actor_ranks, critic_ranks, kind=kind)
     except VerlError as exc:
-        problems.append(str(exc))
+        problems.append(exc)
     try:
         report.fsdp_notes = config.fsdp.check(actor_ranks, num_gpus_per_node=config.devices.num_gpus_per_node,
                                               device_type=device_type)
     except VerlError as exc:
-        problems.append(str(exc))
-    if problems:
-        raise ConfigError("start-up checks failed (nothing was loaded):\n\n" + "\n\n".join(problems))
-    if model_path is not None and report.mapping is not None:
-        count = count_parameters(model_path, trust_remote_code=config.model.trust_remote_code,
-                                 revision=config.model.revision)
-        if count is not None:
-            roles = report.mapping.roles
-            counts = {role: count for role in roles if role != "reward"}
-            report.memory = estimate_memory(counts, dtypes, mapping=report.mapping,
-                                            sharding=config.fsdp.sharding_strategy if world_size > 1 else "NO_SHARD",
-                                            hybrid_shard_size=config.fsdp.hybrid_shard_size)
-            device_bytes = (torch.cuda.get_device_properties(0).total_memory
-                            if device_type == "cuda" and torch.cuda.is_available() else None)
-            report.memory_warnings = report.memory.check(device_bytes)
+        problems.append(exc)
+    if problems or model_path is None or report.mapping is None:
+        return report
+    count = count_parameters(model_path, trust_remote_code=config.model.trust_remote_code,
+                             revision=config.model.revision)
+    if count is not None:
+        counts = {role: count for role in report.mapping.roles if role != "reward"}
+        report.memory = estimate_memory(counts, dtypes, mapping=report.mapping,
+                                        sharding=config.fsdp.sharding_strategy if world_size > 1 else "NO_SHARD",
+                                        hybrid_shard_size=config.fsdp.hybrid_shard_size)
+        device_bytes = (torch.cuda.get_device_properties(0).total_memory
+                        if device_type == "cuda" and torch.cuda.is_available() else None)
+        report.memory_warnings = report.memory.check(device_bytes)
     return report

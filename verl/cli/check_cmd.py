@@ -1,0 +1,106 @@
+"""`verl check CONFIG.yaml`: the trainer's start-up pass without training, printed.
+
+The checking itself is `verl.trainer.preflight.preflight`, the function every trainer runs at start-up,
+so a config passes here exactly when training would start; this module only chooses the world size and
+device to check against and prints what the pass found.
+"""
+
+from __future__ import annotations
+
+import torch
+from rich.console import Console
+from rich.markup import escape
+
+from verl.cli.check_model import print_report
+from verl.config.schema import RunConfig
+from verl.trainer.preflight import Preflight, preflight
+
+
+def default_world_size(config: RunConfig) -> int:
+    """The world `verl train` would most likely be launched with, for checking a mapping offline."""
+    d = config.devices
+    listed = [r for ranks in (d.actor, d.critic, d.ref, d.reward) if ranks for r in ranks]
+    return max([d.num_gpus_per_node or 1, *(r + 1 for r in listed)])
+
+
+def check_device_type(config: RunConfig) -> str:
+    """The device the run would use, where this machine has it (a login node without a GPU checks on CPU)."""
+    return "cuda" if config.trainer.device != "cpu" and torch.cuda.is_available() else "cpu"
+
+
+def collect(config: RunConfig, *, nproc: int | None = None) -> Preflight:
+    """The start-up pass for `config` on `nproc` processes (default: from devices.*)."""
+    return preflight(config, world_size=nproc or default_world_size(config), device_type=check_device_type(config))
+
+
+def run_checks(config: RunConfig, *, nproc: int | None = None) -> int:
+    """Print every section of the start-up pass; 1 if anything would stop a real run, else 0."""
+    pf = collect(config, nproc=nproc)
+    console = Console(soft_wrap=True)
+
+    def section(title: str) -> None:
+        console.print(f"\n[bold]{title}[/]", markup=True)
+
+    def problems(*sections: str) -> int:
+        found = [p for p in pf.problems if p.section in sections]
+        for p in found:
+            console.print(f"[red]problem:[/] {escape(p.message)}", markup=True, highlight=False)
+        return len(found)
+
+    def skipped(name: str) -> None:
+        if name in pf.skipped:
+            console.print(f"skipped: {escape(pf.skipped[name])}", markup=True, highlight=False)
+
+    section(f"run: trainer.kind={pf.kind}, {pf.world_size} process(es)")
+    report = pf.startup
+    if report is not None:
+        for role, plan in report.plans.items():
+            console.print(f"batches ({role}): {plan.describe()}", highlight=False)
+        if report.mapping is not None:
+            console.print(report.mapping.render_table(), highlight=False)
+            for note in (*report.mapping.casts, *report.mapping.notes):
+                console.print(f"note: {escape(note)}", markup=True, highlight=False)
+        for note in report.fsdp_notes:
+            console.print(f"note: {escape(note)}", markup=True, highlight=False)
+        if report.memory is not None:
+            console.print(report.memory.render_table(), highlight=False)
+        for warning in report.memory_warnings:
+            console.print(f"[yellow]warning:[/] {escape(warning)}", markup=True, highlight=False)
+    if problems("start-up"):
+        console.print("start-up checks failed: nothing was loaded (the model is checked once these pass)",
+                      highlight=False)
+
+    section("model and tokenizer")
+    skipped("model")
+    if pf.model_report is not None:
+        print_report(console, pf.model_report, problems=False)
+    if not problems("model") and pf.model is not None:
+        console.print("[green]model and tokenizer are consistent.[/green]", markup=True)
+
+    section("data")
+    skipped("data")
+    skipped("prompt lengths")
+    if pf.data is not None:
+        for name, data_report in pf.data.reports.items():
+            console.print(f"{name}: {data_report.kept_rows}/{data_report.total_rows} rows kept", highlight=False)
+            console.print(data_report.render(), highlight=False, markup=False)
+    problems("data")
+
+    if pf.kind == "rl":
+        section(f"environment: {config.env.name}" if config.env.name else "rewards")
+        if pf.reward_names:
+            console.print(f"reward functions: {', '.join(pf.reward_names)}", highlight=False)
+        if pf.env is not None:
+            console.print(f"{len(pf.env)} training prompts, {len(pf.env.val_rows())} validation prompts",
+                          highlight=False)
+        problems("environment", "rewards")
+
+    console.print()
+    if pf.problems:
+        console.print(f"[bold red]{len(pf.problems)} check(s) failed[/]", markup=True)
+        return 1
+    console.print("[bold green]all checks passed[/]", markup=True)
+    return 0
+
+
+__all__ = ["check_device_type", "collect", "default_world_size", "run_checks"]

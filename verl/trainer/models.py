@@ -1,0 +1,88 @@
+"""Loading the models a trainer runs: the policy, and the frozen reference shared by RL and DPO.
+
+One reference builder means one tokenizer check: a reference with another vocabulary scores tokens it
+does not share with the policy, which makes KL (RL) and the DPO margins meaningless without any error.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from verl.config.schema import RunConfig
+from verl.errors import ConfigError, ModelError
+from verl.models.checks import LoadReport
+from verl.models.hf_loader import load_hf_model, load_hf_model_with_report
+from verl.models.tiny import build_tiny_model
+
+
+def resolve_model_path(path: str) -> str:
+    """`model.path`, where `tiny[:arch[:hidden[:layers]]]` is built locally (tests, the demo, offline use)."""
+    if path != "tiny" and not path.startswith("tiny:"):
+        return path
+    parts = path.split(":")[1:]
+    try:
+        sizes = [int(p) for p in parts[1:3]]
+    except ValueError:
+        raise ConfigError(f"model.path={path!r}: expected tiny[:arch[:hidden_size[:num_layers]]], e.g. "
+                          "tiny:qwen2:128:2") from None
+    kwargs = dict(zip(("hidden_size", "num_layers"), sizes, strict=False))
+    return build_tiny_model(arch=parts[0] if parts else "qwen2", seed=0, **kwargs)
+
+
+def load_policy_with_report(config: RunConfig, model_path: str, *, device: torch.device,
+                            dtype: torch.dtype) -> tuple[torch.nn.Module, Any, LoadReport]:
+    """The policy and its tokenizer as training loads them, with the model/tokenizer problems in the report
+    (not raised), so `verl check` and the trainer's start-up list the same ones."""
+    cfg = config.model
+    model, tokenizer, report = load_hf_model_with_report(
+        model_path, tokenizer_name=cfg.tokenizer_path, attn_implementation=cfg.attn_implementation,
+        torch_dtype=dtype, trust_remote_code=cfg.trust_remote_code, device=device, revision=cfg.revision,
+        for_training=True)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model.train(), tokenizer, report
+
+
+def given_policy(model: torch.nn.Module, tokenizer: Any, device: torch.device) -> tuple[torch.nn.Module, Any]:
+    """A model object passed from Python, moved to the run's device; it must come with its tokenizer."""
+    if tokenizer is None:
+        raise ModelError("a model object was given without its tokenizer; pass tokenizer=... too "
+                         "(they must come from the same source)")
+    return model.to(device).train(), tokenizer
+
+
+def frozen(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` in eval mode with no parameter requiring grad (a reference never trains)."""
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def build_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any, *, device: torch.device,
+                    dtype: torch.dtype, given: torch.nn.Module | None = None) -> torch.nn.Module:
+    """The frozen reference: `given`, else `ref.path`, else a copy of the policy's initial weights.
+
+    A `ref.path` model must share the policy's tokenizer vocabulary (ModelError otherwise).
+    """
+    if given is not None:
+        return frozen(given.to(device))
+    path = config.ref.path
+    if not path:
+        return frozen(copy.deepcopy(policy))
+    cfg = config.model
+    ref, ref_tokenizer = load_hf_model(
+        resolve_model_path(path), attn_implementation=cfg.attn_implementation, torch_dtype=dtype,
+        trust_remote_code=cfg.trust_remote_code, device=device, for_training=False)
+    if ref_tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise ModelError(f"ref.path={path!r} has a different tokenizer from model.path={cfg.path!r}, so its "
+                         "log-probs of the policy's tokens would be meaningless; use a reference from the "
+                         "same model family (same tokenizer), or leave ref.path empty to use the "
+                         "actor's initial weights")
+    return frozen(ref.to(device))
+
+
+__all__ = ["build_reference", "frozen", "given_policy", "load_policy_with_report", "resolve_model_path"]

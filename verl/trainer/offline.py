@@ -1,0 +1,144 @@
+"""`OfflineTrainer`: what the dataset trainers (SFT, DPO) share on top of the runtime.
+
+Rows from files or Python (through the same field aliases and checks), a resumable sampler that picks
+each step's rows, data-parallel batch sharding, the optimizer state in checkpoints and `train_steps(n)`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from verl.data.fields import RowError, RowNormalizer
+from verl.data.sampler import ResumableOrder
+from verl.errors import ConfigError, DataError
+from verl.trainer.data_split import split_train_val
+from verl.trainer.runtime import TrainerRuntime
+
+Rows = Sequence[Mapping[str, Any]]
+
+
+class OfflineTrainer(TrainerRuntime):
+    """What the dataset trainers share: rows (from files or Python), a resumable sampler, the optimizer
+    state in checkpoints, data-parallel batch sharding and `train_steps(n)`."""
+
+    data_kind = "sft"
+
+    # ------------------------------------------------------------------ rows
+    def normalize_rows(self, rows: Rows, name: str) -> list[dict[str, Any]]:
+        """In-memory rows through the same field aliases and checks as rows read from files."""
+        norm = RowNormalizer(self.data_kind, self.config.data.fields or None)
+        out = []
+        for i, row in enumerate(rows):
+            if not isinstance(row, Mapping):
+                raise DataError(f"{name}[{i}] is a {type(row).__name__}; each row must be a dict, e.g. "
+                                f"{self._row_example()}")
+            try:
+                canonical, _ = norm.normalize(dict(row))
+            except RowError as e:
+                field = f" (field {e.field!r})" if e.field else ""
+                raise DataError(f"{name}[{i}]: {e.detail}{field}; rows of kind {self.data_kind!r} look like "
+                                f"{self._row_example()}") from None
+            canonical["file"], canonical["line"] = name, i
+            out.append(canonical)
+        return out
+
+    def _row_example(self) -> str:
+        if self.data_kind == "preference":
+            return '{"prompt": "...", "chosen": "...", "rejected": "..."}'
+        return '{"input": "...", "output": "..."} or {"messages": [...]}'
+
+    def train_val_rows(self, train_rows: Rows | None, val_rows: Rows | None) -> tuple[list[dict], list[dict]]:
+        """Rows given in Python take precedence over data.train_files / data.val_files; either way the
+        validation rows come from `data_split.split_train_val` (val files, else `data.val_size` held out)."""
+        if train_rows is None:
+            train, val = self.split_train_val(self.data_kind)
+        else:
+            train = self.normalize_rows(train_rows, "train_rows")
+            if not train:
+                raise DataError(f"train_rows is empty; pass at least one row like {self._row_example()}")
+            if val_rows is None:
+                train, val = split_train_val(self.config, self.data_kind, self.tokenizer, train=train).rows()
+        if val_rows is not None:
+            val = self.normalize_rows(val_rows, "val_rows")
+        return train, val
+
+    @property
+    def max_length(self) -> int:
+        d = self.config.data
+        return d.max_prompt_length + d.max_response_length
+
+    def warn_boundary_mismatch(self, count: int, total: int, split: str) -> None:
+        """Rows whose tokenised prompt is not a prefix of prompt+response train on a recomputed boundary."""
+        self.boundary_mismatch[split] = count
+        if count:
+            warnings.warn(
+                f"{count} of {total} {split} rows: the tokenised prompt is not a prefix of the tokenised "
+                "prompt+response (a token merges across the boundary, e.g. a prompt ending in a space, or "
+                "a chat template that is not prefix-stable); their loss boundary was recomputed from "
+                "character offsets. End prompts without trailing whitespace to avoid this",
+                stacklevel=3)
+
+    # ------------------------------------------------------------------ batches
+    def build_sampler(self, num_rows: int, batch_size: int, key: str) -> ResumableOrder:
+        """A row stream: a fresh seeded permutation every epoch, read `batch_size` rows at a time.
+
+        Batches run across epoch ends, so no row is dropped and a batch may be larger than the dataset
+        (a small warm-start set with a large batch still sees every row equally often).
+        """
+        if batch_size % self.dp_size:
+            raise ConfigError(f"{key}={batch_size} is not divisible by the {self.dp_size} data-parallel ranks; "
+                              f"use a multiple of {self.dp_size}")
+        self.batch_size = batch_size
+        return ResumableOrder(num_rows, seed=self.config.trainer.seed, shuffle=self.config.data.shuffle)
+
+    def steps_for_epochs(self, epochs: int) -> int:
+        """Optimizer steps that read `epochs` passes over the training rows (the last step may run over)."""
+        return max(1, -(-epochs * self.sampler.num_rows // self.batch_size))
+
+    def next_indices(self) -> list[int]:
+        """This rank's share of the next batch (contiguous slices, as RLTrainer shards prompts)."""
+        idx = self.sampler.take(self.batch_size)
+        per_rank = len(idx) // self.dp_size
+        return idx[self.dp_rank * per_rank : (self.dp_rank + 1) * per_rank]
+
+    def global_sum(self, values: Sequence[float]) -> tuple[list[float], bool]:
+        """Sum over data-parallel ranks (when a process group is up); returns (sums, whether reduced)."""
+        dist = torch.distributed
+        if self.dp_size > 1 and dist.is_available() and dist.is_initialized():
+            t = torch.tensor(list(values), dtype=torch.float64, device=self.device)
+            dist.all_reduce(t)
+            return t.tolist(), True
+        return list(values), False
+
+    # ------------------------------------------------------------------ runs and state
+    def train_steps(self, n: int) -> list[dict[str, float]]:
+        """Run `n` optimizer steps now and return their metrics: no checkpoint, resume, validation or logs.
+
+        `fit()` runs the same `step()`; this is for callers that only want the trained model (a warm start).
+        """
+        if n < 0:
+            raise ConfigError(f"train_steps(n={n}): n must be >= 0")
+        out = []
+        for _ in range(n):
+            out.append(self.step())
+            self.step_count += 1
+        return out
+
+    def app_state(self) -> dict[str, Any]:
+        return {"model": self.model, "optimizer": self.optimizer}
+
+    def trainer_state(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.state_dict()}
+
+    def load_trainer_state(self, state: Mapping[str, Any]) -> None:
+        self.sampler.load_state_dict(dict(state["sampler"]))
+
+    def schedulers(self) -> dict[str, Any]:
+        return {"scheduler": self.scheduler}
+
+
+__all__ = ["OfflineTrainer", "Rows"]
