@@ -10,6 +10,7 @@ import json
 import sys
 
 from verl.config import load_config
+from verl.distributed.process import shutdown_distributed
 from verl.trainer.rl_trainer import RLTrainer
 
 
@@ -22,4 +23,7 @@ class RecordingValues(RLTrainer):
 
 
 if __name__ == "__main__":
-    RecordingValues(load_config(sys.argv[1])).fit()
+    try:
+        RecordingValues(load_config(sys.argv[1])).fit()
+    finally:
+        shutdown_distributed()  # as `verl train` does: no gloo thread left alive at exit
