@@ -23,14 +23,6 @@ TOTAL = 10
 OVERRIDES = (f"trainer.total_steps={TOTAL}", "actor.mini_batch_size=2", "actor.lr_schedule=cosine")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """The same run, never interrupted and never saved until the end."""

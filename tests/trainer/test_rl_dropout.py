@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 from rl_support import read_metrics, rl_config
 
@@ -11,14 +10,6 @@ from verl.models.dropout import disable_dropout
 from verl.trainer.rl_trainer import RLTrainer
 from verl.trainer.runtime import resolve_model_path
 from verl.utils.hf_loader import load_hf_model
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def dropout_rates(model: torch.nn.Module) -> list[float]:

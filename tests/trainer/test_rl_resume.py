@@ -14,14 +14,6 @@ from verl.checkpoint import list_checkpoints
 from verl.trainer.rl_trainer import RLTrainer
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 class PreemptedTrainer(RLTrainer):
     """Receives SIGTERM (as from a cluster scheduler) in the middle of step `stop_at`."""
 

@@ -12,14 +12,6 @@ from verl.errors import ConfigError, DataError, ModelError, RewardError
 from verl.trainer.rl_trainer import RLTrainer
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _run(config) -> tuple[RLTrainer, dict, dict | None, dict | None, list[dict]]:
     trainer = RLTrainer(config)
     actor0 = snapshot(trainer.model)
