@@ -39,6 +39,10 @@ class DistributedError(VerlError):
     """A collective timed out or the process groups disagree."""
 
 
+class RolloutError(VerlError):
+    """The rollout engine samples from another policy than the one being trained."""
+
+
 __all__ = [
     "VerlError",
     "ConfigError",
@@ -48,4 +52,5 @@ __all__ = [
     "CheckpointError",
     "RewardError",
     "DistributedError",
+    "RolloutError",
 ]

@@ -61,6 +61,6 @@ def test_kl_controller_input_is_the_mean_per_token_kl():
             x = [fresh.ref_logprobs[i, j].item() - fresh.old_logprobs[i, j].item() for j in range(n)]
             means.append(sum(min(math.exp(v) - v - 1, 10.0) for v in x) / n)
     want = sum(means) / len(means)
-    assert batch.reward_metrics["kl/in_reward"] == pytest.approx(want, rel=1e-12)
+    assert batch.metrics["kl/in_reward"] == pytest.approx(want, rel=1e-12)
     error = min(max(want / 0.05 - 1, -0.2), 0.2)
     assert ctrl.value == pytest.approx(0.1 * (1 + error * G.N / 10), rel=1e-12)  # n_steps = batch size

@@ -26,7 +26,7 @@ def test_reward_model_scores_are_added_by_weight(tmp_path, reward_model_path):
     numeric = rm.score([r["prompt"] for r in batch.rows], batch.responses,
                        [r["ground_truth"] for r in batch.rows]).per_function["numeric_match"]
     assert batch.scores.cpu().tolist() == pytest.approx((numeric + 0.5 * expected).tolist(), abs=1e-5)
-    assert "reward/reward_model/score" in batch.reward_metrics
+    assert "reward/reward_model/score" in batch.metrics
 
 
 def test_missing_reward_model_is_a_model_error(tmp_path):

@@ -69,6 +69,12 @@ class RolloutConfig(Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, description="0 = off.")
     val_temperature: float = Field(0.0, ge=0.0, description="0 = greedy validation.")
+    max_logprob_drift: float | None = Field(
+        0.1, gt=0.0, description="Stop when the sampler's log-probs differ from the trainer's on the same tokens "
+        "by more than this (mean |difference| per token over the batch): the engine samples from other weights "
+        "than the policy's. None = only log rollout/logprob_diff_*.")
+    drift_check_samples: int = Field(
+        4, gt=0, description="Responses per rank checked for drift when the step computes no old log-probs.")
 
 
 class AlgorithmConfig(Section):

@@ -37,8 +37,8 @@ def apply_kl_in_reward(batch: RolloutBatch, algo: AlgorithmConfig, kl_ctrl, redu
     sums = reduce(torch.cat([sequence_kl_sums(kl, mask), torch.tensor([float(len(batch))], dtype=torch.float64)]))
     kl_sum, counted, responses = sums.tolist()
     current = kl_sum / max(counted, 1.0)
-    batch.reward_metrics["kl/in_reward"] = current
-    batch.reward_metrics["kl/coef"] = float(kl_ctrl.value)
+    batch.metrics["kl/in_reward"] = current
+    batch.metrics["kl/coef"] = float(kl_ctrl.value)
     kl_ctrl.update(current, int(responses))
     return batch
 

@@ -24,6 +24,7 @@ class RolloutBatch:
     response_ids: torch.Tensor | None = None  # [N, R] right-padded
     response_mask: torch.Tensor | None = None  # [N, R] 1 up to and including eos
     finished: torch.Tensor | None = None  # [N] stopped at eos (not truncated)
+    rollout_logprobs: torch.Tensor | None = None  # [N, R] the sampler's log-prob of each response token
     responses: list[str] = field(default_factory=list)
     scores: torch.Tensor | None = None  # [N] sequence-level reward
     token_rewards: torch.Tensor | None = None  # [N, R]
@@ -35,7 +36,7 @@ class RolloutBatch:
     reward_input_ids: torch.Tensor | None = None  # [N, L] prompt + response in the reward model's tokens
     reward_attention_mask: torch.Tensor | None = None  # [N, L]
     reward_model_scores: torch.Tensor | None = None  # [N] a reward model on ranks of its own
-    reward_metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)  # what the stages measured (reward, KL, drift)
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]

@@ -32,7 +32,7 @@ from verl.algorithms import (
 from verl.config.loader import build_config, set_dotted
 from verl.config.schema import OptimConfig, RunConfig
 from verl.distributed.placement import Placement
-from verl.errors import ConfigError, DataError
+from verl.errors import ConfigError, DataError, RolloutError
 from verl.models.dropout import disable_dropout, no_grad_eval
 from verl.models.hf_loader import load_tokenizer
 from verl.models.reward_model import RewardModelScorer
@@ -278,6 +278,7 @@ class RLTrainer(TrainerRuntime):
         batch.prompt_ids, batch.prompt_mask = out.prompt_ids, out.prompt_mask.long()
         batch.response_ids, batch.response_mask = out.response_ids, out.response_mask.long()
         batch.finished = out.finished
+        batch.rollout_logprobs = out.logprobs
         batch.responses = self.decode_responses(out.response_ids, out.response_mask)
         return batch
 
@@ -285,7 +286,7 @@ class RLTrainer(TrainerRuntime):
         """Sequence scores from the environment, placed on each response's last token."""
         result = self.env.compute_reward(batch.rows, batch.responses)
         batch.scores = result.scores.to(self.device, torch.float32)
-        batch.reward_metrics = dict(result.metrics)
+        batch.metrics = dict(result.metrics)
         batch.token_rewards = place_score_on_last_token(batch.scores, batch.response_mask.float())
         return batch
 
@@ -306,13 +307,46 @@ class RLTrainer(TrainerRuntime):
         scores = batch.reward_model_scores.to(batch.scores.device, torch.float32)
         batch.scores = batch.scores + self.config.reward.model_weight * scores
         batch.token_rewards = place_score_on_last_token(batch.scores, batch.response_mask.float())
-        batch.reward_metrics["reward/reward_model/score"] = float(scores.mean())
+        batch.metrics["reward/reward_model/score"] = float(scores.mean())
         return batch
 
     def compute_log_probs(self, batch: RolloutBatch) -> RolloutBatch:
-        """Log-probs of the sampled tokens under the actor before the update (when the update needs them)."""
+        """Log-probs of the sampled tokens under the actor before the update (when the update needs them),
+        and the on-policy check of the sampler against them."""
         if self.needs_old_logprobs:
             batch.old_logprobs = self.sequence_logprobs(self.model, batch)
+        return self.check_rollout_drift(batch)
+
+    def check_rollout_drift(self, batch: RolloutBatch) -> RolloutBatch:
+        """The sampler's log-probs against the trainer's on the same tokens (free when the old log-probs
+        exist, else on `rollout.drift_check_samples` responses). An engine that samples from other weights
+        (never synced, a stale copy, an adapter not delivered) turns every step off-policy without a word;
+        here it is an error naming the engine.
+
+        With top-k / top-p the sampler reports the renormalised distribution, which lifts every sampled
+        log-prob: the difference is logged but not held to `rollout.max_logprob_drift`.
+        """
+        r = self.config.rollout
+        if batch.rollout_logprobs is None:
+            return batch
+        checked = batch if batch.old_logprobs is not None else batch.select(
+            torch.arange(min(r.drift_check_samples, len(batch))))
+        trainer = checked.old_logprobs if checked.old_logprobs is not None else self.sequence_logprobs(
+            self.model, checked)
+        mask = checked.response_mask.bool()
+        diff = torch.where(mask, (trainer - checked.rollout_logprobs.to(trainer)).abs(), 0.0)
+        count, total, _ = self.placement.all_reduce_sum(masked_moments(diff, mask), "actor").tolist()
+        mean = total / max(count, 1.0)
+        worst = float(self.placement.all_reduce_max(diff.max().reshape(1), "actor"))
+        batch.metrics["rollout/logprob_diff_mean"], batch.metrics["rollout/logprob_diff_max"] = mean, worst
+        processed = r.top_k > 0 or r.top_p < 1.0
+        if r.max_logprob_drift is not None and not processed and mean > r.max_logprob_drift:
+            raise RolloutError(
+                f"step {self.step_count + 1}: the {r.engine!r} rollout engine's log-probs differ from the policy's "
+                f"by {mean:.4f} per token on average (max {worst:.4f}; limit rollout.max_logprob_drift="
+                f"{r.max_logprob_drift}): it samples from other weights than the ones being trained. Fix: make "
+                "the engine receive the policy's weights after every update (rollout.engine=hf always does), or "
+                "raise rollout.max_logprob_drift if a low-precision engine is expected to differ this much")
         return batch
 
     def compute_ref_log_probs(self, batch: RolloutBatch) -> RolloutBatch:
@@ -480,7 +514,7 @@ class RLTrainer(TrainerRuntime):
             0, inverse, scores, "amax")
         g_min = torch.full_like(g_max, float("inf")).scatter_reduce(0, inverse, scores, "amin")
         metrics["reward/zero_std_group_frac"] = float((g_max == g_min).float().mean())
-        metrics |= batch.reward_metrics
+        metrics |= batch.metrics
         adv_count, adv_sum, _ = reduce(masked_moments(batch.advantages, mask)).tolist()
         metrics["advantages/mean"] = adv_sum / max(adv_count, 1.0)  # token-weighted over the global batch
         return metrics
