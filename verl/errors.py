@@ -39,7 +39,18 @@ class DistributedError(VerlError):
     """A collective timed out or the process groups disagree."""
 
 
+def install_hint(package: str, extra: str | None = None) -> str:
+    """How to install an optional dependency, in a form that works.
+
+    `verl` on the package index is a different project, so `pip install 'verl[extra]'` would replace this
+    install; the hint names the package itself, and the extra of a source checkout.
+    """
+    hint = f"pip install {package}"
+    return hint + (f" (or, in a verl checkout: pip install -e '.[{extra}]')" if extra else "")
+
+
 __all__ = [
+    "install_hint",
     "VerlError",
     "ConfigError",
     "DataError",

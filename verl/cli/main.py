@@ -1,7 +1,8 @@
 """`verl`: train, check, doctor, data, ckpt, plot.
 
 Every subcommand turns a `VerlError` into a short red message and a non-zero exit code instead of a
-traceback: user mistakes are explained, not dumped.
+traceback: user mistakes are explained, not dumped. The message is printed verbatim (no rich markup), so
+text such as `[/INST]` in a reward function's error reaches the user intact.
 """
 
 from __future__ import annotations
@@ -34,6 +35,23 @@ def split_config_and_overrides(items: Sequence[str]) -> tuple[str | None, list[s
         else:
             raise VerlError(f"unexpected argument {item!r}: give one config file, then key=value overrides")
     return config, overrides
+
+
+def installed_version() -> str:
+    """This install's version, from its package metadata (what `pip show verl` reports)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("verl")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed; run `pip install -e .` in the checkout)"
+
+
+def print_error(exc: BaseException) -> None:
+    """`error (ConfigError): <message>` on stderr, the message as plain text."""
+    from verl.utils.console import labelled, plain_console
+
+    plain_console(stderr=True).print(labelled(f"error ({type(exc).__name__}): ", str(exc), "bold red"))
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"verl {installed_version()}",
+                        help="print the installed verl version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     train = sub.add_parser(
@@ -144,9 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except VerlError as exc:
-        from rich.console import Console
-
-        Console(stderr=True).print(f"[bold red]error ({type(exc).__name__}):[/] {exc}", markup=True, highlight=False)
+        print_error(exc)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -68,6 +68,7 @@ class Preflight:
     model_path: str | None = None
     startup: StartupReport | None = None
     problems: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)  # worth a look, but the run can start
     model: Any = None
     tokenizer: Any = None
     model_report: Any = None
@@ -93,6 +94,9 @@ class Preflight:
 
     def add(self, section: str, error: VerlError) -> None:
         self.problems.append(Problem(section, error))
+
+    def warn(self, section: str, error: VerlError) -> None:
+        self.warnings.append(Problem(section, error))
 
     def raise_if_problems(self) -> None:
         """Raise one error listing every problem, of the first problem's class (the cheapest section's,
