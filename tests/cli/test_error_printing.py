@@ -87,3 +87,9 @@ def test_tracker_install_hint(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"'wandb' but it is not installed\. Fix: pip install wandb "
                                           r"\(or, in a verl checkout: pip install -e '\.\[wandb\]'\)"):
         Tracker(["wandb"], tmp_path)
+
+
+def test_a_second_positional_is_a_command_line_error(capsys):
+    assert main(["train", "a.yaml", "b.yaml"]) == 1
+    err = capsys.readouterr().err
+    assert "error (ConfigError): unexpected argument 'b.yaml' on the command line after the config file 'a.yaml'" in err

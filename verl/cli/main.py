@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from verl.errors import VerlError
+from verl.errors import ConfigError, VerlError
 
 EPILOG = """examples:
   verl train                                   run the built-in demo (tiny model, arithmetic, SFT then GRPO)
@@ -33,7 +33,8 @@ def split_config_and_overrides(items: Sequence[str]) -> tuple[str | None, list[s
         elif config is None:
             config = item
         else:
-            raise VerlError(f"unexpected argument {item!r}: give one config file, then key=value overrides")
+            raise ConfigError(f"unexpected argument {item!r} on the command line after the config file {config!r}: "
+                              "give one config file, then key=value overrides (e.g. actor.lr=1e-6)")
     return config, overrides
 
 
