@@ -1,6 +1,7 @@
 """`verl check model NAME_OR_PATH [--tokenizer PATH]`: load a model the way training would and report.
 
-It runs the same checks as the trainer's start-up (`verl.models.checks` via `load_hf_model_with_report`),
+`NAME_OR_PATH` is what `model.path` accepts, `tiny` specs included (built locally, offline). It runs the
+same checks as the trainer's start-up (`verl.models.checks` via `load_hf_model_with_report`),
 so a model that passes here loads in training, and one that fails here fails there with the same message.
 """
 
@@ -59,11 +60,17 @@ def run_check_model(name_or_path: str, tokenizer: str | None = None, trust_remot
     from verl.models.hf_loader import load_hf_model_with_report
     from verl.utils.console import labelled, plain_console
 
+    from verl.trainer.models import resolve_model_path
+
     console = console or plain_console()
     try:
+        # `tiny[:arch[:hidden[:layers]]]` is built locally, exactly as model.path=tiny is: no hub, no network
+        name_or_path = resolve_model_path(name_or_path)
+        tokenizer = resolve_model_path(tokenizer) if tokenizer is not None else None
         _model, _tok, report = load_hf_model_with_report(
             name_or_path, tokenizer_name=tokenizer, torch_dtype=dtype, trust_remote_code=trust_remote_code,
-            device="cpu", for_training=False, chat=chat)
+            device="cpu", for_training=False, chat=chat,
+            names={"tokenizer_name": "--tokenizer", "torch_dtype": "--dtype", "trust_remote_code": "--trust-remote-code"})
     except VerlError as exc:
         console.print(labelled("problem: ", str(exc), "red"))
         return 1
