@@ -43,7 +43,18 @@ class RolloutError(VerlError):
     """The rollout engine samples from another policy than the one being trained."""
 
 
+def install_hint(package: str, extra: str | None = None) -> str:
+    """How to install an optional dependency, in a form that works.
+
+    `verl` on the package index is a different project, so `pip install 'verl[extra]'` would replace this
+    install; the hint names the package itself, and the extra of a source checkout.
+    """
+    hint = f"pip install {package}"
+    return hint + (f" (or, in a verl checkout: pip install -e '.[{extra}]')" if extra else "")
+
+
 __all__ = [
+    "install_hint",
     "VerlError",
     "ConfigError",
     "DataError",

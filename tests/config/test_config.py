@@ -100,3 +100,39 @@ def test_derived_role_needs():
     assert not load_config().needs_ref
     assert load_config(overrides=["actor.kl_loss_coef=0.01"]).needs_ref
     assert load_config(overrides=["algorithm.kl_in_reward=true"]).needs_ref
+
+
+# --- problems that came from the command line say so --------------------------------------------------
+
+def test_override_problems_name_the_command_line(tmp_path):
+    from verl.config import load_config
+
+    path = tmp_path / "cfg.yaml"
+    path.write_text("rollout: {n: 0}\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["actor.lr=abc", "rollout.nn=3", ".x=1"])
+    text = str(err.value)
+    assert text.startswith(f"{path} + command line has 4 problem(s):")
+    assert "  - rollout.n: Input should be greater than 0 (got 0)\n" in text  # from the file: no origin
+    assert "actor.lr: Input should be a valid number" in text and "(from the command line: actor.lr=abc)" in text
+    assert "rollout.nn: unknown key (from the command line: rollout.nn=3). Did you mean 'rollout.n'?" in text
+    assert "override '.x=1': expected KEY=VALUE" in text and text.rstrip().endswith("(from the command line)")
+
+
+def test_legacy_flag_problems_name_the_flag():
+    from verl.config import load_config
+
+    with pytest.raises(ConfigError, match=r"devices\.actor\.1: .*\(from the command line: --actor_device_ids 0,x\)"):
+        load_config(None, [], legacy_argv=["--actor_device_ids", "0,x"])
+    with pytest.raises(ConfigError, match=r"unknown flag\(s\) on the command line: --foo"):
+        load_config(None, [], legacy_argv=["--foo"])
+
+
+def test_file_only_problems_do_not_mention_the_command_line(tmp_path):
+    from verl.config import load_config
+
+    path = tmp_path / "cfg.yaml"
+    path.write_text("rollout: {n: 0}\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, [])
+    assert str(err.value).startswith(f"{path} has 1 problem(s)") and "command line" not in str(err.value)

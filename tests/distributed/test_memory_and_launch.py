@@ -90,7 +90,7 @@ def test_torchrun_command_single_and_multi_node():
     assert cmd == [
         "py",
         "-m",
-        "torch.distributed.run",
+        "verl.distributed.torchrun_quiet",
         "--nproc_per_node=2",
         "--nnodes=1",
         "--standalone",

@@ -135,3 +135,38 @@ def test_register_env() -> None:
     assert len(env) == 3  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="already registered"):
         register_env("tiny_test_env", factory)
+
+
+def test_rows_without_the_ground_truth_a_reward_needs_are_named_at_construction():
+    from verl.env.base import check_ground_truths
+    from verl.errors import DataError
+    from verl.rewards import RewardManager
+
+    manager = RewardManager([{"name": "exact_match", "data_sources": ["math"]}, {"name": "format",
+                             "kwargs": {"pattern": ".*"}}])
+    rows = [{"prompt": "a", "ground_truth": "1", "data_source": "math"},
+            {"prompt": "b", "data_source": "math", "file": "t.jsonl", "line": 7},
+            {"prompt": "c", "data_source": "chat"},  # only `format` applies: it needs no ground truth
+            {"prompt": "d", "ground_truth": None, "data_source": "math"}]
+    with pytest.raises(DataError) as err:
+        check_ground_truths(manager, rows, "train")
+    assert str(err.value).startswith("train data: 2 row(s) have no ground truth, but reward function(s) "
+                                     "exact_match need one to score them: t.jsonl:7, train row 3. Fix:")
+
+
+def test_a_user_function_can_declare_that_it_needs_a_ground_truth():
+    from verl.env.base import check_ground_truths
+    from verl.errors import DataError
+    from verl.rewards import RewardManager
+    from verl.rewards.builtin import needs_ground_truth
+
+    @needs_ground_truth
+    def mine(prompt, response, ground_truth, **metadata):
+        return 1.0
+
+    def relaxed(prompt, response, ground_truth, **metadata):
+        return 1.0
+
+    check_ground_truths(RewardManager([relaxed]), [{"prompt": "x"}], "val")
+    with pytest.raises(DataError, match=r"^val data: 1 row\(s\) have no ground truth, but reward function\(s\) mine"):
+        check_ground_truths(RewardManager([mine]), [{"prompt": "x"}], "val")

@@ -30,7 +30,44 @@ def _data_overrides(tmp_path, *files):
             "reward.functions=[{name: numeric_match}]"]
 
 
+def _rows_file(tmp_path, name, rows):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _few_rows(tmp_path):
+    return _data_overrides(tmp_path, _rows_file(tmp_path, "few.jsonl", [{"prompt": f"{i}+1=", "ground_truth": str(i + 1)}
+                                                                         for i in range(3)]))
+
+
+def _no_ground_truth(tmp_path):
+    rows = [{"prompt": f"{i}+1=", "ground_truth": str(i + 1)} for i in range(6)]
+    rows[2].pop("ground_truth")
+    rows[4]["ground_truth"] = None
+    return _data_overrides(tmp_path, _rows_file(tmp_path, "nogt.jsonl", rows))
+
+
+def _stale_latest(tmp_path):
+    root = tmp_path / "run" / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "latest").write_text("step_7\n", encoding="utf-8")
+    return ["trainer.resume=auto"]
+
+
+def _other_tokenizer(tmp_path):
+    from verl.trainer.models import resolve_model_path
+
+    return [f"model.tokenizer_path={resolve_model_path('tiny:llama')}"]
+
+
 BAD = {
+    "fp16 on cpu": lambda tmp: ["model.dtype=fp16"],
+    "flash attention on cpu": lambda tmp: ["model.attn_implementation=flash_attention_2"],
+    "fewer rows than a batch": _few_rows,
+    "rows lack the ground truth": _no_ground_truth,
+    "stale latest pointer": _stale_latest,
+    "tokenizer vocabulary differs": _other_tokenizer,
     "batch arithmetic": lambda tmp: ["actor.mini_batch_size=8"],
     "device mapping": lambda tmp: ["devices.actor=[0,1,2]"],
     "missing data file": lambda tmp: _data_overrides(tmp, tmp / "missing.jsonl"),
@@ -75,8 +112,34 @@ def test_the_problems_name_what_went_wrong(tmp_path):
     long = problems("prompt too long")
     assert len(long) == 1 and long[0].startswith("[data] train data:") and "max_prompt_length" in long[0]
     assert any(m.startswith("[environment]") and "numeric_mach" in m for m in problems("unknown reward function"))
+    assert problems("fp16 on cpu") == [
+        "[start-up] model.dtype=fp16 was requested for a model on CPU, where fp16 matmuls are unsupported or very "
+        "slow. Fix: use dtype 'fp32' (or 'bf16') on CPU, or run on a CUDA GPU."]
+    flash = problems("flash attention on cpu")
+    assert len(flash) == 1 and flash[0].startswith("[model] model.attn_implementation=flash_attention_2 was requested")
+    assert 'Fix: use model.attn_implementation="sdpa"' in flash[0]
     several = problems("several at once")
     assert [m.split("]")[0] for m in several] == ["[start-up", "[data", "[rewards"]
+    assert problems("fewer rows than a batch") == [
+        f"[data] data.train_batch_size=4 prompts per step, but {tmp_path / 'few.jsonl'} has only 3 training "
+        "prompts after the data checks, so not even one batch of distinct prompts exists. Fix: set "
+        "data.train_batch_size=3 or lower, or add data."]
+    nogt = problems("rows lack the ground truth")
+    assert nogt == [
+        f"[environment] train data: 2 row(s) have no ground truth, but reward function(s) numeric_match need one "
+        f"to score them: {tmp_path / 'nogt.jsonl'}:3, {tmp_path / 'nogt.jsonl'}:5. Fix: add the answer to those "
+        "rows (field 'ground_truth', or map your field with data.fields.ground_truth=KEY), drop the rows, or use "
+        "a reward function that needs no ground truth."]
+    stale = problems("stale latest pointer")
+    latest = tmp_path / "run" / "checkpoints" / "latest"
+    assert stale == [
+        f"[start-up] trainer.resume=auto: {latest} is stale: it names {latest.parent / 'step_7'}, which does not "
+        f"exist. Fix: delete {latest} to start fresh (no other checkpoint verifies), set trainer.resume=never to "
+        "start fresh, or trainer.resume=PATH to resume from a checkpoint you choose."]
+    mismatch = problems("tokenizer vocabulary differs")
+    assert len(mismatch) == 1 and mismatch[0].startswith("[model] model.tokenizer_path=")
+    assert "has a different vocabulary from the tokenizer of model.path=tiny" in mismatch[0]
+    assert "Fix: remove model.tokenizer_path" in mismatch[0] and "model.allow_tokenizer_mismatch=true" in mismatch[0]
 
 
 def test_the_trainer_loads_the_model_once_and_keeps_the_checked_rows(tmp_path, monkeypatch):
@@ -90,7 +153,8 @@ def test_the_trainer_loads_the_model_once_and_keeps_the_checked_rows(tmp_path, m
     monkeypatch.setattr(preflight_module, "load_policy_with_report", counting)
     path = _long_prompt_file(tmp_path)
     config = load_config(overrides=[*base_overrides(tmp_path / "run"), *_data_overrides(tmp_path, path),
-                                    "data.max_prompt_length=16", "data.truncation=drop"])
+                                    "data.max_prompt_length=16", "data.truncation=drop",
+                                    "data.train_batch_size=1"])  # one prompt is left: one full batch
     loaded = []
     real_take = preflight_module.Preflight.take
 
@@ -115,3 +179,52 @@ def test_offline_batch_sizes_are_checked_over_the_ranks():
     assert plans_for(config, 3) == {}
     with pytest.raises(ConfigError, match=r"data.train_batch_size=8 cannot be split evenly over 3"):
         plans_for(config, 3, kind="dpo")
+
+
+def test_allowed_tokenizer_mismatch_is_a_warning_and_the_check_passes(tmp_path, capsys):
+    overrides = [*base_overrides(tmp_path / "run"), *_other_tokenizer(tmp_path), "model.allow_tokenizer_mismatch=true"]
+    pf = collect(load_config(overrides=overrides), nproc=1)
+    assert pf.messages == []
+    assert len(pf.warnings) == 1 and "allowed by model.allow_tokenizer_mismatch=true" in str(pf.warnings[0])
+    assert main(["check", *overrides, "--nproc", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: model.tokenizer_path=" in out and "all checks passed" in out
+
+
+def test_same_tokenizer_folder_is_not_a_mismatch(tmp_path):
+    from verl.trainer.models import resolve_model_path
+
+    overrides = [*base_overrides(tmp_path / "run"), f"model.tokenizer_path={resolve_model_path('tiny')}"]
+    pf = collect(load_config(overrides=overrides), nproc=1)
+    assert pf.messages == [] and pf.warnings == []
+
+
+def test_latest_naming_a_folder_without_manifest_is_stale(tmp_path):
+    root = tmp_path / "run" / "checkpoints"
+    (root / "step_3").mkdir(parents=True)
+    (root / "latest").write_text("step_3\n", encoding="utf-8")
+    overrides = [*base_overrides(tmp_path / "run"), "trainer.resume=auto"]
+    messages = collect(load_config(overrides=overrides), nproc=1).messages
+    assert len(messages) == 1 and messages[0].startswith(
+        f"[start-up] trainer.resume=auto: {root / 'latest'} is stale: it names {root / 'step_3'}, which does not verify: ")
+    assert "manifest" in messages[0] and "trainer.resume=never" in messages[0]
+    # resume=never starts fresh: the pointer does not matter
+    assert collect(load_config(overrides=[*overrides, "trainer.resume=never"]), nproc=1).messages == []
+
+
+def test_offline_batch_larger_than_the_data_is_a_warning(tmp_path):
+    rows = [{"input": f"{i}+1=", "output": str(i + 1)} for i in range(3)]
+    path = _rows_file(tmp_path, "sft.jsonl", rows)
+    overrides = [*base_overrides(tmp_path / "run"), "trainer.kind=sft", "env.name=null", "env.kwargs={}",
+                 "data.kind=sft", f"data.train_files=[{path}]", "sft.batch_size=4"]
+    pf = collect(load_config(overrides=overrides), nproc=1)
+    assert pf.messages == []
+    assert [str(w) for w in pf.warnings] == [
+        f"[data] sft.batch_size=4 examples per step, but {path} has only 3 training examples after the data "
+        "checks, so each step repeats rows. Fix: set sft.batch_size=3 or lower, or add data."]
+
+
+def test_the_trainer_shows_the_start_up_warnings(tmp_path):
+    overrides = [*base_overrides(tmp_path / "run"), *_other_tokenizer(tmp_path), "model.allow_tokenizer_mismatch=true"]
+    with pytest.warns(UserWarning, match=r"different vocabulary .* allowed by model.allow_tokenizer_mismatch=true"):
+        RLTrainer(load_config(overrides=overrides))

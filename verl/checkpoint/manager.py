@@ -221,6 +221,29 @@ def read_latest(root: Path) -> str | None:
         return None
 
 
+def stale_latest(run_dir: str | Path) -> str | None:
+    """What is wrong with ``<run_dir>/checkpoints/latest`` (None if absent or good), checked cheaply (the
+    manifest and file sizes, no re-hashing) so it can run before anything loads."""
+    run_dir = Path(run_dir)
+    root = run_dir if run_dir.name == CHECKPOINTS_DIR else _checkpoints_root(run_dir)
+    name = read_latest(root)
+    if name is None:
+        return None
+    target = root / name
+    if not target.is_dir():
+        problem = f"it names {target}, which does not exist"
+    else:
+        problems = verify(target, deep=False)
+        if not problems:
+            return None
+        problem = f"it names {target}, which does not verify: " + "; ".join(problems)
+    good = [p for _, p in reversed(_committed_steps(root)) if p != target and not verify(p, deep=False)]
+    then = (f"resume from {good[0].name}, the newest checkpoint that verifies" if good
+            else "start fresh (no other checkpoint verifies)")
+    return (f"{root / LATEST_NAME} is stale: {problem}. Fix: delete {root / LATEST_NAME} to {then}, set "
+            f"trainer.resume=never to start fresh, or trainer.resume=PATH to resume from a checkpoint you choose.")
+
+
 def list_checkpoints(run_dir: str | Path, *, verify_files: bool = True) -> list[CheckpointInfo]:
     """Every committed checkpoint under ``run_dir`` (or a ``checkpoints`` folder), oldest first."""
     run_dir = Path(run_dir)

@@ -8,12 +8,12 @@ device to check against and prints what the pass found.
 from __future__ import annotations
 
 import torch
-from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
 from verl.cli.check_model import print_report
 from verl.config.schema import RunConfig
 from verl.trainer.preflight import Preflight, preflight
+from verl.utils.console import labelled, plain_console
 
 
 def default_world_size(config: RunConfig) -> int:
@@ -36,70 +36,78 @@ def collect(config: RunConfig, *, nproc: int | None = None) -> Preflight:
 def run_checks(config: RunConfig, *, nproc: int | None = None) -> int:
     """Print every section of the start-up pass; 1 if anything would stop a real run, else 0."""
     pf = collect(config, nproc=nproc)
-    console = Console(soft_wrap=True)
+    console = plain_console()  # every message, file name and row is printed verbatim
 
     def section(title: str) -> None:
-        console.print(f"\n[bold]{title}[/]", markup=True)
+        console.print()
+        console.print(Text(title, style="bold"))
 
     def problems(*sections: str) -> int:
         found = [p for p in pf.problems if p.section in sections]
         for p in found:
-            console.print(f"[red]problem:[/] {escape(p.message)}", markup=True, highlight=False)
+            console.print(labelled("problem: ", p.message, "red"))
         return len(found)
+
+    def warnings(*sections: str) -> None:
+        for w in pf.warnings:
+            if w.section in sections:
+                console.print(labelled("warning: ", w.message, "yellow"))
 
     def skipped(name: str) -> None:
         if name in pf.skipped:
-            console.print(f"skipped: {escape(pf.skipped[name])}", markup=True, highlight=False)
+            console.print(f"skipped: {pf.skipped[name]}")
 
     section(f"run: trainer.kind={pf.kind}, {pf.world_size} process(es)")
     report = pf.startup
     if report is not None:
         for role, plan in report.plans.items():
-            console.print(f"batches ({role}): {plan.describe()}", highlight=False)
+            console.print(f"batches ({role}): {plan.describe()}")
         if report.mapping is not None:
-            console.print(report.mapping.render_table(), highlight=False)
+            console.print(report.mapping.render_table())
             for note in (*report.mapping.casts, *report.mapping.notes):
-                console.print(f"note: {escape(note)}", markup=True, highlight=False)
+                console.print(f"note: {note}")
         for note in report.fsdp_notes:
-            console.print(f"note: {escape(note)}", markup=True, highlight=False)
+            console.print(f"note: {note}")
         if report.memory is not None:
-            console.print(report.memory.render_table(), highlight=False)
+            console.print(report.memory.render_table())
         for warning in report.memory_warnings:
-            console.print(f"[yellow]warning:[/] {escape(warning)}", markup=True, highlight=False)
+            console.print(labelled("warning: ", warning, "yellow"))
+    warnings("start-up")
     if problems("start-up"):
-        console.print("start-up checks failed: nothing was loaded (the model is checked once these pass)",
-                      highlight=False)
+        console.print("start-up checks failed: nothing was loaded (the model is checked once these pass)")
 
     section("model and tokenizer")
     skipped("model")
     if pf.model_report is not None:
         print_report(console, pf.model_report, problems=False)
+    warnings("model")
     if not problems("model") and pf.model is not None:
-        console.print("[green]model and tokenizer are consistent.[/green]", markup=True)
+        console.print(Text("model and tokenizer are consistent.", style="green"))
 
     section("data")
     skipped("data")
     skipped("prompt lengths")
     if pf.data is not None:
         for name, data_report in pf.data.reports.items():
-            console.print(f"{name}: {data_report.kept_rows}/{data_report.total_rows} rows kept", highlight=False)
-            console.print(data_report.render(), highlight=False, markup=False)
+            console.print(f"{name}: {data_report.kept_rows}/{data_report.total_rows} rows kept")
+            console.print(data_report.render())
+    warnings("data")
     problems("data")
 
     if pf.kind == "rl":
         section(f"environment: {config.env.name}" if config.env.name else "rewards")
         if pf.reward_names:
-            console.print(f"reward functions: {', '.join(pf.reward_names)}", highlight=False)
+            console.print(f"reward functions: {', '.join(pf.reward_names)}")
         if pf.env is not None:
-            console.print(f"{len(pf.env)} training prompts, {len(pf.env.val_rows())} validation prompts",
-                          highlight=False)
+            console.print(f"{len(pf.env)} training prompts, {len(pf.env.val_rows())} validation prompts")
+        warnings("environment", "rewards")
         problems("environment", "rewards")
 
     console.print()
     if pf.problems:
-        console.print(f"[bold red]{len(pf.problems)} check(s) failed[/]", markup=True)
+        console.print(Text(f"{len(pf.problems)} check(s) failed", style="bold red"))
         return 1
-    console.print("[bold green]all checks passed[/]", markup=True)
+    console.print(Text("all checks passed", style="bold green"))
     return 0
 
 

@@ -1,6 +1,7 @@
 """`verl check model NAME_OR_PATH [--tokenizer PATH]`: load a model the way training would and report.
 
-It runs the same checks as the trainer's start-up (`verl.models.checks` via `load_hf_model_with_report`),
+`NAME_OR_PATH` is what `model.path` accepts, `tiny` specs included (built locally, offline). It runs the
+same checks as the trainer's start-up (`verl.models.checks` via `load_hf_model_with_report`),
 so a model that passes here loads in training, and one that fails here fails there with the same message.
 """
 
@@ -26,49 +27,57 @@ def register_arguments(parser: argparse.ArgumentParser) -> None:
 
 def print_report(console, report, *, problems: bool = True) -> None:
     """The load report as tables, then its warnings (and its problems, unless the caller lists them)."""
-    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
+    from verl.utils.console import labelled
+
+    # Text cells: token strings such as '[INST]' are shown as they are, on any console.
     table = Table(title="model load report", show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     for key, value in report.summary_rows():
-        table.add_row(escape(key), escape(value))
+        table.add_row(Text(key), Text(value))
     console.print(table)
     tokens = Table(title="special tokens")
     for col in ("role", "token", "id", "note"):
         tokens.add_column(col)
     for t in report.special_tokens:
-        tokens.add_row(t.role, escape(repr(t.token)) if t.token is not None else "-",
-                       str(t.id) if t.id is not None else "-", escape(t.note))
+        tokens.add_row(Text(t.role), Text(repr(t.token)) if t.token is not None else "-",
+                       str(t.id) if t.id is not None else "-", Text(t.note))
     console.print(tokens)
     for w in report.warnings:
-        console.print(f"[yellow]warning:[/yellow] {escape(w)}", markup=True, highlight=False)
+        console.print(labelled("warning: ", w, "yellow"))
     for p in report.problems if problems else ():
-        console.print(f"[red]problem:[/red] {escape(p)}", markup=True, highlight=False)
+        console.print(labelled("problem: ", p, "red"))
 
 
 def run_check_model(name_or_path: str, tokenizer: str | None = None, trust_remote_code: bool = False,
                     dtype: str = "fp32", *, chat: bool | None = None, console=None) -> int:
     """Print the load report and problems; return 0 if the model is usable, 1 otherwise."""
-    from rich.console import Console
-    from rich.markup import escape
+    from rich.text import Text
 
     from verl.models.hf_loader import load_hf_model_with_report
+    from verl.trainer.models import resolve_model_path
+    from verl.utils.console import labelled, plain_console
 
-    console = console or Console(soft_wrap=True)
+    console = console or plain_console()
     try:
+        # `tiny[:arch[:hidden[:layers]]]` is built locally, exactly as model.path=tiny is: no hub, no network
+        name_or_path = resolve_model_path(name_or_path)
+        tokenizer = resolve_model_path(tokenizer) if tokenizer is not None else None
         _model, _tok, report = load_hf_model_with_report(
             name_or_path, tokenizer_name=tokenizer, torch_dtype=dtype, trust_remote_code=trust_remote_code,
-            device="cpu", for_training=False, chat=chat)
+            device="cpu", for_training=False, chat=chat,
+            names={"tokenizer_name": "--tokenizer", "torch_dtype": "--dtype", "trust_remote_code": "--trust-remote-code"})
     except VerlError as exc:
-        console.print(f"[red]problem:[/red] {escape(str(exc))}", markup=True, highlight=False)
+        console.print(labelled("problem: ", str(exc), "red"))
         return 1
     print_report(console, report)
     if report.problems:
-        console.print(f"[red]{len(report.problems)} problem(s) found.[/red]", markup=True)
+        console.print(Text(f"{len(report.problems)} problem(s) found.", style="red"))
         return 1
-    console.print("[green]model and tokenizer are consistent.[/green]", markup=True)
+    console.print(Text("model and tokenizer are consistent.", style="green"))
     return 0
 
 

@@ -9,14 +9,18 @@ import os
 import platform
 import sys
 
+from verl.errors import install_hint
+
+# module -> how to install it and what it is for. Hints name the package itself (`verl` on the package
+# index is another project), and the extra of a source checkout.
 OPTIONAL = {
-    "vllm": "pip install 'verl[vllm]'  (fast GPU rollout)",
-    "ray": "pip install 'verl[ray]'",
-    "wandb": "pip install 'verl[wandb]'  (logging.backends=[wandb])",
-    "tensorboard": "pip install 'verl[tensorboard]'  (logging.backends=[tensorboard])",
-    "peft": "pip install 'verl[peft]'  (LoRA)",
+    "vllm": f"{install_hint('vllm', 'vllm')}  (fast GPU rollout)",
+    "ray": install_hint("ray", "ray"),
+    "wandb": f"{install_hint('wandb', 'wandb')}  (logging.backends=[wandb])",
+    "tensorboard": f"{install_hint('tensorboard', 'tensorboard')}  (logging.backends=[tensorboard])",
+    "peft": f"{install_hint('peft', 'peft')}  (LoRA)",
     "flash_attn": "pip install flash-attn --no-build-isolation  (CUDA only)",
-    "trl": "pip install 'verl[bench]'  (benchmarks against TRL)",
+    "trl": f"{install_hint('trl', 'bench')}  (benchmarks against TRL)",
 }
 
 
@@ -53,9 +57,10 @@ def collect() -> list[tuple[str, str, str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
+
+    from verl.utils.console import plain_console
 
     table = Table(title="verl doctor")
     for col in ("component", "status", "details / fix"):
@@ -63,8 +68,8 @@ def run(args: argparse.Namespace) -> int:
     style = {"ok": "green", "missing": "yellow", "warn": "yellow"}
     rows = collect()
     for name, status, note in rows:
-        table.add_row(name, f"[{style[status]}]{status}[/]", escape(note))
-    Console().print(table)
+        table.add_row(Text(name), Text(status, style=style[status]), Text(note))
+    plain_console().print(table)
     required = {"torch", "transformers", "tokenizers", "safetensors", "pydantic", "pyarrow"}
     return 1 if any(name in required and status != "ok" for name, status, _ in rows) else 0
 

@@ -1,16 +1,18 @@
 """`verl`: train, check, doctor, data, ckpt, plot.
 
 Every subcommand turns a `VerlError` into a short red message and a non-zero exit code instead of a
-traceback: user mistakes are explained, not dumped.
+traceback: user mistakes are explained, not dumped. The message is printed verbatim (no rich markup), so
+text such as `[/INST]` in a reward function's error reaches the user intact.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
-from verl.errors import VerlError
+from verl.errors import ConfigError, VerlError
 
 EPILOG = """examples:
   verl train                                   run the built-in demo (tiny model, arithmetic, SFT then GRPO)
@@ -32,8 +34,63 @@ def split_config_and_overrides(items: Sequence[str]) -> tuple[str | None, list[s
         elif config is None:
             config = item
         else:
-            raise VerlError(f"unexpected argument {item!r}: give one config file, then key=value overrides")
+            raise ConfigError(f"unexpected argument {item!r} on the command line after the config file {config!r}: "
+                              "give one config file, then key=value overrides (e.g. actor.lr=1e-6)")
     return config, overrides
+
+
+def installed_version() -> str:
+    """This install's version, from its package metadata (what `pip show verl` reports)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("verl")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed; run `pip install -e .` in the checkout)"
+
+
+def print_error(exc: BaseException | str, message: str | None = None, *, where: str = "") -> None:
+    """`error (ConfigError): <message>` on stderr, the message as plain text; `where` names the ranks."""
+    from verl.utils.console import labelled, plain_console
+
+    kind = exc if isinstance(exc, str) else type(exc).__name__
+    text = str(exc) if message is None else message
+    plain_console(stderr=True).print(labelled(f"error ({kind}){where}: ", text, "bold red"))
+
+
+def _ranks(ranks: list[int], world: int) -> str:
+    return f" on every rank ({world})" if len(ranks) == world else f" on rank(s) {', '.join(map(str, ranks))}"
+
+
+def launch_training(config, nproc: int, argv: list[str]) -> int:
+    """`verl train --nproc N`: the start-up checks once, here, for N processes (everything but the weights,
+    which only the workers load), then torchrun; each distinct worker error is printed once."""
+    import tempfile
+
+    from verl.cli.check_cmd import check_device_type
+    from verl.distributed.launch import RANK_ERRORS_ENV, read_rank_errors, spawn_torchrun
+    from verl.trainer.preflight import preflight
+
+    preflight(config, world_size=nproc, device_type=check_device_type(config), load_model=False).raise_if_problems()
+    with tempfile.TemporaryDirectory(prefix="verl-rank-errors-") as folder:
+        code = spawn_torchrun(nproc, argv, env={**os.environ, RANK_ERRORS_ENV: folder})
+        for kind, message, ranks in read_rank_errors(folder):
+            print_error(kind, message, where=_ranks(ranks, nproc))
+    return code
+
+
+def _report_worker_error(exc: VerlError) -> bool:
+    """Under `verl train --nproc`, leave the error for the launcher to print once; True if it was left."""
+    from verl.distributed.launch import RANK_ERRORS_ENV, write_rank_error
+
+    folder, rank = os.environ.get(RANK_ERRORS_ENV), os.environ.get("RANK")
+    if not folder or rank is None:
+        return False
+    try:
+        write_rank_error(exc, folder, int(rank))
+    except OSError:
+        return False
+    return True
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,9 +117,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         sys.stdout.write(config_to_yaml(config))
         return 0
     if args.nproc and args.nproc > 1:
-        from verl.distributed.launch import spawn_torchrun
-
-        return spawn_torchrun(args.nproc, ["train", *args.items, *args.legacy])
+        return launch_training(config, args.nproc, ["train", *args.items, *args.legacy])
     from verl.trainer.entry import run_training
 
     return run_training(config, demo=split_config_and_overrides(args.items)[0] is None)
@@ -89,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"verl {installed_version()}",
+                        help="print the installed verl version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     train = sub.add_parser(
@@ -144,9 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except VerlError as exc:
-        from rich.console import Console
-
-        Console(stderr=True).print(f"[bold red]error ({type(exc).__name__}):[/] {exc}", markup=True, highlight=False)
+        if not _report_worker_error(exc):
+            world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+            print_error(exc, where=f" on rank {os.environ.get('RANK', '?')}" if world > 1 else "")
         return 1
     except KeyboardInterrupt:
         return 130

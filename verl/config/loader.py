@@ -40,7 +40,7 @@ def parse_value(text: str) -> Any:
     return value
 
 
-def split_legacy_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+def split_legacy_flags(argv: Sequence[str], origins: dict[str, str] | None = None) -> tuple[list[str], list[str]]:
     """Turn `--actor_device_ids 0,1` / `--async_save=False` into `devices.actor=0,1` overrides.
 
     Returns (overrides, remaining argv); bare `key=value` items pass through as overrides. Unknown
@@ -67,6 +67,8 @@ def split_legacy_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
         else:
             raise ConfigError(f"flag --{name} needs a value, e.g. --{name} 0,1 (it maps to {key})")
         overrides.append(f"{key}={value}")
+        if origins is not None:
+            origins[key] = f"--{name} {value}"
     return overrides, rest
 
 
@@ -108,30 +110,46 @@ def _fields_at(path: Sequence[str | int]) -> list[str]:
     return list(model.model_fields) if model is not None else []
 
 
-def _describe(error: Mapping[str, Any]) -> str:
+def command_line_origin(dotted: str, origins: Mapping[str, str]) -> str | None:
+    """What the user typed on the command line that set `dotted` (or the section or list holding it)."""
+    parts = dotted.split(".")
+    for end in range(len(parts), 0, -1):
+        origin = origins.get(".".join(parts[:end]))
+        if origin is not None:
+            return origin
+    return None
+
+
+def _describe(error: Mapping[str, Any], origins: Mapping[str, str] = {}) -> str:  # noqa: B006 (read only)
     loc = [p for p in error["loc"] if not (isinstance(p, str) and ("[" in p or p in {"bool", "function-after"}))]
     dotted = ".".join(str(p) for p in loc)
+    origin = command_line_origin(dotted, origins)
+    where = f" (from the command line: {origin})" if origin else ""
     if error["type"] == "extra_forbidden":
         known = _fields_at(loc[:-1])
         close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.5)
         hint = f" Did you mean '{'.'.join([*map(str, loc[:-1]), close[0]])}'?" if close else ""
-        return f"{dotted}: unknown key.{hint} Valid keys here: {', '.join(known)}"
+        return f"{dotted}: unknown key{where}.{hint} Valid keys here: {', '.join(known)}"
     value = error.get("input")
     shown = f" (got {value!r})" if not isinstance(value, (dict, list)) else ""
-    return f"{dotted}: {error['msg']}{shown}"
+    return f"{dotted}: {error['msg']}{shown}{where}"
 
 
-def build_config(tree: Mapping[str, Any], *, source: str = "config") -> RunConfig:
-    """Validate a nested dict into a RunConfig, or raise one ConfigError listing every problem."""
+def build_config(tree: Mapping[str, Any], *, source: str = "config",
+                 origins: Mapping[str, str] | None = None) -> RunConfig:
+    """Validate a nested dict into a RunConfig, or raise one ConfigError listing every problem.
+
+    `origins` maps dotted keys set on the command line to what was typed there; their problems say so.
+    """
     if not isinstance(tree, Mapping):
         raise ConfigError(f"{source}: the top level must be a mapping of sections (model:, data:, ...)")
     try:
         return RunConfig.model_validate(dict(tree))
     except ValidationError as exc:
-        lines = [_describe(e) for e in exc.errors()]
-        raise ConfigError(
-            f"{source} has {len(lines)} problem(s):\n" + "\n".join(f"  - {line}" for line in lines)
-        ) from None
+        lines = [_describe(e, origins or {}) for e in exc.errors()]
+        error = ConfigError(f"{source} has {len(lines)} problem(s):\n" + "\n".join(f"  - {line}" for line in lines))
+        error.problems = lines  # one per problem, for a caller that adds its own
+        raise error from None
 
 
 def read_yaml(path: str | Path) -> dict:
@@ -159,18 +177,26 @@ def load_config(
     Later sources win: YAML < legacy flags < dotted overrides.
     """
     tree = read_yaml(path) if path is not None else {}
-    legacy, rest = split_legacy_flags(legacy_argv)
+    origins: dict[str, str] = {}  # dotted key -> what set it on the command line
+    legacy, rest = split_legacy_flags(legacy_argv, origins)
     if rest:
         known = ", ".join(f"--{f}" for f in LEGACY_FLAGS)
-        raise ConfigError(f"unknown flag(s) {' '.join(rest)}; legacy flags understood: {known}")
-    problems = apply_overrides(tree, [*legacy, *overrides])
+        raise ConfigError(f"unknown flag(s) on the command line: {' '.join(rest)}; legacy flags understood: {known}")
+    problems = [f"{p} (from the command line)" for p in apply_overrides(tree, [*legacy, *overrides])]
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        if key:
+            origins[key] = item
     source = str(path) if path is not None else "config"
+    if origins or problems:
+        source += " + command line"
     try:
-        config = build_config(tree, source=source)
+        config = build_config(tree, source=source, origins=origins)
     except ConfigError as exc:
         if not problems:
             raise
-        raise ConfigError(str(exc) + "\n" + "\n".join(f"  - {p}" for p in problems)) from None
+        problems = [*getattr(exc, "problems", [str(exc)]), *problems]
+        config = None
     if problems:
         raise ConfigError(f"{source} has {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
     if path is not None:

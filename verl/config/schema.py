@@ -31,6 +31,8 @@ def _split_csv(value: Any) -> Any:
 class ModelConfig(Section):
     path: str = Field("tiny", description="HF model id or local dir; 'tiny' builds the local tiny model.")
     tokenizer_path: str | None = Field(None, description="Defaults to model.path (they must match).")
+    allow_tokenizer_mismatch: bool = Field(False, description="Accept a tokenizer_path whose vocabulary differs "
+                                           "from model.path's own tokenizer (a warning instead of an error).")
     dtype: str = Field("auto", description="auto = bfloat16 on capable GPUs, float32 on CPU.")
     attn_implementation: str | None = Field(None, description="sdpa | eager | flash_attention_2; None = auto.")
     trust_remote_code: bool = False

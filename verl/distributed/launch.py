@@ -2,20 +2,29 @@
 
 The user types one command; we build the torchrun line so they never get the module path or the
 rendezvous flags wrong, and refuse to nest torchrun inside torchrun.
+
+torchrun runs in-process under `python -m verl.distributed.torchrun_quiet` (torchrun's arguments), which
+ends with exit code 1 instead of torchrun's `ChildFailedError` traceback when a worker fails: the worker
+has already printed its own error. Workers started this way get `VERL_RANK_ERRORS` (a folder): a verl
+error is written there per rank, and the `verl` command that launched them prints each distinct error
+once, with the ranks that raised it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
 from verl.errors import ConfigError, DeviceMappingError
 
 _NPROC_FLAGS = ("--nproc", "--nproc_per_node", "--nproc-per-node")
+RANK_ERRORS_ENV = "VERL_RANK_ERRORS"  # folder where each worker writes the verl error it stopped on
 
 
 def strip_nproc_flag(argv: Sequence[str]) -> list[str]:
@@ -63,7 +72,7 @@ def build_torchrun_command(
     cmd = [
         python or sys.executable,
         "-m",
-        "torch.distributed.run",
+        "verl.distributed.torchrun_quiet",  # torchrun, without the ChildFailedError traceback
         f"--nproc_per_node={nproc}",
         f"--nnodes={nnodes}",
     ]
@@ -103,4 +112,47 @@ def spawn_torchrun(
     return subprocess.call(cmd, env=environ)
 
 
-__all__ = ["spawn_torchrun", "build_torchrun_command", "strip_nproc_flag"]
+def write_rank_error(exc: BaseException, folder: str | Path, rank: int) -> None:
+    """Record the error this worker stops on, for the launching `verl` command to print once."""
+    path = Path(folder) / f"rank-{rank}.json"
+    path.write_text(json.dumps({"rank": rank, "type": type(exc).__name__, "message": str(exc)}), encoding="utf-8")
+
+
+def read_rank_errors(folder: str | Path) -> list[tuple[str, str, list[int]]]:
+    """(type, message, ranks) for each distinct error the workers recorded, in order of the lowest rank."""
+    grouped: dict[tuple[str, str], list[int]] = {}
+    records = []
+    for path in Path(folder).glob("rank-*.json"):
+        try:
+            records.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue  # a worker killed while writing: its own output says what happened
+    for rec in sorted(records, key=lambda r: r["rank"]):
+        grouped.setdefault((rec["type"], rec["message"]), []).append(rec["rank"])
+    return [(kind, message, ranks) for (kind, message), ranks in grouped.items()]
+
+
+def run_torchrun_quietly(argv: Sequence[str]) -> int:
+    """torchrun with `argv`; a failed worker ends it with exit code 1 and a one-line summary, not a traceback."""
+    import logging
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    # the agent's "failed (exitcode: 1)" / "Sending closing signal" lines: the summary below says it once
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    try:
+        run(parse_args(list(argv)))
+    except ChildFailedError as exc:
+        failures = ", ".join(f"rank {rank} (exit code {f.exitcode})" for rank, f in sorted(exc.failures.items()))
+        folder = os.environ.get(RANK_ERRORS_ENV)
+        recorded = {r for _, _, ranks in read_rank_errors(folder) for r in ranks} if folder else set()
+        if not set(exc.failures) <= recorded:  # some worker did not stop on a verl error it recorded
+            print(f"torchrun: worker(s) failed: {failures}; their output above says why.", file=sys.stderr)
+        return 1
+    return 0
+
+
+__all__ = ["RANK_ERRORS_ENV", "build_torchrun_command", "read_rank_errors", "run_torchrun_quietly",
+           "spawn_torchrun", "strip_nproc_flag", "write_rank_error"]
+

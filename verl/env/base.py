@@ -11,8 +11,9 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from verl.data.report import location
 from verl.data.sampler import ResumableOrder
-from verl.errors import ConfigError, RewardError
+from verl.errors import ConfigError, DataError, RewardError
 from verl.rewards.manager import RewardManager, RewardResult
 
 
@@ -39,6 +40,29 @@ class Environment(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what `state_dict` returned."""
         ...
+
+
+def check_ground_truths(reward_manager: RewardManager, rows: Sequence[Mapping[str, Any]], split: str) -> None:
+    """Raise DataError naming file:line of every row (the first few) that has no ground truth although a
+    reward function that applies to it declares `needs_ground_truth`: found at start-up, not at step N."""
+    missing: list[str] = []
+    needed: set[str] = set()
+    for i, row in enumerate(rows):
+        if row.get("ground_truth") is not None:
+            continue
+        names = reward_manager.needing_ground_truth(row.get("data_source"))
+        if names:
+            needed.update(names)
+            file, line = row.get("file"), row.get("line")
+            missing.append(location(file, line) if file is not None and line is not None else f"{split} row {i}")
+    if not missing:
+        return
+    shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    raise DataError(
+        f"{split} data: {len(missing)} row(s) have no ground truth, but reward function(s) "
+        f"{', '.join(sorted(needed))} need one to score them: {shown}. Fix: add the answer to those rows "
+        "(field 'ground_truth', or map your field with data.fields.ground_truth=KEY), drop the rows, or use "
+        "a reward function that needs no ground truth.")
 
 
 def _copy_row(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -73,6 +97,7 @@ class PromptEnv:
                 reward_manager.check_data_sources([r.get("data_source") for r in rows])
             except RewardError as e:
                 raise RewardError(f"{split} data: {e}") from None
+            check_ground_truths(reward_manager, rows, split)
         self.reward_manager = reward_manager
         self.seed = seed
         self.shuffle = shuffle

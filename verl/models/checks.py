@@ -163,6 +163,7 @@ def check_model_and_tokenizer(
     pad_token: str | None = None,
     eos_token: str | None = None,
     fix: bool = True,
+    tokenizer_key: str = "tokenizer_name",
 ) -> LoadReport:
     """Check that ``tokenizer`` fits ``model`` and return a report with every problem found.
 
@@ -170,7 +171,8 @@ def check_model_and_tokenizer(
     checks, None to check a template only if present. ``reference_tokenizer`` is the model's own tokenizer
     when a different one was supplied: its text ids and chat-template tokens must carry over. With ``fix``,
     a missing pad token is set (to ``pad_token`` or eos) and the tokenizer/generation eos are reconciled on
-    the objects, so that training and rollout use the same ids this report shows.
+    the objects, so that training and rollout use the same ids this report shows. ``tokenizer_key`` is how
+    the caller names the tokenizer option in fixes (`model.tokenizer_path` for a config).
     """
     tok_src = tokenizer_source or model_source
     both = f"(model {model_source}, tokenizer {tok_src})" if tok_src != model_source else f"({model_source})"
@@ -182,21 +184,21 @@ def check_model_and_tokenizer(
     report.model_type = str(getattr(config, "model_type", ""))
     report.architecture = ",".join(getattr(config, "architectures", None) or [type(model).__name__])
 
-    _check_vocab_size(report, tokenizer, rows, both)
+    _check_vocab_size(report, tokenizer, rows, both, tokenizer_key)
     if reference_tokenizer is not None and tok_src != model_source:
-        _check_same_text_ids(report, tokenizer, reference_tokenizer, model_source, tok_src)
+        _check_same_text_ids(report, tokenizer, reference_tokenizer, model_source, tok_src, tokenizer_key)
     _resolve_eos(report, model, tokenizer, rows, both, eos_token=eos_token, fix=fix)
     _resolve_pad(report, model, tokenizer, rows, both, pad_token=pad_token, fix=fix)
     _resolve_bos_unk(report, tokenizer, rows, both)
     if chat is not False:
         _check_chat_template(report, tokenizer, reference_tokenizer, rows, chat=chat, model_source=model_source,
-                             tok_src=tok_src, both=both)
+                             tok_src=tok_src, both=both, tokenizer_key=tokenizer_key)
     else:
         report.chat_template = "not checked (chat formatting off)"
     return report
 
 
-def _check_vocab_size(report: LoadReport, tokenizer: Any, rows: int, both: str) -> None:
+def _check_vocab_size(report: LoadReport, tokenizer: Any, rows: int, both: str, tokenizer_key: str) -> None:
     if len(tokenizer) <= rows:
         return
     beyond = sorted(
@@ -206,12 +208,12 @@ def _check_vocab_size(report: LoadReport, tokenizer: Any, rows: int, both: str) 
     report.problems.append(
         f"the tokenizer has {len(tokenizer)} tokens but the model's embedding matrix has only {rows} rows "
         f"{both}; ids >= {rows} ({shown}) would index past the embedding (an IndexError on CPU, a device-side "
-        "assert on GPU). Fix: use the tokenizer that ships with the model (drop tokenizer_name), or, if you "
+        f"assert on GPU). Fix: use the tokenizer that ships with the model (drop {tokenizer_key}), or, if you "
         "added tokens on purpose, call model.resize_token_embeddings(len(tokenizer)) before training.")
 
 
 def _check_same_text_ids(report: LoadReport, tokenizer: Any, reference: Any, model_source: str,
-                         tok_src: str) -> None:
+                         tok_src: str, tokenizer_key: str) -> None:
     for text in PROBE_TEXTS:
         ours = tokenizer.encode(text, add_special_tokens=False)
         theirs = reference.encode(text, add_special_tokens=False)
@@ -219,7 +221,7 @@ def _check_same_text_ids(report: LoadReport, tokenizer: Any, reference: Any, mod
             report.problems.append(
                 f"tokenizer {tok_src} encodes {text!r} as {ours[:12]} but the model's own tokenizer at "
                 f"{model_source} gives {theirs[:12]}: the vocabularies differ, so every embedding lookup would "
-                f"use the wrong row. Fix: drop tokenizer_name to use {model_source}'s tokenizer, or choose a "
+                f"use the wrong row. Fix: drop {tokenizer_key} to use {model_source}'s tokenizer, or choose a "
                 "tokenizer with the same vocabulary.")
             return
 
@@ -322,7 +324,7 @@ def _resolve_bos_unk(report: LoadReport, tokenizer: Any, rows: int, both: str) -
 
 
 def _check_chat_template(report: LoadReport, tokenizer: Any, reference: Any, rows: int, *, chat: bool | None,
-                         model_source: str, tok_src: str, both: str) -> None:
+                         model_source: str, tok_src: str, both: str, tokenizer_key: str) -> None:
     own = _template_text(tokenizer)
     ref = _template_text(reference) if reference is not None else None
     if own is None:
@@ -330,17 +332,17 @@ def _check_chat_template(report: LoadReport, tokenizer: Any, reference: Any, row
             # The instruct model's own template exists: the substitute tokenizer must encode its tokens.
             _check_template_tokens(report, tokenizer, reference, ref, rows, both,
                                    origin=f"the chat template of the model's own tokenizer at {model_source}",
-                                   fix_hint=f"drop tokenizer_name to use {model_source}'s tokenizer")
+                                   fix_hint=f"drop {tokenizer_key} to use {model_source}'s tokenizer")
             if chat:
                 report.problems.append(
                     f"chat formatting is on but tokenizer {tok_src} has no chat template, while the model's own "
-                    f"tokenizer at {model_source} has one. Fix: drop tokenizer_name (use {model_source}).")
+                    f"tokenizer at {model_source} has one. Fix: drop {tokenizer_key} (use {model_source}).")
             report.chat_template = "absent (model's own tokenizer has one)"
             return
         if chat:
             report.problems.append(
                 f"chat formatting is on but tokenizer {tok_src} has no chat template {both}; a base model's "
-                "tokenizer usually has none. Fix: use the instruct/chat model's tokenizer (tokenizer_name=...), "
+                f"tokenizer usually has none. Fix: use the instruct/chat model's tokenizer ({tokenizer_key}=...), "
                 "or turn chat formatting off so prompts are used as plain text.")
         report.chat_template = "absent"
         return

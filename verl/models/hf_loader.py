@@ -20,10 +20,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from verl.errors import ModelError
 from verl.models.checks import LoadReport, check_model_and_tokenizer
 from verl.utils.dtype import check_dtype_for_device, dtype_name, resolve_dtype
+
+# How each loader argument is spelled in the messages: Python callers see the argument names; the trainer
+# passes CONFIG_KEYS so a config user reads the key to change (`model.dtype`, not `torch_dtype`).
+CONFIG_KEYS = {"tokenizer_name": "model.tokenizer_path", "torch_dtype": "model.dtype",
+               "attn_implementation": "model.attn_implementation", "trust_remote_code": "model.trust_remote_code",
+               "device": "trainer.device"}
+
+def _verb(key: str) -> str:
+    return "set" if "." in key else "pass"  # a config key is set, a Python argument is passed
+
 
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 MIN_TRANSFORMERS_FOR_REMOTE_CODE = (4, 40)
@@ -77,13 +88,13 @@ def _local_config(name: str) -> dict[str, Any] | None:
                          "checkpoint.") from exc
 
 
-def check_remote_code(name: str, trust_remote_code: bool) -> None:
+def check_remote_code(name: str, trust_remote_code: bool, *, key: str = "trust_remote_code") -> None:
     """Refuse remote code on old transformers, and say so clearly when a model needs it and it is off."""
     if trust_remote_code and _transformers_version() < MIN_TRANSFORMERS_FOR_REMOTE_CODE:
         import transformers
 
         raise ModelError(
-            f"trust_remote_code=True needs transformers >= {'.'.join(map(str, MIN_TRANSFORMERS_FOR_REMOTE_CODE))}, "
+            f"{key}=True needs transformers >= {'.'.join(map(str, MIN_TRANSFORMERS_FOR_REMOTE_CODE))}, "
             f"but {transformers.__version__} is installed (older versions run remote code without the checks "
             "this project relies on). Fix: pip install -U 'transformers>=4.40'.")
     config = _local_config(name) if _looks_local(name) else None
@@ -96,12 +107,12 @@ def check_remote_code(name: str, trust_remote_code: bool) -> None:
         raise ModelError(
             f"model {name!r} (model_type={model_type!r}) ships its own Python code (auto_map in config.json) "
             "that transformers does not include, and trust_remote_code is off by default because that code "
-            "runs with your permissions. Fix: read the code, then pass trust_remote_code=True (config key "
-            "model.trust_remote_code), or use a model whose architecture transformers supports natively.")
+            f"runs with your permissions. Fix: read the code, then {_verb(key)} {key}=True, or use a model whose "
+            "architecture transformers supports natively.")
 
 
 def resolve_attn_implementation(use_flash_attention_2: bool, attn_implementation: str | None,
-                                device_type: str) -> str | None:
+                                device_type: str, *, key: str = "attn_implementation") -> str | None:
     """Pick the attention implementation, refusing FlashAttention where it cannot run."""
     if use_flash_attention_2:
         if attn_implementation not in (None, "flash_attention_2"):
@@ -115,33 +126,33 @@ def resolve_attn_implementation(use_flash_attention_2: bool, attn_implementation
     if attn_implementation not in ATTN_IMPLEMENTATIONS and "/" not in attn_implementation:
         close = difflib.get_close_matches(attn_implementation, ATTN_IMPLEMENTATIONS, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ModelError(f"attn_implementation={attn_implementation!r} is not known.{hint} Use one of "
+        raise ModelError(f"{key}={attn_implementation!r} is not known.{hint} Use one of "
                          f"{', '.join(ATTN_IMPLEMENTATIONS)} (or a kernels-hub id such as 'org/kernel').")
     if attn_implementation in ("flash_attention_2", "flash_attention_3"):
         package = "flash_attn" if attn_implementation == "flash_attention_2" else "flash_attn_interface"
         if importlib.util.find_spec(package) is None:
             raise ModelError(
-                f"{attn_implementation} was requested but the {package} package is not installed. Fix: use "
-                "attn_implementation=\"sdpa\" (PyTorch's fused attention, no extra package), or install it "
+                f"{key}={attn_implementation} was requested but the {package} package is not installed. Fix: use "
+                f"{key}=\"sdpa\" (PyTorch's fused attention, no extra package), or install it "
                 "with `pip install flash-attn --no-build-isolation` on a CUDA machine.")
         if device_type != "cuda" or not torch.cuda.is_available():
             raise ModelError(
-                f"{attn_implementation} was requested but it only runs on CUDA GPUs and the model will run on "
-                f"{device_type}. Fix: use attn_implementation=\"sdpa\" (or \"eager\") on this device.")
+                f"{key}={attn_implementation} was requested but it only runs on CUDA GPUs and the model will run "
+                f"on {device_type}. Fix: use {key}=\"sdpa\" (or \"eager\") on this device.")
     return attn_implementation
 
 
-def _target_device(device: str | torch.device | None) -> tuple[torch.device | None, str]:
+def _target_device(device: str | torch.device | None, key: str = "device") -> tuple[torch.device | None, str]:
     if device is None:
         return None, "cuda" if torch.cuda.is_available() else "cpu"
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise ModelError(f"device={device!r} is not a valid torch device ({exc}). Fix: use 'cpu', 'cuda' or "
+        raise ModelError(f"{key}={device!r} is not a valid torch device ({exc}). Fix: use 'cpu', 'cuda' or "
                          "'cuda:N'.") from exc
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ModelError(f"device={device!r} was requested but CUDA is not available on this machine. Fix: "
-                         "use device='cpu' (with dtype fp32) or install a CUDA build of torch.")
+        raise ModelError(f"{key}={device!r} was requested but CUDA is not available on this machine. Fix: "
+                         f"use {key}=cpu (with dtype fp32) or install a CUDA build of torch.")
     return dev, dev.type
 
 
@@ -181,37 +192,42 @@ def load_hf_model_with_report(
     pad_token: str | None = None,
     eos_token: str | None = None,
     model_class: Any = None,
+    names: dict[str, str] | None = None,
 ) -> tuple[Any, Any, LoadReport]:
     """`load_hf_model` without raising on model/tokenizer problems: they are in the returned report.
 
     Environment problems (dtype, device, attention, remote code, missing files) still raise ModelError,
     because nothing can be loaded past them. `verl check model` uses this to print every problem at once.
+    `names` spells the arguments in messages (`CONFIG_KEYS` for a config: `model.dtype`, not `torch_dtype`).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
     model_name = os.fspath(model_name)
     tokenizer_source = os.fspath(tokenizer_name) if tokenizer_name is not None else model_name
+    names = names or {}
+    key = {arg: names.get(arg, arg) for arg in CONFIG_KEYS}
     _check_source(model_name, "model")
-    target, device_type = _target_device(device)
-    attn = resolve_attn_implementation(use_flash_attention_2, attn_implementation, device_type)
-    check_remote_code(model_name, trust_remote_code)
+    target, device_type = _target_device(device, key["device"])
+    attn = resolve_attn_implementation(use_flash_attention_2, attn_implementation, device_type,
+                                       key=key["attn_implementation"])
+    check_remote_code(model_name, trust_remote_code, key=key["trust_remote_code"])
 
     try:
         config = AutoConfig.from_pretrained(model_name, revision=revision, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as exc:
         needs_code = "trust_remote_code" in str(exc)
-        fix = ("the model needs its own code: if you trust it, pass trust_remote_code=True (config key "
-               "model.trust_remote_code)" if needs_code else
+        fix = (f"the model needs its own code: if you trust it, {_verb(key['trust_remote_code'])} "
+               f"{key['trust_remote_code']}=True" if needs_code else
                "check the name; without internet, download the model elsewhere (`huggingface-cli download "
                "NAME`) and pass the local directory")
         raise ModelError(f"could not load the config of model {model_name!r}: {exc}. Fix: {fix}.") from exc
 
     if isinstance(torch_dtype, str) and torch_dtype.strip().lower() == "auto":
         stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
-        dtype = resolve_dtype(stored, where="torch_dtype (from the checkpoint's config)")
+        dtype = resolve_dtype(stored, where=f"{key['torch_dtype']}=auto (from the checkpoint's config)")
     else:
-        dtype = resolve_dtype(torch_dtype, where="torch_dtype")
-    check_dtype_for_device(dtype, device_type, where="torch_dtype")
+        dtype = resolve_dtype(torch_dtype, where=key["torch_dtype"])
+    check_dtype_for_device(dtype, device_type, where=key["torch_dtype"])
 
     tokenizer = load_tokenizer(tokenizer_source, revision=revision if tokenizer_name is None else None,
                                trust_remote_code=trust_remote_code)
@@ -230,7 +246,7 @@ def load_hf_model_with_report(
     try:
         with quiet_hf_progress():
             model = auto.from_pretrained(model_name, **kwargs)
-    except (OSError, ValueError, ImportError, KeyError, RuntimeError) as exc:
+    except (OSError, ValueError, ImportError, KeyError, RuntimeError, SafetensorError) as exc:
         raise ModelError(
             f"could not load the weights of model {model_name!r} as {getattr(auto, '__name__', auto)}: "
             f"{type(exc).__name__}: {exc}. Fix: check that the directory holds model.safetensors (or sharded "
@@ -246,7 +262,8 @@ def load_hf_model_with_report(
 
     report = check_model_and_tokenizer(model, tokenizer, chat=chat, model_source=model_name,
                                        tokenizer_source=tokenizer_source, reference_tokenizer=reference,
-                                       pad_token=pad_token, eos_token=eos_token, fix=True)
+                                       pad_token=pad_token, eos_token=eos_token, fix=True,
+                                       tokenizer_key=key["tokenizer_name"])
     first = next(model.parameters(), None)
     report.revision = revision
     report.dtype = dtype_name(first.dtype) if first is not None else dtype_name(dtype)
@@ -290,6 +307,7 @@ def load_hf_model(
 
 
 __all__ = [
+    "CONFIG_KEYS",
     "load_hf_model",
     "load_hf_model_with_report",
     "load_tokenizer",

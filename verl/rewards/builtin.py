@@ -68,6 +68,17 @@ def _ground_truth_number(ground_truth: Any) -> Decimal:
     return value
 
 
+def needs_ground_truth(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Declare that a reward function cannot score a row without its ground truth.
+
+    The start-up checks read this (`fn.needs_ground_truth`) to report, with file:line, every row that
+    lacks one before training starts; a user function may set the same attribute.
+    """
+    fn.needs_ground_truth = True  # type: ignore[attr-defined]
+    return fn
+
+
+@needs_ground_truth
 def numeric_match(
     prompt: Any,
     response: str,
@@ -91,6 +102,7 @@ def numeric_match(
     return 1.0 if got == expected else 0.0
 
 
+@needs_ground_truth
 def exact_match(
     prompt: Any,
     response: str,
@@ -191,5 +203,6 @@ __all__ = [
     "exact_match",
     "extract_number",
     "format_reward",
+    "needs_ground_truth",
     "numeric_match",
 ]

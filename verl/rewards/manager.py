@@ -187,6 +187,11 @@ class RewardManager:
             return None
         return sorted({s for ld in self._loaded for s in ld.spec.data_sources or ()})
 
+    def needing_ground_truth(self, data_source: str | None) -> list[str]:
+        """Labels of the functions that score samples of `data_source` and declare `needs_ground_truth`."""
+        return [ld.label for ld in self._loaded
+                if ld.applies(data_source) and getattr(ld.fn, "needs_ground_truth", False)]
+
     def check_data_sources(self, data_sources: Iterable[str | None]) -> None:
         """Raise RewardError when some sample has no function to score it (instead of scoring it 0)."""
         known = self.known_data_sources

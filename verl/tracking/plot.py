@@ -90,10 +90,10 @@ def plot_run(run_dir: str | Path, keys: Sequence[str] | None = None, out: str | 
 
 
 def run(args) -> int:
-    from rich.console import Console
+    from verl.utils.console import plain_console
 
     path, charts = plot_run(args.run_dir, args.keys.split(",") if args.keys else None, args.out)
-    console = Console(soft_wrap=True)
+    console = plain_console()  # metric names and paths verbatim
     width = max(len(k) for k in charts)
     for key, points in charts.items():
         values = [v for _, v in points]

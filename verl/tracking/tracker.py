@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from verl.errors import ConfigError
+from verl.errors import ConfigError, install_hint
 
 KNOWN_BACKENDS = ("console", "jsonl", "tensorboard", "wandb")
 # What the one-line console summary shows, in this order, when present.
@@ -72,14 +72,16 @@ class Tracker:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as exc:
                 raise ConfigError(
-                    "logging.backends has 'tensorboard' but it is not installed: pip install 'verl[tensorboard]'"
+                    "logging.backends has 'tensorboard' but it is not installed. Fix: "
+                    f"{install_hint('tensorboard', 'tensorboard')}, or remove it from logging.backends"
                 ) from exc
             self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
         if "wandb" in self.backends:
             try:
                 import wandb
             except ImportError as exc:
-                raise ConfigError("logging.backends has 'wandb' but it is not installed: pip install 'verl[wandb]'") from exc
+                raise ConfigError("logging.backends has 'wandb' but it is not installed. Fix: "
+                                  f"{install_hint('wandb', 'wandb')}, or remove it from logging.backends") from exc
             self._wandb = wandb.init(project=project, name=experiment, config=dict(config or {}),
                                      dir=str(self.run_dir))
         if "console" in self.backends:

@@ -86,5 +86,5 @@ def run_demo(config: RunConfig) -> dict[str, Any]:
     for stage, seconds in summary["seconds_per_stage"].items():
         table.add_row(f"  time in {stage}", f"{seconds:.1f}s")
     console.print(table)
-    console.print(f"run directory: {trainer.run_dir}  (summary: {path})")
+    console.print(f"run directory: {trainer.run_dir}  (summary: {path})", markup=False)
     return summary

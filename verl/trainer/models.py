@@ -14,7 +14,7 @@ import torch
 from verl.config.schema import RunConfig
 from verl.errors import ConfigError, ModelError
 from verl.models.checks import LoadReport
-from verl.models.hf_loader import load_hf_model, load_hf_model_with_report
+from verl.models.hf_loader import CONFIG_KEYS, load_hf_model, load_hf_model_with_report
 from verl.models.tiny import build_tiny_model
 
 
@@ -40,7 +40,7 @@ def load_policy_with_report(config: RunConfig, model_path: str, *, device: torch
     model, tokenizer, report = load_hf_model_with_report(
         model_path, tokenizer_name=cfg.tokenizer_path, attn_implementation=cfg.attn_implementation,
         torch_dtype=dtype, trust_remote_code=cfg.trust_remote_code, device=device, revision=cfg.revision,
-        for_training=True)
+        for_training=True, names=CONFIG_KEYS)  # messages name the config keys
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model.train(), tokenizer, report

@@ -2,11 +2,17 @@
 
 `preflight()` collects problems instead of raising them, section by section, cheapest first:
 
-1. start-up (no weights): model path spec, device mapping, batch arithmetic, FSDP rules, memory estimate;
-2. model and tokenizer: the policy loaded as training loads it (skipped when step 1 found problems, so
-   a config that cannot run fails in seconds);
-3. data: the training/validation files read with the trainer's tokenizer, prompt limit and truncation;
-4. environment and rewards (RL): the environment and the reward functions built from the config.
+1. start-up (no weights): model path spec, device mapping, batch arithmetic, FSDP rules, memory estimate,
+   a stale `latest` checkpoint pointer;
+2. tokenizer (no weights): a `model.tokenizer_path` whose vocabulary differs from the model's own
+   tokenizer (refused unless `model.allow_tokenizer_mismatch`, then a warning);
+3. model and tokenizer: the policy loaded as training loads it (skipped when step 1 found problems, so
+   a config that cannot run fails in seconds; skipped with `load_model=False`, where the tokenizer alone
+   is loaded for the data checks);
+4. data: the training/validation files read with the trainer's tokenizer, prompt limit and truncation;
+   at least one full batch of training rows;
+5. environment and rewards (RL): the environment and the reward functions built from the config, with
+   every row lacking the ground truth a configured reward needs (file:line).
 
 The trainer keeps what the pass loaded (model, tokenizer, rows, environment) instead of loading it again,
 and raises `Preflight.raise_if_problems()`; `verl check` prints the same `Preflight`. Nothing here prints.
@@ -21,9 +27,11 @@ from typing import Any
 
 import torch
 
+from verl.checkpoint.manager import stale_latest
 from verl.config.schema import RunConfig
 from verl.env import build_env
-from verl.errors import ModelError, VerlError
+from verl.errors import CheckpointError, ConfigError, DataError, ModelError, VerlError
+from verl.models.hf_loader import load_tokenizer
 from verl.rewards import RewardManager
 from verl.trainer.data_split import DATA_KINDS, DataSplit, split_train_val
 from verl.trainer.models import given_policy, load_policy_with_report, resolve_model_path
@@ -35,7 +43,7 @@ from verl.trainer.startup import StartupReport, check_startup
 class Problem:
     """One thing that would stop the run: the section that found it and the error (what, where, fix)."""
 
-    section: str  # "start-up", "model", "data", "environment" or "rewards"
+    section: str  # "start-up", "model", "data", "environment" or "rewards" (a tokenizer mismatch: "model")
     error: VerlError
 
     @property
@@ -68,6 +76,7 @@ class Preflight:
     model_path: str | None = None
     startup: StartupReport | None = None
     problems: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)  # worth a look, but the run can start
     model: Any = None
     tokenizer: Any = None
     model_report: Any = None
@@ -94,6 +103,9 @@ class Preflight:
     def add(self, section: str, error: VerlError) -> None:
         self.problems.append(Problem(section, error))
 
+    def warn(self, section: str, error: VerlError) -> None:
+        self.warnings.append(Problem(section, error))
+
     def raise_if_problems(self) -> None:
         """Raise one error listing every problem, of the first problem's class (the cheapest section's,
         the one to fix first; a ConfigError for a config mistake), so callers can still catch by kind."""
@@ -112,13 +124,14 @@ Prepare = Callable[[StartupReport], tuple[torch.device, torch.dtype]]
 
 def preflight(config: RunConfig, *, world_size: int, device_type: str, kind: str | None = None,
               runs_split_placements: bool | None = None, given: Given = Given(),
-              prepare: Prepare | None = None) -> Preflight:
+              prepare: Prepare | None = None, load_model: bool = True) -> Preflight:
     """Run every start-up check for `config` on `world_size` processes; the checks never raise, their
     problems are in the returned `Preflight`.
 
     `prepare` runs once the weight-free checks pass, before anything loads, and returns the device and
     dtype to load in (the trainer joins its process group there); without it the model loads on
-    `device_type` in the dtype a run would use.
+    `device_type` in the dtype a run would use. `load_model=False` checks everything but the weights
+    (`verl train --nproc N` runs this in the launching process, which does not train).
     """
     pf = Preflight(config=config, world_size=world_size, kind=kind or config.trainer.kind)
     try:
@@ -129,17 +142,120 @@ def preflight(config: RunConfig, *, world_size: int, device_type: str, kind: str
                                kind=pf.kind, runs_split_placements=runs_split_placements)
     for exc in pf.startup.problems:
         pf.add("start-up", exc)
+    _resume_pass(pf)
     if pf.problems:
         pf.skipped["model"] = "the start-up problems come first: nothing was loaded"
     else:
-        if prepare is not None:
-            device, dtype = prepare(pf.startup)
-        else:
-            device, dtype = torch.device(device_type), run_dtype(config.model.dtype, device_type)
-        _model_pass(pf, given, device, dtype)
+        _tokenizer_pass(pf, given, load_model)
+        if not load_model:
+            pf.skipped["model"] = "the weights are loaded by the training processes, not here"
+        elif not pf.problems:
+            if prepare is not None:
+                device, dtype = prepare(pf.startup)
+            else:
+                device, dtype = torch.device(device_type), run_dtype(config.model.dtype, device_type)
+            _model_pass(pf, given, device, dtype)
     _data_pass(pf, given)
     _env_pass(pf, given)
+    _batch_pass(pf)
     return pf
+
+
+def _resume_pass(pf: Preflight) -> None:
+    """`trainer.resume=auto` continues what `latest` names; a pointer to a missing or broken folder would
+    silently resume something else (or start over), so it is reported before anything loads."""
+    config = pf.config
+    if config.trainer.resume != "auto" or not config.trainer.run_dir:
+        return
+    problem = stale_latest(config.trainer.run_dir)  # the folder the run writes to (resolve_run_dir)
+    if problem is not None:
+        pf.add("start-up", CheckpointError(f"trainer.resume=auto: {problem}"))
+
+
+def _tokenizer_pass(pf: Preflight, given: Given, load_model: bool) -> None:
+    """Compare a `model.tokenizer_path` with the model's own tokenizer, vocabulary against vocabulary,
+    before any weights load; without the model pass, keep the tokenizer for the data checks."""
+    cfg = pf.config.model
+    if given.model is not None or given.tokenizer is not None or pf.model_path is None:
+        return
+    path = pf.model_path
+    if not Path(path).expanduser().exists() and path.startswith(("/", ".", "~")):
+        if not load_model:
+            pf.add("model", ModelError(f"model.path={path} does not exist on this machine; download the model "
+                                       "there or fix the path"))
+        return  # otherwise the model pass reports it
+    source = cfg.tokenizer_path or path
+    try:
+        tokenizer = load_tokenizer(source, revision=cfg.revision if cfg.tokenizer_path is None else None,
+                                   trust_remote_code=cfg.trust_remote_code)
+    except VerlError as exc:
+        if not load_model:
+            pf.add("model", ModelError(f"model.tokenizer_path={source}: {exc}" if cfg.tokenizer_path
+                                       else f"model.path={source}: {exc}"))
+        return  # otherwise the model pass reports it, with the model
+    if not load_model:
+        pf.tokenizer = tokenizer
+    if cfg.tokenizer_path is None or Path(cfg.tokenizer_path).expanduser() == Path(path).expanduser():
+        return
+    try:
+        own = load_tokenizer(path, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+    except VerlError:
+        return  # weights-only folder: nothing to compare against
+    mismatch = vocabulary_difference(tokenizer, own)
+    if mismatch is None:
+        return
+    text = (f"model.tokenizer_path={cfg.tokenizer_path} has a different vocabulary from the tokenizer of "
+            f"model.path={cfg.path}: {mismatch}. Token ids would index the wrong embedding rows")
+    if cfg.allow_tokenizer_mismatch:
+        pf.warn("model", ModelError(f"{text}; allowed by model.allow_tokenizer_mismatch=true."))
+    else:
+        pf.add("model", ModelError(
+            f"{text}. Fix: remove model.tokenizer_path to use the model's own tokenizer, or, if the model's "
+            "embeddings were trained for this tokenizer, set model.allow_tokenizer_mismatch=true."))
+
+
+def vocabulary_difference(tokenizer: Any, reference: Any) -> str | None:
+    """How two tokenizers' vocabularies (token -> id, added tokens included) differ, or None if equal."""
+    ours, theirs = tokenizer.get_vocab(), reference.get_vocab()
+    if ours == theirs:
+        return None
+    only_ours = sorted(set(ours) - set(theirs))
+    only_theirs = sorted(set(theirs) - set(ours))
+    moved = sorted(t for t in set(ours) & set(theirs) if ours[t] != theirs[t])
+    parts = [f"{len(ours)} vs {len(theirs)} tokens"]
+    if only_ours:
+        parts.append(f"{len(only_ours)} only in the tokenizer (e.g. {only_ours[:3]})")
+    if only_theirs:
+        parts.append(f"{len(only_theirs)} only in the model's (e.g. {only_theirs[:3]})")
+    if moved:
+        parts.append(f"{len(moved)} with other ids (e.g. {moved[0]!r}: {ours[moved[0]]} vs {theirs[moved[0]]})")
+    return ", ".join(parts)
+
+
+def _batch_pass(pf: Preflight) -> None:
+    """At least one full batch of training rows: RL draws `data.train_batch_size` distinct prompts per
+    step; SFT/DPO batches run across epoch ends, so a larger batch only repeats rows (a warning)."""
+    if pf.kind == "rl":
+        rows = len(pf.env) if pf.env is not None else (len(pf.data.train) if pf.data and pf.data.train else None)
+    else:
+        rows = len(pf.data.train) if pf.data is not None and pf.data.train is not None else None
+    if not rows:
+        return
+    config = pf.config
+    key, size = ("sft.batch_size", config.sft.batch_size) if pf.kind == "sft" else (
+        "data.train_batch_size", config.data.train_batch_size)
+    if rows >= size:
+        return
+    what = {"rl": "prompts", "sft": "examples", "dpo": "preference pairs"}[pf.kind]
+    files = ", ".join(config.data.train_files) or "the training rows"
+    text = (f"{key}={size} {what} per step, but {files} has only {rows} training {what} after the data checks"
+            f"{' and data.val_size' if config.data.val_size and not config.data.val_files else ''}")
+    if pf.kind == "rl":
+        pf.add("data", ConfigError(f"{text}, so not even one batch of distinct prompts exists. Fix: set "
+                                   f"{key}={rows} or lower, or add data."))
+    else:
+        pf.warn("data", DataError(f"{text}, so each step repeats rows. Fix: set {key}={rows} or lower, or "
+                                  "add data."))
 
 
 def _model_pass(pf: Preflight, given: Given, device: torch.device, dtype: torch.dtype) -> None:

@@ -11,6 +11,7 @@ A trainer subclass supplies `step()` (one update, returns metrics), `validate()`
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -68,6 +69,9 @@ class TrainerRuntime:
                                               prepare=lambda startup: self._set_up(startup, identity))
         self.startup: StartupReport = self.preflight.startup
         self.preflight.raise_if_problems()
+        if self.rank == 0:  # what `verl check` prints as warnings: the run starts, but says so once
+            for warning in self.preflight.warnings:
+                warnings.warn(warning.message, stacklevel=2)
         self.step_count = 0
         self.run_dir = resolve_run_dir(config, self.kind)
         self.history: list[dict[str, float]] = []

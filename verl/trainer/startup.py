@@ -21,6 +21,7 @@ from verl.distributed.memory import estimate_memory
 from verl.errors import ConfigError, DeviceMappingError, VerlError
 from verl.trainer.batch_math import plan_rl
 from verl.trainer.setup import run_dtype
+from verl.utils.dtype import check_dtype_for_device
 
 
 @dataclass
@@ -110,6 +111,15 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
             cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), nodes=max(1, world_size // max(1, local_world)))
     except VerlError as exc:
         problems.append(exc)
+    try:
+        dtype = run_dtype(config.model.dtype, device_type)
+    except VerlError:
+        dtype = None  # an unknown spelling: the mapping check above reports it with its key
+    if dtype is not None:
+        try:  # fp16 on CPU, bf16 on a GPU without it: refused before the weights are read
+            check_dtype_for_device(dtype, device_type, where="model.dtype")
+        except VerlError as exc:
+            problems.append(exc)
     if report.mapping is not None:
         refusal = split_refusal(kind, report.mapping, world_size, runs_split)
         if refusal is not None:
