@@ -9,14 +9,16 @@ import os
 import platform
 import sys
 
-OPTIONAL = {
-    "vllm": "pip install 'verl[vllm]'  (fast GPU rollout)",
-    "ray": "pip install 'verl[ray]'",
-    "wandb": "pip install 'verl[wandb]'  (logging.backends=[wandb])",
-    "tensorboard": "pip install 'verl[tensorboard]'  (logging.backends=[tensorboard])",
-    "peft": "pip install 'verl[peft]'  (LoRA)",
+OPTIONAL = {  # `verl` on PyPI is another project: name the package, or this checkout's extra
+    "vllm": "pip install vllm  or  pip install -e '.[vllm]'  (fast GPU rollout)",
+    "ray": "pip install ray  or  pip install -e '.[ray]'",
+    "wandb": "pip install wandb  or  pip install -e '.[wandb]'  (logging.backends=[wandb])",
+    "tensorboard": "pip install tensorboard  or  pip install -e '.[tensorboard]'  (logging.backends=[tensorboard])",
+    "mlflow": "pip install mlflow  or  pip install -e '.[mlflow]'  (logging.backends=[mlflow])",
+    "matplotlib": "pip install matplotlib  or  pip install -e '.[plot]'  (PNG from verl plot)",
+    "peft": "pip install peft  or  pip install -e '.[peft]'  (LoRA)",
     "flash_attn": "pip install flash-attn --no-build-isolation  (CUDA only)",
-    "trl": "pip install 'verl[bench]'  (benchmarks against TRL)",
+    "trl": "pip install trl  or  pip install -e '.[bench]'  (benchmarks against TRL)",
 }
 
 

@@ -1,6 +1,6 @@
 """A thin bridge to vLLM for GPU rollouts.
 
-vLLM is an optional extra (``pip install 'verl[vllm]'``): importing verl never imports it, and asking
+vLLM is an optional extra (``pip install vllm``, or ``pip install -e '.[vllm]'`` from a checkout): importing verl never imports it, and asking
 for this engine without it installed is a ConfigError that says how to install it.
 
 This shim is NOT exercised by verl's test suite: vLLM needs a GPU and is not installed in CI. It only
@@ -20,7 +20,7 @@ import torch
 from verl.errors import ConfigError, DataError
 from verl.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 
-VLLM_INSTALL_HINT = "pip install 'verl[vllm]'"
+VLLM_INSTALL_HINT = "pip install vllm  (from a verl checkout: pip install -e '.[vllm]')"
 
 
 def _import_vllm() -> Any:
