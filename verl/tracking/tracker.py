@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -130,6 +131,10 @@ class Tracker:
                                      dir=str(self.run_dir))
         if "mlflow" in self.backends:
             uri = mlflow_tracking_uri or (self.run_dir / "mlruns").resolve().as_uri()
+            if mlflow_tracking_uri is None:
+                # MLflow 3 refuses a file store unless asked; ours is the documented default, in the run dir
+                # (a server or `sqlite:///...` goes in logging.mlflow_tracking_uri).
+                os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
             client = MlflowClient(tracking_uri=uri)
             found = client.get_experiment_by_name(project)
             experiment_id = found.experiment_id if found is not None else client.create_experiment(project)
