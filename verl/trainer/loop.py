@@ -110,29 +110,35 @@ def _rows(trainer: Any) -> str:
 
 
 def banner_lines(trainer: Any, resume_from: Path | None, saved_yaml: str | None) -> list[str]:
-    """What this run is: trainer, model and size, data, run directory, and what it resumes from."""
+    """What this run is: trainer, model and size, data, run directory, and what it resumes from (with the
+    config keys that changed since that checkpoint). Short lines, so a terminal shows them whole."""
     cfg = trainer.config
-    model = getattr(trainer, "model", None)
     what = f"verl train: {cfg.trainer.kind}"
     if cfg.trainer.kind == "rl":
         what += f" ({cfg.algorithm.adv_estimator})"
-    what += f", {cfg.trainer.total_steps} steps; model {cfg.model.path}"
+    lines = [f"{what}, {cfg.trainer.total_steps} steps"]
+    model = getattr(trainer, "model", None)
+    about = ""
     if model is not None:
         params = list(model.parameters())
         total = sum(p.numel() for p in params)
         trainable = sum(p.numel() for p in params if p.requires_grad)
         kind = getattr(getattr(model, "config", None), "model_type", None)
         size = f"{total:,} parameters" + (f", {trainable:,} trainable" if trainable != total else "")
-        what += f" ({kind}, {size})" if kind else f" ({size})"
+        about = f" ({kind}, {size})" if kind else f" ({size})"
+    lines.append(f"model: {cfg.model.path}{about}")
     rows = _rows(trainer)
-    lines = [what + (f"; {rows}" if rows else ""), f"run directory: {trainer.run_dir}"]
+    if rows:
+        lines.append(f"data: {rows}")
+    lines.append(f"run directory: {trainer.run_dir}")
     if resume_from is None:
         why = "trainer.resume=never" if cfg.trainer.resume == "never" else "no checkpoint to resume"
         lines.append(f"starting from scratch ({why})")
     else:
         lines.append(f"resuming from {resume_from} (step {trainer.step_count}/{cfg.trainer.total_steps})")
         changes = config_changes(saved_yaml, cfg)
-        lines.append("config changed since that checkpoint: " + ("; ".join(changes) if changes else "nothing"))
+        lines.append("config changed since that checkpoint:" + ("" if changes else " nothing"))
+        lines += [f"  {change}" for change in changes]
     return lines
 
 
