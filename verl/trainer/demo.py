@@ -56,9 +56,9 @@ def run_demo(config: RunConfig) -> dict[str, Any]:
                   f"{len(trainer.env)} arithmetic problems, {len(trainer.env.val_rows())} held out")
     t0 = time.perf_counter()
     max_sft = config.sft.steps or 1500
-    console.print(f"warm start: SFT until greedy accuracy on training problems reaches "
-                  f"{SFT_TARGET_ACCURACY:.0%} (at most {max_sft} steps)", highlight=False)
     warm = ConsoleReporter(max_sft, label="warm start: SFT step", enabled=trainer.rank == 0)
+    warm.print(f"warm start: SFT until greedy accuracy on training problems reaches {SFT_TARGET_ACCURACY:.0%} "
+               f"(at most {max_sft} steps)")
     warm.start(0)
     try:
         sft_steps, train_acc, sft = warm_start_until(trainer, SFT_TARGET_ACCURACY, max_sft, progress=warm)
