@@ -172,6 +172,7 @@ def test_terminal_shows_a_progress_bar_and_metrics_lines_that_fit_the_width(tmp_
     assert any(re.match(r"step 4/4 ━+ 100% eta 0:00:00", s) for s in segments), segments[-10:]  # the bar
     step_lines = [s for s in segments if re.match(r"step \d/4  eta ", s)]
     assert len(step_lines) == 4 and all("reward/mean=" in s for s in step_lines)
-    assert all(len(s) <= 80 for s in segments), [s for s in segments if len(s) > 80]
-    assert f"run directory: {run_dir}" in segments
+    fitted = [s for s in segments if s.startswith(("step ", "  prompt=", "verl train:", "model:", "data:"))]
+    assert len(fitted) > 4 + 4 and all(len(s) <= 80 for s in fitted), [s for s in fitted if len(s) > 80]
+    assert f"run directory: {run_dir}" in segments  # a path is printed whole (the terminal may wrap it)
     assert "\x1b[" in raw  # a terminal gets colour and cursor control; a pipe does not (test above)

@@ -125,12 +125,13 @@ class ConsoleReporter:
         return format_duration((time.monotonic() - self._start) / done * (self.total_steps - step))
 
     # ------------------------------------------------------------------ output
-    def print(self, text: str, style: str | None = None) -> None:
-        """Plain text (never markup); on a terminal, cut to its width rather than wrapped."""
+    def print(self, text: str, fit: bool = False) -> None:
+        """Plain text (never markup). `fit=True` (metrics and sample lines) cuts it to a terminal's width;
+        otherwise (banner, paths) it is printed whole and the terminal wraps it."""
         if not self.enabled:
             return
-        if self.tty:
-            self.console.print(Text(text, style=style or ""), no_wrap=True, overflow="ellipsis", crop=True)
+        if self.tty and fit:
+            self.console.print(Text(text), no_wrap=True, overflow="ellipsis", crop=True)
         else:
             self.console.print(Text(text), soft_wrap=True)
 
@@ -153,7 +154,7 @@ class ConsoleReporter:
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         width = self.console.width if self.tty else None
-        self.print(step_line(step, self.total_steps, self.eta(step), metrics, width, self.label))
+        self.print(step_line(step, self.total_steps, self.eta(step), metrics, width, self.label), fit=True)
 
     def samples(self, step: int, rows: Sequence[Mapping[str, Any]], path: str | None = None) -> None:
         shown = list(rows)[:CONSOLE_SAMPLES]
@@ -166,7 +167,7 @@ class ConsoleReporter:
             score = row.get("score")
             score_text = format_value("score", float(score)) if isinstance(score, (int, float)) else str(score)
             self.print(f"  prompt={one_line(row.get('prompt'), limit)}  response={one_line(row.get('response'), limit)}"
-                       f"  score={score_text}  ground_truth={one_line(row.get('ground_truth'), limit)}")
+                       f"  score={score_text}  ground_truth={one_line(row.get('ground_truth'), limit)}", fit=True)
 
     def stop(self) -> None:
         if self.progress is not None:
