@@ -520,9 +520,11 @@ class RLTrainer(TrainerRuntime):
             scores.append(chunk_scores)
             if samples is not None:
                 room = self.config.trainer.log_samples - len(samples)
+                kept = max(room, 0)
                 samples += [{"prompt": row.get("prompt"), "response": response, "score": float(score),
                              "ground_truth": row.get("ground_truth")}
-                            for row, response, score in zip(chunk[:max(room, 0)], responses, chunk_scores.tolist())]
+                            for row, response, score in zip(chunk[:kept], responses[:kept],
+                                                            chunk_scores.tolist()[:kept], strict=True)]
         all_scores = torch.cat(scores)
         metrics = {f"{prefix}/score": float(all_scores.mean())}
         if bool(((all_scores == 0) | (all_scores == 1)).all()):
