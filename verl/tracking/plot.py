@@ -108,6 +108,7 @@ def png_figure(charts: dict[str, list[tuple[int, float]]], title: str) -> Any:
         ax.set_xlabel("step")
         ax.set_ylabel(key)
         ax.grid(alpha=0.3)
+        ax.ticklabel_format(axis="y", useOffset=False)  # real values on the axis, not "+6.63" and offsets
     for ax in axes[len(charts):]:
         fig.delaxes(ax)
     fig.suptitle(title)
