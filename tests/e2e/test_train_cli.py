@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -123,5 +124,10 @@ def test_demo_with_fewer_steps(tmp_path):
     assert summary["steps"] == 4 and 0.0 <= summary["accuracy_after_rl"] <= 1.0
     assert {"generate", "update"} <= summary["seconds_per_stage"].keys()
     assert "held-out accuracy after GRPO" in proc.stdout
+    # the warm start reports progress while it runs, and the gain is in percentage points
+    assert "warm start: SFT until greedy accuracy on training problems reaches 30% (at most 10 steps)" in proc.stdout
+    assert re.search(r"^warm start: SFT step 10/10  eta \S+  loss=[\d.]+  train/accuracy=[\d.]+$", proc.stdout, re.M)
+    gain = (summary["accuracy_after_rl"] - summary["accuracy_after_sft"]) * 100
+    assert re.search(r"│ gain\s+│\s+" + re.escape(f"{gain:+.1f} pts") + " │", proc.stdout), proc.stdout[-2000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4] and "val/accuracy" in rows[0]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from rl_support import deterministic_rows, read_metrics, rl_config, state_tensors
 
-from verl.checkpoint import list_checkpoints
+from verl.checkpoint import TrainingInterrupted, list_checkpoints
 from verl.trainer.rl_trainer import RLTrainer
 
 
@@ -46,7 +46,9 @@ def test_resume_is_bit_exact(tmp_path, algo):
 
     interrupted_dir = tmp_path / "interrupted"
     first = PreemptedTrainer(rl_config(interrupted_dir, *overrides))
-    first.fit()
+    with pytest.raises(TrainingInterrupted, match=r"interrupted at step 2/4 \(SIGTERM\)") as stopped:
+        first.fit()
+    assert stopped.value.exit_code == 128 + signal.SIGTERM
     assert first.step_count == 2  # stopped after the step that received the signal, and saved it
     assert [c.step for c in list_checkpoints(interrupted_dir)] == [2]
     assert [r["step"] for r in read_metrics(interrupted_dir)] == [1, 2]

@@ -13,7 +13,7 @@ from verl.checkpoint.manager import (
 )
 from verl.checkpoint.manifest import verify
 from verl.checkpoint.rng import capture_rng_state, restore_rng_state
-from verl.checkpoint.signals import GracefulStop
+from verl.checkpoint.signals import GracefulStop, TrainingInterrupted
 
 __all__ = [
     "CheckpointManager",
@@ -26,4 +26,5 @@ __all__ = [
     "capture_rng_state",
     "restore_rng_state",
     "GracefulStop",
+    "TrainingInterrupted",
 ]

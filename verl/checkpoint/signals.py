@@ -16,6 +16,24 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
+class TrainingInterrupted(KeyboardInterrupt):
+    """A run stopped by SIGINT/SIGTERM after saving a checkpoint at a step boundary.
+
+    A `KeyboardInterrupt` (what Ctrl-C raises anyway), so code that does not know it still stops; `verl train`
+    turns it into the exit status a shell expects (128 + signal: 130 for Ctrl-C, 143 for SIGTERM).
+    """
+
+    def __init__(self, signum: int, step: int, total: int, checkpoint: str | None = None) -> None:
+        self.signum, self.step, self.total, self.checkpoint = signum, step, total, checkpoint
+        saved = f"; saved {checkpoint}" if checkpoint else ""
+        super().__init__(f"interrupted at step {step}/{total} ({signal.Signals(signum).name}){saved}; "
+                         "rerun the same command to resume")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + int(self.signum)
+
+
 class GracefulStop:
     """Context manager that records SIGTERM/SIGINT instead of dying on the first one.
 

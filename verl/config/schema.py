@@ -169,7 +169,9 @@ class TrainerConfig(Section):
     val_every: int = Field(0, ge=0, description="Validate every N steps; 0 = only at the end.")
     val_before_train: bool = True
     device: str = Field("auto", description="auto | cpu | cuda")
-    log_every: int = Field(1, gt=0)
+    log_every: int = Field(1, gt=0, description="Log (console line, JSONL row, backends) every N steps.")
+    log_samples: int = Field(8, ge=0, description="Validation generations written to samples.jsonl (and "
+                             "TensorBoard/wandb/MLflow) per validation; 0 = none.")
     cpu_threads: int | None = Field(None, gt=0, description="torch CPU threads; 1 is fastest for tiny models.")
 
 
@@ -177,6 +179,8 @@ class LoggingConfig(Section):
     backends: list[str] = Field(default_factory=lambda: ["console", "jsonl"])
     project: str = "verl"
     experiment: str | None = None
+    mlflow_tracking_uri: str | None = Field(None, description="MLflow tracking URI; None = a file store in "
+                                            "<run_dir>/mlruns.")
 
     _split = field_validator("backends", mode="before")(_split_csv)
 

@@ -1,7 +1,8 @@
-"""`verl plot RUN_DIR`: the metrics of a run as terminal sparklines and a self-contained SVG.
+"""`verl plot RUN_DIR`: the metrics of a run as terminal sparklines, a self-contained SVG, and a PNG.
 
-No plotting library is needed: an SVG of small line charts opens in any browser, and the sparklines
-answer "is it learning?" over SSH.
+No plotting library is needed for the first two: an SVG of small line charts opens in any browser, and the
+sparklines answer "is it learning?" over SSH. The PNG (labelled axes, for a report or a chat) needs
+matplotlib, an optional extra; without it `verl plot` says how to install it and writes the rest.
 """
 
 from __future__ import annotations
@@ -9,9 +10,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 from xml.sax.saxutils import escape
 
-from verl.errors import VerlError
+from verl.errors import VerlError, install_hint
 from verl.tracking.tracker import read_metrics
 
 DEFAULT_KEYS = ("reward/mean", "val/accuracy", "val/score", "actor/pg_loss", "actor/entropy", "actor/approx_kl",
@@ -89,6 +91,42 @@ def plot_run(run_dir: str | Path, keys: Sequence[str] | None = None, out: str | 
     return path, charts
 
 
+PLOT_INSTALL_HINT = install_hint("matplotlib", "plot")
+
+
+def png_figure(charts: dict[str, list[tuple[int, float]]], title: str) -> Any:
+    """A matplotlib Figure with one line chart per metric: x axis `step`, y axis the metric's name."""
+    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
+
+    cols = 2 if len(charts) > 1 else 1
+    rows = math.ceil(len(charts) / cols)
+    fig = Figure(figsize=(6 * cols, 3.2 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).flatten()
+    for ax, (key, points) in zip(axes, charts.items(), strict=False):
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 50 else None)
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.set_ylabel(key)
+        ax.grid(alpha=0.3)
+        ax.ticklabel_format(axis="y", useOffset=False)  # real values on the axis, not "+6.63" and offsets
+    for ax in axes[len(charts):]:
+        fig.delaxes(ax)
+    fig.suptitle(title)
+    return fig
+
+
+def write_png(charts: dict[str, list[tuple[int, float]]], title: str, path: str | Path) -> Path:
+    """Save `png_figure` to `path`; a clear VerlError with the install command when matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise VerlError(f"writing a PNG needs matplotlib, which is not installed. Fix: {PLOT_INSTALL_HINT} "
+                        "(or pass --no-png)") from exc
+    path = Path(path)
+    png_figure(charts, title).savefig(path, dpi=100)
+    return path
+
+
 def run(args) -> int:
     from verl.utils.console import plain_console
 
@@ -97,16 +135,25 @@ def run(args) -> int:
     width = max(len(k) for k in charts)
     for key, points in charts.items():
         values = [v for _, v in points]
-        console.print(f"{key:<{width}}  {sparkline(values)}  {values[0]:.4g} -> {values[-1]:.4g}", highlight=False)
-    console.print(f"wrote {path}", highlight=False)
+        console.print(f"{key:<{width}}  {sparkline(values)}  {values[0]:.4g} -> {values[-1]:.4g}", highlight=False, markup=False)
+    console.print(f"wrote {path}", highlight=False, markup=False)
+    if not args.no_png:
+        png = Path(args.png) if args.png else Path(args.run_dir) / "metrics.png"
+        try:
+            console.print(f"wrote {write_png(charts, str(args.run_dir), png)}", highlight=False, markup=False)
+        except VerlError as exc:  # the PNG is optional: say why there is none, keep exit 0
+            console.print(f"no PNG: {exc}", highlight=False, markup=False)
     return 0
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "plot", help="Plot the metrics of a run directory.",
-        description="Show a run's metrics as sparklines and write RUN_DIR/metrics.svg (a chart per metric).")
+        description="Show a run's metrics as sparklines and write RUN_DIR/metrics.svg and, when matplotlib is "
+        "installed, RUN_DIR/metrics.png (a chart per metric, labelled axes).")
     parser.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
     parser.add_argument("--keys", default=None, help="comma-separated metric names (default: the main ones)")
     parser.add_argument("--out", default=None, help="SVG path (default: RUN_DIR/metrics.svg)")
+    parser.add_argument("--png", default=None, help="PNG path (default: RUN_DIR/metrics.png; needs matplotlib)")
+    parser.add_argument("--no-png", action="store_true", help="do not write the PNG")
     parser.set_defaults(func=run)

@@ -1,27 +1,55 @@
 """One `Tracker.log(metrics, step)` fans out to every configured backend.
 
-Console and JSONL are always available; TensorBoard and wandb are optional extras that fail at start-up
-with an install hint, not halfway through a run.
+Console and JSONL are always available; TensorBoard, wandb and MLflow are optional extras that fail at
+start-up with an install hint, not halfway through a run. Importing this module imports none of them.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from verl.errors import ConfigError, install_hint
+from verl.tracking.console import CONSOLE_KEYS, ConsoleReporter  # noqa: F401  (CONSOLE_KEYS: re-exported)
 
-KNOWN_BACKENDS = ("console", "jsonl", "tensorboard", "wandb")
-# What the one-line console summary shows, in this order, when present.
-CONSOLE_KEYS = (
-    "reward/mean", "reward/accuracy", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/clipfrac",
-    "critic/vf_loss", "critic/explained_var", "actor/grad_norm", "response/length_mean", "val/score",
-    "loss", "accuracy", "timing/step", "perf/tokens_per_s",
-)
+KNOWN_BACKENDS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+# Install hints: `verl` on PyPI is another project, so never `pip install 'verl[...]'`.
+INSTALL_HINTS = {name: install_hint(name, name) for name in ("tensorboard", "wandb", "mlflow")}
+ROTATED_FILES = ("metrics.jsonl", "samples.jsonl")
+SAMPLE_FIELDS = ("step", "prompt", "response", "score", "ground_truth")
+
+
+def _missing(backend: str) -> ConfigError:
+    return ConfigError(f"logging.backends has {backend!r} but it is not installed. Fix: {INSTALL_HINTS[backend]}, "
+                       f"or remove {backend!r} from logging.backends")
+
+
+def rotate(path: Path) -> Path | None:
+    """Move a non-empty `path` to the first free `path.1`, `path.2`, ...; returns where it went."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    n = 1
+    while path.with_name(f"{path.name}.{n}").exists():
+        n += 1
+    target = path.with_name(f"{path.name}.{n}")
+    path.replace(target)
+    return target
+
+
+def _flat_params(tree: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out |= _flat_params(value, f"{name}.")
+        else:
+            out[name] = json.dumps(value, default=str)[:500]  # MLflow's limit on a parameter value
+    return out
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -33,13 +61,14 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
-def _format(value: float) -> str:
-    if isinstance(value, float) and (abs(value) >= 1e4 or (0 < abs(value) < 1e-3)):
-        return f"{value:.2e}"
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
 class Tracker:
+    """Fans one `log(metrics, step)` out to every backend, and owns the run's console output.
+
+    `fresh=True` (a run that starts from scratch, not a resume) first moves an old `metrics.jsonl` /
+    `samples.jsonl` aside to `metrics.jsonl.1` (`.2`, ...) so two runs never mix in one file; `rotated`
+    lists what moved.
+    """
+
     def __init__(
         self,
         backends: Iterable[str],
@@ -51,6 +80,9 @@ class Tracker:
         experiment: str | None = None,
         enabled: bool = True,
         resume_step: int = 0,
+        fresh: bool = False,
+        mlflow_tracking_uri: str | None = None,
+        console_file: IO[str] | None = None,
     ) -> None:
         self.backends = list(dict.fromkeys(backends))
         unknown = [b for b in self.backends if b not in KNOWN_BACKENDS]
@@ -59,55 +91,97 @@ class Tracker:
         self.enabled = enabled
         self.run_dir = Path(run_dir)
         self.total_steps = total_steps
-        self._start = time.monotonic()
-        self._first_step = resume_step
-        self._jsonl = self._tb = self._wandb = None
+        self.rotated: list[tuple[Path, Path]] = []
+        self._jsonl = self._tb = self._wandb = self._mlflow = None
+        self.console: ConsoleReporter | None = None
         if not enabled:
             return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        if "jsonl" in self.backends:
-            self._jsonl = (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        # Optional backends first: a missing extra fails before anything is written.
         if "tensorboard" in self.backends:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as exc:
-                raise ConfigError(
-                    "logging.backends has 'tensorboard' but it is not installed. Fix: "
-                    f"{install_hint('tensorboard', 'tensorboard')}, or remove it from logging.backends"
-                ) from exc
-            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+                raise _missing("tensorboard") from exc
         if "wandb" in self.backends:
             try:
                 import wandb
             except ImportError as exc:
-                raise ConfigError("logging.backends has 'wandb' but it is not installed. Fix: "
-                                  f"{install_hint('wandb', 'wandb')}, or remove it from logging.backends") from exc
+                raise _missing("wandb") from exc
+        if "mlflow" in self.backends:
+            try:
+                from mlflow.tracking import MlflowClient
+            except ImportError as exc:
+                raise _missing("mlflow") from exc
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            for name in ROTATED_FILES:
+                moved = rotate(self.run_dir / name)
+                if moved is not None:
+                    self.rotated.append((self.run_dir / name, moved))
+        if "jsonl" in self.backends:
+            self._jsonl = (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        if "tensorboard" in self.backends:
+            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+        if "wandb" in self.backends:
             self._wandb = wandb.init(project=project, name=experiment, config=dict(config or {}),
                                      dir=str(self.run_dir))
+        if "mlflow" in self.backends:
+            uri = mlflow_tracking_uri or (self.run_dir / "mlruns").resolve().as_uri()
+            if mlflow_tracking_uri is None:
+                # MLflow 3 refuses a file store unless asked; ours is the documented default, in the run dir
+                # (a server or `sqlite:///...` goes in logging.mlflow_tracking_uri).
+                os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            client = MlflowClient(tracking_uri=uri)
+            found = client.get_experiment_by_name(project)
+            experiment_id = found.experiment_id if found is not None else client.create_experiment(project)
+            run = client.create_run(experiment_id, run_name=experiment or self.run_dir.name)
+            self._mlflow = (client, run.info.run_id)
+            self.mlflow_uri = uri
+            if config:
+                from mlflow.entities import Param
+
+                params = [Param(k, v) for k, v in _flat_params(config).items()]
+                for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+                    client.log_batch(run.info.run_id, params=params[i:i + 100])
         if "console" in self.backends:
-            from rich.console import Console
+            self.console = ConsoleReporter(total_steps, start_step=resume_step, file=console_file)
 
-            self.console = Console()
+    # ------------------------------------------------------------------ console
+    def print(self, text: str) -> None:
+        """A line for the user (banner, notices): on the console when it is on, else nowhere."""
+        if self.console is not None:
+            self.console.print(text)
 
-    def truncate_after(self, step: int) -> None:
-        """Drop metrics rows past `step` (written by a run that crashed after its last checkpoint)."""
-        if self._jsonl is None:
-            return
-        path = self.run_dir / "metrics.jsonl"
-        self._jsonl.close()
-        kept = [row for row in read_metrics(path) if row.get("step", 0) <= step]
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
-        tmp.replace(path)
-        self._jsonl = path.open("a", encoding="utf-8")
+    def start_progress(self, step: int) -> None:
+        if self.console is not None:
+            self.console.start(step)
+
+    def progress(self, step: int) -> None:
+        if self.console is not None:
+            self.console.advance(step)
 
     def eta(self, step: int) -> str:
-        done = step - self._first_step
-        if not self.total_steps or done <= 0:
-            return "?"
-        remaining = (time.monotonic() - self._start) / done * (self.total_steps - step)
-        return time.strftime("%H:%M:%S", time.gmtime(remaining))
+        return self.console.eta(step) if self.console is not None else "?"
 
+    # ------------------------------------------------------------------ files
+    def truncate_after(self, step: int) -> None:
+        """Drop metrics and sample rows past `step` (written by a run that crashed after its last checkpoint)."""
+        if not self.enabled:
+            return
+        if self._jsonl is not None:
+            self._jsonl.close()
+        for name in ROTATED_FILES:
+            path = self.run_dir / name
+            if not path.is_file():
+                continue
+            kept = [row for row in read_metrics(path) if row.get("step", 0) <= step]
+            tmp = path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
+            tmp.replace(path)
+        if self._jsonl is not None:
+            self._jsonl = (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8")
+
+    # ------------------------------------------------------------------ logging
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         if not self.enabled:
             return
@@ -121,17 +195,70 @@ class Tracker:
                 self._tb.add_scalar(key, value, step)
         if self._wandb is not None:
             self._wandb.log(clean, step=step)
-        if "console" in self.backends:
-            shown = "  ".join(f"{k.split('/')[-1] if k.count('/') else k}={_format(clean[k])}"
-                              for k in CONSOLE_KEYS if k in clean)
-            total = f"/{self.total_steps}" if self.total_steps else ""
-            self.console.print(f"[bold]step {step}{total}[/] eta {self.eta(step)}  {shown}", highlight=False)
+        if self._mlflow is not None:
+            from mlflow.entities import Metric
+
+            client, run_id = self._mlflow
+            now = int(time.time() * 1000)
+            finite = [Metric(k, v, now, step) for k, v in clean.items() if math.isfinite(v)]
+            for i in range(0, len(finite), 1000):
+                client.log_batch(run_id, metrics=finite[i:i + 1000])
+        if self.console is not None:
+            self.console.log(step, clean)
+
+    def log_samples(self, samples: Sequence[Mapping[str, Any]], step: int) -> Path | None:
+        """Validation generations: appended to samples.jsonl, a few printed, and sent to TensorBoard, wandb
+        and MLflow as text when they are on. Returns the samples.jsonl path (None when disabled/empty)."""
+        if not self.enabled or not samples:
+            return None
+        rows = [{"step": step, **{k: s.get(k) for k in SAMPLE_FIELDS if k != "step"}} for s in samples]
+        path = self.run_dir / "samples.jsonl"
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write("".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows))
+        if self._tb is not None:
+            self._tb.add_text("val/samples", samples_markdown(rows), step)
+        if self._wandb is not None:
+            import wandb
+
+            table = wandb.Table(columns=list(SAMPLE_FIELDS),
+                                data=[[r["step"], *(_cell(r[k]) for k in SAMPLE_FIELDS[1:])] for r in rows])
+            self._wandb.log({"val/samples": table}, step=step)
+        if self._mlflow is not None:
+            client, run_id = self._mlflow
+            client.log_text(run_id, "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows),
+                            f"samples/step_{step:07d}.jsonl")
+        if self.console is not None:
+            self.console.samples(step, rows, str(path))
+        return path
 
     def close(self) -> None:
+        if self.console is not None:
+            self.console.stop()
         if self._jsonl is not None:
             self._jsonl.close()
             self._jsonl = None
         if self._tb is not None:
             self._tb.close()
+            self._tb = None
         if self._wandb is not None:
             self._wandb.finish()
+            self._wandb = None
+        if self._mlflow is not None:
+            client, run_id = self._mlflow
+            client.set_terminated(run_id)
+            self._mlflow = None
+
+
+def _cell(value: Any) -> Any:
+    return value if isinstance(value, (str, int, float)) or value is None else json.dumps(value, default=str)
+
+
+def samples_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A markdown table of samples (TensorBoard renders text summaries as markdown)."""
+    def esc(value: Any) -> str:
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        return text.replace("|", "\\|").replace("\n", "<br>")
+
+    lines = ["| " + " | ".join(SAMPLE_FIELDS) + " |", "|" + "---|" * len(SAMPLE_FIELDS)]
+    lines += ["| " + " | ".join(esc(r.get(k)) for k in SAMPLE_FIELDS) + " |" for r in rows]
+    return "\n".join(lines)

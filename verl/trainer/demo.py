@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from verl.config.schema import RunConfig
+from verl.tracking.console import ConsoleReporter, format_points
 from verl.trainer.rl_trainer import RLTrainer
 from verl.trainer.sft_trainer import SFTTrainer
 
@@ -26,7 +27,8 @@ def demo_config_path() -> str:
     return str(resources.files("verl.config") / "presets" / "demo.yaml")
 
 
-def warm_start_until(trainer: Any, target: float, max_steps: int, chunk: int = 25) -> tuple[int, float, list]:
+def warm_start_until(trainer: Any, target: float, max_steps: int, chunk: int = 25,
+                     progress: ConsoleReporter | None = None) -> tuple[int, float, list]:
     """SFT (with `SFTTrainer`) in chunks until greedy accuracy on a sample of the *training* problems
     reaches `target`, or `max_steps`. Stopping on training problems keeps the held-out set untouched,
     and starting RL from a similar competence for every seed keeps the demo's outcome stable."""
@@ -39,6 +41,9 @@ def warm_start_until(trainer: Any, target: float, max_steps: int, chunk: int = 2
         history += sft.train_steps(min(chunk, max_steps - steps))
         steps = len(history)
         accuracy = trainer.evaluate(probe, prefix="train").get("train/accuracy", 0.0)
+        if progress is not None:
+            progress.advance(steps)
+            progress.log(steps, {"loss": history[-1]["loss"], "train/accuracy": accuracy})
     return steps, accuracy, history
 
 
@@ -50,7 +55,15 @@ def run_demo(config: RunConfig) -> dict[str, Any]:
                   f"({sum(p.numel() for p in trainer.model.parameters()):,} parameters) on "
                   f"{len(trainer.env)} arithmetic problems, {len(trainer.env.val_rows())} held out")
     t0 = time.perf_counter()
-    sft_steps, train_acc, sft = warm_start_until(trainer, SFT_TARGET_ACCURACY, config.sft.steps or 1500)
+    max_sft = config.sft.steps or 1500
+    warm = ConsoleReporter(max_sft, label="warm start: SFT step", enabled=trainer.rank == 0)
+    warm.print(f"warm start: SFT until greedy accuracy on training problems reaches {SFT_TARGET_ACCURACY:.0%} "
+               f"(at most {max_sft} steps)")
+    warm.start(0)
+    try:
+        sft_steps, train_acc, sft = warm_start_until(trainer, SFT_TARGET_ACCURACY, max_sft, progress=warm)
+    finally:
+        warm.stop()
     sft_seconds = time.perf_counter() - t0
     console.print(f"warm start: {sft_steps} SFT steps, loss {sft[0]['loss']:.3f} -> {sft[-1]['loss']:.3f}, "
                   f"greedy accuracy on training problems {train_acc:.0%} ({sft_seconds:.1f}s); now GRPO")
@@ -80,7 +93,7 @@ def run_demo(config: RunConfig) -> dict[str, Any]:
     table.add_column("value", justify="right")
     table.add_row("held-out accuracy after SFT", f"{before:.1%}")
     table.add_row("held-out accuracy after GRPO", f"{after:.1%}")
-    table.add_row("gain", f"{after - before:+.1%}")
+    table.add_row("gain", format_points(after - before))
     table.add_row("RL steps", str(trainer.step_count))
     table.add_row("wall time", f"{summary['wall_seconds']:.0f}s")
     for stage, seconds in summary["seconds_per_stage"].items():

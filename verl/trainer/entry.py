@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
+from verl.checkpoint import TrainingInterrupted
 from verl.config.schema import RunConfig
 from verl.distributed.process import shutdown_distributed
 from verl.trainer.demo import run_demo
@@ -29,5 +33,9 @@ def run_training(config: RunConfig, *, demo: bool = False) -> int:
         if trainer.rank == 0:
             print(f"run directory: {trainer.run_dir}")
         return 0
+    except TrainingInterrupted as exc:  # saved at a step boundary: say where, exit as the signal asks
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(str(exc), file=sys.stderr, flush=True)
+        return exc.exit_code
     finally:
         shutdown_distributed()

@@ -1,15 +1,29 @@
 """The training loop every trainer shares: resume, validate, step, log, checkpoint, stop on a signal.
 
+Rank 0 tells the user what is happening: a banner (model, rows, run directory, what it resumes from and
+which config keys changed since), progress and metrics through the `Tracker`, validation samples, and on
+SIGINT/SIGTERM where it stopped (`TrainingInterrupted`, after saving).
+
 It only calls the trainer's `step()`, `validate()` and its state hooks (`app_state()`, `trainer_state()`,
 `load_trainer_state()`, `schedulers()`, `hf_assets()`), so RL, SFT and DPO resume the same way.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from verl.checkpoint import CheckpointManager, GracefulStop, capture_rng_state, restore_rng_state
+import yaml
+
+from verl.checkpoint import (
+    CheckpointManager,
+    GracefulStop,
+    TrainingInterrupted,
+    capture_rng_state,
+    restore_rng_state,
+)
 from verl.config.loader import config_to_yaml
 from verl.errors import CheckpointError
 from verl.tracking import Tracker
@@ -56,45 +70,141 @@ def log_metrics(trainer: Any, tracker: Any, metrics: dict[str, float], step: int
         tracker.log(metrics, step)
 
 
+def log_validation_samples(trainer: Any, tracker: Any, step: int) -> None:
+    """The generations of the validation that just ran (`trainer.validation_samples`, RL only)."""
+    samples = getattr(trainer, "validation_samples", None)
+    if samples:
+        tracker.log_samples(samples[: trainer.config.trainer.log_samples], step)
+    trainer.validation_samples = None
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, Mapping) and tree:
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out |= _flatten(value, f"{prefix}{key}.")
+        return out
+    return {prefix[:-1]: tree}
+
+
+def config_changes(saved_yaml: str | None, config: Any) -> list[str]:
+    """`key: old -> new` for every config key that differs from the one a checkpoint was saved with."""
+    if not saved_yaml:
+        return []
+    old, new = _flatten(yaml.safe_load(saved_yaml)), _flatten(config.model_dump(mode="json"))
+    missing = "<unset>"
+    return [f"{k}: {json.dumps(old.get(k, missing))} -> {json.dumps(new.get(k, missing))}"
+            for k in sorted(old.keys() | new.keys()) if old.get(k, missing) != new.get(k, missing)]
+
+
+def _rows(trainer: Any) -> str:
+    env = getattr(trainer, "env", None)
+    if env is not None:
+        train, val = len(env), len(env.val_rows())
+    else:
+        data, val_data = getattr(trainer, "train_data", None), getattr(trainer, "val_data", None)
+        if data is None:
+            return ""
+        train, val = len(data), len(val_data) if val_data is not None else 0
+    return f"{train:,} train rows, {val:,} validation rows"
+
+
+def banner_lines(trainer: Any, resume_from: Path | None, saved_yaml: str | None) -> list[str]:
+    """What this run is: trainer, model and size, data, run directory, and what it resumes from (with the
+    config keys that changed since that checkpoint). Short lines, so a terminal shows them whole."""
+    cfg = trainer.config
+    what = f"verl train: {cfg.trainer.kind}"
+    if cfg.trainer.kind == "rl":
+        what += f" ({cfg.algorithm.adv_estimator})"
+    lines = [f"{what}, {cfg.trainer.total_steps} steps"]
+    model = getattr(trainer, "model", None)
+    about = ""
+    if model is not None:
+        params = list(model.parameters())
+        total = sum(p.numel() for p in params)
+        trainable = sum(p.numel() for p in params if p.requires_grad)
+        kind = getattr(getattr(model, "config", None), "model_type", None)
+        size = f"{total:,} parameters" + (f", {trainable:,} trainable" if trainable != total else "")
+        about = f" ({kind}, {size})" if kind else f" ({size})"
+    lines.append(f"model: {cfg.model.path}{about}")
+    rows = _rows(trainer)
+    if rows:
+        lines.append(f"data: {rows}")
+    lines.append(f"run directory: {trainer.run_dir}")
+    if resume_from is None:
+        why = "trainer.resume=never" if cfg.trainer.resume == "never" else "no checkpoint to resume"
+        lines.append(f"starting from scratch ({why})")
+    else:
+        lines.append(f"resuming from {resume_from} (step {trainer.step_count}/{cfg.trainer.total_steps})")
+        changes = config_changes(saved_yaml, cfg)
+        lines.append("config changed since that checkpoint:" + ("" if changes else " nothing"))
+        lines += [f"  {change}" for change in changes]
+    return lines
+
+
 def fit(trainer: Any) -> list[dict[str, float]]:
-    """Train for `trainer.total_steps` (resuming first when a checkpoint exists); returns the history."""
+    """Train for `trainer.total_steps` (resuming first when a checkpoint exists); returns the history.
+
+    A SIGINT/SIGTERM saves a checkpoint at the end of the current step and raises `TrainingInterrupted`.
+    """
     cfg = trainer.config
     ckpt = CheckpointManager(trainer.run_dir, save_interval=cfg.checkpoint.save_interval,
                              save_total_limit=cfg.checkpoint.save_total_limit,
                              async_save=cfg.checkpoint.async_save, rank=trainer.rank, world_size=trainer.world_size)
     resume_from = ckpt.find_resume(cfg.trainer.resume)
+    saved_yaml = None
     if resume_from is not None:
-        trainer._restore_extra(ckpt.load(resume_from, app_state=trainer.app_state()))
+        extra = ckpt.load(resume_from, app_state=trainer.app_state())
+        saved_yaml = extra.get("config_yaml")
+        trainer._restore_extra(extra)
     if trainer.rank == 0:
         trainer.run_dir.mkdir(parents=True, exist_ok=True)
         (trainer.run_dir / "config.yaml").write_text(config_to_yaml(cfg), encoding="utf-8")
     tracker = Tracker(cfg.logging.backends, trainer.run_dir, config=cfg.model_dump(mode="json"),
                       total_steps=cfg.trainer.total_steps, project=cfg.logging.project,
-                      experiment=cfg.logging.experiment, enabled=trainer.rank == 0, resume_step=trainer.step_count)
+                      experiment=cfg.logging.experiment, enabled=trainer.rank == 0, resume_step=trainer.step_count,
+                      fresh=resume_from is None, mlflow_tracking_uri=cfg.logging.mlflow_tracking_uri)
     if resume_from is not None and trainer.rank == 0:
         tracker.truncate_after(trainer.step_count)
+    for line in banner_lines(trainer, resume_from, saved_yaml) if trainer.rank == 0 else []:
+        tracker.print(line)
+    for old, new in tracker.rotated:
+        tracker.print(f"a fresh run in an existing run directory: moved the old {old.name} to {new.name}")
+    saved = None
+    stop = GracefulStop()
     try:
-        with GracefulStop() as stop:
+        with stop:
+            tracker.start_progress(trainer.step_count)
             if trainer.step_count == 0 and cfg.trainer.val_before_train:
                 trainer._log(tracker, trainer.validate(), 0)
+                log_validation_samples(trainer, tracker, 0)
             while trainer.step_count < cfg.trainer.total_steps:
                 metrics = trainer.step()
                 trainer.step_count += 1
                 last = trainer.step_count == cfg.trainer.total_steps
                 every = cfg.trainer.val_every
-                if last or (every and trainer.step_count % every == 0):
+                validated = last or bool(every and trainer.step_count % every == 0)
+                if validated:
                     metrics |= trainer.validate()
+                tracker.progress(trainer.step_count)
                 trainer._log(tracker, metrics, trainer.step_count)
+                if validated:
+                    log_validation_samples(trainer, tracker, trainer.step_count)
                 if ckpt.should_save(trainer.step_count, last) or stop.requested:
                     ckpt.save(trainer.step_count, app_state=trainer.app_state(), extra=trainer._extra_state(),
                               hf_assets=trainer.hf_assets())
+                    saved = ckpt.root / f"step_{trainer.step_count}"
                 if stop.requested:
                     break
         ckpt.wait()
     finally:
         ckpt.close()
         tracker.close()
+    if stop.received is not None and trainer.step_count < cfg.trainer.total_steps:
+        raise TrainingInterrupted(stop.received, trainer.step_count, cfg.trainer.total_steps,
+                                  str(saved) if saved is not None else None)
     return trainer.history
 
 
-__all__ = ["extra_state", "fit", "log_metrics", "restore_extra"]
+__all__ = ["banner_lines", "config_changes", "extra_state", "fit", "log_metrics", "log_validation_samples",
+           "restore_extra"]

@@ -523,11 +523,17 @@ class RLTrainer(TrainerRuntime):
     def validate(self) -> dict[str, float]:
         """Greedy (or `rollout.val_temperature`) answers on the held-out rows; mean score."""
         # The actor ranks answer; every rank gets their mean.
-        return self.placement.mean_over_owners(
-            self.evaluate(self.env.val_rows(), prefix="val") if self.placement.holds("actor") else {})
+        samples: list[dict[str, Any]] = []
+        metrics = self.placement.mean_over_owners(
+            self.evaluate(self.env.val_rows(), prefix="val", samples=samples) if self.placement.holds("actor") else {})
+        # The first `trainer.log_samples` generations, for samples.jsonl and the console (see loop.fit).
+        self.validation_samples = samples[: self.config.trainer.log_samples]
+        return metrics
 
-    def evaluate(self, rows: Sequence[Mapping[str, Any]], prefix: str = "val") -> dict[str, float]:
-        """Mean score (and accuracy, for 0/1 rewards) of one answer per row, as validation samples them."""
+    def evaluate(self, rows: Sequence[Mapping[str, Any]], prefix: str = "val",
+                 samples: list[dict[str, Any]] | None = None) -> dict[str, float]:
+        """Mean score (and accuracy, for 0/1 rewards) of one answer per row, as validation samples them.
+        With `samples`, up to `trainer.log_samples` of {prompt, response, score, ground_truth} go into it."""
         if not rows:
             return {}
         params = self._sampling_params(self.config.rollout.val_temperature, 1)
@@ -544,7 +550,15 @@ class RLTrainer(TrainerRuntime):
                 out = self.engine.generate(ids.to(self.device), mask.to(self.device), params,
                                            generator=generator)
             responses = self.decode_responses(out.response_ids, out.response_mask)
-            scores.append(self.env.compute_reward(chunk, responses).scores.float())
+            chunk_scores = self.env.compute_reward(chunk, responses).scores.float()
+            scores.append(chunk_scores)
+            if samples is not None:
+                room = self.config.trainer.log_samples - len(samples)
+                kept = max(room, 0)
+                samples += [{"prompt": row.get("prompt"), "response": response, "score": float(score),
+                             "ground_truth": row.get("ground_truth")}
+                            for row, response, score in zip(chunk[:kept], responses[:kept],
+                                                            chunk_scores.tolist()[:kept], strict=True)]
         all_scores = torch.cat(scores)
         metrics = {f"{prefix}/score": float(all_scores.mean())}
         if bool(((all_scores == 0) | (all_scores == 1)).all()):
