@@ -59,10 +59,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.print_config:
         sys.stdout.write(config_to_yaml(config))
         return 0
-    if args.nproc and args.nproc > 1:
-        from verl.distributed.launch import spawn_torchrun
+    if (args.nproc and args.nproc > 1) or args.nnodes > 1:
+        from verl.distributed.launch import multinode_options, spawn_torchrun
 
-        return spawn_torchrun(args.nproc, ["train", *args.items, *args.legacy])
+        return spawn_torchrun(args.nproc, ["train", *args.items, *args.legacy], **multinode_options(args))
     from verl.trainer.entry import run_training
 
     return run_training(config, demo=split_config_and_overrides(args.items)[0] is None)
@@ -103,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     train.add_argument("--nproc", type=int, default=None,
                        help="launch N processes with torchrun (one per device) and train on all of them")
+    train.add_argument("--nnodes", type=int, default=1,
+                       help="(with --nproc) number of nodes; run the same command on every node")
+    train.add_argument("--node-rank", type=int, default=None, help="(with --nnodes) this node's index, 0..N-1")
+    train.add_argument("--rdzv-endpoint", default=None,
+                       help="(with --nnodes) HOST:PORT of one node that every node reaches (c10d rendezvous)")
     train.set_defaults(func=cmd_train)
 
     check = sub.add_parser(
