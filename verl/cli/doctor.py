@@ -10,13 +10,13 @@ import platform
 import sys
 
 OPTIONAL = {
-    "vllm": "pip install 'verl[vllm]'  (fast GPU rollout)",
-    "ray": "pip install 'verl[ray]'",
-    "wandb": "pip install 'verl[wandb]'  (logging.backends=[wandb])",
-    "tensorboard": "pip install 'verl[tensorboard]'  (logging.backends=[tensorboard])",
-    "peft": "pip install 'verl[peft]'  (LoRA)",
+    "vllm": "pip install vllm  (fast GPU rollout, needs CUDA)",
+    "ray": "pip install ray",
+    "wandb": "pip install wandb  (logging.backends=[wandb])",
+    "tensorboard": "pip install tensorboard  (logging.backends=[tensorboard])",
+    "peft": "pip install peft  (LoRA)",
     "flash_attn": "pip install flash-attn --no-build-isolation  (CUDA only)",
-    "trl": "pip install 'verl[bench]'  (benchmarks against TRL)",
+    "trl": "pip install trl  (benchmarks against TRL)",
 }
 
 
