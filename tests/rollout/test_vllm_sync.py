@@ -102,6 +102,8 @@ def stand_in_vllm(monkeypatch):
     module.SamplingParams = lambda **kw: SimpleNamespace(**kw)
     module.__version__ = "stand-in"
     monkeypatch.setitem(sys.modules, "vllm", module)
+    # The start-up pass refuses vllm on a CPU machine (tests/cli/test_check_vllm.py); the stand-in runs on CPU.
+    monkeypatch.setattr("verl.trainer.startup.check_rollout_engine", lambda engine, device_type: [])
     return module
 
 
