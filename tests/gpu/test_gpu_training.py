@@ -31,12 +31,22 @@ def _run(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.Completed
     return out
 
 
+REWARD = """
+def digit_share(prompt, response, ground_truth, **meta):
+    return sum(c.isdigit() for c in response) / max(len(response), 1)
+"""
+
+
 def _rl_config(tmp_path: Path, **sections) -> Path:
+    """GRPO on the tiny model with a dense reward (every step has a gradient). Shared with the CPU run of
+    the one-rank FSDP worker (tests/distributed/test_one_rank_fsdp.py)."""
+    (tmp_path / "reward.py").write_text(REWARD)
     cfg = {
         "model": {"path": "tiny", "dtype": "bfloat16"},
         "env": {"name": "arithmetic", "kwargs": {"max_operand": 9, "num_val": 4}},
         "data": {"train_batch_size": 8, "max_prompt_length": 16},
         "rollout": {"n": 4, "max_new_tokens": 8},
+        "reward": {"functions": [{"name": f"{tmp_path / 'reward.py'}:digit_share"}]},
         "actor": {"lr": 1e-4, "micro_batch_size": 8},
         "trainer": {"total_steps": 2, "device": "cuda", "run_dir": str(tmp_path / "run"),
                     "val_before_train": False},
