@@ -14,7 +14,7 @@ from verl.errors import install_hint
 # module -> how to install it and what it is for. Hints name the package itself (`verl` on the package
 # index is another project), and the extra of a source checkout.
 OPTIONAL = {
-    "vllm": f"{install_hint('vllm', 'vllm')}  (fast GPU rollout)",
+    "vllm": f"{install_hint('vllm', 'vllm')}  (fast GPU rollout, needs CUDA)",
     "ray": install_hint("ray", "ray"),
     "wandb": f"{install_hint('wandb', 'wandb')}  (logging.backends=[wandb])",
     "tensorboard": f"{install_hint('tensorboard', 'tensorboard')}  (logging.backends=[tensorboard])",

@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from verl.errors import ConfigError, VerlError
 
@@ -62,20 +63,22 @@ def _ranks(ranks: list[int], world: int) -> str:
     return f" on every rank ({world})" if len(ranks) == world else f" on rank(s) {', '.join(map(str, ranks))}"
 
 
-def launch_training(config, nproc: int, argv: list[str]) -> int:
-    """`verl train --nproc N`: the start-up checks once, here, for N processes (everything but the weights,
-    which only the workers load), then torchrun; each distinct worker error is printed once."""
+def launch_training(config, nproc: int, argv: list[str], **multinode: Any) -> int:
+    """`verl train --nproc N [--nnodes M ...]`: the start-up checks once, here, for the whole world of N x M
+    processes (everything but the weights, which only the workers load), then torchrun; each distinct
+    worker error is printed once."""
     import tempfile
 
     from verl.cli.check_cmd import check_device_type
     from verl.distributed.launch import RANK_ERRORS_ENV, read_rank_errors, spawn_torchrun
     from verl.trainer.preflight import preflight
 
-    preflight(config, world_size=nproc, device_type=check_device_type(config), load_model=False).raise_if_problems()
+    world = nproc * multinode.get("nnodes", 1)
+    preflight(config, world_size=world, device_type=check_device_type(config), load_model=False).raise_if_problems()
     with tempfile.TemporaryDirectory(prefix="verl-rank-errors-") as folder:
-        code = spawn_torchrun(nproc, argv, env={**os.environ, RANK_ERRORS_ENV: folder})
+        code = spawn_torchrun(nproc, argv, env={**os.environ, RANK_ERRORS_ENV: folder}, **multinode)
         for kind, message, ranks in read_rank_errors(folder):
-            print_error(kind, message, where=_ranks(ranks, nproc))
+            print_error(kind, message, where=_ranks(ranks, world))
     return code
 
 
@@ -116,8 +119,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.print_config:
         sys.stdout.write(config_to_yaml(config))
         return 0
-    if args.nproc and args.nproc > 1:
-        return launch_training(config, args.nproc, ["train", *args.items, *args.legacy])
+    if (args.nproc and args.nproc > 1) or args.nnodes > 1:
+        from verl.distributed.launch import multinode_options
+
+        return launch_training(config, args.nproc, ["train", *args.items, *args.legacy], **multinode_options(args))
     from verl.trainer.entry import run_training
 
     return run_training(config, demo=split_config_and_overrides(args.items)[0] is None)
@@ -160,6 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     train.add_argument("--nproc", type=int, default=None,
                        help="launch N processes with torchrun (one per device) and train on all of them")
+    train.add_argument("--nnodes", type=int, default=1,
+                       help="(with --nproc) number of nodes; run the same command on every node")
+    train.add_argument("--node-rank", type=int, default=None, help="(with --nnodes) this node's index, 0..N-1")
+    train.add_argument("--rdzv-endpoint", default=None,
+                       help="(with --nnodes) HOST:PORT of one node that every node reaches (c10d rendezvous)")
     train.set_defaults(func=cmd_train)
 
     check = sub.add_parser(

@@ -18,17 +18,20 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from verl.errors import ConfigError, DeviceMappingError
 
-_NPROC_FLAGS = ("--nproc", "--nproc_per_node", "--nproc-per-node")
+_NPROC_FLAGS = ("--nproc", "--nproc_per_node", "--nproc-per-node", "--nnodes", "--node-rank", "--node_rank",
+                "--rdzv-endpoint", "--rdzv_endpoint")
 RANK_ERRORS_ENV = "VERL_RANK_ERRORS"  # folder where each worker writes the verl error it stopped on
 
 
 def strip_nproc_flag(argv: Sequence[str]) -> list[str]:
-    """Remove `--nproc N` / `--nproc=N` from argv so the children do not spawn again."""
+    """Remove `--nproc N` / `--nproc=N` (and the multi-node launch flags) from argv so the children do not
+    spawn again."""
     out: list[str] = []
     skip = False
     for arg in argv:
@@ -84,6 +87,25 @@ def build_torchrun_command(
         cmd.append("--standalone")
     cmd += ["-m", "verl.cli.main", *strip_nproc_flag(argv)]
     return cmd
+
+
+def multinode_options(args: Any) -> dict[str, Any]:
+    """`--nnodes/--node-rank/--rdzv-endpoint` of `verl train` as `spawn_torchrun` keywords, checked together
+    so a half-given multi-node launch fails here, on every node, before any process starts."""
+    nnodes, node_rank, endpoint = int(args.nnodes or 1), args.node_rank, args.rdzv_endpoint
+    if nnodes > 1 and not args.nproc:
+        raise ConfigError(f"--nnodes {nnodes} without --nproc: say how many processes each node starts. "
+                          "Fix: --nproc 8 --nnodes 2 --node-rank 0 --rdzv-endpoint HOST:PORT.")
+    if nnodes == 1 and (node_rank not in (None, 0) or endpoint):
+        raise ConfigError("--node-rank/--rdzv-endpoint were given without --nnodes; they only mean something "
+                          "for a multi-node run. Fix: add --nnodes N (the number of nodes), or drop them.")
+    if node_rank is not None and not 0 <= node_rank < nnodes:
+        raise ConfigError(f"--node-rank {node_rank} with --nnodes {nnodes}: the node rank must be in "
+                          f"0..{nnodes - 1}. Fix: number the nodes 0 to {nnodes - 1}, one per node.")
+    if endpoint is not None and (":" not in endpoint or not endpoint.rsplit(":", 1)[1].isdigit()):
+        raise ConfigError(f"--rdzv-endpoint {endpoint!r} must be HOST:PORT (e.g. node0.example:29400), the "
+                          "same on every node.")
+    return {"nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": endpoint}
 
 
 def spawn_torchrun(
@@ -153,6 +175,6 @@ def run_torchrun_quietly(argv: Sequence[str]) -> int:
     return 0
 
 
-__all__ = ["RANK_ERRORS_ENV", "build_torchrun_command", "read_rank_errors", "run_torchrun_quietly",
-           "spawn_torchrun", "strip_nproc_flag", "write_rank_error"]
+__all__ = ["RANK_ERRORS_ENV", "build_torchrun_command", "multinode_options", "read_rank_errors",
+           "run_torchrun_quietly", "spawn_torchrun", "strip_nproc_flag", "write_rank_error"]
 

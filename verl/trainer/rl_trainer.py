@@ -37,6 +37,7 @@ from verl.models.dropout import disable_dropout, no_grad_eval
 from verl.models.hf_loader import load_tokenizer
 from verl.models.reward_model import RewardModelScorer
 from verl.rollout import SamplingParams, build_engine
+from verl.rollout.weight_sync import synced
 from verl.trainer.advantages import apply_kl_in_reward, estimate_advantages
 from verl.trainer.batch import RolloutBatch
 from verl.trainer.batch_math import BatchPlan
@@ -272,7 +273,7 @@ class RLTrainer(TrainerRuntime):
 
     def generate(self, batch: RolloutBatch) -> RolloutBatch:
         n = self.config.rollout.n
-        with self.gathered(self.model):
+        with self.gathered(self.model), synced(self.engine, self.model):  # an engine with its own weights gets ours
             out = self.engine.generate(batch.prompt_ids[::n].to(self.device), batch.prompt_mask[::n].to(self.device),
                                        self.sampling, generator=self.generator)
         batch.prompt_ids, batch.prompt_mask = out.prompt_ids, out.prompt_mask.long()
@@ -546,7 +547,7 @@ class RLTrainer(TrainerRuntime):
         for start in range(0, len(rows), size):
             chunk = rows[start : start + size]
             ids, mask = self.encode_prompts(chunk)
-            with self.gathered(self.model):
+            with self.gathered(self.model), synced(self.engine, self.model):
                 out = self.engine.generate(ids.to(self.device), mask.to(self.device), params,
                                            generator=generator)
             responses = self.decode_responses(out.response_ids, out.response_mask)

@@ -106,7 +106,9 @@ def setup_process(config: RunConfig, mapping: Any, identity: ProcessIdentity, de
         dp_rank = actor_ranks.index(rank) if rank in actor_ranks else 0
         dp_size = len(actor_ranks)
     groups = None
-    if world > 1:
+    # Under torchrun even one process joins a group and shards with FSDP2 (over NCCL on a GPU), so that
+    # fsdp.mixed_precision / activation_checkpointing / cpu_offload mean on 1 GPU what they mean on 8.
+    if world > 1 or os.environ.get("TORCHELASTIC_RUN_ID"):
         env = init_distributed(config.devices.timeout_s)
         device = env.device if config.trainer.device != "cpu" else torch.device("cpu")
         groups = RoleGroups.create(mapping, timeout_s=config.devices.timeout_s, fsdp=config.fsdp,

@@ -19,6 +19,7 @@ from verl.config.schema import RunConfig
 from verl.distributed.mapping import validate_device_mapping
 from verl.distributed.memory import estimate_memory
 from verl.errors import ConfigError, DeviceMappingError, VerlError
+from verl.rollout.engine_check import check_rollout_engine
 from verl.trainer.batch_math import plan_rl
 from verl.trainer.setup import run_dtype
 from verl.utils.dtype import check_dtype_for_device
@@ -120,6 +121,7 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
             check_dtype_for_device(dtype, device_type, where="model.dtype")
         except VerlError as exc:
             problems.append(exc)
+    problems += check_rollout_engine(config.rollout.engine, device_type=device_type) if kind == "rl" else []
     if report.mapping is not None:
         refusal = split_refusal(kind, report.mapping, world_size, runs_split)
         if refusal is not None:

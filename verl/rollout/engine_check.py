@@ -1,0 +1,36 @@
+"""Can the configured rollout engine run here? Checked before anything loads (by ``verl check`` and the
+trainer's start-up pass), so a vLLM run on a machine that cannot serve it fails in seconds with the fix,
+not after the policy has loaded. vLLM is looked up, never imported."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from verl.errors import ConfigError
+
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ValueError:  # already imported without a spec (e.g. a stand-in module): it is there
+        return True
+
+
+def check_rollout_engine(engine: str, *, device_type: str) -> list[ConfigError]:
+    """Problems with running rollout engine `engine` on `device_type` ("cpu" or "cuda")."""
+    if engine != "vllm":
+        return []
+    problems = []
+    if device_type != "cuda":
+        problems.append(ConfigError(
+            f"rollout.engine=vllm needs a CUDA GPU, but this run is on {device_type!r} (trainer.device, or no "
+            "CUDA device visible here). Fix: run on a GPU node with trainer.device=cuda, or set "
+            "rollout.engine=hf (our own sampler, runs on CPU and GPU)."))
+    if not _installed("vllm"):
+        problems.append(ConfigError(
+            "rollout.engine=vllm but the vllm package is not installed in this Python environment. Fix: "
+            "pip install vllm (on the GPU node), or set rollout.engine=hf."))
+    return problems
+
+
+__all__ = ["check_rollout_engine"]

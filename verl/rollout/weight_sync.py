@@ -1,0 +1,101 @@
+"""Keep a rollout engine that holds its own copy of the weights (vLLM) sampling from the policy.
+
+Our own sampler runs the policy module itself, so it is always in sync. vLLM loads a copy from the model's
+files at start-up; after the first policy update it would sample from the initial weights for the rest of
+the run (every step silently off-policy). :func:`synced` pushes the policy's current weights into such an
+engine before it samples and puts it to sleep afterwards, so that, colocated with the trainer, its KV cache
+does not occupy the memory the update needs.
+
+:func:`policy_weights` is what is pushed: full (unsharded) tensors under the Hugging Face parameter names the
+engine loaded from disk. An FSDP2-sharded policy is gathered tensor by tensor (one full tensor alive at a
+time); a PEFT/LoRA policy is pushed merged (``W + B @ A * scale`` for the active adapters), since the engine
+serves the base architecture.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+_LORA_PARTS = (".lora_A.", ".lora_B.", ".lora_embedding_A.", ".lora_embedding_B.", ".lora_magnitude_vector",
+               ".original_module.")
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor, whether it is a plain tensor or an FSDP2 DTensor shard."""
+    full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+    return full.detach()
+
+
+def _peft_base(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The wrapped transformers model of a PEFT model, else None."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) and hasattr(model, "peft_config") else None
+
+
+def _lora_delta(module: Any) -> torch.Tensor | None:
+    """The weight update a LoRA layer adds on top of its base layer (None when merged or switched off)."""
+    if getattr(module, "merged", False) or getattr(module, "disable_adapters", False):
+        return None
+    delta = None
+    for name in getattr(module, "active_adapters", []):
+        if name in getattr(module, "lora_A", {}) or name in getattr(module, "lora_embedding_A", {}):
+            d = module.get_delta_weight(name)
+            delta = d if delta is None else delta + d
+    return delta
+
+
+def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(Hugging Face name, full tensor) for every parameter and persistent buffer of the policy.
+
+    Tied weights appear once (under the first name, as ``named_parameters`` gives them), as in the files.
+    """
+    base = _peft_base(model)
+    if base is None:
+        for name, param in model.named_parameters():
+            yield name, _full(param)
+        persistent = {n for n, _ in model.state_dict().items()}
+        for name, buf in model.named_buffers():
+            if name in persistent:
+                yield name, _full(buf)
+        return
+    lora_modules = {name: mod for name, mod in base.named_modules()
+                    if hasattr(mod, "base_layer") and (hasattr(mod, "lora_A") or hasattr(mod, "lora_embedding_A"))}
+    for name, param in base.named_parameters():
+        if any(part in name for part in _LORA_PARTS):
+            continue
+        owner, _, leaf = name.rpartition(".")
+        if ".modules_to_save." in name:  # a fully trained copy replaces the original module
+            head, _, rest = name.partition(".modules_to_save.")
+            name = f"{head}.{rest.split('.', 1)[1]}"
+        elif owner.endswith(".base_layer"):
+            layer = owner.removesuffix(".base_layer")
+            name = f"{layer}.{leaf}"
+            if leaf == "weight":
+                delta = _lora_delta(lora_modules[layer])
+                if delta is not None:
+                    yield name, (_full(param) + _full(delta).to(param.dtype))
+                    continue
+        yield name, _full(param)
+
+
+@contextmanager
+def synced(engine: Any, model: torch.nn.Module) -> Iterator[None]:
+    """The engine awake and holding `model`'s current weights for the duration, asleep afterwards.
+
+    A no-op for an engine that samples from the policy module itself (``holds_own_weights`` false).
+    """
+    if not getattr(engine, "holds_own_weights", False):
+        yield
+        return
+    engine.load_policy_weights(policy_weights(model))
+    try:
+        yield
+    finally:
+        engine.sleep()
+
+
+__all__ = ["policy_weights", "synced"]
