@@ -14,7 +14,7 @@ OPTIONAL = {
     "ray": "pip install 'verl[ray]'",
     "wandb": "pip install 'verl[wandb]'  (logging.backends=[wandb])",
     "tensorboard": "pip install 'verl[tensorboard]'  (logging.backends=[tensorboard])",
-    "peft": "pip install 'verl[peft]'  (LoRA)",
+    "peft": "pip install peft  (LoRA: model.lora.rank > 0)",
     "flash_attn": "pip install flash-attn --no-build-isolation  (CUDA only)",
     "trl": "pip install 'verl[bench]'  (benchmarks against TRL)",
 }
