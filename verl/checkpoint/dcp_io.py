@@ -102,6 +102,15 @@ def _options(module: object, *, load: bool) -> StateDictOptions | None:
     return StateDictOptions(ignore_frozen_params=True, strict=not load)
 
 
+def _trainable_entries(module: object, msd: dict[str, Any]) -> dict[str, Any]:
+    """Only the trainable parameters of a trainable-state-only module's state dict. (`ignore_frozen_params`
+    alone keeps the second name of a tied frozen weight, e.g. a tied `lm_head.weight`: the whole vocabulary.)"""
+    if not getattr(module, TRAINABLE_STATE_ONLY, False):
+        return msd
+    keep = {n for n, p in module.named_parameters(remove_duplicate=False) if p.requires_grad}  # type: ignore[attr-defined]
+    return {k: v for k, v in msd.items() if k in keep}
+
+
 def _optimizer_key(module_key: str) -> str:
     return "optimizer" if module_key == "model" else f"{module_key}_optimizer"
 
@@ -145,9 +154,9 @@ def to_state_dict(app_state: dict[str, object]) -> dict[str, Any]:
         obj = app_state[key]
         if okey is not None:
             msd, osd = get_state_dict(obj, app_state[okey], options=_options(obj, load=False))  # type: ignore[arg-type]
-            sd[key], sd[okey] = msd, osd
+            sd[key], sd[okey] = _trainable_entries(obj, msd), osd
         elif isinstance(obj, torch.nn.Module):
-            sd[key] = get_model_state_dict(obj, options=_options(obj, load=False))
+            sd[key] = _trainable_entries(obj, get_model_state_dict(obj, options=_options(obj, load=False)))
         elif isinstance(obj, dict):
             sd[key] = obj
         else:

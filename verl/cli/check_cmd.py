@@ -62,6 +62,8 @@ def run_checks(config: RunConfig, *, nproc: int | None = None) -> int:
                 console.print(f"note: {escape(note)}", markup=True, highlight=False)
         for note in report.fsdp_notes:
             console.print(f"note: {escape(note)}", markup=True, highlight=False)
+        if report.parameters is not None:
+            console.print(report.parameters.describe(), highlight=False)
         if report.memory is not None:
             console.print(report.memory.render_table(), highlight=False)
         for warning in report.memory_warnings:

@@ -25,10 +25,10 @@ import torch
 from torch import nn
 
 from verl.checkpoint.dcp_io import TRAINABLE_STATE_ONLY  # modules so marked checkpoint only what trains
+from verl.checkpoint.hf_export import ADAPTER_CONFIG
 from verl.errors import ConfigError
 
 PEFT_HINT = "pip install peft  (or, in a verl checkout, pip install -e '.[peft]')"
-ADAPTER_CONFIG = "adapter_config.json"
 
 
 def require_peft(where: str = "model.lora") -> Any:
@@ -130,14 +130,14 @@ def adapters_disabled(model: nn.Module):
         yield
 
 
-def read_adapter_config(path: str | Path) -> dict[str, Any]:
+def read_adapter_config(path: str | Path, *, where: str = "model.lora.path") -> dict[str, Any]:
     """`adapter_config.json` of an adapter folder (ConfigError if missing or unreadable)."""
     file = Path(path) / ADAPTER_CONFIG
     try:
         return json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"model.lora.path={path}: cannot read {file} ({type(exc).__name__}: {exc}); point it at a "
-                          "folder written by PeftModel.save_pretrained or `verl ckpt export --adapter`") from None
+        raise ConfigError(f"{where}={path}: cannot read {file} ({type(exc).__name__}: {exc}). Fix: point it at a "
+                          "folder written by PeftModel.save_pretrained or `verl ckpt export STEP --adapter`") from None
 
 
 __all__ = ["ADAPTER_CONFIG", "AdapterOff", "PEFT_HINT", "TRAINABLE_STATE_ONLY", "adapters_disabled", "apply_lora",
