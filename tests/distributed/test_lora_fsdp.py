@@ -87,3 +87,28 @@ def test_rl_with_lora_on_two_ranks_then_resumed_on_one(tmp_path):
     assert verify(tmp_path / "run" / "checkpoints" / "step_2") == []
     verl_train(config(3), tmp_path)  # the 2-rank adapter checkpoint loads into 1 process
     assert [r["step"] for r in metrics(tmp_path / "run")] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_rl_with_lora_and_the_reference_on_ranks_of_its_own(tmp_path):
+    """devices.ref apart from the actor: the reference rank runs its unsharded, never-updated copy of the
+    policy with the adapters off (the base weights), so KL to the base model still anchors the actor."""
+    cfg = {
+        "model": {"path": "tiny", "dtype": "float32", "lora": {"rank": 8}},
+        "env": {"name": "arithmetic", "kwargs": {"max_operand": 9, "num_val": 4}},
+        "data": {"train_batch_size": 4, "max_prompt_length": 16},
+        "rollout": {"n": 2, "max_new_tokens": 3},
+        "actor": {"lr": 1e-2, "micro_batch_size": 2, "entropy_coef": 0.01, "kl_loss_coef": 0.1},
+        "devices": {"actor": [0, 1], "ref": [2]},
+        "trainer": {"total_steps": 2, "device": "cpu", "run_dir": str(tmp_path / "run"),
+                    "val_before_train": False, "cpu_threads": 1},
+        "logging": {"backends": ["jsonl"]},
+    }
+    path = tmp_path / "split.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    verl_train(path, tmp_path, nproc=3)
+    rows = metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["actor/ref_kl"] == pytest.approx(0.0, abs=1e-6)  # B = 0 at start: policy == base
+    assert rows[1]["actor/ref_kl"] != 0.0 and "actor/kl_loss" in rows[1]
+    assert verify(tmp_path / "run" / "checkpoints" / "step_2") == []

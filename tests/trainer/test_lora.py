@@ -319,3 +319,13 @@ def test_metrics_file_is_written(trained):
     _, _, run = trained
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "actor/pg_loss" in r] == [1, 2, 3]
+
+
+def test_lora_with_gradient_checkpointing_still_gets_gradients(tmp_path):
+    trainer = SFTTrainer(sft_config(tmp_path / "run", "model.lora.rank=4", "model.gradient_checkpointing=true",
+                                    "trainer.total_steps=1", model="tiny"), train_rows=SFT_ROWS)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_A" in n}
+    history = trainer.fit()
+    assert history[-1]["grad_norm"] > 0
+    params = dict(trainer.model.named_parameters())
+    assert all(not torch.equal(v, params[n]) for n, v in before.items())  # every layer's adapter learned
