@@ -62,6 +62,7 @@ def test_rl_trains_adapters_only_and_the_reference_is_the_policy_with_adapters_o
     assert is_peft_model(trainer.model)
     assert isinstance(trainer.ref_model, AdapterOff) and trainer.ref_model.policy is trainer.model
     assert list(trainer.ref_model.parameters()) == []  # no second copy of the weights
+    assert base_of(trainer.ref_model) is base_of(trainer.model)  # so the reference pass keeps `logits_to_keep`
     trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
     after = dict(trainer.model.named_parameters())

@@ -47,8 +47,9 @@ def is_peft_model(model: Any) -> bool:
 
 
 def base_of(model: nn.Module) -> nn.Module:
-    """The Hugging Face model under a peft wrapper (with the LoRA layers in it), or `model` itself."""
-    return model.get_base_model() if is_peft_model(model) else model
+    """The Hugging Face model under a peft wrapper or an `AdapterOff` reference (with the LoRA layers in it),
+    or `model` itself."""
+    return model.get_base_model() if is_peft_model(model) or isinstance(model, AdapterOff) else model
 
 
 def peft_config(cfg: Any, *, base_model_name_or_path: str | None, task_type: str | None = "CAUSAL_LM") -> Any:
