@@ -23,10 +23,10 @@ from typing import Any
 import torch
 
 from verl.checkpoint.manager import HF_DIR, load_checkpoint
-
-ADAPTER_CONFIG = "adapter_config.json"  # in hf/: the checkpoint holds LoRA adapters over this base model
 from verl.checkpoint.manifest import verify
 from verl.errors import CheckpointError
+
+ADAPTER_CONFIG = "adapter_config.json"  # in hf/: the checkpoint holds LoRA adapters over this base model
 
 
 def _default_factory(config: Any) -> torch.nn.Module:

@@ -21,7 +21,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from verl.checkpoint.dcp_io import TRAINABLE_STATE_ONLY  # modules so marked checkpoint only what trains
