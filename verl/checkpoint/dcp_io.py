@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from verl.errors import CheckpointError
+from verl.utils.lora import TRAINABLE_STATE_ONLY  # set by verl.models.lora on adapter models
 
 _ALLOWED_MODULE_PREFIX = "torch.distributed.checkpoint."
 _ALLOWED_GLOBALS = {
@@ -91,7 +92,6 @@ class SafeFileSystemReader(dcp.FileSystemReader):
         return md
 
 
-TRAINABLE_STATE_ONLY = "verl_trainable_state_only"  # the attribute verl.models.lora sets on adapter models
 
 
 def _options(module: object, *, load: bool) -> StateDictOptions | None:

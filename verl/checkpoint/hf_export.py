@@ -25,8 +25,7 @@ import torch
 from verl.checkpoint.manager import HF_DIR, load_checkpoint
 from verl.checkpoint.manifest import verify
 from verl.errors import CheckpointError
-
-ADAPTER_CONFIG = "adapter_config.json"  # in hf/: the checkpoint holds LoRA adapters over this base model
+from verl.utils.lora import ADAPTER_CONFIG, TRAINABLE_STATE_ONLY, require_peft
 
 
 def _default_factory(config: Any) -> torch.nn.Module:
@@ -109,8 +108,6 @@ def _export_lora(ckpt: Path, out: Path, hf: Path, *, model_key: str, dtype: torc
                  base: str | Path | None) -> Path:
     """Base weights + the checkpoint's adapters -> merged weights, or (``adapter``) the peft adapter folder."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-
-    from verl.models.lora import TRAINABLE_STATE_ONLY, require_peft
 
     peft = require_peft("verl ckpt export (a LoRA checkpoint)")
     lora = peft.LoraConfig.from_pretrained(str(hf))

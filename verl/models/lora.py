@@ -23,26 +23,8 @@ from typing import Any
 
 from torch import nn
 
-from verl.checkpoint.dcp_io import TRAINABLE_STATE_ONLY  # modules so marked checkpoint only what trains
-from verl.checkpoint.hf_export import ADAPTER_CONFIG
 from verl.errors import ConfigError
-
-PEFT_HINT = "pip install peft  (or, in a verl checkout, pip install -e '.[peft]')"
-
-
-def require_peft(where: str = "model.lora") -> Any:
-    """The `peft` module, or a ConfigError saying how to install it."""
-    try:
-        import peft
-    except ImportError:
-        raise ConfigError(f"{where}: LoRA is on, but the `peft` package is not installed. Fix: {PEFT_HINT}, "
-                          f"or set {where}.rank=0 to train every weight") from None
-    return peft
-
-
-def is_peft_model(model: Any) -> bool:
-    """Whether `model` is a peft model (checked without importing peft)."""
-    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+from verl.utils.lora import ADAPTER_CONFIG, PEFT_HINT, TRAINABLE_STATE_ONLY, is_peft_model, require_peft
 
 
 def base_of(model: nn.Module) -> nn.Module:
