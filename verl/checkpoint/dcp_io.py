@@ -22,6 +22,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
@@ -29,6 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from verl.errors import CheckpointError
+from verl.utils.lora import TRAINABLE_STATE_ONLY  # set by verl.models.lora on adapter models
 
 _ALLOWED_MODULE_PREFIX = "torch.distributed.checkpoint."
 _ALLOWED_GLOBALS = {
@@ -90,6 +92,25 @@ class SafeFileSystemReader(dcp.FileSystemReader):
         return md
 
 
+
+
+def _options(module: object, *, load: bool) -> StateDictOptions | None:
+    """A module marked trainable-state-only (LoRA: frozen base weights, trainable adapters) saves and loads
+    only its trainable parameters; the frozen ones come from the base model, never from the checkpoint."""
+    if not getattr(module, TRAINABLE_STATE_ONLY, False):
+        return None
+    return StateDictOptions(ignore_frozen_params=True, strict=not load)
+
+
+def _trainable_entries(module: object, msd: dict[str, Any]) -> dict[str, Any]:
+    """Only the trainable parameters of a trainable-state-only module's state dict. (`ignore_frozen_params`
+    alone keeps the second name of a tied frozen weight, e.g. a tied `lm_head.weight`: the whole vocabulary.)"""
+    if not getattr(module, TRAINABLE_STATE_ONLY, False):
+        return msd
+    keep = {n for n, p in module.named_parameters(remove_duplicate=False) if p.requires_grad}  # type: ignore[attr-defined]
+    return {k: v for k, v in msd.items() if k in keep}
+
+
 def _optimizer_key(module_key: str) -> str:
     return "optimizer" if module_key == "model" else f"{module_key}_optimizer"
 
@@ -132,10 +153,10 @@ def to_state_dict(app_state: dict[str, object]) -> dict[str, Any]:
     for key, okey in _plan(app_state):
         obj = app_state[key]
         if okey is not None:
-            msd, osd = get_state_dict(obj, app_state[okey])  # type: ignore[arg-type]
-            sd[key], sd[okey] = msd, osd
+            msd, osd = get_state_dict(obj, app_state[okey], options=_options(obj, load=False))  # type: ignore[arg-type]
+            sd[key], sd[okey] = _trainable_entries(obj, msd), osd
         elif isinstance(obj, torch.nn.Module):
-            sd[key] = get_model_state_dict(obj)
+            sd[key] = _trainable_entries(obj, get_model_state_dict(obj, options=_options(obj, load=False)))
         elif isinstance(obj, dict):
             sd[key] = obj
         else:
@@ -148,9 +169,10 @@ def apply_state_dict(app_state: dict[str, object], sd: dict[str, Any]) -> None:
     for key, okey in _plan(app_state):
         obj = app_state[key]
         if okey is not None:
-            set_state_dict(obj, app_state[okey], model_state_dict=sd[key], optim_state_dict=sd[okey])  # type: ignore[arg-type]
+            set_state_dict(obj, app_state[okey], model_state_dict=sd[key], optim_state_dict=sd[okey],  # type: ignore[arg-type]
+                           options=_options(obj, load=True))
         elif isinstance(obj, torch.nn.Module):
-            set_model_state_dict(obj, sd[key])
+            set_model_state_dict(obj, sd[key], options=_options(obj, load=True))
         elif isinstance(obj, dict):
             obj.update(sd[key])
         else:

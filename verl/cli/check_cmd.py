@@ -68,6 +68,8 @@ def run_checks(config: RunConfig, *, nproc: int | None = None) -> int:
                 console.print(f"note: {note}")
         for note in report.fsdp_notes:
             console.print(f"note: {note}")
+        if report.parameters is not None:
+            console.print(report.parameters.describe())
         if report.memory is not None:
             console.print(report.memory.render_table())
         for warning in report.memory_warnings:

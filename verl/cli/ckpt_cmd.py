@@ -69,8 +69,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     dtype: Any = None
     if args.dtype:
         dtype = resolve_dtype(args.dtype, where="--dtype")
-    out = export_hf(args.path, args.out, dtype=dtype)
-    print(f"exported {args.path} -> {out} (load with AutoModelForCausalLM.from_pretrained('{out}'))")
+    out = export_hf(args.path, args.out, dtype=dtype, adapter=args.adapter, base=args.base)
+    if args.adapter:
+        print(f"exported the adapter of {args.path} -> {out} (load with PeftModel.from_pretrained(base_model, '{out}'))")
+    else:
+        print(f"exported {args.path} -> {out} (load with AutoModelForCausalLM.from_pretrained('{out}'))")
     return 0
 
 
@@ -92,4 +95,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("path", metavar="PATH", help="a checkpoint folder")
     p.add_argument("--out", required=True, metavar="DIR", help="new folder to write")
     p.add_argument("--dtype", default=None, help="cast weights (float32, bfloat16, float16); default: as saved")
+    p.add_argument("--adapter", action="store_true",
+                   help="LoRA checkpoints: write the peft adapter folder instead of merged weights")
+    p.add_argument("--base", default=None, metavar="DIR",
+                   help="LoRA checkpoints: the base model, when not where training loaded it from")
     p.set_defaults(func=cmd_export)

@@ -20,7 +20,7 @@ OPTIONAL = {
     "tensorboard": f"{install_hint('tensorboard', 'tensorboard')}  (logging.backends=[tensorboard])",
     "mlflow": f"{install_hint('mlflow', 'mlflow')}  (logging.backends=[mlflow])",
     "matplotlib": f"{install_hint('matplotlib', 'plot')}  (PNG from verl plot)",
-    "peft": f"{install_hint('peft', 'peft')}  (LoRA)",
+    "peft": f"{install_hint('peft', 'peft')}  (LoRA: model.lora.rank > 0)",
     "flash_attn": "pip install flash-attn --no-build-isolation  (CUDA only)",
     "trl": f"{install_hint('trl', 'bench')}  (benchmarks against TRL)",
 }

@@ -28,6 +28,39 @@ def _split_csv(value: Any) -> Any:
     return value
 
 
+class LoraConfig(Section):
+    """LoRA adapters (peft) on a model's linear layers; `rank: 0` trains every weight instead.
+
+    With LoRA and no `ref.path`, the reference is the same model with its adapters switched off."""
+
+    rank: int = Field(0, description="LoRA rank r; 0 = off (full fine-tune).")
+    alpha: float | None = Field(None, description="LoRA scaling numerator (scale = alpha / rank); None = 2 x rank.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapter's input.")
+    target_modules: str | list[str] = Field("all-linear", description="'all-linear' (every linear layer but the "
+                                            "output head) or a list of module names, e.g. [q_proj, v_proj].")
+    modules_to_save: list[str] | None = Field(None, description="Modules trained in full and saved with the "
+                                              "adapter (e.g. [lm_head]).")
+    path: str | None = Field(None, description="An existing peft adapter folder to start from (its own rank, "
+                                               "alpha and target modules apply).")
+
+    _split = field_validator("modules_to_save", mode="before")(_split_csv)
+
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _targets(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip() != "all-linear":
+            return _split_csv(value)
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank != 0 or self.path is not None
+
+    @property
+    def scale_alpha(self) -> float:
+        return float(self.alpha) if self.alpha is not None else 2.0 * self.rank
+
+
 class ModelConfig(Section):
     path: str = Field("tiny", description="HF model id or local dir; 'tiny' builds the local tiny model.")
     tokenizer_path: str | None = Field(None, description="Defaults to model.path (they must match).")
@@ -38,6 +71,7 @@ class ModelConfig(Section):
     trust_remote_code: bool = False
     revision: str | None = None
     gradient_checkpointing: bool = False
+    lora: LoraConfig = LoraConfig()
 
 
 class DataConfig(Section):
@@ -129,10 +163,13 @@ class CriticConfig(OptimConfig):
     path: str | None = Field(None, description="Value model init; None = copy of the actor's backbone.")
     value_clip: float | None = Field(0.5, gt=0.0)
     warmup_steps_critic_only: int = Field(0, ge=0, description="Steps that update only the critic.")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA on the value model's backbone "
+                             "(the value head always trains in full).")
 
 
 class RefConfig(Section):
-    path: str | None = Field(None, description="Reference policy; None = the actor's initial weights.")
+    path: str | None = Field(None, description="Reference policy; None = the actor's initial weights (with "
+                             "LoRA: the actor with its adapters off, no second copy).")
 
 
 class RewardConfig(Section):

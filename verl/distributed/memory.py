@@ -98,6 +98,7 @@ def estimate_memory(
     sharding: str | dict[str, str] = "FULL_SHARD",
     hybrid_shard_size: int | None = None,
     trainable: Iterable[str] = TRAINABLE_ROLES,
+    trainable_counts: dict[str, int] | None = None,
 ) -> MemoryEstimate:
     """Bytes of model state per device for the placement in `mapping` (group sizes come from there).
 
@@ -105,6 +106,8 @@ def estimate_memory(
     pay weights only. Sharded state is divided by the shard group; SHARD_GRAD_OP keeps the full weights
     gathered between forward and backward, so its peak counts the weights unsharded. A role missing from
     `param_counts` costs nothing (e.g. no reward model). Missing dtypes count as float32.
+    `trainable_counts[role]` is how many of a trainable role's parameters train (LoRA: the adapters);
+    gradients and optimizer moments are paid for those only (default: all of them).
     """
     opt_key = optimizer.lower()
     if opt_key not in OPTIMIZER_STATES:
@@ -124,8 +127,9 @@ def estimate_memory(
         params = count * width if strategy == "SHARD_GRAD_OP" else sharded
         grads = opt = 0
         if role in trainable_set:
-            grads = sharded
-            opt = OPTIMIZER_STATES[opt_key] * sharded
+            trained = min(count, int((trainable_counts or {}).get(role, count)))
+            grads = -(-trained * width // shards)
+            opt = OPTIMIZER_STATES[opt_key] * grads
         for r in ranks:
             per_rank[r][role] = (params, grads, opt)
     return MemoryEstimate(per_rank=per_rank, device_type=mapping.device_type)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from verl.errors import CheckpointError, ModelError
+from verl.models.lora import TRAINABLE_STATE_ONLY, apply_lora, is_peft_model, plain_copy
 from verl.utils.positions import position_ids_from_mask
 
 VALUE_HEAD_FILE = "value_head.safetensors"
@@ -75,8 +76,21 @@ class ValueModel(nn.Module):
 
     @classmethod
     def from_actor(cls, actor: nn.Module) -> ValueModel:
-        """A critic whose backbone is a deep copy of the actor's (the actor is left untouched)."""
+        """A critic whose backbone is a deep copy of the actor's (the actor is left untouched; a LoRA actor's
+        adapters are merged into the copy, so the critic starts from the actor's current features)."""
+        if is_peft_model(actor):
+            return cls(_backbone_of(plain_copy(actor)))
         return cls(copy.deepcopy(_backbone_of(actor)))
+
+    def add_lora(self, cfg: Any, *, base_model_name_or_path: str | None = None) -> ValueModel:
+        """Freeze the backbone and train LoRA adapters on it (`critic.lora`); the value head trains in full.
+        Checkpoints then hold the adapters and the head only."""
+        self.backbone = apply_lora(self.backbone, cfg, base_model_name_or_path=base_model_name_or_path,
+                                   where="critic.lora", task_type=None)
+        for p in self.value_head.parameters():
+            p.requires_grad_(True)
+        setattr(self, TRAINABLE_STATE_ONLY, True)
+        return self
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, dtype: torch.dtype | str = torch.float32, *,

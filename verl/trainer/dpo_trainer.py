@@ -3,7 +3,8 @@
 A step takes `data.train_batch_size` (prompt, chosen, rejected) pairs. Chosen and rejected sequences
 of a micro-batch go through the policy in one concatenated forward pass; each sequence's log-prob is
 the sum over its response tokens (the mean for IPO, whose margin is defined on length-averaged
-log-ratios). The reference log-probs come from a frozen copy of the initial policy (or `ref.path`), or,
+log-ratios). The reference log-probs come from a frozen copy of the initial policy (with LoRA: the policy with its adapters off, no
+copy; or `ref.path`), or,
 with `dpo.precompute_ref=true`, from one pass over the data before training, after which the reference
 model is freed. The loss formula is `verl.algorithms.dpo_loss`; this file only feeds it.
 """
@@ -20,6 +21,7 @@ from verl.algorithms import dpo_loss
 from verl.config.schema import RunConfig
 from verl.data.datasets import IGNORE_INDEX, PreferenceDataset, pad_token_id
 from verl.errors import ConfigError
+from verl.models.lora import is_peft_model
 from verl.trainer.models import build_reference
 from verl.trainer.offline import OfflineTrainer, Rows
 from verl.trainer.optim import build_optimizer
@@ -65,9 +67,10 @@ class DPOTrainer(OfflineTrainer):
         # Precomputed reference log-probs: [rows, 2] (chosen, rejected), sums over response tokens.
         self.ref_logps: dict[str, torch.Tensor] = {}
         if p.precompute_ref:
-            # The untrained policy is the reference, so it scores the data itself: no copy is ever made.
+            # The untrained policy is the reference, so it scores the data itself: no copy is ever made
+            # (with LoRA: the policy with its adapters off).
             ref = ref_model if ref_model is not None or config.ref.path else self.model
-            self.ref_model = self._load_ref(ref) if ref is not self.model else ref
+            self.ref_model = self._load_ref(ref) if ref is not self.model or is_peft_model(ref) else ref
             self.ref_logps["train"] = self.precompute(self.train_data)
             if self.val_data is not None:
                 self.ref_logps["val"] = self.precompute(self.val_data)
@@ -86,7 +89,10 @@ class DPOTrainer(OfflineTrainer):
         return data
 
     def _load_ref(self, given: torch.nn.Module | None) -> torch.nn.Module:
-        """The frozen reference: `given`, else `ref.path`, else a copy of the policy's initial weights."""
+        """The frozen reference: `given`, else `ref.path`, else a copy of the policy's initial weights (with
+        LoRA: the policy itself with its adapters off)."""
+        if given is self.model:
+            given = None
         return build_reference(self.config, self.model, self.tokenizer, device=self.device, dtype=self.dtype,
                                given=given)
 

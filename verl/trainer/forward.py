@@ -12,11 +12,13 @@ import inspect
 import torch
 
 from verl.algorithms import entropy_from_logits, token_logprobs
+from verl.models.lora import base_of
 
 
 @functools.cache
 def _accepts(model_type: type, name: str) -> bool:
-    """Whether the model class's forward takes `name` (asked once per class: this is the RL hot path)."""
+    """Whether the model class's forward takes `name` (asked once per class: this is the RL hot path).
+    Pass the type of `base_of(model)`: a peft wrapper's forward takes **kwargs and hands them to that model."""
     try:
         return name in inspect.signature(model_type.forward).parameters
     except (TypeError, ValueError):
@@ -33,7 +35,7 @@ def sequence_logits(
     """Logits predicting the last `keep_last` tokens: [B, keep_last, V] (float32)."""
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
               "use_cache": False}
-    if _accepts(type(model), "logits_to_keep"):
+    if _accepts(type(base_of(model)), "logits_to_keep"):
         kwargs["logits_to_keep"] = keep_last + 1
     logits = model(**kwargs).logits
     return logits[:, -keep_last - 1 : -1, :].float()

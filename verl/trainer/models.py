@@ -15,6 +15,7 @@ from verl.config.schema import RunConfig
 from verl.errors import ConfigError, ModelError
 from verl.models.checks import LoadReport
 from verl.models.hf_loader import CONFIG_KEYS, load_hf_model, load_hf_model_with_report
+from verl.models.lora import AdapterOff, apply_lora, is_peft_model
 from verl.models.tiny import build_tiny_model
 
 
@@ -43,14 +44,28 @@ def load_policy_with_report(config: RunConfig, model_path: str, *, device: torch
         for_training=True, names=CONFIG_KEYS)  # messages name the config keys
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    return model.train(), tokenizer, report
+    return with_lora(config, model, model_path).train(), tokenizer, report
 
 
-def given_policy(model: torch.nn.Module, tokenizer: Any, device: torch.device) -> tuple[torch.nn.Module, Any]:
-    """A model object passed from Python, moved to the run's device; it must come with its tokenizer."""
+def with_lora(config: RunConfig, model: torch.nn.Module, base_path: str | None = None) -> torch.nn.Module:
+    """The policy with `model.lora`'s adapters (base weights frozen), or unchanged when LoRA is off."""
+    lora = config.model.lora
+    if not lora.enabled or is_peft_model(model):
+        return model
+    if config.model.gradient_checkpointing and hasattr(model, "enable_input_require_grads"):
+        model.enable_input_require_grads()  # frozen embeddings: checkpointed layers still need a grad path
+    return apply_lora(model, lora, base_model_name_or_path=base_path)
+
+
+def given_policy(model: torch.nn.Module, tokenizer: Any, device: torch.device,
+                 config: RunConfig | None = None) -> tuple[torch.nn.Module, Any]:
+    """A model object passed from Python, moved to the run's device; it must come with its tokenizer.
+    With `model.lora` on (and `config` given) it gets its adapters here, as a loaded policy does."""
     if tokenizer is None:
         raise ModelError("a model object was given without its tokenizer; pass tokenizer=... too "
                          "(they must come from the same source)")
+    if config is not None:
+        model = with_lora(config, model)
     return model.to(device).train(), tokenizer
 
 
@@ -64,7 +79,8 @@ def frozen(model: torch.nn.Module) -> torch.nn.Module:
 
 def build_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any, *, device: torch.device,
                     dtype: torch.dtype, given: torch.nn.Module | None = None) -> torch.nn.Module:
-    """The frozen reference: `given`, else `ref.path`, else a copy of the policy's initial weights.
+    """The frozen reference: `given`, else `ref.path`, else the policy's initial weights: with LoRA the
+    policy itself with its adapters off (no copy), otherwise a copy.
 
     A `ref.path` model must share the policy's tokenizer vocabulary (ModelError otherwise).
     """
@@ -72,7 +88,7 @@ def build_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any, 
         return frozen(given.to(device))
     path = config.ref.path
     if not path:
-        return frozen(copy.deepcopy(policy))
+        return AdapterOff(policy) if is_peft_model(policy) else frozen(copy.deepcopy(policy))
     cfg = config.model
     ref, ref_tokenizer = load_hf_model(
         resolve_model_path(path), attn_implementation=cfg.attn_implementation, torch_dtype=dtype,
@@ -85,4 +101,4 @@ def build_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any, 
     return frozen(ref.to(device))
 
 
-__all__ = ["build_reference", "frozen", "given_policy", "load_policy_with_report", "resolve_model_path"]
+__all__ = ["build_reference", "frozen", "given_policy", "load_policy_with_report", "resolve_model_path", "with_lora"]

@@ -261,7 +261,7 @@ def _batch_pass(pf: Preflight) -> None:
 def _model_pass(pf: Preflight, given: Given, device: torch.device, dtype: torch.dtype) -> None:
     if given.model is not None:
         try:
-            pf.model, pf.tokenizer = given_policy(given.model, given.tokenizer, device)
+            pf.model, pf.tokenizer = given_policy(given.model, given.tokenizer, device, pf.config)
         except VerlError as exc:
             pf.add("model", exc)
         return

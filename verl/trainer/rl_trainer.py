@@ -35,6 +35,7 @@ from verl.distributed.placement import Placement
 from verl.errors import ConfigError, DataError, RolloutError
 from verl.models.dropout import disable_dropout, no_grad_eval
 from verl.models.hf_loader import load_tokenizer
+from verl.models.lora import base_of
 from verl.models.reward_model import RewardModelScorer
 from verl.rollout import SamplingParams, build_engine
 from verl.rollout.weight_sync import synced
@@ -95,7 +96,9 @@ class RLTrainer(TrainerRuntime):
                              * self.plans["actor"].num_mini_batches)
             self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), config.actor,
                                                              total_steps=total_updates)
-            self.engine = build_engine(config.rollout.engine, self.model)
+            # With LoRA the engine runs the model under the peft wrapper: its LoRA layers apply the current
+            # adapters, so the sampler's log-probs are the training forward's.
+            self.engine = build_engine(config.rollout.engine, base_of(self.model))
         if self.critic is not None:
             self.critic = self.shard(self.critic, "critic")
             critic_updates = (config.trainer.total_steps * config.critic.ppo_epochs
@@ -180,6 +183,8 @@ class RLTrainer(TrainerRuntime):
         return build_reference(self.config, self.model, self.tokenizer, device=self.device, dtype=self.dtype)
 
     def build_critic(self) -> torch.nn.Module:
+        """The value model: `critic.path`, else a copy of the actor's backbone (adapters merged); with
+        `critic.lora` its backbone trains LoRA adapters and the value head trains in full."""
         from verl.models.critic import ValueModel
 
         if self.config.critic.path:
@@ -187,6 +192,8 @@ class RLTrainer(TrainerRuntime):
                                                 trust_remote_code=self.config.model.trust_remote_code)
         else:
             critic = ValueModel.from_actor(self.model)
+        if self.config.critic.lora.enabled:
+            critic.add_lora(self.config.critic.lora, base_model_name_or_path=self.config.critic.path or self.model_path())
         return critic.to(self.device).train()
 
     def _sampling_params(self, temperature: float, n: int) -> SamplingParams:

@@ -25,6 +25,7 @@ from verl.data import PromptDataset
 from verl.distributed.fsdp import apply_fsdp
 from verl.env import build_env
 from verl.errors import VerlError
+from verl.models.lora import base_of, is_peft_model
 from verl.trainer import loop
 from verl.trainer.data_split import read_rows, split_train_val
 from verl.trainer.models import given_policy, load_policy_with_report, resolve_model_path
@@ -95,10 +96,13 @@ class TrainerRuntime:
     # ------------------------------------------------------------------ data parallelism
     def shard(self, module: torch.nn.Module, role: str) -> torch.nn.Module:
         """FSDP2-shard a trainable model over its role's ranks (a no-op in one process)."""
-        if self.groups is None or isinstance(module, FSDPModule):  # one process, or sharded already
+        if self.groups is None or isinstance(base_of(module), FSDPModule):  # one process, or sharded already
             return module
-        return apply_fsdp(module, self.config.fsdp, mesh=self.groups.mesh(role, self.device.type),
-                          device_type=self.device.type)
+        # A peft wrapper holds no parameters of its own: the Hugging Face model under it is the FSDP root, so
+        # the rollout (which runs that model directly) and the peft forward both go through its hooks.
+        apply_fsdp(base_of(module), self.config.fsdp, mesh=self.groups.mesh(role, self.device.type),
+                   device_type=self.device.type)
+        return module
 
     @contextmanager
     def gathered(self, module: torch.nn.Module) -> Iterator[None]:
@@ -125,10 +129,10 @@ class TrainerRuntime:
     def load_policy(self, model: torch.nn.Module | None, tokenizer: Any) -> tuple[torch.nn.Module, Any]:
         """The policy the start-up pass loaded (or was given); loads one only when asked for another."""
         pf = self.preflight
-        if pf.model is not None and (model is None or model is pf.model):
+        if pf.model is not None and (model is None or model is pf.model or model is base_of(pf.model)):
             return pf.take("model"), pf.tokenizer
         if model is not None:
-            return given_policy(model, tokenizer, self.device)
+            return given_policy(model, tokenizer, self.device, self.config)
         model, tokenizer, report = load_policy_with_report(self.config, self.model_path(), device=self.device,
                                                            dtype=self.dtype)
         report.raise_if_problems()
@@ -229,9 +233,11 @@ class TrainerRuntime:
         loop.restore_extra(self, extra)
 
     def hf_assets(self) -> tuple[Any, ...]:
-        """What `verl ckpt export` needs to rebuild a Hugging Face folder: config, generation config, tokenizer."""
+        """What `verl ckpt export` needs to rebuild a Hugging Face folder: config, generation config, tokenizer,
+        and with LoRA the adapter's config (`adapter_config.json`, which names the base model)."""
         gen = getattr(self.model, "generation_config", None)
-        return tuple(a for a in (self.model.config, gen, self.tokenizer) if a is not None)
+        adapter = self.model.peft_config["default"] if is_peft_model(self.model) else None
+        return tuple(a for a in (self.model.config, gen, self.tokenizer, adapter) if a is not None)
 
     def fit(self) -> list[dict[str, float]]:
         """Train for `trainer.total_steps` (resuming first when a checkpoint exists); returns the history."""

@@ -21,6 +21,7 @@ from verl.distributed.memory import estimate_memory
 from verl.errors import ConfigError, DeviceMappingError, VerlError
 from verl.rollout.engine_check import check_rollout_engine
 from verl.trainer.batch_math import plan_rl
+from verl.trainer.lora_checks import check_lora, memory_counts, uses_lora
 from verl.trainer.setup import run_dtype
 from verl.utils.dtype import check_dtype_for_device
 
@@ -36,6 +37,7 @@ class StartupReport:
     fsdp_notes: list[str] = field(default_factory=list)
     memory: Any = None
     memory_warnings: list[str] = field(default_factory=list)
+    parameters: Any = None  # lora_checks.ParameterCounts: trainable and total parameters (LoRA or not)
 
 
 def role_dtype_names(config: RunConfig, device_type: str) -> dict[str, str | None]:
@@ -134,19 +136,26 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
     except VerlError as exc:
         problems.append(exc)
     try:
-        report.fsdp_notes = config.fsdp.check(actor_ranks, num_gpus_per_node=config.devices.num_gpus_per_node,
+        report.fsdp_notes = config.fsdp.check(actor_ranks, uses_lora=uses_lora(config),
+                                              num_gpus_per_node=config.devices.num_gpus_per_node,
                                               device_type=device_type)
     except VerlError as exc:
         problems.append(exc)
+    lora = check_lora(config, model_path=model_path, mapping=report.mapping, kind=kind)
+    problems += lora.problems
+    report.parameters = lora.counts
     if problems or model_path is None or report.mapping is None:
         return report
-    count = count_parameters(model_path, trust_remote_code=config.model.trust_remote_code,
-                             revision=config.model.revision)
+    count = lora.counts.total if lora.counts is not None else count_parameters(
+        model_path, trust_remote_code=config.model.trust_remote_code, revision=config.model.revision)
     if count is not None:
         counts = {role: count for role in report.mapping.roles if role != "reward"}
+        trainable = None
+        if lora.counts is not None:
+            counts, trainable = memory_counts(config, lora.counts, report.mapping)
         report.memory = estimate_memory(counts, dtypes, mapping=report.mapping,
                                         sharding=config.fsdp.sharding_strategy if world_size > 1 else "NO_SHARD",
-                                        hybrid_shard_size=config.fsdp.hybrid_shard_size)
+                                        hybrid_shard_size=config.fsdp.hybrid_shard_size, trainable_counts=trainable)
         device_bytes = (torch.cuda.get_device_properties(0).total_memory
                         if device_type == "cuda" and torch.cuda.is_available() else None)
         report.memory_warnings = report.memory.check(device_bytes)
