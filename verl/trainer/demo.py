@@ -21,10 +21,12 @@ def demo_config_path() -> str:
     return str(resources.files("verl.config") / "presets" / "demo.yaml")
 
 
-def warm_start_until(trainer: Any, target: float, max_steps: int, chunk: int = 25) -> tuple[int, float, list]:
+def warm_start_until(trainer: Any, target: float, max_steps: int, chunk: int = 10) -> tuple[int, float, list]:
     """SFT (with `SFTTrainer`) in chunks until greedy accuracy on a sample of the *training* problems
     reaches `target`, or `max_steps`. Stopping on training problems keeps the held-out set untouched,
-    and starting RL from a similar competence for every seed keeps the demo's outcome stable."""
+    and starting RL from a similar competence for every seed keeps the demo's outcome stable. Accuracy
+    climbs steeply once the format is learnt, so it is checked every `chunk` (10) steps: with 25, one
+    seed stopped at 52% held-out instead of ~30% and left RL too little to gain."""
     from verl.trainer.sft_trainer import SFTTrainer
 
     pairs = trainer.env.sft_pairs()
