@@ -93,7 +93,8 @@ class DataConfig(Section):
 
 
 class EnvConfig(Section):
-    name: str | None = Field(None, description="Built-in environment (e.g. 'arithmetic'); None = data files.")
+    name: str | None = Field(None, description="Built-in environment (e.g. 'arithmetic') or your class as "
+                                                "'path/to/file.py:Class' / 'pkg.module:Class'; None = data files.")
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
