@@ -30,13 +30,13 @@ def sequence_logits(
     position_ids: torch.Tensor,
     keep_last: int,
 ) -> torch.Tensor:
-    """Logits predicting the last `keep_last` tokens: [B, keep_last, V] (float32)."""
+    """Logits predicting the last `keep_last` tokens: [B, keep_last, V] (float32, or float64 for a float64 model)."""
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
               "use_cache": False}
     if _accepts(type(model), "logits_to_keep"):
         kwargs["logits_to_keep"] = keep_last + 1
-    logits = model(**kwargs).logits
-    return logits[:, -keep_last - 1 : -1, :].float()
+    logits = model(**kwargs).logits[:, -keep_last - 1 : -1, :]
+    return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
 
 
 def response_logprobs(

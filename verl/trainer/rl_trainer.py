@@ -324,12 +324,14 @@ class RLTrainer(TrainerRuntime):
         temperature = self.config.rollout.temperature or 1.0
         return self.forward_in_micro_batches(
             model, batch, lambda mb: response_logprobs(model, mb.input_ids, mb.attention_mask, mb.position_ids,
-                                                       mb.response_ids.shape[1], temperature=temperature)[0])
+                                                       mb.response_ids.shape[1], temperature=temperature)[0],
+            self.config.actor.max_tokens_per_micro_batch)
 
     def compute_values(self, batch: RolloutBatch) -> RolloutBatch:
         batch.values = self.forward_in_micro_batches(
             self.critic, batch, lambda mb: response_values(self.critic, mb.input_ids, mb.attention_mask,
-                                                           mb.position_ids, mb.response_ids.shape[1]))
+                                                           mb.position_ids, mb.response_ids.shape[1]),
+            self.config.critic.max_tokens_per_micro_batch)
         return batch
 
     def compute_advantages(self, batch: RolloutBatch) -> RolloutBatch:
@@ -345,7 +347,8 @@ class RLTrainer(TrainerRuntime):
         def micro_loss(mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
             mask = mb.response_mask.float()
             logprobs, entropy = response_logprobs(self.model, mb.input_ids, mb.attention_mask, mb.position_ids,
-                                                  norm_len, temperature=temperature, with_entropy=True,
+                                                  mb.response_ids.shape[1], temperature=temperature,
+                                                  with_entropy=True,
                                                   entropy_grad=cfg.entropy_coef > 0)
             old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
             loss, stats = ppo_policy_loss(logprobs, old, mb.advantages, mask, clip_low=cfg.clip_low,
@@ -365,7 +368,8 @@ class RLTrainer(TrainerRuntime):
             return loss, metrics
 
         metrics = self.optimize(self.model, self.optimizer, self.scheduler, batch, cfg, self.plans["actor"],
-                                micro_loss, prefix="actor")
+                                micro_loss, prefix="actor",
+                                contributes=self.contributing_sequences if self.skips_zero_advantage else None)
         if batch.ref_logprobs is not None:
             metrics["actor/ref_kl"] = float(masked_mean(batch.old_logprobs - batch.ref_logprobs,
                                                         batch.response_mask.float()))
@@ -377,7 +381,8 @@ class RLTrainer(TrainerRuntime):
 
         def micro_loss(mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
             mask = mb.response_mask.float()
-            values = response_values(self.critic, mb.input_ids, mb.attention_mask, mb.position_ids, norm_len)
+            values = response_values(self.critic, mb.input_ids, mb.attention_mask, mb.position_ids,
+                                     mb.response_ids.shape[1])
             loss, stats = value_loss(values, mb.values, mb.returns, mask, clip_range=cfg.value_clip, agg=cfg.loss_agg)
             return loss, {"critic/vf_loss": float(loss.detach()), **{f"critic/{k}": v for k, v in stats.items()}}
 
@@ -387,6 +392,19 @@ class RLTrainer(TrainerRuntime):
         metrics["critic/explained_var"] = float(explained_variance(batch.values, batch.returns, mask))
         metrics["critic/values_mean"] = float(masked_mean(batch.values, mask))
         return metrics
+
+    @property
+    def skips_zero_advantage(self) -> bool:
+        """With neither a KL loss nor an entropy bonus the PPO loss of a token is -A x ratio (clipped), so a
+        sequence whose advantages are all exactly 0 (a GRPO/RLOO group with equal rewards) has zero loss and
+        zero gradient: the update may leave it out."""
+        cfg = self.config.actor
+        return cfg.skip_zero_advantage and cfg.kl_loss_coef == 0 and cfg.entropy_coef == 0
+
+    @staticmethod
+    def contributing_sequences(batch: RolloutBatch) -> torch.Tensor:
+        """[N] bool: the sequences with a non-zero advantage on some response token."""
+        return ((batch.advantages != 0) & (batch.response_mask != 0)).any(-1)
 
     # ------------------------------------------------------------------ shared machinery
     @property
@@ -407,57 +425,146 @@ class RLTrainer(TrainerRuntime):
         micro_loss: Callable[[RolloutBatch], tuple[torch.Tensor, dict[str, float]]],
         *,
         prefix: str,
+        contributes: Callable[[RolloutBatch], torch.Tensor] | None = None,
     ) -> dict[str, float]:
         """Epochs x shuffled mini-batches x micro-batches; each micro loss is weighted by its share of the
-        mini-batch (tokens for token-mean, sequences otherwise) so accumulation equals one big batch."""
+        mini-batch (tokens for token-mean, sequences otherwise) so accumulation equals one big batch.
+
+        `contributes(mini)` marks the sequences whose gradient can be non-zero; the others are left out of
+        the forward/backward but still counted in the loss normaliser, so the gradient is unchanged. When
+        the number of micro-batches can differ between ranks (skipping, token budgets), every rank runs the
+        largest count, padding with zero-weight micro-batches: FSDP's all-gathers stay in step.
+        """
         module.train()
         sums: dict[str, float] = {}
         counts = 0
         grad_norms = []
+        skipped = seen = 0
         n = len(batch)
+        budget = cfg.max_tokens_per_micro_batch
+        varies = contributes is not None or budget is not None
         for _ in range(cfg.ppo_epochs):
             order = (torch.randperm(n, generator=self.shuffle_generator) if cfg.shuffle else torch.arange(n))
             for start in range(0, n, plan.mini_batch_sequences):
                 mini = batch.select(order[start : start + plan.mini_batch_sequences])
-                weights = self.micro_weights(mini, plan.micro_batch_size, cfg.loss_agg, role=prefix)
+                keep = contributes(mini).to("cpu", torch.bool) if contributes is not None else None
+                groups = self.micro_batch_groups(mini, plan.micro_batch_size, budget, keep=keep)
+                weights = self.micro_weights(mini, groups, cfg.loss_agg, role=prefix)
+                rounds = self.micro_batch_rounds(len(groups), prefix) if varies else len(groups)
                 optimizer.zero_grad(set_to_none=True)
-                for (mb, weight) in zip(self._micro_batches(mini, plan.micro_batch_size), weights, strict=True):
+                for i in range(rounds):
+                    if i < len(groups):
+                        mb, weight = self.micro_batch(mini, groups[i], trim=budget is not None), weights[i]
+                    else:  # a rank with fewer (or no) micro-batches: same collectives, zero gradient
+                        mb, weight = self.micro_batch(mini, torch.zeros(1, dtype=torch.long), trim=True), 0.0
                     loss, stats = micro_loss(mb)
                     (loss * weight).backward()
-                    for k, v in stats.items():
-                        sums[k] = sums.get(k, 0.0) + v
-                    counts += 1
+                    if i < len(groups):
+                        for k, v in stats.items():
+                            sums[k] = sums.get(k, 0.0) + v
+                        counts += 1
+                if keep is not None:
+                    skipped, seen = skipped + int((~keep).sum()), seen + len(mini)
                 grad_norms.append(self.clip_and_step(module, optimizer, cfg.grad_clip))
                 scheduler.step()
         metrics = {k: v / max(counts, 1) for k, v in sums.items()}
         metrics[f"{prefix}/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
         metrics[f"{prefix}/lr"] = scheduler.get_last_lr()[0]
+        if contributes is not None:
+            metrics[f"{prefix}/skipped_frac"] = skipped / max(seen, 1)
         return metrics
+
+    @staticmethod
+    def micro_batch_groups(batch: RolloutBatch, size: int, max_tokens: int | None = None, *,
+                           keep: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Row indices of each micro-batch: `size` rows at a time in batch order, or, with a token budget,
+        rows sorted by length and packed while (rows x (longest prompt + longest response)) <= max_tokens
+        (a row longer than the budget goes alone). Rows with `keep` False are left out."""
+        rows = torch.arange(len(batch)) if keep is None else keep.nonzero().flatten()
+        if max_tokens is None:
+            return [rows[s : s + size] for s in range(0, len(rows), size)]
+        prompt_len = batch.prompt_mask.sum(-1).cpu()[rows]
+        response_len = batch.response_mask.sum(-1).cpu()[rows].clamp(min=1)
+        order = torch.argsort(prompt_len + response_len, descending=True, stable=True)
+        groups: list[torch.Tensor] = []
+        current: list[int] = []
+        width_p = width_r = 0
+        for j in order.tolist():
+            p, r = max(width_p, int(prompt_len[j])), max(width_r, int(response_len[j]))
+            if current and (len(current) + 1) * (p + r) > max_tokens:
+                groups.append(rows[torch.tensor(current)])
+                current, p, r = [], int(prompt_len[j]), int(response_len[j])
+            current.append(j)
+            width_p, width_r = p, r
+        if current:
+            groups.append(rows[torch.tensor(current)])
+        return groups
+
+    # Fields [N, R] aligned with the response tokens (right-padded) and [N, P] with the prompt (left-padded).
+    RESPONSE_FIELDS = ("response_ids", "response_mask", "token_rewards", "old_logprobs", "ref_logprobs", "values",
+                       "advantages", "returns")
+
+    @classmethod
+    def micro_batch(cls, batch: RolloutBatch, index: torch.Tensor, *, trim: bool = False) -> RolloutBatch:
+        """Rows `index`; with `trim`, without the padding columns none of them needs (left of the longest
+        prompt, right of the longest response; at least one response column)."""
+        mb = batch.select(index)
+        if not trim:
+            return mb
+        p = int(mb.prompt_mask.sum(-1).max()) if len(mb) else 0
+        r = max(int(mb.response_mask.sum(-1).max()) if len(mb) else 0, 1)
+        mb.prompt_ids, mb.prompt_mask = mb.prompt_ids[:, mb.prompt_ids.shape[1] - p :], mb.prompt_mask[:, mb.prompt_mask.shape[1] - p :]
+        for name in cls.RESPONSE_FIELDS:
+            value = getattr(mb, name)
+            if value is not None:
+                setattr(mb, name, value[:, :r])
+        return mb
+
+    def micro_batch_rounds(self, count: int, role: str) -> int:
+        """The micro-batch count every rank of `role` runs: the largest of theirs (at least 1, so that a rank
+        with nothing to do still steps its optimizer on a zero gradient, as the full computation would)."""
+        if self.placement.role_size(role) > 1:
+            count = int(self.placement.all_reduce_max(torch.tensor([float(count)]), role))
+        return max(count, 1)
+
+    def micro_weights(self, mini: RolloutBatch, groups: Sequence[torch.Tensor], agg: str,
+                      role: str = "actor") -> list[float]:
+        """Each micro-batch's share of the global mini-batch (tokens for token-mean, else sequences).
+
+        Shares are of the total over the role's data-parallel ranks, times the number of ranks because FSDP
+        averages gradients: the accumulated gradient is that of one big batch, however it is split. Rows
+        left out of every group (skipped) still count in the total.
+        """
+        mask = mini.response_mask
+        units = (mask.sum(-1) if agg == "token-mean" else (mask.sum(-1) > 0).long()).cpu()
+        total = max(float(self.placement.all_reduce_sum(units.sum().double().reshape(1), role)), 1.0)
+        ranks = self.placement.role_size(role)
+        return [float(units[g].sum()) * ranks / total for g in groups]
+
+    def forward_in_micro_batches(self, model: torch.nn.Module, batch: RolloutBatch,
+                                 fn: Callable[[RolloutBatch], torch.Tensor],
+                                 max_tokens: int | None = None) -> torch.Tensor:
+        """`fn` over micro-batches, without gradient and in eval mode: dropout would make the old
+        log-probs differ from the policy that sampled, and PPO's ratio start away from 1.
+
+        With a token budget the rows are grouped by length and trimmed of padding; the [rows, r] results
+        are padded back to the batch's response width (zeros) and returned in the batch's order."""
+        size = self.plans["actor"].micro_batch_size * 2  # no activations kept: twice the training micro size
+        with no_grad_eval(model):
+            if max_tokens is None:
+                return torch.cat([fn(mb) for mb in self._micro_batches(batch, size)], dim=0)
+            out = None
+            for index in self.micro_batch_groups(batch, size, 2 * max_tokens):
+                part = fn(self.micro_batch(batch, index, trim=True))
+                if out is None:
+                    out = part.new_zeros((len(batch), batch.response_ids.shape[1], *part.shape[2:]))
+                out[index.to(out.device), : part.shape[1]] = part
+            return out
 
     @staticmethod
     def _micro_batches(batch: RolloutBatch, size: int) -> Iterator[RolloutBatch]:
         for start in range(0, len(batch), size):
             yield batch.select(torch.arange(start, min(start + size, len(batch))))
-
-    def micro_weights(self, mini: RolloutBatch, size: int, agg: str, role: str = "actor") -> list[float]:
-        """Each micro-batch's share of the global mini-batch (tokens for token-mean, else sequences).
-
-        Shares are of the total over the role's data-parallel ranks, times the number of ranks because FSDP
-        averages gradients: the accumulated gradient is that of one big batch, however it is split.
-        """
-        mask = mini.response_mask
-        units = mask.sum(-1) if agg == "token-mean" else (mask.sum(-1) > 0).long()
-        total = max(float(self.placement.all_reduce_sum(units.sum().double().reshape(1), role)), 1.0)
-        ranks = self.placement.role_size(role)
-        return [float(units[s : s + size].sum()) * ranks / total for s in range(0, len(mini), size)]
-
-    def forward_in_micro_batches(self, model: torch.nn.Module, batch: RolloutBatch,
-                                 fn: Callable[[RolloutBatch], torch.Tensor]) -> torch.Tensor:
-        """`fn` over micro-batches, without gradient and in eval mode: dropout would make the old
-        log-probs differ from the policy that sampled, and PPO's ratio start away from 1."""
-        size = self.plans["actor"].micro_batch_size * 2  # no activations kept: twice the training micro size
-        with no_grad_eval(model):
-            return torch.cat([fn(mb) for mb in self._micro_batches(batch, size)], dim=0)
 
     def batch_metrics(self, batch: RolloutBatch) -> dict[str, float]:
         """Metrics of the global batch: means and spreads from sums over the actor ranks, maxima by max."""
