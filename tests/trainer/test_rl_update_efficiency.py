@@ -162,3 +162,15 @@ def test_no_grad_passes_with_a_token_budget_match_the_plain_pass(tmp_path):
     assert budgeted.shape == plain.shape and budgeted.dtype == torch.float64
     assert torch.allclose(budgeted[mask], plain[mask], rtol=0, atol=1e-10)
     assert bool((budgeted[~mask] == 0).all())
+
+
+def test_entropy_for_logging_builds_no_autograd_graph(tmp_path):
+    trainer = _trainer(tmp_path)
+    batch = _batch(trainer, equal_groups=())
+    width = batch.response_ids.shape[1]
+    args = (trainer.model, batch.input_ids, batch.attention_mask, batch.position_ids, width)
+    logprobs, entropy = response_logprobs(*args, with_entropy=True, entropy_grad=False)
+    assert logprobs.grad_fn is not None and entropy.grad_fn is None and not entropy.requires_grad
+    _, with_grad = response_logprobs(*args, with_entropy=True, entropy_grad=True)
+    assert with_grad.grad_fn is not None
+    assert torch.allclose(entropy, with_grad.detach(), rtol=0, atol=1e-12)

@@ -212,6 +212,9 @@ class RLTrainer(TrainerRuntime):
             batch = self.placement.align(run("actor", self.generate, batch), self.sequence_padding)
         with self.timer(timing, "reward"):
             batch = run("actor", self.compute_reward, batch)
+        if self.config.algorithm.filter_groups:
+            with self.timer(timing, "resample"):
+                batch = self.filter_groups(batch, metrics)
         if self.remote_reward_model:
             with self.timer(timing, "reward_model"):
                 batch = self.placement.align(run("actor", self.reward_model_inputs, batch),
@@ -243,6 +246,56 @@ class RLTrainer(TrainerRuntime):
             metrics["perf/tokens_per_s"] = (float(batch.attention_mask.sum()) * self.dp_size
                                             / max(metrics["timing/step"], 1e-9))
         return self.placement.mean_over_owners(metrics)  # ranks may differ in which metrics they have
+
+    def filter_groups(self, batch: RolloutBatch | None, metrics: dict[str, float]) -> RolloutBatch | None:
+        """DAPO dynamic sampling: keep the groups whose rewards differ; while some actor rank has fewer than
+        its share, every rank draws and scores another batch of prompts (so the prompt stream and FSDP's
+        collectives stay in step), at most `algorithm.max_resample_rounds` times. A rank still short fills
+        up with equal-reward groups, which the update skips (actor.skip_zero_advantage)."""
+        if self.remote_reward_model:
+            raise ConfigError("algorithm.filter_groups needs the rewards on the actor's ranks; a reward model on "
+                              "ranks of its own (devices.reward) is not supported with it: colocate the reward "
+                              "model or set algorithm.filter_groups=false")
+        run, holds = self.placement.run, self.placement.holds("actor")
+        want = len(batch) if holds else 0
+        kept, rejected, sampled, rounds = [], [], 0, 0
+        draw = batch
+        while True:
+            if holds:
+                varied = self.varied_groups(draw)
+                kept.append(draw.select(varied.nonzero().flatten()))
+                rejected.append(draw.select((~varied).nonzero().flatten()))
+                sampled += len(draw)
+            short = sum(len(k) for k in kept) < want
+            if rounds >= self.config.algorithm.max_resample_rounds:
+                break
+            if not self.placement.mean_over_owners({"short": float(short)} if holds else {}).get("short", 0.0):
+                break
+            rounds += 1
+            draw = self.get_batch()
+            draw.group_ids = draw.group_ids + rounds * self.config.data.train_batch_size  # unique over rounds
+            draw = self.placement.align(run("actor", self.generate, draw), self.sequence_padding)
+            draw = run("actor", self.compute_reward, draw)
+        metrics["dynamic_sampling/rounds"] = float(rounds)
+        if not holds:
+            return None
+        pool = concat_batches([*kept, *rejected], self.tokenizer.pad_token_id)
+        out = pool.select(torch.arange(want))
+        out.reward_metrics = batch.reward_metrics
+        filled = max(want - sum(len(k) for k in kept), 0)
+        metrics["dynamic_sampling/varied_group_frac"] = sum(len(k) for k in kept) / max(sampled, 1)
+        metrics["dynamic_sampling/filled_equal_frac"] = filled / max(want, 1)
+        return out
+
+    @staticmethod
+    def varied_groups(batch: RolloutBatch) -> torch.Tensor:
+        """[N] bool: the sequences whose group's scores are not all equal (exactly, as the estimators test)."""
+        scores = batch.scores.detach().cpu().double()
+        _, inverse = torch.unique(batch.group_ids.cpu(), return_inverse=True)
+        size = int(inverse.max()) + 1 if len(inverse) else 0
+        high = torch.full((size,), -float("inf"), dtype=torch.float64).scatter_reduce(0, inverse, scores, "amax")
+        low = torch.full((size,), float("inf"), dtype=torch.float64).scatter_reduce(0, inverse, scores, "amin")
+        return (high != low)[inverse]
 
     @property
     def sequence_padding(self) -> dict[str, tuple[str, int]]:
@@ -661,4 +714,25 @@ class RLTrainer(TrainerRuntime):
         timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
 
 
-__all__ = ["RLTrainer"]
+def concat_batches(batches: Sequence[RolloutBatch], pad_token_id: int) -> RolloutBatch:
+    """Rows of several scored rollout batches in one (prompts left-padded, responses right-padded to the
+    widest); fields that some batch lacks are dropped."""
+    batches = [b for b in batches if len(b)] or list(batches[:1])
+    prompt_width = max(b.prompt_ids.shape[1] for b in batches)
+    response_width = max(b.response_ids.shape[1] for b in batches)
+    fields: dict[str, Any] = {}
+    for name in ("group_ids", "finished", "scores"):
+        if all(getattr(b, name) is not None for b in batches):
+            fields[name] = torch.cat([getattr(b, name) for b in batches])
+    for name, pad in (("prompt_ids", pad_token_id), ("prompt_mask", 0)):
+        fields[name] = torch.cat([torch.nn.functional.pad(getattr(b, name), (prompt_width - b.prompt_ids.shape[1], 0),
+                                                          value=pad) for b in batches])
+    for name, pad in (("response_ids", pad_token_id), ("response_mask", 0), ("token_rewards", 0.0)):
+        if all(getattr(b, name) is not None for b in batches):
+            fields[name] = torch.cat([torch.nn.functional.pad(getattr(b, name), (0, response_width - b.response_ids.shape[1]),
+                                                              value=pad) for b in batches])
+    return RolloutBatch(rows=[r for b in batches for r in b.rows], responses=[t for b in batches for t in b.responses],
+                        reward_metrics=dict(batches[0].reward_metrics), **fields)
+
+
+__all__ = ["RLTrainer", "concat_batches"]
