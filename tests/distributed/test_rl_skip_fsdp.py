@@ -1,4 +1,4 @@
-"""Skipping zero-advantage groups and token-budget micro-batches on 2 FSDP ranks: rank 0's groups all have
+"""Skipping zero-advantage groups, token-budget micro-batches and shared-prompt forwards on 2 FSDP ranks: rank 0's groups all have
 equal rewards (it skips everything) while rank 1 skips nothing, so the ranks have different numbers of
 micro-batches to run. Each still runs the same forward/backward collectives (no hang), and the gradient
 equals the run that skips nothing."""
@@ -40,7 +40,7 @@ def _config(tmp_path, name, **actor):
 
 def test_ranks_skipping_different_amounts_stay_in_step_with_the_same_gradient(tmp_path):
     verl_train(_config(tmp_path, "skip", max_tokens_per_micro_batch=24), tmp_path, nproc=2)
-    verl_train(_config(tmp_path, "full", skip_zero_advantage=False), tmp_path, nproc=2)
+    verl_train(_config(tmp_path, "full", skip_zero_advantage=False, share_prompt_forward=False), tmp_path, nproc=2)
     skip, full = metrics(tmp_path / "skip"), metrics(tmp_path / "full")
     assert [r["step"] for r in skip] == [1, 2]
     assert all(r["actor/skipped_frac"] >= 0.5 for r in skip)  # rank 0 skips all (1.0), rank 1 fewer
@@ -49,3 +49,14 @@ def test_ranks_skipping_different_amounts_stay_in_step_with_the_same_gradient(tm
     assert first["reward/mean"] == plain["reward/mean"]
     assert first["actor/grad_norm"] > 0
     assert first["actor/grad_norm"] == pytest.approx(plain["actor/grad_norm"], rel=1e-5)
+
+
+def test_shared_prompt_forward_on_two_ranks_gives_the_unshared_gradient(tmp_path):
+    common = {"micro_batch_size": 2, "entropy_coef": 0.01}  # a group of 2 per micro-batch; nothing skipped
+    verl_train(_config(tmp_path, "shared", share_prompt_forward=True, **common), tmp_path, nproc=2)
+    verl_train(_config(tmp_path, "plain", share_prompt_forward=False, **common), tmp_path, nproc=2)
+    shared, plain = metrics(tmp_path / "shared")[0], metrics(tmp_path / "plain")[0]
+    assert shared["reward/mean"] == plain["reward/mean"]
+    assert shared["actor/grad_norm"] > 0
+    assert shared["actor/grad_norm"] == pytest.approx(plain["actor/grad_norm"], rel=1e-5)
+    assert shared["actor/pg_loss"] == pytest.approx(plain["actor/pg_loss"], rel=1e-5, abs=1e-7)

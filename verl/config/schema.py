@@ -124,6 +124,11 @@ class ActorConfig(OptimConfig):
     kl_loss_coef: float = Field(0.0, ge=0.0, description="> 0 adds KL to the reference as a loss term.")
     kl_loss_type: Literal["k1", "k2", "k3", "abs"] = "k3"
     entropy_coef: float = Field(0.0, ge=0.0)
+    share_prompt_forward: bool = Field(True, description="With rollout.n > 1, run each group's prompt once per "
+                                       "micro-batch (with gradient) and its n responses on the prompt's cached "
+                                       "keys/values; same loss and gradients as the unshared forward. Mini-batches "
+                                       "then shuffle whole groups. Off for models without a KV cache argument "
+                                       "or with gradient checkpointing.")
     skip_zero_advantage: bool = Field(True, description="Without a KL loss or an entropy bonus, a sequence whose "
                                       "advantages are all 0 adds exactly nothing to the gradient: skip its forward "
                                       "and backward (the loss normaliser still counts it). Metric actor/skipped_frac.")

@@ -12,6 +12,7 @@ import inspect
 import torch
 
 from verl.algorithms import entropy_from_logits, token_logprobs
+from verl.utils.positions import position_ids_from_mask
 
 
 @functools.cache
@@ -55,14 +56,91 @@ def response_logprobs(
     `entropy_grad=False` computes the entropy for logging only, without adding it to the autograd graph.
     """
     logits = sequence_logits(model, input_ids, attention_mask, position_ids, response_len)
+    return _logprobs(logits, input_ids[:, -response_len:], temperature, with_entropy, entropy_grad)
+
+
+def _logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool,
+              entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
-    labels = input_ids[:, -response_len:]
     logprobs = token_logprobs(logits, labels)
     entropy = None
     if with_entropy:
         entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
     return logprobs, entropy
+
+
+def can_share_prompt(model: torch.nn.Module) -> bool:
+    """Whether `shared_prompt_logits` applies to `model`: a causal LM that takes a KV cache, without
+    gradient checkpointing (which turns the cache off in training)."""
+    inner = getattr(model, "module", model)
+    checkpointing = getattr(inner, "is_activation_checkpointing", None)
+    if checkpointing is None:
+        checkpointing = getattr(inner, "is_gradient_checkpointing", False)
+    return (_cache_argument(type(model)) is not None and _accepts(type(model), "use_cache")
+            and not checkpointing)
+
+
+def _cache_argument(model_type: type) -> str | None:
+    """The forward's KV-cache argument: `cache` (transformers >= 5.2x) or `past_key_values` (before)."""
+    for name in ("cache", "past_key_values"):
+        if _accepts(model_type, name):
+            return name
+    return None
+
+
+def shared_prompt_logits(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    response_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+) -> torch.Tensor:
+    """The logits `sequence_logits` gives for the responses ([B, R, V]), running each distinct prompt once.
+
+    Rows with identical (left-padded) prompts, such as the n samples of a GRPO group, share one prompt
+    forward; its keys/values (with their autograd graph) are indexed out to every row, and the responses
+    run on them. The first response token is predicted by the prompt's last position, the others by the
+    response positions before them. Positions and the attention mask are those of the whole sequence, so
+    the result equals the unshared forward up to float rounding (and so does every gradient).
+    """
+    mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
+    positions = position_ids_from_mask(mask)
+    width = prompt_ids.shape[1]
+    _, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True)
+    first = torch.full((int(inverse.max()) + 1,), len(inverse), dtype=torch.long, device=inverse.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(len(inverse), device=inverse.device), "amin")
+    kwargs = {"logits_to_keep": 1} if _accepts(type(model), "logits_to_keep") else {}
+    out = model(input_ids=prompt_ids[first], attention_mask=prompt_mask[first], position_ids=positions[first, :width],
+                use_cache=True, **kwargs)
+    head = out.logits[:, -1:, :][inverse]
+    if response_ids.shape[1] == 1:
+        logits = head
+    else:
+        name = _cache_argument(type(model))
+        cache = getattr(out, "cache", None)
+        cache = out.past_key_values if cache is None else cache
+        cache.batch_select_indices(inverse)
+        rest = model(input_ids=response_ids[:, :-1], attention_mask=mask[:, :-1],
+                     position_ids=positions[:, width:-1], use_cache=True, **{name: cache}).logits
+        logits = torch.cat([head, rest], dim=1)
+    return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+
+
+def shared_prompt_logprobs(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    response_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`response_logprobs` with each distinct prompt run once (see `shared_prompt_logits`)."""
+    logits = shared_prompt_logits(model, prompt_ids, prompt_mask, response_ids, response_mask)
+    return _logprobs(logits, response_ids, temperature, with_entropy, entropy_grad)
 
 
 def response_values(

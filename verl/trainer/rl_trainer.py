@@ -40,7 +40,7 @@ from verl.rollout import SamplingParams, build_engine
 from verl.trainer.advantages import apply_kl_in_reward, estimate_advantages
 from verl.trainer.batch import RolloutBatch
 from verl.trainer.batch_math import BatchPlan
-from verl.trainer.forward import response_logprobs, response_values
+from verl.trainer.forward import can_share_prompt, response_logprobs, response_values, shared_prompt_logprobs
 from verl.trainer.models import build_reference
 from verl.trainer.optim import build_optimizer
 from verl.trainer.reward_model import reward_text
@@ -376,9 +376,23 @@ class RLTrainer(TrainerRuntime):
         """Log-probs of the sampled response tokens under `model` (no gradient, eval mode)."""
         temperature = self.config.rollout.temperature or 1.0
         return self.forward_in_micro_batches(
-            model, batch, lambda mb: response_logprobs(model, mb.input_ids, mb.attention_mask, mb.position_ids,
-                                                       mb.response_ids.shape[1], temperature=temperature)[0],
+            model, batch, lambda mb: self.policy_logprobs(model, mb, temperature=temperature)[0],
             self.config.actor.max_tokens_per_micro_batch)
+
+    def shares_prompt(self, model: torch.nn.Module) -> bool:
+        """Whether `model`'s forwards run each group's prompt once (`actor.share_prompt_forward`)."""
+        return self.config.actor.share_prompt_forward and self.config.rollout.n > 1 and can_share_prompt(model)
+
+    def policy_logprobs(self, model: torch.nn.Module, mb: RolloutBatch, *, temperature: float,
+                        with_entropy: bool = False, entropy_grad: bool = True
+                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropy) of `mb`'s response tokens under `model`, sharing prompts when it can."""
+        if self.shares_prompt(model):
+            return shared_prompt_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                                          temperature=temperature, with_entropy=with_entropy,
+                                          entropy_grad=entropy_grad)
+        return response_logprobs(model, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_ids.shape[1],
+                                 temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
 
     def compute_values(self, batch: RolloutBatch) -> RolloutBatch:
         batch.values = self.forward_in_micro_batches(
@@ -399,10 +413,8 @@ class RLTrainer(TrainerRuntime):
 
         def micro_loss(mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
             mask = mb.response_mask.float()
-            logprobs, entropy = response_logprobs(self.model, mb.input_ids, mb.attention_mask, mb.position_ids,
-                                                  mb.response_ids.shape[1], temperature=temperature,
-                                                  with_entropy=True,
-                                                  entropy_grad=cfg.entropy_coef > 0)
+            logprobs, entropy = self.policy_logprobs(self.model, mb, temperature=temperature, with_entropy=True,
+                                                     entropy_grad=cfg.entropy_coef > 0)
             old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
             loss, stats = ppo_policy_loss(logprobs, old, mb.advantages, mask, clip_low=cfg.clip_low,
                                           clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.loss_agg,
@@ -422,7 +434,8 @@ class RLTrainer(TrainerRuntime):
 
         metrics = self.optimize(self.model, self.optimizer, self.scheduler, batch, cfg, self.plans["actor"],
                                 micro_loss, prefix="actor",
-                                contributes=self.contributing_sequences if self.skips_zero_advantage else None)
+                                contributes=self.contributing_sequences if self.skips_zero_advantage else None,
+                                keep_groups=self.shares_prompt(self.model))
         if batch.ref_logprobs is not None:
             metrics["actor/ref_kl"] = float(masked_mean(batch.old_logprobs - batch.ref_logprobs,
                                                         batch.response_mask.float()))
@@ -479,6 +492,7 @@ class RLTrainer(TrainerRuntime):
         *,
         prefix: str,
         contributes: Callable[[RolloutBatch], torch.Tensor] | None = None,
+        keep_groups: bool = False,
     ) -> dict[str, float]:
         """Epochs x shuffled mini-batches x micro-batches; each micro loss is weighted by its share of the
         mini-batch (tokens for token-mean, sequences otherwise) so accumulation equals one big batch.
@@ -487,6 +501,8 @@ class RLTrainer(TrainerRuntime):
         the forward/backward but still counted in the loss normaliser, so the gradient is unchanged. When
         the number of micro-batches can differ between ranks (skipping, token budgets), every rank runs the
         largest count, padding with zero-weight micro-batches: FSDP's all-gathers stay in step.
+        `keep_groups` shuffles whole groups (the samples of one prompt stay together, so a shared-prompt
+        forward finds them in one micro-batch).
         """
         module.train()
         sums: dict[str, float] = {}
@@ -497,11 +513,12 @@ class RLTrainer(TrainerRuntime):
         budget = cfg.max_tokens_per_micro_batch
         varies = contributes is not None or budget is not None
         for _ in range(cfg.ppo_epochs):
-            order = (torch.randperm(n, generator=self.shuffle_generator) if cfg.shuffle else torch.arange(n))
+            order = self.update_order(batch, cfg.shuffle, keep_groups)
             for start in range(0, n, plan.mini_batch_sequences):
                 mini = batch.select(order[start : start + plan.mini_batch_sequences])
                 keep = contributes(mini).to("cpu", torch.bool) if contributes is not None else None
-                groups = self.micro_batch_groups(mini, plan.micro_batch_size, budget, keep=keep)
+                groups = self.micro_batch_groups(mini, plan.micro_batch_size, budget, keep=keep,
+                                                 by_group=keep_groups)
                 weights = self.micro_weights(mini, groups, cfg.loss_agg, role=prefix)
                 rounds = self.micro_batch_rounds(len(groups), prefix) if varies else len(groups)
                 optimizer.zero_grad(set_to_none=True)
@@ -527,18 +544,39 @@ class RLTrainer(TrainerRuntime):
             metrics[f"{prefix}/skipped_frac"] = skipped / max(seen, 1)
         return metrics
 
+    def update_order(self, batch: RolloutBatch, shuffle: bool, keep_groups: bool) -> torch.Tensor:
+        """The order rows enter mini-batches: shuffled rows, or shuffled groups with their rows together."""
+        n = len(batch)
+        if not shuffle:
+            return torch.arange(n)
+        if not keep_groups:
+            return torch.randperm(n, generator=self.shuffle_generator)
+        ids, inverse = torch.unique(batch.group_ids.cpu(), return_inverse=True)
+        rank = torch.empty(len(ids), dtype=torch.long)
+        rank[torch.randperm(len(ids), generator=self.shuffle_generator)] = torch.arange(len(ids))
+        return torch.argsort(rank[inverse], stable=True)
+
     @staticmethod
     def micro_batch_groups(batch: RolloutBatch, size: int, max_tokens: int | None = None, *,
-                           keep: torch.Tensor | None = None) -> list[torch.Tensor]:
+                           keep: torch.Tensor | None = None, by_group: bool = False) -> list[torch.Tensor]:
         """Row indices of each micro-batch: `size` rows at a time in batch order, or, with a token budget,
         rows sorted by length and packed while (rows x (longest prompt + longest response)) <= max_tokens
-        (a row longer than the budget goes alone). Rows with `keep` False are left out."""
+        (a row longer than the budget goes alone). Rows with `keep` False are left out. `by_group` sorts
+        by the group's longest row instead, so that the rows of a group stay next to each other."""
         rows = torch.arange(len(batch)) if keep is None else keep.nonzero().flatten()
         if max_tokens is None:
             return [rows[s : s + size] for s in range(0, len(rows), size)]
         prompt_len = batch.prompt_mask.sum(-1).cpu()[rows]
         response_len = batch.response_mask.sum(-1).cpu()[rows].clamp(min=1)
-        order = torch.argsort(prompt_len + response_len, descending=True, stable=True)
+        length = prompt_len + response_len
+        if by_group:
+            _, inverse = torch.unique(batch.group_ids.cpu()[rows], return_inverse=True)
+            longest = torch.zeros(int(inverse.max()) + 1 if len(rows) else 0, dtype=length.dtype)
+            longest = longest.scatter_reduce(0, inverse, length, "amax")
+            by_id = torch.argsort(inverse, stable=True)
+            order = by_id[torch.argsort(longest[inverse][by_id], descending=True, stable=True)]
+        else:
+            order = torch.argsort(length, descending=True, stable=True)
         groups: list[torch.Tensor] = []
         current: list[int] = []
         width_p = width_r = 0
