@@ -48,3 +48,22 @@ def test_dpo_steps_with_and_without_sharing_agree(tiny):  # noqa: F811
     a, b = shared.step(), plain.step()
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+
+
+def test_pairs_without_a_common_prefix_and_one_token_answers(tiny):  # noqa: F811
+    from verl.trainer.dpo_trainer import shared_pair_layout
+
+    tr = _trainer(tiny, share=True)
+    IGN = -100
+    items = [{"chosen_input_ids": [5, 6, 7], "chosen_labels": [IGN, 6, 7],
+              "rejected_input_ids": [8, 9], "rejected_labels": [IGN, 9]},      # no common prefix
+             {"chosen_input_ids": [5, 6, 7, 8], "chosen_labels": [IGN, IGN, IGN, 8],
+              "rejected_input_ids": [5, 6, 7, 9], "rejected_labels": [IGN, IGN, IGN, 9]}]  # one-token answers
+    layout = shared_pair_layout(items, 0)
+    assert layout["prompt_ids"].tolist() == [[0, 0, 5], [5, 6, 7], [0, 0, 8], [5, 6, 7]]
+    assert layout["targets"].tolist() == [[6, 7], [8, -100], [9, -100], [9, -100]]
+    batch = tr.pair_batch(items)
+    tr.model.zero_grad(set_to_none=True)
+    got = tr.sequence_logps(tr.model, batch)
+    want = tr.sequence_logps(tr.model, {k: v for k, v in batch.items() if k != "shared_prompt"})
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -29,10 +29,11 @@ from verl.trainer.sft_trainer import collate_sequences, shifted_targets, target_
 PairItem = Mapping[str, Any]
 
 
-def shared_pair_layout(items: Sequence[PairItem], pad_id: int) -> dict[str, torch.Tensor] | None:
+def shared_pair_layout(items: Sequence[PairItem], pad_id: int) -> dict[str, torch.Tensor]:
     """Prompts [2m, P] (left-padded, each pair's prompt twice: chosen rows then rejected rows) and the
     answers [2m, R] (right-padded) with their targets, split where chosen and rejected stop sharing
-    tokens and no later than the first labelled token. None when some pair shares no prefix."""
+    tokens and no later than the first labelled token (at least after the first token, which nothing
+    predicts; a pair that shares no prefix then has two one-token prompts, run separately)."""
     prompts, answers, targets = [], [], []
     cuts = []
     for it in items:
@@ -40,17 +41,14 @@ def shared_pair_layout(items: Sequence[PairItem], pad_id: int) -> dict[str, torc
         common = next((i for i, (x, y) in enumerate(zip(c, r)) if x != y), min(len(c), len(r)))
         first = [next((i for i, t in enumerate(it[f"{side}_labels"]) if t != IGNORE_INDEX), len(it[f"{side}_labels"]))
                  for side in ("chosen", "rejected")]
-        cut = min(common, *first, len(c) - 1, len(r) - 1)
-        if cut < 1:
-            return None
-        cuts.append(cut)
+        cuts.append(max(1, min(common, *first, len(c) - 1, len(r) - 1)))
     for side in ("chosen", "rejected"):
         for it, cut in zip(items, cuts, strict=True):
             ids, labels = list(it[f"{side}_input_ids"]), list(it[f"{side}_labels"])
             prompts.append(ids[:cut])
             answers.append(ids[cut:])
             targets.append(labels[cut:])
-    width_p, width_r = max(map(len, prompts)), max(map(len, answers))
+    width_p, width_r = max(map(len, prompts)), max(1, max(map(len, answers)))
     prompt_ids = torch.tensor([[pad_id] * (width_p - len(p)) + p for p in prompts], dtype=torch.long)
     prompt_mask = torch.tensor([[0] * (width_p - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
     response_ids = torch.tensor([a + [pad_id] * (width_r - len(a)) for a in answers], dtype=torch.long)
@@ -140,9 +138,7 @@ class DPOTrainer(OfflineTrainer):
                 for side in ("chosen", "rejected") for it in items]
         batch = collate_sequences(seqs, self.pad_id, packed=False)
         if self.config.actor.share_prompt_forward:
-            shared = shared_pair_layout(items, self.pad_id)
-            if shared is not None:
-                batch["shared_prompt"] = shared
+            batch["shared_prompt"] = shared_pair_layout(items, self.pad_id)
         return batch
 
     def sequence_logps(self, model: torch.nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:

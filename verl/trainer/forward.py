@@ -114,16 +114,16 @@ def shared_prompt_logits(
     out = model(input_ids=prompt_ids[first], attention_mask=prompt_mask[first], position_ids=positions[first, :width],
                 use_cache=True, **kwargs)
     head = out.logits[:, -1:, :][inverse]
-    if response_ids.shape[1] == 1:
-        logits = head
-    else:
-        name = _cache_argument(type(model))
-        cache = getattr(out, "cache", None)
-        cache = out.past_key_values if cache is None else cache
-        cache.batch_select_indices(inverse)
-        rest = model(input_ids=response_ids[:, :-1], attention_mask=mask[:, :-1],
-                     position_ids=positions[:, width:-1], use_cache=True, **{name: cache}).logits
-        logits = torch.cat([head, rest], dim=1)
+    # Always two forwards, the second over every response column (the last one's logits are dropped): a
+    # data-independent count of forwards keeps FSDP's all-gathers in step across ranks.
+    name = _cache_argument(type(model))
+    cache = getattr(out, "cache", None)
+    cache = out.past_key_values if cache is None else cache
+    cache.batch_select_indices(inverse)
+    kwargs = {"logits_to_keep": response_ids.shape[1]} if _accepts(type(model), "logits_to_keep") else {}
+    rest = model(input_ids=response_ids, attention_mask=mask, position_ids=positions[:, width:], use_cache=True,
+                 **{name: cache}, **kwargs).logits
+    logits = torch.cat([head, rest[:, :-1]], dim=1)
     return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
 
 
