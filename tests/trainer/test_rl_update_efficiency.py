@@ -108,6 +108,7 @@ def test_every_group_equal_runs_one_zero_weight_micro_batch_and_still_steps(tmp_
     batch = _batch(trainer, equal_groups=(0, 1, 2, 3))
     got, metrics, forwards = _update_grads(trainer, batch)
     assert metrics["actor/skipped_frac"] == 1.0 and forwards == 1
+    assert metrics["actor/pg_loss"] == 0.0 and "actor/entropy" in metrics  # the documented keys are still logged
     assert got and all(bool((g == 0).all()) for g in got.values())  # zero gradients, as the full update gives
 
 

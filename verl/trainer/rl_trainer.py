@@ -509,6 +509,7 @@ class RLTrainer(TrainerRuntime):
         counts = 0
         grad_norms = []
         skipped = seen = 0
+        pad_stats: dict[str, float] = {}
         n = len(batch)
         budget = cfg.max_tokens_per_micro_batch
         varies = contributes is not None or budget is not None
@@ -533,11 +534,13 @@ class RLTrainer(TrainerRuntime):
                         for k, v in stats.items():
                             sums[k] = sums.get(k, 0.0) + v
                         counts += 1
+                    elif not pad_stats:  # reported only if nothing else ran (every sequence skipped)
+                        pad_stats = stats
                 if keep is not None:
                     skipped, seen = skipped + int((~keep).sum()), seen + len(mini)
                 grad_norms.append(self.clip_and_step(module, optimizer, cfg.grad_clip))
                 scheduler.step()
-        metrics = {k: v / max(counts, 1) for k, v in sums.items()}
+        metrics = {k: v / counts for k, v in sums.items()} if counts else dict(pad_stats)
         metrics[f"{prefix}/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
         metrics[f"{prefix}/lr"] = scheduler.get_last_lr()[0]
         if contributes is not None:
