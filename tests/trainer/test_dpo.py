@@ -129,11 +129,8 @@ def test_precomputed_reference_equals_frozen_copy_and_frees_it(tiny):
 
 
 def test_dpo_learns_easy_preferences(tiny):
-    """Correct vs wrong sums: preference accuracy on the training pairs goes from 0 to above 0.9.
-
-    With the concatenated forward, policy = reference gives rewards of exactly 0 at the start; the
-    shared-prompt forward agrees to float rounding only (the frozen reference's CPU kernels differ)."""
-    tr = trainer(tiny, make_config(actor={"share_prompt_forward": False}), val_rows=ROWS)
+    """Correct vs wrong sums: preference accuracy on the training pairs goes from 0 to above 0.9."""
+    tr = trainer(tiny, make_config(), val_rows=ROWS)
     before = tr.validate()
     metrics = tr.train_steps(16)
     after = tr.validate()

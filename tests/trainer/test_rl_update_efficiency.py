@@ -221,7 +221,7 @@ def test_shared_prompt_forward_gives_the_unshared_logprobs_and_gradients(dtype, 
     forwards.clear()
     got_lp, got = run(lambda: shared_prompt_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask,
                                                      temperature=0.7, with_entropy=True))
-    assert forwards == [(3, 7), (12, 6)]  # 3 distinct prompts once, then the 12 responses on their keys/values
+    assert forwards == [(3, 6), (12, 7)]  # 3 distinct prompts once, then the 12 responses on their keys/values
     real = response_mask.bool()
     assert float((got_lp - want_lp)[real].abs().max()) <= tol * float(want_lp[real].abs().max())
     want = {k: v.double() for k, v in want.items()}

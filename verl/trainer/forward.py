@@ -106,24 +106,27 @@ def shared_prompt_logits(
     """
     mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
     positions = position_ids_from_mask(mask)
-    width = prompt_ids.shape[1]
     _, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True)
     first = torch.full((int(inverse.max()) + 1,), len(inverse), dtype=torch.long, device=inverse.device)
     first = first.scatter_reduce(0, inverse, torch.arange(len(inverse), device=inverse.device), "amin")
-    kwargs = {"logits_to_keep": 1} if _accepts(type(model), "logits_to_keep") else {}
-    out = model(input_ids=prompt_ids[first], attention_mask=prompt_mask[first], position_ids=positions[first, :width],
-                use_cache=True, **kwargs)
-    head = out.logits[:, -1:, :][inverse]
-    # Always two forwards, the second over every response column (the last one's logits are dropped): a
-    # data-independent count of forwards keeps FSDP's all-gathers in step across ranks.
     name = _cache_argument(type(model))
+    keep = (lambda k: {"logits_to_keep": k}) if _accepts(type(model), "logits_to_keep") else (lambda k: {})
+    # The prompt's last token goes with the responses, so that every logit used comes out of one
+    # projection of whole rows. (A projection of a [G, 1, H] slice takes a different matmul kernel depending
+    # on whether the weights require grad, so a frozen reference would differ from an identical policy by
+    # float rounding.) Always two forwards: a data-independent count keeps FSDP's all-gathers in step.
+    cut = max(prompt_ids.shape[1] - 1, 1)
+    out = model(input_ids=prompt_ids[first, :cut], attention_mask=prompt_mask[first, :cut],
+                position_ids=positions[first, :cut], use_cache=True, **keep(1))
     cache = getattr(out, "cache", None)
     cache = out.past_key_values if cache is None else cache
     cache.batch_select_indices(inverse)
-    kwargs = {"logits_to_keep": response_ids.shape[1]} if _accepts(type(model), "logits_to_keep") else {}
-    rest = model(input_ids=response_ids, attention_mask=mask, position_ids=positions[:, width:], use_cache=True,
-                 **{name: cache}, **kwargs).logits
-    logits = torch.cat([head, rest[:, :-1]], dim=1)
+    tail = torch.cat([prompt_ids[:, cut:], response_ids], dim=1)
+    logits = model(input_ids=tail, attention_mask=mask, position_ids=positions[:, cut:], use_cache=True,
+                   **{name: cache}, **keep(tail.shape[1])).logits
+    if prompt_ids.shape[1] == 1:  # one-token prompts: their logit came out of the prompt forward
+        logits = torch.cat([out.logits[:, -1:, :][inverse], logits], dim=1)
+    logits = logits[:, -response_ids.shape[1] - 1 : -1, :]
     return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
 
 
