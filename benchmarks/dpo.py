@@ -9,7 +9,9 @@ TRL is optional (`pip install verl[bench]`); without it only verl's numbers are 
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import sys
 import tempfile
 import time
 from typing import Any
@@ -126,7 +128,11 @@ def main() -> None:
     parser.add_argument("--precompute-ref", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2, help="interleaved runs of each; the best counts")
+    parser.add_argument("--trl-path", default=os.environ.get("VERL_BENCH_TRL_PATH"),
+                        help="folder to import TRL from (a side install); default: the environment")
     args = parser.parse_args()
+    if args.trl_path:
+        sys.path.insert(0, args.trl_path)
     if args.warmup < 1:
         parser.error("--warmup must be >= 1 (the first step includes one-off costs on both sides)")
     rows = make_pairs(args.pairs, args.seed)

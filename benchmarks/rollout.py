@@ -8,6 +8,7 @@ Run by hand: ``python benchmarks/rollout.py [--batch 64 --new-tokens 64 --thread
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -56,39 +57,56 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads for both")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--n", type=int, default=1, help="samples per prompt (HF: num_return_sequences)")
+    parser.add_argument("--model", default=None, help="tiny[:arch[:hidden[:layers]]] (e.g. tiny:qwen2:256:10 for "
+                        "~10M parameters) or a local dir; default: the project's tiny model")
     args = parser.parse_args(argv)
 
     from verl.rollout import HFKVCacheEngine, SamplingParams
 
     torch.set_num_threads(args.threads)
-    model = _tiny_model(vocab=1000, seed=args.seed).eval()
+    if args.model:
+        import sys
+        from pathlib import Path
+
+        from transformers import AutoModelForCausalLM
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from dpo import model_dir
+
+        model = AutoModelForCausalLM.from_pretrained(model_dir(args.model), dtype=torch.float32).eval()
+    else:
+        model = _tiny_model(vocab=1000, seed=args.seed).eval()
     vocab = model.get_input_embeddings().num_embeddings
     ids, mask = _prompts(args.batch, args.prompt_len, vocab, args.seed)
     params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.new_tokens,
-                            eos_token_ids=[], pad_token_id=0)
+                            eos_token_ids=[], pad_token_id=0, n=args.n)
     engine = HFKVCacheEngine(model)
     generator = torch.Generator().manual_seed(args.seed)
 
     def ours() -> None:
         out = engine.generate(ids, mask, params, generator=generator)
-        assert out.response_mask.sum() == args.batch * args.new_tokens
+        assert out.response_mask.sum() == args.batch * args.n * args.new_tokens
 
     def hf() -> None:
         with torch.inference_mode():
             out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0,
                                  top_k=0, max_new_tokens=args.new_tokens, min_new_tokens=0,
-                                 eos_token_id=None, pad_token_id=0)
-        assert out.shape[1] - ids.shape[1] == args.new_tokens
+                                 eos_token_id=None, pad_token_id=0, num_return_sequences=args.n)
+        assert out.shape[1] - ids.shape[1] == args.new_tokens and out.shape[0] == args.batch * args.n
 
-    tokens = args.batch * args.new_tokens
+    tokens = args.batch * args.n * args.new_tokens
     results = {}
     times: dict[str, list[float]] = {"hf generate": [], "verl HFKVCacheEngine": []}
     hf(), ours()  # warm-up
     # Interleave the two so load from other processes hits both alike.
-    for _ in range(args.repeats):
-        times["hf generate"].append(_seconds(hf))
-        times["verl HFKVCacheEngine"].append(_seconds(ours))
-    print(f"batch {args.batch}, prompt <= {args.prompt_len}, {args.new_tokens} new tokens, sampling T=1.0, "
+    ratios = []
+    for r in range(args.repeats):
+        pair = [("hf generate", hf), ("verl HFKVCacheEngine", ours)]
+        for name, fn in pair if r % 2 == 0 else pair[::-1]:
+            times[name].append(_seconds(fn))
+        ratios.append(times["hf generate"][-1] / times["verl HFKVCacheEngine"][-1])
+    print(f"batch {args.batch} x n {args.n}, prompt <= {args.prompt_len}, {args.new_tokens} new tokens, sampling T=1.0, "
           f"{args.threads} thread(s), {args.repeats} repeats, vocab {vocab}")
     print(f"{'engine':<24}{'median s':>10}{'best s':>10}{'tokens/s (median)':>20}")
     for name, ts in times.items():
@@ -96,7 +114,9 @@ def main(argv: list[str] | None = None) -> float:
         results[name] = tokens / med
         print(f"{name:<24}{med:>10.4f}{min(ts):>10.4f}{tokens / med:>20.0f}")
     ratio = results["verl HFKVCacheEngine"] / results["hf generate"]
-    print(f"ratio (verl / hf generate): {ratio:.2f}x")
+    print(f"ratio (verl / hf generate): {ratio:.2f}x; per-round median {statistics.median(ratios):.2f}x "
+          f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x); load average "
+          f"{'/'.join(f'{x:.1f}' for x in os.getloadavg())}")
     return ratio
 
 

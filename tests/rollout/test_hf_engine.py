@@ -279,3 +279,18 @@ def test_pad_positions_may_hold_any_id(qwen2):
     b = engine.generate(odd, mask, SamplingParams(temperature=0, max_new_tokens=4))
     assert torch.equal(a.response_ids, b.response_ids)
     assert torch.equal(b.prompt_ids, odd)
+
+
+def test_shared_prefill_samples_the_same_tokens_as_prefilling_every_copy(qwen2):
+    """n samples per prompt prefill each prompt once and repeat its cache; under one seed that samples
+    exactly what prefilling the n copies separately samples."""
+    ids, mask = left_padded(LENGTHS, seed=4)
+    engine = HFKVCacheEngine(qwen2)
+    n = 3
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, n=n)
+    shared = engine.generate(ids, mask, params, torch.Generator().manual_seed(5))
+    copies = engine.generate(ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0),
+                             SamplingParams(temperature=1.0, max_new_tokens=8, n=1), torch.Generator().manual_seed(5))
+    assert torch.equal(shared.response_ids, copies.response_ids)
+    assert torch.equal(shared.response_mask, copies.response_mask)
+    assert torch.allclose(shared.logprobs, copies.logprobs, rtol=0, atol=1e-6)

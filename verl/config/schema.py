@@ -127,6 +127,11 @@ class AlgorithmConfig(Section):
                              "a response's tokens, averaged over the global batch (verl's unit).")
     kl_horizon: int = Field(10000, gt=0)
     whiten_advantages: bool = Field(True, description="Whiten GAE / REINFORCE++ advantages over the batch.")
+    filter_groups: bool = Field(False, description="DAPO dynamic sampling (group estimators): sample more prompts "
+                                "and keep only groups whose rewards differ until the batch is full.")
+    max_resample_rounds: int = Field(3, ge=0, description="filter_groups: extra sampling rounds at most; a batch "
+                                     "still short after them is filled with equal-reward groups (skipped in the "
+                                     "update, so they cost no gradient).")
 
 
 class OptimConfig(Section):
@@ -140,6 +145,11 @@ class OptimConfig(Section):
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
     mini_batch_size: int | None = Field(None, gt=0, description="Prompts per optimizer step; None = whole batch.")
     micro_batch_size: int = Field(8, gt=0, description="Sequences per forward/backward (per device).")
+    max_tokens_per_micro_batch: int | None = Field(
+        None, gt=0, description="Token budget per micro-batch (padded prompt + response tokens): sequences are "
+        "grouped by length under it instead of micro_batch_size at a time, so padding costs little. The "
+        "gradient does not depend on the grouping. None = fixed micro_batch_size. Also sizes the no-grad "
+        "log-prob / value passes (at twice the budget).")
     ppo_epochs: int = Field(1, gt=0)
     grad_clip: float | None = Field(1.0, gt=0.0)
     shuffle: bool = True
@@ -157,6 +167,14 @@ class ActorConfig(OptimConfig):
     kl_loss_coef: float = Field(0.0, ge=0.0, description="> 0 adds KL to the reference as a loss term.")
     kl_loss_type: Literal["k1", "k2", "k3", "abs"] = "k3"
     entropy_coef: float = Field(0.0, ge=0.0)
+    share_prompt_forward: bool = Field(True, description="With rollout.n > 1, run each group's prompt once per "
+                                       "micro-batch (with gradient) and its n responses on the prompt's cached "
+                                       "keys/values; same loss and gradients as the unshared forward. Mini-batches "
+                                       "then shuffle whole groups. Off for models without a KV cache argument "
+                                       "or with gradient checkpointing.")
+    skip_zero_advantage: bool = Field(True, description="Without a KL loss or an entropy bonus, a sequence whose "
+                                      "advantages are all 0 adds exactly nothing to the gradient: skip its forward "
+                                      "and backward (the loss normaliser still counts it). Metric actor/skipped_frac.")
 
 
 class CriticConfig(OptimConfig):

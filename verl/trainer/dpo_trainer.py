@@ -17,17 +17,58 @@ from typing import Any
 
 import torch
 
-from verl.algorithms import dpo_loss
+from verl.algorithms import dpo_loss, token_logprobs
 from verl.config.schema import RunConfig
 from verl.data.datasets import IGNORE_INDEX, PreferenceDataset, pad_token_id
 from verl.errors import ConfigError
 from verl.models.lora import is_peft_model
+from verl.trainer.forward import can_share_prompt, shared_prompt_logits
 from verl.trainer.models import build_reference
 from verl.trainer.offline import OfflineTrainer, Rows
 from verl.trainer.optim import build_optimizer
 from verl.trainer.sft_trainer import collate_sequences, shifted_targets, target_logprobs
 
 PairItem = Mapping[str, Any]
+
+
+def shared_pair_layout(items: Sequence[PairItem], pad_id: int) -> dict[str, torch.Tensor]:
+    """Prompts [2m, P] (left-padded, each pair's prompt twice: chosen rows then rejected rows) and the
+    answers [2m, R] (right-padded) with their targets, split where chosen and rejected stop sharing
+    tokens and no later than the first labelled token (at least after the first token, which nothing
+    predicts; a pair that shares no prefix then has two one-token prompts, run separately)."""
+    prompts, answers, targets = [], [], []
+    cuts = []
+    for it in items:
+        c, r = list(it["chosen_input_ids"]), list(it["rejected_input_ids"])
+        common = next((i for i, (x, y) in enumerate(zip(c, r, strict=False)) if x != y), min(len(c), len(r)))
+        first = [next((i for i, t in enumerate(it[f"{side}_labels"]) if t != IGNORE_INDEX), len(it[f"{side}_labels"]))
+                 for side in ("chosen", "rejected")]
+        cuts.append(max(1, min(common, *first, len(c) - 1, len(r) - 1)))
+    for side in ("chosen", "rejected"):
+        for it, cut in zip(items, cuts, strict=True):
+            ids, labels = list(it[f"{side}_input_ids"]), list(it[f"{side}_labels"])
+            prompts.append(ids[:cut])
+            answers.append(ids[cut:])
+            targets.append(labels[cut:])
+    width_p, width_r = max(map(len, prompts)), max(1, max(map(len, answers)))
+    prompt_ids = torch.tensor([[pad_id] * (width_p - len(p)) + p for p in prompts], dtype=torch.long)
+    prompt_mask = torch.tensor([[0] * (width_p - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
+    response_ids = torch.tensor([a + [pad_id] * (width_r - len(a)) for a in answers], dtype=torch.long)
+    response_mask = torch.tensor([[1] * len(a) + [0] * (width_r - len(a)) for a in answers], dtype=torch.long)
+    response_targets = torch.tensor([t + [IGNORE_INDEX] * (width_r - len(t)) for t in targets], dtype=torch.long)
+    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "response_ids": response_ids,
+            "response_mask": response_mask, "targets": response_targets}
+
+
+def shared_sequence_logps(model: torch.nn.Module, layout: Mapping[str, torch.Tensor],
+                          device: torch.device) -> torch.Tensor:
+    """Per-row sums of target log-probs [2m] from `shared_pair_layout`, each prompt run once."""
+    t = {k: v.to(device) for k, v in layout.items()}
+    logits = shared_prompt_logits(model, t["prompt_ids"], t["prompt_mask"], t["response_ids"], t["response_mask"])
+    has = t["targets"] != IGNORE_INDEX
+    logprobs = token_logprobs(logits[has].float(), t["targets"][has])
+    rows = has.nonzero()[:, 0]
+    return torch.zeros(len(has), dtype=logprobs.dtype, device=logprobs.device).index_add(0, rows, logprobs)
 
 
 class DPOTrainer(OfflineTrainer):
@@ -101,10 +142,19 @@ class DPOTrainer(OfflineTrainer):
         """Chosen then rejected sequences of `items`, left-padded to one width: [2m, L]."""
         seqs = [[(it[f"{side}_input_ids"], shifted_targets(it[f"{side}_labels"]))]
                 for side in ("chosen", "rejected") for it in items]
-        return collate_sequences(seqs, self.pad_id, packed=False)
+        batch = collate_sequences(seqs, self.pad_id, packed=False)
+        if self.config.actor.share_prompt_forward:
+            batch["shared_prompt"] = shared_pair_layout(items, self.pad_id)
+        return batch
 
     def sequence_logps(self, model: torch.nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
-        """Sum of response-token log-probs per sequence: [2m] (chosen first), differentiable."""
+        """Sum of response-token log-probs per sequence: [2m] (chosen first), differentiable.
+
+        With `actor.share_prompt_forward` a pair's prompt runs once and both answers on its cached
+        keys/values (same sums and gradients as the concatenated forward)."""
+        shared = batch.get("shared_prompt")
+        if shared is not None and can_share_prompt(model):
+            return shared_sequence_logps(model, shared, self.device)
         logprobs, rows = target_logprobs(model, batch, self.device)
         n = batch["input_ids"].shape[0]
         return torch.zeros(n, dtype=logprobs.dtype, device=logprobs.device).index_add(0, rows, logprobs)

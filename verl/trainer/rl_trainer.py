@@ -42,7 +42,7 @@ from verl.rollout.weight_sync import synced
 from verl.trainer.advantages import apply_kl_in_reward, estimate_advantages
 from verl.trainer.batch import RolloutBatch
 from verl.trainer.batch_math import BatchPlan
-from verl.trainer.forward import response_logprobs, response_values
+from verl.trainer.forward import can_share_prompt, response_logprobs, response_values, shared_prompt_logprobs
 from verl.trainer.models import build_reference
 from verl.trainer.optim import build_optimizer
 from verl.trainer.reward_model import reward_text
@@ -220,6 +220,9 @@ class RLTrainer(TrainerRuntime):
             batch = self.placement.align(run("actor", self.generate, batch), self.sequence_padding)
         with self.timer(timing, "reward"):
             batch = run("actor", self.compute_reward, batch)
+        if self.config.algorithm.filter_groups:
+            with self.timer(timing, "resample"):
+                batch = self.filter_groups(batch, metrics)
         if self.remote_reward_model:
             with self.timer(timing, "reward_model"):
                 batch = self.placement.align(run("actor", self.reward_model_inputs, batch),
@@ -251,6 +254,56 @@ class RLTrainer(TrainerRuntime):
             metrics["perf/tokens_per_s"] = (float(batch.attention_mask.sum()) * self.dp_size
                                             / max(metrics["timing/step"], 1e-9))
         return self.placement.mean_over_owners(metrics)  # ranks may differ in which metrics they have
+
+    def filter_groups(self, batch: RolloutBatch | None, metrics: dict[str, float]) -> RolloutBatch | None:
+        """DAPO dynamic sampling: keep the groups whose rewards differ; while some actor rank has fewer than
+        its share, every rank draws and scores another batch of prompts (so the prompt stream and FSDP's
+        collectives stay in step), at most `algorithm.max_resample_rounds` times. A rank still short fills
+        up with equal-reward groups, which the update skips (actor.skip_zero_advantage)."""
+        if self.remote_reward_model:
+            raise ConfigError("algorithm.filter_groups needs the rewards on the actor's ranks; a reward model on "
+                              "ranks of its own (devices.reward) is not supported with it: colocate the reward "
+                              "model or set algorithm.filter_groups=false")
+        run, holds = self.placement.run, self.placement.holds("actor")
+        want = len(batch) if holds else 0
+        kept, rejected, sampled, rounds = [], [], 0, 0
+        draw = batch
+        while True:
+            if holds:
+                varied = self.varied_groups(draw)
+                kept.append(draw.select(varied.nonzero().flatten()))
+                rejected.append(draw.select((~varied).nonzero().flatten()))
+                sampled += len(draw)
+            short = sum(len(k) for k in kept) < want
+            if rounds >= self.config.algorithm.max_resample_rounds:
+                break
+            if not self.placement.mean_over_owners({"short": float(short)} if holds else {}).get("short", 0.0):
+                break
+            rounds += 1
+            draw = self.get_batch()
+            draw.group_ids = draw.group_ids + rounds * self.config.data.train_batch_size  # unique over rounds
+            draw = self.placement.align(run("actor", self.generate, draw), self.sequence_padding)
+            draw = run("actor", self.compute_reward, draw)
+        metrics["dynamic_sampling/rounds"] = float(rounds)
+        if not holds:
+            return None
+        pool = concat_batches([*kept, *rejected], self.tokenizer.pad_token_id)
+        out = pool.select(torch.arange(want))
+        out.metrics = batch.metrics
+        filled = max(want - sum(len(k) for k in kept), 0)
+        metrics["dynamic_sampling/varied_group_frac"] = sum(len(k) for k in kept) / max(sampled, 1)
+        metrics["dynamic_sampling/filled_equal_frac"] = filled / max(want, 1)
+        return out
+
+    @staticmethod
+    def varied_groups(batch: RolloutBatch) -> torch.Tensor:
+        """[N] bool: the sequences whose group's scores are not all equal (exactly, as the estimators test)."""
+        scores = batch.scores.detach().cpu().double()
+        _, inverse = torch.unique(batch.group_ids.cpu(), return_inverse=True)
+        size = int(inverse.max()) + 1 if len(inverse) else 0
+        high = torch.full((size,), -float("inf"), dtype=torch.float64).scatter_reduce(0, inverse, scores, "amax")
+        low = torch.full((size,), float("inf"), dtype=torch.float64).scatter_reduce(0, inverse, scores, "amin")
+        return (high != low)[inverse]
 
     @property
     def sequence_padding(self) -> dict[str, tuple[str, int]]:
@@ -365,13 +418,29 @@ class RLTrainer(TrainerRuntime):
         """Log-probs of the sampled response tokens under `model` (no gradient, eval mode)."""
         temperature = self.config.rollout.temperature or 1.0
         return self.forward_in_micro_batches(
-            model, batch, lambda mb: response_logprobs(model, mb.input_ids, mb.attention_mask, mb.position_ids,
-                                                       mb.response_ids.shape[1], temperature=temperature)[0])
+            model, batch, lambda mb: self.policy_logprobs(model, mb, temperature=temperature)[0],
+            self.config.actor.max_tokens_per_micro_batch)
+
+    def shares_prompt(self, model: torch.nn.Module) -> bool:
+        """Whether `model`'s forwards run each group's prompt once (`actor.share_prompt_forward`)."""
+        return self.config.actor.share_prompt_forward and self.config.rollout.n > 1 and can_share_prompt(model)
+
+    def policy_logprobs(self, model: torch.nn.Module, mb: RolloutBatch, *, temperature: float,
+                        with_entropy: bool = False, entropy_grad: bool = True
+                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropy) of `mb`'s response tokens under `model`, sharing prompts when it can."""
+        if self.shares_prompt(model):
+            return shared_prompt_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                                          temperature=temperature, with_entropy=with_entropy,
+                                          entropy_grad=entropy_grad)
+        return response_logprobs(model, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_ids.shape[1],
+                                 temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
 
     def compute_values(self, batch: RolloutBatch) -> RolloutBatch:
         batch.values = self.forward_in_micro_batches(
             self.critic, batch, lambda mb: response_values(self.critic, mb.input_ids, mb.attention_mask,
-                                                           mb.position_ids, mb.response_ids.shape[1]))
+                                                           mb.position_ids, mb.response_ids.shape[1]),
+            self.config.critic.max_tokens_per_micro_batch)
         return batch
 
     def compute_advantages(self, batch: RolloutBatch) -> RolloutBatch:
@@ -386,9 +455,8 @@ class RLTrainer(TrainerRuntime):
 
         def micro_loss(mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
             mask = mb.response_mask.float()
-            logprobs, entropy = response_logprobs(self.model, mb.input_ids, mb.attention_mask, mb.position_ids,
-                                                  norm_len, temperature=temperature, with_entropy=True,
-                                                  entropy_grad=cfg.entropy_coef > 0)
+            logprobs, entropy = self.policy_logprobs(self.model, mb, temperature=temperature, with_entropy=True,
+                                                     entropy_grad=cfg.entropy_coef > 0)
             old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
             loss, stats = ppo_policy_loss(logprobs, old, mb.advantages, mask, clip_low=cfg.clip_low,
                                           clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.loss_agg,
@@ -407,7 +475,9 @@ class RLTrainer(TrainerRuntime):
             return loss, metrics
 
         metrics = self.optimize(self.model, self.optimizer, self.scheduler, batch, cfg, self.plans["actor"],
-                                micro_loss, prefix="actor")
+                                micro_loss, prefix="actor",
+                                contributes=self.contributing_sequences if self.skips_zero_advantage else None,
+                                keep_groups=self.shares_prompt(self.model))
         if batch.ref_logprobs is not None:
             metrics["actor/ref_kl"] = float(masked_mean(batch.old_logprobs - batch.ref_logprobs,
                                                         batch.response_mask.float()))
@@ -415,11 +485,11 @@ class RLTrainer(TrainerRuntime):
 
     def update_critic(self, batch: RolloutBatch) -> dict[str, float]:
         cfg = self.config.critic
-        norm_len = batch.response_ids.shape[1]
 
         def micro_loss(mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
             mask = mb.response_mask.float()
-            values = response_values(self.critic, mb.input_ids, mb.attention_mask, mb.position_ids, norm_len)
+            values = response_values(self.critic, mb.input_ids, mb.attention_mask, mb.position_ids,
+                                     mb.response_ids.shape[1])
             loss, stats = value_loss(values, mb.values, mb.returns, mask, clip_range=cfg.value_clip, agg=cfg.loss_agg)
             return loss, {"critic/vf_loss": float(loss.detach()), **{f"critic/{k}": v for k, v in stats.items()}}
 
@@ -429,6 +499,19 @@ class RLTrainer(TrainerRuntime):
         metrics["critic/explained_var"] = float(explained_variance(batch.values, batch.returns, mask))
         metrics["critic/values_mean"] = float(masked_mean(batch.values, mask))
         return metrics
+
+    @property
+    def skips_zero_advantage(self) -> bool:
+        """With neither a KL loss nor an entropy bonus the PPO loss of a token is -A x ratio (clipped), so a
+        sequence whose advantages are all exactly 0 (a GRPO/RLOO group with equal rewards) has zero loss and
+        zero gradient: the update may leave it out."""
+        cfg = self.config.actor
+        return cfg.skip_zero_advantage and cfg.kl_loss_coef == 0 and cfg.entropy_coef == 0
+
+    @staticmethod
+    def contributing_sequences(batch: RolloutBatch) -> torch.Tensor:
+        """[N] bool: the sequences with a non-zero advantage on some response token."""
+        return ((batch.advantages != 0) & (batch.response_mask != 0)).any(-1)
 
     # ------------------------------------------------------------------ shared machinery
     @property
@@ -449,57 +532,174 @@ class RLTrainer(TrainerRuntime):
         micro_loss: Callable[[RolloutBatch], tuple[torch.Tensor, dict[str, float]]],
         *,
         prefix: str,
+        contributes: Callable[[RolloutBatch], torch.Tensor] | None = None,
+        keep_groups: bool = False,
     ) -> dict[str, float]:
         """Epochs x shuffled mini-batches x micro-batches; each micro loss is weighted by its share of the
-        mini-batch (tokens for token-mean, sequences otherwise) so accumulation equals one big batch."""
+        mini-batch (tokens for token-mean, sequences otherwise) so accumulation equals one big batch.
+
+        `contributes(mini)` marks the sequences whose gradient can be non-zero; the others are left out of
+        the forward/backward but still counted in the loss normaliser, so the gradient is unchanged. When
+        the number of micro-batches can differ between ranks (skipping, token budgets), every rank runs the
+        largest count, padding with zero-weight micro-batches: FSDP's all-gathers stay in step.
+        `keep_groups` shuffles whole groups (the samples of one prompt stay together, so a shared-prompt
+        forward finds them in one micro-batch).
+        """
         module.train()
         sums: dict[str, float] = {}
         counts = 0
         grad_norms = []
+        skipped = seen = 0
+        pad_stats: dict[str, float] = {}
         n = len(batch)
+        budget = cfg.max_tokens_per_micro_batch
+        varies = contributes is not None or budget is not None
         for _ in range(cfg.ppo_epochs):
-            order = (torch.randperm(n, generator=self.shuffle_generator) if cfg.shuffle else torch.arange(n))
+            order = self.update_order(batch, cfg.shuffle, keep_groups)
             for start in range(0, n, plan.mini_batch_sequences):
                 mini = batch.select(order[start : start + plan.mini_batch_sequences])
-                weights = self.micro_weights(mini, plan.micro_batch_size, cfg.loss_agg, role=prefix)
+                keep = contributes(mini).to("cpu", torch.bool) if contributes is not None else None
+                groups = self.micro_batch_groups(mini, plan.micro_batch_size, budget, keep=keep,
+                                                 by_group=keep_groups)
+                weights = self.micro_weights(mini, groups, cfg.loss_agg, role=prefix)
+                rounds = self.micro_batch_rounds(len(groups), prefix) if varies else len(groups)
                 optimizer.zero_grad(set_to_none=True)
-                for (mb, weight) in zip(self._micro_batches(mini, plan.micro_batch_size), weights, strict=True):
+                for i in range(rounds):
+                    if i < len(groups):
+                        mb, weight = self.micro_batch(mini, groups[i], trim=budget is not None), weights[i]
+                    else:  # a rank with fewer (or no) micro-batches: same collectives, zero gradient
+                        mb, weight = self.micro_batch(mini, torch.zeros(1, dtype=torch.long), trim=True), 0.0
                     loss, stats = micro_loss(mb)
                     (loss * weight).backward()
-                    for k, v in stats.items():
-                        sums[k] = sums.get(k, 0.0) + v
-                    counts += 1
+                    if i < len(groups):
+                        for k, v in stats.items():
+                            sums[k] = sums.get(k, 0.0) + v
+                        counts += 1
+                    elif not pad_stats:  # reported only if nothing else ran (every sequence skipped)
+                        pad_stats = stats
+                if keep is not None:
+                    skipped, seen = skipped + int((~keep).sum()), seen + len(mini)
                 grad_norms.append(self.clip_and_step(module, optimizer, cfg.grad_clip))
                 scheduler.step()
-        metrics = {k: v / max(counts, 1) for k, v in sums.items()}
+        metrics = {k: v / counts for k, v in sums.items()} if counts else dict(pad_stats)
         metrics[f"{prefix}/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
         metrics[f"{prefix}/lr"] = scheduler.get_last_lr()[0]
+        if contributes is not None:
+            metrics[f"{prefix}/skipped_frac"] = skipped / max(seen, 1)
         return metrics
+
+    def update_order(self, batch: RolloutBatch, shuffle: bool, keep_groups: bool) -> torch.Tensor:
+        """The order rows enter mini-batches: shuffled rows, or shuffled groups with their rows together."""
+        n = len(batch)
+        if not shuffle:
+            return torch.arange(n)
+        if not keep_groups:
+            return torch.randperm(n, generator=self.shuffle_generator)
+        ids, inverse = torch.unique(batch.group_ids.cpu(), return_inverse=True)
+        rank = torch.empty(len(ids), dtype=torch.long)
+        rank[torch.randperm(len(ids), generator=self.shuffle_generator)] = torch.arange(len(ids))
+        return torch.argsort(rank[inverse], stable=True)
+
+    @staticmethod
+    def micro_batch_groups(batch: RolloutBatch, size: int, max_tokens: int | None = None, *,
+                           keep: torch.Tensor | None = None, by_group: bool = False) -> list[torch.Tensor]:
+        """Row indices of each micro-batch: `size` rows at a time in batch order, or, with a token budget,
+        rows sorted by length and packed while (rows x (longest prompt + longest response)) <= max_tokens
+        (a row longer than the budget goes alone). Rows with `keep` False are left out. `by_group` sorts
+        by the group's longest row instead, so that the rows of a group stay next to each other."""
+        rows = torch.arange(len(batch)) if keep is None else keep.nonzero().flatten()
+        if max_tokens is None:
+            return [rows[s : s + size] for s in range(0, len(rows), size)]
+        prompt_len = batch.prompt_mask.sum(-1).cpu()[rows]
+        response_len = batch.response_mask.sum(-1).cpu()[rows].clamp(min=1)
+        length = prompt_len + response_len
+        if by_group:
+            _, inverse = torch.unique(batch.group_ids.cpu()[rows], return_inverse=True)
+            longest = torch.zeros(int(inverse.max()) + 1 if len(rows) else 0, dtype=length.dtype)
+            longest = longest.scatter_reduce(0, inverse, length, "amax")
+            by_id = torch.argsort(inverse, stable=True)
+            order = by_id[torch.argsort(longest[inverse][by_id], descending=True, stable=True)]
+        else:
+            order = torch.argsort(length, descending=True, stable=True)
+        groups: list[torch.Tensor] = []
+        current: list[int] = []
+        width_p = width_r = 0
+        for j in order.tolist():
+            p, r = max(width_p, int(prompt_len[j])), max(width_r, int(response_len[j]))
+            if current and (len(current) + 1) * (p + r) > max_tokens:
+                groups.append(rows[torch.tensor(current)])
+                current, p, r = [], int(prompt_len[j]), int(response_len[j])
+            current.append(j)
+            width_p, width_r = p, r
+        if current:
+            groups.append(rows[torch.tensor(current)])
+        return groups
+
+    # Fields [N, R] aligned with the response tokens (right-padded) and [N, P] with the prompt (left-padded).
+    RESPONSE_FIELDS = ("response_ids", "response_mask", "token_rewards", "old_logprobs", "ref_logprobs", "values",
+                       "advantages", "returns")
+
+    @classmethod
+    def micro_batch(cls, batch: RolloutBatch, index: torch.Tensor, *, trim: bool = False) -> RolloutBatch:
+        """Rows `index`; with `trim`, without the padding columns none of them needs (left of the longest
+        prompt, right of the longest response; at least one response column)."""
+        mb = batch.select(index)
+        if not trim:
+            return mb
+        p = int(mb.prompt_mask.sum(-1).max()) if len(mb) else 0
+        r = max(int(mb.response_mask.sum(-1).max()) if len(mb) else 0, 1)
+        mb.prompt_ids, mb.prompt_mask = mb.prompt_ids[:, mb.prompt_ids.shape[1] - p :], mb.prompt_mask[:, mb.prompt_mask.shape[1] - p :]
+        for name in cls.RESPONSE_FIELDS:
+            value = getattr(mb, name)
+            if value is not None:
+                setattr(mb, name, value[:, :r])
+        return mb
+
+    def micro_batch_rounds(self, count: int, role: str) -> int:
+        """The micro-batch count every rank of `role` runs: the largest of theirs (at least 1, so that a rank
+        with nothing to do still steps its optimizer on a zero gradient, as the full computation would)."""
+        if self.placement.role_size(role) > 1:
+            count = int(self.placement.all_reduce_max(torch.tensor([float(count)]), role))
+        return max(count, 1)
+
+    def micro_weights(self, mini: RolloutBatch, groups: Sequence[torch.Tensor], agg: str,
+                      role: str = "actor") -> list[float]:
+        """Each micro-batch's share of the global mini-batch (tokens for token-mean, else sequences).
+
+        Shares are of the total over the role's data-parallel ranks, times the number of ranks because FSDP
+        averages gradients: the accumulated gradient is that of one big batch, however it is split. Rows
+        left out of every group (skipped) still count in the total.
+        """
+        mask = mini.response_mask
+        units = (mask.sum(-1) if agg == "token-mean" else (mask.sum(-1) > 0).long()).cpu()
+        total = max(float(self.placement.all_reduce_sum(units.sum().double().reshape(1), role)), 1.0)
+        ranks = self.placement.role_size(role)
+        return [float(units[g].sum()) * ranks / total for g in groups]
+
+    def forward_in_micro_batches(self, model: torch.nn.Module, batch: RolloutBatch,
+                                 fn: Callable[[RolloutBatch], torch.Tensor],
+                                 max_tokens: int | None = None) -> torch.Tensor:
+        """`fn` over micro-batches, without gradient and in eval mode: dropout would make the old
+        log-probs differ from the policy that sampled, and PPO's ratio start away from 1.
+
+        With a token budget the rows are grouped by length and trimmed of padding; the [rows, r] results
+        are padded back to the batch's response width (zeros) and returned in the batch's order."""
+        size = self.plans["actor"].micro_batch_size * 2  # no activations kept: twice the training micro size
+        with no_grad_eval(model):
+            if max_tokens is None:
+                return torch.cat([fn(mb) for mb in self._micro_batches(batch, size)], dim=0)
+            out = None
+            for index in self.micro_batch_groups(batch, size, 2 * max_tokens):
+                part = fn(self.micro_batch(batch, index, trim=True))
+                if out is None:
+                    out = part.new_zeros((len(batch), batch.response_ids.shape[1], *part.shape[2:]))
+                out[index.to(out.device), : part.shape[1]] = part
+            return out
 
     @staticmethod
     def _micro_batches(batch: RolloutBatch, size: int) -> Iterator[RolloutBatch]:
         for start in range(0, len(batch), size):
             yield batch.select(torch.arange(start, min(start + size, len(batch))))
-
-    def micro_weights(self, mini: RolloutBatch, size: int, agg: str, role: str = "actor") -> list[float]:
-        """Each micro-batch's share of the global mini-batch (tokens for token-mean, else sequences).
-
-        Shares are of the total over the role's data-parallel ranks, times the number of ranks because FSDP
-        averages gradients: the accumulated gradient is that of one big batch, however it is split.
-        """
-        mask = mini.response_mask
-        units = mask.sum(-1) if agg == "token-mean" else (mask.sum(-1) > 0).long()
-        total = max(float(self.placement.all_reduce_sum(units.sum().double().reshape(1), role)), 1.0)
-        ranks = self.placement.role_size(role)
-        return [float(units[s : s + size].sum()) * ranks / total for s in range(0, len(mini), size)]
-
-    def forward_in_micro_batches(self, model: torch.nn.Module, batch: RolloutBatch,
-                                 fn: Callable[[RolloutBatch], torch.Tensor]) -> torch.Tensor:
-        """`fn` over micro-batches, without gradient and in eval mode: dropout would make the old
-        log-probs differ from the policy that sampled, and PPO's ratio start away from 1."""
-        size = self.plans["actor"].micro_batch_size * 2  # no activations kept: twice the training micro size
-        with no_grad_eval(model):
-            return torch.cat([fn(mb) for mb in self._micro_batches(batch, size)], dim=0)
 
     def batch_metrics(self, batch: RolloutBatch) -> dict[str, float]:
         """Metrics of the global batch: means and spreads from sums over the actor ranks, maxima by max."""
@@ -610,4 +810,26 @@ class RLTrainer(TrainerRuntime):
         timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
 
 
-__all__ = ["RLTrainer"]
+def concat_batches(batches: Sequence[RolloutBatch], pad_token_id: int) -> RolloutBatch:
+    """Rows of several scored rollout batches in one (prompts left-padded, responses right-padded to the
+    widest); fields that some batch lacks are dropped."""
+    batches = [b for b in batches if len(b)] or list(batches[:1])
+    prompt_width = max(b.prompt_ids.shape[1] for b in batches)
+    response_width = max(b.response_ids.shape[1] for b in batches)
+    fields: dict[str, Any] = {}
+    for name in ("group_ids", "finished", "scores"):
+        if all(getattr(b, name) is not None for b in batches):
+            fields[name] = torch.cat([getattr(b, name) for b in batches])
+    for name, pad in (("prompt_ids", pad_token_id), ("prompt_mask", 0)):
+        fields[name] = torch.cat([torch.nn.functional.pad(getattr(b, name), (prompt_width - b.prompt_ids.shape[1], 0),
+                                                          value=pad) for b in batches])
+    for name, pad in (("response_ids", pad_token_id), ("response_mask", 0), ("token_rewards", 0.0),
+                      ("rollout_logprobs", 0.0)):
+        if all(getattr(b, name) is not None for b in batches):
+            fields[name] = torch.cat([torch.nn.functional.pad(getattr(b, name), (0, response_width - b.response_ids.shape[1]),
+                                                              value=pad) for b in batches])
+    return RolloutBatch(rows=[r for b in batches for r in b.rows], responses=[t for b in batches for t in b.responses],
+                        metrics=dict(batches[0].metrics), **fields)
+
+
+__all__ = ["RLTrainer", "concat_batches"]

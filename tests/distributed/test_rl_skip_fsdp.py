@@ -1,0 +1,62 @@
+"""Skipping zero-advantage groups, token-budget micro-batches and shared-prompt forwards on 2 FSDP ranks: rank 0's groups all have
+equal rewards (it skips everything) while rank 1 skips nothing, so the ranks have different numbers of
+micro-batches to run. Each still runs the same forward/backward collectives (no hang), and the gradient
+equals the run that skips nothing."""
+
+import pytest
+import yaml
+from launch_support import metrics, verl_train  # pytest puts this folder on sys.path
+
+pytestmark = pytest.mark.dist
+
+REWARD = """
+import os
+
+def rank_dependent(prompt, response, ground_truth, **meta):
+    if os.environ.get("RANK") == "0":
+        return 1.0  # every group of rank 0 has equal rewards: zero advantage
+    return sum(map(ord, response)) % 7 / 7  # differs between samples
+"""
+
+
+def _config(tmp_path, name, **actor):
+    (tmp_path / "reward.py").write_text(REWARD)
+    cfg = {
+        "model": {"path": "tiny", "dtype": "float32"},
+        "env": {"name": "arithmetic", "kwargs": {"max_operand": 9, "num_val": 4}},
+        "data": {"train_batch_size": 4, "max_prompt_length": 16},
+        "rollout": {"n": 2, "max_new_tokens": 6},
+        "reward": {"functions": [{"name": f"{tmp_path / 'reward.py'}:rank_dependent"}]},
+        "actor": {"lr": 1e-3, "micro_batch_size": 1, "grad_clip": 1000.0, **actor},
+        "devices": {"timeout_s": 120},
+        "trainer": {"total_steps": 2, "device": "cpu", "run_dir": str(tmp_path / name),
+                    "val_before_train": False, "cpu_threads": 1},
+        "logging": {"backends": ["jsonl"]},
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_ranks_skipping_different_amounts_stay_in_step_with_the_same_gradient(tmp_path):
+    verl_train(_config(tmp_path, "skip", max_tokens_per_micro_batch=24), tmp_path, nproc=2)
+    verl_train(_config(tmp_path, "full", skip_zero_advantage=False, share_prompt_forward=False), tmp_path, nproc=2)
+    skip, full = metrics(tmp_path / "skip"), metrics(tmp_path / "full")
+    assert [r["step"] for r in skip] == [1, 2]
+    assert all(r["actor/skipped_frac"] >= 0.5 for r in skip)  # rank 0 skips all (1.0), rank 1 fewer
+    assert all("actor/skipped_frac" not in r for r in full)
+    first, plain = skip[0], full[0]  # step 1 starts from the same weights and samples
+    assert first["reward/mean"] == plain["reward/mean"]
+    assert first["actor/grad_norm"] > 0
+    assert first["actor/grad_norm"] == pytest.approx(plain["actor/grad_norm"], rel=1e-5)
+
+
+def test_shared_prompt_forward_on_two_ranks_gives_the_unshared_gradient(tmp_path):
+    common = {"micro_batch_size": 2, "entropy_coef": 0.01}  # a group of 2 per micro-batch; nothing skipped
+    verl_train(_config(tmp_path, "shared", share_prompt_forward=True, **common), tmp_path, nproc=2)
+    verl_train(_config(tmp_path, "plain", share_prompt_forward=False, **common), tmp_path, nproc=2)
+    shared, plain = metrics(tmp_path / "shared")[0], metrics(tmp_path / "plain")[0]
+    assert shared["reward/mean"] == plain["reward/mean"]
+    assert shared["actor/grad_norm"] > 0
+    assert shared["actor/grad_norm"] == pytest.approx(plain["actor/grad_norm"], rel=1e-5)
+    assert shared["actor/pg_loss"] == pytest.approx(plain["actor/pg_loss"], rel=1e-5, abs=1e-7)

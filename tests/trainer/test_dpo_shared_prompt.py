@@ -1,0 +1,69 @@
+"""DPO with a shared-prompt forward: a pair's prompt runs once and both answers on its cached keys/values;
+the log-prob sums and every parameter's gradient equal the concatenated forward's."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from test_dpo import ROWS, make_config, tiny  # noqa: F401 - the module-scoped model fixture
+
+from verl.trainer.dpo_trainer import DPOTrainer
+
+
+def _trainer(tiny, share: bool, **actor):  # noqa: F811
+    model, tok = tiny
+    cfg = make_config(actor={"share_prompt_forward": share, **actor})
+    return DPOTrainer(cfg, model=copy.deepcopy(model), tokenizer=tok, train_rows=ROWS)
+
+
+def test_shared_pair_logps_and_gradients_equal_the_concatenated_forward(tiny):  # noqa: F811
+    tr = _trainer(tiny, share=True)
+    items = [tr.train_data[i] for i in range(6)]
+    batch = tr.pair_batch(items)
+    assert "shared_prompt" in batch
+    forwards = []
+    hook = tr.model.register_forward_hook(lambda *a: forwards.append(1))
+
+    def run(b):
+        tr.model.zero_grad(set_to_none=True)
+        logps = tr.sequence_logps(tr.model, b)
+        (logps * torch.linspace(-1, 2, len(logps))).sum().backward()
+        return logps.detach(), {n: p.grad.clone() for n, p in tr.model.named_parameters()}
+
+    got_lp, got = run(batch)
+    assert len(forwards) == 2  # prompts once, then both answers
+    plain = {k: v for k, v in batch.items() if k != "shared_prompt"}
+    want_lp, want = run(plain)
+    hook.remove()
+    assert got_lp.shape == (12,)
+    torch.testing.assert_close(got_lp, want_lp, rtol=1e-5, atol=1e-5)
+    for name, g in want.items():
+        assert float((got[name] - g).abs().max()) <= 1e-5 * max(float(g.abs().max()), 1e-12), name
+
+
+def test_dpo_steps_with_and_without_sharing_agree(tiny):  # noqa: F811
+    shared, plain = _trainer(tiny, True, micro_batch_size=4), _trainer(tiny, False, micro_batch_size=4)
+    a, b = shared.step(), plain.step()
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+    assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+
+
+def test_pairs_without_a_common_prefix_and_one_token_answers(tiny):  # noqa: F811
+    from verl.trainer.dpo_trainer import shared_pair_layout
+
+    tr = _trainer(tiny, share=True)
+    IGN = -100
+    items = [{"chosen_input_ids": [5, 6, 7], "chosen_labels": [IGN, 6, 7],
+              "rejected_input_ids": [8, 9], "rejected_labels": [IGN, 9]},      # no common prefix
+             {"chosen_input_ids": [5, 6, 7, 8], "chosen_labels": [IGN, IGN, IGN, 8],
+              "rejected_input_ids": [5, 6, 7, 9], "rejected_labels": [IGN, IGN, IGN, 9]}]  # one-token answers
+    layout = shared_pair_layout(items, 0)
+    assert layout["prompt_ids"].tolist() == [[0, 0, 5], [5, 6, 7], [0, 0, 8], [5, 6, 7]]
+    assert layout["targets"].tolist() == [[6, 7], [8, -100], [9, -100], [9, -100]]
+    batch = tr.pair_batch(items)
+    tr.model.zero_grad(set_to_none=True)
+    got = tr.sequence_logps(tr.model, batch)
+    want = tr.sequence_logps(tr.model, {k: v for k, v in batch.items() if k != "shared_prompt"})
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,261 @@
+"""The update does less work for the same gradient: zero-advantage sequences are skipped and micro-batches
+can be packed by a token budget. Every gradient is checked in float64 against one big-batch computation
+written here independently (one forward of the whole mini-batch at full width, one loss, one backward)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from rl_support import rl_config
+
+from verl.algorithms import aggregate_loss, place_score_on_last_token, ppo_policy_loss
+from verl.trainer.forward import response_logprobs
+from verl.trainer.rl_trainer import RLTrainer
+
+AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _trainer(tmp_path, *overrides, share: bool = False) -> RLTrainer:
+    trainer = RLTrainer(rl_config(tmp_path, "trainer.total_steps=1", "rollout.max_new_tokens=10",
+                                  "actor.shuffle=false", f"actor.share_prompt_forward={share}", *overrides))
+    trainer.model.double()
+    return trainer
+
+
+def _batch(trainer: RLTrainer, equal_groups: tuple[int, ...]):
+    """A rollout batch whose groups `equal_groups` have equal rewards (zero GRPO advantage), others differ."""
+    batch = trainer.get_batch()
+    batch = trainer.compute_reward(trainer.generate(batch))
+    scores = torch.arange(len(batch), dtype=torch.float32) % 4 / 3.0  # no member equals its group mean
+    for g in equal_groups:
+        scores[batch.group_ids == g] = 0.5
+    batch.scores = scores
+    batch.token_rewards = place_score_on_last_token(scores, batch.response_mask.float())
+    batch = trainer.compute_advantages(trainer.compute_log_probs(batch))
+    return batch
+
+
+def _reference_grads(trainer: RLTrainer, batch) -> dict[str, torch.Tensor]:
+    """One forward of the whole batch, one loss, one backward (float64)."""
+    cfg = trainer.config.actor
+    model = trainer.model
+    model.zero_grad(set_to_none=True)
+    width = batch.response_ids.shape[1]
+    logprobs, entropy = response_logprobs(model, batch.input_ids, batch.attention_mask, batch.position_ids, width,
+                                          with_entropy=True)
+    mask = batch.response_mask.double()
+    old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
+    loss, _ = ppo_policy_loss(logprobs, old, batch.advantages.double(), mask, clip_low=cfg.clip_low,
+                              clip_high=cfg.clip_high, agg=cfg.loss_agg, norm_len=width)
+    if cfg.entropy_coef > 0:
+        loss = loss - cfg.entropy_coef * aggregate_loss(entropy, mask, cfg.loss_agg, norm_len=width)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def _update_grads(trainer: RLTrainer, batch) -> tuple[dict[str, torch.Tensor], dict[str, float], int]:
+    """The trainer's update_policy, capturing the accumulated gradient instead of stepping; and the number
+    of model forwards it ran."""
+    captured: dict[str, torch.Tensor] = {}
+    forwards = []
+
+    def capture(module, optimizer, clip):
+        captured.update({n: p.grad.detach().clone() for n, p in module.named_parameters() if p.grad is not None})
+        return 1.0
+
+    trainer.clip_and_step = capture
+    hook = trainer.model.register_forward_hook(lambda *a: forwards.append(1))
+    try:
+        metrics = trainer.update_policy(batch)
+    finally:
+        hook.remove()
+    return captured, metrics, len(forwards)
+
+
+def _assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], tol: float = 1e-9) -> None:
+    """Equal up to `tol` x the tensor's largest entry. Note: Hugging Face's RMSNorm computes in float32 even
+    in a float64 model, so paths that sum the same terms in another order agree to ~1e-7, not 1e-15."""
+    assert set(got) == set(want)
+    for name, g in want.items():
+        assert g.dtype == torch.float64
+        assert float((got[name] - g).abs().max()) <= tol * max(float(g.abs().max()), 1e-30), name
+    assert any(g.abs().max() > 0 for g in want.values())
+
+
+@pytest.mark.parametrize("agg", AGGS)
+def test_skipping_zero_advantage_groups_keeps_the_gradient(tmp_path, agg):
+    trainer = _trainer(tmp_path, f"actor.loss_agg={agg}", "actor.micro_batch_size=3")
+    batch = _batch(trainer, equal_groups=(0, 2))
+    want = _reference_grads(trainer, batch)
+    got, metrics, forwards = _update_grads(trainer, batch)
+    _assert_same(got, want)
+    assert metrics["actor/skipped_frac"] == 0.5
+    assert forwards == 3  # the 8 sequences of groups 1 and 3 in micro-batches of 3 (16 unskipped would be 6)
+
+
+def test_every_group_equal_runs_one_zero_weight_micro_batch_and_still_steps(tmp_path):
+    trainer = _trainer(tmp_path, "actor.micro_batch_size=4")
+    batch = _batch(trainer, equal_groups=(0, 1, 2, 3))
+    got, metrics, forwards = _update_grads(trainer, batch)
+    assert metrics["actor/skipped_frac"] == 1.0 and forwards == 1
+    assert metrics["actor/pg_loss"] == 0.0 and "actor/entropy" in metrics  # the documented keys are still logged
+    assert got and all(bool((g == 0).all()) for g in got.values())  # zero gradients, as the full update gives
+
+
+@pytest.mark.parametrize("override", ["actor.entropy_coef=0.01", "actor.skip_zero_advantage=false"])
+def test_no_skipping_with_an_entropy_bonus_or_when_turned_off(tmp_path, override):
+    trainer = _trainer(tmp_path, "actor.micro_batch_size=4", override)
+    batch = _batch(trainer, equal_groups=(0, 2))
+    want = _reference_grads(trainer, batch)
+    got, metrics, forwards = _update_grads(trainer, batch)
+    _assert_same(got, want)
+    assert "actor/skipped_frac" not in metrics and forwards == 4
+
+
+@pytest.mark.parametrize("agg", AGGS)
+@pytest.mark.parametrize("budget", [40, 90, 10_000])
+def test_token_budget_micro_batches_keep_the_gradient(tmp_path, agg, budget):
+    trainer = _trainer(tmp_path, f"actor.loss_agg={agg}", f"actor.max_tokens_per_micro_batch={budget}",
+                       "actor.entropy_coef=0.01")  # nothing skipped: every sequence runs
+    batch = _batch(trainer, equal_groups=())
+    want = _reference_grads(trainer, batch)
+    got, _, forwards = _update_grads(trainer, batch)
+    _assert_same(got, want)
+    groups = trainer.micro_batch_groups(batch, 8, budget)
+    assert forwards == len(groups)
+    assert sorted(torch.cat(groups).tolist()) == list(range(len(batch)))
+    for g in groups:  # each micro-batch fits the budget unless it is a single over-long row
+        mb = trainer.micro_batch(batch, g, trim=True)
+        assert len(g) == 1 or mb.input_ids.numel() <= budget
+
+
+def test_token_budget_groups_by_length_and_trims_padding():
+    from verl.trainer.batch import RolloutBatch
+
+    lengths = [2, 9, 3, 8, 1, 7]
+    mask = (torch.arange(10)[None, :] < torch.tensor(lengths)[:, None]).long()
+    batch = RolloutBatch(rows=[{} for _ in lengths], group_ids=torch.arange(6),
+                         prompt_ids=torch.ones(6, 5, dtype=torch.long),
+                         prompt_mask=torch.tensor([[0, 0, 0, 1, 1]] * 6), response_ids=mask.clone(),
+                         response_mask=mask, advantages=torch.ones(6, 10))
+    groups = RLTrainer.micro_batch_groups(batch, 8, 24)
+    assert [g.tolist() for g in groups] == [[1, 3], [5, 2], [0, 4]]  # (2+9)*2=22, (2+7)*2=18, (2+2)*2=8
+    mb = RLTrainer.micro_batch(batch, groups[1], trim=True)
+    assert mb.prompt_ids.shape == (2, 2) and mb.response_mask.shape == (2, 7) and mb.advantages.shape == (2, 7)
+    assert torch.equal(mb.response_mask, mask[[5, 2], :7])
+
+
+def test_no_grad_passes_with_a_token_budget_match_the_plain_pass(tmp_path):
+    trainer = _trainer(tmp_path, "actor.max_tokens_per_micro_batch=30")
+    batch = _batch(trainer, equal_groups=())
+    budgeted = trainer.sequence_logprobs(trainer.model, batch)
+    trainer.config.actor.max_tokens_per_micro_batch = None
+    plain = trainer.sequence_logprobs(trainer.model, batch)
+    mask = batch.response_mask.bool()
+    assert budgeted.shape == plain.shape and budgeted.dtype == torch.float64
+    assert torch.allclose(budgeted[mask], plain[mask], rtol=0, atol=1e-10)
+    assert bool((budgeted[~mask] == 0).all())
+
+
+def test_entropy_for_logging_builds_no_autograd_graph(tmp_path):
+    trainer = _trainer(tmp_path)
+    batch = _batch(trainer, equal_groups=())
+    width = batch.response_ids.shape[1]
+    args = (trainer.model, batch.input_ids, batch.attention_mask, batch.position_ids, width)
+    logprobs, entropy = response_logprobs(*args, with_entropy=True, entropy_grad=False)
+    assert logprobs.grad_fn is not None and entropy.grad_fn is None and not entropy.requires_grad
+    _, with_grad = response_logprobs(*args, with_entropy=True, entropy_grad=True)
+    assert with_grad.grad_fn is not None
+    assert torch.allclose(entropy, with_grad.detach(), rtol=0, atol=1e-12)
+
+
+# ---------------------------------------------------------------- shared-prompt forward
+def _random_groups(groups=3, n=4, prompt=7, response=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, prompt + 1, (groups,), generator=g)
+    lengths[0] = prompt
+    prompt_mask = (torch.arange(prompt)[None] >= (prompt - lengths)[:, None]).long()
+    prompt_ids = torch.randint(3, 700, (groups, prompt), generator=g) * prompt_mask
+    prompt_ids, prompt_mask = prompt_ids.repeat_interleave(n, 0), prompt_mask.repeat_interleave(n, 0)
+    r_len = torch.randint(1, response + 1, (groups * n,), generator=g)
+    response_mask = (torch.arange(response)[None] < r_len[:, None]).long()
+    response_ids = torch.randint(3, 700, (groups * n, response), generator=g) * response_mask
+    weights = torch.randn(groups * n, response, generator=g, dtype=torch.float64) * response_mask
+    return prompt_ids, prompt_mask, response_ids, response_mask, weights
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-6), (torch.float32, 1e-5)])
+def test_shared_prompt_forward_gives_the_unshared_logprobs_and_gradients(dtype, tol):
+    from transformers import AutoModelForCausalLM
+
+    from verl.models.tiny import build_tiny_model
+    from verl.trainer.forward import can_share_prompt, shared_prompt_logprobs
+    from verl.utils.positions import position_ids_from_mask
+
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(seed=0), dtype=dtype)
+    assert can_share_prompt(model)
+    prompt_ids, prompt_mask, response_ids, response_mask, weights = _random_groups()
+    forwards = []
+    model.register_forward_hook(lambda module, args, kwargs, out: forwards.append(kwargs["input_ids"].shape),
+                                with_kwargs=True)
+
+    def run(fn):
+        model.zero_grad(set_to_none=True)
+        logprobs, entropy = fn()
+        ((logprobs * weights.to(dtype)).sum() + (entropy * response_mask).sum()).backward()
+        return logprobs.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    ids, mask = torch.cat([prompt_ids, response_ids], 1), torch.cat([prompt_mask, response_mask], 1)
+    want_lp, want = run(lambda: response_logprobs(model, ids, mask, position_ids_from_mask(mask), 6,
+                                                  temperature=0.7, with_entropy=True))
+    forwards.clear()
+    got_lp, got = run(lambda: shared_prompt_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask,
+                                                     temperature=0.7, with_entropy=True))
+    assert forwards == [(3, 6), (12, 7)]  # 3 distinct prompts once, then the 12 responses on their keys/values
+    real = response_mask.bool()
+    assert float((got_lp - want_lp)[real].abs().max()) <= tol * float(want_lp[real].abs().max())
+    want = {k: v.double() for k, v in want.items()}
+    _assert_same({k: v.double() for k, v in got.items()}, want, tol)
+
+
+@pytest.mark.parametrize("agg", AGGS)
+@pytest.mark.parametrize("extra", [("actor.micro_batch_size=3",), ("actor.max_tokens_per_micro_batch=60",),
+                                   ("actor.micro_batch_size=8", "actor.entropy_coef=0.01")])
+def test_the_update_with_shared_prompts_keeps_the_gradient(tmp_path, agg, extra):
+    trainer = _trainer(tmp_path, f"actor.loss_agg={agg}", *extra, share=True)
+    assert trainer.shares_prompt(trainer.model)
+    batch = _batch(trainer, equal_groups=(2,))
+    want = _reference_grads(trainer, batch)
+    got, _, forwards = _update_grads(trainer, batch)
+    _assert_same(got, want, 1e-6)
+    assert forwards % 2 == 0  # each micro-batch: one prompt forward, one response forward
+
+
+def test_shared_old_logprobs_equal_the_unshared_pass(tmp_path):
+    trainer = _trainer(tmp_path, "actor.micro_batch_size=3", share=True)
+    batch = _batch(trainer, equal_groups=())
+    shared = trainer.sequence_logprobs(trainer.model, batch)
+    trainer.config.actor.share_prompt_forward = False
+    plain = trainer.sequence_logprobs(trainer.model, batch)
+    mask = batch.response_mask.bool()
+    assert torch.allclose(shared[mask], plain[mask], rtol=0, atol=1e-10)
+
+
+def test_groups_are_shuffled_whole_when_prompts_are_shared(tmp_path):
+    trainer = _trainer(tmp_path, share=True)
+    batch = _batch(trainer, equal_groups=())
+    order = trainer.update_order(batch, shuffle=True, keep_groups=True)
+    assert sorted(order.tolist()) == list(range(len(batch)))
+    ids = batch.group_ids[order].tolist()
+    assert all(ids[i] == ids[i - i % 4] for i in range(len(ids)))  # contiguous groups
+    assert ids != sorted(ids) or len(set(ids)) == 1
