@@ -2,7 +2,8 @@
 
 `env.name: arithmetic` is the offline demo task; `env.name: null` (or `dataset`) trains on the rows the
 data layer read from `data.train_files`, scored by `reward.functions`. Projects can add their own names with
-`register_env`.
+`register_env`, or point `env.name` at a class: `path/to/file.py:Class` or `package.module:Class`
+(built with `env.kwargs`; see `verl.env.loader`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from verl.env.arithmetic import ArithmeticEnv
 from verl.env.base import Environment
 from verl.env.dataset import DatasetEnv
+from verl.env.loader import build_user_env, is_user_env_spec
 from verl.errors import ConfigError
 from verl.rewards.manager import RewardManager
 
@@ -85,6 +87,9 @@ def register_env(name: str, factory: EnvFactory) -> None:
     """Make `env.name: <name>` build `factory(ctx: EnvBuildContext, **env.kwargs)`."""
     if name in _REGISTRY:
         raise ConfigError(f"environment name '{name}' is already registered; pick another name.")
+    if is_user_env_spec(name):
+        raise ConfigError(f"environment name '{name}' contains ':', which env.name reads as 'file.py:Class'; "
+                          "pick a name without ':'.")
     _REGISTRY[name] = factory
 
 
@@ -127,12 +132,15 @@ def build_env(
         )
     env_kwargs.update(kwargs)
     name = name or "dataset"
+    if is_user_env_spec(name):
+        return build_user_env(name, env_kwargs, base_dir=base_dir, seed=seed, shuffle=shuffle)
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
         hint = f" Did you mean '{close[0]}'?" if close else ""
         raise ConfigError(
             f"env.name '{name}' is not a known environment.{hint} Known: "
-            f"{', '.join(available_envs())} (or null to train on data.train_files)."
+            f"{', '.join(available_envs())}, your own class as 'path/to/file.py:Class', or null to train "
+            "on data.train_files."
         )
     ctx = EnvBuildContext(
         seed=seed,
