@@ -3,11 +3,17 @@
 from verl.env.arithmetic import ArithmeticEnv, arithmetic_sft_pairs
 from verl.env.base import Environment, PromptEnv
 from verl.env.dataset import DatasetEnv
+from verl.env.multiturn import Done, MultiTurnEnv, MultiTurnEnvironment, Observation, is_multiturn
 from verl.env.registry import EnvBuildContext, available_envs, build_env, register_env
 
 __all__ = [
     "ArithmeticEnv",
     "DatasetEnv",
+    "Done",
+    "MultiTurnEnv",
+    "MultiTurnEnvironment",
+    "Observation",
+    "is_multiturn",
     "EnvBuildContext",
     "Environment",
     "PromptEnv",

@@ -17,6 +17,7 @@ from typing import Any
 
 from verl.env.arithmetic import ArithmeticEnv
 from verl.env.base import Environment
+from verl.env.calculator import CalculatorEnv
 from verl.env.dataset import DatasetEnv
 from verl.env.loader import build_user_env, is_user_env_spec
 from verl.errors import ConfigError
@@ -80,7 +81,13 @@ def _build_dataset(ctx: EnvBuildContext, **kwargs: Any) -> Environment:
     )
 
 
-_REGISTRY: dict[str, EnvFactory] = {"arithmetic": _build_arithmetic, "dataset": _build_dataset}
+def _build_calculator(ctx: EnvBuildContext, **kwargs: Any) -> Environment:
+    _bind_kwargs("calculator", CalculatorEnv.__init__, kwargs, {"seed", "shuffle"})
+    return CalculatorEnv(seed=ctx.seed, shuffle=ctx.shuffle, **kwargs)
+
+
+_REGISTRY: dict[str, EnvFactory] = {"arithmetic": _build_arithmetic, "calculator": _build_calculator,
+                                    "dataset": _build_dataset}
 
 
 def register_env(name: str, factory: EnvFactory) -> None:
