@@ -155,7 +155,7 @@ class MultiTurnRollout:
         except VerlError:
             raise
         except Exception as e:
-            turn = "the start of the episode" if what == "start" else f"turn {record.turns}"
+            turn = "the start" if what == "start" else f"turn {record.turns}"
             raise EnvError(
                 f"environment {env_name(env)} raised {type(e).__name__}: {e} in {what}() at {turn} of the "
                 f"episode of {_row_where(record)}"
