@@ -48,7 +48,8 @@ class ScriptedEnv(MultiTurnEnv):
         if self.fail is not None and (state["i"], state["turn"]) == self.fail[:2]:
             return self.fail[2](state)
         if self.done_after is not None and state["turn"] >= self.done_after + state["i"] % 2:
-            return Done(reward=float(state["i"]) + 0.5 * state["turn"], tool_call=True)
+            return Done(reward=float(state["i"]) + 0.5 * state["turn"], tool_call=True,
+                        info={"odd": state["i"] % 2 == 1, "note": "not a number"})
         return Observation(" <r>" + "x" * self.obs_len(state["i"], state["turn"]) + "</r>", tool_call=True,
                            tool_error=state["turn"] == 2)
 
@@ -98,6 +99,8 @@ def test_masks_cover_model_tokens_only_and_logprobs_equal_one_forward(tiny):
     metrics = out.metrics()
     assert metrics["episode/tool_calls_mean"] == sum(e.tool_calls for e in out.episodes) / len(out.episodes)
     assert metrics["episode/tool_errors_mean"] > 0
+    assert metrics["episode/odd"] == sum(e.info.get("odd", 0) for e in out.episodes) / len(out.episodes)
+    assert "episode/note" not in metrics  # only numbers from Done.info become metrics
 
 
 def _reference_episode(model, tok, env, row, max_new, budget, max_turns, stop):
@@ -240,5 +243,5 @@ def test_calculator_env_answers_calls_and_scores_malformed_ones():
     assert bad.tool_error and bad.text == " <result>error</result>"
     done = env.step(state, f" {a * b}")
     assert isinstance(done, Done) and done.reward == 1.0
-    assert done.info == {"tool_calls": 2, "correct_calls": 1}
+    assert done.info == {"correct": True, "tool_calls": 2, "correct_calls": 1}
     assert env.step(env.start(row)[1], " 12").reward == 0.0

@@ -3,7 +3,9 @@
 
 An episode: the model writes `<calc>347*29</calc>` (the turn ends at the stop string `</calc>`), the
 environment answers ` <result>10063</result>`, the model writes its final answer ` 10063` and eos. The
-reward is 1 when the final answer's last number equals the product, else 0. A malformed call (an
+reward is 1 when the final answer's last number equals the product, else `partial_credit` (default 0) times
+the share of the product's digits it has in the right place: a denser signal for a model that calls the tool
+right but copies the result wrong. A malformed call (an
 expression that is not integers joined by + - *) is answered with ` <result>error</result>` and counted as
 a tool error; it is the model's to recover from, not a crash.
 """
@@ -64,7 +66,12 @@ class CalculatorEnv(MultiTurnEnv):
     """`a*b=` with `a` of `digits_a` digits and `b` of `digits_b` digits; disjoint train and validation sets."""
 
     def __init__(self, seed: int = 0, num_train: int = 2000, num_val: int = 64, digits_a: int = 3,
-                 digits_b: int = 2, max_turns: int = 3, max_episode_tokens: int = 48, shuffle: bool = True) -> None:
+                 digits_b: int = 2, max_turns: int = 3, max_episode_tokens: int = 64, partial_credit: float = 0.0,
+                 shuffle: bool = True) -> None:
+        if isinstance(partial_credit, bool) or not isinstance(partial_credit, (int, float)) or not (
+                0.0 <= partial_credit < 1.0):
+            raise ConfigError(f"env.kwargs.partial_credit must be in [0, 1), got {partial_credit!r}")
+        self.partial_credit = float(partial_credit)
         for name, value in (("digits_a", digits_a), ("digits_b", digits_b), ("num_train", num_train),
                             ("num_val", num_val)):
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "num_val" else 1):
@@ -89,7 +96,7 @@ class CalculatorEnv(MultiTurnEnv):
                 "metadata": {"a": a, "b": b}}
 
     def start(self, row: Mapping[str, Any]) -> tuple[Any, Any]:
-        return row["prompt"], {"answer": int(row["ground_truth"]), "calls": 0, "correct_calls": 0}
+        return row["prompt"], {"answer": int(row["ground_truth"]), "calls": 0, "correct_calls": 0, "correct": False}
 
     def step(self, state: dict[str, Any], model_text: str) -> Observation | Done:
         call = _CALL.search(model_text)
@@ -102,7 +109,18 @@ class CalculatorEnv(MultiTurnEnv):
             return Observation(f" <result>{value}</result>", tool_call=True)
         number = extract_number(model_text)
         correct = number is not None and number == state["answer"]
-        return Done(reward=float(correct), info={"tool_calls": state["calls"], "correct_calls": state["correct_calls"]})
+        state["correct"] = correct
+        reward = 1.0 if correct else self.partial_credit * self._digit_overlap(number, state["answer"])
+        return Done(reward=reward, info={"correct": correct, "tool_calls": state["calls"],
+                                         "correct_calls": state["correct_calls"]})
+
+    @staticmethod
+    def _digit_overlap(number: Any, answer: int) -> float:
+        """Share of the answer's digits that the given number has in the same place (0 for no number)."""
+        if number is None:
+            return 0.0
+        got, want = str(number), str(answer)
+        return sum(a == b for a, b in zip(got, want, strict=False)) / max(len(got), len(want))
 
     def truncated_reward(self, state: dict[str, Any]) -> float:
         return 0.0

@@ -106,6 +106,11 @@ class MultiTurnOutput:
         }
         for reason in ("max_turns", "budget", "max_new_tokens"):
             out[f"episode/truncated_{reason}_ratio"] = sum(e.truncated == reason for e in eps) / count
+        # Numbers the environment reported in Done(info=...), averaged over all episodes (absent = 0).
+        keys = sorted({k for e in eps for k, v in e.info.items()
+                       if isinstance(v, (bool, int, float)) and math.isfinite(float(v))})
+        for k in keys:
+            out[f"episode/{k}"] = sum(float(e.info.get(k, 0.0)) for e in eps) / count
         return out
 
 

@@ -39,7 +39,7 @@ def tool_eval(trainer: RLTrainer, rows: list[dict[str, Any]]) -> dict[str, float
     size = trainer.config.data.val_batch_size
     for start in range(0, len(rows), size):
         out = run_episodes(trainer, rows[start : start + size], 1, params, generator)
-        correct += int(out.rewards.sum())
+        correct += sum(int(bool(e.state.get("correct"))) for e in out.episodes)
         calls_ok += sum(int(e.state.get("correct_calls", 0) > 0) for e in out.episodes)
         calls += sum(e.tool_calls for e in out.episodes)
     n = max(len(rows), 1)
