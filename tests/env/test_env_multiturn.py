@@ -53,6 +53,12 @@ def test_multiturn_class_without_step_is_refused_at_load(tmp_path):
         load_env_class("shout.py:NoStep", base_dir=tmp_path)
 
 
+def test_bad_episode_limits_of_a_user_env_fail_when_it_is_built(tmp_path):
+    (tmp_path / "shout.py").write_text(TOOL_ENV)
+    with pytest.raises(ConfigError, match=r"multi-turn environment Shout: max_turns .* got -1"):
+        build_env({"name": "shout.py:Shout", "kwargs": {"max_turns": -1}}, base_dir=tmp_path)
+
+
 def test_calculator_is_a_built_in_multiturn_env():
     env = build_env({"name": "calculator", "kwargs": {"num_train": 20, "num_val": 4}}, seed=1)
     assert isinstance(env, CalculatorEnv) and is_multiturn(env) and len(env) == 20

@@ -226,6 +226,10 @@ def test_env_start_errors_and_engine_requirements(tiny):
         MultiTurnRollout(HFKVCacheEngine(model), tok, [""])
     with pytest.raises(ConfigError, match="max_turns .* must be an int >= 1, got 0"):
         ScriptedEnv(max_turns=0)
+    env = _env_with_val(max_episode_tokens=5000)
+    with pytest.raises(ConfigError, match=r"episode budget 5000 \(ScriptedEnv.max_episode_tokens\) .* exceeds the "
+                                          r"model's max_position_embeddings 1024"):
+        _rollout(tiny, env)
 
 
 def test_calculator_env_answers_calls_and_scores_malformed_ones():

@@ -20,6 +20,7 @@ from verl.env.base import Environment
 from verl.env.calculator import CalculatorEnv
 from verl.env.dataset import DatasetEnv
 from verl.env.loader import build_user_env, is_user_env_spec
+from verl.env.multiturn import check_multiturn_env, is_multiturn
 from verl.errors import ConfigError
 from verl.rewards.manager import RewardManager
 
@@ -140,7 +141,10 @@ def build_env(
     env_kwargs.update(kwargs)
     name = name or "dataset"
     if is_user_env_spec(name):
-        return build_user_env(name, env_kwargs, base_dir=base_dir, seed=seed, shuffle=shuffle)
+        env = build_user_env(name, env_kwargs, base_dir=base_dir, seed=seed, shuffle=shuffle)
+        if is_multiturn(env):  # `verl check` and the trainer's start-up see bad episode limits
+            check_multiturn_env(env)
+        return env
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
         hint = f" Did you mean '{close[0]}'?" if close else ""

@@ -198,6 +198,12 @@ class MultiTurnRollout:
                               "prompt row per episode.")
         self.engine._check_inputs(input_ids, attention_mask, params)
         budget, max_turns = int(env.max_episode_tokens), int(env.max_turns)
+        limit = getattr(self.engine._text_config, "max_position_embeddings", None)
+        if isinstance(limit, int) and input_ids.shape[1] + budget > limit:
+            raise ConfigError(f"prompt length {input_ids.shape[1]} + the episode budget {budget} "
+                              f"({env_name(env)}.max_episode_tokens) = {input_ids.shape[1] + budget} exceeds the "
+                              f"model's max_position_embeddings {limit}; lower max_episode_tokens (env.kwargs) or "
+                              "the maximum prompt length.")
         model = self.model
         was_training = model.training
         model.eval()
