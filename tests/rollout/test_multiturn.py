@@ -249,13 +249,12 @@ def test_calculator_env_answers_calls_and_scores_malformed_ones():
     assert isinstance(done, Done) and done.reward == 1.0
     assert done.info == {"correct": True, "tool_calls": 2, "correct_calls": 1}
     assert env.step(env.start(row)[1], " 12").reward == 0.0
-    # Partial credit (digits in place) only after a correct call: guesses earn nothing.
+    # Partial credit: a wrong answer earns partial_credit x the share of the product's digits in place.
     shaped = CalculatorEnv(num_train=10, num_val=2, partial_credit=0.5)
     product = str(a * b)
     near = product[:-1] + str((int(product[-1]) + 1) % 10)  # the last digit wrong
-    assert shaped.step(shaped.start(row)[1], f" {near}").reward == 0.0
-    state = shaped.start(row)[1]
-    shaped.step(state, f"<calc>{a}*{b}</calc>")
-    assert shaped.step(state, f" {near}").reward == pytest.approx(0.5 * (len(product) - 1) / len(product))
+    done = shaped.step(shaped.start(row)[1], f" {near}")
+    assert done.reward == pytest.approx(0.5 * (len(product) - 1) / len(product)) and done.info["correct"] is False
+    assert shaped.step(shaped.start(row)[1], " no number").reward == 0.0
     with pytest.raises(ConfigError, match=r"partial_credit must be in \[0, 1\)"):
         CalculatorEnv(partial_credit=1.0)

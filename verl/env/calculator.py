@@ -3,9 +3,9 @@
 
 An episode: the model writes `<calc>347*29</calc>` (the turn ends at the stop string `</calc>`), the
 environment answers ` <result>10063</result>`, the model writes its final answer ` 10063` and eos. The
-reward is 1 when the final answer's last number equals the product, else, after a correct tool call,
-`partial_credit` (default 0) times the share of the product's digits it has in the right place: a denser
-signal for a model that calls the tool right but copies the result wrong. A malformed call (an
+reward is 1 when the final answer's last number equals the product, else `partial_credit` (default 0) times
+the share of the product's digits it has in the right place: a denser signal for a model that calls the tool
+right but copies the result wrong. A malformed call (an
 expression that is not integers joined by + - *) is answered with ` <result>error</result>` and counted as
 a tool error; it is the model's to recover from, not a crash.
 """
@@ -110,10 +110,7 @@ class CalculatorEnv(MultiTurnEnv):
         number = extract_number(model_text)
         correct = number is not None and number == state["answer"]
         state["correct"] = correct
-        # Partial credit only after a correct call: a guess (or a constant call) that happens to share digits
-        # with the product earns nothing, so the credit teaches calling right and copying the result.
-        partial = self._digit_overlap(number, state["answer"]) if state["correct_calls"] else 0.0
-        reward = 1.0 if correct else self.partial_credit * partial
+        reward = 1.0 if correct else self.partial_credit * self._digit_overlap(number, state["answer"])
         return Done(reward=reward, info={"correct": correct, "tool_calls": state["calls"],
                                          "correct_calls": state["correct_calls"]})
 

@@ -27,12 +27,8 @@ from verl.trainer.episodes import run_episodes
 from verl.trainer.rl_trainer import RLTrainer
 from verl.trainer.sft_trainer import SFTTrainer
 
-# The warm start's episodes, from the training split only (with 32 the call format emerged on some seeds only).
-DEFAULT_SFT_EPISODES = 128
-# The warm start stops once this share of training problems gets a correct tool call (greedy), checked
-# every SFT_CHUNK steps.
-SFT_TARGET_CALLS = 0.5
-SFT_CHUNK = 25
+# The warm start's episodes: a handful, from the training split only.
+DEFAULT_SFT_EPISODES = 32
 
 
 def tool_eval(trainer: RLTrainer, rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -68,21 +64,11 @@ def run_tool_demo(config: RunConfig, sft_episodes: int = DEFAULT_SFT_EPISODES, q
             for i in picked]
     t0 = time.perf_counter()
     sft = SFTTrainer(config, model=trainer.model, tokenizer=trainer.tokenizer, train_rows=rows)
-    # Train until the model calls the tool with the right operands on SFT_TARGET_CALLS of 128 training
-    # problems: the call format emerges abruptly and at a seed-dependent step, so a fixed number of steps
-    # would start RL from very different places. The held-out problems are not looked at.
-    probe = [env._row(p) for p in env.train_problems[-128:]]
-    history: list[dict[str, float]] = []
-    probe_calls = 0.0
-    max_steps = config.sft.steps or 400
-    while len(history) < max_steps and probe_calls < SFT_TARGET_CALLS:
-        history += sft.train_steps(min(SFT_CHUNK, max_steps - len(history)))
-        probe_calls = tool_eval(trainer, probe)["tool_calls_correct"]
+    history = sft.train_steps(config.sft.steps or 200)
     sft_seconds = time.perf_counter() - t0
     val = env.val_rows()
     before = tool_eval(trainer, val)
-    say(f"warm start: {len(history)} SFT steps on {len(rows)} formatted episodes (until {probe_calls:.0%} >= "
-        f"{SFT_TARGET_CALLS:.0%} correct tool calls on training problems), loss {history[0]['loss']:.3f} -> "
+    say(f"warm start: {len(history)} SFT steps on {len(rows)} formatted episodes, loss {history[0]['loss']:.3f} -> "
         f"{history[-1]['loss']:.3f} ({sft_seconds:.0f}s); held-out accuracy {before['accuracy']:.1%}, correct "
         f"tool calls {before['tool_calls_correct']:.1%}; now GRPO on multi-turn episodes")
     t0 = time.perf_counter()
