@@ -107,7 +107,7 @@ def _reference_episode(model, tok, env, row, max_new, budget, max_turns, stop):
     """Greedy episode with a fresh full forward for every token (no cache): what the KV cache must equal."""
     prompt, state = env.start(row)
     seq = tok(prompt, add_special_tokens=False)["input_ids"]
-    plen, out = len(seq), []
+    plen = len(seq)
     for turn in range(1, max_turns + 1):
         turn_tokens, reason = [], ""
         for step in range(max_new):

@@ -24,34 +24,12 @@ it is part of what the model learns, not a crash.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from verl.env.base import PromptEnv
 from verl.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class Observation:
-    """The environment's answer that continues the episode: `text` is tokenised and appended as it is.
-
-    `tool_call` / `tool_error` feed the metrics (tool calls per episode, failed tool calls)."""
-
-    text: str
-    tool_call: bool = False
-    tool_error: bool = False
-
-
-@dataclass(frozen=True)
-class Done:
-    """The episode is over; `reward` is its score (placed on the last model-written token)."""
-
-    reward: float
-    tool_call: bool = False
-    tool_error: bool = False
-    info: dict[str, Any] = field(default_factory=dict)
+from verl.rollout.episode import Done, Observation, env_name, truncated_reward  # the types the rollout reads
 
 
 @runtime_checkable
@@ -83,10 +61,6 @@ def is_multiturn(env: Any) -> bool:
     return callable(getattr(env, "start", None)) and callable(getattr(env, "step", None))
 
 
-def env_name(env: Any) -> str:
-    return type(env).__name__
-
-
 def check_multiturn_env(env: Any) -> None:
     """The episode limits must be usable before the first rollout, not after hours of training."""
     name = env_name(env)
@@ -100,21 +74,6 @@ def check_multiturn_env(env: Any) -> None:
         raise ConfigError(f"multi-turn environment {name}: " + "; ".join(problems)
                           + ". Fix: set them as attributes of the environment (MultiTurnEnv takes them as "
                           "constructor arguments, settable under env.kwargs).")
-
-
-def truncated_reward(env: Any, state: Any) -> float:
-    """The reward of an episode that ended without Done: `env.truncated_reward(state)` if defined, else 0."""
-    fn = getattr(env, "truncated_reward", None)
-    return float(fn(state)) if callable(fn) else 0.0
-
-
-def check_reward(env: Any, reward: Any, where: str) -> float:
-    from verl.errors import EnvError
-
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(float(reward)):
-        raise EnvError(f"environment {env_name(env)} returned Done(reward={reward!r}) {where}; the reward must "
-                       "be a finite number. Fix step() of the environment.")
-    return float(reward)
 
 
 class MultiTurnEnv(PromptEnv):

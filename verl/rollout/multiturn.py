@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from verl.env.multiturn import Done, Observation, check_reward, env_name, truncated_reward
 from verl.errors import ConfigError, EnvError, VerlError
 from verl.rollout.base import SamplingParams
+from verl.rollout.episode import Done, Observation, check_reward, env_name, truncated_reward
 from verl.rollout.hf_engine import HFKVCacheEngine
 from verl.rollout.sampling import sample_step
 from verl.utils.positions import position_ids_from_mask
@@ -250,7 +250,7 @@ class MultiTurnRollout:
                 feed = torch.full((rows,), pad, dtype=torch.long, device=device)
                 feed[idx] = tokens
                 real = writing.clone()
-                for j, (r, tok, lp) in enumerate(zip(idx.tolist(), tokens.tolist(), logp.tolist(), strict=True)):
+                for r, tok, lp in zip(idx.tolist(), tokens.tolist(), logp.tolist(), strict=True):
                     rec = records[active[r]]
                     rec.tokens.append(tok)
                     rec.loss_mask.append(1)
