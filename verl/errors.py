@@ -43,6 +43,10 @@ class RolloutError(VerlError):
     """The rollout engine samples from another policy than the one being trained."""
 
 
+class EnvError(VerlError):
+    """A (multi-turn) environment raised or answered something unusable during an episode."""
+
+
 def install_hint(package: str, extra: str | None = None) -> str:
     """How to install an optional dependency, in a form that works.
 
@@ -64,4 +68,5 @@ __all__ = [
     "RewardError",
     "DistributedError",
     "RolloutError",
+    "EnvError",
 ]

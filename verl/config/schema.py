@@ -112,6 +112,8 @@ class RolloutConfig(Section):
         "than the policy's. None = only log rollout/logprob_diff_*.")
     drift_check_samples: int = Field(
         4, gt=0, description="Responses per rank checked for drift when the step computes no old log-probs.")
+    stop: list[str] = Field(default_factory=list, description="Multi-turn environments: a model turn ends at "
+                            "the first of these strings (e.g. '</calc>') or at eos; the environment answers it.")
 
 
 class AlgorithmConfig(Section):

@@ -2,12 +2,20 @@
 
 from verl.env.arithmetic import ArithmeticEnv, arithmetic_sft_pairs
 from verl.env.base import Environment, PromptEnv
+from verl.env.calculator import CalculatorEnv
 from verl.env.dataset import DatasetEnv
+from verl.env.multiturn import Done, MultiTurnEnv, MultiTurnEnvironment, Observation, is_multiturn
 from verl.env.registry import EnvBuildContext, available_envs, build_env, register_env
 
 __all__ = [
     "ArithmeticEnv",
+    "CalculatorEnv",
     "DatasetEnv",
+    "Done",
+    "MultiTurnEnv",
+    "MultiTurnEnvironment",
+    "Observation",
+    "is_multiturn",
     "EnvBuildContext",
     "Environment",
     "PromptEnv",

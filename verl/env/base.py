@@ -81,7 +81,7 @@ class PromptEnv:
     def __init__(
         self,
         train_rows: Sequence[Mapping[str, Any]],
-        reward_manager: RewardManager,
+        reward_manager: RewardManager | None,
         *,
         val_rows: Sequence[Mapping[str, Any]] = (),
         seed: int = 0,
@@ -91,8 +91,9 @@ class PromptEnv:
             raise ConfigError(f"seed must be an int, got {seed!r}")
         self._train = list(train_rows)
         self._val = list(val_rows)
-        # Fail at start-up, not at step 500, when some row's data_source has no reward function.
-        for split, rows in (("train", self._train), ("val", self._val)):
+        # Fail at start-up, not at step 500, when some row's data_source has no reward function. (None: the
+        # environment scores episodes itself, as a multi-turn environment does in `step`.)
+        for split, rows in (("train", self._train), ("val", self._val)) if reward_manager is not None else ():
             try:
                 reward_manager.check_data_sources([r.get("data_source") for r in rows])
             except RewardError as e:
@@ -130,6 +131,10 @@ class PromptEnv:
         return [_copy_row(r) for r in self._val]
 
     def compute_reward(self, rows: Sequence[Mapping[str, Any]], responses: Sequence[str]) -> RewardResult:
+        if self.reward_manager is None:
+            raise ConfigError(f"{type(self).__name__} was built without a reward manager, so it cannot score "
+                              "single responses; pass a RewardManager, or score whole episodes in step() "
+                              "(verl.env.multiturn.MultiTurnEnv).")
         return self.reward_manager.score(
             [r.get("prompt") for r in rows],
             list(responses),

@@ -32,6 +32,12 @@ REQUIRED_METHODS: dict[str, str] = {
     "__len__": "__len__() -> int, the number of training prompts (printed at start and by verl check)",
 }
 
+# What a multi-turn environment (verl.env.multiturn) has instead of compute_reward.
+MULTITURN_METHODS: dict[str, str] = {
+    "start": "start(row) -> (first messages, episode state)",
+    "step": "step(state, model_text) -> Observation(text) to continue or Done(reward) to end the episode",
+}
+
 # Parameters the run fills in itself when the constructor accepts them (from trainer.seed, data.shuffle).
 RUN_PROVIDED = ("seed", "shuffle")
 
@@ -92,8 +98,21 @@ def _import_module(mod_path: str, spec: str) -> tuple[ModuleType, str]:
     return module, f"module '{mod_path}'"
 
 
+def _wants_multiturn(cls: type) -> bool:
+    from verl.env.multiturn import MultiTurnEnv
+
+    return issubclass(cls, MultiTurnEnv) or any(callable(getattr(cls, m, None)) for m in MULTITURN_METHODS)
+
+
+def required_methods(cls: type) -> dict[str, str]:
+    """The methods the trainer calls on `cls`: multi-turn environments score in `step`, not `compute_reward`."""
+    if not _wants_multiturn(cls):
+        return REQUIRED_METHODS
+    return {k: v for k, v in REQUIRED_METHODS.items() if k != "compute_reward"} | MULTITURN_METHODS
+
+
 def _missing_methods(cls: type) -> list[str]:
-    return [m for m in REQUIRED_METHODS if not callable(getattr(cls, m, None))]
+    return [m for m in required_methods(cls) if not callable(getattr(cls, m, None))]
 
 
 def load_env_class(spec: str, *, base_dir: str | Path | None = None) -> type:
@@ -122,11 +141,12 @@ def load_env_class(spec: str, *, base_dir: str | Path | None = None) -> type:
         )
     missing = _missing_methods(cls)
     if missing:
-        needed = "; ".join(REQUIRED_METHODS[m] for m in missing)
+        needed = "; ".join(required_methods(cls)[m] for m in missing)
         raise ConfigError(
             f"env.name={spec!r}: class '{class_name}' in {where} lacks the method(s) "
             f"{', '.join(missing)}, which the trainer calls. Add: {needed}. "
-            "(Subclassing verl.env.PromptEnv provides all of them for a fixed list of prompt rows.)"
+            "(Subclassing verl.env.PromptEnv, or verl.env.MultiTurnEnv for tool use, provides the prompt-source "
+            "methods for a fixed list of prompt rows.)"
         )
     return cls
 
@@ -182,4 +202,4 @@ def build_user_env(
         ) from e
 
 
-__all__ = ["REQUIRED_METHODS", "build_user_env", "is_user_env_spec", "load_env_class"]
+__all__ = ["MULTITURN_METHODS", "REQUIRED_METHODS", "required_methods", "build_user_env", "is_user_env_spec", "load_env_class"]

@@ -17,8 +17,10 @@ from typing import Any
 
 from verl.env.arithmetic import ArithmeticEnv
 from verl.env.base import Environment
+from verl.env.calculator import CalculatorEnv
 from verl.env.dataset import DatasetEnv
 from verl.env.loader import build_user_env, is_user_env_spec
+from verl.env.multiturn import check_multiturn_env, is_multiturn
 from verl.errors import ConfigError
 from verl.rewards.manager import RewardManager
 
@@ -80,7 +82,13 @@ def _build_dataset(ctx: EnvBuildContext, **kwargs: Any) -> Environment:
     )
 
 
-_REGISTRY: dict[str, EnvFactory] = {"arithmetic": _build_arithmetic, "dataset": _build_dataset}
+def _build_calculator(ctx: EnvBuildContext, **kwargs: Any) -> Environment:
+    _bind_kwargs("calculator", CalculatorEnv.__init__, kwargs, {"seed", "shuffle"})
+    return CalculatorEnv(seed=ctx.seed, shuffle=ctx.shuffle, **kwargs)
+
+
+_REGISTRY: dict[str, EnvFactory] = {"arithmetic": _build_arithmetic, "calculator": _build_calculator,
+                                    "dataset": _build_dataset}
 
 
 def register_env(name: str, factory: EnvFactory) -> None:
@@ -133,7 +141,10 @@ def build_env(
     env_kwargs.update(kwargs)
     name = name or "dataset"
     if is_user_env_spec(name):
-        return build_user_env(name, env_kwargs, base_dir=base_dir, seed=seed, shuffle=shuffle)
+        env = build_user_env(name, env_kwargs, base_dir=base_dir, seed=seed, shuffle=shuffle)
+        if is_multiturn(env):  # `verl check` and the trainer's start-up see bad episode limits
+            check_multiturn_env(env)
+        return env
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
         hint = f" Did you mean '{close[0]}'?" if close else ""

@@ -22,11 +22,15 @@ class RolloutBatch:
     prompt_ids: torch.Tensor  # [N, P] left-padded
     prompt_mask: torch.Tensor  # [N, P]
     response_ids: torch.Tensor | None = None  # [N, R] right-padded
-    response_mask: torch.Tensor | None = None  # [N, R] 1 up to and including eos
+    response_mask: torch.Tensor | None = None  # [N, R] 1 on model-written tokens (the loss, KL, entropy)
+    # [N, R] 1 on every real response token; multi-turn episodes also have observation tokens, which the
+    # model reads (attention) but is not trained on (response_mask 0). None: the same as response_mask.
+    response_attention_mask: torch.Tensor | None = None
     finished: torch.Tensor | None = None  # [N] stopped at eos (not truncated)
     rollout_logprobs: torch.Tensor | None = None  # [N, R] the sampler's log-prob of each response token
     responses: list[str] = field(default_factory=list)
     scores: torch.Tensor | None = None  # [N] sequence-level reward
+    env_scores: torch.Tensor | None = None  # [N] multi-turn episodes: the reward the environment's step gave
     token_rewards: torch.Tensor | None = None  # [N, R]
     old_logprobs: torch.Tensor | None = None  # [N, R] actor before the update
     ref_logprobs: torch.Tensor | None = None  # [N, R]
@@ -47,7 +51,13 @@ class RolloutBatch:
 
     @property
     def attention_mask(self) -> torch.Tensor:
-        return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+        return torch.cat([self.prompt_mask, self.response_attention], dim=1)
+
+    @property
+    def response_attention(self) -> torch.Tensor:
+        """What the model attends to after the prompt: every real token, observations of a multi-turn
+        episode included (`response_mask` marks only the model-written ones, those in the loss)."""
+        return self.response_attention_mask if self.response_attention_mask is not None else self.response_mask
 
     @property
     def position_ids(self) -> torch.Tensor:

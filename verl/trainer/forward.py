@@ -99,7 +99,7 @@ def shared_prompt_logits(
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     response_ids: torch.Tensor,
-    response_mask: torch.Tensor,
+    response_attention: torch.Tensor,
 ) -> torch.Tensor:
     """The logits `sequence_logits` gives for the responses ([B, R, V]), running each distinct prompt once.
 
@@ -109,7 +109,7 @@ def shared_prompt_logits(
     response positions before them. Positions and the attention mask are those of the whole sequence, so
     the result equals the unshared forward up to float rounding (and so does every gradient).
     """
-    mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
+    mask = torch.cat([prompt_mask, response_attention.to(prompt_mask.dtype)], dim=1)
     positions = position_ids_from_mask(mask)
     _, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True)
     first = torch.full((int(inverse.max()) + 1,), len(inverse), dtype=torch.long, device=inverse.device)
@@ -145,14 +145,14 @@ def shared_prompt_logprobs(
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     response_ids: torch.Tensor,
-    response_mask: torch.Tensor,
+    response_attention: torch.Tensor,
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`response_logprobs` with each distinct prompt run once (see `shared_prompt_logits`)."""
-    logits = shared_prompt_logits(model, prompt_ids, prompt_mask, response_ids, response_mask)
+    logits = shared_prompt_logits(model, prompt_ids, prompt_mask, response_ids, response_attention)
     return _logprobs(logits, response_ids, temperature, with_entropy, entropy_grad)
 
 

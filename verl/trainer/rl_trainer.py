@@ -32,6 +32,7 @@ from verl.algorithms import (
 from verl.config.loader import build_config, set_dotted
 from verl.config.schema import OptimConfig, RunConfig
 from verl.distributed.placement import Placement
+from verl.env.multiturn import is_multiturn
 from verl.errors import ConfigError, DataError, RolloutError
 from verl.models.dropout import disable_dropout, no_grad_eval
 from verl.models.hf_loader import load_tokenizer
@@ -42,6 +43,7 @@ from verl.rollout.weight_sync import synced
 from verl.trainer.advantages import apply_kl_in_reward, estimate_advantages
 from verl.trainer.batch import RolloutBatch
 from verl.trainer.batch_math import BatchPlan
+from verl.trainer.episodes import build_multiturn, evaluate_episodes, generate_episodes
 from verl.trainer.forward import can_share_prompt, response_logprobs, response_values, shared_prompt_logprobs
 from verl.trainer.models import build_reference
 from verl.trainer.optim import build_optimizer
@@ -112,6 +114,10 @@ class RLTrainer(TrainerRuntime):
                 self.reward_scorer = RewardModelScorer(
                     r.model_path, self.reward_tokenizer, dtype=self._resolve_dtype(r.model_dtype or config.model.dtype),
                     device=self.device, trust_remote_code=config.model.trust_remote_code)
+        # Multi-turn environments run episodes (model turns + observations) in `generate` and validation.
+        self.multiturn = build_multiturn(self) if is_multiturn(self.env) else None
+        if is_multiturn(self.env):  # the observation tokens' attention mask travels with the sequences
+            self.SEQUENCES = (*self.SEQUENCES, "response_attention_mask")
         algo = config.algorithm
         self.kl_ctrl = (AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon)
                         if algo.kl_ctrl == "adaptive" else FixedKLController(algo.kl_coef))
@@ -309,8 +315,11 @@ class RLTrainer(TrainerRuntime):
     def sequence_padding(self) -> dict[str, tuple[str, int]]:
         """How the sequence fields pad when the actor ranks' shards are brought to one width."""
         pad = self.tokenizer.pad_token_id
-        return {"prompt_ids": ("left", pad), "prompt_mask": ("left", 0),
-                "response_ids": ("right", pad), "response_mask": ("right", 0)}
+        sides = {"prompt_ids": ("left", pad), "prompt_mask": ("left", 0),
+                 "response_ids": ("right", pad), "response_mask": ("right", 0)}
+        if "response_attention_mask" in self.SEQUENCES:
+            sides |= {"response_attention_mask": ("right", 0), "rollout_logprobs": ("right", 0.0)}
+        return sides
 
     @property
     def reward_model_padding(self) -> dict[str, tuple[str, int]]:
@@ -332,6 +341,8 @@ class RLTrainer(TrainerRuntime):
         )
 
     def generate(self, batch: RolloutBatch) -> RolloutBatch:
+        if self.multiturn is not None:
+            return generate_episodes(self, batch)
         n = self.config.rollout.n
         with self.gathered(self.model), synced(self.engine, self.model):  # an engine with its own weights gets ours
             out = self.engine.generate(batch.prompt_ids[::n].to(self.device), batch.prompt_mask[::n].to(self.device),
@@ -344,10 +355,13 @@ class RLTrainer(TrainerRuntime):
         return batch
 
     def compute_reward(self, batch: RolloutBatch) -> RolloutBatch:
-        """Sequence scores from the environment, placed on each response's last token."""
-        result = self.env.compute_reward(batch.rows, batch.responses)
-        batch.scores = result.scores.to(self.device, torch.float32)
-        batch.metrics = dict(result.metrics)
+        """Sequence scores from the environment, placed on each response's last (model-written) token."""
+        if batch.env_scores is not None:  # multi-turn: the environment scored each episode as it ended
+            batch.scores = batch.env_scores.to(self.device, torch.float32)
+        else:
+            result = self.env.compute_reward(batch.rows, batch.responses)
+            batch.scores = result.scores.to(self.device, torch.float32)
+            batch.metrics = dict(result.metrics)
         batch.token_rewards = place_score_on_last_token(batch.scores, batch.response_mask.float())
         return batch
 
@@ -430,7 +444,7 @@ class RLTrainer(TrainerRuntime):
                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropy) of `mb`'s response tokens under `model`, sharing prompts when it can."""
         if self.shares_prompt(model):
-            return shared_prompt_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+            return shared_prompt_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_attention,
                                           temperature=temperature, with_entropy=with_entropy,
                                           entropy_grad=entropy_grad)
         return response_logprobs(model, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_ids.shape[1],
@@ -749,16 +763,21 @@ class RLTrainer(TrainerRuntime):
         # resume, and never shifts the training samples (which `self.generator` alone decides).
         entropy = np.random.SeedSequence([self.config.trainer.seed, self.step_count, self.rank, 1])
         generator = torch.Generator(device=self.device).manual_seed(int(entropy.generate_state(1)[0]))
-        scores = []
+        scores, episode_sums = [], {}
         size = self.config.data.val_batch_size
         for start in range(0, len(rows), size):
             chunk = rows[start : start + size]
-            ids, mask = self.encode_prompts(chunk)
-            with self.gathered(self.model), synced(self.engine, self.model):
-                out = self.engine.generate(ids.to(self.device), mask.to(self.device), params,
-                                           generator=generator)
-            responses = self.decode_responses(out.response_ids, out.response_mask)
-            chunk_scores = self.env.compute_reward(chunk, responses).scores.float()
+            if self.multiturn is not None:
+                chunk_scores, responses, episode = evaluate_episodes(self, chunk, params, generator)
+                for k, v in episode.items():
+                    episode_sums[k] = episode_sums.get(k, 0.0) + v * len(chunk)
+            else:
+                ids, mask = self.encode_prompts(chunk)
+                with self.gathered(self.model), synced(self.engine, self.model):
+                    out = self.engine.generate(ids.to(self.device), mask.to(self.device), params,
+                                               generator=generator)
+                responses = self.decode_responses(out.response_ids, out.response_mask)
+                chunk_scores = self.env.compute_reward(chunk, responses).scores.float()
             scores.append(chunk_scores)
             if samples is not None:
                 room = self.config.trainer.log_samples - len(samples)
@@ -769,6 +788,7 @@ class RLTrainer(TrainerRuntime):
                                                             chunk_scores.tolist()[:kept], strict=True)]
         all_scores = torch.cat(scores)
         metrics = {f"{prefix}/score": float(all_scores.mean())}
+        metrics |= {f"{prefix}/{k}": v / len(rows) for k, v in episode_sums.items()}
         if bool(((all_scores == 0) | (all_scores == 1)).all()):
             metrics[f"{prefix}/accuracy"] = float(all_scores.mean())
         return metrics
