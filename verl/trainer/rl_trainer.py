@@ -437,14 +437,17 @@ class RLTrainer(TrainerRuntime):
 
     def shares_prompt(self, model: torch.nn.Module) -> bool:
         """Whether `model`'s forwards run each group's prompt once (`actor.share_prompt_forward`)."""
-        return self.config.actor.share_prompt_forward and self.config.rollout.n > 1 and can_share_prompt(model)
+        # Multi-turn episodes keep the plain forward: their observation tokens make the response attention
+        # differ from the response mask, which the shared forward has not been proven on.
+        return (self.config.actor.share_prompt_forward and self.config.rollout.n > 1 and self.multiturn is None
+                and can_share_prompt(model))
 
     def policy_logprobs(self, model: torch.nn.Module, mb: RolloutBatch, *, temperature: float,
                         with_entropy: bool = False, entropy_grad: bool = True
                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropy) of `mb`'s response tokens under `model`, sharing prompts when it can."""
         if self.shares_prompt(model):
-            return shared_prompt_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_attention,
+            return shared_prompt_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
                                           temperature=temperature, with_entropy=with_entropy,
                                           entropy_grad=entropy_grad)
         return response_logprobs(model, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_ids.shape[1],
@@ -650,8 +653,8 @@ class RLTrainer(TrainerRuntime):
         return groups
 
     # Fields [N, R] aligned with the response tokens (right-padded) and [N, P] with the prompt (left-padded).
-    RESPONSE_FIELDS = ("response_ids", "response_mask", "token_rewards", "old_logprobs", "ref_logprobs", "values",
-                       "advantages", "returns")
+    RESPONSE_FIELDS = ("response_ids", "response_mask", "response_attention_mask", "rollout_logprobs",
+                       "token_rewards", "old_logprobs", "ref_logprobs", "values", "advantages", "returns")
 
     @classmethod
     def micro_batch(cls, batch: RolloutBatch, index: torch.Tensor, *, trim: bool = False) -> RolloutBatch:
@@ -661,7 +664,8 @@ class RLTrainer(TrainerRuntime):
         if not trim:
             return mb
         p = int(mb.prompt_mask.sum(-1).max()) if len(mb) else 0
-        r = max(int(mb.response_mask.sum(-1).max()) if len(mb) else 0, 1)
+        # the attended response tokens: a multi-turn episode's observations lie inside it with mask 0
+        r = max(int(mb.response_attention.sum(-1).max()) if len(mb) else 0, 1)
         mb.prompt_ids, mb.prompt_mask = mb.prompt_ids[:, mb.prompt_ids.shape[1] - p :], mb.prompt_mask[:, mb.prompt_mask.shape[1] - p :]
         for name in cls.RESPONSE_FIELDS:
             value = getattr(mb, name)
