@@ -1,6 +1,6 @@
 """Run the tool-use demo on several seeds, one after the other, and print the README's table.
 
-`python examples/tool_calculator_seeds.py [--seeds 1 2 3] [key=value ...]` (overrides go to every run).
+`python benchmarks/tool_demo_seeds.py [--seeds 1 2 3] [key=value ...]` (overrides go to every run).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def main() -> int:
@@ -23,7 +23,7 @@ def main() -> int:
     rows = []
     for seed in args.seeds:
         run_dir = Path(args.run_root) / f"seed{seed}"
-        cmd = [sys.executable, "-m", "verl.trainer.tool_demo", str(HERE / "tool_calculator.yaml"),
+        cmd = [sys.executable, "-m", "verl.trainer.tool_demo", str(EXAMPLES / "tool_calculator.yaml"),
                f"trainer.seed={seed}", f"trainer.run_dir={run_dir}", "trainer.resume=never", *args.overrides]
         subprocess.run(cmd, check=True)
         rows.append(json.loads((run_dir / "summary.json").read_text()))
