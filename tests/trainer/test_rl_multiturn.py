@@ -120,3 +120,23 @@ def test_resume_mid_training_is_bit_exact(tmp_path):
     assert a.keys() == b.keys()
     assert [k for k in a if not torch.equal(a[k], b[k])] == []
     assert second.env.state_dict() == straight.env.state_dict()
+
+
+def test_token_budget_trim_keeps_observation_tokens_inside_an_episode():
+    """The trim of a micro-batch goes by the attended response (model + observation tokens), not by the
+    loss mask, which has holes where the environment answered."""
+    import torch
+
+    from verl.trainer.batch import RolloutBatch
+    from verl.trainer.rl_trainer import RLTrainer
+
+    attended = torch.tensor([[1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0]])
+    model_tokens = torch.tensor([[1, 1, 0, 0, 0, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0]])  # 3 observation tokens
+    batch = RolloutBatch(rows=[{}, {}], group_ids=torch.arange(2), prompt_ids=torch.ones(2, 3, dtype=torch.long),
+                         prompt_mask=torch.ones(2, 3, dtype=torch.long), response_ids=torch.arange(16).view(2, 8),
+                         response_mask=model_tokens, response_attention_mask=attended,
+                         rollout_logprobs=torch.zeros(2, 8))
+    mb = RLTrainer.micro_batch(batch, torch.arange(2), trim=True)
+    assert mb.response_ids.shape[1] == 6  # the last model token (column 5) is kept, not cut at 3
+    assert mb.response_attention_mask.shape == mb.response_mask.shape == mb.rollout_logprobs.shape == (2, 6)
+    assert mb.attention_mask.shape[1] == mb.input_ids.shape[1] == 9
