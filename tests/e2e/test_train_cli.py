@@ -15,6 +15,7 @@ import yaml
 from verl.checkpoint import list_checkpoints
 from verl.cli.main import main as verl_main
 from verl.config import load_config
+from verl.trainer.demo import SFT_TARGET_ACCURACY
 
 CONFIG = """\
 model:
@@ -125,7 +126,8 @@ def test_demo_with_fewer_steps(tmp_path):
     assert {"generate", "update"} <= summary["seconds_per_stage"].keys()
     assert "held-out accuracy after GRPO" in proc.stdout
     # the warm start reports progress while it runs, and the gain is in percentage points
-    assert "warm start: SFT until greedy accuracy on training problems reaches 30% (at most 10 steps)" in proc.stdout
+    target = f"reaches {SFT_TARGET_ACCURACY:.0%} (at most 10 steps)"
+    assert f"warm start: SFT until greedy accuracy on training problems {target}" in proc.stdout
     assert re.search(r"^warm start: SFT step 10/10  eta \S+  loss=[\d.]+  train/accuracy=[\d.]+$", proc.stdout, re.M)
     gain = (summary["accuracy_after_rl"] - summary["accuracy_after_sft"]) * 100
     assert re.search(r"│ gain\s+│\s+" + re.escape(f"{gain:+.1f} pts") + " │", proc.stdout), proc.stdout[-2000:]
