@@ -10,17 +10,14 @@ the class and the method's name, not hours later at the first validation or chec
 from __future__ import annotations
 
 import difflib
-import hashlib
-import importlib
-import importlib.util
 import inspect
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from verl.errors import ConfigError, VerlError
+from verl.utils.user_code import exec_user_file, import_user_module, resolve_user_path
 
 # What the trainer and `verl check` call on an environment, and why (shown when one is missing).
 REQUIRED_METHODS: dict[str, str] = {
@@ -52,49 +49,21 @@ def _looks_like_file(target: str) -> bool:
 
 
 def _import_file(path_text: str, base_dir: Path | None, spec: str) -> tuple[ModuleType, str]:
-    path = Path(path_text).expanduser()
-    if not path.is_absolute():
-        path = (base_dir or Path.cwd()) / path
-    path = path.resolve()
+    path = resolve_user_path(path_text, base_dir)
     if not path.is_file():
         raise ConfigError(
             f"env.name={spec!r}: environment file {path} does not exist (relative paths resolve against "
             f"{base_dir or Path.cwd()}, the config file's folder). Fix the path before ':' or give an "
             "absolute path."
         )
-    # One module per file path, so two files named env.py do not replace each other.
-    mod_name = "verl_user_env_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
-    if mod_name in sys.modules:
-        return sys.modules[mod_name], f"file {path}"
-    module_spec = importlib.util.spec_from_file_location(mod_name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise ConfigError(f"env.name={spec!r}: {path} cannot be loaded as Python; it must be a .py module.")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[mod_name] = module
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as e:
-        del sys.modules[mod_name]
-        raise ConfigError(
-            f"env.name={spec!r}: importing environment file {path} raised {type(e).__name__}: {e}. "
-            "Fix the error in that file (it runs once when training starts)."
-        ) from e
+    module = exec_user_file(path, namespace="env", label="environment file",
+                            fail=lambda msg: ConfigError(f"env.name={spec!r}: {msg}"))
     return module, f"file {path}"
 
 
 def _import_module(mod_path: str, spec: str) -> tuple[ModuleType, str]:
-    try:
-        module = importlib.import_module(mod_path)
-    except ModuleNotFoundError as e:
-        raise ConfigError(
-            f"env.name={spec!r}: module '{mod_path}' cannot be imported ({e}). Install the package that "
-            "provides it, or name a file instead: 'path/to/file.py:Class'."
-        ) from e
-    except Exception as e:
-        raise ConfigError(
-            f"env.name={spec!r}: importing module '{mod_path}' raised {type(e).__name__}: {e}. "
-            "Fix the error in that module."
-        ) from e
+    module = import_user_module(mod_path, example="path/to/file.py:Class",
+                                fail=lambda msg: ConfigError(f"env.name={spec!r}: {msg}"))
     return module, f"module '{mod_path}'"
 
 

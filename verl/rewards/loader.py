@@ -7,16 +7,13 @@ beyond what `package.module:fn` asks for, and a file's directory is not added to
 from __future__ import annotations
 
 import difflib
-import hashlib
-import importlib
-import importlib.util
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from verl.errors import RewardError
 from verl.rewards.builtin import BUILTIN_REWARDS
+from verl.utils.user_code import exec_user_file, import_user_module, resolve_user_path
 
 _FORMS = (
     "a built-in (" + ", ".join(sorted(BUILTIN_REWARDS)) + "), 'path/to/file.py:fn' "
@@ -53,50 +50,20 @@ def _get_attr(holder: Any, fn_name: str, where: str, what: str) -> Callable[...,
 
 
 def _load_file(path_text: str, fn_name: str, base_dir: Path | None, where: str) -> Callable[..., Any]:
-    path = Path(path_text).expanduser()
-    if not path.is_absolute():
-        path = (base_dir or Path.cwd()) / path
-    path = path.resolve()
+    path = resolve_user_path(path_text, base_dir)
     if not path.is_file():
         base = f" (relative paths resolve against {base_dir or Path.cwd()})"
         raise RewardError(
             f"{where}: reward file {path} does not exist{base}. Fix the path before ':' in "
             "the reward spec, or give an absolute path."
         )
-    # A stable, unique module name per file so two files named reward.py do not replace each other.
-    mod_name = "verl_user_reward_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
-    if mod_name in sys.modules:
-        module = sys.modules[mod_name]
-    else:
-        spec = importlib.util.spec_from_file_location(mod_name, path)
-        if spec is None or spec.loader is None:
-            raise RewardError(f"{where}: {path} cannot be loaded as Python; the file must be a .py module.")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[mod_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except Exception as e:
-            del sys.modules[mod_name]
-            raise RewardError(
-                f"{where}: importing reward file {path} raised {type(e).__name__}: {e}. "
-                "Fix the error in that file (it runs once when training starts)."
-            ) from e
+    module = exec_user_file(path, namespace="reward", label="reward file",
+                            fail=lambda msg: RewardError(f"{where}: {msg}"))
     return _get_attr(module, fn_name, where, f"file {path}")
 
 
 def _load_module(mod_path: str, fn_name: str, where: str) -> Callable[..., Any]:
-    try:
-        module = importlib.import_module(mod_path)
-    except ModuleNotFoundError as e:
-        raise RewardError(
-            f"{where}: module '{mod_path}' cannot be imported ({e}). Install the package that "
-            "provides it, or name a file instead: 'path/to/file.py:fn'."
-        ) from e
-    except Exception as e:
-        raise RewardError(
-            f"{where}: importing module '{mod_path}' raised {type(e).__name__}: {e}. "
-            "Fix the error in that module."
-        ) from e
+    module = import_user_module(mod_path, example="path/to/file.py:fn", fail=lambda msg: RewardError(f"{where}: {msg}"))
     return _get_attr(module, fn_name, where, f"module '{mod_path}'")
 
 
