@@ -140,3 +140,22 @@ def test_token_budget_trim_keeps_observation_tokens_inside_an_episode():
     assert mb.response_ids.shape[1] == 6  # the last model token (column 5) is kept, not cut at 3
     assert mb.response_attention_mask.shape == mb.response_mask.shape == mb.rollout_logprobs.shape == (2, 6)
     assert mb.attention_mask.shape[1] == mb.input_ids.shape[1] == 9
+
+
+def test_shared_prompt_forward_on_episodes_equals_the_plain_forward(tmp_path):
+    """Observation tokens are attended to in the shared-prompt forward too (its attention is the episode's,
+    not the loss mask), so both forwards give the same log-probs on model-written tokens."""
+    import torch
+
+    from verl.trainer.forward import response_logprobs
+
+    trainer = RLTrainer(mt_config(tmp_path))
+    batch = trainer.generate(trainer.get_batch())
+    assert bool((batch.response_attention != batch.response_mask).any())  # the episodes have observations
+    assert trainer.shares_prompt(trainer.model)
+    with torch.no_grad():
+        shared, _ = trainer.policy_logprobs(trainer.model, batch, temperature=1.0)
+        plain, _ = response_logprobs(trainer.model, batch.input_ids, batch.attention_mask, batch.position_ids,
+                                     batch.response_ids.shape[1])
+    mask = batch.response_mask.bool()
+    assert torch.allclose(shared[mask], plain[mask], atol=1e-5)

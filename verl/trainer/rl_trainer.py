@@ -437,17 +437,14 @@ class RLTrainer(TrainerRuntime):
 
     def shares_prompt(self, model: torch.nn.Module) -> bool:
         """Whether `model`'s forwards run each group's prompt once (`actor.share_prompt_forward`)."""
-        # Multi-turn episodes keep the plain forward: their observation tokens make the response attention
-        # differ from the response mask, which the shared forward has not been proven on.
-        return (self.config.actor.share_prompt_forward and self.config.rollout.n > 1 and self.multiturn is None
-                and can_share_prompt(model))
+        return self.config.actor.share_prompt_forward and self.config.rollout.n > 1 and can_share_prompt(model)
 
     def policy_logprobs(self, model: torch.nn.Module, mb: RolloutBatch, *, temperature: float,
                         with_entropy: bool = False, entropy_grad: bool = True
                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropy) of `mb`'s response tokens under `model`, sharing prompts when it can."""
         if self.shares_prompt(model):
-            return shared_prompt_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+            return shared_prompt_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_attention,
                                           temperature=temperature, with_entropy=with_entropy,
                                           entropy_grad=entropy_grad)
         return response_logprobs(model, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_ids.shape[1],
