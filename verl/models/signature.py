@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import nn
 
-from verl.models.lora import base_of
+from verl.models.lora import AdapterOff, base_of, is_peft_model
 
 
 @functools.cache
@@ -44,7 +44,16 @@ def takes_cache(model: nn.Module) -> bool:
     own = getattr(base_of(model), "takes_cache", None)  # a ValueModel asks its backbone
     if callable(own):
         return bool(own())
-    return cache_argument(model) is not None and forward_accepts(model, "use_cache")
+    return (cache_argument(model) is not None and forward_accepts(model, "use_cache")
+            and not _prompt_learning(model))
+
+
+def _prompt_learning(model: nn.Module) -> bool:
+    """A peft prompt-learning wrapper (prefix tuning, ...) puts its own virtual tokens into the cache and the
+    attention mask, so a cache from outside would not line up; LoRA passes the call through unchanged."""
+    wrapper = model.policy if isinstance(model, AdapterOff) else model
+    config = getattr(wrapper, "active_peft_config", None) if is_peft_model(wrapper) else None
+    return bool(getattr(config, "is_prompt_learning", False))
 
 
 def returned_cache(output: Any) -> Any:
