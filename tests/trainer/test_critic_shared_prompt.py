@@ -45,24 +45,33 @@ def _random_head(critic: torch.nn.Module, seed: int = 0) -> None:
         critic.value_head.weight.copy_(torch.randn(critic.value_head.weight.shape, generator=g))
 
 
-@pytest.mark.parametrize("prompt", [7, 1])
-def test_shared_prompt_values_and_gradients_equal_the_unshared_forward(prompt):
+@pytest.mark.parametrize("prompt, lora", [(7, False), (1, False), (7, True)])
+def test_shared_prompt_values_and_gradients_equal_the_unshared_forward(prompt, lora):
+    from verl.config.schema import LoraConfig
     from verl.models.critic import ValueModel
+    from verl.models.lora import base_of
     from verl.models.tiny import build_tiny_model
 
     critic = ValueModel.from_pretrained(build_tiny_model(seed=0), dtype=torch.float32)
+    if lora:  # critic.lora: a peft wrapper around the backbone, with random adapters
+        critic.add_lora(LoraConfig(rank=4))
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for name, p in critic.named_parameters():
+                if "lora_" in name:
+                    p.copy_(0.1 * torch.randn(p.shape, generator=g))
     _random_head(critic)
     assert can_share_prompt(critic)
     prompt_ids, prompt_mask, response_ids, response_mask, weights = random_groups(prompt=prompt)
     forwards = []
-    critic.backbone.register_forward_hook(lambda m, args, kwargs, out: forwards.append(kwargs["input_ids"].shape),
+    base_of(critic.backbone).register_forward_hook(lambda m, args, kwargs, out: forwards.append(kwargs["input_ids"].shape),
                                           with_kwargs=True)
 
     def run(fn):
         critic.zero_grad(set_to_none=True)
         values = fn()
         (values * weights.float()).sum().backward()
-        return values.detach(), {n: p.grad.clone() for n, p in critic.named_parameters()}
+        return values.detach(), {n: p.grad.clone() for n, p in critic.named_parameters() if p.requires_grad}
 
     ids, mask = torch.cat([prompt_ids, response_ids], 1), torch.cat([prompt_mask, response_mask], 1)
     want_v, want = run(lambda: response_values(critic, ids, mask, position_ids_from_mask(mask), 6))
@@ -74,6 +83,7 @@ def test_shared_prompt_values_and_gradients_equal_the_unshared_forward(prompt):
     real = response_mask.bool()
     _close(got_v[real], want_v[real])
     _assert_same(got, want)
+    assert not lora or all("lora_" in n or n.startswith("value_head.") for n in want)
 
 
 def _trainer(tmp_path, *overrides) -> RLTrainer:
