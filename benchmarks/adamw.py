@@ -27,12 +27,11 @@ IMPLEMENTATIONS = {"for-loop": {"foreach": False, "fused": False}, "foreach": {"
 
 
 def model_parameters(spec: str) -> list[torch.Tensor]:
-    """The shapes of the model's trainable parameters (a `tiny[:arch[:hidden[:layers]]]` spec or a local dir)."""
+    """The trainable parameters (detached) of a `tiny[:arch[:hidden[:layers]]]` spec or a local model dir."""
     from transformers import AutoModelForCausalLM
 
-    from verl.trainer.models import resolve_model_path
-
     from verl.models.hf_loader import quiet_hf_progress
+    from verl.trainer.models import resolve_model_path
 
     with quiet_hf_progress():
         model = AutoModelForCausalLM.from_pretrained(resolve_model_path(spec), dtype=torch.float32)

@@ -38,7 +38,7 @@ def worker(rank: int, world: int, port: int, out_dir: str) -> None:
     first = trainer.compute_reward(trainer.generate(trainer.get_batch()))
     metrics: dict[str, float] = {}
     out = trainer.filter_groups(first, metrics)
-    scores = [rank_reward(row["prompt"], text, None) for row, text in zip(out.rows, out.responses)]
+    scores = [rank_reward(row["prompt"], text, None) for row, text in zip(out.rows, out.responses, strict=True)]
     torch.save({"first_varied": trainer.varied_groups(first), "first_ids": first.group_ids,
                 "group_ids": out.group_ids, "varied": trainer.varied_groups(out), "scores": out.scores,
                 "recomputed": torch.tensor(scores), "metrics": metrics, "dp": (trainer.dp_rank, trainer.dp_size)},

@@ -24,7 +24,6 @@ from verl.algorithms import token_logprobs
 from verl.config.schema import RunConfig
 from verl.data.datasets import IGNORE_INDEX, SFTDataset, pad_token_id
 from verl.errors import ConfigError, ModelError
-from verl.models.lora import base_of
 from verl.models.signature import forward_accepts
 from verl.trainer.offline import OfflineTrainer, Rows
 from verl.trainer.optim import build_optimizer
