@@ -17,23 +17,36 @@ def load_average() -> str:
         return "n/a"
 
 
+def interleaved_times(sides: dict[str, Callable[[], object]], rounds: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Seconds of each side in each round; every round runs all sides back to back, starting one later
+    than the round before, so no side always goes first (or always follows the same one)."""
+    names = list(sides)
+    for _ in range(warmup):
+        for name in names:
+            sides[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            start = time.perf_counter()
+            sides[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def ratios(base_s: list[float], cand_s: list[float]) -> dict[str, float | list[float]]:
+    """Per-round ratios baseline/candidate (> 1: the candidate is faster): median, min, max, and the medians
+    of the times."""
+    per_round = [b / c for b, c in zip(base_s, cand_s, strict=True)]
+    return {"baseline_s": statistics.median(base_s), "candidate_s": statistics.median(cand_s),
+            "ratio": statistics.median(per_round), "ratio_min": min(per_round), "ratio_max": max(per_round),
+            "ratios": per_round}
+
+
 def interleaved(baseline: Callable[[], object], candidate: Callable[[], object], rounds: int,
                 warmup: int = 1) -> dict[str, float | list[float]]:
     """Seconds of each side per round and the ratio baseline/candidate (> 1: the candidate is faster)."""
-    for _ in range(warmup):
-        baseline()
-        candidate()
-    base_s, cand_s = [], []
-    for r in range(rounds):
-        order = [(baseline, base_s), (candidate, cand_s)]
-        for fn, out in order if r % 2 == 0 else order[::-1]:
-            start = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - start)
-    ratios = [b / c for b, c in zip(base_s, cand_s, strict=True)]
-    return {"baseline_s": statistics.median(base_s), "candidate_s": statistics.median(cand_s),
-            "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-            "ratios": ratios}
+    times = interleaved_times({"baseline": baseline, "candidate": candidate}, rounds, warmup)
+    return ratios(times["baseline"], times["candidate"])
 
 
 def ratio_line(name: str, result: dict, baseline: str) -> str:

@@ -1,6 +1,6 @@
-"""Skipping zero-advantage groups, token-budget micro-batches and shared-prompt forwards on 2 FSDP ranks: rank 0's groups all have
-equal rewards (it skips everything) while rank 1 skips nothing, so the ranks have different numbers of
-micro-batches to run. Each still runs the same forward/backward collectives (no hang), and the gradient
+"""Skipping zero-advantage groups, token-budget micro-batches and shared-prompt forwards (actor, LoRA
+actor with its adapters-off reference, critic) on 2 FSDP ranks: rank 0's groups all have equal rewards (it skips everything) while rank 1 skips nothing,
+so the ranks have different numbers of micro-batches to run. Each still runs the same forward/backward collectives (no hang), and the gradient
 equals the run that skips nothing."""
 
 import pytest
@@ -19,15 +19,17 @@ def rank_dependent(prompt, response, ground_truth, **meta):
 """
 
 
-def _config(tmp_path, name, **actor):
+def _config(tmp_path, name, critic=None, algorithm=None, lora=None, **actor):
     (tmp_path / "reward.py").write_text(REWARD)
     cfg = {
-        "model": {"path": "tiny", "dtype": "float32"},
+        "model": {"path": "tiny", "dtype": "float32", **({"lora": lora} if lora else {})},
         "env": {"name": "arithmetic", "kwargs": {"max_operand": 9, "num_val": 4}},
         "data": {"train_batch_size": 4, "max_prompt_length": 16},
         "rollout": {"n": 2, "max_new_tokens": 6},
         "reward": {"functions": [{"name": f"{tmp_path / 'reward.py'}:rank_dependent"}]},
         "actor": {"lr": 1e-3, "micro_batch_size": 1, "grad_clip": 1000.0, **actor},
+        "critic": {"lr": 1e-3, "grad_clip": 1000.0, **(critic or {})},
+        "algorithm": algorithm or {},
         "devices": {"timeout_s": 120},
         "trainer": {"total_steps": 2, "device": "cpu", "run_dir": str(tmp_path / name),
                     "val_before_train": False, "cpu_threads": 1},
@@ -60,3 +62,30 @@ def test_shared_prompt_forward_on_two_ranks_gives_the_unshared_gradient(tmp_path
     assert shared["actor/grad_norm"] > 0
     assert shared["actor/grad_norm"] == pytest.approx(plain["actor/grad_norm"], rel=1e-5)
     assert shared["actor/pg_loss"] == pytest.approx(plain["actor/pg_loss"], rel=1e-5, abs=1e-7)
+
+
+def test_shared_prompt_critic_on_two_ranks_gives_the_unshared_gradient(tmp_path):
+    common = {"algorithm": {"adv_estimator": "gae"}}
+    verl_train(_config(tmp_path, "shared", critic={"share_prompt_forward": True, "micro_batch_size": 2}, **common),
+               tmp_path, nproc=2)
+    verl_train(_config(tmp_path, "plain", critic={"share_prompt_forward": False, "micro_batch_size": 2}, **common),
+               tmp_path, nproc=2)
+    # step 1: the value head starts at 0, so only the head has a gradient; step 2 (same rollouts: the actor's
+    # step-1 update saw zero values either way) sends the gradient through the backbone and the shared cache
+    for shared, plain in zip(metrics(tmp_path / "shared"), metrics(tmp_path / "plain"), strict=True):
+        assert shared["reward/mean"] == plain["reward/mean"]
+        assert shared["critic/grad_norm"] > 0
+        assert shared["critic/grad_norm"] == pytest.approx(plain["critic/grad_norm"], rel=1e-5)
+        assert shared["critic/vf_loss"] == pytest.approx(plain["critic/vf_loss"], rel=1e-5, abs=1e-7)
+
+
+def test_shared_prompt_lora_policy_and_reference_on_two_ranks_give_the_unshared_gradient(tmp_path):
+    common = {"micro_batch_size": 2, "entropy_coef": 0.01, "kl_loss_coef": 0.1, "lora": {"rank": 4}}
+    verl_train(_config(tmp_path, "shared", share_prompt_forward=True, **common), tmp_path, nproc=2)
+    verl_train(_config(tmp_path, "plain", share_prompt_forward=False, **common), tmp_path, nproc=2)
+    shared, plain = metrics(tmp_path / "shared")[0], metrics(tmp_path / "plain")[0]
+    assert shared["reward/mean"] == plain["reward/mean"]
+    assert shared["actor/grad_norm"] > 0
+    assert shared["actor/grad_norm"] == pytest.approx(plain["actor/grad_norm"], rel=1e-5)
+    assert shared["actor/pg_loss"] == pytest.approx(plain["actor/pg_loss"], rel=1e-5, abs=1e-7)
+    assert shared["actor/kl_loss"] == pytest.approx(plain["actor/kl_loss"], abs=1e-7)  # adapters start at B = 0

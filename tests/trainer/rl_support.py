@@ -91,3 +91,19 @@ def state_tensors(trainer: Any) -> Iterator[tuple[str, torch.Tensor]]:
             for key, value in st.items():
                 if isinstance(value, torch.Tensor):
                     yield f"{prefix}.{pid}.{key}", value
+
+
+def random_groups(groups=3, n=4, prompt=7, response=6, seed=0):
+    """`groups` left-padded prompts (the first one full-length), each repeated `n` times, with right-padded
+    responses of random lengths, and random per-token weights on the real response tokens."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, prompt + 1, (groups,), generator=g)
+    lengths[0] = prompt
+    prompt_mask = (torch.arange(prompt)[None] >= (prompt - lengths)[:, None]).long()
+    prompt_ids = torch.randint(3, 700, (groups, prompt), generator=g) * prompt_mask
+    prompt_ids, prompt_mask = prompt_ids.repeat_interleave(n, 0), prompt_mask.repeat_interleave(n, 0)
+    r_len = torch.randint(1, response + 1, (groups * n,), generator=g)
+    response_mask = (torch.arange(response)[None] < r_len[:, None]).long()
+    response_ids = torch.randint(3, 700, (groups * n, response), generator=g) * response_mask
+    weights = torch.randn(groups * n, response, generator=g, dtype=torch.float64) * response_mask
+    return prompt_ids, prompt_mask, response_ids, response_mask, weights

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rl_support import rl_config
+from rl_support import random_groups, rl_config
 
 from verl.algorithms import aggregate_loss, place_score_on_last_token, ppo_policy_loss
 from verl.trainer.forward import response_logprobs
@@ -180,20 +180,6 @@ def test_entropy_for_logging_builds_no_autograd_graph(tmp_path):
 
 
 # ---------------------------------------------------------------- shared-prompt forward
-def _random_groups(groups=3, n=4, prompt=7, response=6, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, prompt + 1, (groups,), generator=g)
-    lengths[0] = prompt
-    prompt_mask = (torch.arange(prompt)[None] >= (prompt - lengths)[:, None]).long()
-    prompt_ids = torch.randint(3, 700, (groups, prompt), generator=g) * prompt_mask
-    prompt_ids, prompt_mask = prompt_ids.repeat_interleave(n, 0), prompt_mask.repeat_interleave(n, 0)
-    r_len = torch.randint(1, response + 1, (groups * n,), generator=g)
-    response_mask = (torch.arange(response)[None] < r_len[:, None]).long()
-    response_ids = torch.randint(3, 700, (groups * n, response), generator=g) * response_mask
-    weights = torch.randn(groups * n, response, generator=g, dtype=torch.float64) * response_mask
-    return prompt_ids, prompt_mask, response_ids, response_mask, weights
-
-
 @pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-6), (torch.float32, 1e-5)])
 def test_shared_prompt_forward_gives_the_unshared_logprobs_and_gradients(dtype, tol):
     from transformers import AutoModelForCausalLM
@@ -204,7 +190,7 @@ def test_shared_prompt_forward_gives_the_unshared_logprobs_and_gradients(dtype, 
 
     model = AutoModelForCausalLM.from_pretrained(build_tiny_model(seed=0), dtype=dtype)
     assert can_share_prompt(model)
-    prompt_ids, prompt_mask, response_ids, response_mask, weights = _random_groups()
+    prompt_ids, prompt_mask, response_ids, response_mask, weights = random_groups()
     forwards = []
     model.register_forward_hook(lambda module, args, kwargs, out: forwards.append(kwargs["input_ids"].shape),
                                 with_kwargs=True)

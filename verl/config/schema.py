@@ -184,6 +184,12 @@ class CriticConfig(OptimConfig):
     path: str | None = Field(None, description="Value model init; None = copy of the actor's backbone.")
     value_clip: float | None = Field(0.5, gt=0.0)
     warmup_steps_critic_only: int = Field(0, ge=0, description="Steps that update only the critic.")
+    share_prompt_forward: bool = Field(True, description="With rollout.n > 1, the value pass and the critic "
+                                       "update run each group's prompt once per micro-batch and its n responses "
+                                       "on the prompt's cached keys/values; same values, loss and gradients as "
+                                       "the unshared forward. Critic mini-batches then shuffle whole groups. "
+                                       "Off for backbones without a KV cache argument or with gradient "
+                                       "checkpointing.")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA on the value model's backbone "
                              "(the value head always trains in full).")
 

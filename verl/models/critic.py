@@ -10,14 +10,17 @@ from __future__ import annotations
 import copy
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from transformers.utils import ModelOutput
 
 from verl.errors import CheckpointError, ModelError
 from verl.models.lora import TRAINABLE_STATE_ONLY, apply_lora, is_peft_model, plain_copy
+from verl.models.signature import cache_argument, returned_cache, takes_cache
 from verl.utils.positions import position_ids_from_mask
 
 VALUE_HEAD_FILE = "value_head.safetensors"
@@ -35,6 +38,15 @@ def _backbone_of(causal_lm: nn.Module) -> nn.Module:
     raise ModelError(f"cannot find the transformer backbone of {type(causal_lm).__name__} (no base_model, .model "
                      "or .transformer). Fix: pass a Hugging Face *ForCausalLM model, or build the critic with "
                      "ValueModel.from_pretrained(path).")
+
+
+@dataclass
+class ValueOutput(ModelOutput):
+    """`ValueModel.forward(use_cache=True)`: the values and the backbone's KV cache (a ModelOutput, so that
+    FSDP2 finds the values among the outputs it hooks for backward)."""
+
+    values: torch.Tensor | None = None
+    cache: Any = None
 
 
 class ValueModel(nn.Module):
@@ -63,16 +75,28 @@ class ValueModel(nn.Module):
         return self.backbone.config
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Values for every position, ``[B, T]`` float32 (padding positions hold meaningless values)."""
+                position_ids: torch.Tensor | None = None, use_cache: bool = False,
+                cache: Any = None) -> torch.Tensor | ValueOutput:
+        """Values for every position, ``[B, T]`` float32 (padding positions hold meaningless values).
+
+        With `use_cache=True` (and optionally the `cache` of an earlier call to continue from) it returns a
+        `ValueOutput` holding the values and the backbone's KV cache: the shared-prompt forward runs a
+        group's prompt once and its responses on the cached keys/values (`verl.trainer.forward`).
+        """
         if position_ids is None:
             position_ids = position_ids_from_mask(attention_mask)
+        extra = {} if cache is None else {cache_argument(self.backbone): cache}
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            use_cache=False)
+                            use_cache=use_cache, **extra)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         # squeeze(-1) alone returns a view: FSDP2 hooks the root output's autograd node for its pre-backward
         # all-gather, and an in-place op on a view swaps that node out, so callers must get a fresh tensor.
-        return self.value_head(hidden.float()).squeeze(-1).clone()
+        values = self.value_head(hidden.float()).squeeze(-1).clone()
+        return ValueOutput(values=values, cache=returned_cache(out)) if use_cache else values
+
+    def takes_cache(self) -> bool:
+        """Whether the backbone continues from a KV cache (so `forward(use_cache=True)` is of use)."""
+        return takes_cache(self.backbone)
 
     @classmethod
     def from_actor(cls, actor: nn.Module) -> ValueModel:
@@ -158,4 +182,4 @@ class ValueModel(nn.Module):
         self.value_head.load_state_dict({k: v.float() for k, v in state.items()})
 
 
-__all__ = ["ValueModel", "VALUE_HEAD_FILE"]
+__all__ = ["ValueModel", "ValueOutput", "VALUE_HEAD_FILE"]

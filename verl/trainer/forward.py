@@ -6,24 +6,12 @@ vocabulary-sized memory.
 
 from __future__ import annotations
 
-import functools
-import inspect
-
 import torch
 
 from verl.algorithms import entropy_from_logits, token_logprobs
 from verl.models.lora import base_of
+from verl.models.signature import cache_argument, forward_accepts, returned_cache, takes_cache
 from verl.utils.positions import position_ids_from_mask
-
-
-@functools.cache
-def _accepts(model_type: type, name: str) -> bool:
-    """Whether the model class's forward takes `name` (asked once per class: this is the RL hot path).
-    Pass the type of `base_of(model)`: a peft wrapper's forward takes **kwargs and hands them to that model."""
-    try:
-        return name in inspect.signature(model_type.forward).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def sequence_logits(
@@ -36,7 +24,7 @@ def sequence_logits(
     """Logits predicting the last `keep_last` tokens: [B, keep_last, V] (float32, or float64 for a float64 model)."""
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
               "use_cache": False}
-    if _accepts(type(base_of(model)), "logits_to_keep"):
+    if forward_accepts(model, "logits_to_keep"):
         kwargs["logits_to_keep"] = keep_last + 1
     logits = model(**kwargs).logits[:, -keep_last - 1 : -1, :]
     return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
@@ -73,35 +61,29 @@ def _logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float, wi
 
 
 def can_share_prompt(model: torch.nn.Module) -> bool:
-    """Whether `shared_prompt_logits` applies to `model`: a causal LM that takes a KV cache, without
-    gradient or activation checkpointing (which turn the cache off, or recompute into it, in training)."""
+    """Whether the shared-prompt forwards apply to `model`: a causal LM or `ValueModel` that continues from
+    a KV cache (under a peft wrapper or `AdapterOff` too), without gradient or activation checkpointing
+    (which turn the cache off, or recompute into it, in training)."""
     inner = getattr(model, "module", model)
-    checkpointing = getattr(inner, "is_activation_checkpointing", None)
-    if checkpointing is None:
-        checkpointing = getattr(inner, "is_gradient_checkpointing", False)
     # fsdp.activation_checkpointing patches each decoder layer's forward (verl.distributed.fsdp): its
-    # recomputation in backward would append the prompt's keys/values to the shared cache a second time
-    checkpointing = checkpointing or any(getattr(m, "_verl_checkpointed", False) for m in inner.modules())
-    return (_cache_argument(type(model)) is not None and _accepts(type(model), "use_cache")
-            and not checkpointing)
+    # recomputation in backward would append the prompt's keys/values to the shared cache a second time.
+    # Hugging Face's flag sits on each checkpointed layer (an AdapterOff reference holds its policy outside
+    # its module tree: look under base_of).
+    checkpointing = any(getattr(m, "gradient_checkpointing", False) is True or getattr(m, "_verl_checkpointed", False)
+                        for m in base_of(inner).modules())
+    return takes_cache(model) and not checkpointing
 
 
-def _cache_argument(model_type: type) -> str | None:
-    """The forward's KV-cache argument: `cache` (transformers >= 5.2x) or `past_key_values` (before)."""
-    for name in ("cache", "past_key_values"):
-        if _accepts(model_type, name):
-            return name
-    return None
-
-
-def shared_prompt_logits(
+def _shared_prompt_output(
     model: torch.nn.Module,
+    field: str,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     response_ids: torch.Tensor,
     response_attention: torch.Tensor,
 ) -> torch.Tensor:
-    """The logits `sequence_logits` gives for the responses ([B, R, V]), running each distinct prompt once.
+    """`model`'s output `field` (logits or values) at the positions that predict the responses, [B, R, ...],
+    running each distinct prompt once.
 
     Rows with identical (left-padded) prompts, such as the n samples of a GRPO group, share one prompt
     forward; its keys/values (with their autograd graph) are indexed out to every row, and the responses
@@ -114,8 +96,7 @@ def shared_prompt_logits(
     _, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True)
     first = torch.full((int(inverse.max()) + 1,), len(inverse), dtype=torch.long, device=inverse.device)
     first = first.scatter_reduce(0, inverse, torch.arange(len(inverse), device=inverse.device), "amin")
-    name = _cache_argument(type(model))
-    keep = (lambda k: {"logits_to_keep": k}) if _accepts(type(model), "logits_to_keep") else (lambda k: {})
+    keep = (lambda k: {"logits_to_keep": k}) if forward_accepts(model, "logits_to_keep") else (lambda k: {})
     # The prompt's last token goes with the responses, so that every logit used comes out of one
     # projection of whole rows. (A projection of a [G, 1, H] slice takes a different matmul kernel depending
     # on whether the weights require grad, so a frozen reference would differ from an identical policy by
@@ -123,21 +104,44 @@ def shared_prompt_logits(
     cut = max(prompt_ids.shape[1] - 1, 1)
     out = model(input_ids=prompt_ids[first, :cut], attention_mask=prompt_mask[first, :cut],
                 position_ids=positions[first, :cut], use_cache=True, **keep(1))
-    cache = getattr(out, "cache", None)
-    cache = out.past_key_values if cache is None else cache
+    cache = returned_cache(out)
     cache.batch_select_indices(inverse)
     tail = torch.cat([prompt_ids[:, cut:], response_ids], dim=1)
-    logits = model(input_ids=tail, attention_mask=mask, position_ids=positions[:, cut:], use_cache=True,
-                   **{name: cache}, **keep(tail.shape[1])).logits
-    if prompt_ids.shape[1] == 1:  # one-token prompts: their logit came out of the prompt forward
-        logits = torch.cat([out.logits[:, -1:, :][inverse], logits], dim=1)
+    result = getattr(model(input_ids=tail, attention_mask=mask, position_ids=positions[:, cut:], use_cache=True,
+                           **{cache_argument(model): cache}, **keep(tail.shape[1])), field)
+    prompt_out = getattr(out, field)
+    if prompt_ids.shape[1] == 1:  # one-token prompts: their output came out of the prompt forward
+        result = torch.cat([prompt_out[:, -1:][inverse], result], dim=1)
     elif torch.is_grad_enabled():
         # The gradient reaches the prompt forward through the cached keys/values only, which bypasses the
         # per-layer outputs that FSDP2 hooks to gather each layer's weights for backward; a zero-weighted
-        # term on its logits puts those outputs on the backward path (the values do not change).
-        logits = logits + 0.0 * out.logits.sum()
-    logits = logits[:, -response_ids.shape[1] - 1 : -1, :]
+        # term on its output puts those outputs on the backward path (the values do not change).
+        result = result + 0.0 * prompt_out.sum()
+    return result[:, -response_ids.shape[1] - 1 : -1]
+
+
+def shared_prompt_logits(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    response_ids: torch.Tensor,
+    response_attention: torch.Tensor,
+) -> torch.Tensor:
+    """The logits `sequence_logits` gives for the responses ([B, R, V]), running each distinct prompt once
+    (see `_shared_prompt_output`)."""
+    logits = _shared_prompt_output(model, "logits", prompt_ids, prompt_mask, response_ids, response_attention)
     return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+
+
+def shared_prompt_values(
+    critic: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    response_ids: torch.Tensor,
+    response_attention: torch.Tensor,
+) -> torch.Tensor:
+    """The values `response_values` gives ([B, R], float32), running each distinct prompt once."""
+    return _shared_prompt_output(critic, "values", prompt_ids, prompt_mask, response_ids, response_attention).float()
 
 
 def shared_prompt_logprobs(

@@ -22,9 +22,8 @@ def lr_factor(step: int, *, warmup_steps: int, total_steps: int, schedule: str, 
 
 def implementation(params: list[torch.Tensor]) -> dict[str, bool]:
     """The fused AdamW kernel where it applies: plain (not FSDP-sharded) floating-point tensors on CPU or
-    CUDA. It updates every parameter in one kernel instead of a Python loop of small ops (4x faster per
-    step for a 12M-parameter model on one CPU thread). Sharded DTensors keep torch's default (foreach on
-    GPUs)."""
+    CUDA. It updates every parameter in one kernel instead of a Python loop of small ops (figures from
+    benchmarks/adamw.py in docs/performance.md). Sharded DTensors keep torch's default (foreach on GPUs)."""
     from torch.distributed.tensor import DTensor
 
     plain = all(not isinstance(p, DTensor) and p.device.type in ("cpu", "cuda")

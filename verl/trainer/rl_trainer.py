@@ -44,7 +44,13 @@ from verl.trainer.advantages import apply_kl_in_reward, estimate_advantages
 from verl.trainer.batch import RolloutBatch
 from verl.trainer.batch_math import BatchPlan
 from verl.trainer.episodes import build_multiturn, evaluate_episodes, generate_episodes
-from verl.trainer.forward import can_share_prompt, response_logprobs, response_values, shared_prompt_logprobs
+from verl.trainer.forward import (
+    can_share_prompt,
+    response_logprobs,
+    response_values,
+    shared_prompt_logprobs,
+    shared_prompt_values,
+)
 from verl.trainer.models import build_reference
 from verl.trainer.optim import build_optimizer
 from verl.trainer.reward_model import reward_text
@@ -436,8 +442,10 @@ class RLTrainer(TrainerRuntime):
             self.config.actor.max_tokens_per_micro_batch)
 
     def shares_prompt(self, model: torch.nn.Module) -> bool:
-        """Whether `model`'s forwards run each group's prompt once (`actor.share_prompt_forward`)."""
-        return self.config.actor.share_prompt_forward and self.config.rollout.n > 1 and can_share_prompt(model)
+        """Whether `model`'s forwards run each group's prompt once (`critic.share_prompt_forward` for the
+        critic, `actor.share_prompt_forward` for the policy and the reference)."""
+        cfg = self.config.critic if model is not None and model is self.critic else self.config.actor
+        return cfg.share_prompt_forward and self.config.rollout.n > 1 and can_share_prompt(model)
 
     def policy_logprobs(self, model: torch.nn.Module, mb: RolloutBatch, *, temperature: float,
                         with_entropy: bool = False, entropy_grad: bool = True
@@ -451,11 +459,16 @@ class RLTrainer(TrainerRuntime):
                                  temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
 
     def compute_values(self, batch: RolloutBatch) -> RolloutBatch:
-        batch.values = self.forward_in_micro_batches(
-            self.critic, batch, lambda mb: response_values(self.critic, mb.input_ids, mb.attention_mask,
-                                                           mb.position_ids, mb.response_ids.shape[1]),
-            self.config.critic.max_tokens_per_micro_batch)
+        batch.values = self.forward_in_micro_batches(self.critic, batch, self.critic_values,
+                                                     self.config.critic.max_tokens_per_micro_batch)
         return batch
+
+    def critic_values(self, mb: RolloutBatch) -> torch.Tensor:
+        """V(s_t) of `mb`'s response tokens under the critic, sharing prompts when it can."""
+        if self.shares_prompt(self.critic):
+            return shared_prompt_values(self.critic, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
+                                        mb.response_attention)
+        return response_values(self.critic, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_ids.shape[1])
 
     def compute_advantages(self, batch: RolloutBatch) -> RolloutBatch:
         """KL in the reward (when configured), then the estimator; statistics over the global batch."""
@@ -502,13 +515,13 @@ class RLTrainer(TrainerRuntime):
 
         def micro_loss(mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
             mask = mb.response_mask.float()
-            values = response_values(self.critic, mb.input_ids, mb.attention_mask, mb.position_ids,
-                                     mb.response_ids.shape[1])
+            values = self.critic_values(mb)
             loss, stats = value_loss(values, mb.values, mb.returns, mask, clip_range=cfg.value_clip, agg=cfg.loss_agg)
             return loss, {"critic/vf_loss": float(loss.detach()), **{f"critic/{k}": v for k, v in stats.items()}}
 
         metrics = self.optimize(self.critic, self.critic_optimizer, self.critic_scheduler, batch, cfg,
-                                self.plans["critic"], micro_loss, prefix="critic")
+                                self.plans["critic"], micro_loss, prefix="critic",
+                                keep_groups=self.shares_prompt(self.critic))
         mask = batch.response_mask.float()
         metrics["critic/explained_var"] = float(explained_variance(batch.values, batch.returns, mask))
         metrics["critic/values_mean"] = float(masked_mean(batch.values, mask))

@@ -24,8 +24,7 @@ from verl.algorithms import token_logprobs
 from verl.config.schema import RunConfig
 from verl.data.datasets import IGNORE_INDEX, SFTDataset, pad_token_id
 from verl.errors import ConfigError, ModelError
-from verl.models.lora import base_of
-from verl.trainer.forward import _accepts
+from verl.models.signature import forward_accepts
 from verl.trainer.offline import OfflineTrainer, Rows
 from verl.trainer.optim import build_optimizer
 
@@ -105,7 +104,7 @@ def target_logprobs(model: torch.nn.Module, batch: Mapping[str, Any],
     kwargs = {"input_ids": batch["input_ids"].to(device), "position_ids": batch["position_ids"].to(device),
               "attention_mask": None if mask is None else mask.to(device), "use_cache": False}
     width, keep = batch["input_ids"].shape[1], batch.get("keep_last", batch["input_ids"].shape[1])
-    if keep < width and _accepts(type(base_of(model)), "logits_to_keep"):
+    if keep < width and forward_accepts(model, "logits_to_keep"):
         kwargs["logits_to_keep"] = keep
     logits = model(**kwargs).logits
     targets = batch["targets"][:, width - logits.shape[1] :].to(device)

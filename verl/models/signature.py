@@ -1,0 +1,65 @@
+"""What a model's forward takes, read from its signature: `logits_to_keep`, a KV cache, `use_cache`.
+
+The forwards of the trainers pass these only to models that declare them. A peft wrapper's or an
+`AdapterOff` reference's forward takes **kwargs and hands them to the Hugging Face model under it, so the
+question is asked of that model (`base_of`); a `ValueModel` answers for its backbone.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+from torch import nn
+
+from verl.models.lora import AdapterOff, base_of, is_peft_model
+
+
+@functools.cache
+def accepts(model_type: type, name: str) -> bool:
+    """Whether the model class's forward takes `name` (asked once per class: this is the RL hot path)."""
+    try:
+        return name in inspect.signature(model_type.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def forward_accepts(model: nn.Module, name: str) -> bool:
+    """Whether `model(...)` can be given `name`: asked of the model under a peft wrapper or `AdapterOff`."""
+    return accepts(type(base_of(model)), name)
+
+
+def cache_argument(model: nn.Module) -> str | None:
+    """The name under which `model(...)` takes a KV cache: `cache` (transformers >= 5.2x) or `past_key_values`
+    (before); None if it takes none."""
+    for name in ("cache", "past_key_values"):
+        if forward_accepts(model, name):
+            return name
+    return None
+
+
+def takes_cache(model: nn.Module) -> bool:
+    """Whether `model(..., use_cache=True)` returns a KV cache that a later call can continue from."""
+    own = getattr(base_of(model), "takes_cache", None)  # a ValueModel asks its backbone
+    if callable(own):
+        return bool(own())
+    return (cache_argument(model) is not None and forward_accepts(model, "use_cache")
+            and not _prompt_learning(model))
+
+
+def _prompt_learning(model: nn.Module) -> bool:
+    """A peft prompt-learning wrapper (prefix tuning, ...) puts its own virtual tokens into the cache and the
+    attention mask, so a cache from outside would not line up; LoRA passes the call through unchanged."""
+    wrapper = model.policy if isinstance(model, AdapterOff) else model
+    config = getattr(wrapper, "active_peft_config", None) if is_peft_model(wrapper) else None
+    return bool(getattr(config, "is_prompt_learning", False))
+
+
+def returned_cache(output: Any) -> Any:
+    """The KV cache of a forward's output (`cache` or, before transformers 5.2x, `past_key_values`)."""
+    cache = getattr(output, "cache", None)
+    return output.past_key_values if cache is None else cache
+
+
+__all__ = ["accepts", "cache_argument", "forward_accepts", "returned_cache", "takes_cache"]
