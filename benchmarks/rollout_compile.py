@@ -51,7 +51,7 @@ def static_decode_step(decode: Any) -> Any:
         return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
 
     def mm(x: torch.Tensor, lin: Any) -> torch.Tensor:
-        return torch.mm(x, lin.weight_t) if lin.bias is None else torch.addmm(lin.bias, x, lin.weight_t)
+        return F.linear(x, lin.weight, lin.bias)
 
     def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x1, x2 = x.chunk(2, dim=-1)
@@ -159,7 +159,11 @@ def main(argv: list[str] | None = None) -> float:
     if engine.fast_decode_reason:
         raise SystemExit(f"the eager fast step does not apply: {engine.fast_decode_reason}")
     eager_ids = engine.generate(ids, mask, params, torch.Generator().manual_seed(args.seed)).response_ids
-    decode = engine._decode_step
+    from verl.rollout.fast_decode import LlamaStyleDecodeStep
+
+    decode = LlamaStyleDecodeStep(model)
+    with torch.inference_mode():
+        decode.prepare(ids.shape[1] + args.new_tokens, torch.device("cpu"), torch.float32, args.batch * args.n)
     step = static_decode_step(decode)
     if not args.no_compile:
         import torch._inductor.config as inductor_config

@@ -4,16 +4,16 @@ On small models most of the time of a Hugging Face forward is Python: decorators
 dataclasses, mask creation, per-call rotary embeddings. A rollout calls the model once per token,
 so that overhead is paid ``max_new_tokens`` times. This step walks the same modules in the same
 order (``input_layernorm``, ``q/k/v_proj``, rotary, attention, ``o_proj``, ``post_attention_layernorm``,
-``mlp``, ``norm``, ``lm_head``) and computes the same bits as the model's own ``forward``, with the glue
-inlined: the rotary cos/sin come from a table built once per rollout, K/V are written in place into the
-preallocated cache, and the attention mask is the rollout's ready boolean mask.
+``mlp``, ``norm``, ``lm_head``) as the model's own ``forward``, with the glue inlined: the rotary cos/sin
+come from a table built once per rollout, K/V are written in place into the preallocated cache, and the
+attention mask is the rollout's ready boolean mask.
 
 Where the modules are plain (``nn.Linear``, an RMSNorm that ``F.rms_norm`` reproduces bit for bit),
 their weights are laid out for decoding once and reused by every rollout until a weight changes:
-q/k/v and gate/up concatenated into one matmul each, and every projection (``lm_head`` included) stored
-transposed and contiguous, which the BLAS streams faster when the weights no longer fit in cache
-(about 15% of the matmul time of a 10M model on one CPU core). Anything else (LoRA, quantised layers,
-another norm) is called as the module it is.
+q/k/v and gate/up concatenated into one matmul each, and on CPU in float32 every projection
+(``lm_head`` included) prepacked for oneDNN (see :func:`_onednn_pack`; float32 throughout, equal to
+``F.linear`` up to rounding). Anything else (LoRA, quantised layers, another norm) is called as the
+module it is.
 
 The prefill always runs through the model's own ``forward``. :func:`LlamaStyleDecodeStep.supports`
 says whether a model qualifies; anything unusual (sliding windows, dynamic rotary scaling, module
@@ -33,30 +33,65 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 # each kernel launch costs more than its math, and would waste gigabytes on large ones, which are
 # compute-bound anyway; above this many bytes of copies the projections run as they are.
 MAX_FUSED_BYTES = 256 * 2**20
-# Below this many rows the BLAS takes a matrix-vector path whose rounding depends on the weight's
-# layout; from here on ``x @ W.t().contiguous()`` and ``F.linear(x, W)`` give the same bits (MKL,
-# tested in tests/rollout/test_fast_decode.py), so the transposed copy is only used from here on.
-MIN_TRANSPOSED_ROWS = 4
+PACK_ROWS = 16  # the rows oneDNN lays a packed weight out for (a typical rollout batch)
 _DYNAMIC_ROPE = ("dynamic", "longrope")
 
 
 @dataclass
 class _Linear:
-    """One projection in decode layout: ``weight`` [out, in] (for few rows), ``weight_t`` [in, out]."""
+    """One projection in decode layout: ``weight`` [out, in] and, on CPU in float32, oneDNN's blocked copy."""
 
     weight: torch.Tensor
-    weight_t: torch.Tensor
     bias: torch.Tensor | None
+    packed: torch.Tensor | None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] < MIN_TRANSPOSED_ROWS:
-            return F.linear(x, self.weight, self.bias)
-        if self.bias is None:
-            return torch.mm(x, self.weight_t)
-        return torch.addmm(self.bias, x, self.weight_t)
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
 
 
-def _decode_linear(modules: list[Any]) -> _Linear | None:
+_ONEDNN_OK: dict[str, bool] = {}
+
+
+def onednn_linear_ok() -> bool:
+    """Whether oneDNN's prepacked float32 linear runs here and agrees with ``F.linear`` up to rounding.
+
+    Probed once per float32 math mode: a bf16/tf32 mode (``torch.backends.mkldnn.matmul.fp32_precision``)
+    or a torch build without these ops turns the packed path off.
+    """
+    mode = str(getattr(getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision", ""))
+    if mode not in _ONEDNN_OK:
+        ok = torch.backends.mkldnn.is_available()
+        if ok:
+            g = torch.Generator().manual_seed(0)
+            weight, bias, x = (torch.randn(96, 64, generator=g), torch.randn(96, generator=g),
+                               torch.randn(PACK_ROWS, 64, generator=g))
+            try:
+                got = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS),
+                                                         bias, "none", [], "")
+            except (AttributeError, RuntimeError):
+                ok = False
+            else:
+                ok = torch.allclose(got, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+        _ONEDNN_OK[mode] = ok
+    return _ONEDNN_OK[mode]
+
+
+def _onednn_pack(weight: torch.Tensor, rows: int) -> torch.Tensor | None:
+    """oneDNN's prepacked copy of a float32 CPU weight (for ``rows`` rows), or None where unavailable.
+
+    The blocked layout streams from memory faster than MKL's ``F.linear`` reads a weight once the model
+    outgrows the cache (a decode step reads every weight for a handful of rows): about 1.5x on the
+    matmuls of a 10M model on one core. Its float32 sums are ordered differently, so results differ from
+    ``F.linear`` by rounding (~1e-6 relative), as any change of batch size or BLAS does.
+    """
+    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not onednn_linear_ok():
+        return None
+    return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+
+
+def _decode_linear(modules: list[Any], rows: int) -> _Linear | None:
     """The concatenation of plain ``nn.Linear`` modules in decode layout, or None if any is not plain."""
     if not all(type(m) is torch.nn.Linear for m in modules):
         return None
@@ -66,32 +101,35 @@ def _decode_linear(modules: list[Any]) -> _Linear | None:
     weight = torch.cat([m.weight for m in modules], dim=0) if len(modules) > 1 else modules[0].weight
     bias = (torch.cat([m.bias for m in modules], dim=0) if len(modules) > 1 else modules[0].bias) \
         if all(has_bias) else None
-    return _Linear(weight, weight.t().contiguous(), bias)
+    return _Linear(weight, bias, _onednn_pack(weight, rows))
+
+
+_RMS_NORM_OK: dict[tuple[type, torch.dtype], bool] = {}
 
 
 def _rms_norm(module: torch.nn.Module, dtype: torch.dtype) -> Any:
-    """``F.rms_norm`` with the module's weight when it computes the module's bits (probed), else the module."""
+    """``F.rms_norm`` with the module's weight where it computes the module's bits, else the module.
+
+    Probed once per norm class and dtype (a Gemma-style ``1 + weight`` norm or an upcast that rounds
+    differently keeps the module).
+    """
     weight = getattr(module, "weight", None)
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
     if not isinstance(weight, torch.Tensor) or weight.dim() != 1 or not isinstance(eps, float):
         return module
     shape = (weight.shape[0],)
-    probe = torch.randn(8, shape[0], generator=torch.Generator().manual_seed(0)).to(weight.device, dtype) * 3
-    if not torch.equal(module(probe), F.rms_norm(probe, shape, weight, eps)):
-        return module
-    return lambda x: F.rms_norm(x, shape, weight, eps)
-
-
-def _same_weights(old: tuple, new: tuple) -> bool:
-    return old[0] == new[0] and len(old[1]) == len(new[1]) and all(
-        a[0] is b[0] and a[1:] == b[1:] for a, b in zip(old[1], new[1], strict=True))
+    key = (type(module), dtype)
+    if key not in _RMS_NORM_OK:
+        probe = torch.randn(8, shape[0], generator=torch.Generator().manual_seed(0)).to(weight.device, dtype) * 3
+        _RMS_NORM_OK[key] = torch.equal(module(probe), F.rms_norm(probe, shape, weight, eps))
+    return (lambda x: F.rms_norm(x, shape, weight, eps)) if _RMS_NORM_OK[key] else module
 
 
 class LlamaStyleDecodeStep:
     """Runs one decode step of a supported model against a rollout cache (see ``hf_engine``).
 
-    One instance serves many rollouts of the same model: :meth:`prepare` rebuilds the decode layout
-    only when a parameter was replaced or written in place (an optimizer step, a weight sync).
+    :meth:`prepare` lays the weights out afresh for every rollout: between two rollouts an optimizer
+    step may have changed them without a trace (fused AdamW does not bump tensors' version counters).
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -100,8 +138,6 @@ class LlamaStyleDecodeStep:
         self.layers = list(self.base.layers[: model.config.num_hidden_layers])
         self.cos: torch.Tensor | None = None
         self.sin: torch.Tensor | None = None
-        self._weights_key: tuple | None = None
-        self._rope_key: tuple | None = None
 
     @staticmethod
     def supports(model: torch.nn.Module) -> tuple[bool, str]:
@@ -136,30 +172,20 @@ class LlamaStyleDecodeStep:
                 return False, f"{type(module).__name__} has forward hooks (e.g. FSDP) that must run"
         return True, ""
 
-    def prepare(self, max_positions: int, device: torch.device, dtype: torch.dtype) -> None:
-        """Per-rollout set-up: the rotary table and the decode layout of the weights (both reused).
+    def prepare(self, max_positions: int, device: torch.device, dtype: torch.dtype, rows: int = PACK_ROWS) -> None:
+        """Per-rollout set-up: the rotary table and the decode layout of the weights for ``rows`` rows.
 
         The rotary table comes from the model's own rotary module for positions 0..max_positions-1.
         ``rotate_half(x) * sin`` is rewritten as ``swap_halves(x) * signed_sin`` (a sign flip is exact).
         """
-        rope_key = (device, dtype, self.base.rotary_emb.inv_freq.data_ptr(), self.base.rotary_emb.inv_freq._version)
-        if self.cos is None or self._rope_key != rope_key or self.cos.shape[0] < max_positions:
-            positions = torch.arange(max_positions, device=device).unsqueeze(0)
-            probe = torch.zeros(1, 1, 1, device=device, dtype=dtype)
-            cos, sin = self.base.rotary_emb(probe, positions)
-            self.cos, self.sin = cos[0], sin[0]  # [max_positions, head_dim]
-            half = self.cos.shape[-1] // 2
-            sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(device=device, dtype=self.sin.dtype)
-            self.signed_sin = self.sin * sign
-            self._rope_key = rope_key
-        params = list(self.model.parameters())
-        # Holding the parameters themselves: a replaced one is a different object even at a reused address.
-        weights_key = (dtype, [(p, p.data_ptr(), p._version) for p in params])
-        if self._weights_key is not None and _same_weights(self._weights_key, weights_key):
-            return
-        self._weights_key = weights_key
-        layout_bytes = sum(p.numel() * p.element_size() for p in params)
-        plain = layout_bytes <= MAX_FUSED_BYTES
+        positions = torch.arange(max_positions, device=device).unsqueeze(0)
+        probe = torch.zeros(1, 1, 1, device=device, dtype=dtype)
+        cos, sin = self.base.rotary_emb(probe, positions)
+        self.cos, self.sin = cos[0], sin[0]  # [max_positions, head_dim]
+        half = self.cos.shape[-1] // 2
+        sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(device=device, dtype=self.sin.dtype)
+        self.signed_sin = self.sin * sign
+        plain = sum(p.numel() * p.element_size() for p in self.model.parameters()) <= MAX_FUSED_BYTES
         self.qkv: list[Any] = []
         self.o: list[Any] = []
         self.gate_up: list[Any] = []
@@ -167,15 +193,15 @@ class LlamaStyleDecodeStep:
         self.norms: list[tuple[Any, Any]] = []
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            self.qkv.append(_decode_linear([attn.q_proj, attn.k_proj, attn.v_proj])
+            self.qkv.append(_decode_linear([attn.q_proj, attn.k_proj, attn.v_proj], rows)
                             if plain and not hasattr(attn, "q_norm") else None)
-            self.o.append((_decode_linear([attn.o_proj]) if plain else None) or attn.o_proj)
+            self.o.append((_decode_linear([attn.o_proj], rows) if plain else None) or attn.o_proj)
             mlp_plain = plain and all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn"))
-            self.gate_up.append(_decode_linear([mlp.gate_proj, mlp.up_proj]) if mlp_plain else None)
-            self.down.append((_decode_linear([mlp.down_proj]) if mlp_plain else None) or getattr(mlp, "down_proj", None))
+            self.gate_up.append(_decode_linear([mlp.gate_proj, mlp.up_proj], rows) if mlp_plain else None)
+            self.down.append((_decode_linear([mlp.down_proj], rows) if mlp_plain else None) or getattr(mlp, "down_proj", None))
             self.norms.append((_rms_norm(layer.input_layernorm, dtype), _rms_norm(layer.post_attention_layernorm, dtype)))
         self.final_norm = _rms_norm(self.base.norm, dtype)
-        self.lm_head = (_decode_linear([self.model.lm_head]) if plain else None) or self.model.lm_head
+        self.lm_head = (_decode_linear([self.model.lm_head], rows) if plain else None) or self.model.lm_head
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x1, x2 = x.chunk(2, dim=-1)
@@ -227,4 +253,4 @@ class LlamaStyleDecodeStep:
         return self.lm_head(self.final_norm(hidden))
 
 
-__all__ = ["LlamaStyleDecodeStep", "SUPPORTED_MODEL_TYPES", "MAX_FUSED_BYTES", "MIN_TRANSPOSED_ROWS"]
+__all__ = ["LlamaStyleDecodeStep", "SUPPORTED_MODEL_TYPES", "MAX_FUSED_BYTES", "PACK_ROWS"]
