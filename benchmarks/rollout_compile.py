@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> float:
 
     decode = LlamaStyleDecodeStep(model)
     with torch.inference_mode():
-        decode.prepare(ids.shape[1] + args.new_tokens, torch.device("cpu"), torch.float32, args.batch * args.n)
+        decode.prepare(ids.shape[1] + args.new_tokens, torch.device("cpu"), torch.float32)
     step = static_decode_step(decode)
     if not args.no_compile:
         import torch._inductor.config as inductor_config

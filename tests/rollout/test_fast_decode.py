@@ -1,4 +1,5 @@
-"""The decode step's weight layout: oneDNN-packed projections, F.rms_norm where exact, rebuilt every rollout."""
+"""The decode step's weight layout: oneDNN-packed projections, F.rms_norm where exact, reused only while
+the weights are unchanged."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ needs_onednn = pytest.mark.skipif(not onednn_linear_ok(), reason="oneDNN's packe
 def test_packed_projection_equals_f_linear_up_to_float32_rounding(rows):
     torch.manual_seed(0)
     q, k = torch.nn.Linear(256, 256), torch.nn.Linear(256, 128)
-    lin = _decode_linear([q, k], rows=16)
+    lin = _decode_linear([q, k])
     assert lin.packed is not None
     x = torch.randn(rows, 256)
     with torch.inference_mode():
@@ -32,7 +33,7 @@ def test_packed_projection_equals_f_linear_up_to_float32_rounding(rows):
 
 
 def test_float64_projections_are_not_packed_and_give_f_linear_bits():
-    lin = _decode_linear([torch.nn.Linear(64, 32).double()], rows=4)
+    lin = _decode_linear([torch.nn.Linear(64, 32).double()])
     assert lin.packed is None
     x = torch.randn(4, 64, dtype=torch.float64)
     assert torch.equal(lin(x), F.linear(x, lin.weight, lin.bias))
@@ -43,7 +44,7 @@ def test_float32_decode_step_runs_on_packed_weights():
     model = make_model("qwen2", seed=1)
     step = LlamaStyleDecodeStep(model)
     with torch.inference_mode():
-        step.prepare(32, torch.device("cpu"), torch.float32, rows=6)
+        step.prepare(32, torch.device("cpu"), torch.float32)
     assert all(lin.packed is not None for lin in step.qkv + step.o + step.gate_up + step.down + [step.lm_head])
 
 
@@ -58,13 +59,16 @@ def test_greedy_equals_hf_generate_in_float64():
 
 
 def test_weights_changed_between_rollouts_without_a_version_bump_are_used():
-    """Fused AdamW updates parameters without bumping their version counters, so the layout is rebuilt
-    for every rollout rather than cached on versions."""
+    """Fused AdamW updates parameters without bumping their version counters, so the layout is checked
+    against the values it was built from, not cached on versions."""
     model = make_model("qwen2", seed=5)
     ids, mask = left_padded(LENGTHS, seed=7)
     engine = HFKVCacheEngine(model)
     params = SamplingParams(temperature=0, max_new_tokens=8)
     before = engine.generate(ids, mask, params).response_ids
+    layout = engine._decode_step.gate_up[0]
+    assert torch.equal(engine.generate(ids, mask, params).response_ids, before)
+    assert engine._decode_step.gate_up[0] is layout  # unchanged weights: the layout is reused
     versions = [p._version for p in model.parameters()]
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.5, fused=True)
     for p in model.parameters():
@@ -75,6 +79,20 @@ def test_weights_changed_between_rollouts_without_a_version_bump_are_used():
     want = hf_greedy(model, ids, mask, 8, [], pad=0)
     assert not torch.equal(want, before)
     assert torch.equal(after, want)
+    assert engine._decode_step.gate_up[0] is not layout
+
+
+def test_a_replaced_parameter_is_used():
+    model = make_model("llama", seed=6)
+    ids, mask = left_padded(LENGTHS, seed=8)
+    engine = HFKVCacheEngine(model)
+    params = SamplingParams(temperature=0, max_new_tokens=8)
+    before = engine.generate(ids, mask, params).response_ids
+    layer = model.model.layers[0].mlp
+    layer.down_proj.weight = torch.nn.Parameter(torch.randn_like(layer.down_proj.weight))
+    want = hf_greedy(model, ids, mask, 8, [], pad=0)
+    assert not torch.equal(want, before)
+    assert torch.equal(engine.generate(ids, mask, params).response_ids, want)
 
 
 class _OnePlusWeightNorm(torch.nn.Module):

@@ -33,7 +33,6 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 # each kernel launch costs more than its math, and would waste gigabytes on large ones, which are
 # compute-bound anyway; above this many bytes of copies the projections run as they are.
 MAX_FUSED_BYTES = 256 * 2**20
-PACK_ROWS = 16  # the rows oneDNN lays a packed weight out for (a typical rollout batch)
 _DYNAMIC_ROPE = ("dynamic", "longrope")
 
 
@@ -66,9 +65,9 @@ def onednn_linear_ok() -> bool:
         if ok:
             g = torch.Generator().manual_seed(0)
             weight, bias, x = (torch.randn(96, 64, generator=g), torch.randn(96, generator=g),
-                               torch.randn(PACK_ROWS, 64, generator=g))
+                               torch.randn(16, 64, generator=g))
             try:
-                got = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS),
+                got = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(weight),
                                                          bias, "none", [], "")
             except (AttributeError, RuntimeError):
                 ok = False
@@ -78,8 +77,8 @@ def onednn_linear_ok() -> bool:
     return _ONEDNN_OK[mode]
 
 
-def _onednn_pack(weight: torch.Tensor, rows: int) -> torch.Tensor | None:
-    """oneDNN's prepacked copy of a float32 CPU weight (for ``rows`` rows), or None where unavailable.
+def _onednn_pack(weight: torch.Tensor) -> torch.Tensor | None:
+    """oneDNN's prepacked copy of a float32 CPU weight, or None where unavailable.
 
     The blocked layout streams from memory faster than MKL's ``F.linear`` reads a weight once the model
     outgrows the cache (a decode step reads every weight for a handful of rows): about 1.5x on the
@@ -88,10 +87,10 @@ def _onednn_pack(weight: torch.Tensor, rows: int) -> torch.Tensor | None:
     """
     if weight.device.type != "cpu" or weight.dtype != torch.float32 or not onednn_linear_ok():
         return None
-    return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+    return torch.ops.mkldnn._reorder_linear_weight(weight)
 
 
-def _decode_linear(modules: list[Any], rows: int) -> _Linear | None:
+def _decode_linear(modules: list[Any]) -> _Linear | None:
     """The concatenation of plain ``nn.Linear`` modules in decode layout, or None if any is not plain."""
     if not all(type(m) is torch.nn.Linear for m in modules):
         return None
@@ -101,7 +100,7 @@ def _decode_linear(modules: list[Any], rows: int) -> _Linear | None:
     weight = torch.cat([m.weight for m in modules], dim=0) if len(modules) > 1 else modules[0].weight
     bias = (torch.cat([m.bias for m in modules], dim=0) if len(modules) > 1 else modules[0].bias) \
         if all(has_bias) else None
-    return _Linear(weight, bias, _onednn_pack(weight, rows))
+    return _Linear(weight, bias, _onednn_pack(weight))
 
 
 _RMS_NORM_OK: dict[tuple[type, torch.dtype], bool] = {}
@@ -128,8 +127,10 @@ def _rms_norm(module: torch.nn.Module, dtype: torch.dtype) -> Any:
 class LlamaStyleDecodeStep:
     """Runs one decode step of a supported model against a rollout cache (see ``hf_engine``).
 
-    :meth:`prepare` lays the weights out afresh for every rollout: between two rollouts an optimizer
-    step may have changed them without a trace (fused AdamW does not bump tensors' version counters).
+    One instance serves the rollouts of one engine. :meth:`prepare` reuses the decode layout of the
+    weights only while every parameter still holds exactly the values it was built from (compared
+    with a copy, not by version counters: fused AdamW updates parameters without bumping them), so a
+    rollout after an optimizer step or a weight sync always runs on the new weights.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -138,6 +139,7 @@ class LlamaStyleDecodeStep:
         self.layers = list(self.base.layers[: model.config.num_hidden_layers])
         self.cos: torch.Tensor | None = None
         self.sin: torch.Tensor | None = None
+        self._built_from: tuple[torch.dtype, list[torch.Tensor], list[torch.Tensor]] | None = None
 
     @staticmethod
     def supports(model: torch.nn.Module) -> tuple[bool, str]:
@@ -172,8 +174,8 @@ class LlamaStyleDecodeStep:
                 return False, f"{type(module).__name__} has forward hooks (e.g. FSDP) that must run"
         return True, ""
 
-    def prepare(self, max_positions: int, device: torch.device, dtype: torch.dtype, rows: int = PACK_ROWS) -> None:
-        """Per-rollout set-up: the rotary table and the decode layout of the weights for ``rows`` rows.
+    def prepare(self, max_positions: int, device: torch.device, dtype: torch.dtype) -> None:
+        """Per-rollout set-up: the rotary table, and the decode layout of the weights unless still valid.
 
         The rotary table comes from the model's own rotary module for positions 0..max_positions-1.
         ``rotate_half(x) * sin`` is rewritten as ``swap_halves(x) * signed_sin`` (a sign flip is exact).
@@ -185,7 +187,10 @@ class LlamaStyleDecodeStep:
         half = self.cos.shape[-1] // 2
         sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(device=device, dtype=self.sin.dtype)
         self.signed_sin = self.sin * sign
-        plain = sum(p.numel() * p.element_size() for p in self.model.parameters()) <= MAX_FUSED_BYTES
+        params = list(self.model.parameters())
+        if self._layout_is_current(params, dtype):
+            return
+        plain = sum(p.numel() * p.element_size() for p in params) <= MAX_FUSED_BYTES
         self.qkv: list[Any] = []
         self.o: list[Any] = []
         self.gate_up: list[Any] = []
@@ -193,15 +198,25 @@ class LlamaStyleDecodeStep:
         self.norms: list[tuple[Any, Any]] = []
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            self.qkv.append(_decode_linear([attn.q_proj, attn.k_proj, attn.v_proj], rows)
+            self.qkv.append(_decode_linear([attn.q_proj, attn.k_proj, attn.v_proj])
                             if plain and not hasattr(attn, "q_norm") else None)
-            self.o.append((_decode_linear([attn.o_proj], rows) if plain else None) or attn.o_proj)
+            self.o.append((_decode_linear([attn.o_proj]) if plain else None) or attn.o_proj)
             mlp_plain = plain and all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn"))
-            self.gate_up.append(_decode_linear([mlp.gate_proj, mlp.up_proj], rows) if mlp_plain else None)
-            self.down.append((_decode_linear([mlp.down_proj], rows) if mlp_plain else None) or getattr(mlp, "down_proj", None))
+            self.gate_up.append(_decode_linear([mlp.gate_proj, mlp.up_proj]) if mlp_plain else None)
+            self.down.append((_decode_linear([mlp.down_proj]) if mlp_plain else None) or getattr(mlp, "down_proj", None))
             self.norms.append((_rms_norm(layer.input_layernorm, dtype), _rms_norm(layer.post_attention_layernorm, dtype)))
         self.final_norm = _rms_norm(self.base.norm, dtype)
-        self.lm_head = (_decode_linear([self.model.lm_head], rows) if plain else None) or self.model.lm_head
+        self.lm_head = (_decode_linear([self.model.lm_head]) if plain else None) or self.model.lm_head
+        # Only small models get a layout (and so a copy to check it against); large ones rebuild for free.
+        self._built_from = (dtype, params, [p.detach().clone() for p in params]) if plain else None
+
+    def _layout_is_current(self, params: list[torch.Tensor], dtype: torch.dtype) -> bool:
+        if self._built_from is None:
+            return False
+        built_dtype, built_params, values = self._built_from
+        return (built_dtype == dtype and len(built_params) == len(params)
+                and all(a is b for a, b in zip(built_params, params, strict=True))
+                and all(torch.equal(p, v) for p, v in zip(params, values, strict=True)))
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x1, x2 = x.chunk(2, dim=-1)
@@ -242,15 +257,15 @@ class LlamaStyleDecodeStep:
             keys, values = cache_layer.update(k.unsqueeze(2), v.unsqueeze(2))
             q = q.reshape(rows, keys.shape[1], -1, head_dim)
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
-            hidden = hidden + self.o[i](out.reshape(rows, -1))
+            hidden = hidden + self.o[i](out.reshape(rows, -1))  # new: the embedding output stays untouched
             x = post_norm(hidden)
             gate_up = self.gate_up[i]
             if gate_up is not None:
                 gate, up = gate_up(x).chunk(2, dim=-1)
-                hidden = hidden + self.down[i](layer.mlp.act_fn(gate) * up)
+                hidden.add_(self.down[i](layer.mlp.act_fn(gate).mul_(up)))
             else:
-                hidden = hidden + layer.mlp(x)
+                hidden.add_(layer.mlp(x))
         return self.lm_head(self.final_norm(hidden))
 
 
-__all__ = ["LlamaStyleDecodeStep", "SUPPORTED_MODEL_TYPES", "MAX_FUSED_BYTES", "PACK_ROWS"]
+__all__ = ["LlamaStyleDecodeStep", "SUPPORTED_MODEL_TYPES", "MAX_FUSED_BYTES"]
