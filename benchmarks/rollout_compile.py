@@ -2,7 +2,8 @@
 against verl's eager fast decode step (``HFKVCacheEngine``), on the same prompts, seed and sampler.
 
 The compiled step is written here, not in ``verl/``: it decides whether the option is worth having. It
-takes the eager step's weight layout (fused, transposed projections), keeps a KV cache of fixed shape
+takes the eager step's fused projections (through ``F.linear``: inductor cannot take oneDNN's prepacked
+weights as inputs), keeps a KV cache of fixed shape
 [rows, kv_heads, prompt + new tokens, head_dim] written with ``index_copy_`` at a slot given as a
 tensor, and attends over the whole cache with a mask of the filled slots, so every step has the same
 shapes and one compiled graph serves the whole rollout (no eos stopping: rows are never dropped).

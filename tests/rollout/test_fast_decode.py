@@ -118,3 +118,15 @@ def test_rms_norm_shortcut_only_where_it_gives_the_module_bits():
     assert fast is not llama_style and torch.equal(fast(x), llama_style(x))
     other = _OnePlusWeightNorm(64)
     assert _rms_norm(other, torch.float32) is other
+
+
+def test_a_model_cast_between_rollouts_is_used():
+    model = make_model("qwen2", seed=9)
+    ids, mask = left_padded(LENGTHS, seed=10)
+    engine = HFKVCacheEngine(model)
+    params = SamplingParams(temperature=0, max_new_tokens=8)
+    engine.generate(ids, mask, params)
+    model.double()
+    out = engine.generate(ids, mask, params)
+    assert engine._decode_step.qkv[0].weight.dtype == torch.float64
+    assert torch.equal(out.response_ids, hf_greedy(model, ids, mask, 8, [], pad=0))

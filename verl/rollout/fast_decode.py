@@ -216,7 +216,8 @@ class LlamaStyleDecodeStep:
         built_dtype, built_params, values = self._built_from
         return (built_dtype == dtype and len(built_params) == len(params)
                 and all(a is b for a, b in zip(built_params, params, strict=True))
-                and all(torch.equal(p, v) for p, v in zip(params, values, strict=True)))
+                and all(p.dtype == v.dtype and p.device == v.device and p.shape == v.shape and torch.equal(p, v)
+                        for p, v in zip(params, values, strict=True)))
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x1, x2 = x.chunk(2, dim=-1)
