@@ -29,9 +29,10 @@ import torch
 import torch.nn.functional as F
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
-# The decode layout copies the projection weights for the rollout. That pays off on small models, where
-# each kernel launch costs more than its math, and would waste gigabytes on large ones, which are
-# compute-bound anyway; above this many bytes of copies the projections run as they are.
+# The decode layout copies the weights (fused, packed, plus a copy to check them against: about 2.7x the
+# parameters). That pays off on small models, where each kernel launch costs more than its math, and would
+# waste gigabytes on large ones, which are compute-bound anyway; above this many bytes of parameters the
+# projections run as they are.
 MAX_FUSED_BYTES = 256 * 2**20
 _DYNAMIC_ROPE = ("dynamic", "longrope")
 
@@ -81,8 +82,8 @@ def _onednn_pack(weight: torch.Tensor) -> torch.Tensor | None:
     """oneDNN's prepacked copy of a float32 CPU weight, or None where unavailable.
 
     The blocked layout streams from memory faster than MKL's ``F.linear`` reads a weight once the model
-    outgrows the cache (a decode step reads every weight for a handful of rows): about 1.5x on the
-    matmuls of a 10M model on one core. Its float32 sums are ordered differently, so results differ from
+    outgrows the cache (a decode step reads every weight for a handful of rows; figures in
+    docs/performance.md). Its float32 sums are ordered differently, so results differ from
     ``F.linear`` by rounding (~1e-6 relative), as any change of batch size or BLAS does.
     """
     if weight.device.type != "cpu" or weight.dtype != torch.float32 or not onednn_linear_ok():
