@@ -104,6 +104,10 @@ def _decode_linear(modules: list[Any]) -> _Linear | None:
     return _Linear(weight, bias, _onednn_pack(weight))
 
 
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.device == b.device and a.shape == b.shape
+
+
 _RMS_NORM_OK: dict[tuple[type, torch.dtype], bool] = {}
 
 
@@ -209,7 +213,16 @@ class LlamaStyleDecodeStep:
         self.final_norm = _rms_norm(self.base.norm, dtype)
         self.lm_head = (_decode_linear([self.model.lm_head]) if plain else None) or self.model.lm_head
         # Only small models get a layout (and so a copy to check it against); large ones rebuild for free.
-        self._built_from = (dtype, params, [p.detach().clone() for p in params]) if plain else None
+        self._built_from = (dtype, params, self._copy_values(params)) if plain else None
+
+    def _copy_values(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The parameters' values, written into the previous copy where it fits (no fresh pages to fault in)."""
+        old = self._built_from[2] if self._built_from is not None else []
+        if len(old) == len(params) and all(_same_layout(p, v) for p, v in zip(params, old, strict=True)):
+            for p, v in zip(params, old, strict=True):
+                v.copy_(p)
+            return old
+        return [p.detach().clone() for p in params]
 
     def _layout_is_current(self, params: list[torch.Tensor], dtype: torch.dtype) -> bool:
         if self._built_from is None:
@@ -217,8 +230,7 @@ class LlamaStyleDecodeStep:
         built_dtype, built_params, values = self._built_from
         return (built_dtype == dtype and len(built_params) == len(params)
                 and all(a is b for a, b in zip(built_params, params, strict=True))
-                and all(p.dtype == v.dtype and p.device == v.device and p.shape == v.shape and torch.equal(p, v)
-                        for p, v in zip(params, values, strict=True)))
+                and all(_same_layout(p, v) and torch.equal(p, v) for p, v in zip(params, values, strict=True)))
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x1, x2 = x.chunk(2, dim=-1)
