@@ -80,6 +80,13 @@ def test_weights_changed_between_rollouts_without_a_version_bump_are_used():
     assert not torch.equal(want, before)
     assert torch.equal(after, want)
     assert engine._decode_step.gate_up[0] is not layout
+    # A second step: the copy the layout is checked against was rewritten in place, not aliased.
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    optimizer.step()
+    again = hf_greedy(model, ids, mask, 8, [], pad=0)
+    assert not torch.equal(again, after)
+    assert torch.equal(engine.generate(ids, mask, params).response_ids, again)
 
 
 def test_a_replaced_parameter_is_used():
