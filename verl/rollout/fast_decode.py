@@ -208,8 +208,10 @@ class LlamaStyleDecodeStep:
             self.o.append((_decode_linear([attn.o_proj]) if plain else None) or attn.o_proj)
             mlp_plain = plain and all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn"))
             self.gate_up.append(_decode_linear([mlp.gate_proj, mlp.up_proj]) if mlp_plain else None)
-            self.down.append((_decode_linear([mlp.down_proj]) if mlp_plain else None) or getattr(mlp, "down_proj", None))
-            self.norms.append((_rms_norm(layer.input_layernorm, dtype), _rms_norm(layer.post_attention_layernorm, dtype)))
+            self.down.append((_decode_linear([mlp.down_proj]) if mlp_plain else None)
+                             or getattr(mlp, "down_proj", None))
+            self.norms.append((_rms_norm(layer.input_layernorm, dtype),
+                               _rms_norm(layer.post_attention_layernorm, dtype)))
         self.final_norm = _rms_norm(self.base.norm, dtype)
         self.lm_head = (_decode_linear([self.model.lm_head]) if plain else None) or self.model.lm_head
         # Only small models get a layout (and so a copy to check it against); large ones rebuild for free.
