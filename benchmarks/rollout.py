@@ -43,10 +43,10 @@ def _prompts(batch: int, prompt_len: int, vocab: int, seed: int) -> tuple[torch.
     return ids.masked_fill(mask == 0, 0), mask
 
 
-def _seconds(fn) -> float:
-    start = time.perf_counter()
+def _seconds(fn, clock=time.perf_counter) -> float:
+    start = clock()
     fn()
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -58,6 +58,12 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads for both")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--n", type=int, default=1, help="samples per prompt (HF: num_return_sequences)")
+    parser.add_argument("--cpu-time", action="store_true", help="time with this process's CPU time instead of "
+                        "wall time: at 1 thread the same work, but not inflated by time spent descheduled on "
+                        "a loaded machine")
+    parser.add_argument("--update-weights", action="store_true", help="change every weight in place (untimed) "
+                        "before each rollout, as an optimizer step does, so the sampler cannot reuse its "
+                        "weight layout (what an RL step pays)")
     parser.add_argument("--model", default=None, help="tiny[:arch[:hidden[:layers]]] (e.g. tiny:qwen2:256:10 for "
                         "~10M parameters) or a local dir; default: the project's tiny model")
     args = parser.parse_args(argv)
@@ -95,6 +101,20 @@ def main(argv: list[str] | None = None) -> float:
                                  eos_token_id=None, pad_token_id=0, num_return_sequences=args.n)
         assert out.shape[1] - ids.shape[1] == args.new_tokens and out.shape[0] == args.batch * args.n
 
+    sign = [1.0]
+
+    def update_weights() -> None:
+        """A tiny in-place change of every parameter (alternating sign), outside the timed region."""
+        if args.update_weights:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(sign[0] * 1e-6)
+            sign[0] = -sign[0]
+
+    def timed(fn) -> float:
+        update_weights()
+        return _seconds(fn, time.process_time if args.cpu_time else time.perf_counter)
+
     tokens = args.batch * args.n * args.new_tokens
     results = {}
     times: dict[str, list[float]] = {"hf generate": [], "verl HFKVCacheEngine": []}
@@ -104,10 +124,12 @@ def main(argv: list[str] | None = None) -> float:
     for r in range(args.repeats):
         pair = [("hf generate", hf), ("verl HFKVCacheEngine", ours)]
         for name, fn in pair if r % 2 == 0 else pair[::-1]:
-            times[name].append(_seconds(fn))
+            times[name].append(timed(fn))
         ratios.append(times["hf generate"][-1] / times["verl HFKVCacheEngine"][-1])
     print(f"batch {args.batch} x n {args.n}, prompt <= {args.prompt_len}, {args.new_tokens} new tokens, sampling T=1.0, "
-          f"{args.threads} thread(s), {args.repeats} repeats, vocab {vocab}")
+          f"{args.threads} thread(s), {args.repeats} repeats, vocab {vocab}"
+          f"{', weights changed before every rollout' if args.update_weights else ''}"
+          f"{', CPU time' if args.cpu_time else ', wall time'}")
     print(f"{'engine':<24}{'median s':>10}{'best s':>10}{'tokens/s (median)':>20}")
     for name, ts in times.items():
         med = statistics.median(ts)

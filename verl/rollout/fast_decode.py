@@ -4,10 +4,16 @@ On small models most of the time of a Hugging Face forward is Python: decorators
 dataclasses, mask creation, per-call rotary embeddings. A rollout calls the model once per token,
 so that overhead is paid ``max_new_tokens`` times. This step walks the same modules in the same
 order (``input_layernorm``, ``q/k/v_proj``, rotary, attention, ``o_proj``, ``post_attention_layernorm``,
-``mlp``, ``norm``, ``lm_head``), calling the model's own submodules so that their numerics, LoRA
-wrappers and dtypes are kept, and only inlines the glue: the rotary cos/sin come from a table built
-once per rollout, K/V are written in place into the preallocated cache, and the attention mask is
-the rollout's ready boolean mask.
+``mlp``, ``norm``, ``lm_head``) as the model's own ``forward``, with the glue inlined: the rotary cos/sin
+come from a table built once per rollout, K/V are written in place into the preallocated cache, and the
+attention mask is the rollout's ready boolean mask.
+
+Where the modules are plain (``nn.Linear``, an RMSNorm that ``F.rms_norm`` reproduces bit for bit),
+their weights are laid out for decoding once and reused by every rollout until a weight changes:
+q/k/v and gate/up concatenated into one matmul each, and on CPU in float32 every projection
+(``lm_head`` included) prepacked for oneDNN (see :func:`_onednn_pack`; float32 throughout, equal to
+``F.linear`` up to rounding). Anything else (LoRA, quantised layers, another norm) is called as the
+module it is.
 
 The prefill always runs through the model's own ``forward``. :func:`LlamaStyleDecodeStep.supports`
 says whether a model qualifies; anything unusual (sliding windows, dynamic rotary scaling, module
@@ -16,21 +22,121 @@ hooks such as FSDP's, an unknown architecture) keeps the plain ``forward`` path.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
-# Fusing q/k/v and gate/up copies those weights for the rollout. That pays off on small models, where
-# each kernel launch costs more than its math, and would waste gigabytes on large ones, which are
-# compute-bound anyway; above this many bytes of copies the projections run as they are.
+# The decode layout copies the weights (fused, packed, plus a copy to check them against: about 2.7x the
+# parameters). That pays off on small models, where each kernel launch costs more than its math, and would
+# waste gigabytes on large ones, which are compute-bound anyway; above this many bytes of parameters the
+# projections run as they are.
 MAX_FUSED_BYTES = 256 * 2**20
 _DYNAMIC_ROPE = ("dynamic", "longrope")
 
 
+@dataclass
+class _Linear:
+    """One projection in decode layout: ``weight`` [out, in] and, on CPU in float32, oneDNN's blocked copy."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    packed: torch.Tensor | None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
+_ONEDNN_OK: dict[str, bool] = {}
+
+
+def onednn_linear_ok() -> bool:
+    """Whether oneDNN's prepacked float32 linear runs here and agrees with ``F.linear`` up to rounding.
+
+    Probed once per float32 math mode: a bf16/tf32 mode (``torch.backends.mkldnn.matmul.fp32_precision``)
+    or a torch build without these ops turns the packed path off.
+    """
+    mode = str(getattr(getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision", ""))
+    if mode not in _ONEDNN_OK:
+        ok = torch.backends.mkldnn.is_available()
+        if ok:
+            g = torch.Generator().manual_seed(0)
+            weight, bias, x = (torch.randn(96, 64, generator=g), torch.randn(96, generator=g),
+                               torch.randn(16, 64, generator=g))
+            try:
+                got = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(weight),
+                                                         bias, "none", [], "")
+            except (AttributeError, RuntimeError):
+                ok = False
+            else:
+                ok = torch.allclose(got, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+        _ONEDNN_OK[mode] = ok
+    return _ONEDNN_OK[mode]
+
+
+def _onednn_pack(weight: torch.Tensor) -> torch.Tensor | None:
+    """oneDNN's prepacked copy of a float32 CPU weight, or None where unavailable.
+
+    The blocked layout streams from memory faster than MKL's ``F.linear`` reads a weight once the model
+    outgrows the cache (a decode step reads every weight for a handful of rows; figures in
+    docs/performance.md). Its float32 sums are ordered differently, so results differ from
+    ``F.linear`` by rounding (~1e-6 relative), as any change of batch size or BLAS does.
+    """
+    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not onednn_linear_ok():
+        return None
+    return torch.ops.mkldnn._reorder_linear_weight(weight)
+
+
+def _decode_linear(modules: list[Any]) -> _Linear | None:
+    """The concatenation of plain ``nn.Linear`` modules in decode layout, or None if any is not plain."""
+    if not all(type(m) is torch.nn.Linear for m in modules):
+        return None
+    has_bias = [m.bias is not None for m in modules]
+    if any(has_bias) and not all(has_bias):
+        return None
+    weight = torch.cat([m.weight for m in modules], dim=0) if len(modules) > 1 else modules[0].weight
+    bias = (torch.cat([m.bias for m in modules], dim=0) if len(modules) > 1 else modules[0].bias) \
+        if all(has_bias) else None
+    return _Linear(weight, bias, _onednn_pack(weight))
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.device == b.device and a.shape == b.shape
+
+
+_RMS_NORM_OK: dict[tuple[type, torch.dtype], bool] = {}
+
+
+def _rms_norm(module: torch.nn.Module, dtype: torch.dtype) -> Any:
+    """``F.rms_norm`` with the module's weight where it computes the module's bits, else the module.
+
+    Probed once per norm class and dtype (a Gemma-style ``1 + weight`` norm or an upcast that rounds
+    differently keeps the module).
+    """
+    weight = getattr(module, "weight", None)
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 1 or not isinstance(eps, float):
+        return module
+    shape = (weight.shape[0],)
+    key = (type(module), dtype)
+    if key not in _RMS_NORM_OK:
+        probe = torch.randn(8, shape[0], generator=torch.Generator().manual_seed(0)).to(weight.device, dtype) * 3
+        _RMS_NORM_OK[key] = torch.equal(module(probe), F.rms_norm(probe, shape, weight, eps))
+    return (lambda x: F.rms_norm(x, shape, weight, eps)) if _RMS_NORM_OK[key] else module
+
+
 class LlamaStyleDecodeStep:
-    """Runs one decode step of a supported model against a rollout cache (see ``hf_engine``)."""
+    """Runs one decode step of a supported model against a rollout cache (see ``hf_engine``).
+
+    One instance serves the rollouts of one engine. :meth:`prepare` reuses the decode layout of the
+    weights only while every parameter still holds exactly the values it was built from (compared
+    with a copy, not by version counters: fused AdamW updates parameters without bumping them), so a
+    rollout after an optimizer step or a weight sync always runs on the new weights.
+    """
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -38,6 +144,7 @@ class LlamaStyleDecodeStep:
         self.layers = list(self.base.layers[: model.config.num_hidden_layers])
         self.cos: torch.Tensor | None = None
         self.sin: torch.Tensor | None = None
+        self._built_from: tuple[torch.dtype, list[torch.Tensor], list[torch.Tensor]] | None = None
 
     @staticmethod
     def supports(model: torch.nn.Module) -> tuple[bool, str]:
@@ -73,98 +180,108 @@ class LlamaStyleDecodeStep:
         return True, ""
 
     def prepare(self, max_positions: int, device: torch.device, dtype: torch.dtype) -> None:
-        """Per-rollout set-up: the rotary table and the fused projection weights.
+        """Per-rollout set-up: the rotary table, and the decode layout of the weights unless still valid.
 
         The rotary table comes from the model's own rotary module for positions 0..max_positions-1.
-        ``rotate_half(x) * sin`` is rewritten as ``x[..., perm] * signed_sin`` (a sign flip is exact), one
-        gather instead of two slices, a negation and a concat. Where q/k/v (and gate/up) are plain
-        ``nn.Linear`` they run as one matmul on concatenated weights; anything else (LoRA, quantised
-        layers) is called as the module it is.
+        ``rotate_half(x) * sin`` is rewritten as ``swap_halves(x) * signed_sin`` (a sign flip is exact).
         """
         positions = torch.arange(max_positions, device=device).unsqueeze(0)
         probe = torch.zeros(1, 1, 1, device=device, dtype=dtype)
         cos, sin = self.base.rotary_emb(probe, positions)
         self.cos, self.sin = cos[0], sin[0]  # [max_positions, head_dim]
         half = self.cos.shape[-1] // 2
-        self.perm = torch.cat([torch.arange(half, 2 * half), torch.arange(half)]).to(device)
         sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(device=device, dtype=self.sin.dtype)
         self.signed_sin = self.sin * sign
-        self.qkv: list[Any] = [None] * len(self.layers)
-        self.gate_up: list[Any] = [None] * len(self.layers)
-        fused_bytes = sum(
-            p.numel() * p.element_size()
-            for layer in self.layers
-            for module, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj")),
-                                  (layer.mlp, ("gate_proj", "up_proj")))
-            for name in names if hasattr(module, name)
-            for p in getattr(module, name).parameters()
-        )
-        if fused_bytes > MAX_FUSED_BYTES:
+        params = list(self.model.parameters())
+        if self._layout_is_current(params, dtype):
             return
-        self.qkv = [self._fuse(layer.self_attn, ("q_proj", "k_proj", "v_proj"))
-                    if not hasattr(layer.self_attn, "q_norm") else None for layer in self.layers]
-        self.gate_up = [self._fuse(layer.mlp, ("gate_proj", "up_proj"))
-                        if all(hasattr(layer.mlp, a) for a in ("down_proj", "act_fn")) else None
-                        for layer in self.layers]
+        plain = sum(p.numel() * p.element_size() for p in params) <= MAX_FUSED_BYTES
+        self.qkv: list[Any] = []
+        self.o: list[Any] = []
+        self.gate_up: list[Any] = []
+        self.down: list[Any] = []
+        self.norms: list[tuple[Any, Any]] = []
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            self.qkv.append(_decode_linear([attn.q_proj, attn.k_proj, attn.v_proj])
+                            if plain and not hasattr(attn, "q_norm") else None)
+            self.o.append((_decode_linear([attn.o_proj]) if plain else None) or attn.o_proj)
+            mlp_plain = plain and all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn"))
+            self.gate_up.append(_decode_linear([mlp.gate_proj, mlp.up_proj]) if mlp_plain else None)
+            self.down.append((_decode_linear([mlp.down_proj]) if mlp_plain else None)
+                             or getattr(mlp, "down_proj", None))
+            self.norms.append((_rms_norm(layer.input_layernorm, dtype),
+                               _rms_norm(layer.post_attention_layernorm, dtype)))
+        self.final_norm = _rms_norm(self.base.norm, dtype)
+        self.lm_head = (_decode_linear([self.model.lm_head]) if plain else None) or self.model.lm_head
+        # Only small models get a layout (and so a copy to check it against); large ones rebuild for free.
+        self._built_from = (dtype, params, self._copy_values(params)) if plain else None
 
-    @staticmethod
-    def _fuse(module: torch.nn.Module, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        linears = [getattr(module, name, None) for name in names]
-        if not all(type(lin) is torch.nn.Linear for lin in linears):
-            return None
-        has_bias = [lin.bias is not None for lin in linears]
-        if any(has_bias) and not all(has_bias):
-            return None
-        weight = torch.cat([lin.weight for lin in linears], dim=0)
-        bias = torch.cat([lin.bias for lin in linears], dim=0) if all(has_bias) else None
-        return weight, bias
+    def _copy_values(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The parameters' values, written into the previous copy where it fits (no fresh pages to fault in)."""
+        old = self._built_from[2] if self._built_from is not None else []
+        if len(old) == len(params) and all(_same_layout(p, v) for p, v in zip(params, old, strict=True)):
+            for p, v in zip(params, old, strict=True):
+                v.copy_(p)
+            return old
+        return [p.detach().clone() for p in params]
+
+    def _layout_is_current(self, params: list[torch.Tensor], dtype: torch.dtype) -> bool:
+        if self._built_from is None:
+            return False
+        built_dtype, built_params, values = self._built_from
+        return (built_dtype == dtype and len(built_params) == len(params)
+                and all(a is b for a, b in zip(built_params, params, strict=True))
+                and all(_same_layout(p, v) and torch.equal(p, v) for p, v in zip(params, values, strict=True)))
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return x * cos + x[..., self.perm] * sin
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([x2, x1], dim=-1) * sin
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any) -> torch.Tensor:
         """Logits [A, V] for the next token after ``tokens`` [A] at ``positions`` [A].
 
         ``mask`` is a boolean [A, 1, 1, kv_len] mask of the keys each row may attend to, kv_len being
-        the cache length after this step. Tensors are laid out [A, 1, heads, D] (one query token), which
-        folds the query heads sharing a KV head into sdpa's query axis without repeating K/V.
+        the cache length after this step. Hidden states are [A, H] (one token per row); attention
+        tensors are [A, kv_heads, group, D], which folds the query heads sharing a KV head into sdpa's
+        query axis without repeating K/V.
         """
         rows = tokens.shape[0]
-        hidden = self.base.embed_tokens(tokens.unsqueeze(-1))  # [A, 1, H]
-        cos = self.cos[positions].unsqueeze(1).unsqueeze(1)  # [A, 1, 1, D]
-        sin = self.signed_sin[positions].unsqueeze(1).unsqueeze(1)
-        for layer, cache_layer, qkv, gate_up in zip(self.layers, cache.layers, self.qkv, self.gate_up, strict=True):
+        hidden = self.base.embed_tokens(tokens)  # [A, H]
+        cos = self.cos[positions].unsqueeze(1)  # [A, 1, D]
+        sin = self.signed_sin[positions].unsqueeze(1)
+        for i, (layer, cache_layer) in enumerate(zip(self.layers, cache.layers, strict=True)):
             attn = layer.self_attn
             head_dim = attn.head_dim
-            x = layer.input_layernorm(hidden)
+            in_norm, post_norm = self.norms[i]
+            x = in_norm(hidden)
+            qkv = self.qkv[i]
             if qkv is not None:
-                heads = qkv[0].shape[0] // head_dim
+                states = qkv(x).view(rows, -1, head_dim)
                 kv_heads = attn.k_proj.weight.shape[0] // head_dim
-                q_heads = heads - 2 * kv_heads
-                states = F.linear(x, *qkv).view(rows, 1, heads, head_dim)
-                qk = self._rope(states[:, :, : q_heads + kv_heads], cos, sin)
-                q, k = qk[:, :, :q_heads], qk[:, :, q_heads:]
-                v = states[:, :, q_heads + kv_heads:]
+                q_heads = states.shape[1] - 2 * kv_heads
+                qk = self._rope(states[:, : q_heads + kv_heads], cos, sin)
+                q, k = qk[:, :q_heads], qk[:, q_heads:]
+                v = states[:, q_heads + kv_heads:]
             else:
-                q = attn.q_proj(x).view(rows, 1, -1, head_dim)
-                k = attn.k_proj(x).view(rows, 1, -1, head_dim)
-                v = attn.v_proj(x).view(rows, 1, -1, head_dim)
+                q = attn.q_proj(x).view(rows, -1, head_dim)
+                k = attn.k_proj(x).view(rows, -1, head_dim)
+                v = attn.v_proj(x).view(rows, -1, head_dim)
                 if hasattr(attn, "q_norm"):
                     q, k = attn.q_norm(q), attn.k_norm(k)
                 q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
-            keys, values = cache_layer.update(k.transpose(1, 2), v.transpose(1, 2))
+            keys, values = cache_layer.update(k.unsqueeze(2), v.unsqueeze(2))
             q = q.reshape(rows, keys.shape[1], -1, head_dim)
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
-            hidden = hidden + attn.o_proj(out.reshape(rows, 1, -1))
-            x = layer.post_attention_layernorm(hidden)
+            hidden = hidden + self.o[i](out.reshape(rows, -1))  # new: the embedding output stays untouched
+            x = post_norm(hidden)
+            gate_up = self.gate_up[i]
             if gate_up is not None:
-                mlp = layer.mlp
-                gate, up = F.linear(x, *gate_up).chunk(2, dim=-1)
-                hidden = hidden + mlp.down_proj(mlp.act_fn(gate) * up)
+                gate, up = gate_up(x).chunk(2, dim=-1)
+                hidden.add_(self.down[i](layer.mlp.act_fn(gate).mul_(up)))
             else:
-                hidden = hidden + layer.mlp(x)
-        hidden = self.base.norm(hidden)
-        return self.model.lm_head(hidden[:, -1, :])
+                hidden.add_(layer.mlp(x))
+        return self.lm_head(self.final_norm(hidden))
 
 
 __all__ = ["LlamaStyleDecodeStep", "SUPPORTED_MODEL_TYPES", "MAX_FUSED_BYTES"]

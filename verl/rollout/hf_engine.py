@@ -143,6 +143,7 @@ class HFKVCacheEngine(RolloutEngine):
         self._mask_kind = attn if (prebuilt_masks and full and attn in ("sdpa", "eager")) else "2d"
         self._preallocate = DynamicLayer is not None and full
         self._fast_decode = fast_decode
+        self._decode_step: LlamaStyleDecodeStep | None = None  # kept: its weight layout serves many rollouts
 
     @property
     def fast_decode_reason(self) -> str:
@@ -262,8 +263,11 @@ class HFKVCacheEngine(RolloutEngine):
             next_pos = next_pos.repeat_interleave(n, dim=0)
             mask_bool = mask_bool.repeat_interleave(n, dim=0)
 
-        fast = LlamaStyleDecodeStep(self.model) if not self.fast_decode_reason else None
-        if fast is not None:
+        fast = None
+        if not self.fast_decode_reason:
+            if self._decode_step is None:
+                self._decode_step = LlamaStyleDecodeStep(self.model)
+            fast = self._decode_step
             fast.prepare(prompt_len + max_new, device, dtype)
         # The decode mask for the whole rollout, built once and sliced per step.
         decode_mask = torch.cat([mask_bool, mask_bool.new_ones(rows, max_new)], dim=1)

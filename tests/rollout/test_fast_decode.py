@@ -1,0 +1,139 @@
+"""The decode step's weight layout: oneDNN-packed projections, F.rms_norm where exact, reused only while
+the weights are unchanged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.rollout.conftest import left_padded, make_model
+from tests.rollout.test_hf_engine import LENGTHS, hf_greedy
+from verl.rollout import HFKVCacheEngine, SamplingParams
+from verl.rollout.fast_decode import LlamaStyleDecodeStep, _decode_linear, _rms_norm, onednn_linear_ok
+
+needs_onednn = pytest.mark.skipif(not onednn_linear_ok(), reason="oneDNN's packed linear is not available here")
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 3, 5, 16, 40])
+def test_packed_projection_equals_f_linear_up_to_float32_rounding(rows):
+    torch.manual_seed(0)
+    q, k = torch.nn.Linear(256, 256), torch.nn.Linear(256, 128)
+    lin = _decode_linear([q, k])
+    assert lin.packed is not None
+    x = torch.randn(rows, 256)
+    with torch.inference_mode():
+        got = lin(x)
+        want = torch.cat([q(x), k(x)], dim=-1)
+    # float64 reference: both float32 results sit within float32 rounding of the exact product.
+    exact = torch.cat([F.linear(x.double(), m.weight.double(), m.bias.double()) for m in (q, k)], dim=-1)
+    assert torch.allclose(got.double(), exact, rtol=0, atol=1e-5)
+    assert torch.allclose(got, want, rtol=0, atol=1e-5)
+
+
+def test_float64_projections_are_not_packed_and_give_f_linear_bits():
+    lin = _decode_linear([torch.nn.Linear(64, 32).double()])
+    assert lin.packed is None
+    x = torch.randn(4, 64, dtype=torch.float64)
+    assert torch.equal(lin(x), F.linear(x, lin.weight, lin.bias))
+
+
+@needs_onednn
+def test_float32_decode_step_runs_on_packed_weights():
+    model = make_model("qwen2", seed=1)
+    step = LlamaStyleDecodeStep(model)
+    with torch.inference_mode():
+        step.prepare(32, torch.device("cpu"), torch.float32)
+    assert all(lin.packed is not None for lin in step.qkv + step.o + step.gate_up + step.down + [step.lm_head])
+
+
+def test_greedy_equals_hf_generate_in_float64():
+    """float64 takes F.linear (no packing) and F.rms_norm's float64 probe."""
+    model = make_model("llama", seed=3).double()
+    ids, mask = left_padded(LENGTHS, seed=6)
+    engine = HFKVCacheEngine(model)
+    assert engine.fast_decode_reason == ""
+    out = engine.generate(ids, mask, SamplingParams(temperature=0, max_new_tokens=10))
+    assert torch.equal(out.response_ids, hf_greedy(model, ids, mask, 10, [], pad=0))
+
+
+def test_weights_changed_between_rollouts_without_a_version_bump_are_used():
+    """Fused AdamW updates parameters without bumping their version counters, so the layout is checked
+    against the values it was built from, not cached on versions."""
+    model = make_model("qwen2", seed=5)
+    ids, mask = left_padded(LENGTHS, seed=7)
+    engine = HFKVCacheEngine(model)
+    params = SamplingParams(temperature=0, max_new_tokens=8)
+    before = engine.generate(ids, mask, params).response_ids
+    layout = engine._decode_step.gate_up[0]
+    assert torch.equal(engine.generate(ids, mask, params).response_ids, before)
+    assert engine._decode_step.gate_up[0] is layout  # unchanged weights: the layout is reused
+    versions = [p._version for p in model.parameters()]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.5, fused=True)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    optimizer.step()
+    assert [p._version for p in model.parameters()] == versions  # the trap a version-keyed cache falls into
+    after = engine.generate(ids, mask, params).response_ids
+    want = hf_greedy(model, ids, mask, 8, [], pad=0)
+    assert not torch.equal(want, before)
+    assert torch.equal(after, want)
+    assert engine._decode_step.gate_up[0] is not layout
+    # A second step: the copy the layout is checked against was rewritten in place, not aliased.
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    optimizer.step()
+    again = hf_greedy(model, ids, mask, 8, [], pad=0)
+    assert not torch.equal(again, after)
+    assert torch.equal(engine.generate(ids, mask, params).response_ids, again)
+
+
+def test_a_replaced_parameter_is_used():
+    model = make_model("llama", seed=6)
+    ids, mask = left_padded(LENGTHS, seed=8)
+    engine = HFKVCacheEngine(model)
+    params = SamplingParams(temperature=0, max_new_tokens=8)
+    before = engine.generate(ids, mask, params).response_ids
+    layer = model.model.layers[0].mlp
+    layer.down_proj.weight = torch.nn.Parameter(torch.randn_like(layer.down_proj.weight))
+    want = hf_greedy(model, ids, mask, 8, [], pad=0)
+    assert not torch.equal(want, before)
+    assert torch.equal(engine.generate(ids, mask, params).response_ids, want)
+
+
+class _OnePlusWeightNorm(torch.nn.Module):
+    """A Gemma-style RMSNorm (scale 1 + weight): same attributes as Llama's, different formula."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(size))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon) * (1 + self.weight)
+
+
+def test_rms_norm_shortcut_only_where_it_gives_the_module_bits():
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    x = torch.randn(5, 64)
+    llama_style = Qwen2RMSNorm(64)
+    with torch.no_grad():
+        llama_style.weight.normal_()
+    fast = _rms_norm(llama_style, torch.float32)
+    assert fast is not llama_style and torch.equal(fast(x), llama_style(x))
+    other = _OnePlusWeightNorm(64)
+    assert _rms_norm(other, torch.float32) is other
+
+
+def test_a_model_cast_between_rollouts_is_used():
+    model = make_model("qwen2", seed=9)
+    ids, mask = left_padded(LENGTHS, seed=10)
+    engine = HFKVCacheEngine(model)
+    params = SamplingParams(temperature=0, max_new_tokens=8)
+    engine.generate(ids, mask, params)
+    model.double()
+    out = engine.generate(ids, mask, params)
+    assert engine._decode_step.qkv[0].weight.dtype == torch.float64
+    assert torch.equal(out.response_ids, hf_greedy(model, ids, mask, 8, [], pad=0))
