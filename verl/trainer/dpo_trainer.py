@@ -222,7 +222,10 @@ class DPOTrainer(OfflineTrainer):
         self.scheduler.step()
         seconds = time.perf_counter() - start
         tokens = sum(len(self.train_data[i][f"{side}_input_ids"]) for i in indices for side in ("chosen", "rejected"))
-        metrics = {k: v / len(indices) for k, v in sums.items()}
+        # Logged as means over the global batch, like the gradient (not this rank's share).
+        names = list(sums)
+        totals, _ = self.global_sum([*(sums[k] for k in names), len(indices)])
+        metrics = {k: v / max(totals[-1], 1) for k, v in zip(names, totals[:-1], strict=True)}
         metrics |= {"grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0], "timing/step": seconds,
                     "perf/tokens_per_s": tokens * self.dp_size / max(seconds, 1e-9)}
         return metrics

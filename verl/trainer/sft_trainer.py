@@ -183,9 +183,10 @@ class SFTTrainer(OfflineTrainer):
             nll_sum += float(nll.detach())
         grad_norm = self.clip_and_step(self.model, self.optimizer, cfg.grad_clip)
         self.scheduler.step()
+        (global_nll,), _ = self.global_sum([nll_sum])  # the logged loss is the global batch's, like the gradient
         seconds = time.perf_counter() - start
         input_tokens = sum(len(ids) for ids, _ in items)
-        return {"loss": nll_sum / max(local_tokens, 1), "grad_norm": grad_norm,
+        return {"loss": global_nll / max(global_tokens, 1), "grad_norm": grad_norm,
                 "lr": self.scheduler.get_last_lr()[0], "tokens/loss": float(local_tokens),
                 "timing/step": seconds, "perf/tokens_per_s": input_tokens * self.dp_size / max(seconds, 1e-9)}
 
