@@ -259,3 +259,21 @@ def test_groups_are_shuffled_whole_when_prompts_are_shared(tmp_path):
     ids = batch.group_ids[order].tolist()
     assert all(ids[i] == ids[i - i % 4] for i in range(len(ids)))  # contiguous groups
     assert ids != sorted(ids) or len(set(ids)) == 1
+
+
+def test_unsharded_shared_prompt_backward_skips_the_prompt_logits():
+    """The zero-weighted term that keeps the prompt forward's logits on the backward path is for FSDP2 only;
+    in one process the backward reaches the prompt forward through its keys/values alone."""
+    from transformers import AutoModelForCausalLM
+
+    from verl.models.tiny import build_tiny_model
+    from verl.trainer.forward import shared_prompt_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(seed=0), dtype=torch.float32)
+    prompt_ids, prompt_mask, response_ids, response_mask, weights = _random_groups()
+    head_grads = []
+    model.lm_head.register_forward_hook(lambda module, args, out: [out.register_hook(head_grads.append), None][1])
+    logprobs, _ = shared_prompt_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask)
+    (logprobs * weights.float()).sum().backward()
+    assert len(head_grads) == 1  # the responses' head only
+    assert all(p.grad is not None for p in model.parameters())  # the prompt forward's layers still learn

@@ -10,6 +10,7 @@ import functools
 import inspect
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from verl.algorithms import entropy_from_logits, token_logprobs
 from verl.models.lora import base_of
@@ -131,10 +132,11 @@ def shared_prompt_logits(
                    **{name: cache}, **keep(tail.shape[1])).logits
     if prompt_ids.shape[1] == 1:  # one-token prompts: their logit came out of the prompt forward
         logits = torch.cat([out.logits[:, -1:, :][inverse], logits], dim=1)
-    elif torch.is_grad_enabled():
+    elif torch.is_grad_enabled() and isinstance(base_of(model), FSDPModule):
         # The gradient reaches the prompt forward through the cached keys/values only, which bypasses the
         # per-layer outputs that FSDP2 hooks to gather each layer's weights for backward; a zero-weighted
-        # term on its logits puts those outputs on the backward path (the values do not change).
+        # term on its logits puts those outputs on the backward path (the values do not change). Unsharded,
+        # nothing needs it, and it costs a pass over the [B, T, V] logits forward and backward.
         logits = logits + 0.0 * out.logits.sum()
     logits = logits[:, -response_ids.shape[1] - 1 : -1, :]
     return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
