@@ -27,6 +27,29 @@ def _accepts(model_type: type, name: str) -> bool:
         return False
 
 
+@functools.cache
+def _keeps_positions(model_type: type) -> bool:
+    """Whether the forward's `logits_to_keep` also takes a tensor of positions (transformers' `int | Tensor`),
+    not only a count of last positions: then the head runs on exactly the positions whose logits are used."""
+    try:
+        param = inspect.signature(model_type.forward).parameters.get("logits_to_keep")
+    except (TypeError, ValueError):
+        return False
+    return param is not None and "Tensor" in str(param.annotation)
+
+
+def _head_positions(model_type: type, total: int, start: int, stop: int,
+                    device: torch.device) -> tuple[dict[str, object], slice]:
+    """Forward kwargs and a slice of its logits that give the logits of positions [start, stop) of a
+    `total`-position input. The head (and its backward) runs on those positions only where the model takes
+    positions; else on the last `total - start` (or all) positions, cut down afterwards."""
+    if 0 <= start < stop and _keeps_positions(model_type):
+        return {"logits_to_keep": torch.arange(start, stop, device=device)}, slice(None)
+    if _accepts(model_type, "logits_to_keep"):
+        return {"logits_to_keep": total - start}, slice(0, stop - start)
+    return {}, slice(start, stop)
+
+
 def sequence_logits(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -35,11 +58,11 @@ def sequence_logits(
     keep_last: int,
 ) -> torch.Tensor:
     """Logits predicting the last `keep_last` tokens: [B, keep_last, V] (float32, or float64 for a float64 model)."""
-    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
-              "use_cache": False}
-    if _accepts(type(base_of(model)), "logits_to_keep"):
-        kwargs["logits_to_keep"] = keep_last + 1
-    logits = model(**kwargs).logits[:, -keep_last - 1 : -1, :]
+    total = input_ids.shape[1]
+    head, cut = _head_positions(type(base_of(model)), total, max(total - keep_last - 1, 0), total - 1,
+                                input_ids.device)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+                   **head).logits[:, cut, :]
     return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
 
 
@@ -128,8 +151,10 @@ def shared_prompt_logits(
     cache = out.past_key_values if cache is None else cache
     cache.batch_select_indices(inverse)
     tail = torch.cat([prompt_ids[:, cut:], response_ids], dim=1)
+    # the tail's last position predicts past the response: no logit of it is used
+    head, used = _head_positions(type(model), tail.shape[1], 0, tail.shape[1] - 1, tail.device)
     logits = model(input_ids=tail, attention_mask=mask, position_ids=positions[:, cut:], use_cache=True,
-                   **{name: cache}, **keep(tail.shape[1])).logits
+                   **{name: cache}, **head).logits[:, used, :]
     if prompt_ids.shape[1] == 1:  # one-token prompts: their logit came out of the prompt forward
         logits = torch.cat([out.logits[:, -1:, :][inverse], logits], dim=1)
     elif torch.is_grad_enabled() and isinstance(base_of(model), FSDPModule):
@@ -138,7 +163,6 @@ def shared_prompt_logits(
         # term on its logits puts those outputs on the backward path (the values do not change). Unsharded,
         # nothing needs it, and it costs a pass over the [B, T, V] logits forward and backward.
         logits = logits + 0.0 * out.logits.sum()
-    logits = logits[:, -response_ids.shape[1] - 1 : -1, :]
     return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
 
 
