@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+import torch
 from rl_support import read_metrics, rl_config
 
 from verl.errors import RolloutError
@@ -39,3 +40,66 @@ def test_drift_is_logged_not_enforced_with_top_k(tmp_path):
     config = rl_config(tmp_path, "trainer.total_steps=2", "rollout.top_k=5", "rollout.max_logprob_drift=1e-9")
     RLTrainer(config).fit()  # top-k renormalises the sampler's distribution: no false alarm
     assert all(row["rollout/logprob_diff_mean"] > 0 for row in read_metrics(tmp_path))
+
+
+def test_a_single_on_policy_update_checks_drift_on_its_own_forward(tmp_path):
+    """No old log-probs and dropout off: the update's forward is the on-policy pass, so the check costs no
+    forward of its own and covers every row the update trains on."""
+    trainer = RLTrainer(rl_config(tmp_path, "actor.skip_zero_advantage=false"))
+    assert not trainer.needs_old_logprobs and trainer.update_checks_drift
+
+    def no_extra_pass(*a, **k):
+        raise AssertionError("the drift check ran a forward of its own")
+
+    trainer.sequence_logprobs = no_extra_pass
+    for _ in range(2):
+        metrics = trainer.step()
+        trainer.step_count += 1
+        assert 0.0 <= metrics["rollout/logprob_diff_mean"] <= metrics["rollout/logprob_diff_max"] < 1e-4
+
+
+def test_a_stale_engine_is_caught_before_the_optimizer_step(tmp_path):
+    trainer = RLTrainer(rl_config(tmp_path, "actor.lr=0.05", "actor.grad_clip=null"))
+    assert trainer.update_checks_drift
+    trainer.engine = HFKVCacheEngine(copy.deepcopy(trainer.model))
+    steps = {"n": 0}
+    real_step = trainer.optimizer.step
+
+    def counted_step(*a, **k):
+        steps["n"] += 1
+        return real_step(*a, **k)
+
+    trainer.optimizer.step = counted_step
+    with pytest.raises(RolloutError, match="'hf' rollout engine"):
+        for _ in range(8):
+            before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+            done = steps["n"]
+            trainer.step()
+            trainer.step_count += 1
+    assert steps["n"] == done  # the failing step did not step the optimizer ...
+    assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())  # ... nor move a weight
+
+
+class OwnUpdate(RLTrainer):
+    def update_policy(self, batch):
+        return super().update_policy(batch)
+
+
+@pytest.mark.parametrize("case", ["own-update", "dropout-kept", "old-logprobs"])
+def test_the_separate_check_runs_where_the_update_cannot_check(tmp_path, case):
+    """A subclass's own update_policy might not check; with dropout kept the train-mode forward is not the
+    sampler's; with old log-probs the check is on them. Each step still logs the drift."""
+    extra = {"own-update": [], "dropout-kept": ["actor.disable_dropout=false"],
+             "old-logprobs": ["actor.ppo_epochs=2"]}[case]
+    trainer = (OwnUpdate if case == "own-update" else RLTrainer)(rl_config(tmp_path, *extra))
+    assert not trainer.update_checks_drift
+    calls = {"n": 0}
+    real = trainer.sequence_logprobs
+
+    def counted(*a, **k):
+        calls["n"] += 1
+        return real(*a, **k)
+
+    trainer.sequence_logprobs = counted
+    metrics = trainer.step()
+    assert calls["n"] == 1 and metrics["rollout/logprob_diff_max"] < 1e-4

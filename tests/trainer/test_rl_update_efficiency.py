@@ -245,3 +245,50 @@ def test_groups_are_shuffled_whole_when_prompts_are_shared(tmp_path):
     ids = batch.group_ids[order].tolist()
     assert all(ids[i] == ids[i - i % 4] for i in range(len(ids)))  # contiguous groups
     assert ids != sorted(ids) or len(set(ids)) == 1
+
+
+def test_unsharded_shared_prompt_backward_skips_the_prompt_logits():
+    """The zero-weighted term that keeps the prompt forward's logits on the backward path is for FSDP2 only;
+    in one process the backward reaches the prompt forward through its keys/values alone."""
+    from transformers import AutoModelForCausalLM
+
+    from verl.models.tiny import build_tiny_model
+    from verl.trainer.forward import shared_prompt_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(seed=0), dtype=torch.float32)
+    prompt_ids, prompt_mask, response_ids, response_mask, weights = random_groups()
+    head_grads = []
+    model.lm_head.register_forward_hook(lambda module, args, out: [out.register_hook(head_grads.append), None][1])
+    logprobs, _ = shared_prompt_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask)
+    (logprobs * weights.float()).sum().backward()
+    assert len(head_grads) == 1  # the responses' head only
+    assert all(p.grad is not None for p in model.parameters())  # the prompt forward's layers still learn
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_the_head_runs_only_where_a_logit_is_used(shared):
+    """The last position predicts past the response: the head (and its backward) skips it. The logits are
+    those of the full head, cut, bit for bit."""
+    from transformers import AutoModelForCausalLM
+
+    from verl.models.tiny import build_tiny_model
+    from verl.trainer.forward import sequence_logits, shared_prompt_logits
+    from verl.utils.positions import position_ids_from_mask
+
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(seed=0), dtype=torch.float32)
+    prompt_ids, prompt_mask, response_ids, response_mask, _ = random_groups()
+    head_rows = []
+    model.lm_head.register_forward_hook(lambda module, args, out: head_rows.append(args[0].shape[1]))
+    ids, mask = torch.cat([prompt_ids, response_ids], 1), torch.cat([prompt_mask, response_mask], 1)
+    positions = position_ids_from_mask(mask)
+    width = response_ids.shape[1]
+    if shared:
+        got = shared_prompt_logits(model, prompt_ids, prompt_mask, response_ids, response_mask)
+        assert head_rows == [1, width]  # the prompt forward's last position; the responses' own
+    else:
+        got = sequence_logits(model, ids, mask, positions, width)
+        assert head_rows == [width]
+    full = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+    assert got.shape == (len(ids), width, full.shape[-1])
+    if not shared:  # the same forward, the head on fewer positions
+        assert torch.equal(got, full[:, -width - 1 : -1])

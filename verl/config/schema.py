@@ -111,7 +111,9 @@ class RolloutConfig(Section):
         "by more than this (mean |difference| per token over the batch): the engine samples from other weights "
         "than the policy's. None = only log rollout/logprob_diff_*.")
     drift_check_samples: int = Field(
-        4, gt=0, description="Responses per rank checked for drift when the step computes no old log-probs.")
+        4, gt=0, description="Responses per rank checked for drift when the step computes no old log-probs and "
+        "the update's forward cannot check (a single on-policy update with dropout off checks every row it "
+        "trains on, at no cost).")
     stop: list[str] = Field(default_factory=list, description="Multi-turn environments: a model turn ends at "
                             "the first of these strings (e.g. '</calc>') or at eos; the environment answers it.")
 

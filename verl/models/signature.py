@@ -30,6 +30,21 @@ def forward_accepts(model: nn.Module, name: str) -> bool:
     return accepts(type(base_of(model)), name)
 
 
+@functools.cache
+def _takes_positions(model_type: type) -> bool:
+    try:
+        param = inspect.signature(model_type.forward).parameters.get("logits_to_keep")
+    except (TypeError, ValueError):
+        return False
+    return param is not None and "Tensor" in str(param.annotation)
+
+
+def keeps_positions(model: nn.Module) -> bool:
+    """Whether `logits_to_keep` also takes a tensor of positions (transformers' `int | Tensor`), not only a
+    count of last positions: then the head runs on exactly the positions whose logits are used."""
+    return _takes_positions(type(base_of(model)))
+
+
 def cache_argument(model: nn.Module) -> str | None:
     """The name under which `model(...)` takes a KV cache: `cache` (transformers >= 5.2x) or `past_key_values`
     (before); None if it takes none."""
@@ -62,4 +77,4 @@ def returned_cache(output: Any) -> Any:
     return output.past_key_values if cache is None else cache
 
 
-__all__ = ["accepts", "cache_argument", "forward_accepts", "returned_cache", "takes_cache"]
+__all__ = ["accepts", "cache_argument", "forward_accepts", "keeps_positions", "returned_cache", "takes_cache"]

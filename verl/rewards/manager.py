@@ -247,8 +247,7 @@ class RewardManager:
         metrics: dict[str, float] = {}
         for ld in self._loaded:
             idx = [i for i in range(n) if ld.applies(data_sources[i])]
-            raw = torch.zeros(n, dtype=torch.float64)
-            mask = torch.zeros(n, dtype=torch.bool)
+            raw_list, mask_list = [0.0] * n, [False] * n  # filled as Python lists: one tensor each, not n writes
             extras: dict[str, list[float]] = {}
             if ld.spec.batched:
                 results = self._call_batched(ld, idx, prompts, responses, ground_truths, metas, data_sources)
@@ -261,10 +260,12 @@ class RewardManager:
                 ]
             for i, value in zip(idx, results, strict=True):
                 s, extra = self._parse(ld, i, value, data_sources[i])
-                raw[i] = s
-                mask[i] = True
+                raw_list[i] = s
+                mask_list[i] = True
                 for k, v in extra.items():
                     extras.setdefault(k, []).append(v)
+            raw = torch.tensor(raw_list, dtype=torch.float64)
+            mask = torch.tensor(mask_list, dtype=torch.bool)
             total += ld.spec.weight * raw
             per_function[ld.label] = raw.float()
             applied[ld.label] = mask

@@ -7,11 +7,35 @@ vocabulary-sized memory.
 from __future__ import annotations
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from verl.algorithms import entropy_from_logits, token_logprobs
 from verl.models.lora import base_of
-from verl.models.signature import cache_argument, forward_accepts, returned_cache, takes_cache
+from verl.models.signature import (
+    cache_argument,
+    forward_accepts,
+    keeps_positions,
+    returned_cache,
+    takes_cache,
+)
 from verl.utils.positions import position_ids_from_mask
+
+
+def _head_positions(model: torch.nn.Module, total: int, start: int, stop: int,
+                    device: torch.device) -> tuple[dict[str, object], slice]:
+    """Forward kwargs and a slice of its output that give positions [start, stop) of a `total`-position
+    input. The head (and its backward) runs on those positions only where the model takes positions; else
+    on the last `total - start` (or all) positions, cut down afterwards."""
+    if 0 <= start < stop and keeps_positions(model):
+        return {"logits_to_keep": torch.arange(start, stop, device=device)}, slice(None)
+    if forward_accepts(model, "logits_to_keep"):
+        return {"logits_to_keep": total - start}, slice(0, stop - start)
+    return {}, slice(start, stop)
+
+
+def _sharded(model: torch.nn.Module) -> bool:
+    """Whether FSDP2 shards `model` (on the wrapper or on the Hugging Face model under a peft wrapper)."""
+    return isinstance(model, FSDPModule) or isinstance(base_of(model), FSDPModule)
 
 
 def sequence_logits(
@@ -22,11 +46,10 @@ def sequence_logits(
     keep_last: int,
 ) -> torch.Tensor:
     """Logits predicting the last `keep_last` tokens: [B, keep_last, V] (float32, or float64 for a float64 model)."""
-    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
-              "use_cache": False}
-    if forward_accepts(model, "logits_to_keep"):
-        kwargs["logits_to_keep"] = keep_last + 1
-    logits = model(**kwargs).logits[:, -keep_last - 1 : -1, :]
+    total = input_ids.shape[1]
+    head, cut = _head_positions(model, total, max(total - keep_last - 1, 0), total - 1, input_ids.device)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+                   **head).logits[:, cut, :]
     return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
 
 
@@ -107,17 +130,20 @@ def _shared_prompt_output(
     cache = returned_cache(out)
     cache.batch_select_indices(inverse)
     tail = torch.cat([prompt_ids[:, cut:], response_ids], dim=1)
+    # the tail's last position predicts past the response: no output of it is used
+    head, used = _head_positions(model, tail.shape[1], 0, tail.shape[1] - 1, tail.device)
     result = getattr(model(input_ids=tail, attention_mask=mask, position_ids=positions[:, cut:], use_cache=True,
-                           **{cache_argument(model): cache}, **keep(tail.shape[1])), field)
+                           **{cache_argument(model): cache}, **head), field)[:, used]
     prompt_out = getattr(out, field)
     if prompt_ids.shape[1] == 1:  # one-token prompts: their output came out of the prompt forward
         result = torch.cat([prompt_out[:, -1:][inverse], result], dim=1)
-    elif torch.is_grad_enabled():
+    elif torch.is_grad_enabled() and _sharded(model):
         # The gradient reaches the prompt forward through the cached keys/values only, which bypasses the
         # per-layer outputs that FSDP2 hooks to gather each layer's weights for backward; a zero-weighted
-        # term on its output puts those outputs on the backward path (the values do not change).
+        # term on its output puts those outputs on the backward path (the values do not change). Unsharded,
+        # nothing needs it, and it costs a pass over the [B, T, V] logits forward and backward.
         result = result + 0.0 * prompt_out.sum()
-    return result[:, -response_ids.shape[1] - 1 : -1]
+    return result
 
 
 def shared_prompt_logits(

@@ -256,7 +256,7 @@ class RLTrainer(TrainerRuntime):
             with self.timer(timing, "update_critic"):
                 metrics |= self.placement.run_for_metrics("critic", self.update_critic, batch,
                                                           send=(*self.SEQUENCES, "values", "returns"))
-        if self.step_count >= self.config.critic.warmup_steps_critic_only or not self.config.needs_critic:
+        if self.updates_actor:
             with self.timer(timing, "update"):
                 metrics |= self.placement.run_for_metrics("actor", self.update_policy, batch)
         metrics |= {f"timing/{k}": v for k, v in timing.items()}
@@ -400,25 +400,52 @@ class RLTrainer(TrainerRuntime):
 
     def check_rollout_drift(self, batch: RolloutBatch) -> RolloutBatch:
         """The sampler's log-probs against the trainer's on the same tokens (free when the old log-probs
-        exist, else on `rollout.drift_check_samples` responses). An engine that samples from other weights
+        exist or the update's forward checks, see `update_checks_drift`; else on `rollout.drift_check_samples`
+        responses). An engine that samples from other weights
         (never synced, a stale copy, an adapter not delivered) turns every step off-policy without a word;
         here it is an error naming the engine.
 
         With top-k / top-p the sampler reports the renormalised distribution, which lifts every sampled
         log-prob: the difference is logged but not held to `rollout.max_logprob_drift`.
         """
-        r = self.config.rollout
         if batch.rollout_logprobs is None:
             return batch
+        if batch.old_logprobs is None and self.update_checks_drift:
+            return batch  # the update's forward is this step's on-policy pass: it checks (see update_policy)
         checked = batch if batch.old_logprobs is not None else batch.select(
-            torch.arange(min(r.drift_check_samples, len(batch))))
+            torch.arange(min(self.config.rollout.drift_check_samples, len(batch))))
         trainer = checked.old_logprobs if checked.old_logprobs is not None else self.sequence_logprobs(
             self.model, checked)
+        self.judge_drift(batch, *self.drift_moments(trainer, checked))
+        return batch
+
+    @property
+    def update_checks_drift(self) -> bool:
+        """Whether the policy update's own forward does the drift check, saving a forward pass: a single
+        on-policy step (no old log-probs, so that forward runs on the weights that sampled), dropout off
+        (its train-mode forward is then the sampler's eval-mode one), the update runs this step, and it is
+        this class's (a subclass's own update_policy would not check)."""
+        return (not self.needs_old_logprobs and self.config.actor.disable_dropout and self.updates_actor
+                and type(self).update_policy is RLTrainer.update_policy)
+
+    @property
+    def updates_actor(self) -> bool:
+        """Whether this step updates the policy (not during the critic-only warm-up)."""
+        return self.step_count >= self.config.critic.warmup_steps_critic_only or not self.config.needs_critic
+
+    @staticmethod
+    def drift_moments(trainer_logprobs: torch.Tensor, checked: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """|trainer - sampler| log-prob on the model-written tokens of `checked`: its `masked_moments` and max."""
         mask = checked.response_mask.bool()
-        diff = torch.where(mask, (trainer - checked.rollout_logprobs.to(trainer)).abs(), 0.0)
-        count, total, _ = self.placement.all_reduce_sum(masked_moments(diff, mask), "actor").tolist()
+        diff = torch.where(mask, (trainer_logprobs - checked.rollout_logprobs.to(trainer_logprobs)).abs(), 0.0)
+        return masked_moments(diff, mask), diff.max()
+
+    def judge_drift(self, batch: RolloutBatch, moments: torch.Tensor, worst: torch.Tensor) -> None:
+        """Log the drift over the actor ranks into `batch.metrics`; raise when it is over the limit."""
+        r = self.config.rollout
+        count, total, _ = self.placement.all_reduce_sum(moments, "actor").tolist()
         mean = total / max(count, 1.0)
-        worst = float(self.placement.all_reduce_max(diff.max().reshape(1), "actor"))
+        worst = float(self.placement.all_reduce_max(worst.reshape(1), "actor"))
         batch.metrics["rollout/logprob_diff_mean"], batch.metrics["rollout/logprob_diff_max"] = mean, worst
         processed = r.top_k > 0 or r.top_p < 1.0
         if r.max_logprob_drift is not None and not processed and mean > r.max_logprob_drift:
@@ -428,7 +455,6 @@ class RLTrainer(TrainerRuntime):
                 f"{r.max_logprob_drift}): it samples from other weights than the ones being trained. Fix: make "
                 "the engine receive the policy's weights after every update (rollout.engine=hf always does), or "
                 "raise rollout.max_logprob_drift if a low-precision engine is expected to differ this much")
-        return batch
 
     def compute_ref_log_probs(self, batch: RolloutBatch) -> RolloutBatch:
         batch.ref_logprobs = self.sequence_logprobs(self.ref_model, batch)
@@ -479,11 +505,15 @@ class RLTrainer(TrainerRuntime):
         """PPO-clip epochs over shuffled mini-batches with gradient accumulation over micro-batches."""
         cfg, temperature = self.config.actor, self.config.rollout.temperature or 1.0
         norm_len = batch.response_ids.shape[1]
+        # The drift check on this forward (see update_checks_drift): the rows of every micro-batch run
+        drift = [] if batch.rollout_logprobs is not None and self.update_checks_drift else None
 
         def micro_loss(mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
             mask = mb.response_mask.float()
             logprobs, entropy = self.policy_logprobs(self.model, mb, temperature=temperature, with_entropy=True,
                                                      entropy_grad=cfg.entropy_coef > 0)
+            if drift is not None:
+                drift.append(self.drift_moments(logprobs.detach(), mb))
             old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
             loss, stats = ppo_policy_loss(logprobs, old, mb.advantages, mask, clip_low=cfg.clip_low,
                                           clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.loss_agg,
@@ -501,10 +531,15 @@ class RLTrainer(TrainerRuntime):
                 metrics["actor/kl_loss"] = float(kl.detach())
             return loss, metrics
 
+        def check_drift() -> None:  # before the optimizer step: a failed check leaves the weights alone
+            if drift is not None:
+                self.judge_drift(batch, torch.stack([m for m, _ in drift]).sum(0),
+                                 torch.stack([w for _, w in drift]).max())
+
         metrics = self.optimize(self.model, self.optimizer, self.scheduler, batch, cfg, self.plans["actor"],
                                 micro_loss, prefix="actor",
                                 contributes=self.contributing_sequences if self.skips_zero_advantage else None,
-                                keep_groups=self.shares_prompt(self.model))
+                                keep_groups=self.shares_prompt(self.model), before_step=check_drift)
         if batch.ref_logprobs is not None:
             metrics["actor/ref_kl"] = float(masked_mean(batch.old_logprobs - batch.ref_logprobs,
                                                         batch.response_mask.float()))
@@ -561,6 +596,7 @@ class RLTrainer(TrainerRuntime):
         prefix: str,
         contributes: Callable[[RolloutBatch], torch.Tensor] | None = None,
         keep_groups: bool = False,
+        before_step: Callable[[], None] | None = None,
     ) -> dict[str, float]:
         """Epochs x shuffled mini-batches x micro-batches; each micro loss is weighted by its share of the
         mini-batch (tokens for token-mean, sequences otherwise) so accumulation equals one big batch.
@@ -570,7 +606,8 @@ class RLTrainer(TrainerRuntime):
         the number of micro-batches can differ between ranks (skipping, token budgets), every rank runs the
         largest count, padding with zero-weight micro-batches: FSDP's all-gathers stay in step.
         `keep_groups` shuffles whole groups (the samples of one prompt stay together, so a shared-prompt
-        forward finds them in one micro-batch).
+        forward finds them in one micro-batch). `before_step()` runs after each mini-batch's backward passes,
+        before its optimizer step.
         """
         module.train()
         sums: dict[str, float] = {}
@@ -606,6 +643,8 @@ class RLTrainer(TrainerRuntime):
                         pad_stats = stats
                 if keep is not None:
                     skipped, seen = skipped + int((~keep).sum()), seen + len(mini)
+                if before_step is not None:
+                    before_step()
                 grad_norms.append(self.clip_and_step(module, optimizer, cfg.grad_clip))
                 scheduler.step()
         metrics = {k: v / counts for k, v in sums.items()} if counts else dict(pad_stats)
