@@ -15,6 +15,22 @@ from verl.rollout.fast_decode import LlamaStyleDecodeStep, _decode_linear, _rms_
 needs_onednn = pytest.mark.skipif(not onednn_linear_ok(), reason="oneDNN's packed linear is not available here")
 
 
+@pytest.fixture(autouse=True)
+def _pack_every_size(monkeypatch, request):
+    """These tests exercise the packed layout on small test models (by default only large weights are packed)."""
+    if "default_threshold" not in request.node.name:
+        monkeypatch.setattr("verl.rollout.fast_decode.MIN_PACKED_NUMEL", 0)
+
+
+@needs_onednn
+def test_default_threshold_packs_large_weights_only():
+    from verl.rollout.fast_decode import MIN_PACKED_NUMEL
+
+    small, large = torch.nn.Linear(64, 768), torch.nn.Linear(512, MIN_PACKED_NUMEL // 512)
+    assert _decode_linear([small]).packed is None  # oneDNN's per-call cost exceeds the matmul here
+    assert _decode_linear([large]).packed is not None
+
+
 @needs_onednn
 @pytest.mark.parametrize("rows", [1, 3, 5, 16, 40])
 def test_packed_projection_equals_f_linear_up_to_float32_rounding(rows):

@@ -34,6 +34,10 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 # waste gigabytes on large ones, which are compute-bound anyway; above this many bytes of parameters the
 # projections run as they are.
 MAX_FUSED_BYTES = 256 * 2**20
+# oneDNN's packed linear has a larger fixed cost per call than MKL's; it wins once a weight is big enough
+# that streaming it dominates (crossover ~50k-200k elements at 16 rows on this project's CPU,
+# docs/performance.md). Smaller projections (the tiny test models) keep ``F.linear``.
+MIN_PACKED_NUMEL = 1 << 16
 _DYNAMIC_ROPE = ("dynamic", "longrope")
 
 
@@ -86,7 +90,8 @@ def _onednn_pack(weight: torch.Tensor) -> torch.Tensor | None:
     docs/performance.md). Its float32 sums are ordered differently, so results differ from
     ``F.linear`` by rounding (~1e-6 relative), as any change of batch size or BLAS does.
     """
-    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not onednn_linear_ok():
+    if (weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.numel() < MIN_PACKED_NUMEL
+            or not onednn_linear_ok()):
         return None
     return torch.ops.mkldnn._reorder_linear_weight(weight)
 
@@ -284,4 +289,4 @@ class LlamaStyleDecodeStep:
         return self.lm_head(self.final_norm(hidden))
 
 
-__all__ = ["LlamaStyleDecodeStep", "SUPPORTED_MODEL_TYPES", "MAX_FUSED_BYTES"]
+__all__ = ["LlamaStyleDecodeStep", "SUPPORTED_MODEL_TYPES", "MAX_FUSED_BYTES", "MIN_PACKED_NUMEL"]
