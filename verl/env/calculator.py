@@ -125,11 +125,13 @@ class CalculatorEnv(MultiTurnEnv):
     def truncated_reward(self, state: dict[str, Any]) -> float:
         return 0.0
 
-    @staticmethod
-    def formatted_episode(problem: tuple[int, int]) -> tuple[str, str]:
-        """(prompt, the whole episode after it) of a correct tool-using answer, for the SFT warm start."""
+    def formatted_episode(self, problem: tuple[int, int]) -> tuple[dict[str, Any], list[tuple[str, bool]]]:
+        """(row, [(text, written by the model)]) of a correct tool-using episode, for the SFT warm start;
+        the observation is this environment's own answer to the call."""
         a, b = problem
-        return f"{a}*{b}=", f"<calc>{a}*{b}</calc> <result>{a * b}</result> {a * b}"
+        call = f"<calc>{a}*{b}</calc>"
+        observation = self.step(self.start(self._row(problem))[1], call)  # a well-formed call: an Observation
+        return self._row(problem), [(call, True), (observation.text, False), (f" {a * b}", True)]
 
 
 __all__ = ["CalculatorEnv", "evaluate_expression"]

@@ -183,7 +183,8 @@ class MultiTurnRollout:
                 records.append(record)
         return prompts, records
 
-    def _encode(self, text: str) -> list[int]:
+    def encode(self, text: str) -> list[int]:
+        """An observation's tokens, encoded on their own (no special tokens) as they are appended."""
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     # -- the rollout ------------------------------------------------------------------------------
@@ -302,7 +303,7 @@ class MultiTurnRollout:
                                    f"{type(answer.text).__name__}) at turn {turn} of the episode of "
                                    f"{_row_where(rec)}; the observation must be a string.")
                 rec.transcript.append(("env", answer.text))
-                obs = self._encode(answer.text)
+                obs = self.encode(answer.text)
                 if turn == max_turns:
                     self._truncate(env, rec, "max_turns")
                     continue

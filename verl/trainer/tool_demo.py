@@ -23,7 +23,7 @@ from verl.config import load_config
 from verl.config.schema import RunConfig
 from verl.env.calculator import CalculatorEnv
 from verl.errors import ConfigError
-from verl.trainer.episodes import run_episodes
+from verl.trainer.episodes import episode_example, run_episodes
 from verl.trainer.rl_trainer import RLTrainer
 from verl.trainer.sft_trainer import SFTTrainer
 
@@ -60,10 +60,9 @@ def run_tool_demo(config: RunConfig, sft_episodes: int = DEFAULT_SFT_EPISODES, q
         f"tool <calc>a*b</calc> -> <result>...</result>")
     rng = np.random.default_rng([config.trainer.seed, 3])
     picked = rng.choice(len(env.train_problems), size=min(sft_episodes, len(env.train_problems)), replace=False)
-    rows = [dict(zip(("input", "output"), env.formatted_episode(env.train_problems[int(i)]), strict=True))
-            for i in picked]
+    rows = [episode_example(trainer, *env.formatted_episode(env.train_problems[int(i)])) for i in picked]
     t0 = time.perf_counter()
-    sft = SFTTrainer(config, model=trainer.model, tokenizer=trainer.tokenizer, train_rows=rows)
+    sft = SFTTrainer(config, model=trainer.model, tokenizer=trainer.tokenizer, train_examples=rows)
     history = sft.train_steps(config.sft.steps or 200)
     sft_seconds = time.perf_counter() - t0
     val = env.val_rows()
