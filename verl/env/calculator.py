@@ -86,11 +86,12 @@ class CalculatorEnv(MultiTurnEnv):
         problems = [(lo_a + int(i) // (hi_b - lo_b), lo_b + int(i) % (hi_b - lo_b)) for i in order]
         self.val_problems = problems[:num_val]
         self.train_problems = problems[num_val:]
-        super().__init__([self._row(p) for p in self.train_problems], val_rows=[self._row(p) for p in self.val_problems],
+        super().__init__([self.problem_row(p) for p in self.train_problems],
+                         val_rows=[self.problem_row(p) for p in self.val_problems],
                          max_turns=max_turns, max_episode_tokens=max_episode_tokens, seed=seed, shuffle=shuffle)
 
     @staticmethod
-    def _row(problem: tuple[int, int]) -> dict[str, Any]:
+    def problem_row(problem: tuple[int, int]) -> dict[str, Any]:
         a, b = problem
         return {"prompt": f"{a}*{b}=", "ground_truth": str(a * b), "data_source": DATA_SOURCE,
                 "metadata": {"a": a, "b": b}}
@@ -130,8 +131,9 @@ class CalculatorEnv(MultiTurnEnv):
         the observation is this environment's own answer to the call."""
         a, b = problem
         call = f"<calc>{a}*{b}</calc>"
-        observation = self.step(self.start(self._row(problem))[1], call)  # a well-formed call: an Observation
-        return self._row(problem), [(call, True), (observation.text, False), (f" {a * b}", True)]
+        row = self.problem_row(problem)
+        observation = self.step(self.start(row)[1], call)  # a well-formed call: always an Observation
+        return row, [(call, True), (observation.text, False), (f" {a * b}", True)]
 
 
 __all__ = ["CalculatorEnv", "evaluate_expression"]
