@@ -126,6 +126,24 @@ class CalculatorEnv(MultiTurnEnv):
     def truncated_reward(self, state: dict[str, Any]) -> float:
         return 0.0
 
+    def demonstration_problems(self, count: int, seed: int) -> list[tuple[int, int]]:
+        """`count` training problems for a warm start, as many of each product length as can be had (taken
+        in turn): products of 3 by 2 digits have 4 digits one time in six, and a handful of random episodes
+        taught a copy of the result that fits 5 digits only ("2316" answered as "23316"), which RL could
+        not unlearn: every sample of such a problem got the same reward."""
+        order = np.random.default_rng([seed, 3]).permutation(len(self.train_problems))
+        by_length: dict[int, list[tuple[int, int]]] = {}
+        for i in order:
+            a, b = self.train_problems[int(i)]
+            by_length.setdefault(len(str(a * b)), []).append((a, b))
+        queues = [by_length[k] for k in sorted(by_length)]
+        picked: list[tuple[int, int]] = []
+        while len(picked) < min(count, len(self.train_problems)):
+            for q in queues:
+                if q and len(picked) < count:
+                    picked.append(q.pop(0))
+        return picked
+
     def formatted_episode(self, problem: tuple[int, int]) -> tuple[dict[str, Any], list[tuple[str, bool]]]:
         """(row, [(text, written by the model)]) of a correct tool-using episode, for the SFT warm start;
         the observation is this environment's own answer to the call."""

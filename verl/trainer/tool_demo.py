@@ -68,12 +68,13 @@ def run_tool_demo(config: RunConfig, sft_episodes: int = DEFAULT_SFT_EPISODES, q
         f"({sum(p.numel() for p in trainer.model.parameters()):,} parameters), {len(env)} training problems "
         f"({env.train_problems[0][0]}*{env.train_problems[0][1]}=...), {len(env.val_rows())} held out; "
         f"tool <calc>a*b</calc> -> <result>...</result>")
-    rng = np.random.default_rng([config.trainer.seed, 3])
-    count = min(sft_episodes, len(env.train_problems) - 1)
-    picked = rng.choice(len(env.train_problems), size=min(count + PROBE_PROBLEMS, len(env.train_problems)),
-                        replace=False)
-    examples = [episode_example(trainer, *env.formatted_episode(env.train_problems[int(i)])) for i in picked[:count]]
-    probe = [env.problem_row(env.train_problems[int(i)]) for i in picked[count:]]
+    demos = env.demonstration_problems(sft_episodes, config.trainer.seed)
+    examples = [episode_example(trainer, *env.formatted_episode(p)) for p in demos]
+    shown = set(demos)
+    rest = [p for p in env.train_problems if p not in shown]
+    pick = np.random.default_rng([config.trainer.seed, 4]).choice(len(rest), size=min(PROBE_PROBLEMS, len(rest)),
+                                                                  replace=False)
+    probe = [env.problem_row(rest[int(i)]) for i in pick]
     t0 = time.perf_counter()
     max_sft = config.sft.steps or 200
     sft = constant_lr_sft(trainer, train_examples=examples)
