@@ -9,7 +9,7 @@ from verl.trainer.rl_trainer import RLTrainer
 
 def test_calculator_episode_masks_the_observation_and_matches_the_rollout(tmp_path):
     config = load_config("examples/tool_calculator.yaml", [
-        f"trainer.run_dir={tmp_path}", "trainer.resume=never", "env.kwargs.num_train=20", "env.kwargs.num_val=4",
+        f"trainer.run_dir={tmp_path}", "trainer.resume=never", "env.kwargs.num_train=40", "env.kwargs.num_val=4",
         "logging.backends=[jsonl]"])
     trainer = RLTrainer(config)
     tok = trainer.tokenizer
