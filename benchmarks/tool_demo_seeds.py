@@ -13,16 +13,9 @@ import sys
 from pathlib import Path
 
 from ab import load_average
+from demo_seeds import cpu_model
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return "CPU model n/a"
 
 
 def main() -> int:
