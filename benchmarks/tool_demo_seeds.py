@@ -6,10 +6,14 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+from ab import load_average
+from demo_seeds import cpu_model
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -20,20 +24,23 @@ def main() -> int:
     parser.add_argument("--run-root", default="runs/tool_calculator_seeds")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    rows = []
+    rows, loads = [], []
     for seed in args.seeds:
         run_dir = Path(args.run_root) / f"seed{seed}"
         cmd = [sys.executable, "-m", "verl.trainer.tool_demo", str(EXAMPLES / "tool_calculator.yaml"),
                f"trainer.seed={seed}", f"trainer.run_dir={run_dir}", "trainer.resume=never", *args.overrides]
         subprocess.run(cmd, check=True)
         rows.append(json.loads((run_dir / "summary.json").read_text()))
-    print("| seed | accuracy after SFT | accuracy after GRPO | gain | correct tool calls after SFT | after GRPO | wall time |")
-    print("|---|---|---|---|---|---|---|")
-    for s in rows:
+        loads.append(load_average())
+    print(f"{cpu_model()}, {datetime.date.today()}, `python benchmarks/tool_demo_seeds.py {' '.join(sys.argv[1:])}`")
+    print("| seed | accuracy after SFT | accuracy after GRPO | gain | correct tool calls after SFT | after GRPO | "
+          "SFT steps | wall time | load (1/5/15 min, at the end) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for s, load in zip(rows, loads, strict=True):
         print(f"| {s['seed']} | {s['accuracy_after_sft']:.1%} | {s['accuracy_after_rl']:.1%} | "
               f"{(s['accuracy_after_rl'] - s['accuracy_after_sft']) * 100:+.1f} pts | "
               f"{s['tool_calls_correct_after_sft']:.1%} | {s['tool_calls_correct_after_rl']:.1%} | "
-              f"{s['wall_seconds']:.0f} s |")
+              f"{s['sft_steps']} | {s['wall_seconds']:.0f} s | {load} |")
     return 0
 
 

@@ -67,3 +67,17 @@ def test_calculator_is_a_built_in_multiturn_env():
     with pytest.raises(ConfigError, match="env.kwargs.digit_a is not an option of env 'calculator'. Did you mean "
                                           "'digits_a'"):
         build_env({"name": "calculator", "kwargs": {"digit_a": 2}})
+
+
+def test_calculator_demonstrations_show_every_product_length_from_the_training_split():
+    env = CalculatorEnv(seed=0, num_train=600, num_val=50)
+    demos = env.demonstration_problems(20, seed=7)
+    lengths = [len(str(a * b)) for a, b in demos]
+    natural = [len(str(a * b)) for a, b in env.train_problems]
+    assert natural.count(4) < len(natural) / 3  # 4-digit products are the rarer kind ...
+    assert lengths.count(4) == lengths.count(5) == 10  # ... but half of the demonstrations
+    assert len(set(demos)) == 20 and set(demos) <= set(env.train_problems)
+    assert demos == env.demonstration_problems(20, seed=7) and demos != env.demonstration_problems(20, seed=8)
+    row, segments = env.formatted_episode(demos[0])
+    a, b = demos[0]
+    assert "".join(text for text, _ in segments) == f"<calc>{a}*{b}</calc> <result>{a * b}</result> {a * b}"

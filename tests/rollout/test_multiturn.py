@@ -169,26 +169,61 @@ def test_observation_over_budget_ends_the_episode_truncated(tiny):
     assert out.response_ids.shape[1] <= 40
 
 
-def test_ended_episodes_leave_the_batch(tiny, monkeypatch):
+def _spied_rollout(tiny, env, stop, temperature, parks=True, n=1):
+    """A rollout that records the rows of every decode call (one new token per row)."""
     model, tok = tiny
-    env = _env_with_val(done_after=1)  # even rows end after turn 1, odd rows after turn 2
-    runner = MultiTurnRollout(HFKVCacheEngine(model), tok, STOP)
-    sizes = []
+    runner = MultiTurnRollout(HFKVCacheEngine(model), tok, stop)
+    runner.engine._preallocate = parks  # False: the model's own cache, where rows that sat out keep holes
+    decoded = []
     real = runner._forward
 
     def spy(ids, mask, positions, cache):
-        sizes.append(ids.shape[0])
+        if ids.shape[1] == 1:
+            decoded.append(ids.shape[0])
         return real(ids, mask, positions, cache)
 
-    monkeypatch.setattr(runner, "_forward", spy)
-    prompts, records = runner.start(env, env.val_rows(), 1)
+    runner._forward = spy
+    prompts, records = runner.start(env, env.val_rows(), n)
     enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    params = SamplingParams(temperature=1.0, max_new_tokens=40, eos_token_ids=[tok.eos_token_id])
+    params = SamplingParams(temperature=temperature, max_new_tokens=12, eos_token_ids=[tok.eos_token_id],
+                            pad_token_id=tok.pad_token_id)
     out = runner.run(env, records, enc["input_ids"], enc["attention_mask"], params,
                      generator=torch.Generator().manual_seed(1))
-    still = [e for e in out.episodes if e.turns == 2]
-    assert sizes[0] == 4 and still and min(sizes) == len(still) < 4
-    assert sizes[-1] == len(still)
+    return out, decoded
+
+
+def test_ended_turns_and_episodes_are_not_decoded(tiny):
+    model, tok = tiny
+    stop = ["===", ",,,,", "77777", " g g", ">>>"]  # the greedy turns of the random model end after 2-5 tokens
+    env = _env_with_val(done_after=1)  # even rows end after turn 1, odd rows after turn 2
+    out, decoded = _spied_rollout(tiny, env, stop, temperature=0.0)
+    eps = out.episodes
+    assert len({len(e.tokens) for e in eps}) > 1 and any(e.turns == 2 for e in eps) and any(e.turns == 1 for e in eps)
+    # Every model token but a turn's last (fed with the observation that follows it) is decoded exactly once,
+    # so no decode step computes a row whose turn (or episode) is over.
+    assert sum(decoded) == sum(sum(e.loss_mask) - e.turns for e in eps)
+    assert decoded[:4] == [4, 3, 2, 1]  # turn 1: rows leave the decode batch as their turns end
+    # ... and the tokens are those of a fresh forward over each episode alone.
+    ref_env = _env_with_val(done_after=1)
+    for i, row in enumerate(ref_env.val_rows()):
+        assert eps[i].tokens == _reference_episode(model, tok, ref_env, row, 12, 200, 4, stop), f"episode {i}"
+    # Without parking (a cache layout it does not handle) rows that sat out are fed holes: same tokens.
+    held, held_decoded = _spied_rollout(tiny, _env_with_val(done_after=1), stop, temperature=0.0, parks=False)
+    assert [e.tokens for e in held.episodes] == [e.tokens for e in eps]
+    assert sum(held_decoded) > sum(decoded)
+
+
+def test_sampled_episodes_with_parked_rows_keep_one_forward_logprobs(tiny):
+    model, _ = tiny
+    out, decoded = _spied_rollout(tiny, _env_with_val(), STOP, temperature=1.0, n=2)
+    assert sum(decoded) == sum(sum(e.loss_mask) - e.turns for e in out.episodes)
+    assert max(e.turns for e in out.episodes) >= 3
+    ids = torch.cat([out.prompt_ids, out.response_ids], 1)
+    mask = torch.cat([out.prompt_mask, out.response_attention_mask], 1)
+    with torch.no_grad():
+        lp, _ = response_logprobs(model, ids, mask, position_ids_from_mask(mask), out.response_ids.shape[1])
+    m = out.response_mask.bool()
+    assert torch.allclose(lp[m], out.logprobs[m], atol=1e-5)
 
 
 def _raise(state):

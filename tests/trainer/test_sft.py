@@ -179,6 +179,33 @@ def test_messages_rows_learn_only_assistant_turns(tiny):
     assert text.startswith("4") and "What" not in text and len(learned) < len(ids) / 2
 
 
+def test_train_examples_learn_only_their_labelled_tokens(tiny):
+    """Caller-tokenised examples (a tool episode): the loss covers the labelled tokens only, not the
+    observation in the middle (float64 reference, each position scored on its own)."""
+    model, tok = tiny
+    enc = [tok(t, add_special_tokens=False)["input_ids"] for t in ("What is 3*4?", " <calc>3*4</calc>",
+                                                                   " <result>12</result>", " 12")]
+    ids = [t for part in enc for t in part] + [tok.eos_token_id]
+    labels = [-100] * len(enc[0]) + enc[1] + [-100] * len(enc[2]) + enc[3] + [tok.eos_token_id]
+    tr = SFTTrainer(make_config(sft={"batch_size": 1}), model=copy.deepcopy(model), tokenizer=tok,
+                    train_examples=[(ids, labels)])
+    with torch.no_grad():
+        logp = torch.log_softmax(tr.model.eval()(input_ids=torch.tensor([ids])).logits[0].double(), -1)
+    scored = [t for t in range(1, len(ids)) if labels[t] != -100]
+    expected = -sum(float(logp[t - 1, ids[t]]) for t in scored) / len(scored)
+    assert len(scored) == len(enc[1]) + len(enc[3]) + 1
+    tr.model.train()
+    assert tr.step()["loss"] == pytest.approx(expected, abs=1e-5)
+    for bad, match in [((ids, labels[:-1]), r"train_examples\[0\]: \d+ ids but \d+ labels"),
+                       ((ids, [-100] * len(ids)), r"train_examples\[0\]: no token after the first has a label"),
+                       ((ids, [5] * len(ids)), r"train_examples\[0\]: a label must be its id or -100"),
+                       (([10**6], [10**6]), r"token ids must be in \[0, ")]:
+        with pytest.raises(DataError, match=match):
+            SFTTrainer(make_config(), model=model, tokenizer=tok, train_examples=[bad])
+    with pytest.raises(ConfigError, match="both train_rows and train_examples"):
+        SFTTrainer(make_config(), model=model, tokenizer=tok, train_rows=ROWS, train_examples=[(ids, labels)])
+
+
 def test_bad_rows_and_boundary_mismatch_are_reported(tiny):
     with pytest.raises(DataError, match=r"train_rows\[1\].*output"):
         trainer(tiny, make_config(), rows=[ROWS[0], {"input": "no output here"}])

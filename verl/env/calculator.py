@@ -86,11 +86,12 @@ class CalculatorEnv(MultiTurnEnv):
         problems = [(lo_a + int(i) // (hi_b - lo_b), lo_b + int(i) % (hi_b - lo_b)) for i in order]
         self.val_problems = problems[:num_val]
         self.train_problems = problems[num_val:]
-        super().__init__([self._row(p) for p in self.train_problems], val_rows=[self._row(p) for p in self.val_problems],
+        super().__init__([self.problem_row(p) for p in self.train_problems],
+                         val_rows=[self.problem_row(p) for p in self.val_problems],
                          max_turns=max_turns, max_episode_tokens=max_episode_tokens, seed=seed, shuffle=shuffle)
 
     @staticmethod
-    def _row(problem: tuple[int, int]) -> dict[str, Any]:
+    def problem_row(problem: tuple[int, int]) -> dict[str, Any]:
         a, b = problem
         return {"prompt": f"{a}*{b}=", "ground_truth": str(a * b), "data_source": DATA_SOURCE,
                 "metadata": {"a": a, "b": b}}
@@ -125,11 +126,32 @@ class CalculatorEnv(MultiTurnEnv):
     def truncated_reward(self, state: dict[str, Any]) -> float:
         return 0.0
 
-    @staticmethod
-    def formatted_episode(problem: tuple[int, int]) -> tuple[str, str]:
-        """(prompt, the whole episode after it) of a correct tool-using answer, for the SFT warm start."""
+    def demonstration_problems(self, count: int, seed: int) -> list[tuple[int, int]]:
+        """`count` training problems for a warm start, as many of each product length as can be had (taken
+        in turn): products of 3 by 2 digits have 4 digits one time in six, and a handful of random episodes
+        taught a copy of the result that fits 5 digits only ("2316" answered as "23316"), which RL could
+        not unlearn: every sample of such a problem got the same reward."""
+        order = np.random.default_rng([seed, 3]).permutation(len(self.train_problems))
+        by_length: dict[int, list[tuple[int, int]]] = {}
+        for i in order:
+            a, b = self.train_problems[int(i)]
+            by_length.setdefault(len(str(a * b)), []).append((a, b))
+        queues = [by_length[k] for k in sorted(by_length)]
+        picked: list[tuple[int, int]] = []
+        while len(picked) < min(count, len(self.train_problems)):
+            for q in queues:
+                if q and len(picked) < count:
+                    picked.append(q.pop(0))
+        return picked
+
+    def formatted_episode(self, problem: tuple[int, int]) -> tuple[dict[str, Any], list[tuple[str, bool]]]:
+        """(row, [(text, written by the model)]) of a correct tool-using episode, for the SFT warm start;
+        the observation is this environment's own answer to the call."""
         a, b = problem
-        return f"{a}*{b}=", f"<calc>{a}*{b}</calc> <result>{a * b}</result> {a * b}"
+        call = f"<calc>{a}*{b}</calc>"
+        row = self.problem_row(problem)
+        observation = self.step(self.start(row)[1], call)  # a well-formed call: always an Observation
+        return row, [(call, True), (observation.text, False), (f" {a * b}", True)]
 
 
 __all__ = ["CalculatorEnv", "evaluate_expression"]

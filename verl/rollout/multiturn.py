@@ -1,10 +1,12 @@
 """Multi-turn rollout: the model writes a turn, the environment answers, the answer's tokens are prefilled
 on the same KV cache, and the model continues; batched over episodes.
 
-The cache has one column per step for the whole batch. A row that is not writing at a step (it finished
-its turn before the others) gets a *hole* there: a column whose attention mask is 0, so no later token
-attends to it and its position id is not counted. Observations of different lengths are fed as one
-block, right-aligned behind holes, so the last column of the block is every row's latest real token.
+The cache has one column per step for the whole batch. A row whose turn ended (stop string or eos)
+while others still write leaves the decode batch: its cache rows are set aside and rejoin the batch
+when the turn is over, with a *hole* for every step it sat out: a column whose attention mask is 0, so
+no later token attends to it and its position id is not counted. Its last token is fed with the
+observation that answers it. Observations of different lengths are fed as one block, right-aligned
+behind holes, so the last column of the block is every row's latest real token.
 Real tokens therefore see exactly the keys and positions they would see in a fresh forward over the
 compact episode (prompt, model text, observations, model text, ...), which is what the trainer runs:
 its log-probs equal the sampler's up to float rounding (tested). Episodes that end leave the batch and
@@ -58,6 +60,27 @@ if _PreallocatedLayer is not None:
     class _GrowingCache(DynamicCache):
         def __init__(self, num_layers: int, capacity: int) -> None:
             Cache.__init__(self, layers=[_GrowingLayer(capacity) for _ in range(num_layers)])
+
+        def park(self, rows: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+            """Copies of these rows' keys and values (every layer), taken out of the decode batch."""
+            return [(layer.keys.index_select(0, rows), layer.values.index_select(0, rows)) for layer in self.layers]
+
+        def unpark(self, parked: Sequence[list[tuple[torch.Tensor, torch.Tensor]]], order: torch.Tensor) -> None:
+            """The batch becomes (its rows, then every parked group's rows)[order]. A parked row is shorter
+            than the others by the steps it sat out: its missing columns are zero-filled holes (the caller
+            masks them), so later tokens attend to exactly its real columns."""
+            for i, layer in enumerate(self.layers):
+                length = layer.length
+                for name, j in (("key_buf", 0), ("value_buf", 1)):
+                    buf = getattr(layer, name)
+                    rows = [buf[:, :, :length]]
+                    for group in parked:
+                        kv = group[i][j]
+                        rows.append(torch.nn.functional.pad(kv, (0, 0, 0, length - kv.shape[2])))
+                    merged = buf.new_empty(len(order), buf.shape[1], layer.capacity, buf.shape[3])
+                    merged[:, :, :length] = torch.cat(rows).index_select(0, order)
+                    setattr(layer, name, merged)
+                layer._refresh_views()
 
 
 @dataclass
@@ -183,7 +206,8 @@ class MultiTurnRollout:
                 records.append(record)
         return prompts, records
 
-    def _encode(self, text: str) -> list[int]:
+    def encode(self, text: str) -> list[int]:
+        """An observation's tokens, encoded on their own (no special tokens) as they are appended."""
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     # -- the rollout ------------------------------------------------------------------------------
@@ -231,27 +255,26 @@ class MultiTurnRollout:
             cache = _GrowingCache(int(self.engine._text_config.num_hidden_layers), prompt_len + budget + 16)
         else:
             cache = self.engine._dynamic_cache()
+        parks = hasattr(cache, "park")  # else (sliding-window layouts) a row that sat out keeps holes instead
         positions = position_ids_from_mask(cols)
         logits = self._forward(ids.masked_fill(~cols, 0), cols, positions, cache)  # [A, V] after the last real token
         next_pos = positions[:, -1] + 1  # [A]
         active = list(range(len(records)))  # the record of each cache row
 
         for turn in range(1, max_turns + 1):
-            rows = len(active)
-            writing = torch.ones(rows, dtype=torch.bool, device=device)
-            ended = [""] * rows  # why each row's turn ended: "stop", "eos", "budget", "max_new_tokens"
-            for r in range(rows):
-                records[active[r]].turns = turn
-                records[active[r]].turn_tokens = []
-            pending: dict[int, list[int]] = {}
+            for i in active:
+                records[i].turns = turn
+                records[i].turn_tokens = []
+            ended: dict[int, str] = {}  # record -> why its turn ended: "stop", "eos", "budget", "max_new_tokens"
+            last: dict[int, int] = {}  # record -> the turn's last token, fed with the observation that follows it
+            parked: list[tuple[list[int], Any, torch.Tensor, torch.Tensor]] = []  # (records, cache, cols, next_pos)
+            rows = list(active)  # the record of each row of the decode batch
+            writing = torch.ones(len(rows), dtype=torch.bool, device=device)
             for step in range(params.max_new_tokens):
                 idx = writing.nonzero().flatten()
                 tokens, logp = sample_step(logits[idx], temperature, top_k, top_p, generator)
-                feed = torch.full((rows,), pad, dtype=torch.long, device=device)
-                feed[idx] = tokens
-                real = writing.clone()
                 for r, tok, lp in zip(idx.tolist(), tokens.tolist(), logp.tolist(), strict=True):
-                    rec = records[active[r]]
+                    rec = records[rows[r]]
                     rec.tokens.append(tok)
                     rec.loss_mask.append(1)
                     rec.logprobs.append(lp)
@@ -261,28 +284,34 @@ class MultiTurnRollout:
                               else "budget" if len(rec.tokens) >= budget
                               else "max_new_tokens" if step == params.max_new_tokens - 1 else "")
                     if reason:
-                        ended[r] = reason
+                        ended[rows[r]], last[rows[r]] = reason, tok
                         writing[r] = False
-                # Feed this step's tokens (also the last token of rows that just ended their turn, which the
-                # observation will follow) unless no row needs another prediction from them: then they
-                # ride along with the observation block.
                 if not bool(writing.any()):
-                    pending = {r: [t] for r, t in zip(idx.tolist(), tokens.tolist(), strict=True)}
                     break
-                cols = torch.cat([cols, real.unsqueeze(1)], dim=1)
+                feed = torch.full((len(rows),), pad, dtype=torch.long, device=device)
+                feed[idx] = tokens
+                if parks and not bool(writing.all()):
+                    # Rows whose turn ended sit the rest of it out: their cache rows are set aside, so the
+                    # decode steps of the others do not compute them.
+                    out, go = (~writing).nonzero().flatten(), writing.nonzero().flatten()
+                    parked.append(([rows[r] for r in out.tolist()], cache.park(out), cols[out], next_pos[out]))
+                    cache.batch_select_indices(go)
+                    rows = [rows[r] for r in go.tolist()]
+                    cols, logits, next_pos, feed, writing = cols[go], logits[go], next_pos[go], feed[go], writing[go]
+                cols = torch.cat([cols, writing.unsqueeze(1)], dim=1)  # a hole for a row that sits out
                 step_logits = self._forward(feed.unsqueeze(1), cols, next_pos.unsqueeze(1), cache)
-                logits = torch.where(real.unsqueeze(1), step_logits, logits)
-                next_pos = next_pos + real.long()
+                logits = torch.where(writing.unsqueeze(1), step_logits, logits)
+                next_pos = next_pos + writing.long()
 
-            # The environment answers every row whose turn ended by a stop string or eos.
+            # The environment answers every episode whose turn ended by a stop string or eos.
             keep: list[int] = []
             blocks: list[list[int]] = []
-            for r in range(rows):
-                rec = records[active[r]]
+            for i in active:
+                rec = records[i]
                 text = self.tokenizer.decode(rec.turn_tokens, skip_special_tokens=True)
                 rec.transcript.append(("model", text))
-                if ended[r] in ("budget", "max_new_tokens"):
-                    self._truncate(env, rec, ended[r])
+                if ended[i] in ("budget", "max_new_tokens"):
+                    self._truncate(env, rec, ended[i])
                     continue
                 answer = self._call_env(env, rec, "step", lambda rec=rec, text=text: env.step(rec.state, text))
                 if not isinstance(answer, (Observation, Done)):
@@ -302,7 +331,7 @@ class MultiTurnRollout:
                                    f"{type(answer.text).__name__}) at turn {turn} of the episode of "
                                    f"{_row_where(rec)}; the observation must be a string.")
                 rec.transcript.append(("env", answer.text))
-                obs = self._encode(answer.text)
+                obs = self.encode(answer.text)
                 if turn == max_turns:
                     self._truncate(env, rec, "max_turns")
                     continue
@@ -312,31 +341,34 @@ class MultiTurnRollout:
                 rec.tokens += obs
                 rec.loss_mask += [0] * len(obs)
                 rec.logprobs += [0.0] * len(obs)
-                keep.append(r)
-                blocks.append(pending.get(r, []) + obs)
+                keep.append(i)
+                blocks.append([last[i]] + obs)
             if not keep:
                 return
-            # Episodes that ended leave the batch and the cache.
-            if len(keep) < rows:
-                keep_t = torch.tensor(keep, device=device)
-                cache.batch_select_indices(keep_t)
-                cols, logits, next_pos = cols[keep_t], logits[keep_t], next_pos[keep_t]
-                active = [active[r] for r in keep]
-            # The observations (and any last model token not yet in the cache), right-aligned behind holes.
+            # Episodes that ended leave the batch and the cache; rows that sat out rejoin it, in episode order.
+            where = {rec: k for k, rec in enumerate(rows + [i for group in parked for i in group[0]])}
+            order = torch.tensor([where[i] for i in keep], dtype=torch.long, device=device)
+            if parked:
+                cache.unpark([group[1] for group in parked], order)
+                width = cols.shape[1]
+                cols = torch.cat([cols] + [torch.cat([c, c.new_zeros(c.shape[0], width - c.shape[1])], dim=1)
+                                           for _, _, c, _ in parked])[order]
+                next_pos = torch.cat([next_pos] + [p for *_, p in parked])[order]
+            elif len(keep) < len(rows):
+                cache.batch_select_indices(order)
+                cols, next_pos = cols[order], next_pos[order]
+            active = keep
+            # Each turn's last token and the observation after it, right-aligned behind holes: the block's
+            # last column is every row's latest real token.
             width = max(len(b) for b in blocks)
-            if width == 0:
-                continue
             block = torch.full((len(keep), width), pad, dtype=torch.long, device=device)
             block_mask = torch.zeros((len(keep), width), dtype=torch.bool, device=device)
             for r, b in enumerate(blocks):
-                if b:
-                    block[r, width - len(b):] = torch.tensor(b, dtype=torch.long, device=device)
-                    block_mask[r, width - len(b):] = True
+                block[r, width - len(b):] = torch.tensor(b, dtype=torch.long, device=device)
+                block_mask[r, width - len(b):] = True
             block_pos = next_pos.unsqueeze(1) + (block_mask.long().cumsum(1) - 1).clamp(min=0)
             cols = torch.cat([cols, block_mask], dim=1)
-            block_logits = self._forward(block, cols, block_pos, cache)
-            has = block_mask[:, -1]
-            logits = torch.where(has.unsqueeze(1), block_logits, logits)
+            logits = self._forward(block, cols, block_pos, cache)
             next_pos = next_pos + block_mask.long().sum(1)
 
     def _truncate(self, env: Any, rec: EpisodeRecord, reason: str) -> None:

@@ -8,6 +8,7 @@ before/after numbers come from the same greedy validation, so the gain is the RL
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
@@ -35,22 +36,33 @@ def warm_start_until(trainer: Any, target: float, max_steps: int, chunk: int = 1
     climbs steeply once the format is learnt, so it is checked every `chunk` (10) steps: with 25, one
     seed stopped at 52% held-out instead of ~30% and left RL too little to gain."""
     pairs = trainer.env.sft_pairs()
-    # The warm start runs at a constant sft.lr: it stops on accuracy, not on a budget, so the RL's warm-up
-    # and cosine decay (actor.*) would only make where it stops depend on the RL settings.
+    sft = constant_lr_sft(trainer, train_rows=[{"input": prompt, "output": answer} for prompt, answer in pairs])
+    probe = [{"prompt": p, "ground_truth": a, "data_source": "arithmetic", "metadata": {}} for p, a in pairs[:128]]
+    return sft_until(sft, lambda: trainer.evaluate(probe, prefix="train").get("train/accuracy", 0.0), target,
+                     max_steps, chunk, progress)
+
+
+def constant_lr_sft(trainer: Any, **data: Any) -> SFTTrainer:
+    """An `SFTTrainer` on the RL trainer's model at a constant `sft.lr`: a warm start that stops on accuracy,
+    not on a budget, so the RL's warm-up and decay (actor.*) would only make where it stops depend on them."""
     actor = trainer.config.actor.model_copy(update={"lr_schedule": "constant", "warmup_steps": 0})
     config = trainer.config.model_copy(update={"actor": actor})
-    sft = SFTTrainer(config, model=trainer.model, tokenizer=trainer.tokenizer,
-                     train_rows=[{"input": prompt, "output": answer} for prompt, answer in pairs])
-    probe = [{"prompt": p, "ground_truth": a, "data_source": "arithmetic", "metadata": {}} for p, a in pairs[:128]]
-    steps, accuracy, history = 0, 0.0, []
-    while steps < max_steps and accuracy < target:
+    return SFTTrainer(config, model=trainer.model, tokenizer=trainer.tokenizer, **data)
+
+
+def sft_until(sft: SFTTrainer, accuracy: Callable[[], float], target: float, max_steps: int, chunk: int = 10,
+              progress: ConsoleReporter | None = None) -> tuple[int, float, list]:
+    """`sft.train_steps` in chunks of `chunk` until `accuracy()` reaches `target` or `max_steps` are taken:
+    (steps, last accuracy, per-step history)."""
+    steps, acc, history = 0, 0.0, []
+    while steps < max_steps and acc < target:
         history += sft.train_steps(min(chunk, max_steps - steps))
         steps = len(history)
-        accuracy = trainer.evaluate(probe, prefix="train").get("train/accuracy", 0.0)
+        acc = accuracy()
         if progress is not None:
             progress.advance(steps)
-            progress.log(steps, {"loss": history[-1]["loss"], "train/accuracy": accuracy})
-    return steps, accuracy, history
+            progress.log(steps, {"loss": history[-1]["loss"], "train/accuracy": acc})
+    return steps, acc, history
 
 
 def run_demo(config: RunConfig) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""`verl train`: pick the trainer for `trainer.kind`, or run the built-in demo when there is no config."""
+"""`verl train`: pick the trainer for `trainer.kind`, or run a demo: the built-in one when there is no config,
+the one `trainer.demo` names otherwise."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from verl.trainer.demo import run_demo
 from verl.trainer.dpo_trainer import DPOTrainer
 from verl.trainer.rl_trainer import RLTrainer
 from verl.trainer.sft_trainer import SFTTrainer
+from verl.trainer.tool_demo import run_tool_demo
 
 
 def build_trainer(config: RunConfig):
@@ -25,8 +27,12 @@ def build_trainer(config: RunConfig):
 
 def run_training(config: RunConfig, *, demo: bool = False) -> int:
     try:
-        if demo:
+        recipe = config.trainer.demo or ("arithmetic" if demo else None)
+        if recipe == "arithmetic":
             run_demo(config)
+            return 0
+        if recipe == "tool":
+            run_tool_demo(config)
             return 0
         trainer = build_trainer(config)
         trainer.fit()

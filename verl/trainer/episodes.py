@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from verl.data.datasets import IGNORE_INDEX
 from verl.env.multiturn import check_multiturn_env
 from verl.rollout import SamplingParams
 from verl.rollout.multiturn import MultiTurnOutput, MultiTurnRollout
@@ -41,6 +42,26 @@ def run_episodes(trainer: Any, rows: Sequence[Mapping[str, Any]], n: int, params
                           generator=generator)
 
 
+def episode_example(trainer: Any, row: Mapping[str, Any],
+                    segments: Sequence[tuple[str, bool]]) -> tuple[list[int], list[int]]:
+    """(ids, labels) of a scripted episode for a supervised warm start, tokenised as the rollout sees one.
+
+    The prompt is encoded as the rollout encodes it, each segment on its own (the rollout samples a model
+    turn token by token and encodes every observation alone, so a merge across a segment boundary never
+    happens there either), and eos follows the last model turn. Labels are -100 on the prompt and on the
+    environment's segments (`from_model` False): an observation is read, never learned, as in the RL loss.
+    """
+    ids, mask = trainer.encode_prompts([row])
+    tokens = ids[0][mask[0].bool()].tolist()
+    labels = [IGNORE_INDEX] * len(tokens)
+    for text, from_model in segments:
+        seg = trainer.multiturn.encode(text)
+        tokens += seg
+        labels += seg if from_model else [IGNORE_INDEX] * len(seg)
+    eos = trainer.sampling.eos_token_ids[0]
+    return tokens + [eos], labels + [eos]
+
+
 def decode_episodes(trainer: Any, out: MultiTurnOutput) -> list[str]:
     """The whole episode after the prompt as text (model turns and observations), for logs and samples."""
     return trainer.decode_responses(out.response_ids, out.response_attention_mask)
@@ -67,4 +88,4 @@ def evaluate_episodes(trainer: Any, rows: Sequence[Mapping[str, Any]], params: S
     return out.rewards.float().cpu(), decode_episodes(trainer, out), out.metrics()
 
 
-__all__ = ["build_multiturn", "decode_episodes", "evaluate_episodes", "generate_episodes", "run_episodes"]
+__all__ = ["build_multiturn", "decode_episodes", "episode_example", "evaluate_episodes", "generate_episodes", "run_episodes"]

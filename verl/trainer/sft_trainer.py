@@ -23,7 +23,7 @@ import torch
 from verl.algorithms import token_logprobs
 from verl.config.schema import RunConfig
 from verl.data.datasets import IGNORE_INDEX, SFTDataset, pad_token_id
-from verl.errors import ConfigError, ModelError
+from verl.errors import ConfigError, DataError, ModelError
 from verl.models.signature import forward_accepts
 from verl.trainer.offline import OfflineTrainer, Rows
 from verl.trainer.optim import build_optimizer
@@ -36,6 +36,29 @@ def shifted_targets(labels: Sequence[int]) -> list[int]:
     trained to predict the first token of the next.
     """
     return list(labels[1:]) + [IGNORE_INDEX]
+
+
+def check_examples(examples: Sequence[tuple[Sequence[int], Sequence[int]]],
+                   vocab_size: int) -> list[tuple[list[int], list[int]]]:
+    """Caller-tokenised (ids, labels) examples, checked: same lengths, ids in the vocabulary, some loss."""
+    out = []
+    for i, example in enumerate(examples):
+        ids, labels = (list(x) for x in example)
+        where = f"train_examples[{i}]"
+        if not ids or len(ids) != len(labels):
+            raise DataError(f"{where}: {len(ids)} ids but {len(labels)} labels; give one label per id "
+                            f"({IGNORE_INDEX} where there is no loss)")
+        if any(not 0 <= t < vocab_size for t in ids):
+            raise DataError(f"{where}: token ids must be in [0, {vocab_size}) (the tokenizer's vocabulary)")
+        if any(lab != IGNORE_INDEX and lab != t for lab, t in zip(labels, ids, strict=True)):
+            raise DataError(f"{where}: a label must be its id or {IGNORE_INDEX}; the shift to next-token "
+                            "targets happens inside the trainer")
+        if all(lab == IGNORE_INDEX for lab in labels[1:]):
+            raise DataError(f"{where}: no token after the first has a label, so the example has no loss")
+        out.append((ids, labels))
+    if not out:
+        raise DataError("train_examples is empty; pass at least one (ids, labels) pair")
+    return out
 
 
 def pack_examples(lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -116,6 +139,8 @@ def target_logprobs(model: torch.nn.Module, batch: Mapping[str, Any],
 class SFTTrainer(OfflineTrainer):
     """Supervised fine-tuning on `sft` rows. `SFTTrainer(config).fit()`, or from Python with a loaded model:
     `SFTTrainer(config, model=m, tokenizer=t, train_rows=[{"input": ..., "output": ...}]).train_steps(100)`.
+    `train_examples=[(ids, labels), ...]` takes examples tokenised by the caller instead of rows, labels
+    `IGNORE_INDEX` (-100) where there is no loss: an episode whose tool observations are read, never learned.
 
     Steps: `sft.steps` if set, else `sft.epochs` x batches per epoch, else `trainer.total_steps`. A step
     is `sft.batch_size` examples (across data-parallel ranks), in micro-batches of
@@ -134,24 +159,34 @@ class SFTTrainer(OfflineTrainer):
         tokenizer: Any = None,
         train_rows: Rows | None = None,
         val_rows: Rows | None = None,
+        train_examples: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
     ) -> None:
-        super().__init__(config, model=model, tokenizer=tokenizer, rows=train_rows, val_rows=val_rows)
+        super().__init__(config, model=model, tokenizer=tokenizer,
+                         rows=train_examples if train_examples is not None else train_rows, val_rows=val_rows)
         s, d = config.sft, config.data
         if s.steps is not None and s.epochs is not None:
             raise ConfigError(f"sft.steps={s.steps} and sft.epochs={s.epochs} are both set; set only one "
                               "(or neither, to train for trainer.total_steps)")
         self.model, self.tokenizer = self.load_policy(model, tokenizer)
         self.pad_id = pad_token_id(self.tokenizer)
-        train, val = self.train_val_rows(train_rows, val_rows)
         self.boundary_mismatch: dict[str, int] = {}
-        self.train_data = SFTDataset(train, self.tokenizer, self.max_length, d.truncation, d.apply_chat_template)
-        self.warn_boundary_mismatch(self.train_data.stats["boundary_mismatch"], len(train), "train")
-        self.val_data = None
+        self.train_data = self.val_data = None
+        if train_examples is not None:
+            if train_rows is not None:
+                raise ConfigError("SFTTrainer got both train_rows and train_examples; pass one of them")
+            items = check_examples(train_examples, len(self.tokenizer))
+            val = self.normalize_rows(val_rows, "val_rows") if val_rows is not None else []
+        else:
+            train, val = self.train_val_rows(train_rows, val_rows)
+            self.train_data = SFTDataset(train, self.tokenizer, self.max_length, d.truncation,
+                                         d.apply_chat_template)
+            self.warn_boundary_mismatch(self.train_data.stats["boundary_mismatch"], len(train), "train")
+            items = self.train_data.items
         if val:
             self.val_data = SFTDataset(val, self.tokenizer, self.max_length, d.truncation, d.apply_chat_template)
             self.warn_boundary_mismatch(self.val_data.stats["boundary_mismatch"], len(val), "val")
-        self.examples = [(ids, shifted_targets(labels)) for ids, labels in self.train_data.items]
-        self.sampler = self.build_sampler(len(self.train_data), s.batch_size, "sft.batch_size")
+        self.examples = [(list(ids), shifted_targets(labels)) for ids, labels in items]
+        self.sampler = self.build_sampler(len(self.examples), s.batch_size, "sft.batch_size")
         total = s.steps or (self.steps_for_epochs(s.epochs) if s.epochs else config.trainer.total_steps)
         if total != config.trainer.total_steps:
             self.config = config.model_copy(
