@@ -40,7 +40,10 @@ def trainer_for(args: argparse.Namespace, budget: int | None):
     from verl.config.loader import build_config
     from verl.trainer.rl_trainer import RLTrainer
 
-    actor = {"micro_batch_size": args.micro, "lr": 1e-5, "max_tokens_per_micro_batch": budget}
+    # Every row has its own random prompt here, so there is nothing for the shared-prompt forward to share;
+    # off on both sides, rows are packed by length alone (with it on, a GRPO group's rows stay together).
+    actor = {"micro_batch_size": args.micro, "lr": 1e-5, "max_tokens_per_micro_batch": budget,
+             "share_prompt_forward": False}
     config = build_config({
         "model": {"path": args.model, "dtype": "float32"}, "trainer": {"device": "cpu", "cpu_threads": 1},
         "env": {"name": "arithmetic"}, "logging": {"backends": []}, "data": {"train_batch_size": args.sequences // 4},
@@ -70,7 +73,7 @@ def main() -> None:
     fixed, packed = trainer_for(args, None), trainer_for(args, budget)
     packed.model.load_state_dict(fixed.model.state_dict())
     batch = make_batch(args, fixed.tokenizer.vocab_size if hasattr(fixed.tokenizer, "vocab_size") else 700)
-    groups = packed.micro_batch_groups(batch, args.micro, budget)
+    groups = packed.micro_batch_groups(batch, args.micro, budget, by_group=packed.shares_prompt(packed.model))
     padded = sum(len(g) * (args.prompt_len + int(batch.response_mask[g].sum(-1).max())) for g in groups)
     real = int(batch.attention_mask.sum())
     print(f"update of {args.sequences} sequences, prompt {args.prompt_len}, responses "
