@@ -17,14 +17,6 @@ from verl.utils.positions import position_ids_from_mask
 TOL = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _close(got: torch.Tensor, want: torch.Tensor, name: str = "") -> None:
     scale = max(float(want.abs().max()), 1e-30)
     assert float((got - want).abs().max()) <= TOL * scale, name

@@ -29,14 +29,6 @@ peft = pytest.importorskip("peft")
 LORA = ("model.lora.rank=8", "actor.kl_loss_coef=0.1", "actor.lr=2e-2")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def base_model(trainer) -> torch.nn.Module:
     """The untouched base weights, loaded again from the model's folder."""
     return AutoModelForCausalLM.from_pretrained(trainer.model_path(), dtype=torch.float32).eval()

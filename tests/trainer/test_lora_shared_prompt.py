@@ -17,14 +17,6 @@ from verl.utils.positions import position_ids_from_mask
 TOL = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _random_adapters(model: torch.nn.Module, seed: int = 0) -> None:
     """lora_B starts at zero (adapters off in effect, lora_A without gradient): make every adapter random."""
     g = torch.Generator().manual_seed(seed)

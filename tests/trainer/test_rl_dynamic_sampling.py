@@ -4,19 +4,10 @@ scores stay aligned through the concatenation."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 from rl_support import rl_config
 
 from verl.trainer.rl_trainer import RLTrainer
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def half_constant(prompt, response, ground_truth, **meta):

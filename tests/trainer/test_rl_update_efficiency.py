@@ -15,14 +15,6 @@ from verl.trainer.rl_trainer import RLTrainer
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _trainer(tmp_path, *overrides, share: bool = False) -> RLTrainer:
     trainer = RLTrainer(rl_config(tmp_path, "trainer.total_steps=1", "rollout.max_new_tokens=10",
                                   "actor.shuffle=false", f"actor.share_prompt_forward={share}", *overrides))
