@@ -32,9 +32,9 @@ def stages(args: argparse.Namespace, size: str) -> dict[str, tuple[float, float]
     prompts = make_prompts(AutoTokenizer.from_pretrained(model_path), args.prompts, args.prompt_tokens)
     torch.manual_seed(args.seed)
     side = VerlSide(args, model_path, prompts)
-    side.steps(2)  # warm-up
+    side.steps(2, untimed=0)  # warm-up
     side.metrics.clear()
-    side.steps(args.steps)
+    side.steps(args.steps, untimed=0)
     keys = [k for k in side.metrics[0] if k.startswith("timing/")]
     out = {k: (1000 * min(m.get(k, 0.0) for m in side.metrics),
                1000 * statistics.median(m.get(k, 0.0) for m in side.metrics)) for k in keys}
@@ -42,7 +42,7 @@ def stages(args: argparse.Namespace, size: str) -> dict[str, tuple[float, float]
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
-            side.steps(args.count_ops)
+            side.steps(args.count_ops, untimed=0)
         events = [e for e in prof.events() if e.name.startswith("aten::")]
         top = sum(1 for e in events if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
         flops = sum(e.flops or 0 for e in events)

@@ -100,13 +100,16 @@ class VerlSide:
         states = [s for s in self.trainer.optimizer.state.values() if "step" in s]
         return int(states[0]["step"]) if states else 0
 
-    def steps(self, k: int) -> list[float]:
+    def steps(self, k: int, untimed: int = 1) -> list[float]:
+        """k timed steps after `untimed` ones, like TRLSide (whose train() call times from its first step's end):
+        each side's first step of a round runs on caches the other side just used."""
         times = []
-        for _ in range(k):
+        for i in range(untimed + k):
             before = self.optimizer_steps()
             start = time.perf_counter()
             metrics = self.trainer.step()
-            times.append(time.perf_counter() - start)
+            if i >= untimed:
+                times.append(time.perf_counter() - start)
             self.trainer.step_count += 1
             assert self.optimizer_steps() == before + 1, "verl: one optimizer step per batch"
             self.metrics.append(metrics)
@@ -176,7 +179,7 @@ def run_size(args: argparse.Namespace, size: str) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     verl = VerlSide(args, model_path, prompts)
     trl = TRLSide(args, model_path, prompts) if args.trl else None
-    verl.steps(1)  # warm-up (TRL's train() call warms up on its first step)
+    verl.steps(1, untimed=0)  # warm-up of the whole run
     verl_s, trl_s, ratios = [], [], []
     for r in range(args.rounds):
         first, second = (verl, trl) if r % 2 == 0 else (trl, verl)
