@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from verl.config.schema import RunConfig
+from verl.errors import ConfigError
 from verl.tracking.console import ConsoleReporter, format_points
 from verl.trainer.rl_trainer import RLTrainer
 from verl.trainer.sft_trainer import SFTTrainer
@@ -35,6 +36,10 @@ def warm_start_until(trainer: Any, target: float, max_steps: int, chunk: int = 1
     and starting RL from a similar competence for every seed keeps the demo's outcome stable. Accuracy
     climbs steeply once the format is learnt, so it is checked every `chunk` (10) steps: with 25, one
     seed stopped at 52% held-out instead of ~30% and left RL too little to gain."""
+    if not callable(getattr(trainer.env, "sft_pairs", None)):
+        raise ConfigError(f"trainer.demo=arithmetic warm-starts on the environment's sft_pairs(), which "
+                          f"{type(trainer.env).__name__} does not have; use env.name: arithmetic, or remove "
+                          "trainer.demo to train this config normally.")
     pairs = trainer.env.sft_pairs()
     sft = constant_lr_sft(trainer, train_rows=[{"input": prompt, "output": answer} for prompt, answer in pairs])
     probe = [{"prompt": p, "ground_truth": a, "data_source": "arithmetic", "metadata": {}} for p, a in pairs[:128]]

@@ -89,6 +89,21 @@ def split_refusal(kind: str, mapping: Any, world_size: int, runs_split: bool) ->
         "--*_device_id(s) flags) to colocate.\n" + mapping.render_table())
 
 
+# The environment each `trainer.demo` recipe is written for (its warm start reads that environment's data).
+DEMO_ENVS = {"arithmetic": "arithmetic", "tool": "calculator"}
+
+
+def check_demo_env(config: RunConfig) -> list[VerlError]:
+    """`trainer.demo` names a recipe for one built-in environment; another built-in one is refused here,
+    before anything loads (a user class, `file.py:Class`, is checked by the recipe when it starts)."""
+    want = DEMO_ENVS.get(config.trainer.demo or "")
+    name = config.env.name
+    if want is None or name == want or (name is not None and ":" in name):
+        return []
+    return [ConfigError(f"trainer.demo={config.trainer.demo} is the recipe for env.name: {want}, but env.name is "
+                        f"{name!r}. Set env.name: {want}, or remove trainer.demo to train this config normally.")]
+
+
 def check_startup(config: RunConfig, *, world_size: int, model_path: str | None = None,
                   device_type: str | None = None, kind: str | None = None,
                   runs_split_placements: bool | None = None) -> StartupReport:
@@ -141,6 +156,7 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
                                               device_type=device_type)
     except VerlError as exc:
         problems.append(exc)
+    problems += check_demo_env(config)
     lora = check_lora(config, model_path=model_path, mapping=report.mapping, kind=kind)
     problems += lora.problems
     report.parameters = lora.counts
