@@ -142,8 +142,10 @@ def test_gradient_accumulation_equals_one_batch(tiny):
     a, b = one.step(), many.step()
     assert b["loss"] == pytest.approx(a["loss"], abs=1e-6)
     assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
+    # AdamW's first step is lr * g / (|g| + eps): where |g| is near eps, float32 rounding of another
+    # summation order is amplified, so allow 1% of a step (lr 1e-3). A scaling bug shows in loss/grad_norm.
     for p, q in zip(one.model.parameters(), many.model.parameters(), strict=True):
-        torch.testing.assert_close(p, q, atol=1e-6, rtol=0)
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=0)
 
 
 def test_train_steps_learns_and_writes_nothing(tiny, tmp_path):
