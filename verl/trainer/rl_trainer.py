@@ -797,7 +797,7 @@ class RLTrainer(TrainerRuntime):
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
         """Greedy (or `rollout.val_temperature`) answers on the held-out rows; mean score."""
-        # The actor ranks answer; every rank gets their mean.
+        # The actor ranks answer (each its share of the rows); every rank gets the result.
         samples: list[dict[str, Any]] = []
         metrics = self.placement.mean_over_owners(
             self.evaluate(self.env.val_rows(), prefix="val", samples=samples) if self.placement.holds("actor") else {})
@@ -808,7 +808,12 @@ class RLTrainer(TrainerRuntime):
     def evaluate(self, rows: Sequence[Mapping[str, Any]], prefix: str = "val",
                  samples: list[dict[str, Any]] | None = None) -> dict[str, float]:
         """Mean score (and accuracy, for 0/1 rewards) of one answer per row, as validation samples them.
-        With `samples`, up to `trainer.log_samples` of {prompt, response, score, ground_truth} go into it."""
+        With `samples`, up to `trainer.log_samples` of {prompt, response, score, ground_truth} go into it.
+
+        On several actor ranks each answers a contiguous share of `rows` and the sums are reduced, so every
+        actor rank must call this with the same rows. Every rank runs the same number of chunks (a rank
+        whose share ran out answers one row it then drops), so the weight gathers of a sharded policy stay
+        in step."""
         if not rows:
             return {}
         params = self._sampling_params(self.config.rollout.val_temperature, 1)
@@ -816,14 +821,18 @@ class RLTrainer(TrainerRuntime):
         # resume, and never shifts the training samples (which `self.generator` alone decides).
         entropy = np.random.SeedSequence([self.config.trainer.seed, self.step_count, self.rank, 1])
         generator = torch.Generator(device=self.device).manual_seed(int(entropy.generate_state(1)[0]))
-        scores, episode_sums = [], {}
+        share = -(-len(rows) // self.dp_size)
+        mine = list(rows[self.dp_rank * share : (self.dp_rank + 1) * share])
         size = self.config.data.val_batch_size
-        for start in range(0, len(rows), size):
-            chunk = rows[start : start + size]
+        scores, episode_sums = [torch.zeros(0)], {}
+        for start in range(0, share, size):
+            chunk = mine[start : start + size]
+            real = len(chunk)
+            chunk = chunk or [rows[0]]
             if self.multiturn is not None:
                 chunk_scores, responses, episode = evaluate_episodes(self, chunk, params, generator)
                 for k, v in episode.items():
-                    episode_sums[k] = episode_sums.get(k, 0.0) + v * len(chunk)
+                    episode_sums[k] = episode_sums.get(k, 0.0) + v * real
             else:
                 ids, mask = self.encode_prompts(chunk)
                 with self.gathered(self.model), synced(self.engine, self.model):
@@ -831,19 +840,22 @@ class RLTrainer(TrainerRuntime):
                                                generator=generator)
                 responses = self.decode_responses(out.response_ids, out.response_mask)
                 chunk_scores = self.env.compute_reward(chunk, responses).scores.float()
-            scores.append(chunk_scores)
+            scores.append(chunk_scores[:real])
             if samples is not None:
-                room = self.config.trainer.log_samples - len(samples)
-                kept = max(room, 0)
+                kept = min(max(self.config.trainer.log_samples - len(samples), 0), real)
                 samples += [{"prompt": row.get("prompt"), "response": response, "score": float(score),
                              "ground_truth": row.get("ground_truth")}
                             for row, response, score in zip(chunk[:kept], responses[:kept],
                                                             chunk_scores.tolist()[:kept], strict=True)]
-        all_scores = torch.cat(scores)
-        metrics = {f"{prefix}/score": float(all_scores.mean())}
-        metrics |= {f"{prefix}/{k}": v / len(rows) for k, v in episode_sums.items()}
-        if bool(((all_scores == 0) | (all_scores == 1)).all()):
-            metrics[f"{prefix}/accuracy"] = float(all_scores.mean())
+        mine_scores = torch.cat(scores).double()
+        names = sorted(episode_sums)
+        sums = torch.tensor([float(mine_scores.sum()), float(((mine_scores != 0) & (mine_scores != 1)).sum()),
+                             *(episode_sums[k] for k in names)], dtype=torch.float64)
+        score_sum, not_binary, *episode_totals = self.placement.all_reduce_sum(sums, role="actor").tolist()
+        metrics = {f"{prefix}/score": score_sum / len(rows)}
+        metrics |= {f"{prefix}/{k}": v / len(rows) for k, v in zip(names, episode_totals, strict=True)}
+        if not_binary == 0:
+            metrics[f"{prefix}/accuracy"] = score_sum / len(rows)
         return metrics
 
     # ------------------------------------------------------------------ state for checkpoints
