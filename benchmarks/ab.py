@@ -5,9 +5,11 @@ the per-round ratios give a median and a min–max spread."""
 from __future__ import annotations
 
 import os
+import platform
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 
 def load_average() -> str:
@@ -15,6 +17,17 @@ def load_average() -> str:
         return "/".join(f"{x:.1f}" for x in os.getloadavg())
     except OSError:
         return "n/a"
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo (Linux), else what platform reports."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def interleaved_times(sides: dict[str, Callable[[], object]], rounds: int, warmup: int = 1) -> dict[str, list[float]]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ab import interleaved_times, load_average, ratios  # noqa: E402
+from ab import cpu_model, interleaved_times, load_average, ratios  # noqa: E402
 
 IMPLEMENTATIONS = {"for-loop": {"foreach": False, "fused": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
 
@@ -64,16 +64,6 @@ def same_parameters(opts: dict[str, torch.optim.AdamW]) -> float:
     ref = params["for-loop"]
     with torch.no_grad():
         return max(float((a - b).abs().max()) for ps in params.values() for a, b in zip(ps, ref, strict=True))
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def main() -> None:

@@ -14,28 +14,19 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ab import cpu_model  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- demo-seeds:begin -->", "<!-- demo-seeds:end -->"
 MIN_GAIN_PTS, MIN_AFTER, MAX_SECONDS = 25.0, 0.65, 180.0
 COLUMNS = ("seed", "warm-start SFT steps", "held-out after SFT", "after GRPO", "gain", "wall time")
-
-
-def cpu_model() -> str:
-    """The CPU's marketing name from /proc/cpuinfo (Linux), else what platform reports."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def meets_bar(summary: dict[str, Any]) -> bool:

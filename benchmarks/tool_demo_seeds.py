@@ -12,8 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ab import load_average
-from demo_seeds import cpu_model
+from ab import cpu_model, load_average
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
