@@ -12,7 +12,7 @@ from typing import Any
 from verl.errors import ConfigError
 from verl.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 from verl.rollout.hf_engine import HFKVCacheEngine
-from verl.rollout.sampling import filtered_logprobs, sample_from_logprobs, sample_step
+from verl.rollout.sampling import filtered_logprobs, sample_from_logprobs, sample_from_probs, sample_step
 from verl.rollout.vllm_engine import VLLM_INSTALL_HINT, VLLMEngine
 
 ENGINES = ("hf", "vllm")
@@ -47,6 +47,7 @@ __all__ = [
     "build_engine",
     "filtered_logprobs",
     "sample_from_logprobs",
+    "sample_from_probs",
     "sample_step",
     "ENGINES",
 ]

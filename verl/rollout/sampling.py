@@ -18,6 +18,11 @@ def filtered_logprobs(
     ``logits`` is [A, V]. The result is float32 (or float64 if the input is float64) so that the
     logprobs handed to the PPO ratio are not rounded to bf16.
     """
+    return _filtered_logits(logits, temperature, top_k, top_p).log_softmax(-1)
+
+
+def _filtered_logits(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float) -> torch.Tensor:
+    """The tempered logits in float32 (float64 stays), -inf where top-k or top-p filters a token out."""
     if logits.dtype not in (torch.float32, torch.float64):
         logits = logits.float()
     if temperature != 1.0:
@@ -35,17 +40,21 @@ def filtered_logprobs(
         drop_sorted = mass_before >= top_p
         drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    return logits.log_softmax(-1)
+    return logits
 
 
 def sample_from_logprobs(logprobs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Draw one token id per row from ``exp(logprobs)`` by inverting the CDF.
+    """Draw one token id per row from ``exp(logprobs)`` by inverting the CDF (see :func:`sample_from_probs`)."""
+    return sample_from_probs(logprobs.exp(), generator)
+
+
+def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one token id per row of ``probs`` [A, V] (rows summing to 1) by inverting the CDF.
 
     One uniform number per row instead of one exponential per vocabulary entry (the Gumbel trick) or
     ``torch.multinomial``: on CPU this is several times cheaper and it is exact. ``right=True`` in
     the search never lands on a zero-probability token, since its CDF step is flat.
     """
-    probs = logprobs.exp()
     cdf = probs.cumsum(-1)
     total = cdf[:, -1:]
     u = torch.rand(total.shape, generator=generator, device=cdf.device, dtype=cdf.dtype) * total
@@ -73,9 +82,12 @@ def sample_step(
         tokens = logits.argmax(-1)
         logp = logits.log_softmax(-1)
     else:
-        logp = filtered_logprobs(logits, temperature, top_k, top_p)
-        tokens = sample_from_logprobs(logp, generator)
+        # softmax rather than exp(logp): on CPU, exp of the very negative log-probs of a peaked
+        # distribution (a trained policy) takes a slow path, ~10x a softmax of the same row.
+        filtered = _filtered_logits(logits, temperature, top_k, top_p)
+        logp = filtered.log_softmax(-1)
+        tokens = sample_from_probs(filtered.softmax(-1), generator)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-__all__ = ["filtered_logprobs", "sample_from_logprobs", "sample_step"]
+__all__ = ["filtered_logprobs", "sample_from_logprobs", "sample_from_probs", "sample_step"]
