@@ -80,7 +80,8 @@ class DataConfig(Section):
     kind: Literal["prompt", "sft", "preference"] = "prompt"
     fields: dict[str, str] = Field(default_factory=dict, description="canonical field -> source key/path")
     train_batch_size: int = Field(8, gt=0, description="Prompts per step (RL) or examples per step.")
-    val_batch_size: int = Field(64, gt=0)
+    val_batch_size: int = Field(64, gt=0, description="Held-out prompts answered at once in validation; with "
+                                "several actor ranks each answers a contiguous share of the rows.")
     max_prompt_length: int = Field(512, gt=0)
     max_response_length: int = Field(512, gt=0, description="SFT/DPO response tokens.")
     truncation: Literal["error", "drop", "truncate_left"] = "error"
