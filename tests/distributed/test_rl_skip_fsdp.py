@@ -53,8 +53,8 @@ def test_ranks_skipping_different_amounts_stay_in_step_with_the_same_gradient(tm
     assert first["actor/grad_norm"] == pytest.approx(plain["actor/grad_norm"], rel=1e-5)
 
 
-def test_shared_prompt_forward_on_two_ranks_gives_the_unshared_gradient(tmp_path):
-    common = {"micro_batch_size": 2, "entropy_coef": 0.01}  # a group of 2 per micro-batch; nothing skipped
+def _shared_and_plain_actor_step(tmp_path, **common):
+    """Step 1's metrics of two 2-rank runs, with and without the shared-prompt forward; checks they agree."""
     verl_train(_config(tmp_path, "shared", share_prompt_forward=True, **common), tmp_path, nproc=2)
     verl_train(_config(tmp_path, "plain", share_prompt_forward=False, **common), tmp_path, nproc=2)
     shared, plain = metrics(tmp_path / "shared")[0], metrics(tmp_path / "plain")[0]
@@ -62,6 +62,11 @@ def test_shared_prompt_forward_on_two_ranks_gives_the_unshared_gradient(tmp_path
     assert shared["actor/grad_norm"] > 0
     assert shared["actor/grad_norm"] == pytest.approx(plain["actor/grad_norm"], rel=1e-5)
     assert shared["actor/pg_loss"] == pytest.approx(plain["actor/pg_loss"], rel=1e-5, abs=1e-7)
+    return shared, plain
+
+
+def test_shared_prompt_forward_on_two_ranks_gives_the_unshared_gradient(tmp_path):
+    _shared_and_plain_actor_step(tmp_path, micro_batch_size=2, entropy_coef=0.01)  # a group per micro-batch
 
 
 def test_shared_prompt_critic_on_two_ranks_gives_the_unshared_gradient(tmp_path):
@@ -80,12 +85,6 @@ def test_shared_prompt_critic_on_two_ranks_gives_the_unshared_gradient(tmp_path)
 
 
 def test_shared_prompt_lora_policy_and_reference_on_two_ranks_give_the_unshared_gradient(tmp_path):
-    common = {"micro_batch_size": 2, "entropy_coef": 0.01, "kl_loss_coef": 0.1, "lora": {"rank": 4}}
-    verl_train(_config(tmp_path, "shared", share_prompt_forward=True, **common), tmp_path, nproc=2)
-    verl_train(_config(tmp_path, "plain", share_prompt_forward=False, **common), tmp_path, nproc=2)
-    shared, plain = metrics(tmp_path / "shared")[0], metrics(tmp_path / "plain")[0]
-    assert shared["reward/mean"] == plain["reward/mean"]
-    assert shared["actor/grad_norm"] > 0
-    assert shared["actor/grad_norm"] == pytest.approx(plain["actor/grad_norm"], rel=1e-5)
-    assert shared["actor/pg_loss"] == pytest.approx(plain["actor/pg_loss"], rel=1e-5, abs=1e-7)
+    shared, plain = _shared_and_plain_actor_step(tmp_path, micro_batch_size=2, entropy_coef=0.01, kl_loss_coef=0.1,
+                                                 lora={"rank": 4})
     assert shared["actor/kl_loss"] == pytest.approx(plain["actor/kl_loss"], abs=1e-7)  # adapters start at B = 0

@@ -87,13 +87,7 @@ def test_masks_cover_model_tokens_only_and_logprobs_equal_one_forward(tiny):
         assert obs == expected and len(obs) > 0
         assert out.response_mask[i, :k].tolist() == e.loss_mask and not out.response_mask[i, k:].any()
         assert (out.logprobs[i][out.response_mask[i] == 0] == 0).all()
-    # The trainer's forward over the compact episode gives the sampler's log-probs on model tokens.
-    ids = torch.cat([out.prompt_ids, out.response_ids], 1)
-    mask = torch.cat([out.prompt_mask, out.response_attention_mask], 1)
-    with torch.no_grad():
-        lp, _ = response_logprobs(model, ids, mask, position_ids_from_mask(mask), out.response_ids.shape[1])
-    m = out.response_mask.bool()
-    assert torch.allclose(lp[m], out.logprobs[m], atol=1e-5)
+    assert_one_forward_logprobs(model, out)
     # Rewards and metrics come from the episodes.
     assert out.rewards.tolist() == [e.reward for e in out.episodes]
     metrics = out.metrics()
@@ -213,17 +207,22 @@ def test_ended_turns_and_episodes_are_not_decoded(tiny):
     assert sum(held_decoded) > sum(decoded)
 
 
-def test_sampled_episodes_with_parked_rows_keep_one_forward_logprobs(tiny):
-    model, _ = tiny
-    out, decoded = _spied_rollout(tiny, _env_with_val(), STOP, temperature=1.0, n=2)
-    assert sum(decoded) == sum(sum(e.loss_mask) - e.turns for e in out.episodes)
-    assert max(e.turns for e in out.episodes) >= 3
+def assert_one_forward_logprobs(model, out):
+    """The trainer's forward over the compact episodes gives the sampler's log-probs on model tokens."""
     ids = torch.cat([out.prompt_ids, out.response_ids], 1)
     mask = torch.cat([out.prompt_mask, out.response_attention_mask], 1)
     with torch.no_grad():
         lp, _ = response_logprobs(model, ids, mask, position_ids_from_mask(mask), out.response_ids.shape[1])
     m = out.response_mask.bool()
     assert torch.allclose(lp[m], out.logprobs[m], atol=1e-5)
+
+
+def test_sampled_episodes_with_parked_rows_keep_one_forward_logprobs(tiny):
+    model, _ = tiny
+    out, decoded = _spied_rollout(tiny, _env_with_val(), STOP, temperature=1.0, n=2)
+    assert sum(decoded) == sum(sum(e.loss_mask) - e.turns for e in out.episodes)
+    assert max(e.turns for e in out.episodes) >= 3
+    assert_one_forward_logprobs(model, out)
 
 
 def _raise(state):
