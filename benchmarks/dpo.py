@@ -2,8 +2,12 @@
 
 Run by hand (not a test):  python benchmarks/dpo.py [--device cuda] [--model tiny:qwen2:256:4]
 Both trainers get the same locally built tiny model (no hub), the same preference pairs, batch size,
-learning rate, beta and float32 weights; each runs --warmup steps first, then --steps timed steps.
-TRL is optional (`pip install verl[bench]`); without it only verl's numbers are printed.
+learning rate, beta and float32 weights; each run builds its trainer, takes --warmup steps, then --steps
+timed steps. Rounds are interleaved (one run of each per round, alternating which goes first, so a load
+burst on a shared machine hits both sides of a round alike) at 1 torch thread; printed: each side's median
+steps/s and the median (min–max) over the rounds of the per-round ratio verl/TRL steps/s.
+TRL is optional (`pip install verl[bench]`, or --trl-path to a side install); without it only verl's
+numbers are printed.
 """
 
 from __future__ import annotations
@@ -11,12 +15,17 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ab import cpu_model, load_average  # noqa: E402
 
 
 def make_pairs(n: int, seed: int = 0) -> list[dict[str, str]]:
@@ -127,7 +136,7 @@ def main() -> None:
     parser.add_argument("--beta", type=float, default=0.1)
     parser.add_argument("--precompute-ref", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=2, help="interleaved runs of each; the best counts")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (one run of each side per round)")
     parser.add_argument("--trl-path", default=os.environ.get("VERL_BENCH_TRL_PATH"),
                         help="folder to import TRL from (a side install); default: the environment")
     args = parser.parse_args()
@@ -135,23 +144,26 @@ def main() -> None:
         sys.path.insert(0, args.trl_path)
     if args.warmup < 1:
         parser.error("--warmup must be >= 1 (the first step includes one-off costs on both sides)")
+    torch.set_num_threads(1)
     rows = make_pairs(args.pairs, args.seed)
-    # Interleaved repeats, best of each: a shared machine's load bursts then hit both sides alike.
+    sides = {"verl": bench_verl, "TRL": bench_trl}
     runs: dict[str, list[dict[str, float]]] = {"verl": [], "TRL": []}
-    for _ in range(args.repeats):
-        runs["verl"].append(bench_verl(args, rows))
-        trl_run = bench_trl(args, rows)
-        if trl_run is not None:
-            runs["TRL"].append(trl_run)
-    results = {name: max(r, key=lambda x: x["steps_per_s"]) for name, r in runs.items() if r}
-    trl = results.get("TRL")
-    print(f"\nDPO, {args.model}, batch {args.batch_size} pairs, {args.steps} timed steps on {args.device} "
-          f"(best of {args.repeats})")
-    print(f"{'trainer':<8} {'steps/s':>9} {'setup s':>9} {'mean loss':>11}")
-    for name, r in results.items():
-        print(f"{name:<8} {r['steps_per_s']:>9.2f} {r['setup_s']:>9.1f} {r['mean_loss']:>11.4f}")
-    if trl is not None:
-        print(f"ratio verl/TRL steps/s: {results['verl']['steps_per_s'] / trl['steps_per_s']:.2f}x")
+    for r in range(args.rounds):
+        for name in (("verl", "TRL") if r % 2 == 0 else ("TRL", "verl")):
+            result = sides[name](args, rows)
+            if result is not None:
+                runs[name].append(result)
+    print(f"\nDPO, {args.model}, batch {args.batch_size} pairs, {args.steps} timed steps per run on {args.device}, "
+          f"1 thread, {args.rounds} interleaved rounds; {cpu_model()}; load average {load_average()}")
+    print(f"{'trainer':<8} {'steps/s (median)':>17} {'setup s':>9} {'mean loss':>11}")
+    for name, r in runs.items():
+        if r:
+            print(f"{name:<8} {statistics.median(x['steps_per_s'] for x in r):>17.2f} "
+                  f"{statistics.median(x['setup_s'] for x in r):>9.1f} {r[-1]['mean_loss']:>11.4f}")
+    if runs["TRL"]:
+        ratios = [v["steps_per_s"] / t["steps_per_s"] for v, t in zip(runs["verl"], runs["TRL"], strict=True)]
+        print(f"ratio verl/TRL steps/s: median {statistics.median(ratios):.2f}x "
+              f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x over {len(ratios)} rounds)")
 
 
 if __name__ == "__main__":
