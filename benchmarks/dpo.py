@@ -150,9 +150,12 @@ def main() -> None:
     runs: dict[str, list[dict[str, float]]] = {"verl": [], "TRL": []}
     for r in range(args.rounds):
         for name in (("verl", "TRL") if r % 2 == 0 else ("TRL", "verl")):
-            result = sides[name](args, rows)
-            if result is not None:
-                runs[name].append(result)
+            if name in sides:
+                result = sides[name](args, rows)
+                if result is None:  # TRL is not installed: say so once, run verl alone
+                    del sides[name]
+                else:
+                    runs[name].append(result)
     print(f"\nDPO, {args.model}, batch {args.batch_size} pairs, {args.steps} timed steps per run on {args.device}, "
           f"1 thread, {args.rounds} interleaved rounds; {cpu_model()}; load average {load_average()}")
     print(f"{'trainer':<8} {'steps/s (median)':>17} {'setup s':>9} {'mean loss':>11}")
