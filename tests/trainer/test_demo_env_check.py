@@ -36,3 +36,31 @@ def test_the_arithmetic_warm_start_names_what_the_env_lacks():
     trainer = SimpleNamespace(env=object())
     with pytest.raises(ConfigError, match="sft_pairs"):
         warm_start_until(trainer, 0.4, 10)
+
+
+def test_the_arithmetic_warm_start_probes_problems_it_does_not_train_on(monkeypatch):
+    import verl.trainer.demo as demo
+
+    taught = {}
+
+    class FakeSFT:
+        def train_steps(self, n):
+            return [{"loss": 0.0}] * n
+
+    def fake_sft(trainer, train_rows):
+        taught["rows"] = train_rows
+        return FakeSFT()
+
+    probed = []
+    pairs = [(f"{i}+1=", str(i + 1)) for i in range(20)]
+    trainer = SimpleNamespace(env=SimpleNamespace(sft_pairs=lambda: pairs),
+                              evaluate=lambda rows, prefix: probed.append(rows) or {"train/accuracy": 1.0})
+    monkeypatch.setattr(demo, "constant_lr_sft", fake_sft)
+    steps, acc, _ = warm_start_until(trainer, 0.4, 100)
+    assert steps == 10 and acc == 1.0
+    probe = [r["prompt"] for r in probed[0]]
+    assert probe == [p for p, _ in pairs[:5]]  # a quarter of 20: small envs keep most problems to learn from
+    assert {r["input"] for r in taught["rows"]}.isdisjoint(probe) and len(taught["rows"]) == 15
+    trainer.env = SimpleNamespace(sft_pairs=lambda: pairs[:3])
+    with pytest.raises(ConfigError, match="at least 4 training problems"):
+        warm_start_until(trainer, 0.4, 100)

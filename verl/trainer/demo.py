@@ -23,6 +23,8 @@ from verl.trainer.sft_trainer import SFTTrainer
 
 # The warm start stops once the model answers this share of its *training* problems (greedy).
 SFT_TARGET_ACCURACY = 0.4
+# Training problems the warm start probes and does not train on (at most a quarter of them).
+PROBE_SIZE = 128
 
 
 def demo_config_path() -> str:
@@ -31,18 +33,25 @@ def demo_config_path() -> str:
 
 def warm_start_until(trainer: Any, target: float, max_steps: int, chunk: int = 10,
                      progress: ConsoleReporter | None = None) -> tuple[int, float, list]:
-    """SFT (with `SFTTrainer`) in chunks until greedy accuracy on a sample of the *training* problems
-    reaches `target`, or `max_steps`. Stopping on training problems keeps the held-out set untouched,
-    and starting RL from a similar competence for every seed keeps the demo's outcome stable. Accuracy
-    climbs steeply once the format is learnt, so it is checked every `chunk` (10) steps: with 25, one
-    seed stopped at 52% held-out instead of ~30% and left RL too little to gain."""
+    """SFT (with `SFTTrainer`) in chunks until greedy accuracy on `PROBE_SIZE` *training* problems that the
+    warm start does not train on reaches `target`, or `max_steps`. Probing training problems keeps the
+    held-out set untouched; probing ones it does not learn by heart measures the skill, so RL starts from
+    a similar competence for every seed (probed on the problems it trained on, one seed stopped at 18%
+    held-out and ended below the demo's bar). Accuracy climbs steeply once the format is learnt, so it is
+    checked every `chunk` (10) steps: with 25, one seed stopped at 52% held-out and left RL little to gain."""
     if not callable(getattr(trainer.env, "sft_pairs", None)):
         raise ConfigError(f"trainer.demo=arithmetic warm-starts on the environment's sft_pairs(), which "
                           f"{type(trainer.env).__name__} does not have; use env.name: arithmetic, or remove "
                           "trainer.demo to train this config normally.")
     pairs = trainer.env.sft_pairs()
-    sft = constant_lr_sft(trainer, train_rows=[{"input": prompt, "output": answer} for prompt, answer in pairs])
-    probe = [{"prompt": p, "ground_truth": a, "data_source": "arithmetic", "metadata": {}} for p, a in pairs[:128]]
+    probe_size = min(PROBE_SIZE, len(pairs) // 4)  # a small user env keeps most of its problems to learn from
+    held_in, taught = pairs[:probe_size], pairs[probe_size:]
+    if not held_in:
+        raise ConfigError(f"the arithmetic warm start needs at least 4 training problems to probe on one it "
+                          f"does not train on; {type(trainer.env).__name__} has {len(pairs)}: raise "
+                          "env.kwargs.max_operand (or lower num_val).")
+    sft = constant_lr_sft(trainer, train_rows=[{"input": prompt, "output": answer} for prompt, answer in taught])
+    probe = [{"prompt": p, "ground_truth": a, "data_source": "arithmetic", "metadata": {}} for p, a in held_in]
     return sft_until(sft, lambda: trainer.evaluate(probe, prefix="train").get("train/accuracy", 0.0), target,
                      max_steps, chunk, progress)
 
