@@ -57,6 +57,25 @@ def rl_config(run_dir: Path | str, *overrides: str, reward: dict[str, Any] | Non
     return config
 
 
+def captured_update(trainer: Any, module: torch.nn.Module, update: Any, batch: Any) -> tuple[dict[str, torch.Tensor], Any, int]:
+    """Run `update(batch)` (e.g. `trainer.update_policy`) with the optimizer step replaced by a capture of
+    the accumulated gradients: (gradient per parameter name, what `update` returned, `module`'s forwards)."""
+    captured: dict[str, torch.Tensor] = {}
+    forwards = []
+
+    def capture(stepped: torch.nn.Module, optimizer: Any, clip: Any) -> float:
+        captured.update({n: p.grad.detach().clone() for n, p in stepped.named_parameters() if p.grad is not None})
+        return 1.0
+
+    trainer.clip_and_step = capture
+    hook = module.register_forward_hook(lambda *a: forwards.append(1))
+    try:
+        result = update(batch)
+    finally:
+        hook.remove()
+    return captured, result, len(forwards)
+
+
 def read_metrics(run_dir: Path | str) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

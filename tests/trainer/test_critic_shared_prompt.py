@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rl_support import random_groups, rl_config
+from rl_support import captured_update, random_groups, rl_config
 
 from verl.algorithms import value_loss
 from verl.trainer.forward import can_share_prompt, response_values, shared_prompt_values
@@ -96,8 +96,7 @@ def _critic_update(trainer: RLTrainer, batch, share: bool, monkeypatch):
     import verl.trainer.rl_trainer as rl
 
     trainer.config.critic.share_prompt_forward = share
-    captured: dict[str, torch.Tensor] = {}
-    forwards, losses = [], []
+    losses = []
 
     def recording(values, old, returns, mask, **kwargs):
         loss, stats = value_loss(values, old, returns, mask, **kwargs)
@@ -107,18 +106,9 @@ def _critic_update(trainer: RLTrainer, batch, share: bool, monkeypatch):
 
     monkeypatch.setattr(rl, "value_loss", recording)
 
-    def capture(module, optimizer, clip):
-        captured.update({n: p.grad.detach().clone() for n, p in module.named_parameters() if p.grad is not None})
-        return 1.0
-
-    trainer.clip_and_step = capture
-    hook = trainer.critic.register_forward_hook(lambda *a: forwards.append(1))
-    try:
-        trainer.update_critic(batch)
-    finally:
-        hook.remove()
+    captured, _, forwards = captured_update(trainer, trainer.critic, trainer.update_critic, batch)
     total = sum(u for _, u in losses)
-    return captured, len(forwards), sum(loss * u for loss, u in losses) / total
+    return captured, forwards, sum(loss * u for loss, u in losses) / total
 
 
 def _big_batch(trainer: RLTrainer, batch) -> tuple[dict[str, torch.Tensor], float]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rl_support import random_groups, rl_config
+from rl_support import captured_update, random_groups, rl_config
 
 from verl.config.schema import LoraConfig
 from verl.models.lora import AdapterOff, apply_lora, base_of, is_peft_model
@@ -115,21 +115,10 @@ def test_rl_trainer_with_lora_shares_prompts_for_the_update_and_the_reference(tm
     batch = trainer.compute_advantages(trainer.compute_ref_log_probs(trainer.compute_log_probs(batch)))
     shared_ref = batch.ref_logprobs.clone()
 
-    def update_grads():
-        captured = {}
-
-        def capture(module, optimizer, clip):
-            captured.update({n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None})
-            return 1.0
-
-        trainer.clip_and_step = capture
-        metrics = trainer.update_policy(batch)
-        return captured, metrics
-
-    got, got_metrics = update_grads()
+    got, got_metrics, _ = captured_update(trainer, trainer.model, trainer.update_policy, batch)
     trainer.config.actor.share_prompt_forward = False
     plain_ref = trainer.compute_ref_log_probs(batch).ref_logprobs
-    want, want_metrics = update_grads()
+    want, want_metrics, _ = captured_update(trainer, trainer.model, trainer.update_policy, batch)
     mask = batch.response_mask.bool()
     _close(shared_ref[mask], plain_ref[mask])
     assert got_metrics["actor/kl_loss"] == pytest.approx(want_metrics["actor/kl_loss"], rel=TOL, abs=1e-9)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rl_support import random_groups, rl_config
+from rl_support import captured_update, random_groups, rl_config
 
 from verl.algorithms import aggregate_loss, place_score_on_last_token, ppo_policy_loss
 from verl.trainer.forward import response_logprobs
@@ -58,20 +58,7 @@ def _reference_grads(trainer: RLTrainer, batch) -> dict[str, torch.Tensor]:
 def _update_grads(trainer: RLTrainer, batch) -> tuple[dict[str, torch.Tensor], dict[str, float], int]:
     """The trainer's update_policy, capturing the accumulated gradient instead of stepping; and the number
     of model forwards it ran."""
-    captured: dict[str, torch.Tensor] = {}
-    forwards = []
-
-    def capture(module, optimizer, clip):
-        captured.update({n: p.grad.detach().clone() for n, p in module.named_parameters() if p.grad is not None})
-        return 1.0
-
-    trainer.clip_and_step = capture
-    hook = trainer.model.register_forward_hook(lambda *a: forwards.append(1))
-    try:
-        metrics = trainer.update_policy(batch)
-    finally:
-        hook.remove()
-    return captured, metrics, len(forwards)
+    return captured_update(trainer, trainer.model, trainer.update_policy, batch)
 
 
 def _assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], tol: float = 1e-9) -> None:
