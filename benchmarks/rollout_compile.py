@@ -36,9 +36,9 @@ def static_decode_step(decode: Any) -> Any:
     from verl.rollout.fast_decode import _Linear
 
     layers = []
-    for i, layer in enumerate(decode.layers):
+    for layer, plan in zip(decode.layers, decode.plans, strict=True):
         attn = layer.self_attn
-        lins = (decode.qkv[i], decode.o[i], decode.gate_up[i], decode.down[i])
+        lins = (plan.qkv, plan.o, plan.gate_up, plan.down)
         if not all(isinstance(lin, _Linear) for lin in lins) or hasattr(attn, "q_norm"):
             raise SystemExit("the compiled step needs plain Llama/Qwen2 projections (no LoRA, no q/k norms)")
         kv_heads = attn.k_proj.weight.shape[0] // attn.head_dim

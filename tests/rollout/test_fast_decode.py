@@ -10,7 +10,14 @@ import torch.nn.functional as F
 from tests.rollout.conftest import left_padded, make_model
 from tests.rollout.test_hf_engine import LENGTHS, hf_greedy
 from verl.rollout import HFKVCacheEngine, SamplingParams
-from verl.rollout.fast_decode import LlamaStyleDecodeStep, _decode_linear, _rms_norm, onednn_linear_ok
+from verl.rollout.fast_decode import (
+    LlamaStyleDecodeStep,
+    _add_projection,
+    _decode_linear,
+    _rms_norm,
+    _RMSNormAsLayerNorm,
+    onednn_linear_ok,
+)
 
 needs_onednn = pytest.mark.skipif(not onednn_linear_ok(), reason="oneDNN's packed linear is not available here")
 
@@ -61,7 +68,8 @@ def test_float32_decode_step_runs_on_packed_weights():
     step = LlamaStyleDecodeStep(model)
     with torch.inference_mode():
         step.prepare(32, torch.device("cpu"), torch.float32)
-    assert all(lin.packed is not None for lin in step.qkv + step.o + step.gate_up + step.down + [step.lm_head])
+    projections = [lin for plan in step.plans for lin in (plan.qkv, plan.o, plan.gate_up, plan.down)]
+    assert all(lin.packed is not None for lin in projections + [step.lm_head])
 
 
 def test_greedy_equals_hf_generate_in_float64():
@@ -82,9 +90,9 @@ def test_weights_changed_between_rollouts_without_a_version_bump_are_used():
     engine = HFKVCacheEngine(model)
     params = SamplingParams(temperature=0, max_new_tokens=8)
     before = engine.generate(ids, mask, params).response_ids
-    layout = engine._decode_step.gate_up[0]
+    layout = engine._decode_step.plans[0].gate_up
     assert torch.equal(engine.generate(ids, mask, params).response_ids, before)
-    assert engine._decode_step.gate_up[0] is layout  # unchanged weights: the layout is reused
+    assert engine._decode_step.plans[0].gate_up is layout  # unchanged weights: the layout is reused
     versions = [p._version for p in model.parameters()]
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.5, fused=True)
     for p in model.parameters():
@@ -95,7 +103,7 @@ def test_weights_changed_between_rollouts_without_a_version_bump_are_used():
     want = hf_greedy(model, ids, mask, 8, [], pad=0)
     assert not torch.equal(want, before)
     assert torch.equal(after, want)
-    assert engine._decode_step.gate_up[0] is not layout
+    assert engine._decode_step.plans[0].gate_up is not layout
     # A second step: the copy the layout is checked against was rewritten in place, not aliased.
     for p in model.parameters():
         p.grad = torch.randn_like(p)
@@ -130,17 +138,65 @@ class _OnePlusWeightNorm(torch.nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon) * (1 + self.weight)
 
 
-def test_rms_norm_shortcut_only_where_it_gives_the_module_bits():
+def test_rms_norm_shortcut_only_where_f_rms_norm_gives_the_module_bits():
     from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
     x = torch.randn(5, 64)
     llama_style = Qwen2RMSNorm(64)
     with torch.no_grad():
         llama_style.weight.normal_()
-    fast = _rms_norm(llama_style, torch.float32)
-    assert fast is not llama_style and torch.equal(fast(x), llama_style(x))
+    fast32 = _rms_norm(llama_style, torch.float32)  # F.rms_norm gives its bits; on CPU float32: the layer-norm form
+    assert isinstance(fast32, _RMSNormAsLayerNorm)
+    torch.testing.assert_close(fast32(x), llama_style(x), rtol=1e-6, atol=1e-6)
     other = _OnePlusWeightNorm(64)
     assert _rms_norm(other, torch.float32) is other
+
+
+@pytest.mark.parametrize("offset", [0.0, 50.0])
+def test_rms_norm_as_layer_norm_equals_the_float64_rms_norm(offset):
+    """layer_norm([x, -x]) subtracts a mean that is 0 up to rounding, also for inputs far from zero mean."""
+    g = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(16, 96, generator=g) * 3 + offset, torch.randn(96, generator=g)
+    got = _RMSNormAsLayerNorm(weight, 1e-6)(x)
+    want = F.rms_norm(x.double(), (96,), weight.double(), 1e-6)
+    assert got.shape == (16, 96)
+    torch.testing.assert_close(got.double(), want, rtol=2e-6, atol=2e-6)
+
+
+def test_transposed_projection_and_its_residual_add_equal_f_linear(monkeypatch):
+    """CPU float32 weights too small to pack run as mm on a transposed copy; the residual add rides in addmm."""
+    monkeypatch.setattr("verl.rollout.fast_decode.MIN_PACKED_NUMEL", 1 << 30)
+    torch.manual_seed(0)
+    q, k = torch.nn.Linear(64, 64), torch.nn.Linear(64, 32)
+    with_bias = _decode_linear([q, k])
+    no_bias = _decode_linear([torch.nn.Linear(64, 48, bias=False)])
+    assert with_bias.packed is None and with_bias.weight_t.is_contiguous() and no_bias.weight_t is not None
+    x, residual = torch.randn(7, 64), torch.randn(7, 48)
+    with torch.inference_mode():
+        torch.testing.assert_close(with_bias(x), torch.cat([q(x), k(x)], dim=-1), rtol=1e-6, atol=1e-6)
+        want = residual + F.linear(x, no_bias.weight)
+        torch.testing.assert_close(_add_projection(no_bias, residual, x), want, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(_add_projection(torch.nn.Linear(64, 48), residual, x).shape, want.shape)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rotation_table_equals_the_models_rotary_embedding(dtype):
+    """x @ rotations[p] is the model's own apply_rotary_pos_emb at position p."""
+    from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
+
+    model = make_model("qwen2", seed=2).to(dtype)
+    step = LlamaStyleDecodeStep(model)
+    with torch.inference_mode():
+        step.prepare(40, torch.device("cpu"), dtype)
+        assert step.rotations is not None
+        positions = torch.tensor([0, 3, 17, 39])
+        q = torch.randn(4, 1, 5, step.cos.shape[-1], dtype=dtype)  # [rows, heads=1 (HF layout), ..]
+        q = q.transpose(1, 2)  # [rows, 5 heads, 1 token, D]
+        cos, sin = model.model.rotary_emb(q, positions[:, None])
+        want, _ = apply_rotary_pos_emb(q, q, cos, sin)
+        got = torch.bmm(q[:, :, 0], step.rotations[positions])
+    tol = 1e-6 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(got, want[:, :, 0], rtol=tol, atol=tol)
 
 
 def test_a_model_cast_between_rollouts_is_used():
@@ -151,5 +207,5 @@ def test_a_model_cast_between_rollouts_is_used():
     engine.generate(ids, mask, params)
     model.double()
     out = engine.generate(ids, mask, params)
-    assert engine._decode_step.qkv[0].weight.dtype == torch.float64
+    assert engine._decode_step.plans[0].qkv.weight.dtype == torch.float64
     assert torch.equal(out.response_ids, hf_greedy(model, ids, mask, 8, [], pad=0))

@@ -107,6 +107,16 @@ def test_sample_step_logprob_is_that_of_the_filtered_distribution():
         assert abs(logp[r].item() - ref[tokens[r]]) < 1e-12
 
 
+def test_sample_step_float32_logprob_agrees_with_float64_log_softmax():
+    """The sampled token's log-prob is taken as log(softmax) at that token: within float32 rounding of the
+    float64 log_softmax, also for unlikely tokens of widely spread logits."""
+    logits = torch.randn(4096, 100, generator=torch.Generator().manual_seed(3)) * 4
+    tokens, logp = sample_step(logits, 1.0, generator=torch.Generator().manual_seed(4))
+    ref = logits.double().log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
+    assert logp.dtype == torch.float32 and ref.min() < -9  # some draws are unlikely tokens
+    torch.testing.assert_close(logp.double(), ref, rtol=1e-6, atol=2e-6)
+
+
 def test_seeded_generator_reproduces_draws():
     logp = torch.randn(8, 50).log_softmax(-1)
     a = sample_from_logprobs(logp, torch.Generator().manual_seed(7))

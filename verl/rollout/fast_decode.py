@@ -15,6 +15,12 @@ q/k/v and gate/up concatenated into one matmul each, and on CPU in float32 every
 ``F.linear`` up to rounding). Anything else (LoRA, quantised layers, another norm) is called as the
 module it is.
 
+On a small model a decode step is a few dozen ops each costing more than its arithmetic, so on CPU
+the step also cuts the op count: projections too small to pack run as ``mm`` on a transposed copy
+(with the residual add folded into ``addmm``), RMS norms as one layer-norm kernel
+(:class:`_RMSNormAsLayerNorm`), and rotary as one batched matmul per layer (:meth:`_rotation_table`).
+Each agrees with the module it replaces to float32 rounding.
+
 The prefill always runs through the model's own ``forward``. :func:`LlamaStyleDecodeStep.supports`
 says whether a model qualifies; anything unusual (sliding windows, dynamic rotary scaling, module
 hooks such as FSDP's, an unknown architecture) keeps the plain ``forward`` path.
@@ -38,6 +44,7 @@ MAX_FUSED_BYTES = 256 * 2**20
 # that streaming it dominates (crossover ~50k-200k elements at 16 rows on this project's CPU,
 # docs/performance.md). Smaller projections (the tiny test models) keep ``F.linear``.
 MIN_PACKED_NUMEL = 1 << 16
+ROTATION_TABLE_BYTES = 8 * 2**20
 _DYNAMIC_ROPE = ("dynamic", "longrope")
 
 
@@ -48,10 +55,13 @@ class _Linear:
     weight: torch.Tensor
     bias: torch.Tensor | None
     packed: torch.Tensor | None
+    weight_t: torch.Tensor | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if self.weight_t is not None:
+            return torch.mm(x, self.weight_t) if self.bias is None else torch.addmm(self.bias, x, self.weight_t)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -106,7 +116,10 @@ def _decode_linear(modules: list[Any]) -> _Linear | None:
     weight = torch.cat([m.weight for m in modules], dim=0) if len(modules) > 1 else modules[0].weight
     bias = (torch.cat([m.bias for m in modules], dim=0) if len(modules) > 1 else modules[0].bias) \
         if all(has_bias) else None
-    return _Linear(weight, bias, _onednn_pack(weight))
+    packed = _onednn_pack(weight)
+    transposed = (weight.t().contiguous() if packed is None and weight.device.type == "cpu"
+                  and weight.dtype == torch.float32 else None)
+    return _Linear(weight, bias, packed, transposed)
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -116,11 +129,31 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
 _RMS_NORM_OK: dict[tuple[type, torch.dtype], bool] = {}
 
 
+class _RMSNormAsLayerNorm:
+    """``F.rms_norm(x, weight)`` computed as ``layer_norm([x, -x])``'s first half, for CPU float32.
+
+    ``[x, -x]`` has mean 0 and variance mean(x^2), so layer norm's one native kernel gives the RMS norm;
+    on CPU ``F.rms_norm`` runs as ~10 separate small ops, which is most of its cost on a decode step's
+    [rows, hidden] input. The result differs from ``F.rms_norm`` by float32 rounding (the mean is 0 up to
+    rounding). The weight is copied (zeros for the second half): the decode layout is rebuilt whenever a
+    parameter changes.
+    """
+
+    def __init__(self, weight: torch.Tensor, eps: float) -> None:
+        self.size = weight.shape[0]
+        self.weight = torch.cat([weight.detach(), torch.zeros_like(weight)])
+        self.eps = eps
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        doubled = torch.cat((x, x.neg()), dim=-1)
+        return F.layer_norm(doubled, (2 * self.size,), self.weight, None, self.eps)[..., : self.size]
+
+
 def _rms_norm(module: torch.nn.Module, dtype: torch.dtype) -> Any:
-    """``F.rms_norm`` with the module's weight where it computes the module's bits, else the module.
+    """The module's RMS norm as one fast call where ``F.rms_norm`` computes the module's bits, else the module.
 
     Probed once per norm class and dtype (a Gemma-style ``1 + weight`` norm or an upcast that rounds
-    differently keeps the module).
+    differently keeps the module). On CPU in float32 the norm runs as :class:`_RMSNormAsLayerNorm`.
     """
     weight = getattr(module, "weight", None)
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
@@ -131,7 +164,11 @@ def _rms_norm(module: torch.nn.Module, dtype: torch.dtype) -> Any:
     if key not in _RMS_NORM_OK:
         probe = torch.randn(8, shape[0], generator=torch.Generator().manual_seed(0)).to(weight.device, dtype) * 3
         _RMS_NORM_OK[key] = torch.equal(module(probe), F.rms_norm(probe, shape, weight, eps))
-    return (lambda x: F.rms_norm(x, shape, weight, eps)) if _RMS_NORM_OK[key] else module
+    if not _RMS_NORM_OK[key]:
+        return module
+    if weight.device.type == "cpu" and dtype == torch.float32:
+        return _RMSNormAsLayerNorm(weight, eps)
+    return lambda x: F.rms_norm(x, shape, weight, eps)
 
 
 class LlamaStyleDecodeStep:
@@ -198,25 +235,27 @@ class LlamaStyleDecodeStep:
         sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(device=device, dtype=self.sin.dtype)
         self.signed_sin = self.sin * sign
         params = list(self.model.parameters())
+        plain = sum(p.numel() * p.element_size() for p in params) <= MAX_FUSED_BYTES
+        self.rotations = self._rotation_table() if plain and device.type == "cpu" else None
         if self._layout_is_current(params, dtype):
             return
-        plain = sum(p.numel() * p.element_size() for p in params) <= MAX_FUSED_BYTES
-        self.qkv: list[Any] = []
-        self.o: list[Any] = []
-        self.gate_up: list[Any] = []
-        self.down: list[Any] = []
-        self.norms: list[tuple[Any, Any]] = []
+        self.plans: list[_LayerPlan] = []
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            self.qkv.append(_decode_linear([attn.q_proj, attn.k_proj, attn.v_proj])
-                            if plain and not hasattr(attn, "q_norm") else None)
-            self.o.append((_decode_linear([attn.o_proj]) if plain else None) or attn.o_proj)
             mlp_plain = plain and all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn"))
-            self.gate_up.append(_decode_linear([mlp.gate_proj, mlp.up_proj]) if mlp_plain else None)
-            self.down.append((_decode_linear([mlp.down_proj]) if mlp_plain else None)
-                             or getattr(mlp, "down_proj", None))
-            self.norms.append((_rms_norm(layer.input_layernorm, dtype),
-                               _rms_norm(layer.post_attention_layernorm, dtype)))
+            self.plans.append(_LayerPlan(
+                attn=attn, mlp=mlp, head_dim=attn.head_dim, kv_heads=attn.k_proj.weight.shape[0] // attn.head_dim,
+                in_norm=_rms_norm(layer.input_layernorm, dtype),
+                post_norm=_rms_norm(layer.post_attention_layernorm, dtype),
+                qkv=(_decode_linear([attn.q_proj, attn.k_proj, attn.v_proj])
+                     if plain and not hasattr(attn, "q_norm") else None),
+                o=(_decode_linear([attn.o_proj]) if plain else None) or attn.o_proj,
+                gate_up=_decode_linear([mlp.gate_proj, mlp.up_proj]) if mlp_plain else None,
+                down=(_decode_linear([mlp.down_proj]) if mlp_plain else None) or getattr(mlp, "down_proj", None),
+                act_fn=getattr(mlp, "act_fn", None)))
+        embed = self.base.embed_tokens
+        self.embed = ((lambda ids: F.embedding(ids, embed.weight)) if type(embed) is torch.nn.Embedding
+                      and embed.max_norm is None else embed)
         self.final_norm = _rms_norm(self.base.norm, dtype)
         self.lm_head = (_decode_linear([self.model.lm_head]) if plain else None) or self.model.lm_head
         # Only small models get a layout (and so a copy to check it against); large ones rebuild for free.
@@ -239,6 +278,21 @@ class LlamaStyleDecodeStep:
                 and all(a is b for a, b in zip(built_params, params, strict=True))
                 and all(_same_layout(p, v) and torch.equal(p, v) for p, v in zip(params, values, strict=True)))
 
+    def _rotation_table(self) -> torch.Tensor | None:
+        """rotations[p] [D, D] with ``x @ rotations[p] == x * cos[p] + swap_halves(x) * signed_sin[p]``.
+
+        On a small model each op of a decode step costs more than its math: one batched matmul per layer
+        replaces rotary's five elementwise ops (the step gathers each row's [D, D] once). Only for head
+        dims up to 64 and tables up to ``ROTATION_TABLE_BYTES``, where that gather stays small.
+        """
+        positions, dim = self.cos.shape
+        if dim > 64 or positions * dim * dim * self.cos.element_size() > ROTATION_TABLE_BYTES:
+            return None
+        half = dim // 2
+        eye = torch.eye(dim, device=self.cos.device, dtype=self.cos.dtype)
+        swap = torch.cat([eye[half:], eye[:half]])  # row j is e_{(j + half) % dim}: x_j feeds out_{(j+half)%dim}
+        return eye * self.cos[:, None, :] + swap * self.signed_sin[:, None, :]
+
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x1, x2 = x.chunk(2, dim=-1)
         return x * cos + torch.cat([x2, x1], dim=-1) * sin
@@ -252,20 +306,21 @@ class LlamaStyleDecodeStep:
         query axis without repeating K/V.
         """
         rows = tokens.shape[0]
-        hidden = self.base.embed_tokens(tokens)  # [A, H]
-        cos = self.cos[positions].unsqueeze(1)  # [A, 1, D]
-        sin = self.signed_sin[positions].unsqueeze(1)
-        for i, (layer, cache_layer) in enumerate(zip(self.layers, cache.layers, strict=True)):
-            attn = layer.self_attn
-            head_dim = attn.head_dim
-            in_norm, post_norm = self.norms[i]
-            x = in_norm(hidden)
-            qkv = self.qkv[i]
-            if qkv is not None:
-                states = qkv(x).view(rows, -1, head_dim)
-                kv_heads = attn.k_proj.weight.shape[0] // head_dim
+        hidden = self.embed(tokens)  # [A, H]
+        if self.rotations is not None:
+            rot = self.rotations[positions]
+            rope = lambda x: torch.bmm(x, rot)  # noqa: E731
+        else:
+            cos = self.cos[positions].unsqueeze(1)  # [A, 1, D]
+            sin = self.signed_sin[positions].unsqueeze(1)
+            rope = lambda x: self._rope(x, cos, sin)  # noqa: E731
+        for plan, cache_layer in zip(self.plans, cache.layers, strict=True):
+            attn, head_dim, kv_heads = plan.attn, plan.head_dim, plan.kv_heads
+            x = plan.in_norm(hidden)
+            if plan.qkv is not None:
+                states = plan.qkv(x).view(rows, -1, head_dim)
                 q_heads = states.shape[1] - 2 * kv_heads
-                qk = self._rope(states[:, : q_heads + kv_heads], cos, sin)
+                qk = rope(states[:, : q_heads + kv_heads])
                 q, k = qk[:, :q_heads], qk[:, q_heads:]
                 v = states[:, q_heads + kv_heads:]
             else:
@@ -274,19 +329,42 @@ class LlamaStyleDecodeStep:
                 v = attn.v_proj(x).view(rows, -1, head_dim)
                 if hasattr(attn, "q_norm"):
                     q, k = attn.q_norm(q), attn.k_norm(k)
-                q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+                q, k = rope(q), rope(k)
             keys, values = cache_layer.update(k.unsqueeze(2), v.unsqueeze(2))
-            q = q.reshape(rows, keys.shape[1], -1, head_dim)
+            q = q.reshape(rows, kv_heads, -1, head_dim)
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
-            hidden = hidden + self.o[i](out.reshape(rows, -1))  # new: the embedding output stays untouched
-            x = post_norm(hidden)
-            gate_up = self.gate_up[i]
-            if gate_up is not None:
-                gate, up = gate_up(x).chunk(2, dim=-1)
-                hidden.add_(self.down[i](layer.mlp.act_fn(gate).mul_(up)))
+            hidden = _add_projection(plan.o, hidden, out.reshape(rows, -1))  # new: the embedding stays untouched
+            x = plan.post_norm(hidden)
+            if plan.gate_up is not None:
+                gate, up = plan.gate_up(x).chunk(2, dim=-1)
+                hidden = _add_projection(plan.down, hidden, plan.act_fn(gate).mul_(up))
             else:
-                hidden.add_(layer.mlp(x))
+                hidden = hidden + plan.mlp(x)
         return self.lm_head(self.final_norm(hidden))
+
+
+def _add_projection(projection: Any, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``residual + projection(x)``: one ``addmm`` where the weight is kept transposed and has no bias."""
+    if isinstance(projection, _Linear) and projection.weight_t is not None and projection.bias is None:
+        return torch.addmm(residual, x, projection.weight_t)
+    return residual + projection(x)
+
+
+@dataclass
+class _LayerPlan:
+    """One decoder layer's decode-step callables, resolved once per layout (no attribute walks per token)."""
+
+    attn: Any
+    mlp: Any
+    head_dim: int
+    kv_heads: int
+    in_norm: Any
+    post_norm: Any
+    qkv: _Linear | None
+    o: Any
+    gate_up: _Linear | None
+    down: Any
+    act_fn: Any
 
 
 __all__ = ["LlamaStyleDecodeStep", "SUPPORTED_MODEL_TYPES", "MAX_FUSED_BYTES", "MIN_PACKED_NUMEL"]

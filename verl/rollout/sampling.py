@@ -80,14 +80,14 @@ def sample_step(
             logits = logits.float()
         # Argmax of the raw logits, exactly as HF greedy search does, so near-ties break the same way.
         tokens = logits.argmax(-1)
-        logp = logits.log_softmax(-1)
-    else:
-        # softmax rather than exp(logp): on CPU, exp of the very negative log-probs of a peaked
-        # distribution (a trained policy) takes a slow path, ~10x a softmax of the same row.
-        filtered = _filtered_logits(logits, temperature, top_k, top_p)
-        logp = filtered.log_softmax(-1)
-        tokens = sample_from_probs(filtered.softmax(-1), generator)
-    return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        return tokens, logits.log_softmax(-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    # softmax rather than exp(logp): on CPU, exp of the very negative log-probs of a peaked distribution
+    # (a trained policy) takes a slow path, ~10x a softmax of the same row.
+    probs = _filtered_logits(logits, temperature, top_k, top_p).softmax(-1)
+    tokens = sample_from_probs(probs, generator)
+    # The log of the sampled token's probability instead of a log_softmax over the vocabulary: a sampled token
+    # has p > 0 and softmax keeps p's relative precision, so the two agree to float rounding.
+    return tokens, probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).log()
 
 
 __all__ = ["filtered_logprobs", "sample_from_logprobs", "sample_from_probs", "sample_step"]

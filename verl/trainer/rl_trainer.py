@@ -751,7 +751,10 @@ class RLTrainer(TrainerRuntime):
 
         With a token budget the rows are grouped by length and trimmed of padding; the [rows, r] results
         are padded back to the batch's response width (zeros) and returned in the batch's order."""
-        size = self.plans["actor"].micro_batch_size * 2  # no activations kept: twice the training micro size
+        # The update's micro-batch size, not a larger one: a matmul's float32 sums can depend on its row count
+        # (MKL on some CPUs), and with equal sizes the old and reference log-probs equal the update's first
+        # forward bit for bit (PPO's ratio starts at exactly 1, the KL to an identical reference at 0).
+        size = self.plans["actor"].micro_batch_size
         with no_grad_eval(model):
             if max_tokens is None:
                 return torch.cat([fn(mb) for mb in self._micro_batches(batch, size)], dim=0)
