@@ -2,8 +2,7 @@
 against verl's eager fast decode step (``HFKVCacheEngine``), on the same prompts, seed and sampler.
 
 The compiled step is written here, not in ``verl/``: it decides whether the option is worth having. It
-takes the eager step's fused projections (through ``F.linear``: inductor cannot take oneDNN's prepacked
-weights as inputs), keeps a KV cache of fixed shape
+takes the eager step's fused projections (as plain matmuls), keeps a KV cache of fixed shape
 [rows, kv_heads, prompt + new tokens, head_dim] written with ``index_copy_`` at a slot given as a
 tensor, and attends over the whole cache with a mask of the filled slots, so every step has the same
 shapes and one compiled graph serves the whole rollout (no eos stopping: rows are never dropped).
@@ -52,7 +51,8 @@ def static_decode_step(decode: Any) -> Any:
         return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
 
     def mm(x: torch.Tensor, lin: Any) -> torch.Tensor:
-        return F.linear(x, lin.weight, lin.bias)
+        out = x @ lin.weight if lin.transposed else F.linear(x, lin.weight)
+        return out if lin.bias is None else out + lin.bias
 
     def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x1, x2 = x.chunk(2, dim=-1)

@@ -1,5 +1,5 @@
-"""The decode step's weight layout: oneDNN-packed projections, F.rms_norm where exact, reused only while
-the weights are unchanged."""
+"""The decode step's weight layout (transposed projections, F.rms_norm's bits as one layer-norm kernel,
+a rotation table), reused only while the weights are unchanged."""
 
 from __future__ import annotations
 
@@ -16,35 +16,15 @@ from verl.rollout.fast_decode import (
     _decode_linear,
     _rms_norm,
     _RMSNormAsLayerNorm,
-    onednn_linear_ok,
 )
 
-needs_onednn = pytest.mark.skipif(not onednn_linear_ok(), reason="oneDNN's packed linear is not available here")
 
-
-@pytest.fixture(autouse=True)
-def _pack_every_size(monkeypatch, request):
-    """These tests exercise the packed layout on small test models (by default only large weights are packed)."""
-    if "default_threshold" not in request.node.name:
-        monkeypatch.setattr("verl.rollout.fast_decode.MIN_PACKED_NUMEL", 0)
-
-
-@needs_onednn
-def test_default_threshold_packs_large_weights_only():
-    from verl.rollout.fast_decode import MIN_PACKED_NUMEL
-
-    small, large = torch.nn.Linear(64, 768), torch.nn.Linear(512, MIN_PACKED_NUMEL // 512)
-    assert _decode_linear([small]).packed is None  # oneDNN's per-call cost exceeds the matmul here
-    assert _decode_linear([large]).packed is not None
-
-
-@needs_onednn
 @pytest.mark.parametrize("rows", [1, 3, 5, 16, 40])
-def test_packed_projection_equals_f_linear_up_to_float32_rounding(rows):
+def test_transposed_projection_equals_f_linear_up_to_float32_rounding(rows):
     torch.manual_seed(0)
     q, k = torch.nn.Linear(256, 256), torch.nn.Linear(256, 128)
     lin = _decode_linear([q, k])
-    assert lin.packed is not None
+    assert lin.transposed and lin.weight.shape == (256, 384) and lin.weight.is_contiguous()
     x = torch.randn(rows, 256)
     with torch.inference_mode():
         got = lin(x)
@@ -55,25 +35,36 @@ def test_packed_projection_equals_f_linear_up_to_float32_rounding(rows):
     assert torch.allclose(got, want, rtol=0, atol=1e-5)
 
 
-def test_float64_projections_are_not_packed_and_give_f_linear_bits():
+def test_the_residual_add_rides_in_the_projections_addmm():
+    torch.manual_seed(0)
+    no_bias, with_bias = torch.nn.Linear(64, 48, bias=False), torch.nn.Linear(64, 48)
+    x, residual = torch.randn(7, 64), torch.randn(7, 48)
+    with torch.inference_mode():
+        for module in (no_bias, with_bias):
+            lin = _decode_linear([module])
+            torch.testing.assert_close(_add_projection(lin, residual, x), residual + module(x), rtol=1e-6, atol=1e-6)
+        # a module that is not in decode layout (LoRA, quantised) is called as it is
+        torch.testing.assert_close(_add_projection(with_bias, residual, x), residual + with_bias(x))
+
+
+def test_float64_projections_are_not_transposed_and_give_f_linear_bits():
     lin = _decode_linear([torch.nn.Linear(64, 32).double()])
-    assert lin.packed is None
+    assert not lin.transposed
     x = torch.randn(4, 64, dtype=torch.float64)
     assert torch.equal(lin(x), F.linear(x, lin.weight, lin.bias))
 
 
-@needs_onednn
-def test_float32_decode_step_runs_on_packed_weights():
+def test_float32_decode_step_runs_on_transposed_weights():
     model = make_model("qwen2", seed=1)
     step = LlamaStyleDecodeStep(model)
     with torch.inference_mode():
         step.prepare(32, torch.device("cpu"), torch.float32)
     projections = [lin for plan in step.plans for lin in (plan.qkv, plan.o, plan.gate_up, plan.down)]
-    assert all(lin.packed is not None for lin in projections + [step.lm_head])
+    assert all(lin.transposed for lin in projections + [step.lm_head])
 
 
 def test_greedy_equals_hf_generate_in_float64():
-    """float64 takes F.linear (no packing) and F.rms_norm's float64 probe."""
+    """float64 takes F.linear (no transposed copy) and the module's own RMS norm."""
     model = make_model("llama", seed=3).double()
     ids, mask = left_padded(LENGTHS, seed=6)
     engine = HFKVCacheEngine(model)
@@ -161,22 +152,6 @@ def test_rms_norm_as_layer_norm_equals_the_float64_rms_norm(offset):
     want = F.rms_norm(x.double(), (96,), weight.double(), 1e-6)
     assert got.shape == (16, 96)
     torch.testing.assert_close(got.double(), want, rtol=2e-6, atol=2e-6)
-
-
-def test_transposed_projection_and_its_residual_add_equal_f_linear(monkeypatch):
-    """CPU float32 weights too small to pack run as mm on a transposed copy; the residual add rides in addmm."""
-    monkeypatch.setattr("verl.rollout.fast_decode.MIN_PACKED_NUMEL", 1 << 30)
-    torch.manual_seed(0)
-    q, k = torch.nn.Linear(64, 64), torch.nn.Linear(64, 32)
-    with_bias = _decode_linear([q, k])
-    no_bias = _decode_linear([torch.nn.Linear(64, 48, bias=False)])
-    assert with_bias.packed is None and with_bias.weight_t.is_contiguous() and no_bias.weight_t is not None
-    x, residual = torch.randn(7, 64), torch.randn(7, 48)
-    with torch.inference_mode():
-        torch.testing.assert_close(with_bias(x), torch.cat([q(x), k(x)], dim=-1), rtol=1e-6, atol=1e-6)
-        want = residual + F.linear(x, no_bias.weight)
-        torch.testing.assert_close(_add_projection(no_bias, residual, x), want, rtol=1e-6, atol=1e-6)
-        torch.testing.assert_close(_add_projection(torch.nn.Linear(64, 48), residual, x).shape, want.shape)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

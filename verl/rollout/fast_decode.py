@@ -11,15 +11,14 @@ attention mask is the rollout's ready boolean mask.
 Where the modules are plain (``nn.Linear``, an RMSNorm that ``F.rms_norm`` reproduces bit for bit),
 their weights are laid out for decoding once and reused by every rollout until a weight changes:
 q/k/v and gate/up concatenated into one matmul each, and on CPU in float32 every projection
-(``lm_head`` included) prepacked for oneDNN (see :func:`_onednn_pack`; float32 throughout, equal to
-``F.linear`` up to rounding). Anything else (LoRA, quantised layers, another norm) is called as the
-module it is.
+(``lm_head`` included) kept as a contiguous [in, out] copy for a plain ``mm`` (see :class:`_Linear`).
+Anything else (LoRA, quantised layers, another norm) is called as the module it is.
 
 On a small model a decode step is a few dozen ops each costing more than its arithmetic, so on CPU
-the step also cuts the op count: projections too small to pack run as ``mm`` on a transposed copy
-(with the residual add folded into ``addmm``), RMS norms as one layer-norm kernel
-(:class:`_RMSNormAsLayerNorm`), and rotary as one batched matmul per layer (:meth:`_rotation_table`).
-Each agrees with the module it replaces to float32 rounding.
+the step also cuts the op count: ``o_proj`` and ``down_proj`` add into the residual inside their
+``addmm``, RMS norms run as one layer-norm kernel (:class:`_RMSNormAsLayerNorm`), and rotary as one
+batched matmul per layer (:meth:`LlamaStyleDecodeStep._rotation_table`). Each agrees with what it replaces
+to float32 rounding.
 
 The prefill always runs through the model's own ``forward``. :func:`LlamaStyleDecodeStep.supports`
 says whether a model qualifies; anything unusual (sliding windows, dynamic rotary scaling, module
@@ -35,75 +34,34 @@ import torch
 import torch.nn.functional as F
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
-# The decode layout copies the weights (fused, packed, plus a copy to check them against: about 2.7x the
-# parameters). That pays off on small models, where each kernel launch costs more than its math, and would
-# waste gigabytes on large ones, which are compute-bound anyway; above this many bytes of parameters the
-# projections run as they are.
+# The decode layout copies the weights (fused and transposed, plus a copy to check them against: about 2x
+# the parameters). That pays off on small models, where each kernel launch costs more than its math, and
+# would waste gigabytes on large ones, which are compute-bound anyway; above this many bytes of parameters
+# the projections run as they are.
 MAX_FUSED_BYTES = 256 * 2**20
-# oneDNN's packed linear has a larger fixed cost per call than MKL's; it wins once a weight is big enough
-# that streaming it dominates (crossover ~50k-200k elements at 16 rows on this project's CPU,
-# docs/performance.md). Smaller projections (the tiny test models) keep ``F.linear``.
-MIN_PACKED_NUMEL = 1 << 16
 ROTATION_TABLE_BYTES = 8 * 2**20
 _DYNAMIC_ROPE = ("dynamic", "longrope")
 
 
 @dataclass
 class _Linear:
-    """One projection in decode layout: ``weight`` [out, in] and, on CPU in float32, oneDNN's blocked copy."""
+    """One projection in decode layout: ``x @ weight`` with ``weight`` [in, out] contiguous on CPU in float32
+    (``transposed``), ``F.linear(x, weight)`` with ``weight`` [out, in] elsewhere.
+
+    On CPU, MKL multiplies a few rows by a plain [in, out] matrix ~1.7x faster than ``F.linear`` does with
+    the module's [out, in] weight as a transposed operand, and faster than oneDNN's prepacked linear
+    (``benchmarks/decode_matmul.py``; figures in docs/performance.md). The sums are ordered differently, so
+    results differ from ``F.linear`` by float32 rounding, as between batch sizes.
+    """
 
     weight: torch.Tensor
     bias: torch.Tensor | None
-    packed: torch.Tensor | None
-    weight_t: torch.Tensor | None = None
+    transposed: bool
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        if self.weight_t is not None:
-            return torch.mm(x, self.weight_t) if self.bias is None else torch.addmm(self.bias, x, self.weight_t)
+        if self.transposed:
+            return torch.mm(x, self.weight) if self.bias is None else torch.addmm(self.bias, x, self.weight)
         return F.linear(x, self.weight, self.bias)
-
-
-_ONEDNN_OK: dict[str, bool] = {}
-
-
-def onednn_linear_ok() -> bool:
-    """Whether oneDNN's prepacked float32 linear runs here and agrees with ``F.linear`` up to rounding.
-
-    Probed once per float32 math mode: a bf16/tf32 mode (``torch.backends.mkldnn.matmul.fp32_precision``)
-    or a torch build without these ops turns the packed path off.
-    """
-    mode = str(getattr(getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision", ""))
-    if mode not in _ONEDNN_OK:
-        ok = torch.backends.mkldnn.is_available()
-        if ok:
-            g = torch.Generator().manual_seed(0)
-            weight, bias, x = (torch.randn(96, 64, generator=g), torch.randn(96, generator=g),
-                               torch.randn(16, 64, generator=g))
-            try:
-                got = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(weight),
-                                                         bias, "none", [], "")
-            except (AttributeError, RuntimeError):
-                ok = False
-            else:
-                ok = torch.allclose(got, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
-        _ONEDNN_OK[mode] = ok
-    return _ONEDNN_OK[mode]
-
-
-def _onednn_pack(weight: torch.Tensor) -> torch.Tensor | None:
-    """oneDNN's prepacked copy of a float32 CPU weight, or None where unavailable.
-
-    The blocked layout streams from memory faster than MKL's ``F.linear`` reads a weight once the model
-    outgrows the cache (a decode step reads every weight for a handful of rows; figures in
-    docs/performance.md). Its float32 sums are ordered differently, so results differ from
-    ``F.linear`` by rounding (~1e-6 relative), as any change of batch size or BLAS does.
-    """
-    if (weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.numel() < MIN_PACKED_NUMEL
-            or not onednn_linear_ok()):
-        return None
-    return torch.ops.mkldnn._reorder_linear_weight(weight)
 
 
 def _decode_linear(modules: list[Any]) -> _Linear | None:
@@ -116,10 +74,9 @@ def _decode_linear(modules: list[Any]) -> _Linear | None:
     weight = torch.cat([m.weight for m in modules], dim=0) if len(modules) > 1 else modules[0].weight
     bias = (torch.cat([m.bias for m in modules], dim=0) if len(modules) > 1 else modules[0].bias) \
         if all(has_bias) else None
-    packed = _onednn_pack(weight)
-    transposed = (weight.t().contiguous() if packed is None and weight.device.type == "cpu"
-                  and weight.dtype == torch.float32 else None)
-    return _Linear(weight, bias, packed, transposed)
+    if weight.device.type == "cpu" and weight.dtype == torch.float32:
+        return _Linear(weight.detach().t().contiguous(), bias, transposed=True)
+    return _Linear(weight, bias, transposed=False)
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -345,8 +302,8 @@ class LlamaStyleDecodeStep:
 
 def _add_projection(projection: Any, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``residual + projection(x)``: one ``addmm`` where the weight is kept transposed and has no bias."""
-    if isinstance(projection, _Linear) and projection.weight_t is not None and projection.bias is None:
-        return torch.addmm(residual, x, projection.weight_t)
+    if isinstance(projection, _Linear) and projection.transposed and projection.bias is None:
+        return torch.addmm(residual, x, projection.weight)
     return residual + projection(x)
 
 
@@ -367,4 +324,4 @@ class _LayerPlan:
     act_fn: Any
 
 
-__all__ = ["LlamaStyleDecodeStep", "SUPPORTED_MODEL_TYPES", "MAX_FUSED_BYTES", "MIN_PACKED_NUMEL"]
+__all__ = ["LlamaStyleDecodeStep", "SUPPORTED_MODEL_TYPES", "MAX_FUSED_BYTES"]
