@@ -1,5 +1,5 @@
-"""The decode step's weight layout (transposed projections, F.rms_norm's bits as one layer-norm kernel,
-a rotation table), reused only while the weights are unchanged."""
+"""The decode step's weight layout (transposed projections, F.rms_norm's bits as one layer-norm kernel),
+reused only while the weights are unchanged."""
 
 from __future__ import annotations
 
@@ -152,26 +152,6 @@ def test_rms_norm_as_layer_norm_equals_the_float64_rms_norm(offset):
     want = F.rms_norm(x.double(), (96,), weight.double(), 1e-6)
     assert got.shape == (16, 96)
     torch.testing.assert_close(got.double(), want, rtol=2e-6, atol=2e-6)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_rotation_table_equals_the_models_rotary_embedding(dtype):
-    """x @ rotations[p] is the model's own apply_rotary_pos_emb at position p."""
-    from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
-
-    model = make_model("qwen2", seed=2).to(dtype)
-    step = LlamaStyleDecodeStep(model)
-    with torch.inference_mode():
-        step.prepare(40, torch.device("cpu"), dtype)
-        assert step.rotations is not None
-        positions = torch.tensor([0, 3, 17, 39])
-        q = torch.randn(4, 1, 5, step.cos.shape[-1], dtype=dtype)  # [rows, heads=1 (HF layout), ..]
-        q = q.transpose(1, 2)  # [rows, 5 heads, 1 token, D]
-        cos, sin = model.model.rotary_emb(q, positions[:, None])
-        want, _ = apply_rotary_pos_emb(q, q, cos, sin)
-        got = torch.bmm(q[:, :, 0], step.rotations[positions])
-    tol = 1e-6 if dtype == torch.float32 else 1e-12
-    torch.testing.assert_close(got, want[:, :, 0], rtol=tol, atol=tol)
 
 
 def test_a_model_cast_between_rollouts_is_used():

@@ -16,9 +16,8 @@ Anything else (LoRA, quantised layers, another norm) is called as the module it 
 
 On a small model a decode step is a few dozen ops each costing more than its arithmetic, so on CPU
 the step also cuts the op count: ``o_proj`` and ``down_proj`` add into the residual inside their
-``addmm``, RMS norms run as one layer-norm kernel (:class:`_RMSNormAsLayerNorm`), and rotary as one
-batched matmul per layer (:meth:`LlamaStyleDecodeStep._rotation_table`). Each agrees with what it replaces
-to float32 rounding.
+``addmm`` and RMS norms run as one layer-norm kernel (:class:`_RMSNormAsLayerNorm`). Each agrees with
+what it replaces to float32 rounding.
 
 The prefill always runs through the model's own ``forward``. :func:`LlamaStyleDecodeStep.supports`
 says whether a model qualifies; anything unusual (sliding windows, dynamic rotary scaling, module
@@ -39,7 +38,6 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 # would waste gigabytes on large ones, which are compute-bound anyway; above this many bytes of parameters
 # the projections run as they are.
 MAX_FUSED_BYTES = 256 * 2**20
-ROTATION_TABLE_BYTES = 8 * 2**20
 _DYNAMIC_ROPE = ("dynamic", "longrope")
 
 
@@ -193,7 +191,6 @@ class LlamaStyleDecodeStep:
         self.signed_sin = self.sin * sign
         params = list(self.model.parameters())
         plain = sum(p.numel() * p.element_size() for p in params) <= MAX_FUSED_BYTES
-        self.rotations = self._rotation_table() if plain and device.type == "cpu" else None
         if self._layout_is_current(params, dtype):
             return
         self.plans: list[_LayerPlan] = []
@@ -235,21 +232,6 @@ class LlamaStyleDecodeStep:
                 and all(a is b for a, b in zip(built_params, params, strict=True))
                 and all(_same_layout(p, v) and torch.equal(p, v) for p, v in zip(params, values, strict=True)))
 
-    def _rotation_table(self) -> torch.Tensor | None:
-        """rotations[p] [D, D] with ``x @ rotations[p] == x * cos[p] + swap_halves(x) * signed_sin[p]``.
-
-        On a small model each op of a decode step costs more than its math: one batched matmul per layer
-        replaces rotary's five elementwise ops (the step gathers each row's [D, D] once). Only for head
-        dims up to 64 and tables up to ``ROTATION_TABLE_BYTES``, where that gather stays small.
-        """
-        positions, dim = self.cos.shape
-        if dim > 64 or positions * dim * dim * self.cos.element_size() > ROTATION_TABLE_BYTES:
-            return None
-        half = dim // 2
-        eye = torch.eye(dim, device=self.cos.device, dtype=self.cos.dtype)
-        swap = torch.cat([eye[half:], eye[:half]])  # row j is e_{(j + half) % dim}: x_j feeds out_{(j+half)%dim}
-        return eye * self.cos[:, None, :] + swap * self.signed_sin[:, None, :]
-
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x1, x2 = x.chunk(2, dim=-1)
         return x * cos + torch.cat([x2, x1], dim=-1) * sin
@@ -264,20 +246,15 @@ class LlamaStyleDecodeStep:
         """
         rows = tokens.shape[0]
         hidden = self.embed(tokens)  # [A, H]
-        if self.rotations is not None:
-            rot = self.rotations[positions]
-            rope = lambda x: torch.bmm(x, rot)  # noqa: E731
-        else:
-            cos = self.cos[positions].unsqueeze(1)  # [A, 1, D]
-            sin = self.signed_sin[positions].unsqueeze(1)
-            rope = lambda x: self._rope(x, cos, sin)  # noqa: E731
+        cos = self.cos[positions].unsqueeze(1)  # [A, 1, D]
+        sin = self.signed_sin[positions].unsqueeze(1)
         for plan, cache_layer in zip(self.plans, cache.layers, strict=True):
             attn, head_dim, kv_heads = plan.attn, plan.head_dim, plan.kv_heads
             x = plan.in_norm(hidden)
             if plan.qkv is not None:
                 states = plan.qkv(x).view(rows, -1, head_dim)
                 q_heads = states.shape[1] - 2 * kv_heads
-                qk = rope(states[:, : q_heads + kv_heads])
+                qk = self._rope(states[:, : q_heads + kv_heads], cos, sin)
                 q, k = qk[:, :q_heads], qk[:, q_heads:]
                 v = states[:, q_heads + kv_heads:]
             else:
@@ -286,7 +263,7 @@ class LlamaStyleDecodeStep:
                 v = attn.v_proj(x).view(rows, -1, head_dim)
                 if hasattr(attn, "q_norm"):
                     q, k = attn.q_norm(q), attn.k_norm(k)
-                q, k = rope(q), rope(k)
+                q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             keys, values = cache_layer.update(k.unsqueeze(2), v.unsqueeze(2))
             q = q.reshape(rows, kv_heads, -1, head_dim)
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
