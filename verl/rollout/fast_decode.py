@@ -126,6 +126,30 @@ def _rms_norm(module: torch.nn.Module, dtype: torch.dtype) -> Any:
     return lambda x: F.rms_norm(x, shape, weight, eps)
 
 
+def _add_projection(projection: Any, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``residual + projection(x)``: one ``addmm`` where the weight is kept transposed and has no bias."""
+    if isinstance(projection, _Linear) and projection.transposed and projection.bias is None:
+        return torch.addmm(residual, x, projection.weight)
+    return residual + projection(x)
+
+
+@dataclass
+class _LayerPlan:
+    """One decoder layer's decode-step callables, resolved once per layout (no attribute walks per token)."""
+
+    attn: Any
+    mlp: Any
+    head_dim: int
+    kv_heads: int
+    in_norm: Any
+    post_norm: Any
+    qkv: _Linear | None
+    o: Any
+    gate_up: _Linear | None
+    down: Any
+    act_fn: Any
+
+
 class LlamaStyleDecodeStep:
     """Runs one decode step of a supported model against a rollout cache (see ``hf_engine``).
 
@@ -190,9 +214,9 @@ class LlamaStyleDecodeStep:
         sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(device=device, dtype=self.sin.dtype)
         self.signed_sin = self.sin * sign
         params = list(self.model.parameters())
-        plain = sum(p.numel() * p.element_size() for p in params) <= MAX_FUSED_BYTES
         if self._layout_is_current(params, dtype):
             return
+        plain = sum(p.numel() * p.element_size() for p in params) <= MAX_FUSED_BYTES
         self.plans: list[_LayerPlan] = []
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -207,7 +231,7 @@ class LlamaStyleDecodeStep:
                 gate_up=_decode_linear([mlp.gate_proj, mlp.up_proj]) if mlp_plain else None,
                 down=(_decode_linear([mlp.down_proj]) if mlp_plain else None) or getattr(mlp, "down_proj", None),
                 act_fn=getattr(mlp, "act_fn", None)))
-        embed = self.base.embed_tokens
+        embed = self.base.embed_tokens  # the plain lookup without nn.Module's call overhead, once per token
         self.embed = ((lambda ids: F.embedding(ids, embed.weight)) if type(embed) is torch.nn.Embedding
                       and embed.max_norm is None else embed)
         self.final_norm = _rms_norm(self.base.norm, dtype)
@@ -275,30 +299,6 @@ class LlamaStyleDecodeStep:
             else:
                 hidden = hidden + plan.mlp(x)
         return self.lm_head(self.final_norm(hidden))
-
-
-def _add_projection(projection: Any, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``residual + projection(x)``: one ``addmm`` where the weight is kept transposed and has no bias."""
-    if isinstance(projection, _Linear) and projection.transposed and projection.bias is None:
-        return torch.addmm(residual, x, projection.weight)
-    return residual + projection(x)
-
-
-@dataclass
-class _LayerPlan:
-    """One decoder layer's decode-step callables, resolved once per layout (no attribute walks per token)."""
-
-    attn: Any
-    mlp: Any
-    head_dim: int
-    kv_heads: int
-    in_norm: Any
-    post_norm: Any
-    qkv: _Linear | None
-    o: Any
-    gate_up: _Linear | None
-    down: Any
-    act_fn: Any
 
 
 __all__ = ["LlamaStyleDecodeStep", "SUPPORTED_MODEL_TYPES", "MAX_FUSED_BYTES"]
