@@ -146,6 +146,16 @@ def test_no_grad_passes_with_a_token_budget_match_the_plain_pass(tmp_path):
     assert bool((budgeted[~mask] == 0).all())
 
 
+def test_no_grad_passes_run_micro_batches_of_the_update_size(tmp_path):
+    """Old and reference log-probs come from forwards of the update's row count: a float32 matmul's sums can
+    depend on its row count (MKL on some CPUs), and only equal sizes keep PPO's first ratio at exactly 1."""
+    trainer = _trainer(tmp_path, "actor.micro_batch_size=4")
+    batch = trainer.get_batch()
+    sizes = []
+    trainer.forward_in_micro_batches(trainer.model, batch, lambda mb: sizes.append(len(mb)) or torch.zeros(len(mb), 1))
+    assert len(batch) == 16 and sizes == [4, 4, 4, 4]
+
+
 def test_entropy_for_logging_builds_no_autograd_graph(tmp_path):
     trainer = _trainer(tmp_path)
     batch = _batch(trainer, equal_groups=())
