@@ -151,6 +151,19 @@ def test_tensorboard_backend_logs_samples_as_text(tmp_path):
     assert "val/samples/text_summary" in events.Tags()["tensors"]
 
 
+def test_wandb_backend_logs_samples_as_a_table_offline(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")  # writes under the run dir, reaches no server
+    tracker = Tracker(["wandb"], tmp_path, config={"actor": {"lr": 0.001}}, project="verl-test", experiment="e1")
+    tracker.log({"reward/mean": 0.5, "nan_metric": float("nan")}, 1)
+    tracker.log_samples(SAMPLES[:2], 2)
+    tracker.close()
+    (table,) = (tmp_path / "wandb").glob("offline-run-*/files/media/table/val/samples_*.table.json")
+    logged = json.loads(table.read_text())
+    assert logged["columns"][:3] == ["step", "prompt", "response"]
+    assert [row[:2] for row in logged["data"]] == [[2, "0+1="], [2, "1+1="]]
+
+
 def test_plot_png_has_labelled_axes(tmp_path):
     pytest.importorskip("matplotlib")
     from verl.tracking.plot import png_figure
