@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_dpo import ROWS, make_config, tiny  # noqa: F401 - the module-scoped model fixture
 
-from verl.trainer.dpo_trainer import DPOTrainer
+from verl.trainer.dpo_trainer import DPOTrainer, PairBatch
 
 
 def _trainer(tiny, share: bool, **actor):  # noqa: F811
@@ -22,7 +22,7 @@ def test_shared_pair_logps_and_gradients_equal_the_concatenated_forward(tiny):  
     tr = _trainer(tiny, share=True)
     items = [tr.train_data[i] for i in range(6)]
     batch = tr.pair_batch(items)
-    assert "shared_prompt" in batch
+    assert batch.share
     forwards = []
     hook = tr.model.register_forward_hook(lambda *a: forwards.append(1))
 
@@ -34,8 +34,8 @@ def test_shared_pair_logps_and_gradients_equal_the_concatenated_forward(tiny):  
 
     got_lp, got = run(batch)
     assert len(forwards) == 2  # prompts once, then both answers
-    plain = {k: v for k, v in batch.items() if k != "shared_prompt"}
-    want_lp, want = run(plain)
+    assert "collated" not in vars(batch)  # the concatenated layout was never built
+    want_lp, want = run(PairBatch(items, tr.pad_id, share=False))
     hook.remove()
     assert got_lp.shape == (12,)
     torch.testing.assert_close(got_lp, want_lp, rtol=1e-5, atol=1e-5)
@@ -62,8 +62,7 @@ def test_pairs_without_a_common_prefix_and_one_token_answers(tiny):  # noqa: F81
     layout = shared_pair_layout(items, 0)
     assert layout["prompt_ids"].tolist() == [[0, 0, 5], [5, 6, 7], [0, 0, 8], [5, 6, 7]]
     assert layout["targets"].tolist() == [[6, 7], [8, -100], [9, -100], [9, -100]]
-    batch = tr.pair_batch(items)
     tr.model.zero_grad(set_to_none=True)
-    got = tr.sequence_logps(tr.model, batch)
-    want = tr.sequence_logps(tr.model, {k: v for k, v in batch.items() if k != "shared_prompt"})
+    got = tr.sequence_logps(tr.model, tr.pair_batch(items))
+    want = tr.sequence_logps(tr.model, PairBatch(items, tr.pad_id, share=False))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

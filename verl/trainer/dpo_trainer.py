@@ -11,6 +11,7 @@ model is freed. The loss formula is `verl.algorithms.dpo_loss`; this file only f
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -69,6 +70,26 @@ def shared_sequence_logps(model: torch.nn.Module, layout: Mapping[str, torch.Ten
     logprobs = token_logprobs(logits[has].float(), t["targets"][has])
     rows = has.nonzero()[:, 0]
     return torch.zeros(len(has), dtype=logprobs.dtype, device=logprobs.device).index_add(0, rows, logprobs)
+
+
+class PairBatch:
+    """The pairs of one micro-batch, laid out on first use in the form a forward takes: ``collated`` (chosen
+    then rejected rows, left-padded to one width: [2m, L]) or ``shared`` (each pair's prompt once, see
+    :func:`shared_pair_layout`; None when the shared-prompt forward is off). The policy and reference passes
+    use the same object, so each layout is built at most once and the unused one never."""
+
+    def __init__(self, items: Sequence[PairItem], pad_id: int, *, share: bool) -> None:
+        self.items, self.pad_id, self.share = items, pad_id, share
+
+    @functools.cached_property
+    def collated(self) -> dict[str, Any]:
+        seqs = [[(it[f"{side}_input_ids"], shifted_targets(it[f"{side}_labels"]))]
+                for side in ("chosen", "rejected") for it in self.items]
+        return collate_sequences(seqs, self.pad_id, packed=False)
+
+    @functools.cached_property
+    def shared(self) -> dict[str, torch.Tensor] | None:
+        return shared_pair_layout(self.items, self.pad_id) if self.share else None
 
 
 class DPOTrainer(OfflineTrainer):
@@ -138,25 +159,18 @@ class DPOTrainer(OfflineTrainer):
                                given=given)
 
     # ------------------------------------------------------------------ log-probs
-    def pair_batch(self, items: Sequence[PairItem]) -> dict[str, Any]:
-        """Chosen then rejected sequences of `items`, left-padded to one width: [2m, L]."""
-        seqs = [[(it[f"{side}_input_ids"], shifted_targets(it[f"{side}_labels"]))]
-                for side in ("chosen", "rejected") for it in items]
-        batch = collate_sequences(seqs, self.pad_id, packed=False)
-        if self.config.actor.share_prompt_forward:
-            batch["shared_prompt"] = shared_pair_layout(items, self.pad_id)
-        return batch
+    def pair_batch(self, items: Sequence[PairItem]) -> PairBatch:
+        return PairBatch(items, self.pad_id, share=self.config.actor.share_prompt_forward)
 
-    def sequence_logps(self, model: torch.nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
+    def sequence_logps(self, model: torch.nn.Module, batch: PairBatch) -> torch.Tensor:
         """Sum of response-token log-probs per sequence: [2m] (chosen first), differentiable.
 
         With `actor.share_prompt_forward` a pair's prompt runs once and both answers on its cached
         keys/values (same sums and gradients as the concatenated forward)."""
-        shared = batch.get("shared_prompt")
-        if shared is not None and can_share_prompt(model):
-            return shared_sequence_logps(model, shared, self.device)
-        logprobs, rows = target_logprobs(model, batch, self.device)
-        n = batch["input_ids"].shape[0]
+        if batch.share and can_share_prompt(model):
+            return shared_sequence_logps(model, batch.shared, self.device)
+        logprobs, rows = target_logprobs(model, batch.collated, self.device)
+        n = batch.collated["input_ids"].shape[0]
         return torch.zeros(n, dtype=logprobs.dtype, device=logprobs.device).index_add(0, rows, logprobs)
 
     def _lengths(self, items: Sequence[PairItem]) -> torch.Tensor:
@@ -177,7 +191,7 @@ class DPOTrainer(OfflineTrainer):
                 out.append(torch.stack(logps.float().chunk(2), dim=1))
         return torch.cat(out).cpu()
 
-    def reference_logps(self, split: str, indices: Sequence[int], batch: Mapping[str, Any]) -> torch.Tensor:
+    def reference_logps(self, split: str, indices: Sequence[int], batch: PairBatch) -> torch.Tensor:
         """[m, 2] reference sums, from the precomputed table or a no-grad pass of the frozen reference."""
         if split in self.ref_logps:
             return self.ref_logps[split][list(indices)].to(self.device)
