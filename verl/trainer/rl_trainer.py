@@ -424,9 +424,10 @@ class RLTrainer(TrainerRuntime):
         """Whether the policy update's own forward does the drift check, saving a forward pass: a single
         on-policy step (no old log-probs, so that forward runs on the weights that sampled), dropout off
         (its train-mode forward is then the sampler's eval-mode one), the update runs this step, and it is
-        this class's (a subclass's own update_policy would not check)."""
+        this class's (a subclass's own update_policy, or an optimize that may not call before_step, would not
+        check)."""
         return (not self.needs_old_logprobs and self.config.actor.disable_dropout and self.updates_actor
-                and type(self).update_policy is RLTrainer.update_policy)
+                and type(self).update_policy is RLTrainer.update_policy and type(self).optimize is RLTrainer.optimize)
 
     @property
     def updates_actor(self) -> bool:
