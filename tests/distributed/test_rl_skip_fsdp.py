@@ -65,23 +65,21 @@ def _shared_and_plain_actor_step(tmp_path, **common):
     return shared, plain
 
 
-def test_shared_prompt_forward_on_two_ranks_gives_the_unshared_gradient(tmp_path):
-    _shared_and_plain_actor_step(tmp_path, micro_batch_size=2, entropy_coef=0.01)  # a group per micro-batch
-
-
-def test_shared_prompt_critic_on_two_ranks_gives_the_unshared_gradient(tmp_path):
-    common = {"algorithm": {"adv_estimator": "gae"}}
-    verl_train(_config(tmp_path, "shared", critic={"share_prompt_forward": True, "micro_batch_size": 2}, **common),
-               tmp_path, nproc=2)
-    verl_train(_config(tmp_path, "plain", critic={"share_prompt_forward": False, "micro_batch_size": 2}, **common),
-               tmp_path, nproc=2)
-    # step 1: the value head starts at 0, so only the head has a gradient; step 2 (same rollouts: the actor's
-    # step-1 update saw zero values either way) sends the gradient through the backbone and the shared cache
+def test_shared_prompt_actor_and_critic_on_two_ranks_give_the_unshared_gradients(tmp_path):
+    """GAE with a critic: the policy and the critic each with and without the shared-prompt forward."""
+    common = {"algorithm": {"adv_estimator": "gae"}, "micro_batch_size": 2, "entropy_coef": 0.01}  # a group per mb
+    verl_train(_config(tmp_path, "shared", critic={"share_prompt_forward": True, "micro_batch_size": 2},
+                       share_prompt_forward=True, **common), tmp_path, nproc=2)
+    verl_train(_config(tmp_path, "plain", critic={"share_prompt_forward": False, "micro_batch_size": 2},
+                       share_prompt_forward=False, **common), tmp_path, nproc=2)
+    # step 1: the value head starts at 0, so only the head has a gradient; step 2 (same rollouts: the weights
+    # differ by float32 rounding at most) sends the critic's gradient through the backbone and the shared cache
     for shared, plain in zip(metrics(tmp_path / "shared"), metrics(tmp_path / "plain"), strict=True):
         assert shared["reward/mean"] == plain["reward/mean"]
-        assert shared["critic/grad_norm"] > 0
-        assert shared["critic/grad_norm"] == pytest.approx(plain["critic/grad_norm"], rel=1e-5)
-        assert shared["critic/vf_loss"] == pytest.approx(plain["critic/vf_loss"], rel=1e-5, abs=1e-7)
+        for role, loss in (("actor", "pg_loss"), ("critic", "vf_loss")):
+            assert shared[f"{role}/grad_norm"] > 0
+            assert shared[f"{role}/grad_norm"] == pytest.approx(plain[f"{role}/grad_norm"], rel=1e-5)
+            assert shared[f"{role}/{loss}"] == pytest.approx(plain[f"{role}/{loss}"], rel=1e-5, abs=1e-7)
 
 
 def test_shared_prompt_lora_policy_and_reference_on_two_ranks_give_the_unshared_gradient(tmp_path):
