@@ -13,8 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from verl.algorithms.estimators import ESTIMATORS
 from verl.errors import ConfigError, DeviceMappingError
 from verl.utils.dtype import canonical_dtype_name, dtype_aliases
+
+CRITIC_FREE = tuple(name for name, estimator in ESTIMATORS.items() if not estimator.needs_critic)
 
 ROLES: tuple[str, ...] = ("actor", "critic", "ref", "reward")
 """Fixed role order: process groups are created and batches moved in this order on every rank."""
@@ -180,7 +183,7 @@ def validate_device_mapping(
                 problems.append(
                     "devices.critic is empty, but the advantage estimator (gae) needs a critic. Fix: give the "
                     "critic ranks (e.g. devices.critic=[0]) or leave it unset to colocate it on every rank, "
-                    "or use a critic-free estimator (grpo, rloo, reinforce_plus_plus)."
+                    f"or use a critic-free estimator ({', '.join(CRITIC_FREE)})."
                 )
             else:
                 problems.append(
