@@ -137,15 +137,3 @@ def test_file_only_problems_do_not_mention_the_command_line(tmp_path):
         load_config(path, [])
     assert str(err.value).startswith(f"{path} has 1 problem(s)") and "command line" not in str(err.value)
 
-
-@pytest.mark.parametrize("key,theirs,ours", [
-    ("algorithm.adv_estimator", "reinforce_plus_plus", "reinforce_pp"),
-    ("actor.kl_loss_type", "low_var_kl", "k3"), ("actor.kl_loss_type", "mse", "k2"),
-    ("algorithm.kl_type", "kl", "k1"), ("algorithm.kl_type", "abs", "abs"),
-])
-def test_volcengine_verl_names_are_accepted_as_ours(key, theirs, ours):
-    section, name = key.split(".")
-    config = load_config(overrides=[f"{key}={theirs}"])
-    assert getattr(getattr(config, section), name) == ours
-    yaml_text = config_to_yaml(config)
-    assert f"{name}: {ours}" in yaml_text  # saved (and so resumed) under our name

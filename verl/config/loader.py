@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from verl.config.schema import RunConfig
+from verl.config.verl_keys import verl_key_hint
 from verl.errors import ConfigError
 
 # Flags from the deployment guides users already have in their scripts -> our dotted keys.
@@ -120,7 +121,8 @@ def command_line_origin(dotted: str, origins: Mapping[str, str]) -> str | None:
     return None
 
 
-def _describe(error: Mapping[str, Any], origins: Mapping[str, str] = {}) -> str:  # noqa: B006 (read only)
+def _describe(error: Mapping[str, Any], origins: Mapping[str, str] = {},  # noqa: B006 (read only)
+              tree: Mapping[str, Any] = {}) -> str:  # noqa: B006
     loc = [p for p in error["loc"] if not (isinstance(p, str) and ("[" in p or p in {"bool", "function-after"}))]
     dotted = ".".join(str(p) for p in loc)
     origin = command_line_origin(dotted, origins)
@@ -128,11 +130,13 @@ def _describe(error: Mapping[str, Any], origins: Mapping[str, str] = {}) -> str:
     if error["type"] == "extra_forbidden":
         known = _fields_at(loc[:-1])
         close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.5)
-        hint = f" Did you mean '{'.'.join([*map(str, loc[:-1]), close[0]])}'?" if close else ""
+        hint = verl_key_hint(tree, loc) or (f" Did you mean '{'.'.join([*map(str, loc[:-1]), close[0]])}'?"
+                                            if close else "")
         return f"{dotted}: unknown key{where}.{hint} Valid keys here: {', '.join(known)}"
     value = error.get("input")
     shown = f" (got {value!r})" if not isinstance(value, (dict, list)) else ""
-    return f"{dotted}: {error['msg']}{shown}{where}"
+    hint = verl_key_hint(tree, loc) if isinstance(value, Mapping) else ""  # e.g. verl's algorithm.kl_ctrl section
+    return f"{dotted}: {error['msg']}{shown}{where}.{hint}" if hint else f"{dotted}: {error['msg']}{shown}{where}"
 
 
 def build_config(tree: Mapping[str, Any], *, source: str = "config",
@@ -146,7 +150,7 @@ def build_config(tree: Mapping[str, Any], *, source: str = "config",
     try:
         return RunConfig.model_validate(dict(tree))
     except ValidationError as exc:
-        lines = [_describe(e, origins or {}) for e in exc.errors()]
+        lines = [_describe(e, origins or {}, tree) for e in exc.errors()]
         error = ConfigError(f"{source} has {len(lines)} problem(s):\n" + "\n".join(f"  - {line}" for line in lines))
         error.problems = lines  # one per problem, for a caller that adds its own
         raise error from None

@@ -104,6 +104,21 @@ def check_demo_env(config: RunConfig) -> list[VerlError]:
                         f"{name!r}. Set env.name: {want}, or remove trainer.demo to train this config normally.")]
 
 
+def check_response_length(config: RunConfig, kind: str) -> list[VerlError]:
+    """`data.max_response_length` sizes SFT/DPO data; an RL response is `rollout.max_new_tokens` long. In
+    volcengine/verl `data.max_response_length` is the rollout's length, so a value that is neither our
+    default nor `rollout.max_new_tokens` in an RL run is most likely meant for the rollout: refused, not
+    silently ignored."""
+    length, new_tokens = config.data.max_response_length, config.rollout.max_new_tokens
+    default = type(config.data).model_fields["max_response_length"].default
+    if kind != "rl" or length in (default, new_tokens):
+        return []
+    return [ConfigError(f"data.max_response_length={length} does nothing in an RL run (it sizes SFT/DPO data); "
+                        f"responses are sampled up to rollout.max_new_tokens={new_tokens} tokens (volcengine/verl "
+                        f"calls that data.max_response_length). Fix: set rollout.max_new_tokens={length} and "
+                        "remove data.max_response_length")]
+
+
 def check_startup(config: RunConfig, *, world_size: int, model_path: str | None = None,
                   device_type: str | None = None, kind: str | None = None,
                   runs_split_placements: bool | None = None) -> StartupReport:
@@ -156,7 +171,7 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
                                               device_type=device_type)
     except VerlError as exc:
         problems.append(exc)
-    problems += check_demo_env(config)
+    problems += check_demo_env(config) + check_response_length(config, kind)
     lora = check_lora(config, model_path=model_path, mapping=report.mapping, kind=kind)
     problems += lora.problems
     report.parameters = lora.counts
