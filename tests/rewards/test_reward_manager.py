@@ -352,3 +352,30 @@ def test_spec_defaults() -> None:
         None,
         False,
     )
+
+
+VERL_STYLE = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """volcengine/verl's signature: the data_source comes first."""
+    if data_source != "openai/gsm8k":
+        raise NotImplementedError(data_source)
+    bonus = 0.5 if extra_info and extra_info.get("split") == "train" else 0.0
+    return float(solution_str.strip() == ground_truth) + bonus
+
+
+def compute_score_batched(data_sources, solution_strs, ground_truths, extra_infos):
+    return [{"score": float(s == g), "source_ok": float(d == "openai/gsm8k" and e["index"] >= 0)}
+            for d, s, g, e in zip(data_sources, solution_strs, ground_truths, extra_infos)]
+'''
+
+
+def test_a_volcengine_verl_compute_score_is_called_with_its_data_source_first(tmp_path: Path) -> None:
+    (tmp_path / "verl_reward.py").write_text(VERL_STYLE)
+    mgr = RewardManager([{"name": "verl_reward.py:compute_score"},
+                         {"name": "verl_reward.py:compute_score_batched", "batched": True}], base_dir=tmp_path)
+    metadata = [{"extra_info": {"split": "train", "index": 0}}, {"extra_info": {"split": "test", "index": 1}}]
+    result = mgr.score(["Q: 6*7?", "Q: 1+1?"], [" 42", "3"], ["42", "2"], metadata=metadata,
+                       data_sources=["openai/gsm8k", "openai/gsm8k"])
+    assert result.per_function["compute_score"].tolist() == [1.5, 0.0]  # not called with the prompt first
+    assert result.per_function["compute_score_batched"].tolist() == [0.0, 0.0]  # " 42" != "42" unstripped
+    assert result.metrics["reward/compute_score_batched/source_ok"] == 1.0

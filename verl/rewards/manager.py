@@ -41,6 +41,9 @@ class RewardResult:
     applied: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+VERL_SIGNATURE = ("data_source", "solution_str")
+
+
 @dataclass
 class _Loaded:
     spec: RewardFunctionSpec
@@ -49,6 +52,12 @@ class _Loaded:
     where: str
     positional: tuple[str, ...]  # names of the first three parameters (prompt, response, ground_truth)
     keyword_names: frozenset[str] | None  # None: accepts **kwargs, so every metadata key is passed
+
+    @property
+    def verl_style(self) -> bool:
+        """volcengine/verl's signature, `compute_score(data_source, solution_str, ground_truth, extra_info)`
+        (batched: the plurals): called with the sample's data_source first, not its prompt."""
+        return self.positional[:2] in (VERL_SIGNATURE, tuple(f"{n}s" for n in VERL_SIGNATURE))
 
     def applies(self, data_source: str | None) -> bool:
         sources = self.spec.data_sources
@@ -298,7 +307,7 @@ class RewardManager:
             kwargs["data_source"] = data_source
         kwargs.update(ld.spec.kwargs)
         try:
-            return ld.fn(prompt, response, ground_truth, **kwargs)
+            return ld.fn(data_source if ld.verl_style else prompt, response, ground_truth, **kwargs)
         except Exception as e:
             hint = (
                 " If a parameter is missing, add that key to every row's metadata; if the function "
@@ -328,10 +337,10 @@ class RewardManager:
         span = f"samples {idx[0]}..{idx[-1]} ({len(idx)} samples)"
         try:
             out = ld.fn(
-                [prompts[i] for i in idx],
+                [data_sources[i] for i in idx] if ld.verl_style else [prompts[i] for i in idx],
                 [responses[i] for i in idx],
                 [ground_truths[i] for i in idx],
-                [metas[i] for i in idx],
+                [metas[i].get("extra_info") for i in idx] if ld.verl_style else [metas[i] for i in idx],
                 **ld.spec.kwargs,
             )
         except Exception as e:
