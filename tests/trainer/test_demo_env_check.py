@@ -64,3 +64,25 @@ def test_the_arithmetic_warm_start_probes_problems_it_does_not_train_on(monkeypa
     trainer.env = SimpleNamespace(sft_pairs=lambda: pairs[:3])
     with pytest.raises(ConfigError, match="at least 4 training problems"):
         warm_start_until(trainer, 0.4, 100)
+
+
+@pytest.mark.parametrize("env,demo,refused", [("arithmetic", None, True), ("calculator", "tool", True),
+                                              (None, None, False), ("my_env.py:Env", None, False)])
+def test_data_files_next_to_a_self_contained_env_are_refused_not_ignored(env, demo, refused):
+    config = build_config({"model": {"path": "tiny", "dtype": "float32"}, "env": {"name": env},
+                           "data": {"train_files": ["train.jsonl"]}, "trainer": {"device": "cpu", "demo": demo}})
+    problems = [str(p) for p in check_startup(config, world_size=1).problems if "would not be read" in str(p)]
+    assert len(problems) == int(refused)
+    if refused:
+        assert f"env.name={env} makes its own prompts" in problems[0] and "(train.jsonl)" in problems[0]
+        assert "Fix: set env.name=null" in problems[0]
+        assert ("trainer.demo=null" in problems[0]) == (demo is not None)
+
+
+def test_without_a_config_file_relative_paths_are_the_users_not_the_presets():
+    from argparse import Namespace
+
+    from verl.cli.main import _load
+
+    config = _load(Namespace(items=["reward.functions=[{name: reward.py:fn}]"], command="train", legacy=[]))
+    assert config.trainer.demo == "arithmetic" and config._source_dir is None  # resolved against the cwd

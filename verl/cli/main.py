@@ -108,7 +108,9 @@ def _load(args: argparse.Namespace):
     if config_path is None and args.command == "train":  # no config file: the built-in demo
         from verl.trainer.demo import demo_config_path
 
-        config_path = demo_config_path()
+        config = load_config(demo_config_path(), overrides, legacy_argv=args.legacy)
+        config._source_dir = None  # relative paths on the command line are the user's, not the preset's folder
+        return config
     return load_config(config_path, overrides, legacy_argv=args.legacy)
 
 

@@ -104,6 +104,23 @@ def check_demo_env(config: RunConfig) -> list[VerlError]:
                         f"{name!r}. Set env.name: {want}, or remove trainer.demo to train this config normally.")]
 
 
+# Built-in environments that make their own prompts and never read data files.
+SELF_CONTAINED_ENVS = ("arithmetic", "calculator")
+
+
+def check_env_data(config: RunConfig, kind: str) -> list[VerlError]:
+    """Data files next to a built-in environment that makes its own prompts would never be read: refused,
+    not silently dropped."""
+    files = [*config.data.train_files, *config.data.val_files]
+    if kind != "rl" or config.env.name not in SELF_CONTAINED_ENVS or not files:
+        return []
+    demo = (f" and trainer.demo=null (`verl train` without a config file runs the built-in demo, "
+            f"trainer.demo={config.trainer.demo})" if config.trainer.demo else "")
+    return [ConfigError(f"env.name={config.env.name} makes its own prompts, so data.train_files/val_files "
+                        f"({', '.join(files)}) would not be read. Fix: set env.name=null{demo} to train on the "
+                        "files, or remove data.train_files/val_files")]
+
+
 def check_response_length(config: RunConfig, kind: str) -> list[VerlError]:
     """`data.max_response_length` sizes SFT/DPO data; an RL response is `rollout.max_new_tokens` long. In
     volcengine/verl `data.max_response_length` is the rollout's length, so a value that is neither our
@@ -171,7 +188,7 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
                                               device_type=device_type)
     except VerlError as exc:
         problems.append(exc)
-    problems += check_demo_env(config) + check_response_length(config, kind)
+    problems += check_demo_env(config) + check_env_data(config, kind) + check_response_length(config, kind)
     lora = check_lora(config, model_path=model_path, mapping=report.mapping, kind=kind)
     problems += lora.problems
     report.parameters = lora.counts
