@@ -105,3 +105,13 @@ def test_volcengine_verl_names_are_accepted_as_ours(key, theirs, ours):
     assert getattr(getattr(config, section), name) == ours
     yaml_text = config_to_yaml(config)
     assert f"{name}: {ours}" in yaml_text  # saved (and so resumed) under our name
+
+
+def test_home_relative_paths_are_expanded_as_a_shell_would(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = load_config(overrides=["model.path=~/models/qwen", "data.train_files=~/data/train.parquet,rel.jsonl",
+                                    "trainer.run_dir=~/runs/a", "critic.path=~/critic", "model.tokenizer_path=org/tok"])
+    assert config.model.path == str(tmp_path / "models" / "qwen")
+    assert config.data.train_files == [str(tmp_path / "data" / "train.parquet"), "rel.jsonl"]
+    assert config.trainer.run_dir == str(tmp_path / "runs" / "a") and config.critic.path == str(tmp_path / "critic")
+    assert config.model.tokenizer_path == "org/tok" and config.trainer.resume == "auto"  # ids and words untouched

@@ -6,6 +6,7 @@ Every section forbids unknown keys so a typo fails loudly (with a suggestion) in
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
@@ -32,6 +33,15 @@ def _verl_name(kind: str) -> Any:
     return convert
 
 
+def _home(value: Any) -> Any:
+    """`~/models/x` as the shell would expand it (volcengine/verl's own defaults are written that way)."""
+    if isinstance(value, str) and value.startswith("~"):
+        return os.path.expanduser(value)
+    if isinstance(value, list):
+        return [_home(v) for v in value]
+    return value
+
+
 def _split_csv(value: Any) -> Any:
     """Accept `0,1` / `"a.jsonl,b.jsonl"` (CLI style) as well as real lists; a scalar becomes a list of one."""
     if isinstance(value, str):
@@ -54,6 +64,7 @@ class LoraConfig(Section):
                                             "output head) or a list of module names, e.g. [q_proj, v_proj].")
     modules_to_save: list[str] | None = Field(None, description="Modules trained in full and saved with the "
                                               "adapter (e.g. [lm_head]).")
+    _home = field_validator("path", mode="before")(_home)
     path: str | None = Field(None, description="An existing peft adapter folder to start from (its own rank, "
                                                "alpha and target modules apply).")
 
@@ -77,6 +88,7 @@ class LoraConfig(Section):
 
 class ModelConfig(Section):
     path: str = Field("tiny", description="HF model id or local dir; 'tiny' builds the local tiny model.")
+    _home = field_validator("path", "tokenizer_path", mode="before")(_home)
     tokenizer_path: str | None = Field(None, description="Defaults to model.path (they must match).")
     allow_tokenizer_mismatch: bool = Field(False, description="Accept a tokenizer_path whose vocabulary differs "
                                            "from model.path's own tokenizer (a warning instead of an error).")
@@ -104,7 +116,7 @@ class DataConfig(Section):
     apply_chat_template: Literal["auto", "always", "never"] = "auto"
     val_size: int = Field(0, ge=0, description="Rows held out from train_files when val_files is empty.")
 
-    _split = field_validator("train_files", "val_files", mode="before")(_split_csv)
+    _split = field_validator("train_files", "val_files", mode="before")(lambda v: _home(_split_csv(v)))
 
 
 class EnvConfig(Section):
@@ -202,6 +214,7 @@ class ActorConfig(OptimConfig):
 class CriticConfig(OptimConfig):
     lr: float = Field(1e-5, gt=0.0)
     path: str | None = Field(None, description="Value model init; None = copy of the actor's backbone.")
+    _home = field_validator("path", mode="before")(_home)
     value_clip: float | None = Field(0.5, gt=0.0)
     warmup_steps_critic_only: int = Field(0, ge=0, description="Steps that update only the critic.")
     share_prompt_forward: bool = Field(True, description="With rollout.n > 1, the value pass and the critic "
@@ -217,11 +230,13 @@ class CriticConfig(OptimConfig):
 class RefConfig(Section):
     path: str | None = Field(None, description="Reference policy; None = the actor's initial weights (with "
                              "LoRA: the actor with its adapters off, no second copy).")
+    _home = field_validator("path", mode="before")(_home)
 
 
 class RewardConfig(Section):
     functions: list[dict[str, Any]] = Field(default_factory=list)
     model_path: str | None = None
+    _home = field_validator("model_path", mode="before")(_home)
     model_dtype: str | None = None
     model_weight: float = 1.0
 
@@ -250,6 +265,7 @@ class TrainerConfig(Section):
     seed: int = 42
     run_dir: str | None = Field(None, description="None = runs/<kind>-<timestamp>.")
     resume: str = Field("auto", description="auto | never | PATH to a checkpoint.")
+    _home = field_validator("run_dir", "resume", mode="before")(_home)
     val_every: int = Field(0, ge=0, description="Validate every N steps; 0 = only at the end.")
     val_before_train: bool = True
     device: str = Field("auto", description="auto | cpu | cuda")
