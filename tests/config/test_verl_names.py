@@ -8,7 +8,7 @@ import yaml
 
 from verl.config import config_to_yaml, load_config
 from verl.config.schema import RunConfig
-from verl.config.verl_keys import VERL_KEYS
+from verl.config.verl_compat import VERL_KEYS
 from verl.errors import ConfigError
 from verl.trainer.startup import check_response_length
 

@@ -11,7 +11,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from verl.config.schema import RunConfig
-from verl.config.verl_keys import verl_key_hint
+from verl.config.verl_compat import verl_key_hint
 from verl.errors import ConfigError
 
 # Flags from the deployment guides users already have in their scripts -> our dotted keys.
@@ -121,8 +121,7 @@ def command_line_origin(dotted: str, origins: Mapping[str, str]) -> str | None:
     return None
 
 
-def _describe(error: Mapping[str, Any], origins: Mapping[str, str] = {},  # noqa: B006 (read only)
-              tree: Mapping[str, Any] = {}) -> str:  # noqa: B006
+def _describe(error: Mapping[str, Any], origins: Mapping[str, str], tree: Mapping[str, Any]) -> str:
     loc = [p for p in error["loc"] if not (isinstance(p, str) and ("[" in p or p in {"bool", "function-after"}))]
     dotted = ".".join(str(p) for p in loc)
     origin = command_line_origin(dotted, origins)

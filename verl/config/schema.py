@@ -13,24 +13,11 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from verl.algorithms.estimators import ESTIMATOR_NAMES, ESTIMATORS
 from verl.config.fsdp import FSDPConfig
+from verl.config.verl_compat import verl_name
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
-
-
-# volcengine/verl's names for the same choices, accepted so its users' configs and habits carry over.
-VERL_NAMES = {
-    "adv_estimator": {"reinforce_plus_plus": "reinforce_pp"},
-    "kl_type": {"kl": "k1", "mse": "k2", "low_var_kl": "k3"},  # low_var_kl is k3, clamped to [-10, 10] there too
-}
-
-
-def _verl_name(kind: str) -> Any:
-    def convert(value: Any) -> Any:
-        return VERL_NAMES[kind].get(value, value) if isinstance(value, str) else value
-
-    return convert
 
 
 def _home(value: Any) -> Any:
@@ -153,8 +140,8 @@ class AlgorithmConfig(Section):
     kl_in_reward: bool = False
     kl_coef: float = Field(0.001, ge=0.0)
     kl_type: Literal["k1", "k2", "k3", "abs"] = "k1"
-    _verl_estimator = field_validator("adv_estimator", mode="before")(_verl_name("adv_estimator"))
-    _verl_kl = field_validator("kl_type", mode="before")(_verl_name("kl_type"))
+    _verl_estimator = field_validator("adv_estimator", mode="before")(verl_name("adv_estimator"))
+    _verl_kl = field_validator("kl_type", mode="before")(verl_name("kl_type"))
     kl_ctrl: Literal["fixed", "adaptive"] = "fixed"
     kl_target: float = Field(0.1, gt=0.0, description="Adaptive controller's target KL per token: the mean over "
                              "a response's tokens, averaged over the global batch (verl's unit).")
@@ -199,7 +186,7 @@ class ActorConfig(OptimConfig):
     dual_clip: float | None = Field(None, gt=1.0, description="Dual-clip constant c (> 1); None = off.")
     kl_loss_coef: float = Field(0.0, ge=0.0, description="> 0 adds KL to the reference as a loss term.")
     kl_loss_type: Literal["k1", "k2", "k3", "abs"] = "k3"
-    _verl_kl = field_validator("kl_loss_type", mode="before")(_verl_name("kl_type"))
+    _verl_kl = field_validator("kl_loss_type", mode="before")(verl_name("kl_type"))
     entropy_coef: float = Field(0.0, ge=0.0)
     share_prompt_forward: bool = Field(True, description="With rollout.n > 1, run each group's prompt once per "
                                        "micro-batch (with gradient) and its n responses on the prompt's cached "

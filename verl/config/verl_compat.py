@@ -1,14 +1,30 @@
-"""volcengine/verl's config keys and where each setting lives here.
+"""What a volcengine/verl user types, and what it is here.
 
-A verl user's Hydra key (`actor_rollout_ref.actor.optim.lr=1e-6`) in a YAML file or on the command line is
-not one of ours; instead of only "unknown key", the error names our key for it. Nothing is translated
-silently: the meanings differ in places (counts, units, on/off switches), which the notes say.
+Its names for the same choices (`reinforce_plus_plus`, `low_var_kl`, ...) are accepted as ours
+(`VERL_NAMES`). Its Hydra keys (`actor_rollout_ref.actor.optim.lr=1e-6`) are not: the error names our
+key for each (`VERL_KEYS`) instead of only "unknown key". Keys are not translated silently, since the
+meanings differ in places (counts, units, on/off switches), which the notes say.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+VERL_NAMES: dict[str, dict[str, str]] = {
+    "adv_estimator": {"reinforce_plus_plus": "reinforce_pp"},
+    "kl_type": {"kl": "k1", "mse": "k2", "low_var_kl": "k3"},  # low_var_kl is k3, clamped to [-10, 10] there too
+}
+
+
+def verl_name(kind: str) -> Any:
+    """A pydantic before-validator that turns verl's name of a `kind` choice into ours."""
+
+    def convert(value: Any) -> Any:
+        return VERL_NAMES[kind].get(value, value) if isinstance(value, str) else value
+
+    return convert
+
 
 _ARR = "actor_rollout_ref"
 _NO_GRAD_PASSES = "actor.micro_batch_size (the no-grad passes run micro-batches of the update's size)"
@@ -115,4 +131,4 @@ def verl_key_hint(tree: Mapping[str, Any], loc: Sequence[str | int]) -> str:
     return ""
 
 
-__all__ = ["VERL_KEYS", "verl_key_hint"]
+__all__ = ["VERL_KEYS", "VERL_NAMES", "verl_key_hint", "verl_name"]
