@@ -1,4 +1,4 @@
-"""The decode step's projections three ways, on one CPU thread: which matmul the rollout should use here.
+"""The decode step's projections four ways, on one CPU thread: which matmul the rollout should use here.
 
 Run by hand (not a test):
     python benchmarks/decode_matmul.py [--model tiny:qwen2:256:10] [--rows 16] [--rounds 7]
@@ -6,10 +6,13 @@ For every distinct projection shape of the model's decode layout (fused q/k/v, o
 lm_head) with --rows rows (a rollout's batch x n), it times
   * ``F.linear(x, W)`` (MKL with the [out, in] weight as a transposed operand: the module's own call),
   * ``torch.mm(x, W_t)`` on a contiguous [in, out] copy (MKL, plain operands: what the decode step runs),
+  * ``torch.mm(W, x^T)``: the module's own [out, in] weight as the left-hand operand, giving the transposed
+    result [out, rows] (no copy of the weight to keep in step with it, but the rest of a decode step would
+    then work on transposed activations),
   * oneDNN's prepacked linear (``torch.ops.mkldnn._linear_pointwise`` on ``_reorder_linear_weight``), the
     decode step's previous layout, where this torch build has it,
 in interleaved rounds (benchmarks/ab.py) and prints each shape's median microseconds and the ratios of
-the other two against ``torch.mm`` (median and min–max over the rounds), then the same summed over one
+the other three against ``torch.mm`` (median and min–max over the rounds), then the same summed over one
 decode step. Results depend on the CPU: the script prints its model name.
 """
 
@@ -70,7 +73,8 @@ def main() -> None:
     has_onednn = onednn_available()
     print(f"{args.model}: {args.rows} rows, 1 thread, {args.rounds} interleaved rounds of {args.calls} calls; "
           f"{cpu_model()}; torch {torch.__version__}; load average {load_average()}")
-    print(f"{'in x out':>12} {'per step':>8} {'mm us':>8} {'F.linear/mm':>18} {'oneDNN/mm':>18}")
+    others = ("F.linear", "W@x^T", "oneDNN")
+    print(f"{'in x out':>12} {'per step':>8} {'mm us':>8} " + " ".join(f"{name + '/mm':>18}" for name in others))
     per_step: dict[str, list[float]] = {}
     generator = torch.Generator().manual_seed(0)
     with torch.inference_mode():
@@ -79,7 +83,8 @@ def main() -> None:
             x = torch.randn(args.rows, fan_in, generator=generator)
             weight_t = weight.t().contiguous()
             sides = {"mm": lambda x=x, w=weight_t: torch.mm(x, w),
-                     "F.linear": lambda x=x, w=weight: F.linear(x, w)}
+                     "F.linear": lambda x=x, w=weight: F.linear(x, w),
+                     "W@x^T": lambda x=x, w=weight: torch.mm(w, x.t())}
             if has_onednn:
                 packed = torch.ops.mkldnn._reorder_linear_weight(weight)
                 sides["oneDNN"] = lambda x=x, p=packed: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
@@ -93,16 +98,16 @@ def main() -> None:
                 for r, t in enumerate(ts):
                     rounds[r] += count * t / args.calls
             cells = []
-            for name in ("F.linear", "oneDNN"):
+            for name in others:
                 if name not in times:
                     cells.append(f"{'n/a':>18}")
                     continue
                 ratios = [a / b for a, b in zip(times[name], times["mm"], strict=True)]
                 cells.append(f"{statistics.median(ratios):>6.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
             mm_us = 1e6 * statistics.median(times["mm"]) / args.calls
-            print(f"{fan_in:>5} x {fan_out:<5} {count:>8} {mm_us:>8.1f} {cells[0]:>18} {cells[1]:>18}")
+            print(f"{fan_in:>5} x {fan_out:<5} {count:>8} {mm_us:>8.1f} " + " ".join(f"{c:>18}" for c in cells))
     summary = []
-    for name in ("F.linear", "oneDNN"):
+    for name in others:
         if name in per_step:
             ratios = [a / b for a, b in zip(per_step[name], per_step["mm"], strict=True)]
             summary.append(f"{name} {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")

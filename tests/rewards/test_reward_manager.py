@@ -379,3 +379,52 @@ def test_a_volcengine_verl_compute_score_is_called_with_its_data_source_first(tm
     assert result.per_function["compute_score"].tolist() == [1.5, 0.0]  # not called with the prompt first
     assert result.per_function["compute_score_batched"].tolist() == [0.0, 0.0]  # " 42" != "42" unstripped
     assert result.metrics["reward/compute_score_batched/source_ok"] == 1.0
+
+
+TRL_STYLE = '''
+def reward_len(completions, **kwargs):
+    return [-abs(3 - len(c)) for c in completions]
+
+
+def accuracy(completions, solution, **kwargs):  # TRL's GSM8K recipe names the ground truth `solution`
+    return [float(c.strip() == s) for c, s in zip(completions, solution)]
+
+
+def only_math(completions, data_source, difficulty):  # None: does not apply to that sample
+    return [len(c) / 10 if d == "math" else None for c, d in zip(completions, data_source)]
+
+
+def chat_format(prompts, completions, **kwargs):
+    return [float(p[-1]["role"] == "user" and c[0]["role"] == "assistant") for p, c in zip(prompts, completions)]
+'''
+
+
+def _trl_manager(tmp_path: Path, *names: str) -> RewardManager:
+    (tmp_path / "trl_reward.py").write_text(TRL_STYLE)
+    return RewardManager([{"name": f"trl_reward.py:{n}"} for n in names], base_dir=tmp_path)
+
+
+def test_a_trl_reward_function_gets_keywords_and_columns_in_one_call(tmp_path: Path) -> None:
+    mgr = _trl_manager(tmp_path, "reward_len", "accuracy", "only_math")
+    result = mgr.score(["1+1=", "2+2=", "say hi"], ["2", " 5", "hello"], ["2", "4", None],
+                       metadata=[{"difficulty": 1}, {"difficulty": 2}, {"difficulty": 0}],
+                       data_sources=["math", "math", "chat"])
+    assert result.per_function["reward_len"].tolist() == [-2.0, -1.0, -2.0]
+    assert result.per_function["accuracy"].tolist() == [1.0, 0.0, 0.0]
+    assert result.applied["only_math"].tolist() == [True, True, False]  # None: not applied, as in TRL
+    assert result.per_function["only_math"].tolist() == pytest.approx([0.1, 0.2, 0.0])
+    assert result.scores.tolist() == pytest.approx([-0.9, -0.8, -2.0])
+
+
+def test_a_trl_reward_function_sees_chat_completions_for_chat_prompts(tmp_path: Path) -> None:
+    mgr = _trl_manager(tmp_path, "chat_format")
+    result = mgr.score([[{"role": "user", "content": "hi"}]], ["hello"], [None])
+    assert result.scores.tolist() == [1.0]
+
+
+def test_a_trl_function_missing_a_column_or_scoring_nothing_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(RewardError, match=r"TRL-style function .* needs \['difficulty'\], which the rows do not have"):
+        _trl_manager(tmp_path, "only_math").score(["q"], ["a"], [None], data_sources=["math"])
+    with pytest.raises(RewardError, match=r"no reward function scored sample 0 \(data_source='chat'\)"):
+        _trl_manager(tmp_path, "only_math").score(["q"], ["a"], [None], metadata=[{"difficulty": 0}],
+                                                  data_sources=["chat"])

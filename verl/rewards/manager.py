@@ -4,6 +4,11 @@ The manager loads every function once, when training starts, so a typo in a path
 rollout. At scoring time it is strict on purpose: a function that raises, returns None/NaN/inf or a
 non-number, or a sample that no function applies to, stops the run with a message naming the function,
 the sample index and the fix, because a silently-zero reward wastes a whole training run.
+
+Besides our own calling convention (`fn(prompt, response, ground_truth, **metadata)`, or lists with
+`batched`), two others are recognised by their parameter names, so functions written for them work
+unchanged: volcengine/verl's `compute_score(data_source, solution_str, ground_truth, extra_info)` and TRL's
+`fn(completions, **kwargs)` (where None means "does not apply to this sample").
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
+from verl.data.fields import SPECS
 from verl.errors import ConfigError, RewardError
 from verl.rewards.builtin import BUILTIN_KWARG_CHECKS
 from verl.rewards.loader import display_name, load_reward_function
@@ -42,6 +48,9 @@ class RewardResult:
 
 
 VERL_SIGNATURE = ("data_source", "solution_str")
+# TRL's reward functions are called with keywords only: prompts, completions, and every dataset column.
+TRL_ARGUMENT = "completions"
+GROUND_TRUTH_NAMES = SPECS["prompt"].aliases["ground_truth"]  # the column names a ground truth is read from
 
 
 @dataclass
@@ -52,6 +61,7 @@ class _Loaded:
     where: str
     positional: tuple[str, ...]  # names of the first three parameters (prompt, response, ground_truth)
     keyword_names: frozenset[str] | None  # None: accepts **kwargs, so every metadata key is passed
+    trl_style: bool = False  # TRL's `fn(completions, **kwargs)` over the batch (see RewardManager._call_trl)
 
     @property
     def verl_style(self) -> bool:
@@ -95,6 +105,13 @@ def _signature_info(fn: Callable[..., Any]) -> tuple[tuple[str, ...], frozenset[
         return positional, None
     names = frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
     return positional, names - set(positional)
+
+
+def _takes(fn: Callable[..., Any], name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _check_signature(loaded: _Loaded) -> None:
@@ -180,8 +197,9 @@ class RewardManager:
             used[base_label] = used.get(base_label, 0) + 1
             label = base_label if used[base_label] == 1 else f"{base_label}_{used[base_label]}"
             positional, names = _signature_info(fn)
-            loaded = _Loaded(spec, fn, label, where, positional, names)
-            _check_signature(loaded)
+            loaded = _Loaded(spec, fn, label, where, positional, names, trl_style=_takes(fn, TRL_ARGUMENT))
+            if not loaded.trl_style:  # a TRL function's keywords depend on the rows, checked when called
+                _check_signature(loaded)
             self._loaded.append(loaded)
 
     @property
@@ -258,7 +276,9 @@ class RewardManager:
             idx = [i for i in range(n) if ld.applies(data_sources[i])]
             raw_list, mask_list = [0.0] * n, [False] * n  # filled as Python lists: one tensor each, not n writes
             extras: dict[str, list[float]] = {}
-            if ld.spec.batched:
+            if ld.trl_style:
+                results = self._call_trl(ld, idx, prompts, responses, ground_truths, metas, data_sources)
+            elif ld.spec.batched:
                 results = self._call_batched(ld, idx, prompts, responses, ground_truths, metas, data_sources)
             else:
                 results = [
@@ -268,6 +288,8 @@ class RewardManager:
                     for i in idx
                 ]
             for i, value in zip(idx, results, strict=True):
+                if value is None and ld.trl_style:  # TRL's "does not apply to this sample"
+                    continue
                 s, extra = self._parse(ld, i, value, data_sources[i])
                 raw_list[i] = s
                 mask_list[i] = True
@@ -278,10 +300,20 @@ class RewardManager:
             total += ld.spec.weight * raw
             per_function[ld.label] = raw.float()
             applied[ld.label] = mask
-            if idx:
+            if mask.any():
                 metrics[f"reward/{ld.label}/score"] = float(raw[mask].mean())
             for k, vals in extras.items():
                 metrics[f"reward/{ld.label}/{k}"] = math.fsum(vals) / len(vals)
+        if applied:
+            unscored = ~torch.stack(list(applied.values())).any(0)
+            if bool(unscored.any()):
+                i = int(unscored.nonzero()[0])
+                raise RewardError(
+                    f"no reward function scored sample {i} (data_source={data_sources[i]!r}): each one that "
+                    f"applies returned None ({', '.join(ld.label for ld in self._loaded if ld.trl_style)}), and "
+                    f"{int(unscored.sum())} sample(s) of this batch are like it. Return a score for every sample "
+                    "some function applies to (None only where another function scores it); a sample is never "
+                    "scored 0 silently.")
         if n:
             metrics["reward/mean"] = float(total.mean())
         return RewardResult(total.float(), metrics, per_function, applied)
@@ -334,15 +366,19 @@ class RewardManager:
     ) -> list[Any]:
         if not idx:
             return []
+        return self._batch_results(ld, idx, lambda: ld.fn(
+            [data_sources[i] for i in idx] if ld.verl_style else [prompts[i] for i in idx],
+            [responses[i] for i in idx],
+            [ground_truths[i] for i in idx],
+            [metas[i].get("extra_info") for i in idx] if ld.verl_style else [metas[i] for i in idx],
+            **ld.spec.kwargs,
+        ))
+
+    def _batch_results(self, ld: _Loaded, idx: list[int], call: Callable[[], Any]) -> list[Any]:
+        """`call()`'s one result per sample of `idx`, as a list; any other outcome is a RewardError."""
         span = f"samples {idx[0]}..{idx[-1]} ({len(idx)} samples)"
         try:
-            out = ld.fn(
-                [data_sources[i] for i in idx] if ld.verl_style else [prompts[i] for i in idx],
-                [responses[i] for i in idx],
-                [ground_truths[i] for i in idx],
-                [metas[i].get("extra_info") for i in idx] if ld.verl_style else [metas[i] for i in idx],
-                **ld.spec.kwargs,
-            )
+            out = call()
         except Exception as e:
             raise RewardError(
                 f"batched reward function '{ld.label}' ({ld.where}) raised {type(e).__name__}: {e} on the "
@@ -363,6 +399,47 @@ class RewardManager:
                 f"{len(idx)} samples ({span}); return exactly one float or dict per sample, in order."
             )
         return list(out)
+
+    def _call_trl(
+        self,
+        ld: _Loaded,
+        idx: list[int],
+        prompts: Sequence[Any],
+        responses: Sequence[str],
+        ground_truths: Sequence[Any],
+        metas: list[dict[str, Any]],
+        data_sources: Sequence[str | None],
+    ) -> list[Any]:
+        """A TRL reward function, `fn(prompts=..., completions=..., <column>=..., **kwargs)`: one call over the
+        samples, keywords only, every dataset column as a list (the ground truth under each name it may have
+        come from: ground_truth, answer, solution, ...). A completion is chat-formatted
+        (`[{"role": "assistant", "content": ...}]`) where its prompt is chat messages, as in TRL."""
+        if not idx:
+            return []
+        columns: dict[str, list[Any]] = {
+            "prompts": [prompts[i] for i in idx],
+            "completions": [[{"role": "assistant", "content": responses[i]}] if isinstance(prompts[i], list)
+                            else responses[i] for i in idx],
+            "data_source": [data_sources[i] for i in idx],
+        }
+        for name in GROUND_TRUTH_NAMES:
+            columns[name] = [ground_truths[i] for i in idx]
+        for key in dict.fromkeys(k for i in idx for k in metas[i]):
+            columns.setdefault(key, [metas[i].get(key) for i in idx])
+        params = inspect.signature(ld.fn).parameters
+        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            kwargs = columns
+        else:
+            kwargs = {k: v for k, v in columns.items() if k in params}
+        kwargs = {**kwargs, **ld.spec.kwargs}
+        missing = [n for n, p in params.items() if p.default is p.empty and n not in kwargs
+                   and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if missing:
+            raise RewardError(
+                f"reward function '{ld.label}' ({ld.where}) is a TRL-style function (it takes `completions`) and "
+                f"needs {missing}, which the rows do not have; columns here: {sorted(columns)}. Fix: name the "
+                "parameters after the dataset's columns, give them defaults, or take **kwargs.")
+        return self._batch_results(ld, idx, lambda: ld.fn(**kwargs))
 
     def _parse(
         self, ld: _Loaded, i: int, value: Any, data_source: str | None
