@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import build_tokenizer
 
+from verl.config import load_config
 from verl.data import IGNORE_INDEX, PreferenceDataset, PromptDataset, SFTDataset, load_rows
 from verl.errors import ConfigError, DataError, ModelError
 
@@ -112,8 +113,13 @@ def test_sft_input_output_messages_form(tokenizer) -> None:
 
 def test_sft_truncation_and_no_loss_rows(tokenizer) -> None:
     rows = [row(input="a b c d e f", output=" yes"), row(input="a", output=" no")]
-    with pytest.raises(DataError, match=r"t.jsonl:7: the sequence has 8 tokens, more than max_length=5"):
+    with pytest.raises(DataError, match=r"t.jsonl:7: the sequence has 8 tokens, more than max_length=5") as info:
         SFTDataset(rows, tokenizer, 5)
+    # the fix names config keys and values that `data.truncation` accepts
+    assert "data.max_prompt_length + data.max_response_length" in str(info.value)
+    assert "set data.truncation to drop or truncate_left" in str(info.value)
+    for value in ("drop", "truncate_left"):
+        load_config(overrides=[f"data.truncation={value}"])
     ds = SFTDataset(rows, tokenizer, 5, truncation="drop")
     assert len(ds) == 1 and ds.stats["dropped"] == 1
     ds = SFTDataset(rows, tokenizer, 5, truncation="truncate_left")

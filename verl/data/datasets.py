@@ -137,8 +137,9 @@ def _truncate(
         return ids, labels
     if truncation == "error":
         raise DataError(
-            f"{where}: the sequence has {len(ids)} tokens, more than max_length={max_length}; raise the "
-            "limit or set truncation to drop, truncate_left or truncate_right"
+            f"{where}: the sequence has {len(ids)} tokens, more than max_length={max_length} (in a config: "
+            "data.max_prompt_length + data.max_response_length). Fix: raise the limit, or set data.truncation "
+            "to drop or truncate_left"
         )
     if truncation == "drop":
         return None
