@@ -428,3 +428,10 @@ def test_a_trl_function_missing_a_column_or_scoring_nothing_is_an_error(tmp_path
     with pytest.raises(RewardError, match=r"no reward function scored sample 0 \(data_source='chat'\)"):
         _trl_manager(tmp_path, "only_math").score(["q"], ["a"], [None], metadata=[{"difficulty": 0}],
                                                   data_sources=["chat"])
+
+
+def test_a_trl_function_gets_the_ground_truth_under_every_name_the_data_layer_reads_it_from() -> None:
+    from verl.data.fields import SPECS
+    from verl.rewards.manager import GROUND_TRUTH_NAMES
+
+    assert GROUND_TRUTH_NAMES == SPECS["prompt"].aliases["ground_truth"]

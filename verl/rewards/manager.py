@@ -24,7 +24,6 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from verl.data.fields import SPECS
 from verl.errors import ConfigError, RewardError
 from verl.rewards.builtin import BUILTIN_KWARG_CHECKS
 from verl.rewards.loader import display_name, load_reward_function
@@ -50,7 +49,8 @@ class RewardResult:
 VERL_SIGNATURE = ("data_source", "solution_str")
 # TRL's reward functions are called with keywords only: prompts, completions, and every dataset column.
 TRL_ARGUMENT = "completions"
-GROUND_TRUTH_NAMES = SPECS["prompt"].aliases["ground_truth"]  # the column names a ground truth is read from
+# The column names the data layer reads a ground truth from (verl.data.fields; a test keeps them equal).
+GROUND_TRUTH_NAMES = ("ground_truth", "answer", "label", "solution", "reference")
 
 
 @dataclass
