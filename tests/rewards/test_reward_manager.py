@@ -373,6 +373,8 @@ def test_a_volcengine_verl_compute_score_is_called_with_its_data_source_first(tm
     (tmp_path / "verl_reward.py").write_text(VERL_STYLE)
     mgr = RewardManager([{"name": "verl_reward.py:compute_score"},
                          {"name": "verl_reward.py:compute_score_batched", "batched": True}], base_dir=tmp_path)
+    assert mgr.described == ["compute_score (volcengine/verl's convention)",
+                             "compute_score_batched (volcengine/verl's convention)"]  # what `verl check` prints
     metadata = [{"extra_info": {"split": "train", "index": 0}}, {"extra_info": {"split": "test", "index": 1}}]
     result = mgr.score(["Q: 6*7?", "Q: 1+1?"], [" 42", "3"], ["42", "2"], metadata=metadata,
                        data_sources=["openai/gsm8k", "openai/gsm8k"])
@@ -406,6 +408,7 @@ def _trl_manager(tmp_path: Path, *names: str) -> RewardManager:
 
 def test_a_trl_reward_function_gets_keywords_and_columns_in_one_call(tmp_path: Path) -> None:
     mgr = _trl_manager(tmp_path, "reward_len", "accuracy", "only_math")
+    assert mgr.described[0] == "reward_len (TRL's convention)"
     result = mgr.score(["1+1=", "2+2=", "say hi"], ["2", " 5", "hello"], ["2", "4", None],
                        metadata=[{"difficulty": 1}, {"difficulty": 2}, {"difficulty": 0}],
                        data_sources=["math", "math", "chat"])

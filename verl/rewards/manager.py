@@ -208,6 +208,12 @@ class RewardManager:
         return [ld.label for ld in self._loaded]
 
     @property
+    def described(self) -> list[str]:
+        """The labels, each with the calling convention it was recognised by when it is not ours."""
+        return [ld.label + (" (TRL's convention)" if ld.trl_style else " (volcengine/verl's convention)"
+                            if ld.verl_style else "") for ld in self._loaded]
+
+    @property
     def known_data_sources(self) -> list[str] | None:
         """Every data_source some function lists; None when a function applies to every sample."""
         if any(ld.spec.data_sources is None for ld in self._loaded):

@@ -306,7 +306,7 @@ def _env_pass(pf: Preflight, given: Given) -> None:
         return
     if config.reward.functions or not config.reward.model_path:  # a reward model alone is a reward
         try:
-            pf.reward_names = list(RewardManager(config.reward.functions, base_dir=config._source_dir).names)
+            pf.reward_names = RewardManager(config.reward.functions, base_dir=config._source_dir).described
         except VerlError as exc:
             pf.add("rewards", exc)
             return
