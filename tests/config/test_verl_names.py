@@ -69,8 +69,9 @@ def test_a_verl_yaml_section_lists_each_of_its_keys_with_ours(tmp_path):
 
 
 def test_a_verl_section_with_no_known_key_still_says_whose_it_is():
-    with pytest.raises(ConfigError, match="actor_rollout_ref is volcengine/verl's section"):
+    with pytest.raises(ConfigError, match="actor_rollout_ref is volcengine/verl's section") as info:
         load_config(overrides=["actor_rollout_ref.hybrid_engine=true"])
+    assert "(from the command line: actor_rollout_ref.hybrid_engine=true)" in str(info.value)
 
 
 def test_a_misspelling_of_ours_still_gets_did_you_mean():

@@ -112,13 +112,15 @@ def _fields_at(path: Sequence[str | int]) -> list[str]:
 
 
 def command_line_origin(dotted: str, origins: Mapping[str, str]) -> str | None:
-    """What the user typed on the command line that set `dotted` (or the section or list holding it)."""
+    """What the user typed on the command line that set `dotted` (or the section or list holding it, or the
+    keys inside it)."""
     parts = dotted.split(".")
     for end in range(len(parts), 0, -1):
         origin = origins.get(".".join(parts[:end]))
         if origin is not None:
             return origin
-    return None
+    inside = [origin for key, origin in origins.items() if key.startswith(dotted + ".")]
+    return ", ".join(inside) or None
 
 
 def _describe(error: Mapping[str, Any], origins: Mapping[str, str], tree: Mapping[str, Any]) -> str:
