@@ -438,3 +438,11 @@ def test_a_trl_function_gets_the_ground_truth_under_every_name_the_data_layer_re
     from verl.rewards.manager import GROUND_TRUTH_NAMES
 
     assert GROUND_TRUTH_NAMES == SPECS["prompt"].aliases["ground_truth"]
+
+
+def test_our_batched_convention_stays_ours_whatever_its_parameters_are_called(tmp_path: Path) -> None:
+    (tmp_path / "ours.py").write_text("def fn(prompts, completions, ground_truths, metadatas):\n"
+                                      "    return [float(c == g) for c, g in zip(completions, ground_truths)]\n")
+    mgr = RewardManager([{"name": "ours.py:fn", "batched": True}], base_dir=tmp_path)
+    assert mgr.described == ["fn"]
+    assert mgr.score(["q", "q"], ["1", "2"], ["1", "1"]).scores.tolist() == [1.0, 0.0]

@@ -197,7 +197,8 @@ class RewardManager:
             used[base_label] = used.get(base_label, 0) + 1
             label = base_label if used[base_label] == 1 else f"{base_label}_{used[base_label]}"
             positional, names = _signature_info(fn)
-            loaded = _Loaded(spec, fn, label, where, positional, names, trl_style=_takes(fn, TRL_ARGUMENT))
+            trl_style = not spec.batched and _takes(fn, TRL_ARGUMENT)  # `batched: true` keeps our list convention
+            loaded = _Loaded(spec, fn, label, where, positional, names, trl_style=trl_style)
             if not loaded.trl_style:  # a TRL function's keywords depend on the rows, checked when called
                 _check_signature(loaded)
             self._loaded.append(loaded)
