@@ -116,3 +116,14 @@ def test_home_relative_paths_are_expanded_as_a_shell_would(tmp_path, monkeypatch
     assert config.data.train_files == [str(tmp_path / "data" / "train.parquet"), "rel.jsonl"]
     assert config.trainer.run_dir == str(tmp_path / "runs" / "a") and config.critic.path == str(tmp_path / "critic")
     assert config.model.tokenizer_path == "org/tok" and config.trainer.resume == "auto"  # ids and words untouched
+
+
+def test_the_migration_page_table_agrees_with_the_key_table():
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "migrating.md").read_text()
+    rows = [line.split("|")[1:3] for line in page.splitlines() if line.startswith("| `")]  # the key table
+    assert len(rows) >= 15
+    for theirs, ours in ((a.strip().strip("`"), b.strip().strip("`")) for a, b in rows):
+        assert theirs in VERL_KEYS and VERL_KEYS[theirs].split(" (")[0] == ours, theirs
+    assert f"({len(VERL_KEYS)} keys)" in page
