@@ -137,7 +137,7 @@ def _describe(error: Mapping[str, Any], origins: Mapping[str, str], tree: Mappin
     value = error.get("input")
     shown = f" (got {value!r})" if not isinstance(value, (dict, list)) else ""
     hint = verl_key_hint(tree, loc) if isinstance(value, Mapping) else ""  # e.g. verl's algorithm.kl_ctrl section
-    return f"{dotted}: {error['msg']}{shown}{where}.{hint}" if hint else f"{dotted}: {error['msg']}{shown}{where}"
+    return f"{dotted}: {error['msg']}{shown}{where}" + (f".{hint}" if hint else "")
 
 
 def build_config(tree: Mapping[str, Any], *, source: str = "config",

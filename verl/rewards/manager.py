@@ -13,13 +13,14 @@ unchanged: volcengine/verl's `compute_score(data_source, solution_str, ground_tr
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from pydantic import ValidationError
@@ -53,6 +54,16 @@ TRL_ARGUMENT = "completions"
 GROUND_TRUTH_NAMES = ("ground_truth", "answer", "label", "solution", "reference")
 
 
+class _Samples(NamedTuple):
+    """One batch to score, a list entry per sample in each field."""
+
+    prompts: Sequence[Any]
+    responses: Sequence[str]
+    ground_truths: Sequence[Any]
+    metas: list[dict[str, Any]]
+    data_sources: Sequence[str | None]
+
+
 @dataclass
 class _Loaded:
     spec: RewardFunctionSpec
@@ -68,6 +79,11 @@ class _Loaded:
         """volcengine/verl's signature, `compute_score(data_source, solution_str, ground_truth, extra_info)`
         (batched: the plurals): called with the sample's data_source first, not its prompt."""
         return self.positional[:2] in (VERL_SIGNATURE, tuple(f"{n}s" for n in VERL_SIGNATURE))
+
+    @functools.cached_property
+    def parameters(self) -> Mapping[str, inspect.Parameter]:
+        """The function's parameters, read once (a TRL-style call matches the rows' columns to them)."""
+        return inspect.signature(self.fn).parameters
 
     def applies(self, data_source: str | None) -> bool:
         sources = self.spec.data_sources
@@ -274,6 +290,7 @@ class RewardManager:
             )
         metas = [dict(m) if m is not None else {} for m in metadata]
         self.check_data_sources(data_sources)
+        batch = _Samples(prompts, responses, ground_truths, metas, data_sources)
 
         total = torch.zeros(n, dtype=torch.float64)
         per_function: dict[str, torch.Tensor] = {}
@@ -284,9 +301,9 @@ class RewardManager:
             raw_list, mask_list = [0.0] * n, [False] * n  # filled as Python lists: one tensor each, not n writes
             extras: dict[str, list[float]] = {}
             if ld.trl_style:
-                results = self._call_trl(ld, idx, prompts, responses, ground_truths, metas, data_sources)
+                results = self._call_trl(ld, idx, batch)
             elif ld.spec.batched:
-                results = self._call_batched(ld, idx, prompts, responses, ground_truths, metas, data_sources)
+                results = self._call_batched(ld, idx, batch)
             else:
                 results = [
                     self._call_one(
@@ -361,23 +378,14 @@ class RewardManager:
                 f"is chained above.{hint}"
             ) from e
 
-    def _call_batched(
-        self,
-        ld: _Loaded,
-        idx: list[int],
-        prompts: Sequence[Any],
-        responses: Sequence[str],
-        ground_truths: Sequence[Any],
-        metas: list[dict[str, Any]],
-        data_sources: Sequence[str | None],
-    ) -> list[Any]:
+    def _call_batched(self, ld: _Loaded, idx: list[int], b: _Samples) -> list[Any]:
         if not idx:
             return []
         return self._batch_results(ld, idx, lambda: ld.fn(
-            [data_sources[i] for i in idx] if ld.verl_style else [prompts[i] for i in idx],
-            [responses[i] for i in idx],
-            [ground_truths[i] for i in idx],
-            [metas[i].get("extra_info") for i in idx] if ld.verl_style else [metas[i] for i in idx],
+            [b.data_sources[i] for i in idx] if ld.verl_style else [b.prompts[i] for i in idx],
+            [b.responses[i] for i in idx],
+            [b.ground_truths[i] for i in idx],
+            [b.metas[i].get("extra_info") for i in idx] if ld.verl_style else [b.metas[i] for i in idx],
             **ld.spec.kwargs,
         ))
 
@@ -407,16 +415,7 @@ class RewardManager:
             )
         return list(out)
 
-    def _call_trl(
-        self,
-        ld: _Loaded,
-        idx: list[int],
-        prompts: Sequence[Any],
-        responses: Sequence[str],
-        ground_truths: Sequence[Any],
-        metas: list[dict[str, Any]],
-        data_sources: Sequence[str | None],
-    ) -> list[Any]:
+    def _call_trl(self, ld: _Loaded, idx: list[int], b: _Samples) -> list[Any]:
         """A TRL reward function, `fn(prompts=..., completions=..., <column>=..., **kwargs)`: one call over the
         samples, keywords only, every dataset column as a list (the ground truth under each name it may have
         come from: ground_truth, answer, solution, ...). A completion is chat-formatted
@@ -424,16 +423,16 @@ class RewardManager:
         if not idx:
             return []
         columns: dict[str, list[Any]] = {
-            "prompts": [prompts[i] for i in idx],
-            "completions": [[{"role": "assistant", "content": responses[i]}] if isinstance(prompts[i], list)
-                            else responses[i] for i in idx],
-            "data_source": [data_sources[i] for i in idx],
+            "prompts": [b.prompts[i] for i in idx],
+            "completions": [[{"role": "assistant", "content": b.responses[i]}] if isinstance(b.prompts[i], list)
+                            else b.responses[i] for i in idx],
+            "data_source": [b.data_sources[i] for i in idx],
         }
         for name in GROUND_TRUTH_NAMES:
-            columns[name] = [ground_truths[i] for i in idx]
-        for key in dict.fromkeys(k for i in idx for k in metas[i]):
-            columns.setdefault(key, [metas[i].get(key) for i in idx])
-        params = inspect.signature(ld.fn).parameters
+            columns[name] = [b.ground_truths[i] for i in idx]
+        for key in dict.fromkeys(k for i in idx for k in b.metas[i]):
+            columns.setdefault(key, [b.metas[i].get(key) for i in idx])
+        params = ld.parameters
         if any(p.kind is p.VAR_KEYWORD for p in params.values()):
             kwargs = columns
         else:
