@@ -89,6 +89,8 @@ def _build_calculator(ctx: EnvBuildContext, **kwargs: Any) -> Environment:
 
 _REGISTRY: dict[str, EnvFactory] = {"arithmetic": _build_arithmetic, "calculator": _build_calculator,
                                     "dataset": _build_dataset}
+# Built-ins whose factories make their own prompts and never read `ctx.train_rows` / `ctx.val_rows`.
+SELF_CONTAINED_ENVS: tuple[str, ...] = ("arithmetic", "calculator")
 
 
 def register_env(name: str, factory: EnvFactory) -> None:
@@ -164,4 +166,4 @@ def build_env(
     return _REGISTRY[name](ctx, **env_kwargs)
 
 
-__all__ = ["EnvBuildContext", "available_envs", "build_env", "register_env"]
+__all__ = ["EnvBuildContext", "SELF_CONTAINED_ENVS", "available_envs", "build_env", "register_env"]

@@ -18,6 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from verl.config.schema import RunConfig
 from verl.distributed.mapping import validate_device_mapping
 from verl.distributed.memory import estimate_memory
+from verl.env.registry import SELF_CONTAINED_ENVS
 from verl.errors import ConfigError, DeviceMappingError, VerlError
 from verl.rollout.engine_check import check_rollout_engine
 from verl.trainer.batch_math import plan_rl
@@ -102,10 +103,6 @@ def check_demo_env(config: RunConfig) -> list[VerlError]:
         return []
     return [ConfigError(f"trainer.demo={config.trainer.demo} is the recipe for env.name: {want}, but env.name is "
                         f"{name!r}. Set env.name: {want}, or remove trainer.demo to train this config normally.")]
-
-
-# Built-in environments that make their own prompts and never read data files.
-SELF_CONTAINED_ENVS = ("arithmetic", "calculator")
 
 
 def check_env_data(config: RunConfig, kind: str) -> list[VerlError]:
