@@ -70,7 +70,7 @@ def test_shared_prompt_values_and_gradients_equal_the_unshared_forward(prompt, l
     forwards.clear()
     got_v, got = run(lambda: shared_prompt_values(critic, prompt_ids, prompt_mask, response_ids, response_mask))
     groups = len(torch.unique(prompt_ids, dim=0))
-    assert forwards == [(groups, max(prompt - 1, 1)), (12, 6 + (prompt > 1))]  # prompts once, then responses
+    assert forwards == [(groups, max(prompt - 1, 1)), (12, 5 + (prompt > 1))]  # prompts once, then responses
     assert got_v.shape == want_v.shape == (12, 6) and got_v.dtype == torch.float32
     real = response_mask.bool()
     _close(got_v[real], want_v[real])

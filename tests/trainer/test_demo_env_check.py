@@ -86,3 +86,21 @@ def test_without_a_config_file_relative_paths_are_the_users_not_the_presets():
 
     config = _load(Namespace(items=["reward.functions=[{name: reward.py:fn}]"], command="train", legacy=[]))
     assert config.trainer.demo == "arithmetic" and config._source_dir is None  # resolved against the cwd
+
+
+@pytest.mark.parametrize("own", ["data.train_files=[train.jsonl]", "env.name=my_env.py:Env"])
+def test_without_a_config_file_naming_data_or_an_env_trains_on_the_defaults_not_the_demo(own):
+    """volcengine/verl users train from the command line alone: data files (or an env) there are their own
+    run, which the demo preset's arithmetic env would refuse."""
+    from argparse import Namespace
+
+    from verl.cli.main import _load, runs_demo
+    from verl.config.schema import RunConfig
+
+    args = Namespace(items=["model.path=tiny", own], command="train", legacy=[])
+    config = _load(args)
+    assert not runs_demo(args) and config.trainer.demo is None and config.model.path == "tiny"
+    defaults = RunConfig()
+    assert config.actor.lr == defaults.actor.lr and config.rollout.n == defaults.rollout.n  # not the preset's
+    assert runs_demo(Namespace(items=["model.path=tiny"], command="train", legacy=[]))
+    assert not runs_demo(Namespace(items=["cfg.yaml"], command="train", legacy=[]))

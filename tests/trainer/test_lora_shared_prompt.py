@@ -68,7 +68,7 @@ def test_lora_policy_shares_prompts_with_the_unshared_loss_and_adapter_gradients
     forwards.clear()
     got_loss, got_lp, got = run(lambda: shared_prompt_logprobs(policy, *shared_args, with_entropy=True))
     hook.remove()
-    assert forwards == [(3, 6), (12, 7)]  # the LoRA model ran the 3 prompts once, then the 12 responses
+    assert forwards == [(3, 6), (12, 6)]  # the LoRA model ran the 3 prompts once, then the 12 responses
     assert got_loss == pytest.approx(want_loss, rel=TOL)
     real = shared_args[3].bool()
     _close(got_lp[real], want_lp[real])

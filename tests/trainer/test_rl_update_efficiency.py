@@ -196,7 +196,9 @@ def test_shared_prompt_forward_gives_the_unshared_logprobs_and_gradients(dtype, 
     forwards.clear()
     got_lp, got = run(lambda: shared_prompt_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask,
                                                      temperature=0.7, with_entropy=True))
-    assert forwards == [(3, 6), (12, 7)]  # 3 distinct prompts once, then the 12 responses on their keys/values
+    # 3 distinct prompts once (all but their last token), then the 12 responses on their keys/values: the
+    # prompt's last token and the responses but their last token (which predicts nothing)
+    assert forwards == [(3, 6), (12, 6)]
     real = response_mask.bool()
     assert float((got_lp - want_lp)[real].abs().max()) <= tol * float(want_lp[real].abs().max())
     want = {k: v.double() for k, v in want.items()}
@@ -255,9 +257,9 @@ def test_unsharded_shared_prompt_backward_skips_the_prompt_logits():
 
 
 @pytest.mark.parametrize("shared", [False, True])
-def test_the_head_runs_only_where_a_logit_is_used(shared):
-    """The last position predicts past the response: the head (and its backward) skips it. The logits are
-    those of the full head, cut, bit for bit."""
+def test_only_positions_whose_logit_is_used_run(shared):
+    """The last token predicts past the response: neither the layers nor the head run on it, and the head
+    runs only on positions that predict a response token. The logits are those of the full forward, cut."""
     from transformers import AutoModelForCausalLM
 
     from verl.models.tiny import build_tiny_model
@@ -266,18 +268,20 @@ def test_the_head_runs_only_where_a_logit_is_used(shared):
 
     model = AutoModelForCausalLM.from_pretrained(build_tiny_model(seed=0), dtype=torch.float32)
     prompt_ids, prompt_mask, response_ids, response_mask, _ = random_groups()
-    head_rows = []
+    head_rows, layer_rows = [], []
     model.lm_head.register_forward_hook(lambda module, args, out: head_rows.append(args[0].shape[1]))
+    model.model.layers[0].register_forward_hook(lambda module, args, out: layer_rows.append(args[0].shape[1]))
     ids, mask = torch.cat([prompt_ids, response_ids], 1), torch.cat([prompt_mask, response_mask], 1)
     positions = position_ids_from_mask(mask)
     width = response_ids.shape[1]
     if shared:
         got = shared_prompt_logits(model, prompt_ids, prompt_mask, response_ids, response_mask)
         assert head_rows == [1, width]  # the prompt forward's last position; the responses' own
+        assert sum(layer_rows) == ids.shape[1] - 1  # all but the prompt's last token; it and all but the last
     else:
         got = sequence_logits(model, ids, mask, positions, width)
-        assert head_rows == [width]
+        assert head_rows == [width] and layer_rows == [ids.shape[1] - 1]
     full = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
     assert got.shape == (len(ids), width, full.shape[-1])
-    if not shared:  # the same forward, the head on fewer positions
-        assert torch.equal(got, full[:, -width - 1 : -1])
+    if not shared:  # the same rows' forward, one column shorter: equal up to float32 rounding
+        torch.testing.assert_close(got, full[:, -width - 1 : -1], rtol=1e-5, atol=1e-5)

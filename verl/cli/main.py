@@ -18,6 +18,7 @@ from verl.errors import ConfigError, VerlError
 EPILOG = """examples:
   verl train                                   run the built-in demo (tiny model, arithmetic, SFT then GRPO)
   verl train examples/grpo_gsm8k.yaml actor.lr=1e-6 rollout.n=8
+  verl train model.path=Qwen/Qwen2.5-0.5B-Instruct data.train_files=train.jsonl reward.functions=[reward.py]
   verl train cfg.yaml --actor_device_ids 0,1 --ref_device_id 0     (legacy flags are accepted)
   verl train cfg.yaml --print-config            show the resolved config as YAML and exit
   verl check cfg.yaml                           every start-up check, no training
@@ -101,11 +102,24 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="optional YAML config, then dotted overrides such as actor.lr=1e-6")
 
 
+# Keys that say a command line without a config file is the user's own run, not the demo: volcengine/verl
+# users train from the command line alone (`data.train_files=... model.path=...`).
+OWN_RUN_KEYS = ("data.train_files", "data.val_files", "env.name")
+
+
+def runs_demo(args: argparse.Namespace) -> bool:
+    """`verl train` with no config file and none of `OWN_RUN_KEYS` set runs the built-in demo; the same
+    command line naming data files or an env trains on the plain defaults plus the overrides."""
+    config_path, overrides = split_config_and_overrides(args.items)
+    keys = {item.partition("=")[0].strip() for item in overrides}
+    return args.command == "train" and config_path is None and not keys & set(OWN_RUN_KEYS)
+
+
 def _load(args: argparse.Namespace):
     from verl.config import load_config
 
     config_path, overrides = split_config_and_overrides(args.items)
-    if config_path is None and args.command == "train":  # no config file: the built-in demo
+    if runs_demo(args):
         from verl.trainer.demo import demo_config_path
 
         config = load_config(demo_config_path(), overrides, legacy_argv=args.legacy)
@@ -127,7 +141,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return launch_training(config, args.nproc, ["train", *args.items, *args.legacy], **multinode_options(args))
     from verl.trainer.entry import run_training
 
-    return run_training(config, demo=split_config_and_overrides(args.items)[0] is None)
+    return run_training(config, demo=runs_demo(args))
 
 
 def cmd_check(args: argparse.Namespace) -> int:

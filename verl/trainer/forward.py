@@ -26,6 +26,8 @@ def _head_positions(model: torch.nn.Module, total: int, start: int, stop: int,
     """Forward kwargs and a slice of its output that give positions [start, stop) of a `total`-position
     input. The head (and its backward) runs on those positions only where the model takes positions; else
     on the last `total - start` (or all) positions, cut down afterwards."""
+    if start == 0 and stop == total:
+        return {}, slice(None)
     if 0 <= start < stop and keeps_positions(model):
         return {"logits_to_keep": torch.arange(start, stop, device=device)}, slice(None)
     if forward_accepts(model, "logits_to_keep"):
@@ -45,11 +47,14 @@ def sequence_logits(
     position_ids: torch.Tensor,
     keep_last: int,
 ) -> torch.Tensor:
-    """Logits predicting the last `keep_last` tokens: [B, keep_last, V] (float32, or float64 for a float64 model)."""
-    total = input_ids.shape[1]
-    head, cut = _head_positions(model, total, max(total - keep_last - 1, 0), total - 1, input_ids.device)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
-                   **head).logits[:, cut, :]
+    """Logits predicting the last `keep_last` tokens: [B, keep_last, V] (float32, or float64 for a float64 model).
+
+    The last token predicts nothing, so it is left out of the forward (causal attention: no other position's
+    output depends on it)."""
+    total = input_ids.shape[1] - 1
+    head, cut = _head_positions(model, total, max(total - keep_last, 0), total, input_ids.device)
+    logits = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
+                   position_ids=position_ids[:, :-1], use_cache=False, **head).logits[:, cut, :]
     return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
 
 
@@ -114,8 +119,12 @@ def _shared_prompt_output(
     response positions before them. Positions and the attention mask are those of the whole sequence, so
     the result equals the unshared forward up to float rounding (and so does every gradient).
     """
+    # The last response token predicts nothing: it is left out (causal attention: no output used depends on
+    # it), unless it is all the second forward would have (a one-token prompt and response).
+    drop = 1 if prompt_ids.shape[1] + response_ids.shape[1] > 2 else 0
     mask = torch.cat([prompt_mask, response_attention.to(prompt_mask.dtype)], dim=1)
     positions = position_ids_from_mask(mask)
+    mask, positions = mask[:, : mask.shape[1] - drop], positions[:, : mask.shape[1] - drop]
     _, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True)
     first = torch.full((int(inverse.max()) + 1,), len(inverse), dtype=torch.long, device=inverse.device)
     first = first.scatter_reduce(0, inverse, torch.arange(len(inverse), device=inverse.device), "amin")
@@ -129,9 +138,8 @@ def _shared_prompt_output(
                 position_ids=positions[first, :cut], use_cache=True, **keep(1))
     cache = returned_cache(out)
     cache.batch_select_indices(inverse)
-    tail = torch.cat([prompt_ids[:, cut:], response_ids], dim=1)
-    # the tail's last position predicts past the response: no output of it is used
-    head, used = _head_positions(model, tail.shape[1], 0, tail.shape[1] - 1, tail.device)
+    tail = torch.cat([prompt_ids[:, cut:], response_ids[:, : response_ids.shape[1] - drop]], dim=1)
+    head, used = _head_positions(model, tail.shape[1], 0, tail.shape[1] - 1 + drop, tail.device)
     result = getattr(model(input_ids=tail, attention_mask=mask, position_ids=positions[:, cut:], use_cache=True,
                            **{cache_argument(model): cache}, **head), field)[:, used]
     prompt_out = getattr(out, field)
@@ -194,5 +202,6 @@ def response_values(
     response_len: int,
 ) -> torch.Tensor:
     """V(s_t) for each response token t: the value at the position that predicts it."""
-    values = critic(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-    return values[:, -response_len - 1 : -1].float()
+    values = critic(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
+                    position_ids=position_ids[:, :-1])  # the last token predicts nothing
+    return values[:, -response_len:].float()

@@ -111,8 +111,8 @@ def check_env_data(config: RunConfig, kind: str) -> list[VerlError]:
     files = [*config.data.train_files, *config.data.val_files]
     if kind != "rl" or config.env.name not in SELF_CONTAINED_ENVS or not files:
         return []
-    demo = (f" and trainer.demo=null (`verl train` without a config file runs the built-in demo, "
-            f"trainer.demo={config.trainer.demo})" if config.trainer.demo else "")
+    demo = (f" and trainer.demo=null (trainer.demo={config.trainer.demo} runs a built-in demo)"
+            if config.trainer.demo else "")
     return [ConfigError(f"env.name={config.env.name} makes its own prompts, so data.train_files/val_files "
                         f"({', '.join(files)}) would not be read. Fix: set env.name=null{demo} to train on the "
                         "files, or remove data.train_files/val_files")]
