@@ -104,3 +104,5 @@ def test_without_a_config_file_naming_data_or_an_env_trains_on_the_defaults_not_
     assert config.actor.lr == defaults.actor.lr and config.rollout.n == defaults.rollout.n  # not the preset's
     assert runs_demo(Namespace(items=["model.path=tiny"], command="train", legacy=[]))
     assert not runs_demo(Namespace(items=["cfg.yaml"], command="train", legacy=[]))
+    assert runs_demo(Namespace(items=[], command="check", legacy=[]))  # checks what `verl train` would run
+    assert not runs_demo(Namespace(items=[own], command="check", legacy=[]))

@@ -109,10 +109,11 @@ OWN_RUN_KEYS = ("data.train_files", "data.val_files", "env.name")
 
 def runs_demo(args: argparse.Namespace) -> bool:
     """`verl train` with no config file and none of `OWN_RUN_KEYS` set runs the built-in demo; the same
-    command line naming data files or an env trains on the plain defaults plus the overrides."""
+    command line naming data files or an env trains on the plain defaults plus the overrides. `verl check`
+    checks what `verl train` would run."""
     config_path, overrides = split_config_and_overrides(args.items)
     keys = {item.partition("=")[0].strip() for item in overrides}
-    return args.command == "train" and config_path is None and not keys & set(OWN_RUN_KEYS)
+    return args.command in ("train", "check") and config_path is None and not keys & set(OWN_RUN_KEYS)
 
 
 def _load(args: argparse.Namespace):

@@ -42,7 +42,7 @@ VERL_KEYS: dict[str, str] = {
     f"{_ARR}.actor.optim.lr_warmup_steps": "actor.warmup_steps",
     f"{_ARR}.actor.optim.warmup_style": "actor.lr_schedule",
     f"{_ARR}.actor.optim.min_lr_ratio": "actor.min_lr_ratio",
-    f"{_ARR}.actor.ppo_mini_batch_size": "actor.mini_batch_size (prompts per optimizer step, as in verl)",
+    f"{_ARR}.actor.ppo_mini_batch_size": "actor.mini_batch_size",  # prompts per optimizer step in both
     f"{_ARR}.actor.ppo_micro_batch_size_per_gpu": "actor.micro_batch_size",
     f"{_ARR}.actor.use_dynamic_bsz": "actor.max_tokens_per_micro_batch (setting a token budget turns it on)",
     f"{_ARR}.actor.ppo_max_token_len_per_gpu": "actor.max_tokens_per_micro_batch",
