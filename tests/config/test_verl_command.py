@@ -21,7 +21,7 @@ VERL_GRPO = [
     "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "actor_rollout_ref.rollout.name=vllm",
     "actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "actor_rollout_ref.rollout.n=4",
     "trainer.logger=['console']", "trainer.n_gpus_per_node=2", "trainer.nnodes=1", "trainer.total_epochs=3",
-    "+trainer.val_before_train=False", "custom_reward_function.path=reward.py",
+    "+trainer.val_before_train=False", "custom_reward_function.path=reward.py", "data.prompt_key=question",
 ]
 
 
@@ -35,6 +35,7 @@ def test_a_verl_command_becomes_ours_where_the_meaning_is_the_same():
     assert ours["actor.kl_loss_coef"] == "0.01" and ours["actor.kl_loss_type"] == "low_var_kl"
     assert ours["reward.functions"] == "[{name: reward.py:compute_score}]"  # verl's default name
     assert ours["trainer.val_before_train"] == "False" and ours["devices.num_gpus_per_node"] == "2"
+    assert ours["data.fields.prompt"] == "question"
     assert t.flags == ["--nproc 2"]
     assert [theirs for theirs, _ in t.decide] == ["trainer.total_epochs=3"]
     assert t.missing == ["data.filter_overlong_prompts=True", "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"]
@@ -48,7 +49,8 @@ def test_a_verl_command_becomes_ours_where_the_meaning_is_the_same():
 
 def test_verls_kl_loss_is_off_unless_use_kl_loss_says_so():
     """In verl kl_loss_coef does nothing without use_kl_loss=True; here a coefficient > 0 turns the loss on."""
-    assert not any(i.startswith("actor.kl_loss_coef") for i in translate(["actor_rollout_ref.actor.kl_loss_coef=0.1"]).ours)
+    alone = translate(["actor_rollout_ref.actor.kl_loss_coef=0.1"])
+    assert alone.ours == [] and alone.decide[0][0] == "actor_rollout_ref.actor.kl_loss_coef=0.1"
     assert "actor.kl_loss_coef=0.001" in translate(["actor_rollout_ref.actor.use_kl_loss=true"]).ours  # verl's default
 
 

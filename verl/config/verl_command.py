@@ -3,7 +3,8 @@
 Each `key=value` is sorted into one of three kinds, and none is applied silently:
   * the same setting here: our key with the user's value (`actor_rollout_ref.actor.optim.lr` -> `actor.lr`,
     our own keys kept as they are, `custom_reward_function.path/name` -> one `reward.functions` entry,
-    `data.max_response_length` -> `rollout.max_new_tokens`, which is what verl means by it);
+    `data.max_response_length` -> `rollout.max_new_tokens`, which is what verl means by it, `use_kl_loss` and
+    `kl_loss_coef` -> `actor.kl_loss_coef`, `trainer.n_gpus_per_node` -> `--nproc`);
   * a setting whose meaning differs (a count, a unit, an on/off switch that is a value here): named with
     ours and what to decide (`VERL_KEYS`' notes);
   * a key with nothing here (vLLM memory fractions, Ray, Megatron): listed.
@@ -23,8 +24,8 @@ from verl.config.verl_compat import VERL_KEYS
 
 _PLAIN_KEY = re.compile(r"^[a-z_]+(\.[a-z_]+)+$")
 _ARR = "actor_rollout_ref"
-# verl keys that are ours too but mean something else in a verl command
-_VERL_MEANING = {"data.max_response_length": "rollout.max_new_tokens"}
+# verl keys whose setting is another key here (data.max_response_length is ours too, for SFT/DPO data)
+_RENAMED = {"data.max_response_length": "rollout.max_new_tokens", "data.prompt_key": "data.fields.prompt"}
 _TRUNCATION = {"error": "error", "left": "truncate_left"}  # verl's data.truncation values that exist here
 _ENGINES = ("hf", "vllm")
 _REWARD_PATH, _REWARD_NAME = "custom_reward_function.path", "custom_reward_function.name"
@@ -80,8 +81,8 @@ def translate(items: Sequence[str]) -> Translation:
             out.missing.append(item)
         elif key in _COMBINED:
             given[key] = value
-        elif key in _VERL_MEANING:
-            out.ours.append(f"{_VERL_MEANING[key]}={value}")
+        elif key in _RENAMED:
+            out.ours.append(f"{_RENAMED[key]}={value}")
         elif key == "data.truncation" and value in _TRUNCATION:
             out.ours.append(f"data.truncation={_TRUNCATION[value]}")
         elif key == "data.truncation":
@@ -112,11 +113,15 @@ def _combine(given: dict[str, str], out: Translation) -> None:
                            "reward.functions=[{name: FILE.py:FUNCTION}] (custom_reward_function.path names the file)"))
     if _true(given.get(_USE_KL, "false")):  # verl's KL loss is off unless use_kl_loss; its coefficient 0.001
         out.ours.append(f"actor.kl_loss_coef={given.get(_KL_COEF, '0.001')}")
+    elif _KL_COEF in given:
+        out.decide.append((f"{_KL_COEF}={given[_KL_COEF]}", "actor.kl_loss_coef (it does nothing in verl without "
+                           "use_kl_loss=True; here a value > 0 turns the KL loss on)"))
     if _GPUS in given:
         out.ours.append(f"devices.num_gpus_per_node={given[_GPUS]}")
         if given[_GPUS].strip() != "1":  # one process per GPU, as verl's launcher starts
             out.flags.append(f"--nproc {given[_GPUS]}")
     if given.get(_NODES, "1").strip() != "1":
         out.flags.append(f"--nnodes {given[_NODES]}")
+
 
 __all__ = ["Translation", "is_our_key", "translate"]
