@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 from verl.config import load_config
-from verl.config.verl_command import is_our_key, translate
+from verl.config.verl_command import is_our_key, translate, translate_sft
+from verl.trainer import fsdp_sft_trainer
 from verl.trainer.main_ppo import main
 
 # verl's GSM8K GRPO example, shortened
@@ -75,3 +76,28 @@ def test_main_ppo_prints_the_run_and_starts_nothing(capsys):
     out = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", "actor_rollout_ref.model.path=tiny"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "verl train model.path=tiny" in out.stderr
+
+
+def test_a_verl_sft_command_becomes_an_sft_run_here(capsys, monkeypatch):
+    items = ["data.train_files=sft.jsonl", "data.prompt_key=extra_info", "data.response_key=extra_info",
+             "data.prompt_dict_keys=['question']", "+data.response_dict_keys=['answer']",
+             "data.micro_batch_size_per_gpu=4", "data.train_batch_size=8", "model.partial_pretrain=tiny",
+             "optim.lr=1e-4", "trainer.total_epochs=2", "data.max_length=64", "model.fsdp_config.model_dtype=bf16"]
+    t = translate_sft(items)
+    ours = dict(item.split("=", 1) for item in t.ours)
+    assert ours["trainer.kind"] == "sft" and ours["data.kind"] == "sft" and ours["model.path"] == "tiny"
+    assert ours["data.fields.input"] == "extra_info.question" and ours["data.fields.output"] == "extra_info.answer"
+    assert ours["sft.lr"] == "1e-4" and ours["sft.epochs"] == "2" and ours["sft.batch_size"] == "8"
+    assert ours["actor.micro_batch_size"] == "4"
+    assert [theirs for theirs, _ in t.decide] == ["data.max_length=64"]
+    assert t.missing == ["model.fsdp_config.model_dtype=bf16"]
+    config = load_config(None, t.ours)
+    assert config.trainer.kind == "sft" and config.data.fields == {"input": "extra_info.question",
+                                                                   "output": "extra_info.answer"}
+    chat = translate_sft(["data.multiturn.enable=true", "data.multiturn.messages_key=conversation"])
+    assert "data.fields.messages=conversation" in chat.ours
+    monkeypatch.setenv("RANK", "1")  # under torchrun only rank 0 prints
+    assert fsdp_sft_trainer.main(items) == 2 and capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    assert fsdp_sft_trainer.main(items) == 2
+    assert "verl train trainer.kind=sft data.kind=sft" in capsys.readouterr().err

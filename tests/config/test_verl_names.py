@@ -8,7 +8,7 @@ import yaml
 
 from verl.config import config_to_yaml, load_config
 from verl.config.schema import RunConfig
-from verl.config.verl_compat import VERL_KEYS
+from verl.config.verl_compat import VERL_KEYS, VERL_SFT_KEYS
 from verl.errors import ConfigError
 from verl.trainer.startup import check_response_length
 
@@ -28,10 +28,12 @@ def _our_keys() -> set[str]:
     return keys
 
 
-def test_every_verl_key_points_at_a_key_of_ours_and_is_not_one():
+@pytest.mark.parametrize("table", [VERL_KEYS, VERL_SFT_KEYS], ids=["ppo", "sft"])
+def test_every_verl_key_points_at_a_key_of_ours_and_is_not_one(table):
     ours = _our_keys()
-    for theirs, hint in VERL_KEYS.items():
-        assert theirs not in ours, theirs  # else the hint could never be shown
+    for theirs, hint in table.items():
+        # else the hint could never be shown (the SFT trainer's data.train_batch_size is ours for RL prompts)
+        assert theirs not in ours or theirs == "data.train_batch_size", theirs
         if hint.startswith("verl train"):
             continue
         named = hint.split(" (")[0].split(" and ")
@@ -45,6 +47,8 @@ def test_every_verl_key_points_at_a_key_of_ours_and_is_not_one():
     ("critic.optim.lr=1e-5", "critic.lr"),
     ("trainer.save_freq=10", "checkpoint.save_interval"),
     ("algorithm.kl_ctrl.kl_coef=0.01", "algorithm.kl_coef"),
+    ("optim.lr=1e-5", "sft.lr"),  # verl's SFT trainer
+    ("model.partial_pretrain=Qwen/Qwen2.5-0.5B", "model.path"),
 ])
 def test_a_verl_key_on_the_command_line_is_answered_with_ours(override, ours):
     with pytest.raises(ConfigError) as info:

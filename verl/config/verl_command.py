@@ -1,4 +1,5 @@
-"""A volcengine/verl command line (`python -m verl.trainer.main_ppo key=value ...`) read as ours.
+"""A volcengine/verl command line (`python -m verl.trainer.main_ppo key=value ...`, or its SFT trainer's) read
+as ours.
 
 Each `key=value` is sorted into one of three kinds, and none is applied silently:
   * the same setting here: our key with the user's value (`actor_rollout_ref.actor.optim.lr` -> `actor.lr`,
@@ -14,24 +15,25 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
 from verl.config.schema import RunConfig
-from verl.config.verl_compat import VERL_KEYS
+from verl.config.loader import parse_value
+from verl.config.verl_compat import VERL_KEYS, VERL_SFT_KEYS
 
 _PLAIN_KEY = re.compile(r"^[a-z_]+(\.[a-z_]+)+$")
 _ARR = "actor_rollout_ref"
-# verl keys whose setting is another key here (data.max_response_length is ours too, for SFT/DPO data)
+# main_ppo keys whose setting is another key here (data.max_response_length is ours too, for SFT/DPO data)
 _RENAMED = {"data.max_response_length": "rollout.max_new_tokens", "data.prompt_key": "data.fields.prompt"}
 _TRUNCATION = {"error": "error", "left": "truncate_left"}  # verl's data.truncation values that exist here
 _ENGINES = ("hf", "vllm")
 _REWARD_PATH, _REWARD_NAME = "custom_reward_function.path", "custom_reward_function.name"
 _USE_KL, _KL_COEF = f"{_ARR}.actor.use_kl_loss", f"{_ARR}.actor.kl_loss_coef"
 _GPUS, _NODES = "trainer.n_gpus_per_node", "trainer.nnodes"
-_COMBINED = (_REWARD_PATH, _REWARD_NAME, _USE_KL, _KL_COEF, _GPUS, _NODES)
+_LAUNCH = (_GPUS, _NODES)
 
 
 def _true(value: str) -> bool:
@@ -69,9 +71,11 @@ class Translation:
         return " ".join(["verl train", *self.flags, *(shlex.quote(item) for item in self.ours)])
 
 
-def translate(items: Sequence[str]) -> Translation:
-    """Sort a verl command line's `key=value` items (Hydra's `+`/`++` prefixes allowed) into ours, to decide,
-    and missing."""
+def _sort(items: Sequence[str], keys: Mapping[str, str], combined: Sequence[str],
+          renamed: Mapping[str, str]) -> tuple[Translation, dict[str, str]]:
+    """Items into ours / decide / missing by `keys` (verl key -> ours, or ours with a note) and `renamed`
+    (verl keys that are ours too but mean another of ours); the values of `combined` keys (settings made of
+    several verl keys) are returned for the caller to join."""
     out = Translation()
     given: dict[str, str] = {}
     for item in items:
@@ -79,18 +83,18 @@ def translate(items: Sequence[str]) -> Translation:
         key = key.strip()
         if not eq or not key or item.startswith("~"):
             out.missing.append(item)
-        elif key in _COMBINED:
+        elif key in combined or key in _LAUNCH:
             given[key] = value
-        elif key in _RENAMED:
-            out.ours.append(f"{_RENAMED[key]}={value}")
+        elif key in renamed:
+            out.ours.append(f"{renamed[key]}={value}")
         elif key == "data.truncation" and value in _TRUNCATION:
             out.ours.append(f"data.truncation={_TRUNCATION[value]}")
         elif key == "data.truncation":
             out.decide.append((item, "data.truncation (error, drop or truncate_left)"))
         elif key == f"{_ARR}.rollout.name" and value in _ENGINES:
             out.ours.append(f"rollout.engine={value}")
-        elif key in VERL_KEYS:
-            ours = VERL_KEYS[key]
+        elif key in keys:
+            ours = keys[key]
             if _PLAIN_KEY.match(ours) and is_our_key(ours):
                 out.ours.append(f"{ours}={value}")
             else:
@@ -99,12 +103,13 @@ def translate(items: Sequence[str]) -> Translation:
             out.ours.append(f"{key}={value}")
         else:
             out.missing.append(item)
-    _combine(given, out)
-    return out
+    return out, given
 
 
-def _combine(given: dict[str, str], out: Translation) -> None:
-    """The verl settings that are two keys there and one here (or a launch flag)."""
+def translate(items: Sequence[str]) -> Translation:
+    """A `verl.trainer.main_ppo` command line's `key=value` items (Hydra's `+`/`++` prefixes allowed), sorted
+    into ours, to decide, and missing."""
+    out, given = _sort(items, VERL_KEYS, (_REWARD_PATH, _REWARD_NAME, _USE_KL, _KL_COEF), _RENAMED)
     if _REWARD_PATH in given:  # verl's default function name is compute_score
         name = given.get(_REWARD_NAME) or "compute_score"
         out.ours.append(f"reward.functions=[{{name: {given[_REWARD_PATH]}:{name}}}]")
@@ -116,12 +121,53 @@ def _combine(given: dict[str, str], out: Translation) -> None:
     elif _KL_COEF in given:
         out.decide.append((f"{_KL_COEF}={given[_KL_COEF]}", "actor.kl_loss_coef (it does nothing in verl without "
                            "use_kl_loss=True; here a value > 0 turns the KL loss on)"))
+    _launch(given, out)
+    return out
+
+
+def translate_sft(items: Sequence[str]) -> Translation:
+    """A `verl.trainer.fsdp_sft_trainer` command line's items, sorted likewise; the run is an SFT run on
+    `data.kind=sft` rows, whose input and output columns verl names with `prompt_key`/`response_key` (plus
+    `*_dict_keys` for a field inside a column) and `multiturn.messages_key`."""
+    columns = ("data.prompt_key", "data.prompt_dict_keys", "data.response_key", "data.response_dict_keys",
+               "data.multiturn.enable", "data.multiturn.messages_key")
+    out, given = _sort(items, VERL_SFT_KEYS, columns, {})
+    out.ours[:0] = ["trainer.kind=sft", "data.kind=sft"]
+    for field_name, side in (("input", "prompt"), ("output", "response")):
+        if f"data.{side}_key" in given:
+            path = given[f"data.{side}_key"]
+            inner = parse_value(given.get(f"data.{side}_dict_keys", "[]"))
+            inner = inner if isinstance(inner, list) else [inner]
+            out.ours.append(f"data.fields.{field_name}={'.'.join(map(str, [path, *inner[:1]]))}")
+    if _true(given.get("data.multiturn.enable", "false")):
+        out.ours.append(f"data.fields.messages={given.get('data.multiturn.messages_key', 'messages')}")
+    _launch(given, out)
+    return out
+
+
+def _launch(given: Mapping[str, str], out: Translation) -> None:
+    """verl's GPUs per node and node count: our launch flags (one process per GPU, as verl starts)."""
     if _GPUS in given:
         out.ours.append(f"devices.num_gpus_per_node={given[_GPUS]}")
-        if given[_GPUS].strip() != "1":  # one process per GPU, as verl's launcher starts
+        if given[_GPUS].strip() != "1":
             out.flags.append(f"--nproc {given[_GPUS]}")
     if given.get(_NODES, "1").strip() != "1":
         out.flags.append(f"--nnodes {given[_NODES]}")
 
 
-__all__ = ["Translation", "is_our_key", "translate"]
+def report(module: str, translation: Translation) -> str:
+    """What `python -m verl.trainer.<module>` prints: the same run as a `verl train` command line, the
+    settings to decide and those with nothing here. It starts nothing."""
+    lines = [f"error: `python -m verl.trainer.{module}` is volcengine/verl's entry point; this verl trains with "
+             "`verl train` and its own keys (docs/migrating.md). Nothing was started.",
+             "", "The same run here:", f"  {translation.command()}"]
+    if translation.decide:
+        lines += ["", "Decide these (the meaning differs here):"]
+        lines += [f"  {theirs}  ->  {ours}" for theirs, ours in translation.decide]
+    if translation.missing:
+        lines += ["", "No equivalent here (left out):"] + [f"  {item}" for item in translation.missing]
+    lines += ["", "`verl check` with the same arguments runs every start-up check without training."]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["Translation", "is_our_key", "report", "translate", "translate_sft"]

@@ -106,6 +106,35 @@ VERL_KEYS: dict[str, str] = {
 }
 
 
+# volcengine/verl's SFT trainer (`verl.trainer.fsdp_sft_trainer`, config sft_trainer.yaml) -> ours in an SFT run
+# (trainer.kind=sft; data.train_batch_size is ours too, for RL prompts). data.prompt_key/response_key and
+# their *_dict_keys are data.fields paths (verl_command.translate_sft), which joins the two-key settings.
+VERL_SFT_KEYS: dict[str, str] = {
+    "model.partial_pretrain": "model.path",
+    "model.enable_gradient_checkpointing": "model.gradient_checkpointing",
+    "model.lora_rank": "model.lora.rank",
+    "model.lora_alpha": "model.lora.alpha",
+    "model.target_modules": "model.lora.target_modules",
+    "data.micro_batch_size_per_gpu": "actor.micro_batch_size",
+    "data.train_batch_size": "sft.batch_size",
+    "data.max_length": "data.max_prompt_length and data.max_response_length (each part's own limit here)",
+    "optim.lr": "sft.lr",
+    "optim.weight_decay": "actor.weight_decay",
+    "optim.clip_grad": "actor.grad_clip",
+    "optim.warmup_steps_ratio": "actor.warmup_steps (a count of steps, not a ratio)",
+    "optim.lr_scheduler": "actor.lr_schedule (constant or cosine)",
+    "trainer.total_epochs": "sft.epochs",
+    "trainer.total_training_steps": "sft.steps",
+    "trainer.default_local_dir": "trainer.run_dir",
+    "trainer.save_freq": "checkpoint.save_interval",
+    "trainer.test_freq": "trainer.val_every",
+    "trainer.logger": "logging.backends",
+    "trainer.project_name": "logging.project",
+    "trainer.experiment_name": "logging.experiment",
+    "trainer.n_gpus_per_node": "devices.num_gpus_per_node",
+    "trainer.nnodes": "verl train --nnodes N",
+}
+
 def _dotted_keys(value: Any, prefix: str) -> Iterator[str]:
     if isinstance(value, Mapping) and value:
         for key, inner in value.items():
@@ -121,7 +150,8 @@ def verl_key_hint(tree: Mapping[str, Any], loc: Sequence[str | int]) -> str:
     for part in loc:
         value = value.get(part) if isinstance(value, Mapping) else None
     dotted = ".".join(map(str, loc))
-    found = [(key, VERL_KEYS[key]) for key in _dotted_keys(value, dotted) if key in VERL_KEYS]
+    known = {**VERL_SFT_KEYS, **VERL_KEYS}
+    found = [(key, known[key]) for key in _dotted_keys(value, dotted) if key in known]
     if found:
         pairs = "; ".join(f"{theirs} -> {ours}" for theirs, ours in found)
         return f" {'That is' if len(found) == 1 else 'Those are'} volcengine/verl's; here: {pairs}."
@@ -131,4 +161,4 @@ def verl_key_hint(tree: Mapping[str, Any], loc: Sequence[str | int]) -> str:
     return ""
 
 
-__all__ = ["VERL_KEYS", "VERL_NAMES", "verl_key_hint", "verl_name"]
+__all__ = ["VERL_KEYS", "VERL_NAMES", "VERL_SFT_KEYS", "verl_key_hint", "verl_name"]

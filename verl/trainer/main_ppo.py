@@ -1,4 +1,4 @@
-"""`python -m verl.trainer.main_ppo key=value ...`: volcengine/verl's command, answered with this verl's.
+"""`python -m verl.trainer.main_ppo key=value ...`: volcengine/verl's RL command, answered with this verl's.
 
 A volcengine/verl user starts RL with this module and Hydra overrides. Here a run starts with `verl train`
 and keys of its own, so this prints the same run as a `verl train` command line, the settings whose
@@ -8,25 +8,22 @@ from a command its user has read (`verl.config.verl_command`).
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from verl.config.verl_command import translate
+from verl.config.verl_command import Translation, report, translate
+
+
+def answer(module: str, translate_items: Callable[[Sequence[str]], Translation], argv: Sequence[str] | None) -> int:
+    """Print the translation (once: under torchrun only rank 0 prints) and return 2, the usage-error code."""
+    if os.environ.get("RANK", "0") == "0":
+        sys.stderr.write(report(module, translate_items(sys.argv[1:] if argv is None else argv)))
+    return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    translation = translate(sys.argv[1:] if argv is None else argv)
-    lines = ["error: `python -m verl.trainer.main_ppo` is volcengine/verl's entry point; this verl trains with "
-             "`verl train` and its own keys (docs/migrating.md). Nothing was started.",
-             "", "The same run here:", f"  {translation.command()}"]
-    if translation.decide:
-        lines += ["", "Decide these (the meaning differs here):"]
-        lines += [f"  {theirs}  ->  {ours}" for theirs, ours in translation.decide]
-    if translation.missing:
-        lines += ["", "No equivalent here (left out):"] + [f"  {item}" for item in translation.missing]
-    lines += ["", "`verl check` with the same arguments runs every start-up check without training."]
-    sys.stderr.write("\n".join(lines) + "\n")
-    return 2
+    return answer("main_ppo", translate, argv)
 
 
 if __name__ == "__main__":
