@@ -137,3 +137,10 @@ def test_file_only_problems_do_not_mention_the_command_line(tmp_path):
         load_config(path, [])
     assert str(err.value).startswith(f"{path} has 1 problem(s)") and "command line" not in str(err.value)
 
+
+
+def test_reward_functions_may_be_given_by_name_alone():
+    """`reward.functions=[numeric_match, reward.py:fn]` on a command line is short for `{name: ...}` entries."""
+    config = load_config(None, ["reward.functions=[numeric_match, {name: r.py:fn, weight: 2}]"])
+    assert config.reward.functions == [{"name": "numeric_match"}, {"name": "r.py:fn", "weight": 2}]
+    assert load_config(None, ["reward.functions=r.py:fn"]).reward.functions == [{"name": "r.py:fn"}]

@@ -18,7 +18,7 @@ from verl.errors import ConfigError, VerlError
 EPILOG = """examples:
   verl train                                   run the built-in demo (tiny model, arithmetic, SFT then GRPO)
   verl train examples/grpo_gsm8k.yaml actor.lr=1e-6 rollout.n=8
-  verl train model.path=Qwen/Qwen2.5-0.5B-Instruct data.train_files=train.jsonl reward.functions=[reward.py]
+  verl train model.path=Qwen/Qwen2.5-0.5B-Instruct data.train_files=train.jsonl reward.functions=[reward.py:fn]
   verl train cfg.yaml --actor_device_ids 0,1 --ref_device_id 0     (legacy flags are accepted)
   verl train cfg.yaml --print-config            show the resolved config as YAML and exit
   verl check cfg.yaml                           every start-up check, no training

@@ -220,8 +220,18 @@ class RefConfig(Section):
     _home = field_validator("path", mode="before")(_home)
 
 
+def _function_specs(value: Any) -> Any:
+    """`[numeric_match, reward.py:fn]` (names alone, as typed on a command line) as `[{name: ...}, ...]`."""
+    if isinstance(value, (str, dict)):
+        value = [value]
+    if isinstance(value, list):
+        return [{"name": v} if isinstance(v, str) else v for v in value]
+    return value
+
+
 class RewardConfig(Section):
     functions: list[dict[str, Any]] = Field(default_factory=list)
+    _specs = field_validator("functions", mode="before")(_function_specs)
     model_path: str | None = None
     _home = field_validator("model_path", mode="before")(_home)
     model_dtype: str | None = None
