@@ -265,6 +265,8 @@ class TrainerConfig(Section):
     _home = field_validator("run_dir", "resume", mode="before")(_home)
     val_every: int = Field(0, ge=0, description="Validate every N steps; 0 = only at the end.")
     val_before_train: bool = True
+    val_only: bool = Field(False, description="Validate once, on the checkpoint `trainer.resume` finds (or the "
+                           "model as loaded), and stop: no training step, no checkpoint (volcengine/verl's key).")
     device: str = Field("auto", description="auto | cpu | cuda")
     log_every: int = Field(1, gt=0, description="Log (console line, JSONL row, backends) every N steps.")
     log_samples: int = Field(8, ge=0, description="Validation generations written to samples.jsonl (and "

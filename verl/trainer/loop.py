@@ -25,7 +25,7 @@ from verl.checkpoint import (
     restore_rng_state,
 )
 from verl.config.loader import config_to_yaml
-from verl.errors import CheckpointError
+from verl.errors import CheckpointError, ConfigError
 from verl.tracking import Tracker
 
 
@@ -60,13 +60,13 @@ def restore_extra(trainer: Any, extra: Mapping[str, Any]) -> None:
     trainer.history = list(extra.get("history", []))
 
 
-def log_metrics(trainer: Any, tracker: Any, metrics: dict[str, float], step: int) -> None:
-    """Keep every metric row in the history; send every `log_every`-th (and the first and last) on."""
+def log_metrics(trainer: Any, tracker: Any, metrics: dict[str, float], step: int, *, always: bool = False) -> None:
+    """Keep every metric row in the history; send every `log_every`-th (and the first and last, or `always`) on."""
     if not metrics:
         return
     trainer.history.append({"step": step, **metrics})
     total = trainer.config.trainer.total_steps
-    if step % trainer.config.trainer.log_every == 0 or step == total or step == 0:
+    if always or step % trainer.config.trainer.log_every == 0 or step == total or step == 0:
         tracker.log(metrics, step)
 
 
@@ -97,16 +97,20 @@ def config_changes(saved_yaml: str | None, config: Any) -> list[str]:
             for k in sorted(old.keys() | new.keys()) if old.get(k, missing) != new.get(k, missing)]
 
 
-def _rows(trainer: Any) -> str:
+def _row_counts(trainer: Any) -> tuple[int, int] | None:
+    """(train rows, validation rows), or None for a trainer without either."""
     env = getattr(trainer, "env", None)
     if env is not None:
-        train, val = len(env), len(env.val_rows())
-    else:
-        data, val_data = getattr(trainer, "train_data", None), getattr(trainer, "val_data", None)
-        if data is None:
-            return ""
-        train, val = len(data), len(val_data) if val_data is not None else 0
-    return f"{train:,} train rows, {val:,} validation rows"
+        return len(env), len(env.val_rows())
+    data, val_data = getattr(trainer, "train_data", None), getattr(trainer, "val_data", None)
+    if data is None:
+        return None
+    return len(data), len(val_data) if val_data is not None else 0
+
+
+def _rows(trainer: Any) -> str:
+    counts = _row_counts(trainer)
+    return "" if counts is None else f"{counts[0]:,} train rows, {counts[1]:,} validation rows"
 
 
 def banner_lines(trainer: Any, resume_from: Path | None, saved_yaml: str | None) -> list[str]:
@@ -116,7 +120,7 @@ def banner_lines(trainer: Any, resume_from: Path | None, saved_yaml: str | None)
     what = f"verl train: {cfg.trainer.kind}"
     if cfg.trainer.kind == "rl":
         what += f" ({cfg.algorithm.adv_estimator})"
-    lines = [f"{what}, {cfg.trainer.total_steps} steps"]
+    lines = [f"{what}, " + ("validation only" if cfg.trainer.val_only else f"{cfg.trainer.total_steps} steps")]
     model = getattr(trainer, "model", None)
     about = ""
     if model is not None:
@@ -133,9 +137,10 @@ def banner_lines(trainer: Any, resume_from: Path | None, saved_yaml: str | None)
     lines.append(f"run directory: {trainer.run_dir}")
     if resume_from is None:
         why = "trainer.resume=never" if cfg.trainer.resume == "never" else "no checkpoint to resume"
-        lines.append(f"starting from scratch ({why})")
+        lines.append(f"{'validating the model as loaded' if cfg.trainer.val_only else 'starting from scratch'} ({why})")
     else:
-        lines.append(f"resuming from {resume_from} (step {trainer.step_count}/{cfg.trainer.total_steps})")
+        verb = "validating" if cfg.trainer.val_only else "resuming from"
+        lines.append(f"{verb} {resume_from} (step {trainer.step_count}/{cfg.trainer.total_steps})")
         changes = config_changes(saved_yaml, cfg)
         lines.append("config changed since that checkpoint:" + ("" if changes else " nothing"))
         lines += [f"  {change}" for change in changes]
@@ -148,6 +153,9 @@ def fit(trainer: Any) -> list[dict[str, float]]:
     A SIGINT/SIGTERM saves a checkpoint at the end of the current step and raises `TrainingInterrupted`.
     """
     cfg = trainer.config
+    if cfg.trainer.val_only and (_row_counts(trainer) or (0, 0))[1] == 0:
+        raise ConfigError("trainer.val_only=true validates on held-out rows, and this run has none. Fix: set "
+                          "data.val_files (or data.val_size to hold rows out of data.train_files)")
     ckpt = CheckpointManager(trainer.run_dir, save_interval=cfg.checkpoint.save_interval,
                              save_total_limit=cfg.checkpoint.save_total_limit,
                              async_save=cfg.checkpoint.async_save, rank=trainer.rank, world_size=trainer.world_size)
@@ -164,7 +172,7 @@ def fit(trainer: Any) -> list[dict[str, float]]:
                       total_steps=cfg.trainer.total_steps, project=cfg.logging.project,
                       experiment=cfg.logging.experiment, enabled=trainer.rank == 0, resume_step=trainer.step_count,
                       fresh=resume_from is None, mlflow_tracking_uri=cfg.logging.mlflow_tracking_uri)
-    if resume_from is not None and trainer.rank == 0:
+    if resume_from is not None and trainer.rank == 0 and not cfg.trainer.val_only:  # val_only deletes nothing
         tracker.truncate_after(trainer.step_count)
     for line in banner_lines(trainer, resume_from, saved_yaml) if trainer.rank == 0 else []:
         tracker.print(line)
@@ -174,6 +182,10 @@ def fit(trainer: Any) -> list[dict[str, float]]:
     stop = GracefulStop()
     try:
         with stop:
+            if cfg.trainer.val_only:
+                log_metrics(trainer, tracker, trainer.validate(), trainer.step_count, always=True)
+                log_validation_samples(trainer, tracker, trainer.step_count)
+                return trainer.history
             tracker.start_progress(trainer.step_count)
             if trainer.step_count == 0 and cfg.trainer.val_before_train:
                 trainer._log(tracker, trainer.validate(), 0)

@@ -96,13 +96,19 @@ DEMO_ENVS = {"arithmetic": "arithmetic", "tool": "calculator"}
 
 def check_demo_env(config: RunConfig) -> list[VerlError]:
     """`trainer.demo` names a recipe for one built-in environment; another built-in one is refused here,
-    before anything loads (a user class, `file.py:Class`, is checked by the recipe when it starts)."""
+    before anything loads (a user class, `file.py:Class`, is checked by the recipe when it starts). A demo
+    cannot be validation only."""
     want = DEMO_ENVS.get(config.trainer.demo or "")
     name = config.env.name
-    if want is None or name == want or (name is not None and ":" in name):
-        return []
-    return [ConfigError(f"trainer.demo={config.trainer.demo} is the recipe for env.name: {want}, but env.name is "
-                        f"{name!r}. Set env.name: {want}, or remove trainer.demo to train this config normally.")]
+    problems: list[VerlError] = []
+    if want is not None and name != want and not (name is not None and ":" in name):
+        problems.append(ConfigError(f"trainer.demo={config.trainer.demo} is the recipe for env.name: {want}, but "
+                                    f"env.name is {name!r}. Set env.name: {want}, or remove trainer.demo to train "
+                                    "this config normally."))
+    if config.trainer.demo and config.trainer.val_only:
+        problems.append(ConfigError(f"trainer.val_only validates and stops, but trainer.demo={config.trainer.demo} "
+                                    "runs a whole demo (warm start, RL, summary). Fix: remove one of them"))
+    return problems
 
 
 def check_env_data(config: RunConfig, kind: str) -> list[VerlError]:

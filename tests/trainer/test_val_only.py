@@ -1,0 +1,67 @@
+"""`trainer.val_only`: validate the checkpoint `trainer.resume` finds (or the model as loaded) and stop,
+changing nothing: no step, no checkpoint, no weight, no deleted metric row."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from rl_support import read_metrics, rl_config
+
+from verl.checkpoint import list_checkpoints
+from verl.errors import ConfigError
+from verl.trainer.loop import banner_lines
+from verl.trainer.rl_trainer import RLTrainer
+from verl.trainer.startup import check_startup
+
+RUN = ("trainer.total_steps=3", "checkpoint.save_interval=2", "trainer.val_every=2", "trainer.val_before_train=false")
+
+
+def test_val_only_validates_the_checkpoint_and_changes_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    trained = RLTrainer(rl_config(run_dir, *RUN))
+    trained.fit()  # validates at steps 2 and 3, keeps checkpoints of both
+    at_step_2 = {k: v for k, v in trained.history[1].items() if k.startswith("val/")}
+    assert trained.history[1]["step"] == 2 and at_step_2
+    checkpoints = [c.path for c in list_checkpoints(run_dir)]
+    rows = read_metrics(run_dir)
+
+    step_2 = next(c.path for c in list_checkpoints(run_dir) if c.step == 2)
+    only = RLTrainer(rl_config(run_dir, *RUN, "trainer.val_only=true", f"trainer.resume={step_2}"))
+    history = only.fit()
+    assert only.step_count == 2 and history[-1]["step"] == 2
+    got = {k: v for k, v in history[-1].items() if k.startswith("val/")}
+    assert got == at_step_2  # greedy validation of the step-2 weights, as during training
+    assert [c.path for c in list_checkpoints(run_dir)] == checkpoints  # nothing saved, nothing pruned
+    after = read_metrics(run_dir)
+    assert after[: len(rows)] == rows and len(after) == len(rows) + 1  # appended, nothing truncated
+    assert after[-1]["step"] == 2 and after[-1]["val/score"] == at_step_2["val/score"]
+
+
+def test_val_only_without_a_checkpoint_validates_the_loaded_model(tmp_path):
+    only = RLTrainer(rl_config(tmp_path / "run", "trainer.val_only=true"))
+    before = {k: v.clone() for k, v in only.model.state_dict().items()}
+    history = only.fit()
+    assert only.step_count == 0 and [r["step"] for r in history] == [0] and "val/score" in history[0]
+    assert all(torch.equal(before[k], v) for k, v in only.model.state_dict().items())
+    assert not list_checkpoints(tmp_path / "run")
+    lines = banner_lines(only, None, None)
+    assert lines[0].endswith("validation only") and "validating the model as loaded" in lines[-1]
+
+
+def test_val_only_needs_held_out_rows(tmp_path):
+    from verl.trainer.sft_trainer import SFTTrainer
+
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(json.dumps({"input": f"{i}+1=", "output": str(i + 1)}) + "\n" for i in range(8)))
+    config = rl_config(tmp_path / "run", "trainer.kind=sft", "data.kind=sft", f"data.train_files=[{data}]",
+                       "env.name=null", "trainer.val_only=true", reward=None)
+    with pytest.raises(ConfigError, match="trainer.val_only=true validates on held-out rows.*data.val_files"):
+        SFTTrainer(config).fit()
+
+
+def test_a_demo_cannot_be_validation_only(tmp_path):
+    config = rl_config(tmp_path / "run", "trainer.demo=arithmetic", "trainer.val_only=true")
+    problems = [str(p) for p in check_startup(config, world_size=1).problems]
+    assert any("trainer.val_only validates and stops, but trainer.demo=arithmetic" in p for p in problems)
