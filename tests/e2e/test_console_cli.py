@@ -76,7 +76,7 @@ def test_piped_output_banner_one_line_per_step_and_samples(tmp_path):
     # samples: 4 per validation (steps 2 and 3) in samples.jsonl, 3 of them on the console
     rows = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [2] * 4 + [3] * 4
-    assert set(rows[0]) == {"step", "prompt", "response", "score", "ground_truth"}
+    assert set(rows[0]) == {"step", "prompt", "response", "score", "ground_truth", "data_source"}
     assert rows[0]["score"] in (0.0, 1.0) and isinstance(rows[0]["prompt"], str)
     at = lines.index(f"validation samples at step 2 (3 of 4; all 4 in {run_dir / 'samples.jsonl'}):")
     assert all(line.startswith("  prompt=") for line in lines[at + 1:at + 4])

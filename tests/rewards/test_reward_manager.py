@@ -446,3 +446,12 @@ def test_our_batched_convention_stays_ours_whatever_its_parameters_are_called(tm
     mgr = RewardManager([{"name": "ours.py:fn", "batched": True}], base_dir=tmp_path)
     assert mgr.described == ["fn"]
     assert mgr.score(["q", "q"], ["1", "2"], ["1", "1"]).scores.tolist() == [1.0, 0.0]
+
+
+def test_a_function_that_names_data_source_gets_it_beside_its_other_keywords() -> None:
+    def by_source(prompt, response, ground_truth, data_source=None, **metadata):
+        return {"gsm8k": 1.0, "math": 0.0}[data_source] + 0.5 * ("level" in metadata)
+
+    mgr = RewardManager([by_source])
+    result = mgr.score(["a", "b"], ["1", "2"], ["1", "2"], metadata=[{}, {"level": 3}], data_sources=["gsm8k", "math"])
+    assert result.scores.tolist() == [1.0, 0.5]

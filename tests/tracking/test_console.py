@@ -64,7 +64,7 @@ def test_samples_are_written_printed_as_plain_text_and_truncated_on_resume(tmp_p
     tracker.close()
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(rows) == 10 and rows[0] == {"step": 2, "prompt": "0+1=", "response": "[bold]x[/bold]", "score": 0.0,
-                                           "ground_truth": "1"}
+                                           "ground_truth": "1", "data_source": None}
     printed = out.getvalue().splitlines()
     assert f"validation samples at step 2 (3 of 8; all 8 in {path}):" in printed
     assert '  prompt="0+1="  response="[bold]x[/bold]"  score=0  ground_truth="1"' in printed  # not markup

@@ -65,3 +65,25 @@ def test_a_demo_cannot_be_validation_only(tmp_path):
     config = rl_config(tmp_path / "run", "trainer.demo=arithmetic", "trainer.val_only=true")
     problems = [str(p) for p in check_startup(config, world_size=1).problems]
     assert any("trainer.val_only validates and stops, but trainer.demo=arithmetic" in p for p in problems)
+
+
+def by_source(prompt, response, ground_truth, data_source=None, **metadata):
+    return {"gsm8k": 1.0, "math": 0.0}.get(data_source, 0.5)
+
+
+def test_validation_reports_each_data_source_when_the_rows_mix_several(tmp_path):
+    """As volcengine/verl reports a validation score per data source (GSM8K and MATH test sets together)."""
+    rows = [{"prompt": f"{i}+1=", "ground_truth": str(i + 1), "data_source": source}
+            for i, source in enumerate(["gsm8k"] * 3 + ["math"] * 2 + ["other"])]
+    trainer = RLTrainer.from_pretrained("tiny", reward_fn=by_source, dataset=rows, data={"train_batch_size": 2},
+                                        rollout={"n": 2, "max_new_tokens": 3},
+                                        trainer={"total_steps": 1, "device": "cpu", "run_dir": str(tmp_path / "run")})
+    samples = []
+    metrics = trainer.evaluate(rows, prefix="val", samples=samples)
+    assert metrics["val/score"] == pytest.approx((3 * 1.0 + 2 * 0.0 + 0.5) / 6) and "val/accuracy" not in metrics
+    assert metrics["val/gsm8k/score"] == metrics["val/gsm8k/accuracy"] == 1.0
+    assert metrics["val/math/score"] == metrics["val/math/accuracy"] == 0.0
+    assert metrics["val/other/score"] == 0.5 and "val/other/accuracy" not in metrics
+    assert [s["data_source"] for s in samples] == [r["data_source"] for r in rows][: len(samples)]
+    one = trainer.evaluate(rows[:3], prefix="val")  # a single source: nothing repeated
+    assert set(one) == {"val/score", "val/accuracy"}

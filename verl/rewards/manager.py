@@ -359,7 +359,7 @@ class RewardManager:
             for k, v in meta.items()
             if k not in ld.positional and (ld.keyword_names is None or k in ld.keyword_names)
         }
-        if ld.keyword_names is not None and "data_source" in ld.keyword_names and "data_source" not in kwargs:
+        if "data_source" in ld.parameters and "data_source" not in (*kwargs, *ld.positional):  # declared by name
             kwargs["data_source"] = data_source
         kwargs.update(ld.spec.kwargs)
         try:

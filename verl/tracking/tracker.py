@@ -21,7 +21,7 @@ KNOWN_BACKENDS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 # Install hints: `verl` on PyPI is another project, so never `pip install 'verl[...]'`.
 INSTALL_HINTS = {name: install_hint(name, name) for name in ("tensorboard", "wandb", "mlflow")}
 ROTATED_FILES = ("metrics.jsonl", "samples.jsonl")
-SAMPLE_FIELDS = ("step", "prompt", "response", "score", "ground_truth")
+SAMPLE_FIELDS = ("step", "prompt", "response", "score", "ground_truth", "data_source")
 
 
 def _missing(backend: str) -> ConfigError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -55,6 +56,19 @@ from verl.trainer.models import build_reference
 from verl.trainer.optim import build_optimizer
 from verl.trainer.reward_model import reward_text
 from verl.trainer.runtime import TrainerRuntime
+
+
+def _score_sums(scores: torch.Tensor) -> tuple[float, float]:
+    """(sum of the scores, how many are neither 0 nor 1)."""
+    return float(scores.sum()), float(((scores != 0) & (scores != 1)).sum())
+
+
+def _score_metrics(prefix: str, score_sum: float, not_binary: float, count: int) -> dict[str, float]:
+    """`<prefix>/score` (the mean), and `<prefix>/accuracy` when every score is 0 or 1."""
+    metrics = {f"{prefix}/score": score_sum / count}
+    if not_binary == 0:
+        metrics[f"{prefix}/accuracy"] = score_sum / count
+    return metrics
 
 
 class RLTrainer(TrainerRuntime):
@@ -828,7 +842,7 @@ class RLTrainer(TrainerRuntime):
         share = -(-len(rows) // self.dp_size)
         mine = list(rows[self.dp_rank * share : (self.dp_rank + 1) * share])
         size = self.config.data.val_batch_size
-        scores, episode_sums = [torch.zeros(0)], {}
+        scores, episode_sums, mine_sources = [torch.zeros(0)], {}, []
         for start in range(0, share, size):
             chunk = mine[start : start + size]
             real = len(chunk)
@@ -845,21 +859,29 @@ class RLTrainer(TrainerRuntime):
                 responses = self.decode_responses(out.response_ids, out.response_mask)
                 chunk_scores = self.env.compute_reward(chunk, responses).scores.float()
             scores.append(chunk_scores[:real])
+            mine_sources += [row.get("data_source") for row in chunk[:real]]
             if samples is not None:
                 kept = min(max(self.config.trainer.log_samples - len(samples), 0), real)
                 samples += [{"prompt": row.get("prompt"), "response": response, "score": float(score),
-                             "ground_truth": row.get("ground_truth")}
+                             "ground_truth": row.get("ground_truth"), "data_source": row.get("data_source")}
                             for row, response, score in zip(chunk[:kept], responses[:kept],
                                                             chunk_scores.tolist()[:kept], strict=True)]
         mine_scores = torch.cat(scores).double()
         names = sorted(episode_sums)
-        sums = torch.tensor([float(mine_scores.sum()), float(((mine_scores != 0) & (mine_scores != 1)).sum()),
-                             *(episode_sums[k] for k in names)], dtype=torch.float64)
-        score_sum, not_binary, *episode_totals = self.placement.all_reduce_sum(sums, role="actor").tolist()
-        metrics = {f"{prefix}/score": score_sum / len(rows)}
-        metrics |= {f"{prefix}/{k}": v / len(rows) for k, v in zip(names, episode_totals, strict=True)}
-        if not_binary == 0:
-            metrics[f"{prefix}/accuracy"] = score_sum / len(rows)
+        # Per data source too when the rows mix several (e.g. GSM8K and MATH test sets), from the same sums.
+        counts = Counter(row.get("data_source") for row in rows)
+        sources = sorted(counts, key=str) if len(counts) > 1 else []
+        index = {source: i for i, source in enumerate(sources)}
+        of = torch.tensor([index.get(source, -1) for source in mine_sources], dtype=torch.long)
+        by_source = [mine_scores[of == i] for i in range(len(sources))]
+        sums = torch.tensor([*_score_sums(mine_scores), *(episode_sums[k] for k in names),
+                             *(x for part in by_source for x in _score_sums(part))], dtype=torch.float64)
+        totals = self.placement.all_reduce_sum(sums, role="actor").tolist()
+        metrics = _score_metrics(prefix, totals[0], totals[1], len(rows))
+        metrics |= {f"{prefix}/{k}": v / len(rows) for k, v in zip(names, totals[2 : 2 + len(names)], strict=True)}
+        for i, source in enumerate(sources):
+            at = 2 + len(names) + 2 * i
+            metrics |= _score_metrics(f"{prefix}/{source}", totals[at], totals[at + 1], counts[source])
         return metrics
 
     # ------------------------------------------------------------------ state for checkpoints
