@@ -455,3 +455,29 @@ def test_a_function_that_names_data_source_gets_it_beside_its_other_keywords() -
     mgr = RewardManager([by_source])
     result = mgr.score(["a", "b"], ["1", "2"], ["1", "2"], metadata=[{}, {"level": 3}], data_sources=["gsm8k", "math"])
     assert result.scores.tolist() == [1.0, 0.5]
+
+
+def test_a_trl_function_gets_trainer_state_and_log_metric_as_trl_gives_them() -> None:
+    """TRL passes `trainer_state` (curriculum by step), `log_metric` and `log_extra` to every reward function."""
+    from verl.rewards import TrainingProgress
+
+    seen = []
+
+    def curriculum(completions, trainer_state, log_metric, log_extra, **kwargs):
+        seen.append((trainer_state.global_step, trainer_state.max_steps))
+        log_metric("mean_length", sum(map(len, completions)) / len(completions))
+        log_extra("note", ["x"] * len(completions))
+        return [min(trainer_state.global_step / trainer_state.max_steps, 1.0)] * len(completions)
+
+    mgr = RewardManager([curriculum])
+    mgr.progress = TrainingProgress(global_step=5, max_steps=10)
+    result = mgr.score(["a", "b"], ["12", "1234"], ["1", "2"])
+    assert seen == [(5, 10)] and result.scores.tolist() == [0.5, 0.5]
+    assert result.metrics["reward/curriculum/mean_length"] == 3.0
+
+    def bad(completions, log_metric, **kwargs):
+        log_metric("oops", "n/a")
+        return [0.0] * len(completions)
+
+    with pytest.raises(RewardError, match="logged 'oops'.*finite number"):
+        RewardManager([bad]).score(["a"], ["1"], ["1"])

@@ -220,3 +220,23 @@ def test_critic_warmup_updates_only_the_critic(tmp_path):
     assert "critic/vf_loss" in first and "actor/pg_loss" not in first
     second = trainer.step()
     assert "actor/pg_loss" in second and all(changed(actor0, trainer.model).values())
+
+
+def test_a_trl_reward_function_sees_the_training_step(tmp_path):
+    """TRL's `trainer_state.global_step` (optimizer steps done before the batch) for curriculum rewards."""
+    seen = []
+
+    def by_step(completions, trainer_state, log_metric, **kwargs):
+        seen.append((trainer_state.global_step, trainer_state.max_steps))
+        log_metric("step_seen", trainer_state.global_step)
+        return [float(len(c) > 0) for c in completions]
+
+    rows = [{"prompt": f"{a}+1=", "answer": a + 1} for a in range(4)]
+    trainer = RLTrainer.from_pretrained(
+        "tiny", reward_fn=by_step, dataset=rows,
+        **{"trainer.device": "cpu", "trainer.run_dir": str(tmp_path), "trainer.total_steps": 3,
+           "trainer.val_before_train": False, "data.train_batch_size": 2, "rollout.n": 2,
+           "rollout.max_new_tokens": 2, "logging.backends": ["jsonl"]})
+    history = trainer.fit()
+    assert seen == [(0, 3), (1, 3), (2, 3)]
+    assert [h["reward/by_step/step_seen"] for h in history] == [0.0, 1.0, 2.0]

@@ -2,7 +2,7 @@
 
 from verl.rewards.builtin import BUILTIN_REWARDS, exact_match, extract_number, format_reward, numeric_match
 from verl.rewards.loader import load_reward_function
-from verl.rewards.manager import RewardManager, RewardResult
+from verl.rewards.manager import RewardManager, RewardResult, TrainingProgress
 from verl.rewards.spec import RewardFunctionSpec
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "RewardFunctionSpec",
     "RewardManager",
     "RewardResult",
+    "TrainingProgress",
     "exact_match",
     "extract_number",
     "format_reward",

@@ -47,6 +47,17 @@ class RewardResult:
     applied: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class TrainingProgress:
+    """Where training is, for reward functions that shape rewards by it: what TRL passes as `trainer_state`
+    (the fields of transformers' `TrainerState` that such functions read). `global_step` counts the
+    optimizer steps done before this batch; `epoch` the passes over the training prompts completed."""
+
+    global_step: int = 0
+    max_steps: int | None = None
+    epoch: int = 0
+
+
 VERL_SIGNATURE = ("data_source", "solution_str")
 # TRL's reward functions are called with keywords only: prompts, completions, and every dataset column.
 TRL_ARGUMENT = "completions"
@@ -189,6 +200,7 @@ class RewardManager:
                 "function, e.g. reward.functions: [{name: numeric_match}]."
             )
         self._loaded: list[_Loaded] = []
+        self.progress = TrainingProgress()  # set by the trainer before each batch is scored
         used: dict[str, int] = {}
         for i, raw in enumerate(specs):
             if callable(raw) and not isinstance(raw, (Mapping, RewardFunctionSpec)):
@@ -301,7 +313,7 @@ class RewardManager:
             raw_list, mask_list = [0.0] * n, [False] * n  # filled as Python lists: one tensor each, not n writes
             extras: dict[str, list[float]] = {}
             if ld.trl_style:
-                results = self._call_trl(ld, idx, batch)
+                results = self._call_trl(ld, idx, batch, extras)
             elif ld.spec.batched:
                 results = self._call_batched(ld, idx, batch)
             else:
@@ -415,13 +427,26 @@ class RewardManager:
             )
         return list(out)
 
-    def _call_trl(self, ld: _Loaded, idx: list[int], b: _Samples) -> list[Any]:
+    def _call_trl(self, ld: _Loaded, idx: list[int], b: _Samples, logged: dict[str, list[float]]) -> list[Any]:
         """A TRL reward function, `fn(prompts=..., completions=..., <column>=..., **kwargs)`: one call over the
         samples, keywords only, every dataset column as a list (the ground truth under each name it may have
         come from: ground_truth, answer, solution, ...). A completion is chat-formatted
-        (`[{"role": "assistant", "content": ...}]`) where its prompt is chat messages, as in TRL."""
+        (`[{"role": "assistant", "content": ...}]`) where its prompt is chat messages, as in TRL.
+
+        As TRL does, it also gets `trainer_state` (`self.progress`), `log_metric(name, value)` (logged as
+        `reward/<fn>/<name>`, the mean of the values given this batch; into `logged`) and
+        `log_extra(column, values)`, whose columns TRL shows only in its completions table, which is not
+        kept here (as TRL without `log_completions`)."""
         if not idx:
             return []
+
+        def log_metric(name: str, value: float) -> None:
+            number = _to_float(value)
+            if number is None or not math.isfinite(number):
+                raise RewardError(f"reward function '{ld.label}' ({ld.where}) logged {name!r}={_short(value)} with "
+                                  "log_metric; a metric must be a finite number.")
+            logged.setdefault(str(name), []).append(number)
+
         columns: dict[str, list[Any]] = {
             "prompts": [b.prompts[i] for i in idx],
             "completions": [[{"role": "assistant", "content": b.responses[i]}] if isinstance(b.prompts[i], list)
@@ -432,6 +457,7 @@ class RewardManager:
             columns[name] = [b.ground_truths[i] for i in idx]
         for key in dict.fromkeys(k for i in idx for k in b.metas[i]):
             columns.setdefault(key, [b.metas[i].get(key) for i in idx])
+        columns |= {"trainer_state": self.progress, "log_metric": log_metric, "log_extra": lambda column, values: None}
         params = ld.parameters
         if any(p.kind is p.VAR_KEYWORD for p in params.values()):
             kwargs = columns
@@ -498,4 +524,4 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-__all__ = ["RewardManager", "RewardResult"]
+__all__ = ["RewardManager", "RewardResult", "TrainingProgress"]

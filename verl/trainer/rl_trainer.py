@@ -39,6 +39,7 @@ from verl.models.dropout import disable_dropout, no_grad_eval
 from verl.models.hf_loader import load_tokenizer
 from verl.models.lora import base_of
 from verl.models.reward_model import RewardModelScorer
+from verl.rewards import TrainingProgress
 from verl.rollout import SamplingParams, build_engine
 from verl.rollout.weight_sync import synced
 from verl.trainer.advantages import apply_kl_in_reward, estimate_advantages
@@ -379,6 +380,10 @@ class RLTrainer(TrainerRuntime):
         if batch.env_scores is not None:  # multi-turn: the environment scored each episode as it ended
             batch.scores = batch.env_scores.to(self.device, torch.float32)
         else:
+            manager = getattr(self.env, "reward_manager", None)
+            if manager is not None:  # for reward functions that shape rewards by progress (TRL's trainer_state)
+                manager.progress = TrainingProgress(self.step_count, self.config.trainer.total_steps,
+                                                    getattr(self.env, "epoch", 0))
             result = self.env.compute_reward(batch.rows, batch.responses)
             batch.scores = result.scores.to(self.device, torch.float32)
             batch.metrics = dict(result.metrics)
