@@ -107,7 +107,9 @@ def check_demo_env(config: RunConfig) -> list[VerlError]:
                                     "this config normally."))
     if config.trainer.demo and config.trainer.val_only:
         problems.append(ConfigError(f"trainer.val_only validates and stops, but trainer.demo={config.trainer.demo} "
-                                    "runs a whole demo (warm start, RL, summary). Fix: remove one of them"))
+                                    "runs a whole demo (warm start, RL, summary; `verl train` without a config "
+                                    "file or data files runs the built-in one). Fix: remove one of them, or name "
+                                    "your data (data.val_files) or config"))
     return problems
 
 
