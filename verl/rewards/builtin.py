@@ -2,7 +2,8 @@
 
 Each takes `(prompt, response, ground_truth, **metadata)` like a user function and returns 1.0 or 0.0, so
 the reward manager treats built-ins and user functions the same way. Extra metadata keys are accepted and
-ignored, because datasets carry per-row metadata the built-ins do not use.
+ignored, because datasets carry per-row metadata the built-ins do not use. `remote` (a reward server,
+`verl.rewards.remote`) is the batched exception.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from typing import Any, Literal
+
+from verl.rewards.remote import check_remote_kwargs, remote_reward
 
 # A number as people and GSM8K write it: optional sign or "$", thousands commas, decimals.
 # The minus is a sign only when it does not follow a word character or ")", so "12-7" reads as 12 and 7.
@@ -185,19 +188,24 @@ def _check_numeric_kwargs(kwargs: dict[str, Any]) -> None:
         raise ValueError(f"kwargs.tolerance must be a number >= 0, got {tol!r}")
 
 
-BUILTIN_REWARDS: dict[str, Callable[..., float]] = {
+BUILTIN_REWARDS: dict[str, Callable[..., Any]] = {
     "exact_match": exact_match,
     "numeric_match": numeric_match,
     "format": format_reward,
+    "remote": remote_reward,
 }
+# Built-ins that score a whole batch per call (one HTTP request per batch, not per sample).
+BATCHED_BUILTINS = frozenset({"remote"})
 
 # Checks of a built-in's kwargs that run when the reward manager is built, so a bad regex fails at start-up.
 BUILTIN_KWARG_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "numeric_match": _check_numeric_kwargs,
     "format": _check_format_kwargs,
+    "remote": check_remote_kwargs,
 }
 
 __all__ = [
+    "BATCHED_BUILTINS",
     "BUILTIN_REWARDS",
     "compile_format_pattern",
     "exact_match",

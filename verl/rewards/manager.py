@@ -26,7 +26,7 @@ import torch
 from pydantic import ValidationError
 
 from verl.errors import ConfigError, RewardError
-from verl.rewards.builtin import BUILTIN_KWARG_CHECKS
+from verl.rewards.builtin import BATCHED_BUILTINS, BUILTIN_KWARG_CHECKS
 from verl.rewards.loader import display_name, load_reward_function
 from verl.rewards.spec import RewardFunctionSpec
 
@@ -213,6 +213,8 @@ class RewardManager:
                 fn = raw
             else:
                 spec = _as_spec(raw, i)
+                if spec.name in BATCHED_BUILTINS:
+                    spec = spec.model_copy(update={"batched": True})
                 where = f"reward.functions[{i}] (name={spec.name!r})"
                 fn = load_reward_function(spec.name, base_dir=base_dir, where=where)
             check = BUILTIN_KWARG_CHECKS.get(spec.name)

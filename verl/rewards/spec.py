@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 class RewardFunctionSpec(BaseModel):
     """One reward function and where it applies.
 
-    `name` is a built-in (`exact_match`, `numeric_match`, `format`), a file (`path/to/file.py:fn`, relative to
+    `name` is a built-in (`exact_match`, `numeric_match`, `format`, `remote`), a file (`path/to/file.py:fn`, relative to
     the config file's directory) or an importable module (`package.module:fn`). `weight` 0 keeps a function
     for its metrics only; a negative weight makes it a penalty. `data_sources=None` applies the function to
     every sample; a list restricts it to samples whose `data_source` is in the list. `batched=True` calls the
@@ -36,7 +36,7 @@ class RewardFunctionSpec(BaseModel):
         v = v.strip()
         if not v:
             raise ValueError(
-                "name is blank; use a built-in (exact_match, numeric_match, format), "
+                "name is blank; use a built-in (exact_match, numeric_match, format, remote), "
                 "'path/to/file.py:fn' or 'package.module:fn'"
             )
         return v
