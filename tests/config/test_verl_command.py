@@ -101,3 +101,11 @@ def test_a_verl_sft_command_becomes_an_sft_run_here(capsys, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     assert fsdp_sft_trainer.main(items) == 2
     assert "verl train trainer.kind=sft data.kind=sft" in capsys.readouterr().err
+
+
+def test_dapos_overlong_buffer_is_one_setting_here():
+    on = translate(["reward_model.overlong_buffer.enable=True", "reward_model.overlong_buffer.len=512",
+                    "reward_model.overlong_buffer.penalty_factor=1.0"])
+    assert "algorithm.overlong_buffer=512" in on.ours and "algorithm.overlong_penalty=1.0" in on.ours
+    off = translate(["reward_model.overlong_buffer.len=512"])  # verl ignores the length without enable=True
+    assert off.ours == [] and off.decide[0][0] == "reward_model.overlong_buffer.len=512"

@@ -159,3 +159,8 @@ def test_shared_prompt_forward_on_episodes_equals_the_plain_forward(tmp_path):
                                      batch.response_ids.shape[1])
     mask = batch.response_mask.bool()
     assert torch.allclose(shared[mask], plain[mask], atol=1e-5)
+
+
+def test_the_overlong_buffer_is_refused_for_multi_turn_episodes(tmp_path):
+    with pytest.raises(ConfigError, match="algorithm.overlong_buffer shapes single-turn rewards"):
+        RLTrainer(mt_config(tmp_path, "algorithm.overlong_buffer=2"))

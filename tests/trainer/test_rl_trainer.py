@@ -240,3 +240,26 @@ def test_a_trl_reward_function_sees_the_training_step(tmp_path):
     history = trainer.fit()
     assert seen == [(0, 3), (1, 3), (2, 3)]
     assert [h["reward/by_step/step_seen"] for h in history] == [0.0, 1.0, 2.0]
+
+
+def test_the_overlong_buffer_penalises_responses_that_run_into_the_length_limit(tmp_path):
+    """DAPO's overlong reward shaping on the step's scores: the functions' score plus the length penalty."""
+    from verl.algorithms import overlong_penalty
+    from verl.trainer.startup import check_startup
+
+    trainer = RLTrainer(rl_config(tmp_path, "rollout.max_new_tokens=6", "algorithm.overlong_buffer=3",
+                                  "algorithm.overlong_penalty=0.5"))
+    batch = trainer.generate(trainer.get_batch())
+    plain = trainer.env.compute_reward(batch.rows, batch.responses).scores
+    batch = trainer.compute_reward(batch)
+    lengths = batch.response_mask.sum(dim=1)
+    want = plain + overlong_penalty(lengths.double(), 6, 3, 0.5).float()
+    torch.testing.assert_close(batch.scores, want)
+    assert batch.metrics["reward/overlong_frac"] == float((lengths > 3).float().mean()) > 0
+    assert batch.metrics["reward/overlong_penalty"] == pytest.approx(float((want - plain).mean()))
+    # the reward sits on each response's last token, penalty included
+    torch.testing.assert_close(batch.token_rewards.sum(dim=1), want)
+
+    too_long = rl_config(tmp_path, "rollout.max_new_tokens=6", "algorithm.overlong_buffer=6")
+    problems = [str(p) for p in check_startup(too_long, world_size=1).problems]
+    assert any("algorithm.overlong_buffer=6 must be shorter than rollout.max_new_tokens=6" in p for p in problems)

@@ -9,6 +9,7 @@ from .advantages import (
     compute_grpo_advantages,
     compute_reinforce_pp_returns,
     compute_rloo_advantages,
+    overlong_penalty,
     place_score_on_last_token,
 )
 from .core import (
@@ -52,6 +53,7 @@ __all__ = [
     "masked_moments",
     "masked_var",
     "masked_whiten",
+    "overlong_penalty",
     "place_score_on_last_token",
     "ppo_policy_loss",
     "sequence_kl_sums",

@@ -162,6 +162,18 @@ def compute_rloo_advantages(scores: torch.Tensor, group_ids: torch.Tensor) -> to
     return torch.where(varies, adv, 0).to(dtype)
 
 
+def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, factor: float = 1.0) -> torch.Tensor:
+    """DAPO's overlong reward shaping: a response whose length reaches into the last `buffer` tokens before
+    `max_length` loses `factor` x (how far in) / `buffer`, so 0 up to `max_length - buffer` tokens, then
+    linearly down to `-factor` at `max_length` (and beyond, were a length to exceed it). Returns the
+    penalty per response (<= 0), in the lengths' float dtype (float32 for integer lengths)."""
+    if not 0 < buffer <= max_length:
+        raise ValueError(f"buffer must be in 1..max_length={max_length}, got {buffer}")
+    dtype = lengths.dtype if lengths.dtype.is_floating_point else torch.float32
+    over = (lengths.to(dtype) - (max_length - buffer)).clamp(min=0)
+    return -factor * (over / buffer).clamp(max=1)
+
+
 def place_score_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """Turn one score per sequence [B] into token rewards [B, T]: the score sits on the last unmasked token.
 

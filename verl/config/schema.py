@@ -152,6 +152,11 @@ class AlgorithmConfig(Section):
     max_resample_rounds: int = Field(3, ge=0, description="filter_groups: extra sampling rounds at most; a batch "
                                      "still short after them is filled with equal-reward groups (skipped in the "
                                      "update, so they cost no gradient).")
+    overlong_buffer: int = Field(0, ge=0, description="DAPO overlong reward shaping: a response reaching into the "
+                                 "last N tokens before rollout.max_new_tokens loses up to overlong_penalty, "
+                                 "linearly (0 = off).")
+    overlong_penalty: float = Field(1.0, ge=0.0, description="overlong_buffer: the penalty of a response that "
+                                    "uses every token allowed.")
 
 
 class OptimConfig(Section):

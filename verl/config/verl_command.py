@@ -32,6 +32,7 @@ _TRUNCATION = {"error": "error", "left": "truncate_left"}  # verl's data.truncat
 _ENGINES = ("hf", "vllm")
 _REWARD_PATH, _REWARD_NAME = "custom_reward_function.path", "custom_reward_function.name"
 _USE_KL, _KL_COEF = f"{_ARR}.actor.use_kl_loss", f"{_ARR}.actor.kl_loss_coef"
+_OVERLONG, _OVERLONG_LEN = "reward_model.overlong_buffer.enable", "reward_model.overlong_buffer.len"
 _GPUS, _NODES = "trainer.n_gpus_per_node", "trainer.nnodes"
 _LAUNCH = (_GPUS, _NODES)
 
@@ -109,7 +110,8 @@ def _sort(items: Sequence[str], keys: Mapping[str, str], combined: Sequence[str]
 def translate(items: Sequence[str]) -> Translation:
     """A `verl.trainer.main_ppo` command line's `key=value` items (Hydra's `+`/`++` prefixes allowed), sorted
     into ours, to decide, and missing."""
-    out, given = _sort(items, VERL_KEYS, (_REWARD_PATH, _REWARD_NAME, _USE_KL, _KL_COEF), _RENAMED)
+    out, given = _sort(items, VERL_KEYS, (_REWARD_PATH, _REWARD_NAME, _USE_KL, _KL_COEF, _OVERLONG, _OVERLONG_LEN),
+                       _RENAMED)
     if _REWARD_PATH in given:  # verl's default function name is compute_score
         name = given.get(_REWARD_NAME) or "compute_score"
         out.ours.append(f"reward.functions=[{{name: {given[_REWARD_PATH]}:{name}}}]")
@@ -121,6 +123,12 @@ def translate(items: Sequence[str]) -> Translation:
     elif _KL_COEF in given:
         out.decide.append((f"{_KL_COEF}={given[_KL_COEF]}", "actor.kl_loss_coef (it does nothing in verl without "
                            "use_kl_loss=True; here a value > 0 turns the KL loss on)"))
+    if _true(given.get(_OVERLONG, "false")) and _OVERLONG_LEN in given:  # DAPO's overlong reward shaping
+        out.ours.append(f"algorithm.overlong_buffer={given[_OVERLONG_LEN]}")
+    elif _OVERLONG in given or _OVERLONG_LEN in given:
+        theirs = " ".join(f"{k}={given[k]}" for k in (_OVERLONG, _OVERLONG_LEN) if k in given)
+        out.decide.append((theirs, "algorithm.overlong_buffer (the buffer's length; > 0 turns it on, and verl "
+                                   "needs both enable=True and len)"))
     _launch(given, out)
     return out
 

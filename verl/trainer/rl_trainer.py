@@ -26,6 +26,7 @@ from verl.algorithms import (
     kl_penalty,
     masked_mean,
     masked_moments,
+    overlong_penalty,
     place_score_on_last_token,
     ppo_policy_loss,
     value_loss,
@@ -137,6 +138,9 @@ class RLTrainer(TrainerRuntime):
                     device=self.device, trust_remote_code=config.model.trust_remote_code)
         # Multi-turn environments run episodes (model turns + observations) in `generate` and validation.
         self.multiturn = build_multiturn(self) if is_multiturn(self.env) else None
+        if self.multiturn is not None and config.algorithm.overlong_buffer:
+            raise ConfigError("algorithm.overlong_buffer shapes single-turn rewards by response length; a multi-turn "
+                              "episode's length is its turns'. Fix: set algorithm.overlong_buffer=0 for this env")
         if is_multiturn(self.env):  # the observation tokens' attention mask travels with the sequences
             self.SEQUENCES = (*self.SEQUENCES, "response_attention_mask")
         algo = config.algorithm
@@ -387,6 +391,13 @@ class RLTrainer(TrainerRuntime):
             result = self.env.compute_reward(batch.rows, batch.responses)
             batch.scores = result.scores.to(self.device, torch.float32)
             batch.metrics = dict(result.metrics)
+            algo = self.config.algorithm
+            if algo.overlong_buffer:  # DAPO: responses that run into the length limit lose reward
+                penalty = overlong_penalty(batch.response_mask.sum(dim=1), self.config.rollout.max_new_tokens,
+                                           algo.overlong_buffer, algo.overlong_penalty).to(batch.scores)
+                batch.scores = batch.scores + penalty
+                batch.metrics |= {"reward/overlong_penalty": float(penalty.mean()),
+                                  "reward/overlong_frac": float((penalty < 0).float().mean())}
         batch.token_rewards = place_score_on_last_token(batch.scores, batch.response_mask.float())
         return batch
 

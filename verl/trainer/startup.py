@@ -126,6 +126,16 @@ def check_env_data(config: RunConfig, kind: str) -> list[VerlError]:
                         "files, or remove data.train_files/val_files")]
 
 
+def check_overlong_buffer(config: RunConfig) -> list[VerlError]:
+    """The overlong buffer is the end of the rollout's length, so it must be shorter than that length."""
+    buffer, length = config.algorithm.overlong_buffer, config.rollout.max_new_tokens
+    if buffer < length:
+        return []
+    return [ConfigError(f"algorithm.overlong_buffer={buffer} must be shorter than rollout.max_new_tokens={length} "
+                        "(the penalty starts overlong_buffer tokens before that length). Fix: lower it (DAPO "
+                        "used a quarter of the length) or set 0 to turn it off")]
+
+
 def check_response_length(config: RunConfig, kind: str) -> list[VerlError]:
     """`data.max_response_length` sizes SFT/DPO data; an RL response is `rollout.max_new_tokens` long. In
     volcengine/verl `data.max_response_length` is the rollout's length, so a value that is neither our
@@ -194,6 +204,7 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
     except VerlError as exc:
         problems.append(exc)
     problems += check_demo_env(config) + check_env_data(config, kind) + check_response_length(config, kind)
+    problems += check_overlong_buffer(config) if kind == "rl" else []
     lora = check_lora(config, model_path=model_path, mapping=report.mapping, kind=kind)
     problems += lora.problems
     report.parameters = lora.counts
