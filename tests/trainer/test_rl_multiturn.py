@@ -164,3 +164,10 @@ def test_shared_prompt_forward_on_episodes_equals_the_plain_forward(tmp_path):
 def test_the_overlong_buffer_is_refused_for_multi_turn_episodes(tmp_path):
     with pytest.raises(ConfigError, match="algorithm.overlong_buffer shapes single-turn rewards"):
         RLTrainer(mt_config(tmp_path, "algorithm.overlong_buffer=2"))
+
+
+def test_validation_runs_several_episodes_per_held_out_prompt(tmp_path):
+    trainer = RLTrainer(mt_config(tmp_path, "rollout.val_n=3", "rollout.val_temperature=1.0"))
+    rows = trainer.env.val_rows() or trainer.env.get_batch(4)
+    metrics = trainer.evaluate(rows, prefix="val")
+    assert 0 <= metrics["val/score"] <= metrics.get("val/pass@3", metrics.get("val/best@3"))

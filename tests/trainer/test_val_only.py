@@ -87,3 +87,35 @@ def test_validation_reports_each_data_source_when_the_rows_mix_several(tmp_path)
     assert [s["data_source"] for s in samples] == [r["data_source"] for r in rows][: len(samples)]
     one = trainer.evaluate(rows[:3], prefix="val")  # a single source: nothing repeated
     assert set(one) == {"val/score", "val/accuracy"}
+
+
+def first_digit_reward(prompt, response, ground_truth, **metadata):  # about half the answers score 1
+    return float(bool(response) and ord(response[0]) % 2 == 0)
+
+
+def test_several_answers_per_held_out_prompt_give_the_mean_and_pass_at_n(tmp_path):
+    """rollout.val_n answers per prompt: val/score is their mean, val/pass@n the share of prompts with a correct
+    one; each computed here from the answers themselves (the sampler's own stream, reproduced)."""
+    rows = [{"prompt": f"{i}+{i}=", "ground_truth": str(2 * i), "data_source": "a" if i < 3 else "b"}
+            for i in range(5)]
+    trainer = RLTrainer.from_pretrained("tiny", reward_fn=first_digit_reward, dataset=rows,
+                                        data={"train_batch_size": 2},
+                                        rollout={"n": 2, "max_new_tokens": 2, "val_n": 4, "val_temperature": 1.0},
+                                        trainer={"total_steps": 1, "device": "cpu", "run_dir": str(tmp_path / "run")})
+    seen = []
+    score = trainer.env.compute_reward
+    trainer.env.compute_reward = lambda chunk, responses: seen.append((chunk, responses)) or score(chunk, responses)
+    metrics = trainer.evaluate(rows, prefix="val")
+    ((chunk, responses),) = seen
+    assert [r["prompt"] for r in chunk] == [r["prompt"] for r in rows for _ in range(4)]  # a row's 4 together
+    scores = torch.tensor([first_digit_reward(r["prompt"], a, r["ground_truth"]) for r, a in zip(chunk, responses)],
+                          dtype=torch.float64).view(5, 4)
+    assert metrics["val/score"] == pytest.approx(float(scores.mean()))
+    assert metrics["val/pass@4"] == pytest.approx(float(scores.amax(dim=1).mean()))
+    assert metrics["val/a/pass@4"] == pytest.approx(float(scores[:3].amax(dim=1).mean()))
+    assert metrics["val/b/score"] == pytest.approx(float(scores[3:].mean()))
+    assert 0 < metrics["val/score"] < metrics["val/pass@4"]  # the answers differ: best-of-4 beats the mean
+
+    greedy = rl_config(tmp_path / "g", "rollout.val_n=4")
+    problems = [str(p) for p in check_startup(greedy, world_size=1).problems]
+    assert any("rollout.val_n=4 answers per held-out prompt would all be the same greedy answer" in p for p in problems)

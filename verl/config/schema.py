@@ -120,6 +120,8 @@ class RolloutConfig(Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, description="0 = off.")
     val_temperature: float = Field(0.0, ge=0.0, description="0 = greedy validation.")
+    val_n: int = Field(1, gt=0, description="Answers sampled per held-out prompt (needs val_temperature > 0): "
+                       "val/score is their mean, val/pass@N (0/1 rewards) or val/best@N the mean best answer.")
     max_logprob_drift: float | None = Field(
         0.1, gt=0.0, description="Stop when the sampler's log-probs differ from the trainer's on the same tokens "
         "by more than this (mean |difference| per token over the batch): the engine samples from other weights "

@@ -67,6 +67,8 @@ VERL_KEYS: dict[str, str] = {
     f"{_ARR}.rollout.top_k": "rollout.top_k (0 = off, where verl's vLLM uses -1)",
     f"{_ARR}.rollout.response_length": "rollout.max_new_tokens",
     f"{_ARR}.rollout.val_kwargs.temperature": "rollout.val_temperature",
+    f"{_ARR}.rollout.val_kwargs.n": "rollout.val_n",
+    f"{_ARR}.rollout.val_kwargs.do_sample": "rollout.val_temperature (> 0 samples; 0 is greedy)",
     "critic.optim.lr": "critic.lr",
     "critic.optim.weight_decay": "critic.weight_decay",
     "critic.optim.lr_warmup_steps": "critic.warmup_steps",

@@ -83,8 +83,9 @@ def generate_episodes(trainer: Any, batch: RolloutBatch) -> RolloutBatch:
 
 def evaluate_episodes(trainer: Any, rows: Sequence[Mapping[str, Any]], params: SamplingParams,
                       generator: torch.Generator) -> tuple[torch.Tensor, list[str], dict[str, float]]:
-    """(rewards, episode texts, episode metrics) of one episode per row, as validation runs them."""
-    out = run_episodes(trainer, rows, 1, params, generator)
+    """(rewards, episode texts, episode metrics) of `params.n` episodes per row (a row's together), as
+    validation runs them."""
+    out = run_episodes(trainer, rows, params.n, params, generator)
     return out.rewards.float().cpu(), decode_episodes(trainer, out), out.metrics()
 
 

@@ -60,16 +60,22 @@ from verl.trainer.reward_model import reward_text
 from verl.trainer.runtime import TrainerRuntime
 
 
-def _score_sums(scores: torch.Tensor) -> tuple[float, float]:
-    """(sum of the scores, how many are neither 0 nor 1)."""
-    return float(scores.sum()), float(((scores != 0) & (scores != 1)).sum())
+def _score_sums(scores: torch.Tensor) -> tuple[float, float, float]:
+    """For [rows, n] scores (n answers per prompt): (sum of the scores, how many are neither 0 nor 1, sum over
+    the rows of their best score)."""
+    best = scores.amax(dim=1).sum() if scores.numel() else scores.sum()
+    return float(scores.sum()), float(((scores != 0) & (scores != 1)).sum()), float(best)
 
 
-def _score_metrics(prefix: str, score_sum: float, not_binary: float, count: int) -> dict[str, float]:
-    """`<prefix>/score` (the mean), and `<prefix>/accuracy` when every score is 0 or 1."""
-    metrics = {f"{prefix}/score": score_sum / count}
+def _score_metrics(prefix: str, sums: Sequence[float], rows: int, n: int) -> dict[str, float]:
+    """`<prefix>/score` (the mean over every answer), `<prefix>/accuracy` when every score is 0 or 1, and with
+    several answers per prompt the mean of each prompt's best: `pass@n` for 0/1 scores, else `best@n`."""
+    score_sum, not_binary, best_sum = sums
+    metrics = {f"{prefix}/score": score_sum / (rows * n)}
     if not_binary == 0:
-        metrics[f"{prefix}/accuracy"] = score_sum / count
+        metrics[f"{prefix}/accuracy"] = score_sum / (rows * n)
+    if n > 1:
+        metrics[f"{prefix}/{'pass' if not_binary == 0 else 'best'}@{n}"] = best_sum / rows
     return metrics
 
 
@@ -850,7 +856,8 @@ class RLTrainer(TrainerRuntime):
         in step."""
         if not rows:
             return {}
-        params = self._sampling_params(self.config.rollout.val_temperature, 1)
+        n = self.config.rollout.val_n
+        params = self._sampling_params(self.config.rollout.val_temperature, n)
         # Its own stream, derived from (seed, step, rank): sampled validation is reproducible, survives a
         # resume, and never shifts the training samples (which `self.generator` alone decides).
         entropy = np.random.SeedSequence([self.config.trainer.seed, self.step_count, self.rank, 1])
@@ -858,7 +865,7 @@ class RLTrainer(TrainerRuntime):
         share = -(-len(rows) // self.dp_size)
         mine = list(rows[self.dp_rank * share : (self.dp_rank + 1) * share])
         size = self.config.data.val_batch_size
-        scores, episode_sums, mine_sources = [torch.zeros(0)], {}, []
+        scores, episode_sums, mine_sources = [torch.zeros(0, n)], {}, []
         for start in range(0, share, size):
             chunk = mine[start : start + size]
             real = len(chunk)
@@ -873,15 +880,17 @@ class RLTrainer(TrainerRuntime):
                     out = self.engine.generate(ids.to(self.device), mask.to(self.device), params,
                                                generator=generator)
                 responses = self.decode_responses(out.response_ids, out.response_mask)
-                chunk_scores = self.env.compute_reward(chunk, responses).scores.float()
+                chunk_scores = self.env.compute_reward([row for row in chunk for _ in range(n)],
+                                                       responses).scores.float()
+            chunk_scores = chunk_scores.view(len(chunk), n)  # a row's n answers are consecutive
             scores.append(chunk_scores[:real])
             mine_sources += [row.get("data_source") for row in chunk[:real]]
-            if samples is not None:
+            if samples is not None:  # each prompt's first answer
                 kept = min(max(self.config.trainer.log_samples - len(samples), 0), real)
                 samples += [{"prompt": row.get("prompt"), "response": response, "score": float(score),
                              "ground_truth": row.get("ground_truth"), "data_source": row.get("data_source")}
-                            for row, response, score in zip(chunk[:kept], responses[:kept],
-                                                            chunk_scores.tolist()[:kept], strict=True)]
+                            for row, response, score in zip(chunk[:kept], responses[::n][:kept],
+                                                            chunk_scores[:kept, 0].tolist(), strict=True)]
         mine_scores = torch.cat(scores).double()
         names = sorted(episode_sums)
         # Per data source too when the rows mix several (e.g. GSM8K and MATH test sets), from the same sums.
@@ -893,11 +902,11 @@ class RLTrainer(TrainerRuntime):
         sums = torch.tensor([*_score_sums(mine_scores), *(episode_sums[k] for k in names),
                              *(x for part in by_source for x in _score_sums(part))], dtype=torch.float64)
         totals = self.placement.all_reduce_sum(sums, role="actor").tolist()
-        metrics = _score_metrics(prefix, totals[0], totals[1], len(rows))
-        metrics |= {f"{prefix}/{k}": v / len(rows) for k, v in zip(names, totals[2 : 2 + len(names)], strict=True)}
+        metrics = _score_metrics(prefix, totals[:3], len(rows), n)
+        metrics |= {f"{prefix}/{k}": v / len(rows) for k, v in zip(names, totals[3 : 3 + len(names)], strict=True)}
         for i, source in enumerate(sources):
-            at = 2 + len(names) + 2 * i
-            metrics |= _score_metrics(f"{prefix}/{source}", totals[at], totals[at + 1], counts[source])
+            at = 3 + len(names) + 3 * i
+            metrics |= _score_metrics(f"{prefix}/{source}", totals[at : at + 3], counts[source], n)
         return metrics
 
     # ------------------------------------------------------------------ state for checkpoints

@@ -136,6 +136,15 @@ def check_overlong_buffer(config: RunConfig) -> list[VerlError]:
                         "used a quarter of the length) or set 0 to turn it off")]
 
 
+def check_val_n(config: RunConfig) -> list[VerlError]:
+    """Several answers per held-out prompt only differ when validation samples."""
+    if config.rollout.val_n == 1 or config.rollout.val_temperature > 0:
+        return []
+    return [ConfigError(f"rollout.val_n={config.rollout.val_n} answers per held-out prompt would all be the same "
+                        "greedy answer (rollout.val_temperature=0). Fix: set rollout.val_temperature (e.g. 0.6 or 1.0) "
+                        "or rollout.val_n=1")]
+
+
 def check_response_length(config: RunConfig, kind: str) -> list[VerlError]:
     """`data.max_response_length` sizes SFT/DPO data; an RL response is `rollout.max_new_tokens` long. In
     volcengine/verl `data.max_response_length` is the rollout's length, so a value that is neither our
@@ -204,7 +213,7 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
     except VerlError as exc:
         problems.append(exc)
     problems += check_demo_env(config) + check_env_data(config, kind) + check_response_length(config, kind)
-    problems += check_overlong_buffer(config) if kind == "rl" else []
+    problems += check_overlong_buffer(config) + check_val_n(config) if kind == "rl" else []
     lora = check_lora(config, model_path=model_path, mapping=report.mapping, kind=kind)
     problems += lora.problems
     report.parameters = lora.counts
