@@ -63,8 +63,7 @@ from verl.trainer.runtime import TrainerRuntime
 def _score_sums(scores: torch.Tensor) -> tuple[float, float, float]:
     """For [rows, n] scores (n answers per prompt): (sum of the scores, how many are neither 0 nor 1, sum over
     the rows of their best score)."""
-    best = scores.amax(dim=1).sum() if scores.numel() else scores.sum()
-    return float(scores.sum()), float(((scores != 0) & (scores != 1)).sum()), float(best)
+    return float(scores.sum()), float(((scores != 0) & (scores != 1)).sum()), float(scores.amax(dim=1).sum())
 
 
 def _score_metrics(prefix: str, sums: Sequence[float], rows: int, n: int) -> dict[str, float]:

@@ -132,8 +132,8 @@ def check_overlong_buffer(config: RunConfig) -> list[VerlError]:
     if buffer < length:
         return []
     return [ConfigError(f"algorithm.overlong_buffer={buffer} must be shorter than rollout.max_new_tokens={length} "
-                        "(the penalty starts overlong_buffer tokens before that length). Fix: lower it (DAPO "
-                        "used a quarter of the length) or set 0 to turn it off")]
+                        "(the penalty starts overlong_buffer tokens before that length). Fix: lower it below "
+                        f"{length}, or set 0 to turn it off")]
 
 
 def check_val_n(config: RunConfig) -> list[VerlError]:
