@@ -109,3 +109,10 @@ def test_dapos_overlong_buffer_is_one_setting_here():
     assert "algorithm.overlong_buffer=512" in on.ours and "algorithm.overlong_penalty=1.0" in on.ours
     off = translate(["reward_model.overlong_buffer.len=512"])  # verl ignores the length without enable=True
     assert off.ours == [] and off.decide[0][0] == "reward_model.overlong_buffer.len=512"
+
+
+def test_gspo_is_the_sequence_importance_ratio_here():
+    t = translate(["actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "actor_rollout_ref.rollout.name='vllm'"])
+    assert t.ours == ["actor.importance_sampling=sequence", "rollout.engine=vllm"]
+    assert translate(["actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov"]).decide[0][1].startswith(
+        "actor.importance_sampling")

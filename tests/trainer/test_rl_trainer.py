@@ -263,3 +263,16 @@ def test_the_overlong_buffer_penalises_responses_that_run_into_the_length_limit(
     too_long = rl_config(tmp_path, "rollout.max_new_tokens=6", "algorithm.overlong_buffer=6")
     problems = [str(p) for p in check_startup(too_long, world_size=1).problems]
     assert any("algorithm.overlong_buffer=6 must be shorter than rollout.max_new_tokens=6" in p for p in problems)
+
+
+def test_gspo_sequence_ratio_trains_over_several_updates_per_batch(tmp_path):
+    """actor.importance_sampling=sequence in the update: two PPO epochs of two mini-batches, so the second
+    update's ratios are not 1 and the sequence ratio is what clips."""
+    trainer = RLTrainer(rl_config(tmp_path, "actor.importance_sampling=sequence", "actor.loss_agg=seq-mean-token-mean",
+                                  "actor.clip_low=3e-4", "actor.clip_high=4e-4", "actor.ppo_epochs=2",
+                                  "actor.mini_batch_size=2", "actor.lr=1e-2", "trainer.total_steps=2"))
+    before = snapshot(trainer.model)
+    history = trainer.fit()
+    assert all(torch.isfinite(torch.tensor(h["actor/pg_loss"])) for h in history if "actor/pg_loss" in h)
+    assert any(changed(before, trainer.model).values())
+    assert max(h.get("actor/clipfrac", 0.0) for h in history) > 0  # the tight ranges clip whole responses

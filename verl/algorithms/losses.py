@@ -24,8 +24,14 @@ def ppo_policy_loss(
     dual_clip: float | None = None,
     agg: str = "token-mean",
     norm_len: int | float | None = None,
+    sequence_ratio: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate loss: max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)), r = exp(logp - old).
+
+    `sequence_ratio=True` is GSPO's sequence-level importance ratio: every token of a response takes the
+    value s = exp(mean over its tokens of (logp - old)), the length-normalised ratio of the whole response,
+    so a response is clipped as one, while each token's gradient stays its own log-prob's times s (GSPO's
+    token form, `logp - sg(logp) + sg(log s)`); with `seq-mean-token-mean` this is GSPO's objective.
 
     Separate `clip_low`/`clip_high` allow asymmetric ("clip-higher", DAPO) ranges. `dual_clip=c` caps
     the loss of negative-advantage tokens at -A c, so one token whose probability already collapsed
@@ -45,7 +51,13 @@ def ppo_policy_loss(
     old = torch.where(m, old_logprob.detach(), 0)
     adv = torch.where(m, advantages.detach(), 0)
     logp = torch.where(m, logprob, 0)
-    ratio = torch.exp((logp - old).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+    log_ratio = logp - old
+    if sequence_ratio:
+        if logp.dim() != 2:
+            raise ValueError(f"sequence_ratio needs [batch, tokens] log-probs, got shape {tuple(logp.shape)}")
+        per_sequence = log_ratio.detach().sum(dim=1, keepdim=True) / m.sum(dim=1, keepdim=True).clamp(min=1)
+        log_ratio = logp - logp.detach() + per_sequence
+    ratio = torch.exp(log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     per_token = torch.maximum(unclipped, clipped)

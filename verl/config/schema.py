@@ -191,6 +191,9 @@ class ActorConfig(OptimConfig):
     clip_low: float = Field(0.2, gt=0.0)
     clip_high: float = Field(0.2, gt=0.0)
     dual_clip: float | None = Field(None, gt=1.0, description="Dual-clip constant c (> 1); None = off.")
+    importance_sampling: Literal["token", "sequence"] = Field(
+        "token", description="PPO's ratio per token, or per response (GSPO: the length-normalised ratio of the "
+        "whole response, clipped as one; pair it with loss_agg: seq-mean-token-mean and small clip ranges).")
     kl_loss_coef: float = Field(0.0, ge=0.0, description="> 0 adds KL to the reference as a loss term.")
     kl_loss_type: Literal["k1", "k2", "k3", "abs"] = "k3"
     _verl_kl = field_validator("kl_loss_type", mode="before")(verl_name("kl_type"))

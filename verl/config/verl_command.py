@@ -28,8 +28,14 @@ _PLAIN_KEY = re.compile(r"^[a-z_]+(\.[a-z_]+)+$")
 _ARR = "actor_rollout_ref"
 # main_ppo keys whose setting is another key here (data.max_response_length is ours too, for SFT/DPO data)
 _RENAMED = {"data.max_response_length": "rollout.max_new_tokens", "data.prompt_key": "data.fields.prompt"}
-_TRUNCATION = {"error": "error", "left": "truncate_left"}  # verl's data.truncation values that exist here
-_ENGINES = ("hf", "vllm")
+# verl keys whose values map onto one of ours: (our key, their value -> ours, what to decide for other values)
+_VALUES: dict[str, tuple[str, dict[str, str], str]] = {
+    "data.truncation": ("data.truncation", {"error": "error", "left": "truncate_left"},
+                        "data.truncation (error, drop or truncate_left)"),
+    f"{_ARR}.rollout.name": ("rollout.engine", {"hf": "hf", "vllm": "vllm"}, "rollout.engine (hf or vllm)"),
+    f"{_ARR}.actor.policy_loss.loss_mode": ("actor.importance_sampling", {"vanilla": "token", "gspo": "sequence"},
+                                            "actor.importance_sampling (token, or sequence for GSPO)"),
+}
 _REWARD_PATH, _REWARD_NAME = "custom_reward_function.path", "custom_reward_function.name"
 _USE_KL, _KL_COEF = f"{_ARR}.actor.use_kl_loss", f"{_ARR}.actor.kl_loss_coef"
 _OVERLONG, _OVERLONG_LEN = "reward_model.overlong_buffer.enable", "reward_model.overlong_buffer.len"
@@ -88,12 +94,13 @@ def _sort(items: Sequence[str], keys: Mapping[str, str], combined: Sequence[str]
             given[key] = value
         elif key in renamed:
             out.ours.append(f"{renamed[key]}={value}")
-        elif key == "data.truncation" and value in _TRUNCATION:
-            out.ours.append(f"data.truncation={_TRUNCATION[value]}")
-        elif key == "data.truncation":
-            out.decide.append((item, "data.truncation (error, drop or truncate_left)"))
-        elif key == f"{_ARR}.rollout.name" and value in _ENGINES:
-            out.ours.append(f"rollout.engine={value}")
+        elif key in _VALUES:
+            ours, values, note = _VALUES[key]
+            theirs = value.strip("'\"")  # Hydra users quote strings
+            if theirs in values:
+                out.ours.append(f"{ours}={values[theirs]}")
+            else:
+                out.decide.append((item, note))
         elif key in keys:
             ours = keys[key]
             if _PLAIN_KEY.match(ours) and is_our_key(ours):

@@ -553,7 +553,7 @@ class RLTrainer(TrainerRuntime):
             old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
             loss, stats = ppo_policy_loss(logprobs, old, mb.advantages, mask, clip_low=cfg.clip_low,
                                           clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.loss_agg,
-                                          norm_len=norm_len)
+                                          norm_len=norm_len, sequence_ratio=cfg.importance_sampling == "sequence")
             metrics = {"actor/pg_loss": float(loss.detach()), "actor/clipfrac": stats["clipfrac"],
                        "actor/approx_kl": stats["approx_kl"]}
             ent = aggregate_loss(entropy, mask, cfg.loss_agg, norm_len=norm_len)
