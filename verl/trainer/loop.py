@@ -27,6 +27,7 @@ from verl.checkpoint import (
 from verl.config.loader import config_to_yaml
 from verl.errors import CheckpointError, ConfigError
 from verl.tracking import Tracker
+from verl.trainer.startup import VAL_ONLY_NEEDS_ROWS
 
 
 def extra_state(trainer: Any) -> dict[str, Any]:
@@ -153,9 +154,8 @@ def fit(trainer: Any) -> list[dict[str, float]]:
     A SIGINT/SIGTERM saves a checkpoint at the end of the current step and raises `TrainingInterrupted`.
     """
     cfg = trainer.config
-    if cfg.trainer.val_only and (_row_counts(trainer) or (0, 0))[1] == 0:
-        raise ConfigError("trainer.val_only=true validates on held-out rows, and this run has none. Fix: set "
-                          "data.val_files (or data.val_size to hold rows out of data.train_files)")
+    if cfg.trainer.val_only and (_row_counts(trainer) or (0, 0))[1] == 0:  # e.g. rows passed in from Python
+        raise ConfigError(VAL_ONLY_NEEDS_ROWS)
     ckpt = CheckpointManager(trainer.run_dir, save_interval=cfg.checkpoint.save_interval,
                              save_total_limit=cfg.checkpoint.save_total_limit,
                              async_save=cfg.checkpoint.async_save, rank=trainer.rank, world_size=trainer.world_size)

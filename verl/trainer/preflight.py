@@ -36,7 +36,7 @@ from verl.rewards import RewardManager
 from verl.trainer.data_split import DATA_KINDS, DataSplit, split_train_val
 from verl.trainer.models import given_policy, load_policy_with_report, resolve_model_path
 from verl.trainer.setup import run_dtype
-from verl.trainer.startup import StartupReport, check_startup
+from verl.trainer.startup import VAL_ONLY_NEEDS_ROWS, StartupReport, check_startup
 
 
 @dataclass(frozen=True)
@@ -158,6 +158,7 @@ def preflight(config: RunConfig, *, world_size: int, device_type: str, kind: str
     _data_pass(pf, given)
     _env_pass(pf, given)
     _batch_pass(pf)
+    _val_only_pass(pf)
     return pf
 
 
@@ -256,6 +257,20 @@ def _batch_pass(pf: Preflight) -> None:
     else:
         pf.warn("data", DataError(f"{text}, so each step repeats rows. Fix: set {key}={rows} or lower, or "
                                   "add data."))
+
+
+def _val_only_pass(pf: Preflight) -> None:
+    """`trainer.val_only` needs held-out rows: refused with the other start-up problems when there are none."""
+    if not pf.config.trainer.val_only:
+        return
+    if pf.env is not None:
+        rows = len(pf.env.val_rows())
+    elif pf.data is not None and not pf.data.problems:
+        rows = len(pf.data.val or [])
+    else:
+        return
+    if rows == 0:
+        pf.add("data", ConfigError(VAL_ONLY_NEEDS_ROWS))
 
 
 def _model_pass(pf: Preflight, given: Given, device: torch.device, dtype: torch.dtype) -> None:

@@ -94,6 +94,10 @@ def split_refusal(kind: str, mapping: Any, world_size: int, runs_split: bool) ->
 DEMO_ENVS = {"arithmetic": "arithmetic", "tool": "calculator"}
 
 
+VAL_ONLY_NEEDS_ROWS = ("trainer.val_only=true validates on held-out rows, and this run has none. Fix: set "
+                       "data.val_files (or data.val_size to hold rows out of data.train_files)")
+
+
 def check_demo_env(config: RunConfig) -> list[VerlError]:
     """`trainer.demo` names a recipe for one built-in environment; another built-in one is refused here,
     before anything loads (a user class, `file.py:Class`, is checked by the recipe when it starts). A demo
