@@ -36,9 +36,26 @@ def _reference(name: str, p: EstimatorParams) -> tuple[torch.Tensor, torch.Tenso
         ret = compute_reinforce_pp_returns(REWARDS, mask, p.gamma)
         return (masked_whiten(ret, mask) * mask if p.whiten_advantages else ret), ret
     scores = REWARDS.sum(-1)
+    if name == "reinforce_pp_baseline":
+        return _reinforce_pp_baseline(scores, mask, p.whiten_advantages)
     seq = (compute_grpo_advantages(scores, GROUPS, p.norm_by_std) if name == "grpo"
            else compute_rloo_advantages(scores, GROUPS))
     return seq[:, None] * mask, seq[:, None] * mask
+
+
+def _reinforce_pp_baseline(scores, mask, whiten):
+    """Written out in float64 with loops: score minus its group's mean on every response token, then
+    (x - mean) / sqrt(unbiased var + 1e-8) over all response tokens of the batch."""
+    centred = torch.zeros_like(mask)
+    for i in range(len(scores)):
+        group = [j for j in range(len(scores)) if GROUPS[j] == GROUPS[i]]
+        centred[i] = (scores[i] - sum(scores[j] for j in group) / len(group)) * mask[i]
+    if not whiten:
+        return centred, centred
+    tokens = [float(centred[i, t]) for i in range(len(scores)) for t in range(mask.shape[1]) if mask[i, t]]
+    mean = sum(tokens) / len(tokens)
+    var = sum((x - mean) ** 2 for x in tokens) / (len(tokens) - 1)
+    return (centred - mean) / (var + 1e-8) ** 0.5 * mask, centred
 
 
 @pytest.mark.parametrize("name", ESTIMATOR_NAMES)
@@ -48,15 +65,16 @@ def test_compute_matches_the_formulas(name, params):
     adv, ret = ESTIMATORS[name].compute(REWARDS, MASK, values=VALUES, group_ids=GROUPS, params=params)
     want_adv, want_ret = _reference(name, params)
     assert adv.dtype == torch.float64
-    torch.testing.assert_close(adv, want_adv, rtol=0, atol=0)
-    torch.testing.assert_close(ret, want_ret, rtol=0, atol=0)
+    exact = name != "reinforce_pp_baseline"  # its reference sums in another order
+    torch.testing.assert_close(adv, want_adv, rtol=0 if exact else 1e-12, atol=0 if exact else 1e-12)
+    torch.testing.assert_close(ret, want_ret, rtol=0 if exact else 1e-12, atol=0 if exact else 1e-12)
 
 
 def test_properties():
     assert [n for n, e in ESTIMATORS.items() if e.needs_critic] == ["gae"]
-    assert sorted(n for n, e in ESTIMATORS.items() if e.needs_groups) == ["grpo", "rloo"]
+    assert sorted(n for n, e in ESTIMATORS.items() if e.needs_groups) == ["grpo", "reinforce_pp_baseline", "rloo"]
     assert all(e.outcome_level == e.needs_groups for e in ESTIMATORS.values())
-    assert all(e.whitens != e.outcome_level for e in ESTIMATORS.values())
+    assert [n for n, e in ESTIMATORS.items() if e.whitens == e.outcome_level] == ["reinforce_pp_baseline"]
 
 
 def test_missing_inputs_are_named():

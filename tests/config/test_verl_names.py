@@ -101,6 +101,7 @@ def test_rl_refuses_a_data_max_response_length_it_would_ignore(overrides, refuse
 
 @pytest.mark.parametrize("key,theirs,ours", [
     ("algorithm.adv_estimator", "reinforce_plus_plus", "reinforce_pp"),
+    ("algorithm.adv_estimator", "reinforce_plus_plus_baseline", "reinforce_pp_baseline"),
     ("actor.kl_loss_type", "low_var_kl", "k3"), ("actor.kl_loss_type", "mse", "k2"),
     ("algorithm.kl_type", "kl", "k1"), ("algorithm.kl_type", "abs", "abs"),
 ])

@@ -43,7 +43,7 @@ def test_mini_batch_not_a_divisor(tmp_path, no_model_load):
     assert "Use a divisor of 6" in msg
 
 
-@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_pp_baseline"])
 def test_group_estimators_need_several_samples(tmp_path, no_model_load, estimator):
     with pytest.raises(ConfigError) as err:
         _trainer(tmp_path, f"algorithm.adv_estimator={estimator}", "rollout.n=1")

@@ -73,7 +73,7 @@ def test_ppo_three_steps_with_kl_in_reward(tmp_path):
     assert any(row["critic/vf_loss"] > 0 for row in rows)
 
 
-@pytest.mark.parametrize("estimator", ["rloo", "reinforce_pp"])
+@pytest.mark.parametrize("estimator", ["rloo", "reinforce_pp", "reinforce_pp_baseline"])
 def test_other_estimators_two_steps_without_reference(tmp_path, estimator):
     config = rl_config(tmp_path, f"algorithm.adv_estimator={estimator}", "trainer.total_steps=2")
     trainer, actor0, critic0, ref0, rows = _run(config)

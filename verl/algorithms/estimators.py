@@ -90,6 +90,15 @@ def _reinforce_pp(rewards: Tensor, mask: Tensor, _values: Tensor | None, _groups
     return _whiten_if(ret, mask, p, reduce), ret
 
 
+def _reinforce_pp_baseline(rewards: Tensor, mask: Tensor, _values: Tensor | None, groups: Tensor | None,
+                           p: EstimatorParams, reduce: Reduce) -> tuple[Tensor, Tensor]:
+    """REINFORCE++-baseline: the score minus its group's mean, on every response token, whitened over the
+    global batch (the group baseline removes the prompt's difficulty; the batch whitening sets the scale)."""
+    scores = rewards.sum(-1)
+    centred = compute_grpo_advantages(scores, groups.to(scores.device), norm_by_std=False)[:, None] * mask
+    return _whiten_if(centred, mask, p, reduce), centred
+
+
 def _outcome(per_sequence: Callable[[Tensor, Tensor, EstimatorParams], Tensor]):
     """Sequence-level estimators score the summed token rewards (score minus any in-reward KL)."""
 
@@ -117,6 +126,9 @@ ESTIMATORS: dict[str, AdvantageEstimator] = {
         AdvantageEstimator("reinforce_pp", needs_critic=False, needs_groups=False, outcome_level=False,
                            whitens=True, summary="REINFORCE++: discounted returns whitened over the batch",
                            _compute=_reinforce_pp),
+        AdvantageEstimator("reinforce_pp_baseline", needs_critic=False, needs_groups=True, outcome_level=True,
+                           whitens=True, summary="REINFORCE++-baseline: score minus the group mean, whitened over "
+                           "the batch", _compute=_reinforce_pp_baseline),
     )
 }
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 VERL_NAMES: dict[str, dict[str, str]] = {
-    "adv_estimator": {"reinforce_plus_plus": "reinforce_pp"},
+    "adv_estimator": {"reinforce_plus_plus": "reinforce_pp", "reinforce_plus_plus_baseline": "reinforce_pp_baseline"},
     "kl_type": {"kl": "k1", "mse": "k2", "low_var_kl": "k3"},  # low_var_kl is k3, clamped to [-10, 10] there too
 }
 
