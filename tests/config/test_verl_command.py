@@ -31,7 +31,10 @@ def test_a_verl_command_becomes_ours_where_the_meaning_is_the_same():
     ours = dict(item.split("=", 1) for item in t.ours)
     assert ours["model.path"] == "tiny" and ours["actor.lr"] == "1e-6" and ours["rollout.n"] == "4"
     assert ours["rollout.max_new_tokens"] == "16" and "data.max_response_length" not in ours  # verl's meaning
-    assert ours["data.truncation"] == "truncate_left" and ours["rollout.engine"] == "vllm"
+    # truncation=left as ours, then filter_overlong_prompts' drop after it, so it wins (verl filters first)
+    assert [i for i in t.ours if i.startswith("data.truncation=")] == ["data.truncation=truncate_left",
+                                                                          "data.truncation=drop"]
+    assert ours["rollout.engine"] == "vllm"
     assert ours["actor.mini_batch_size"] == "4" and ours["actor.micro_batch_size"] == "8"
     assert ours["actor.kl_loss_coef"] == "0.01" and ours["actor.kl_loss_type"] == "low_var_kl"
     assert ours["reward.functions"] == "[{name: reward.py:compute_score}]"  # verl's default name
@@ -39,11 +42,12 @@ def test_a_verl_command_becomes_ours_where_the_meaning_is_the_same():
     assert ours["data.fields.prompt"] == "question"
     assert t.flags == ["--nproc 2"]
     assert [theirs for theirs, _ in t.decide] == ["trainer.total_epochs=3"]
-    assert t.missing == ["data.filter_overlong_prompts=True", "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"]
+    assert t.missing == ["actor_rollout_ref.rollout.gpu_memory_utilization=0.6"]
     # the printed command is one our loader takes, with the user's values
     words = shlex.split(t.command())
     assert words[:4] == ["verl", "train", "--nproc", "2"] and words[4:] == t.ours
     config = load_config(None, t.ours)
+    assert config.data.truncation == "drop"
     assert config.actor.kl_loss_coef == 0.01 and config.actor.kl_loss_type == "k3" and config.rollout.max_new_tokens == 16
     assert config.reward.functions == [{"name": "reward.py:compute_score"}]
 

@@ -5,7 +5,8 @@ Each `key=value` is sorted into one of three kinds, and none is applied silently
   * the same setting here: our key with the user's value (`actor_rollout_ref.actor.optim.lr` -> `actor.lr`,
     our own keys kept as they are, `custom_reward_function.path/name` -> one `reward.functions` entry,
     `data.max_response_length` -> `rollout.max_new_tokens`, which is what verl means by it, `use_kl_loss` and
-    `kl_loss_coef` -> `actor.kl_loss_coef`, `trainer.n_gpus_per_node` -> `--nproc`);
+    `kl_loss_coef` -> `actor.kl_loss_coef`, `data.filter_overlong_prompts` -> `data.truncation=drop`,
+    `trainer.n_gpus_per_node` -> `--nproc`);
   * a setting whose meaning differs (a count, a unit, an on/off switch that is a value here): named with
     ours and what to decide (`VERL_KEYS`' notes);
   * a key with nothing here (vLLM memory fractions, Ray, Megatron): listed.
@@ -39,6 +40,7 @@ _VALUES: dict[str, tuple[str, dict[str, str], str]] = {
 _REWARD_PATH, _REWARD_NAME = "custom_reward_function.path", "custom_reward_function.name"
 _USE_KL, _KL_COEF = f"{_ARR}.actor.use_kl_loss", f"{_ARR}.actor.kl_loss_coef"
 _OVERLONG, _OVERLONG_LEN = "reward_model.overlong_buffer.enable", "reward_model.overlong_buffer.len"
+_FILTER_LONG = "data.filter_overlong_prompts"
 _GPUS, _NODES = "trainer.n_gpus_per_node", "trainer.nnodes"
 _LAUNCH = (_GPUS, _NODES)
 
@@ -117,8 +119,8 @@ def _sort(items: Sequence[str], keys: Mapping[str, str], combined: Sequence[str]
 def translate(items: Sequence[str]) -> Translation:
     """A `verl.trainer.main_ppo` command line's `key=value` items (Hydra's `+`/`++` prefixes allowed), sorted
     into ours, to decide, and missing."""
-    out, given = _sort(items, VERL_KEYS, (_REWARD_PATH, _REWARD_NAME, _USE_KL, _KL_COEF, _OVERLONG, _OVERLONG_LEN),
-                       _RENAMED)
+    out, given = _sort(items, VERL_KEYS, (_REWARD_PATH, _REWARD_NAME, _USE_KL, _KL_COEF, _OVERLONG, _OVERLONG_LEN,
+                                          _FILTER_LONG), _RENAMED)
     if _REWARD_PATH in given:  # verl's default function name is compute_score
         name = given.get(_REWARD_NAME) or "compute_score"
         out.ours.append(f"reward.functions=[{{name: {given[_REWARD_PATH]}:{name}}}]")
@@ -136,6 +138,8 @@ def translate(items: Sequence[str]) -> Translation:
         theirs = " ".join(f"{k}={given[k]}" for k in (_OVERLONG, _OVERLONG_LEN) if k in given)
         out.decide.append((theirs, "algorithm.overlong_buffer (the buffer's length; > 0 turns it on, and verl "
                                    "needs both enable=True and len)"))
+    if _true(given.get(_FILTER_LONG, "false")):  # verl drops too-long prompts before any truncation: last, so it wins
+        out.ours.append("data.truncation=drop")
     _launch(given, out)
     return out
 
