@@ -229,3 +229,21 @@ def test_errors_name_the_argument():
         value_loss(x, x, x, m, clip_range=0.0)
     with pytest.raises(ValueError, match="agg='mean' is not a loss aggregation mode"):
         value_loss(x, x, x, m, agg="mean")
+
+
+def test_token_weights_scale_each_tokens_loss_before_aggregation():
+    """Truncated importance sampling's weights: the weighted per-token loss, aggregated, in float64."""
+    g = torch.Generator().manual_seed(3)
+    logp = torch.randn(3, 4, generator=g, dtype=torch.float64).requires_grad_(True)
+    old = logp.detach() + 0.3 * torch.randn(3, 4, generator=g, dtype=torch.float64)
+    adv = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.float64)
+    weights = torch.rand(3, 4, generator=g, dtype=torch.float64) * 2
+    loss, _ = ppo_policy_loss(logp, old, adv, mask, token_weights=weights)
+    ratio = torch.exp(logp - old)
+    per_token = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2)) * weights
+    want = (per_token * mask).sum() / mask.sum()
+    torch.testing.assert_close(loss, want, rtol=1e-12, atol=1e-12)
+    (grad,) = torch.autograd.grad(loss, logp)
+    (want_grad,) = torch.autograd.grad(want, logp)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-12, atol=1e-12)

@@ -4,11 +4,15 @@ written here independently (one forward of the whole mini-batch at full width, o
 
 from __future__ import annotations
 
+import copy
+import math
+
 import pytest
 import torch
 from rl_support import captured_update, random_groups, rl_config
 
 from verl.algorithms import aggregate_loss, place_score_on_last_token, ppo_policy_loss
+from verl.errors import RolloutError
 from verl.trainer.forward import response_logprobs
 from verl.trainer.rl_trainer import RLTrainer
 
@@ -285,3 +289,31 @@ def test_only_positions_whose_logit_is_used_run(shared):
     assert got.shape == (len(ids), width, full.shape[-1])
     if not shared:  # the same rows' forward, one column shorter: equal up to float32 rounding
         torch.testing.assert_close(got, full[:, -width - 1 : -1], rtol=1e-5, atol=1e-5)
+
+
+def test_truncated_importance_sampling_weighs_each_token_by_the_samplers_probability(tmp_path):
+    """actor.tis_cap: each token's loss x min(pi_old / pi_rollout, cap). With the sampler's log-probs equal to
+    the trainer's, every weight is the cap 0.5 (ratio 1 > 0.5); a response the sampler found e^10 times
+    likelier than the trainer weighs e^-10. In the clip-free on-policy update, that is the plain update with
+    those sequences' advantages scaled by their weights."""
+    trainer = _trainer(tmp_path, "actor.tis_cap=0.5", "rollout.max_logprob_drift=null")
+    batch = _batch(trainer, equal_groups=())
+    with torch.no_grad():
+        width = batch.response_ids.shape[1]
+        trainer_logprobs, _ = response_logprobs(trainer.model, batch.input_ids, batch.attention_mask,
+                                                batch.position_ids, width)
+    batch.rollout_logprobs = trainer_logprobs.clone()
+    batch.rollout_logprobs[0] += 10.0
+    got, metrics, _ = _update_grads(trainer, batch)
+    scaled = copy.copy(batch)
+    factor = torch.full((len(batch), 1), 0.5, dtype=torch.float64)
+    factor[0] = math.exp(-10.0)
+    scaled.advantages = batch.advantages.double() * factor
+    want = _reference_grads(trainer, scaled)
+    _assert_same(got, want, 1e-6)
+    mask = batch.response_mask.float()
+    assert metrics["actor/tis_capped_frac"] == pytest.approx(float(mask[1:].sum() / mask.sum()))
+
+    batch.rollout_logprobs = None
+    with pytest.raises(RolloutError, match="actor.tis_cap=0.5 weighs each token by the sampler's probability"):
+        trainer.update_policy(batch)

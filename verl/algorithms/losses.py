@@ -25,6 +25,7 @@ def ppo_policy_loss(
     agg: str = "token-mean",
     norm_len: int | float | None = None,
     sequence_ratio: bool = False,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate loss: max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)), r = exp(logp - old).
 
@@ -32,6 +33,9 @@ def ppo_policy_loss(
     value s = exp(mean over its tokens of (logp - old)), the length-normalised ratio of the whole response,
     so a response is clipped as one, while each token's gradient stays its own log-prob's times s (GSPO's
     token form, `logp - sg(logp) + sg(log s)`); with `seq-mean-token-mean` this is GSPO's objective.
+
+    `token_weights` (detached, same shape) multiply each token's loss before aggregation: truncated importance
+    sampling's `min(pi_old / pi_rollout, cap)` when the sampler's distribution differs from the trainer's.
 
     Separate `clip_low`/`clip_high` allow asymmetric ("clip-higher", DAPO) ranges. `dual_clip=c` caps
     the loss of negative-advantage tokens at -A c, so one token whose probability already collapsed
@@ -69,6 +73,9 @@ def ppo_policy_loss(
         per_token = torch.where(negative, torch.minimum(per_token, cap), per_token)
     else:
         dual_hit = torch.zeros_like(m)
+    if token_weights is not None:
+        _check_same_shape("logprob", logprob, token_weights=token_weights)
+        per_token = per_token * torch.where(m, token_weights.detach(), 0)
     loss = aggregate_loss(per_token, m, agg, norm_len)
     with torch.no_grad():
         n = m.sum().clamp(min=1)

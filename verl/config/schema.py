@@ -194,6 +194,9 @@ class ActorConfig(OptimConfig):
     importance_sampling: Literal["token", "sequence"] = Field(
         "token", description="PPO's ratio per token, or per response (GSPO: the length-normalised ratio of the "
         "whole response, clipped as one; pair it with loss_agg: seq-mean-token-mean and small clip ranges).")
+    tis_cap: float | None = Field(None, gt=0.0, description="Truncated importance sampling: each token's loss "
+                                  "times min(pi_old / pi_rollout, tis_cap), for a sampler whose log-probs differ "
+                                  "from the trainer's (vLLM, bf16); None = off.")
     kl_loss_coef: float = Field(0.0, ge=0.0, description="> 0 adds KL to the reference as a loss term.")
     kl_loss_type: Literal["k1", "k2", "k3", "abs"] = "k3"
     _verl_kl = field_validator("kl_loss_type", mode="before")(verl_name("kl_type"))

@@ -551,11 +551,16 @@ class RLTrainer(TrainerRuntime):
             if drift is not None:
                 drift.append(self.drift_moments(logprobs.detach(), mb))
             old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
+            weights = None if cfg.tis_cap is None else self.tis_weights(old, mb)
             loss, stats = ppo_policy_loss(logprobs, old, mb.advantages, mask, clip_low=cfg.clip_low,
                                           clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.loss_agg,
-                                          norm_len=norm_len, sequence_ratio=cfg.importance_sampling == "sequence")
+                                          norm_len=norm_len, sequence_ratio=cfg.importance_sampling == "sequence",
+                                          token_weights=weights)
             metrics = {"actor/pg_loss": float(loss.detach()), "actor/clipfrac": stats["clipfrac"],
                        "actor/approx_kl": stats["approx_kl"]}
+            if weights is not None:
+                metrics |= {"actor/tis_weight_mean": float(masked_mean(weights, mask)),
+                            "actor/tis_capped_frac": float(masked_mean((weights >= cfg.tis_cap).float(), mask))}
             ent = aggregate_loss(entropy, mask, cfg.loss_agg, norm_len=norm_len)
             metrics["actor/entropy"] = float(ent.detach())
             if cfg.entropy_coef > 0:
@@ -580,6 +585,16 @@ class RLTrainer(TrainerRuntime):
             metrics["actor/ref_kl"] = float(masked_mean(batch.old_logprobs - batch.ref_logprobs,
                                                         batch.response_mask.float()))
         return metrics
+
+    def tis_weights(self, old_logprobs: torch.Tensor, mb: RolloutBatch) -> torch.Tensor:
+        """Truncated importance sampling: min(pi_old / pi_rollout, actor.tis_cap) per token, pi_old being the
+        trainer's log-prob before the update and pi_rollout the sampler's for the same token."""
+        if mb.rollout_logprobs is None:
+            raise RolloutError(f"actor.tis_cap={self.config.actor.tis_cap} weighs each token by the sampler's "
+                               "probability, but the rollout engine returned no log-probs. Fix: use an engine that "
+                               "returns them (hf, vllm) or set actor.tis_cap=null")
+        rollout = mb.rollout_logprobs.to(old_logprobs)
+        return torch.exp(old_logprobs.detach() - rollout).clamp(max=self.config.actor.tis_cap)  # inf -> the cap
 
     def update_critic(self, batch: RolloutBatch) -> dict[str, float]:
         cfg = self.config.critic
