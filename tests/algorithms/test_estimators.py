@@ -91,3 +91,26 @@ def test_config_reads_the_table():
     assert typing.get_args(field.annotation) == ESTIMATOR_NAMES
     for name, est in ESTIMATORS.items():
         assert load_config(overrides=[f"algorithm.adv_estimator={name}"]).needs_critic is est.needs_critic
+
+
+def test_grpo_with_the_batch_std_divides_by_the_std_of_every_score():
+    """std_scope="batch" (Lite PPO; TRL's scale_rewards="batch"): group-centred scores over the std of all the
+    batch's scores, written out in float64; on two data-parallel shards (moments summed) the same numbers."""
+    params = EstimatorParams(std_scope="batch")
+    adv, _ = ESTIMATORS["grpo"].compute(REWARDS, MASK, group_ids=GROUPS, params=params)
+    scores = [float(x) for x in REWARDS.sum(-1)]
+    mean = sum(scores) / len(scores)
+    std = (sum((x - mean) ** 2 for x in scores) / (len(scores) - 1)) ** 0.5
+    want = torch.zeros(6, 5, dtype=torch.float64)
+    for i in range(6):
+        group = [scores[j] for j in range(6) if GROUPS[j] == GROUPS[i]]
+        want[i] = (scores[i] - sum(group) / len(group)) / (std + 1e-6) * MASK[i].double()
+    torch.testing.assert_close(adv, want, rtol=1e-12, atol=1e-12)
+
+    from verl.algorithms import masked_moments
+
+    halves = [slice(0, 3), slice(3, 6)]  # one group per shard
+    moments = [masked_moments(REWARDS[h].sum(-1), torch.ones(3, dtype=torch.bool)) for h in halves]
+    sharded = [ESTIMATORS["grpo"].compute(REWARDS[h], MASK[h], group_ids=GROUPS[h], params=params,
+                                          reduce=lambda m, k=k: m + moments[1 - k])[0] for k, h in enumerate(halves)]
+    torch.testing.assert_close(torch.cat(sharded), want, rtol=1e-12, atol=1e-12)

@@ -35,6 +35,7 @@ class EstimatorParams:
     gamma: float = 1.0
     lam: float = 1.0
     norm_by_std: bool = True
+    std_scope: str = "group"  # GRPO's std: of the group ("group") or of every score in the batch ("batch")
     whiten_advantages: bool = True
 
 
@@ -99,16 +100,26 @@ def _reinforce_pp_baseline(rewards: Tensor, mask: Tensor, _values: Tensor | None
     return _whiten_if(centred, mask, p, reduce), centred
 
 
-def _outcome(per_sequence: Callable[[Tensor, Tensor, EstimatorParams], Tensor]):
+def _outcome(per_sequence: Callable[[Tensor, Tensor, EstimatorParams, Reduce], Tensor]):
     """Sequence-level estimators score the summed token rewards (score minus any in-reward KL)."""
 
     def compute(rewards: Tensor, mask: Tensor, _values: Tensor | None, groups: Tensor | None,
-                p: EstimatorParams, _reduce: Reduce) -> tuple[Tensor, Tensor]:
+                p: EstimatorParams, reduce: Reduce) -> tuple[Tensor, Tensor]:
         scores = rewards.sum(-1)
-        adv = per_sequence(scores, groups.to(scores.device), p)[:, None] * mask
+        adv = per_sequence(scores, groups.to(scores.device), p, reduce)[:, None] * mask
         return adv, adv
 
     return compute
+
+
+def _grpo(scores: Tensor, groups: Tensor, p: EstimatorParams, reduce: Reduce) -> Tensor:
+    """GRPO; with `std_scope="batch"` the group-centred score is divided by the std of every score in the
+    global batch (Lite PPO's "group mean, batch std"; TRL's `scale_rewards="batch"`)."""
+    if not (p.norm_by_std and p.std_scope == "batch"):
+        return compute_grpo_advantages(scores, groups, p.norm_by_std)
+    count, total, squares = reduce(masked_moments(scores, torch.ones_like(scores, dtype=torch.bool))).unbind()
+    std = ((squares - total * total / count) / (count - 1).clamp(min=1)).clamp(min=0).sqrt()
+    return (compute_grpo_advantages(scores, groups, norm_by_std=False) / (std + 1e-6)).to(scores.dtype)
 
 
 ESTIMATORS: dict[str, AdvantageEstimator] = {
@@ -118,11 +129,11 @@ ESTIMATORS: dict[str, AdvantageEstimator] = {
                            summary="PPO: generalised advantage estimation against a learned critic",
                            _compute=_gae),
         AdvantageEstimator("grpo", needs_critic=False, needs_groups=True, outcome_level=True, whitens=False,
-                           summary="GRPO: score minus the group mean (divided by the group std)",
-                           _compute=_outcome(lambda s, g, p: compute_grpo_advantages(s, g, p.norm_by_std))),
+                           summary="GRPO: score minus the group mean (divided by the group or batch std)",
+                           _compute=_outcome(_grpo)),
         AdvantageEstimator("rloo", needs_critic=False, needs_groups=True, outcome_level=True, whitens=False,
                            summary="RLOO: score minus the mean of the other samples of the prompt",
-                           _compute=_outcome(lambda s, g, p: compute_rloo_advantages(s, g))),
+                           _compute=_outcome(lambda s, g, p, r: compute_rloo_advantages(s, g))),
         AdvantageEstimator("reinforce_pp", needs_critic=False, needs_groups=False, outcome_level=False,
                            whitens=True, summary="REINFORCE++: discounted returns whitened over the batch",
                            _compute=_reinforce_pp),

@@ -139,6 +139,8 @@ class AlgorithmConfig(Section):
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     lam: float = Field(1.0, ge=0.0, le=1.0)
     norm_by_std: bool = True
+    std_scope: Literal["group", "batch"] = Field("group", description="grpo with norm_by_std: divide by the std of "
+                                                 "the group's scores, or of every score in the batch.")
     kl_in_reward: bool = False
     kl_coef: float = Field(0.001, ge=0.0)
     kl_type: Literal["k1", "k2", "k3", "abs"] = "k1"

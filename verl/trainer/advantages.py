@@ -45,7 +45,7 @@ def apply_kl_in_reward(batch: RolloutBatch, algo: AlgorithmConfig, kl_ctrl, redu
 
 def estimate_advantages(batch: RolloutBatch, algo: AlgorithmConfig, reduce: Reduce = local_sum) -> RolloutBatch:
     """Advantages and returns from the token rewards (and the values, for GAE), by `algorithm.adv_estimator`."""
-    params = EstimatorParams(gamma=algo.gamma, lam=algo.lam, norm_by_std=algo.norm_by_std,
+    params = EstimatorParams(gamma=algo.gamma, lam=algo.lam, norm_by_std=algo.norm_by_std, std_scope=algo.std_scope,
                              whiten_advantages=algo.whiten_advantages)
     batch.advantages, batch.returns = ESTIMATORS[algo.adv_estimator].compute(
         batch.token_rewards, batch.response_mask, values=batch.values, group_ids=batch.group_ids, params=params,
