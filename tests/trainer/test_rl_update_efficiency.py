@@ -317,3 +317,15 @@ def test_truncated_importance_sampling_weighs_each_token_by_the_samplers_probabi
     batch.rollout_logprobs = None
     with pytest.raises(RolloutError, match="actor.tis_cap=0.5 weighs each token by the sampler's probability"):
         trainer.update_policy(batch)
+
+
+def test_dr_grpos_normaliser_is_the_generation_budget_not_the_batch_width(tmp_path):
+    """seq-mean-token-sum-norm divides by a constant: rollout.max_new_tokens, however long this batch's longest
+    response is. A budget twice the batch's width halves the gradient of the width-normalised loss."""
+    trainer = _trainer(tmp_path, "actor.loss_agg=seq-mean-token-sum-norm", "algorithm.norm_by_std=false")
+    batch = _batch(trainer, equal_groups=())
+    width = batch.response_ids.shape[1]
+    want = {k: 0.5 * v for k, v in _reference_grads(trainer, batch).items()}  # normalised by the width
+    trainer.config.rollout.max_new_tokens = 2 * width
+    got, _, _ = _update_grads(trainer, batch)
+    _assert_same(got, want, 1e-6)

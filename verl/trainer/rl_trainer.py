@@ -540,7 +540,9 @@ class RLTrainer(TrainerRuntime):
     def update_policy(self, batch: RolloutBatch) -> dict[str, float]:
         """PPO-clip epochs over shuffled mini-batches with gradient accumulation over micro-batches."""
         cfg, temperature = self.config.actor, self.config.rollout.temperature or 1.0
-        norm_len = batch.response_ids.shape[1]
+        # seq-mean-token-sum-norm's constant (Dr. GRPO: the generation budget, not this batch's longest response;
+        # a multi-turn episode with observations may be longer than one turn's budget)
+        norm_len = max(batch.response_ids.shape[1], self.config.rollout.max_new_tokens)
         # The drift check on this forward (see update_checks_drift): the rows of every micro-batch run
         drift = [] if batch.rollout_logprobs is not None and self.update_checks_drift else None
 
