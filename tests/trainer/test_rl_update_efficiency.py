@@ -329,3 +329,18 @@ def test_dr_grpos_normaliser_is_the_generation_budget_not_the_batch_width(tmp_pa
     trainer.config.rollout.max_new_tokens = 2 * width
     got, _, _ = _update_grads(trainer, batch)
     _assert_same(got, want, 1e-6)
+
+
+def test_masking_truncated_responses_leaves_them_out_of_the_loss(tmp_path):
+    """actor.mask_truncated (DAPO's overlong filtering): the update's gradient is the loss over the finished
+    responses only, normalised over their tokens; the cut-off ones are still read by attention."""
+    trainer = _trainer(tmp_path, "actor.mask_truncated=true")
+    batch = _batch(trainer, equal_groups=())
+    batch.finished = torch.arange(len(batch)) % 3 != 0  # every third response was cut off
+    got, _, _ = _update_grads(trainer, batch)
+    finished_only = copy.copy(batch)
+    finished_only.response_mask = batch.response_mask * batch.finished[:, None].to(batch.response_mask.dtype)
+    finished_only.response_attention_mask = batch.response_attention
+    _assert_same(got, _reference_grads(trainer, finished_only), 1e-6)
+    plain, _, _ = _update_grads(_trainer(tmp_path / "plain"), batch)
+    assert any(float((plain[k] - got[k]).abs().max()) > 1e-6 for k in got)  # it did leave them out

@@ -196,6 +196,9 @@ class ActorConfig(OptimConfig):
     importance_sampling: Literal["token", "sequence"] = Field(
         "token", description="PPO's ratio per token, or per response (GSPO: the length-normalised ratio of the "
         "whole response, clipped as one; pair it with loss_agg: seq-mean-token-mean and small clip ranges).")
+    mask_truncated: bool = Field(False, description="Leave responses that rollout.max_new_tokens cut off (no eos) "
+                                 "out of the policy loss (DAPO's overlong filtering; TRL's "
+                                 "mask_truncated_completions).")
     tis_cap: float | None = Field(None, gt=0.0, description="Truncated importance sampling: each token's loss "
                                   "times min(pi_old / pi_rollout, tis_cap), for a sampler whose log-probs differ "
                                   "from the trainer's (vLLM, bf16); None = off.")

@@ -7,6 +7,7 @@ a method, so a subclass can replace exactly one of them. The formulas all come f
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -540,6 +541,10 @@ class RLTrainer(TrainerRuntime):
     def update_policy(self, batch: RolloutBatch) -> dict[str, float]:
         """PPO-clip epochs over shuffled mini-batches with gradient accumulation over micro-batches."""
         cfg, temperature = self.config.actor, self.config.rollout.temperature or 1.0
+        if cfg.mask_truncated and batch.finished is not None:  # out of every loss term; still attended to
+            keep = batch.finished.to(batch.response_mask.device, batch.response_mask.dtype)[:, None]
+            batch = dataclasses.replace(batch, response_attention_mask=batch.response_attention,
+                                        response_mask=batch.response_mask * keep)
         # seq-mean-token-sum-norm's constant (Dr. GRPO: the generation budget, not this batch's longest response;
         # a multi-turn episode with observations may be longer than one turn's budget)
         norm_len = max(batch.response_ids.shape[1], self.config.rollout.max_new_tokens)
