@@ -20,7 +20,7 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize("name", ["quickstart.yaml", "grpo_gsm8k.yaml", "ppo_gsm8k.yaml"])
+@pytest.mark.parametrize("name", ["quickstart.yaml", "grpo_gsm8k.yaml", "ppo_gsm8k.yaml", "dapo_gsm8k.yaml"])
 def test_example_data_fills_a_batch_and_validation_is_held_out(name: str) -> None:
     config = load_config(str(EXAMPLES / name))
     (train_file,), (val_file,) = config.data.train_files, config.data.val_files
