@@ -106,8 +106,9 @@ def test_role_with_no_device():
 def test_critic_missing_for_gae():
     msg = rejected(devices={"critic": []})
     assert "devices.critic is empty, but the advantage estimator (gae) needs a critic" in msg
-    assert "use a critic-free estimator (grpo, rloo, reinforce_pp)" in msg  # names the config accepts
-    for name in ("grpo", "rloo", "reinforce_pp"):
+    free = ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
+    assert f"use a critic-free estimator ({', '.join(free)})" in msg  # names the config accepts
+    for name in free:
         load_config(overrides=[f"algorithm.adv_estimator={name}"])
 
 
