@@ -40,9 +40,14 @@ def half(batch: RolloutBatch, rank: int) -> RolloutBatch:
 ALGOS = {
     "gae": AlgorithmConfig(adv_estimator="gae", gamma=0.9, lam=0.8),
     "reinforce_pp": AlgorithmConfig(adv_estimator="reinforce_pp", gamma=0.95),
+    "reinforce_pp_baseline": AlgorithmConfig(adv_estimator="reinforce_pp_baseline"),
+    "grpo_batch_std": AlgorithmConfig(adv_estimator="grpo", std_scope="batch"),
     "kl": AlgorithmConfig(adv_estimator="gae", kl_in_reward=True, kl_ctrl="adaptive", kl_coef=0.1,
                           kl_target=0.05, kl_horizon=10, kl_type="k3"),
 }
+
+
+WHITENED = ("gae", "reinforce_pp", "reinforce_pp_baseline", "grpo_batch_std")  # statistics of the global batch
 
 
 def worker(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -53,7 +58,7 @@ def worker(rank: int, world: int, port: int, out_dir: str) -> None:
     placement = Placement.create(RoleGroups.create(mapping, timeout_s=60), rank=rank, world_size=world)
     reduce = lambda t: placement.all_reduce_sum(t, "actor")  # noqa: E731 - what the trainer passes
     out: dict[str, torch.Tensor] = {}
-    for name in ("gae", "reinforce_pp"):
+    for name in WHITENED:
         got = estimate_advantages(half(make_batch(0), rank), ALGOS[name], reduce)
         out[f"{name}/advantages"], out[f"{name}/returns"] = got.advantages, got.returns
     ctrl = AdaptiveKLController(0.1, 0.05, 10)

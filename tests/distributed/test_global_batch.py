@@ -1,5 +1,6 @@
 """Statistics over "the batch" are over the global batch: 2 data-parallel ranks give what 1 rank gives on
-the concatenated samples (whitened GAE / REINFORCE++ advantages, the adaptive KL coefficient)."""
+the concatenated samples (whitened GAE / REINFORCE++ / REINFORCE++-baseline advantages, GRPO over the
+batch's std, the adaptive KL coefficient)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def ranks(tmp_path_factory):
     return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(2)]
 
 
-@pytest.mark.parametrize("name", ["gae", "reinforce_pp"])
+@pytest.mark.parametrize("name", G.WHITENED)
 def test_whitened_advantages_of_two_ranks_equal_one_rank(ranks, name):
     whole = estimate_advantages(G.make_batch(0), G.ALGOS[name])
     got = torch.cat([r[f"{name}/advantages"] for r in ranks])
