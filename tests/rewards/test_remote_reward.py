@@ -94,8 +94,9 @@ def test_what_goes_wrong_is_named_with_the_url(server, answer, message):
 def test_an_unreachable_server_and_bad_kwargs_fail_clearly():
     with pytest.raises(RewardError, match="127.0.0.1:9/x did not answer after 1 tries.*start the server"):
         remote("http://127.0.0.1:9/x").score(["q"], ["a"], ["a"])
-    with pytest.raises(RewardError, match="kwargs.url must be the reward server's http\\(s\\) URL"):
-        RewardManager([{"name": "remote", "kwargs": {"url": "rm-host:5000"}}])
+    for url in ("rm-host:5000", "http://rm-host:port/get_reward", "http:///get_reward"):
+        with pytest.raises(RewardError, match="kwargs.url must be the reward server's http\\(s\\) URL"):
+            RewardManager([{"name": "remote", "kwargs": {"url": url}}])
     with pytest.raises(RewardError, match="unknown kwargs \\['timeout'\\]"):
         RewardManager([{"name": "remote", "kwargs": {"url": "http://h/x", "timeout": 3}}])
 

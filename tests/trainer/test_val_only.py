@@ -108,8 +108,8 @@ def test_several_answers_per_held_out_prompt_give_the_mean_and_pass_at_n(tmp_pat
     metrics = trainer.evaluate(rows, prefix="val")
     ((chunk, responses),) = seen
     assert [r["prompt"] for r in chunk] == [r["prompt"] for r in rows for _ in range(4)]  # a row's 4 together
-    scores = torch.tensor([first_digit_reward(r["prompt"], a, r["ground_truth"]) for r, a in zip(chunk, responses)],
-                          dtype=torch.float64).view(5, 4)
+    scores = torch.tensor([first_digit_reward(r["prompt"], a, r["ground_truth"])
+                           for r, a in zip(chunk, responses, strict=True)], dtype=torch.float64).view(5, 4)
     assert metrics["val/score"] == pytest.approx(float(scores.mean()))
     assert metrics["val/pass@4"] == pytest.approx(float(scores.amax(dim=1).mean()))
     assert metrics["val/a/pass@4"] == pytest.approx(float(scores[:3].amax(dim=1).mean()))

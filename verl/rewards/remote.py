@@ -28,7 +28,8 @@ from verl.errors import RewardError
 def _query(prompt: Any, response: str) -> str:
     if isinstance(prompt, str):
         return prompt + response
-    contents = [m.get("content", "") for m in prompt if isinstance(m, Mapping)] if isinstance(prompt, list) else [prompt]
+    messages = prompt if isinstance(prompt, list) else [prompt]
+    contents = [m.get("content", "") if isinstance(m, Mapping) else m for m in messages]
     return "\n".join([*map(str, contents), response])
 
 
@@ -79,7 +80,13 @@ def remote_reward(prompts: Sequence[Any], responses: Sequence[str], ground_truth
 def check_remote_kwargs(kwargs: dict[str, Any]) -> None:
     """At start-up: the URL is http(s) and the options are usable."""
     url = kwargs.get("url")
-    if not isinstance(url, str) or urlparse(url).scheme not in ("http", "https") or not urlparse(url).netloc:
+    parts = urlparse(url) if isinstance(url, str) else None
+    try:
+        usable = parts is not None and parts.scheme in ("http", "https") and bool(parts.hostname) and (
+            parts.port is None or parts.port > 0)
+    except ValueError:  # a port that is not a number (`urlparse` reads it lazily)
+        usable = False
+    if not usable:
         raise ValueError(f"kwargs.url must be the reward server's http(s) URL (e.g. http://rm-host:5000/get_reward), "
                          f"got {url!r}")
     unknown = sorted(set(kwargs) - {"url", "score_key", "timeout_s", "retries"})
