@@ -94,7 +94,10 @@ def test_weights_changed_between_rollouts_without_a_version_bump_are_used():
     want = hf_greedy(model, ids, mask, 8, [], pad=0)
     assert not torch.equal(want, before)
     assert torch.equal(after, want)
-    assert engine._decode_step.plans[0].gate_up is not layout
+    # same parameters, new values: the layout is rewritten in place, not reallocated
+    assert engine._decode_step.plans[0].gate_up is layout
+    assert torch.equal(layout.weight, torch.cat([model.model.layers[0].mlp.gate_proj.weight,
+                                                 model.model.layers[0].mlp.up_proj.weight]).t())
     # A second step: the copy the layout is checked against was rewritten in place, not aliased.
     for p in model.parameters():
         p.grad = torch.randn_like(p)
@@ -164,3 +167,17 @@ def test_a_model_cast_between_rollouts_is_used():
     out = engine.generate(ids, mask, params)
     assert engine._decode_step.plans[0].qkv.weight.dtype == torch.float64
     assert torch.equal(out.response_ids, hf_greedy(model, ids, mask, 8, [], pad=0))
+
+
+def test_silu_runs_in_place_on_the_gate_output_and_other_activations_as_they_are():
+    from transformers.activations import ACT2FN
+
+    from verl.rollout.fast_decode import _activation, _in_place_silu
+
+    assert _activation(ACT2FN["silu"]) is _in_place_silu
+    assert _activation(torch.nn.SiLU()) is _in_place_silu
+    gelu = ACT2FN["gelu"]
+    assert _activation(gelu) is gelu
+    x = torch.randn(4, 8)
+    expected = F.silu(x)
+    assert _in_place_silu(x) is x and torch.equal(x, expected)

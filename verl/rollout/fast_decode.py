@@ -6,7 +6,7 @@ so that overhead is paid ``max_new_tokens`` times. This step walks the same modu
 order (``input_layernorm``, ``q/k/v_proj``, rotary, attention, ``o_proj``, ``post_attention_layernorm``,
 ``mlp``, ``norm``, ``lm_head``) as the model's own ``forward``, with the glue inlined: the rotary cos/sin
 come from a table built once per rollout, K/V are written in place into the preallocated cache, and the
-attention mask is the rollout's ready boolean mask.
+attention mask is the rollout's additive mask, built once per rollout.
 
 Where the modules are plain (``nn.Linear``, an RMSNorm that ``F.rms_norm`` reproduces bit for bit),
 their weights are laid out for decoding once and reused by every rollout until a weight changes:
@@ -55,11 +55,25 @@ class _Linear:
     weight: torch.Tensor
     bias: torch.Tensor | None
     transposed: bool
+    sources: tuple[torch.nn.Linear, ...] = ()  # the modules whose weights it holds, in output order
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.transposed:
             return torch.mm(x, self.weight) if self.bias is None else torch.addmm(self.bias, x, self.weight)
         return F.linear(x, self.weight, self.bias)
+
+    def refresh(self) -> None:
+        """Rewrite the layout from the modules' current weights in place: one pass, no new buffers."""
+        start = 0
+        for module in self.sources:
+            rows = slice(start, start + module.weight.shape[0])
+            start = rows.stop
+            if self.transposed:
+                self.weight[:, rows].copy_(module.weight.detach().t())
+            elif self.weight is not module.weight:
+                self.weight[rows].copy_(module.weight.detach())
+            if self.bias is not None and self.bias is not module.bias:
+                self.bias[rows].copy_(module.bias.detach())
 
 
 def _decode_linear(modules: list[Any]) -> _Linear | None:
@@ -73,8 +87,8 @@ def _decode_linear(modules: list[Any]) -> _Linear | None:
     bias = (torch.cat([m.bias for m in modules], dim=0) if len(modules) > 1 else modules[0].bias) \
         if all(has_bias) else None
     if weight.device.type == "cpu" and weight.dtype == torch.float32:
-        return _Linear(weight.detach().t().contiguous(), bias, transposed=True)
-    return _Linear(weight, bias, transposed=False)
+        return _Linear(weight.detach().t().contiguous(), bias, transposed=True, sources=tuple(modules))
+    return _Linear(weight, bias, transposed=False, sources=tuple(modules))
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -96,8 +110,12 @@ class _RMSNormAsLayerNorm:
 
     def __init__(self, weight: torch.Tensor, eps: float) -> None:
         self.size = weight.shape[0]
+        self.source = weight
         self.weight = torch.cat([weight.detach(), torch.zeros_like(weight)])
         self.eps = eps
+
+    def refresh(self) -> None:
+        self.weight[: self.size].copy_(self.source.detach())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         doubled = torch.cat((x, x.neg()), dim=-1)
@@ -124,6 +142,21 @@ def _rms_norm(module: torch.nn.Module, dtype: torch.dtype) -> Any:
     if weight.device.type == "cpu" and dtype == torch.float32:
         return _RMSNormAsLayerNorm(weight, eps)
     return lambda x: F.rms_norm(x, shape, weight, eps)
+
+
+def _in_place_silu(x: torch.Tensor) -> torch.Tensor:
+    return F.silu(x, inplace=True)
+
+
+def _activation(module: Any) -> Any:
+    """The MLP's activation as an in-place ``F.silu`` where it computes SiLU's bits (probed when the layout is
+    built): it overwrites the gate/up output the step owns instead of allocating. Others run as they are."""
+    probe = torch.randn(8, 16, generator=torch.Generator().manual_seed(0)) * 4
+    try:
+        same = isinstance(module, torch.nn.Module) and torch.equal(module(probe), F.silu(probe))
+    except Exception:  # an activation that cannot take the probe keeps its own call
+        same = False
+    return _in_place_silu if same else module
 
 
 def _add_projection(projection: Any, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -214,7 +247,15 @@ class LlamaStyleDecodeStep:
         sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(device=device, dtype=self.sin.dtype)
         self.signed_sin = self.sin * sign
         params = list(self.model.parameters())
-        if self._layout_is_current(params, dtype):
+        if self._built_from is not None and self._same_parameters(params, dtype):
+            values = self._built_from[2]
+            if all(torch.equal(p, v) for p, v in zip(params, values, strict=True)):
+                return
+            # New values in the same parameters (an optimizer step, a weight sync): rewrite the layout in
+            # place, which costs one pass over the weights instead of fresh concatenated copies.
+            self._copy_values(params)
+            for part in self._layout_parts():
+                part.refresh()
             return
         plain = sum(p.numel() * p.element_size() for p in params) <= MAX_FUSED_BYTES
         self.plans: list[_LayerPlan] = []
@@ -230,7 +271,7 @@ class LlamaStyleDecodeStep:
                 o=(_decode_linear([attn.o_proj]) if plain else None) or attn.o_proj,
                 gate_up=_decode_linear([mlp.gate_proj, mlp.up_proj]) if mlp_plain else None,
                 down=(_decode_linear([mlp.down_proj]) if mlp_plain else None) or getattr(mlp, "down_proj", None),
-                act_fn=getattr(mlp, "act_fn", None)))
+                act_fn=_activation(mlp.act_fn) if mlp_plain else None))
         embed = self.base.embed_tokens  # the plain lookup without nn.Module's call overhead, once per token
         self.embed = ((lambda ids: F.embedding(ids, embed.weight)) if type(embed) is torch.nn.Embedding
                       and embed.max_norm is None else embed)
@@ -248,13 +289,19 @@ class LlamaStyleDecodeStep:
             return old
         return [p.detach().clone() for p in params]
 
-    def _layout_is_current(self, params: list[torch.Tensor], dtype: torch.dtype) -> bool:
-        if self._built_from is None:
-            return False
+    def _same_parameters(self, params: list[torch.Tensor], dtype: torch.dtype) -> bool:
+        """Whether the layout was built from these very parameter tensors (same dtype, shapes and device)."""
         built_dtype, built_params, values = self._built_from
         return (built_dtype == dtype and len(built_params) == len(params)
                 and all(a is b for a, b in zip(built_params, params, strict=True))
-                and all(_same_layout(p, v) and torch.equal(p, v) for p, v in zip(params, values, strict=True)))
+                and all(_same_layout(p, v) for p, v in zip(params, values, strict=True)))
+
+    def _layout_parts(self) -> list[_Linear | _RMSNormAsLayerNorm]:
+        """The pieces of the layout that hold copies of weights (the rest reads the modules directly)."""
+        parts = [self.final_norm, self.lm_head]
+        for plan in self.plans:
+            parts += [plan.in_norm, plan.post_norm, plan.qkv, plan.o, plan.gate_up, plan.down]
+        return [p for p in parts if isinstance(p, (_Linear, _RMSNormAsLayerNorm))]
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x1, x2 = x.chunk(2, dim=-1)
@@ -263,8 +310,8 @@ class LlamaStyleDecodeStep:
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any) -> torch.Tensor:
         """Logits [A, V] for the next token after ``tokens`` [A] at ``positions`` [A].
 
-        ``mask`` is a boolean [A, 1, 1, kv_len] mask of the keys each row may attend to, kv_len being
-        the cache length after this step. Hidden states are [A, H] (one token per row); attention
+        ``mask`` is a [A, 1, 1, kv_len] mask of the keys each row may attend to (boolean, or additive: 0
+        and -inf), kv_len being the cache length after this step. Hidden states are [A, H] (one token per row); attention
         tensors are [A, kv_heads, group, D], which folds the query heads sharing a KV head into sdpa's
         query axis without repeating K/V.
         """

@@ -271,7 +271,10 @@ class HFKVCacheEngine(RolloutEngine):
             fast.prepare(prompt_len + max_new, device, dtype)
         # The decode mask for the whole rollout, built once and sliced per step.
         decode_mask = torch.cat([mask_bool, mask_bool.new_ones(rows, max_new)], dim=1)
-        if fast is not None or self._mask_kind == "sdpa":
+        if fast is not None:  # additive, as sdpa would turn a boolean mask into in every layer of every step
+            decode_mask = torch.zeros(decode_mask.shape, dtype=dtype, device=device).masked_fill_(
+                ~decode_mask, float("-inf"))[:, None, None, :]
+        elif self._mask_kind == "sdpa":
             decode_mask = decode_mask[:, None, None, :]
         elif self._mask_kind == "eager":
             zero = torch.zeros((), dtype=dtype, device=device)
