@@ -481,3 +481,16 @@ def test_a_trl_function_gets_trainer_state_and_log_metric_as_trl_gives_them() ->
 
     with pytest.raises(RewardError, match="logged 'oops'.*finite number"):
         RewardManager([bad]).score(["a"], ["1"], ["1"])
+
+
+def test_a_trl_function_gets_completion_ids_where_the_caller_passes_token_ids() -> None:
+    def by_tokens(completions, completion_ids, **kwargs):
+        return [float(len(ids)) for ids in completion_ids]
+
+    mgr = RewardManager([by_tokens])
+    result = mgr.score(["a", "b"], ["x", "yz"], ["1", "2"], response_ids=[[5, 7, 2], [9]])
+    assert result.scores.tolist() == [3.0, 1.0]
+    with pytest.raises(RewardError, match=r"needs \['completion_ids'\]"):  # a caller with text only
+        mgr.score(["a"], ["x"], ["1"])
+    with pytest.raises(RewardError, match="different lengths"):
+        mgr.score(["a"], ["x"], ["1"], response_ids=[[1], [2]])

@@ -242,6 +242,27 @@ def test_a_trl_reward_function_sees_the_training_step(tmp_path):
     assert [h["reward/by_step/step_seen"] for h in history] == [0.0, 1.0, 2.0]
 
 
+def test_a_trl_reward_function_gets_the_sampled_token_ids_as_completion_ids(tmp_path):
+    """TRL's `completion_ids`: each response's sampled ids up to and including its eos, in batch order."""
+    seen = []
+
+    def by_ids(completions, completion_ids, **kwargs):
+        seen.append(completion_ids)
+        return [float(len(ids)) for ids in completion_ids]
+
+    rows = [{"prompt": f"{a}+1=", "answer": a + 1} for a in range(4)]
+    trainer = RLTrainer.from_pretrained(
+        "tiny", reward_fn=by_ids, dataset=rows,
+        **{"trainer.device": "cpu", "trainer.run_dir": str(tmp_path), "trainer.total_steps": 1,
+           "trainer.val_before_train": False, "data.train_batch_size": 2, "rollout.n": 2,
+           "rollout.max_new_tokens": 4, "logging.backends": []})
+    batch = trainer.compute_reward(trainer.generate(trainer.get_batch()))
+    want = [ids[: int(n)].tolist() for ids, n in zip(batch.response_ids, batch.response_mask.sum(dim=1), strict=True)]
+    assert seen == [want]
+    assert batch.scores.tolist() == [float(len(ids)) for ids in want]
+    assert trainer.tokenizer.batch_decode(want, skip_special_tokens=True) == batch.responses
+
+
 def test_the_overlong_buffer_penalises_responses_that_run_into_the_length_limit(tmp_path):
     """DAPO's overlong reward shaping on the step's scores: the functions' score plus the length penalty."""
     from verl.algorithms import overlong_penalty

@@ -26,7 +26,10 @@ class Environment(Protocol):
         ...
 
     def compute_reward(self, rows: Sequence[Mapping[str, Any]], responses: Sequence[str]) -> RewardResult:
-        """Score response i against rows[i] (repeat a row for each of its n responses)."""
+        """Score response i against rows[i] (repeat a row for each of its n responses).
+
+        An environment whose `compute_reward` also takes a `response_ids` keyword gets each response's
+        token ids (a list of ints per response) from the trainer."""
         ...
 
     def val_rows(self) -> list[dict[str, Any]]:
@@ -130,7 +133,8 @@ class PromptEnv:
     def val_rows(self) -> list[dict[str, Any]]:
         return [_copy_row(r) for r in self._val]
 
-    def compute_reward(self, rows: Sequence[Mapping[str, Any]], responses: Sequence[str]) -> RewardResult:
+    def compute_reward(self, rows: Sequence[Mapping[str, Any]], responses: Sequence[str], *,
+                       response_ids: Sequence[Sequence[int]] | None = None) -> RewardResult:
         if self.reward_manager is None:
             raise ConfigError(f"{type(self).__name__} was built without a reward manager, so it cannot score "
                               "single responses; pass a RewardManager, or score whole episodes in step() "
@@ -141,6 +145,7 @@ class PromptEnv:
             [r.get("ground_truth") for r in rows],
             [r.get("metadata") or {} for r in rows],
             [r.get("data_source") for r in rows],
+            response_ids,
         )
 
     def state_dict(self) -> dict[str, Any]:

@@ -73,6 +73,7 @@ class _Samples(NamedTuple):
     ground_truths: Sequence[Any]
     metas: list[dict[str, Any]]
     data_sources: Sequence[str | None]
+    response_ids: Sequence[Sequence[int]] | None = None  # each response's token ids, where the caller has them
 
 
 @dataclass
@@ -285,8 +286,12 @@ class RewardManager:
         ground_truths: Sequence[Any],
         metadata: Sequence[Mapping[str, Any] | None] | None = None,
         data_sources: Sequence[str | None] | None = None,
+        response_ids: Sequence[Sequence[int]] | None = None,
     ) -> RewardResult:
-        """Score N samples; every list has one entry per sample (metadata/data_sources may be None)."""
+        """Score N samples; every list has one entry per sample (metadata/data_sources may be None).
+
+        `response_ids` (each response's token ids, up to and including its eos) reach TRL-style functions
+        as `completion_ids`."""
         n = len(responses)
         metadata = [None] * n if metadata is None else metadata
         data_sources = [None] * n if data_sources is None else data_sources
@@ -296,7 +301,7 @@ class RewardManager:
             "ground_truths": len(ground_truths),
             "metadata": len(metadata),
             "data_sources": len(data_sources),
-        }
+        } | ({} if response_ids is None else {"response_ids": len(response_ids)})
         if len(set(lengths.values())) != 1:
             raise RewardError(
                 f"RewardManager.score got lists of different lengths {lengths}; pass one entry "
@@ -304,7 +309,7 @@ class RewardManager:
             )
         metas = [dict(m) if m is not None else {} for m in metadata]
         self.check_data_sources(data_sources)
-        batch = _Samples(prompts, responses, ground_truths, metas, data_sources)
+        batch = _Samples(prompts, responses, ground_truths, metas, data_sources, response_ids)
 
         total = torch.zeros(n, dtype=torch.float64)
         per_function: dict[str, torch.Tensor] = {}
@@ -435,7 +440,8 @@ class RewardManager:
         come from: ground_truth, answer, solution, ...). A completion is chat-formatted
         (`[{"role": "assistant", "content": ...}]`) where its prompt is chat messages, as in TRL.
 
-        As TRL does, it also gets `trainer_state` (`self.progress`), `log_metric(name, value)` (logged as
+        As TRL does, it also gets `completion_ids` (where the caller passed the responses' token ids: the
+        trainer does), `trainer_state` (`self.progress`), `log_metric(name, value)` (logged as
         `reward/<fn>/<name>`, the mean of the values given this batch; into `logged`) and
         `log_extra(column, values)`, whose columns TRL shows only in its completions table, which is not
         kept here (as TRL without `log_completions`)."""
@@ -455,6 +461,8 @@ class RewardManager:
                             else b.responses[i] for i in idx],
             "data_source": [b.data_sources[i] for i in idx],
         }
+        if b.response_ids is not None:
+            columns["completion_ids"] = [[int(t) for t in b.response_ids[i]] for i in idx]
         for name in GROUND_TRUTH_NAMES:
             columns[name] = [b.ground_truths[i] for i in idx]
         for key in dict.fromkeys(k for i in idx for k in b.metas[i]):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 import time
 from collections import Counter
@@ -77,6 +78,14 @@ def _score_metrics(prefix: str, sums: Sequence[float], rows: int, n: int) -> dic
     if n > 1:
         metrics[f"{prefix}/{'pass' if not_binary == 0 else 'best'}@{n}"] = best_sum / rows
     return metrics
+
+
+def _takes_keyword(fn: Callable[..., Any], name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params
 
 
 class RLTrainer(TrainerRuntime):
@@ -385,6 +394,16 @@ class RLTrainer(TrainerRuntime):
         batch.responses = self.decode_responses(out.response_ids, out.response_mask)
         return batch
 
+    def score_responses(self, rows: Sequence[Mapping[str, Any]], responses: Sequence[str],
+                        response_ids: torch.Tensor, response_mask: torch.Tensor) -> Any:
+        """The environment's scores; an environment that takes `response_ids` gets each response's sampled
+        token ids too (TRL's `completion_ids`), eos included."""
+        if not _takes_keyword(self.env.compute_reward, "response_ids"):
+            return self.env.compute_reward(rows, responses)
+        lengths = response_mask.sum(dim=1).tolist()
+        ids = [row[: int(length)].tolist() for row, length in zip(response_ids.cpu(), lengths, strict=True)]
+        return self.env.compute_reward(rows, responses, response_ids=ids)
+
     def compute_reward(self, batch: RolloutBatch) -> RolloutBatch:
         """Sequence scores from the environment, placed on each response's last (model-written) token."""
         if batch.env_scores is not None:  # multi-turn: the environment scored each episode as it ended
@@ -394,7 +413,7 @@ class RLTrainer(TrainerRuntime):
             if manager is not None:  # for reward functions that shape rewards by progress (TRL's trainer_state)
                 manager.progress = TrainingProgress(self.step_count, self.config.trainer.total_steps,
                                                     getattr(self.env, "epoch", 0))
-            result = self.env.compute_reward(batch.rows, batch.responses)
+            result = self.score_responses(batch.rows, batch.responses, batch.response_ids, batch.response_mask)
             batch.scores = result.scores.to(self.device, torch.float32)
             batch.metrics = dict(result.metrics)
             algo = self.config.algorithm
@@ -901,8 +920,8 @@ class RLTrainer(TrainerRuntime):
                     out = self.engine.generate(ids.to(self.device), mask.to(self.device), params,
                                                generator=generator)
                 responses = self.decode_responses(out.response_ids, out.response_mask)
-                chunk_scores = self.env.compute_reward([row for row in chunk for _ in range(n)],
-                                                       responses).scores.float()
+                chunk_scores = self.score_responses([row for row in chunk for _ in range(n)], responses,
+                                                    out.response_ids, out.response_mask).scores.float()
             chunk_scores = chunk_scores.view(len(chunk), n)  # a row's n answers are consecutive
             scores.append(chunk_scores[:real])
             mine_sources += [row.get("data_source") for row in chunk[:real]]
