@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import verl.algorithms.logits as logits_mod
-from verl.algorithms import entropy_from_logits, token_logprobs
+from verl.algorithms import entropy_from_logits, token_logprobs, token_logprobs_and_entropy
 
 
 def ref_logprob(row: list[float], label: int) -> float:
@@ -112,6 +112,30 @@ def test_entropy_gradient_matches_finite_differences():
     assert torch.autograd.gradcheck(entropy_from_logits, (logits,))
     labels = torch.tensor([1, 4])
     assert torch.autograd.gradcheck(lambda x: token_logprobs(x, labels), (logits,))
+
+
+@pytest.mark.parametrize("rows_per_chunk", [None, 4])
+def test_logprobs_with_entropy_from_one_log_softmax_equal_the_two_apart(monkeypatch, rows_per_chunk):
+    """The update's logging entropy rides on the log-probs' log-softmax: the same bits as computing both
+    apart, the log-probs' gradient unchanged, no gradient through the entropy; extremes stay exact."""
+    if rows_per_chunk:
+        monkeypatch.setattr(logits_mod, "_CHUNK_ELEMENTS", 13 * rows_per_chunk)
+    logits = _logits(5.0, seed=6, shape=(3, 7, 13))
+    logits[0, 0, :3] = -math.inf  # banned tokens
+    logits[1, 1] *= 1e4
+    labels = torch.randint(3, 13, (3, 7), generator=torch.Generator().manual_seed(7))
+    for dtype in (torch.float64, torch.float32, torch.bfloat16):
+        x = logits.to(dtype).requires_grad_(True)
+        lp, ent = token_logprobs_and_entropy(x, labels)
+        assert torch.equal(lp, token_logprobs(x, labels))
+        assert torch.equal(ent, entropy_from_logits(x.detach())) and not ent.requires_grad
+        assert torch.isfinite(ent).all()
+        (g,) = torch.autograd.grad(lp.sum(), x)
+        (g_alone,) = torch.autograd.grad(token_logprobs(x, labels).sum(), x)
+        assert torch.equal(g, g_alone)
+        if dtype == torch.float64:  # and the values are the entropy, -inf and 1e4-scaled rows included
+            for b, t in ((0, 0), (1, 1), (2, 6)):
+                assert ent[b, t].item() == pytest.approx(ref_entropy(logits[b, t].tolist()), rel=1e-10, abs=1e-12)
 
 
 def test_errors_name_the_argument():

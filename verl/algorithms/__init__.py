@@ -25,7 +25,7 @@ from .core import (
 from .dpo import DPO_LOSS_TYPES, dpo_loss
 from .estimators import ESTIMATOR_NAMES, ESTIMATORS, AdvantageEstimator, EstimatorParams, get_estimator
 from .kl import K3_CLAMP, KL_KINDS, AdaptiveKLController, FixedKLController, kl_penalty, sequence_kl_sums
-from .logits import entropy_from_logits, token_logprobs
+from .logits import entropy_from_logits, token_logprobs, token_logprobs_and_entropy
 from .losses import ppo_policy_loss, value_loss
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "ppo_policy_loss",
     "sequence_kl_sums",
     "token_logprobs",
+    "token_logprobs_and_entropy",
     "value_loss",
     "whiten_from_moments",
 ]

@@ -42,6 +42,14 @@ def _by_row_chunks(
     return torch.cat(parts)
 
 
+def _entropy_of_chunk(x: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """-sum p * log p of a chunk of rows, given its log-softmax (overwritten).
+
+    Any p > 0 has log p >= -745 (float64's smallest number), so the floor changes no term with p > 0 and
+    turns 0 * -inf (a banned token) into 0, with finite gradients."""
+    return -(torch.softmax(x, dim=-1).mul_(logp.clamp_min_(_LOGP_FLOOR))).sum(dim=-1)
+
+
 class _LabelLogprob(torch.autograd.Function):
     """log_softmax(rows)[label] per row of [N, V] rows, in row chunks, with a backward of its own.
 
@@ -49,32 +57,46 @@ class _LabelLogprob(torch.autograd.Function):
     about 3x slower on CPU than a softmax; ``log_softmax(rows).gather(label)`` would keep a full [N, V]
     output for its backward. This keeps only the rows (already alive) and recomputes the softmax:
     d logp[label] / d rows = onehot(label) - softmax(rows).
+
+    With ``with_entropy`` it also returns each row's entropy (no gradient: for logging), from the same
+    log-softmax instead of a second one.
     """
 
     @staticmethod
-    def forward(ctx: Any, rows: torch.Tensor, labels: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def forward(ctx: Any, rows: torch.Tensor, labels: torch.Tensor, dtype: torch.dtype,
+                with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         ctx.save_for_backward(rows, labels)
         ctx.dtype = dtype
-        return _by_row_chunks(rows, lambda x, sl: torch.log_softmax(x, -1).gather(-1, labels[sl]).squeeze(-1),
-                              dtype)
+        entropies: list[torch.Tensor] = []
+
+        def chunk(x: torch.Tensor, sl: slice) -> torch.Tensor:
+            logp = torch.log_softmax(x, -1)
+            picked = logp.gather(-1, labels[sl]).squeeze(-1)
+            if with_entropy:
+                entropies.append(_entropy_of_chunk(x, logp))
+            return picked
+
+        logprobs = _by_row_chunks(rows, chunk, dtype)
+        if not with_entropy:
+            return logprobs, None
+        entropy = entropies[0] if len(entropies) == 1 else torch.cat(entropies)
+        ctx.mark_non_differentiable(entropy)
+        return logprobs, entropy
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor, _entropy_grad: Any) -> tuple[torch.Tensor, None, None, None]:
         rows, labels = ctx.saved_tensors
 
         def chunk(x: torch.Tensor, sl: slice) -> torch.Tensor:
             g = grad[sl].to(x.dtype).unsqueeze(-1)
             return torch.softmax(x, -1).mul_(g.neg()).scatter_add_(-1, labels[sl], g).to(rows.dtype)
 
-        return _by_row_chunks(rows, chunk, ctx.dtype), None, None
+        return _by_row_chunks(rows, chunk, ctx.dtype), None, None, None
 
 
-def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[label] for every position: [..., V] logits and [...] labels -> [...].
-
-    Stable for any logit scale; never builds the full log-softmax tensor beyond one row chunk.
-    """
+def _label_logprobs(logits: torch.Tensor, labels: torch.Tensor,
+                    with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     cd = _check_logits(logits)
     if tuple(labels.shape) != tuple(logits.shape[:-1]):
         raise ValueError(
@@ -93,7 +115,23 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
                 f"replace ignore ids such as -100 with a valid id and mask those positions out"
             )
     rows = logits.reshape(-1, vocab)
-    return _LabelLogprob.apply(rows, labels.reshape(-1, 1).long(), cd).reshape(labels.shape)
+    logprobs, entropy = _LabelLogprob.apply(rows, labels.reshape(-1, 1).long(), cd, with_entropy)
+    return logprobs.reshape(labels.shape), None if entropy is None else entropy.reshape(labels.shape)
+
+
+def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[label] for every position: [..., V] logits and [...] labels -> [...].
+
+    Stable for any logit scale; never builds the full log-softmax tensor beyond one row chunk.
+    """
+    return _label_logprobs(logits, labels, with_entropy=False)[0]
+
+
+def token_logprobs_and_entropy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`token_logprobs` and, from the same log-softmax, :func:`entropy_from_logits`'s values without a
+    gradient (entropy for logging: one pass over the [..., V] logits fewer than computing both apart)."""
+    logprobs, entropy = _label_logprobs(logits, labels, with_entropy=True)
+    return logprobs, entropy
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -105,9 +143,7 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     cd = _check_logits(logits)
     vocab = logits.shape[-1]
 
-    def chunk(x: torch.Tensor, sl: slice) -> torch.Tensor:
-        # Any p > 0 has log p >= -745 (float64's smallest number), so the floor changes no term with p > 0
-        # and turns 0 * -inf (a banned token) into 0, with finite gradients.
+    def chunk(x: torch.Tensor, sl: slice) -> torch.Tensor:  # _entropy_of_chunk's terms, out of place for autograd
         logp = torch.log_softmax(x, dim=-1).clamp_min(_LOGP_FLOOR)
         return -(torch.softmax(x, dim=-1) * logp).sum(dim=-1)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.fsdp import FSDPModule
 
-from verl.algorithms import entropy_from_logits, token_logprobs
+from verl.algorithms import entropy_from_logits, token_logprobs, token_logprobs_and_entropy
 from verl.models.lora import base_of
 from verl.models.signature import (
     cache_argument,
@@ -81,11 +81,10 @@ def _logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float, wi
               entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
+    if with_entropy and not entropy_grad:  # entropy for logging: from the log-softmax the log-probs take
+        return token_logprobs_and_entropy(logits, labels)
     logprobs = token_logprobs(logits, labels)
-    entropy = None
-    if with_entropy:
-        entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
-    return logprobs, entropy
+    return logprobs, entropy_from_logits(logits) if with_entropy else None
 
 
 def can_share_prompt(model: torch.nn.Module) -> bool:
