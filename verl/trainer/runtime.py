@@ -196,11 +196,7 @@ class TrainerRuntime:
     def clip_and_step(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float | None) -> float:
         """Clip (when configured), refuse a non-finite gradient, step; returns the pre-clip norm."""
         params = [p for p in module.parameters() if p.grad is not None]
-        # torch takes the foreach kernels by itself only on CUDA; on CPU they save a Python loop over the
-        # parameters too (sharded DTensor gradients keep torch's choice)
-        foreach = True if all(type(p.grad) is torch.Tensor for p in params) else None
-        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else float("inf"),
-                                              foreach=foreach)
+        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else float("inf"))
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2 gives a DTensor
         if not torch.isfinite(norm):
             optimizer.zero_grad(set_to_none=True)
