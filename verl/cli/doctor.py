@@ -21,6 +21,7 @@ OPTIONAL = {
     "mlflow": f"{install_hint('mlflow', 'mlflow')}  (logging.backends=[mlflow])",
     "matplotlib": f"{install_hint('matplotlib', 'plot')}  (PNG from verl plot)",
     "peft": f"{install_hint('peft', 'peft')}  (LoRA: model.lora.rank > 0)",
+    "math_verify": f"{install_hint('math-verify', 'math')}  (the math_verify reward)",
     "flash_attn": "pip install flash-attn --no-build-isolation  (CUDA only)",
     "trl": f"{install_hint('trl', 'bench')}  (benchmarks against TRL)",
 }

@@ -14,6 +14,7 @@ from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from typing import Any, Literal
 
+from verl.rewards.math_answer import check_math_verify_kwargs, math_verify_reward
 from verl.rewards.remote import check_remote_kwargs, remote_reward
 
 # A number as people and GSM8K write it: optional sign or "$", thousands commas, decimals.
@@ -191,6 +192,7 @@ def _check_numeric_kwargs(kwargs: dict[str, Any]) -> None:
 BUILTIN_REWARDS: dict[str, Callable[..., Any]] = {
     "exact_match": exact_match,
     "numeric_match": numeric_match,
+    "math_verify": math_verify_reward,
     "format": format_reward,
     "remote": remote_reward,
 }
@@ -201,6 +203,7 @@ BATCHED_BUILTINS = frozenset({"remote"})
 BUILTIN_KWARG_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "numeric_match": _check_numeric_kwargs,
     "format": _check_format_kwargs,
+    "math_verify": check_math_verify_kwargs,
     "remote": check_remote_kwargs,
 }
 
