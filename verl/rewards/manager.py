@@ -135,7 +135,8 @@ def _signature_info(fn: Callable[..., Any]) -> tuple[tuple[str, ...], frozenset[
     return positional, names - set(positional)
 
 
-def _takes(fn: Callable[..., Any], name: str) -> bool:
+def takes_parameter(fn: Callable[..., Any], name: str) -> bool:
+    """Whether `fn`'s signature names a parameter `name` (False where it has no readable signature)."""
     try:
         return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -228,7 +229,7 @@ class RewardManager:
             used[base_label] = used.get(base_label, 0) + 1
             label = base_label if used[base_label] == 1 else f"{base_label}_{used[base_label]}"
             positional, names = _signature_info(fn)
-            trl_style = not spec.batched and _takes(fn, TRL_ARGUMENT)  # `batched: true` keeps our list convention
+            trl_style = not spec.batched and takes_parameter(fn, TRL_ARGUMENT)  # `batched: true` keeps our list convention
             loaded = _Loaded(spec, fn, label, where, positional, names, trl_style=trl_style)
             if not loaded.trl_style:  # a TRL function's keywords depend on the rows, checked when called
                 _check_signature(loaded)

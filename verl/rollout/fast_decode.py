@@ -311,9 +311,9 @@ class LlamaStyleDecodeStep:
         """Logits [A, V] for the next token after ``tokens`` [A] at ``positions`` [A].
 
         ``mask`` is a [A, 1, 1, kv_len] mask of the keys each row may attend to (boolean, or additive: 0
-        and -inf), kv_len being the cache length after this step. Hidden states are [A, H] (one token per row); attention
-        tensors are [A, kv_heads, group, D], which folds the query heads sharing a KV head into sdpa's
-        query axis without repeating K/V.
+        and -inf), kv_len being the cache length after this step. Hidden states are [A, H] (one token per
+        row); attention tensors are [A, kv_heads, group, D], which folds the query heads sharing a KV head
+        into sdpa's query axis without repeating K/V.
         """
         rows = tokens.shape[0]
         hidden = self.embed(tokens)  # [A, H]

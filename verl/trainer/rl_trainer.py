@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import math
 import time
 from collections import Counter
@@ -42,7 +41,8 @@ from verl.models.dropout import disable_dropout, no_grad_eval
 from verl.models.hf_loader import load_tokenizer
 from verl.models.lora import base_of
 from verl.models.reward_model import RewardModelScorer
-from verl.rewards import TrainingProgress
+from verl.rewards import RewardResult, TrainingProgress
+from verl.rewards.manager import takes_parameter
 from verl.rollout import SamplingParams, build_engine
 from verl.rollout.weight_sync import synced
 from verl.trainer.advantages import apply_kl_in_reward, estimate_advantages
@@ -78,14 +78,6 @@ def _score_metrics(prefix: str, sums: Sequence[float], rows: int, n: int) -> dic
     if n > 1:
         metrics[f"{prefix}/{'pass' if not_binary == 0 else 'best'}@{n}"] = best_sum / rows
     return metrics
-
-
-def _takes_keyword(fn: Callable[..., Any], name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params
 
 
 class RLTrainer(TrainerRuntime):
@@ -395,10 +387,10 @@ class RLTrainer(TrainerRuntime):
         return batch
 
     def score_responses(self, rows: Sequence[Mapping[str, Any]], responses: Sequence[str],
-                        response_ids: torch.Tensor, response_mask: torch.Tensor) -> Any:
+                        response_ids: torch.Tensor, response_mask: torch.Tensor) -> RewardResult:
         """The environment's scores; an environment that takes `response_ids` gets each response's sampled
         token ids too (TRL's `completion_ids`), eos included."""
-        if not _takes_keyword(self.env.compute_reward, "response_ids"):
+        if not takes_parameter(self.env.compute_reward, "response_ids"):
             return self.env.compute_reward(rows, responses)
         lengths = response_mask.sum(dim=1).tolist()
         ids = [row[: int(length)].tolist() for row, length in zip(response_ids.cpu(), lengths, strict=True)]
