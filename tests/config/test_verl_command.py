@@ -9,6 +9,7 @@ import sys
 
 from verl.config import load_config
 from verl.config.verl_command import is_our_key, translate, translate_sft
+from verl.rewards import BUILTIN_REWARDS
 from verl.trainer import fsdp_sft_trainer
 from verl.trainer.main_ppo import main
 
@@ -65,6 +66,20 @@ def test_settings_whose_meaning_differs_are_left_to_decide():
     assert [theirs for theirs, _ in t.decide] == ["data.truncation=middle", "actor_rollout_ref.rollout.name=sglang",
                                                   "custom_reward_function.name=score"]
     assert t.flags == ["--nnodes 2"] and t.missing == ["~trainer.logger"] and t.ours == []
+
+
+def test_without_a_custom_reward_function_the_scorers_are_to_be_named():
+    """verl scores by data_source when no custom_reward_function is given; here the functions are named, and
+    the suggested override is one our loader takes, with every function a built-in."""
+    t = translate(["data.train_files=train.parquet", "actor_rollout_ref.model.path=tiny"])
+    (theirs, ours), = t.decide
+    assert "no custom_reward_function" in theirs and "data_sources" in ours
+    suggested = ours.split("'")[1]
+    config = load_config(None, [*t.ours, suggested])
+    assert [f["name"] for f in config.reward.functions] == ["numeric_match", "math_verify"]
+    assert {f["name"] for f in config.reward.functions} <= set(BUILTIN_REWARDS)
+    assert translate(["custom_reward_function.path=r.py"]).decide == []
+    assert translate(["reward.functions=[{name: numeric_match}]"]).decide == []
 
 
 def test_our_keys_are_known_by_the_schema():

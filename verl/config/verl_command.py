@@ -38,6 +38,8 @@ _VALUES: dict[str, tuple[str, dict[str, str], str]] = {
                                             "actor.importance_sampling (token, or sequence for GSPO)"),
 }
 _REWARD_PATH, _REWARD_NAME = "custom_reward_function.path", "custom_reward_function.name"
+_DEFAULT_REWARDS = ("name the functions, routed by data_sources, e.g. 'reward.functions=[{name: numeric_match, "
+                    "data_sources: [openai/gsm8k]}, {name: math_verify, data_sources: [lighteval/MATH]}]'")
 _USE_KL, _KL_COEF = f"{_ARR}.actor.use_kl_loss", f"{_ARR}.actor.kl_loss_coef"
 _OVERLONG, _OVERLONG_LEN = "reward_model.overlong_buffer.enable", "reward_model.overlong_buffer.len"
 _FILTER_LONG = "data.filter_overlong_prompts"
@@ -140,6 +142,9 @@ def translate(items: Sequence[str]) -> Translation:
                                    "needs both enable=True and len)"))
     if _true(given.get(_FILTER_LONG, "false")):  # verl drops too-long prompts before any truncation: last, so it wins
         out.ours.append("data.truncation=drop")
+    if not any(k in given for k in (_REWARD_PATH, _REWARD_NAME)) and not any(o.startswith("reward.") for o in out.ours):
+        # verl's default scores each sample with a scorer chosen by its data_source; here the functions are named
+        out.decide.append(("(no custom_reward_function: verl picks a scorer by data_source)", _DEFAULT_REWARDS))
     _launch(given, out)
     return out
 
