@@ -64,7 +64,7 @@ def bench_verl(args: argparse.Namespace, rows: list[dict[str, str]]) -> dict[str
     config = build_config({
         "model": {"path": args.model, "dtype": "float32"},
         "trainer": {"kind": "dpo", "device": args.device, "total_steps": args.warmup + args.steps,
-                    "seed": args.seed},
+                    "seed": args.seed, "cpu_matmul": args.cpu_matmul},
         "logging": {"backends": []},
         "dpo": {"beta": args.beta, "lr": args.lr, "precompute_ref": args.precompute_ref},
         "actor": {"micro_batch_size": 2 * args.batch_size},
@@ -136,6 +136,8 @@ def main() -> None:
     parser.add_argument("--beta", type=float, default=0.1)
     parser.add_argument("--precompute-ref", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cpu-matmul", default="auto", choices=["auto", "aten", "onednn"],
+                        help="verl's trainer.cpu_matmul (auto: oneDNN on AMD processors, ATen elsewhere)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (one run of each side per round)")
     parser.add_argument("--trl-path", default=os.environ.get("VERL_BENCH_TRL_PATH"),
                         help="folder to import TRL from (a side install); default: the environment")

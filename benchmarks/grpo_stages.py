@@ -64,6 +64,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-share", action="store_true")
+    parser.add_argument("--cpu-matmul", default="auto", choices=["auto", "aten", "onednn"],
+                        help="verl's trainer.cpu_matmul (auto: oneDNN on AMD processors, ATen elsewhere)")
     parser.add_argument("--count-ops", type=int, default=0, metavar="K",
                         help="also profile K more steps: aten ops, matmul FLOPs and model forwards per step")
     args = parser.parse_args()

@@ -85,6 +85,7 @@ class VerlSide:
             "actor": {"lr": args.lr, "micro_batch_size": args.prompts * args.n, "grad_clip": 1.0,
                       "share_prompt_forward": not args.no_share},
             "trainer": {"device": "cpu", "cpu_threads": 1, "seed": args.seed, "total_steps": 10**6,
+                        "cpu_matmul": args.cpu_matmul,
                         "run_dir": tempfile.mkdtemp(prefix="verl-bench-"), "val_before_train": False,
                         "resume": "never"},
             "logging": {"backends": []},
@@ -219,6 +220,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-share", action="store_true", help="verl without the shared-prompt forward")
+    parser.add_argument("--cpu-matmul", default="auto", choices=["auto", "aten", "onednn"],
+                        help="verl's trainer.cpu_matmul (auto: oneDNN on AMD processors, ATen elsewhere)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.trl_path:

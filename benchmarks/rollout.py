@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--update-weights", action="store_true", help="change every weight in place (untimed) "
                         "before each rollout, as an optimizer step does, so the sampler cannot reuse its "
                         "weight layout (what an RL step pays)")
+    parser.add_argument("--cpu-matmul", default="auto", choices=["auto", "aten", "onednn"],
+                        help="verl's trainer.cpu_matmul (auto: oneDNN on AMD processors, ATen elsewhere)")
     parser.add_argument("--model", default=None, help="tiny[:arch[:hidden[:layers]]] (e.g. tiny:qwen2:256:10 for "
                         "~10M parameters) or a local dir; default: the project's tiny model")
     args = parser.parse_args(argv)
@@ -84,10 +86,17 @@ def main(argv: list[str] | None = None) -> float:
     else:
         model = _tiny_model(vocab=1000, seed=args.seed).eval()
     vocab = model.get_input_embeddings().num_embeddings
+    # verl samples with its own copy, whose linear layers use trainer.cpu_matmul's library as in training;
+    # generate keeps the model as Hugging Face loads it.
+    import copy
+
+    from verl.utils.cpu_matmul import resolve, use_cpu_matmul
+
+    ours_model = use_cpu_matmul(copy.deepcopy(model), resolve(args.cpu_matmul)[0])
     ids, mask = _prompts(args.batch, args.prompt_len, vocab, args.seed)
     params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.new_tokens,
                             eos_token_ids=[], pad_token_id=0, n=args.n)
-    engine = HFKVCacheEngine(model)
+    engine = HFKVCacheEngine(ours_model)
     generator = torch.Generator().manual_seed(args.seed)
 
     def ours() -> None:
@@ -107,7 +116,7 @@ def main(argv: list[str] | None = None) -> float:
         """A tiny in-place change of every parameter (alternating sign), outside the timed region."""
         if args.update_weights:
             with torch.no_grad():
-                for p in model.parameters():
+                for p in ours_model.parameters():
                     p.add_(sign[0] * 1e-6)
             sign[0] = -sign[0]
 
@@ -129,7 +138,7 @@ def main(argv: list[str] | None = None) -> float:
     print(f"batch {args.batch} x n {args.n}, prompt <= {args.prompt_len}, {args.new_tokens} new tokens, sampling T=1.0, "
           f"{args.threads} thread(s), {args.repeats} repeats, vocab {vocab}"
           f"{', weights changed before every rollout' if args.update_weights else ''}"
-          f"{', CPU time' if args.cpu_time else ', wall time'}")
+          f"{', CPU time' if args.cpu_time else ', wall time'}; verl's cpu_matmul={resolve(args.cpu_matmul)[0]}")
     print(f"{'engine':<24}{'median s':>10}{'best s':>10}{'tokens/s (median)':>20}")
     for name, ts in times.items():
         med = statistics.median(ts)

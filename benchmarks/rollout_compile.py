@@ -51,7 +51,7 @@ def static_decode_step(decode: Any) -> Any:
         return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
 
     def mm(x: torch.Tensor, lin: Any) -> torch.Tensor:
-        out = x @ lin.weight if lin.transposed else F.linear(x, lin.weight)
+        out = x @ lin.weight if lin.kernel == "mm" else F.linear(x, lin.weight)
         return out if lin.bias is None else out + lin.bias
 
     def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

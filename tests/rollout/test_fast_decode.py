@@ -17,6 +17,7 @@ from verl.rollout.fast_decode import (
     _rms_norm,
     _RMSNormAsLayerNorm,
 )
+from verl.utils.cpu_matmul import OneDNNLinear, onednn_available, use_cpu_matmul
 
 
 @pytest.mark.parametrize("rows", [1, 3, 5, 16, 40])
@@ -24,7 +25,7 @@ def test_transposed_projection_equals_f_linear_up_to_float32_rounding(rows):
     torch.manual_seed(0)
     q, k = torch.nn.Linear(256, 256), torch.nn.Linear(256, 128)
     lin = _decode_linear([q, k])
-    assert lin.transposed and lin.weight.shape == (256, 384) and lin.weight.is_contiguous()
+    assert lin.kernel == "mm" and lin.weight.shape == (256, 384) and lin.weight.is_contiguous()
     x = torch.randn(rows, 256)
     with torch.inference_mode():
         got = lin(x)
@@ -49,7 +50,7 @@ def test_the_residual_add_rides_in_the_projections_addmm():
 
 def test_float64_projections_are_not_transposed_and_give_f_linear_bits():
     lin = _decode_linear([torch.nn.Linear(64, 32).double()])
-    assert not lin.transposed
+    assert lin.kernel == "linear"
     x = torch.randn(4, 64, dtype=torch.float64)
     assert torch.equal(lin(x), F.linear(x, lin.weight, lin.bias))
 
@@ -60,7 +61,7 @@ def test_float32_decode_step_runs_on_transposed_weights():
     with torch.inference_mode():
         step.prepare(32, torch.device("cpu"), torch.float32)
     projections = [lin for plan in step.plans for lin in (plan.qkv, plan.o, plan.gate_up, plan.down)]
-    assert all(lin.transposed for lin in projections + [step.lm_head])
+    assert all(lin.kernel == "mm" for lin in projections + [step.lm_head])
 
 
 def test_greedy_equals_hf_generate_in_float64():
@@ -181,3 +182,39 @@ def test_silu_runs_in_place_on_the_gate_output_and_other_activations_as_they_are
     x = torch.randn(4, 8)
     expected = F.silu(x)
     assert _in_place_silu(x) is x and torch.equal(x, expected)
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN linear")
+def test_onednn_layers_decode_in_onednn_layout_and_follow_weight_changes():
+    """`trainer.cpu_matmul=onednn` models keep [out, in] fused weights; the tokens are the model's own."""
+    model = use_cpu_matmul(make_model("qwen2", seed=2), "onednn")
+    ids, mask = left_padded(LENGTHS, seed=9)
+    engine = HFKVCacheEngine(model)
+    params = SamplingParams(temperature=0, max_new_tokens=8)
+    before = engine.generate(ids, mask, params).response_ids
+    step = engine._decode_step
+    assert all(lin.kernel == "onednn" for plan in step.plans for lin in (plan.qkv, plan.o, plan.gate_up, plan.down))
+    assert torch.equal(before, hf_greedy(model, ids, mask, 8, [], pad=0))
+    gate_up = step.plans[1].gate_up
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    after = engine.generate(ids, mask, params).response_ids
+    assert step.plans[1].gate_up is gate_up  # rewritten in place
+    mlp = model.model.layers[1].mlp
+    assert torch.equal(gate_up.weight, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+    assert not torch.equal(after, before) and torch.equal(after, hf_greedy(model, ids, mask, 8, [], pad=0))
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN linear")
+@pytest.mark.parametrize("rows", [2, 40])  # under and over oneDNN's size
+def test_onednn_projection_and_its_residual_add_equal_float64(rows):
+    torch.manual_seed(0)
+    q, k = OneDNNLinear(256, 256, bias=False), OneDNNLinear(256, 128, bias=False)
+    lin = _decode_linear([q, k])
+    assert lin.kernel == "onednn" and lin.weight.shape == (384, 256)
+    x, residual = torch.randn(rows, 256), torch.randn(rows, 384)
+    exact = torch.cat([F.linear(x.double(), m.weight.double()) for m in (q, k)], dim=-1)
+    with torch.inference_mode():
+        assert torch.allclose(lin(x).double(), exact, rtol=0, atol=1e-5)
+        assert torch.allclose(_add_projection(lin, residual, x).double(), residual.double() + exact, rtol=0, atol=1e-5)

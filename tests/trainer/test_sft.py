@@ -96,7 +96,9 @@ def test_packing_gives_the_unpacked_loss_and_update(tiny):
     assert m_packed["loss"] == pytest.approx(m_plain["loss"], abs=1e-5)
     assert m_packed["tokens/loss"] == m_plain["tokens/loss"]
     for a, b in zip(plain.model.parameters(), packed.model.parameters(), strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+        # Adam's first step moves each weight by ~lr; float32 rounding of a gradient near Adam's eps can
+        # move it by ~1e-5 (rounding differs between row counts and matmul libraries, trainer.cpu_matmul)
+        torch.testing.assert_close(a, b, atol=3e-5, rtol=0)
 
 
 def test_packing_would_differ_if_examples_saw_each_other(tiny):

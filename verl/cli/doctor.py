@@ -43,6 +43,11 @@ def collect() -> list[tuple[str, str, str]]:
         version = _version(dist)
         rows.append((dist, "ok" if version else "missing", version or "pip install -e ."))
     rows.append(("cpu cores", "ok", str(os.cpu_count())))
+    from verl.utils.cpu_matmul import cpu_vendor, resolve
+
+    library, why = resolve("auto")
+    rows.append(("cpu matmul", "ok", f"{cpu_vendor() or 'unknown vendor'}: trainer.cpu_matmul=auto uses "
+                 f"{'oneDNN' if library == 'onednn' else 'ATen (MKL)'} ({why})"))
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(i)

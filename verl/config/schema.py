@@ -290,6 +290,10 @@ class TrainerConfig(Section):
     log_samples: int = Field(8, ge=0, description="Validation generations written to samples.jsonl (and "
                              "TensorBoard/wandb/MLflow) per validation; 0 = none.")
     cpu_threads: int | None = Field(None, gt=0, description="torch CPU threads; 1 is fastest for tiny models.")
+    cpu_matmul: Literal["auto", "aten", "onednn"] = Field(
+        "auto", description="Library for float32 linear layers on CPU: auto = oneDNN on AMD processors (where "
+        "MKL takes a generic path, ~2x slower), ATen's MKL elsewhere; aten | onednn force one "
+        "(verl.utils.cpu_matmul; benchmarks/cpu_matmul.py measures both).")
     demo: Literal["arithmetic", "tool"] | None = Field(
         None, description="`verl train` runs this config as a demo: a supervised warm start, then RL, held-out "
         "accuracy before and after, summary.json. arithmetic = the built-in demo (env arithmetic), tool = the "

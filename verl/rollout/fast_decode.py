@@ -11,7 +11,8 @@ attention mask is the rollout's additive mask, built once per rollout.
 Where the modules are plain (``nn.Linear``, an RMSNorm that ``F.rms_norm`` reproduces bit for bit),
 their weights are laid out for decoding once and reused by every rollout until a weight changes:
 q/k/v and gate/up concatenated into one matmul each, and on CPU in float32 every projection
-(``lm_head`` included) kept as a contiguous [in, out] copy for a plain ``mm`` (see :class:`_Linear`).
+(``lm_head`` included) kept as a contiguous [in, out] copy for a plain ``mm``, or, for layers that
+``trainer.cpu_matmul`` put on oneDNN, as [out, in] for oneDNN's linear (see :class:`_Linear`).
 Anything else (LoRA, quantised layers, another norm) is called as the module it is.
 
 On a small model a decode step is a few dozen ops each costing more than its arithmetic, so on CPU
@@ -32,6 +33,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from verl.utils.cpu_matmul import MIN_MACS, OneDNNLinear, onednn_linear
+
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 # The decode layout copies the weights (fused and transposed, plus a copy to check them against: about 2x
 # the parameters). That pays off on small models, where each kernel launch costs more than its math, and
@@ -43,24 +46,39 @@ _DYNAMIC_ROPE = ("dynamic", "longrope")
 
 @dataclass
 class _Linear:
-    """One projection in decode layout: ``x @ weight`` with ``weight`` [in, out] contiguous on CPU in float32
-    (``transposed``), ``F.linear(x, weight)`` with ``weight`` [out, in] elsewhere.
+    """One projection in decode layout, multiplied the way the modules' class asks (``kernel``):
 
-    On CPU, MKL multiplies a few rows by a plain [in, out] matrix ~1.7x faster than ``F.linear`` does with
-    the module's [out, in] weight as a transposed operand, and faster than oneDNN's prepacked linear
-    (``benchmarks/decode_matmul.py``; figures in docs/performance.md). The sums are ordered differently, so
-    results differ from ``F.linear`` by float32 rounding, as between batch sizes.
+    * ``"mm"``: ``x @ weight`` with ``weight`` [in, out] contiguous (CPU, float32, plain ``nn.Linear``). On
+      CPU, MKL multiplies a few rows by a plain [in, out] matrix ~1.7x faster than ``F.linear`` does with the
+      module's [out, in] weight as a transposed operand, and faster than oneDNN's prepacked linear on Intel
+      processors (``benchmarks/decode_matmul.py``; figures in docs/performance.md);
+    * ``"onednn"``: the modules are :class:`~verl.utils.cpu_matmul.OneDNNLinear` (``trainer.cpu_matmul``):
+      ``weight`` [out, in], each product as that class computes it (oneDNN when large enough);
+    * ``"linear"``: ``F.linear(x, weight)`` with ``weight`` [out, in] (other devices and dtypes).
+
+    The sums are ordered differently from the modules' own call, so results differ by float32 rounding,
+    as between batch sizes.
     """
 
     weight: torch.Tensor
     bias: torch.Tensor | None
-    transposed: bool
+    kernel: str
     sources: tuple[torch.nn.Linear, ...] = ()  # the modules whose weights it holds, in output order
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.transposed:
+        if self.kernel == "mm":
             return torch.mm(x, self.weight) if self.bias is None else torch.addmm(self.bias, x, self.weight)
+        if self.kernel == "onednn":
+            return onednn_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+    def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``residual + self(x)``, with the sum inside the product's kernel where it has one."""
+        if self.bias is None and self.kernel == "mm":
+            return torch.addmm(residual, x, self.weight)
+        if self.bias is None and self.kernel == "onednn" and x.shape[0] * self.weight.numel() >= MIN_MACS:
+            return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.weight, None, "add")
+        return residual + self(x)
 
     def refresh(self) -> None:
         """Rewrite the layout from the modules' current weights in place: one pass, no new buffers."""
@@ -68,7 +86,7 @@ class _Linear:
         for module in self.sources:
             rows = slice(start, start + module.weight.shape[0])
             start = rows.stop
-            if self.transposed:
+            if self.kernel == "mm":
                 self.weight[:, rows].copy_(module.weight.detach().t())
             elif self.weight is not module.weight:
                 self.weight[rows].copy_(module.weight.detach())
@@ -76,9 +94,13 @@ class _Linear:
                 self.bias[rows].copy_(module.bias.detach())
 
 
+_PLAIN_LINEARS = {torch.nn.Linear: "mm", OneDNNLinear: "onednn"}
+
+
 def _decode_linear(modules: list[Any]) -> _Linear | None:
-    """The concatenation of plain ``nn.Linear`` modules in decode layout, or None if any is not plain."""
-    if not all(type(m) is torch.nn.Linear for m in modules):
+    """The concatenation of plain linear modules of one class in decode layout, or None if any is not plain."""
+    kinds = {_PLAIN_LINEARS.get(type(m)) for m in modules}
+    if None in kinds or len(kinds) != 1:
         return None
     has_bias = [m.bias is not None for m in modules]
     if any(has_bias) and not all(has_bias):
@@ -86,9 +108,12 @@ def _decode_linear(modules: list[Any]) -> _Linear | None:
     weight = torch.cat([m.weight for m in modules], dim=0) if len(modules) > 1 else modules[0].weight
     bias = (torch.cat([m.bias for m in modules], dim=0) if len(modules) > 1 else modules[0].bias) \
         if all(has_bias) else None
-    if weight.device.type == "cpu" and weight.dtype == torch.float32:
-        return _Linear(weight.detach().t().contiguous(), bias, transposed=True, sources=tuple(modules))
-    return _Linear(weight, bias, transposed=False, sources=tuple(modules))
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return _Linear(weight, bias, kernel="linear", sources=tuple(modules))
+    kernel = kinds.pop()
+    if kernel == "mm":
+        weight = weight.detach().t().contiguous()
+    return _Linear(weight.detach() if len(modules) > 1 else weight, bias, kernel=kernel, sources=tuple(modules))
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -160,9 +185,9 @@ def _activation(module: Any) -> Any:
 
 
 def _add_projection(projection: Any, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``residual + projection(x)``: one ``addmm`` where the weight is kept transposed and has no bias."""
-    if isinstance(projection, _Linear) and projection.transposed and projection.bias is None:
-        return torch.addmm(residual, x, projection.weight)
+    """``residual + projection(x)``: in one kernel where the projection is in decode layout and has one."""
+    if isinstance(projection, _Linear):
+        return projection.add_to(residual, x)
     return residual + projection(x)
 
 

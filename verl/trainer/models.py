@@ -17,6 +17,7 @@ from verl.models.checks import LoadReport
 from verl.models.hf_loader import CONFIG_KEYS, load_hf_model, load_hf_model_with_report
 from verl.models.lora import AdapterOff, apply_lora, is_peft_model
 from verl.models.tiny import build_tiny_model
+from verl.utils.cpu_matmul import resolve, use_cpu_matmul
 
 
 def resolve_model_path(path: str) -> str:
@@ -44,7 +45,15 @@ def load_policy_with_report(config: RunConfig, model_path: str, *, device: torch
         for_training=True, names=CONFIG_KEYS)  # messages name the config keys
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    return with_lora(config, model, model_path).train(), tokenizer, report
+    return with_cpu_matmul(config, with_lora(config, model, model_path)).train(), tokenizer, report
+
+
+def with_cpu_matmul(config: RunConfig, model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with its CPU linear layers on the library `trainer.cpu_matmul` picks (`verl.utils.cpu_matmul`);
+    copies of it (a reference, a critic from the actor) keep that choice. On other devices, unchanged."""
+    if next(model.parameters(), torch.empty(0)).device.type != "cpu":
+        return model
+    return use_cpu_matmul(model, resolve(config.trainer.cpu_matmul)[0])
 
 
 def with_lora(config: RunConfig, model: torch.nn.Module, base_path: str | None = None) -> torch.nn.Module:
@@ -65,7 +74,7 @@ def given_policy(model: torch.nn.Module, tokenizer: Any, device: torch.device,
         raise ModelError("a model object was given without its tokenizer; pass tokenizer=... too "
                          "(they must come from the same source)")
     if config is not None:
-        model = with_lora(config, model)
+        model = with_cpu_matmul(config, with_lora(config, model).to(device))
     return model.to(device).train(), tokenizer
 
 
@@ -85,7 +94,7 @@ def build_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any, 
     A `ref.path` model must share the policy's tokenizer vocabulary (ModelError otherwise).
     """
     if given is not None:
-        return frozen(given.to(device))
+        return frozen(with_cpu_matmul(config, given.to(device)))
     path = config.ref.path
     if not path:
         return AdapterOff(policy) if is_peft_model(policy) else frozen(copy.deepcopy(policy))
@@ -98,7 +107,8 @@ def build_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any, 
                          "log-probs of the policy's tokens would be meaningless; use a reference from the "
                          "same model family (same tokenizer), or leave ref.path empty to use the "
                          "actor's initial weights")
-    return frozen(ref.to(device))
+    return frozen(with_cpu_matmul(config, ref.to(device)))
 
 
-__all__ = ["build_reference", "frozen", "given_policy", "load_policy_with_report", "resolve_model_path", "with_lora"]
+__all__ = ["build_reference", "frozen", "given_policy", "load_policy_with_report", "resolve_model_path",
+           "with_cpu_matmul", "with_lora"]

@@ -56,7 +56,7 @@ from verl.trainer.forward import (
     shared_prompt_logprobs,
     shared_prompt_values,
 )
-from verl.trainer.models import build_reference
+from verl.trainer.models import build_reference, with_cpu_matmul
 from verl.trainer.optim import build_optimizer
 from verl.trainer.reward_model import reward_text
 from verl.trainer.runtime import TrainerRuntime
@@ -232,7 +232,7 @@ class RLTrainer(TrainerRuntime):
             critic = ValueModel.from_actor(self.model)
         if self.config.critic.lora.enabled:
             critic.add_lora(self.config.critic.lora, base_model_name_or_path=self.config.critic.path or self.model_path())
-        return critic.to(self.device).train()
+        return with_cpu_matmul(self.config, critic.to(self.device)).train()
 
     def _sampling_params(self, temperature: float, n: int) -> SamplingParams:
         r = self.config.rollout

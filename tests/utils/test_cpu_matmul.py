@@ -1,0 +1,122 @@
+"""oneDNN linear layers (`trainer.cpu_matmul`): the same forward and gradients as float64 math, chosen by
+processor and shape only, and invisible to everything that looks at the modules."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from verl.errors import ConfigError
+from verl.utils import cpu_matmul
+from verl.utils.cpu_matmul import (
+    MIN_MACS,
+    OneDNNLinear,
+    onednn_available,
+    onednn_linear,
+    resolve,
+    use_cpu_matmul,
+)
+
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN linear")
+
+
+def _float64_linear_grads(x, weight, bias, grad_out):
+    x64, w64 = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    b64 = bias.detach().double().requires_grad_() if bias is not None else None
+    out = F.linear(x64, w64, b64)
+    out.backward(grad_out.double())
+    return out, x64.grad, w64.grad, None if b64 is None else b64.grad
+
+
+@needs_onednn
+@pytest.mark.parametrize("shape", [(512, 256), (4, 124, 256), (3, 5, 16)])  # 2-D, 3-D, under MIN_MACS
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_forward_and_every_gradient_equal_float64(shape, with_bias):
+    generator = torch.Generator().manual_seed(0)
+    fan_in, fan_out = shape[-1], 384
+    x = torch.randn(*shape, generator=generator).requires_grad_()
+    weight = (torch.randn(fan_out, fan_in, generator=generator) / fan_in**0.5).requires_grad_()
+    bias = torch.randn(fan_out, generator=generator).requires_grad_() if with_bias else None
+    grad_out = torch.randn(*shape[:-1], fan_out, generator=generator)
+    out = onednn_linear(x, weight, bias)
+    out.backward(grad_out)
+    want, want_x, want_w, want_b = _float64_linear_grads(x, weight, bias, grad_out)
+    for got, exact in ((out, want), (x.grad, want_x), (weight.grad, want_w), (bias.grad if with_bias else None, want_b)):
+        if exact is not None:
+            scale = exact.abs().max().item()
+            assert (got.double() - exact).abs().max().item() <= 1e-5 * scale
+
+
+@needs_onednn
+def test_a_transposed_input_and_a_frozen_weight():
+    """Non-contiguous activations are read as they are; a frozen weight (LoRA's base) gets no gradient."""
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(256, 600, generator=generator).t().requires_grad_()  # [600, 256], not contiguous
+    weight = torch.randn(128, 256, generator=generator)
+    out = onednn_linear(x, weight)
+    out.sum().backward()
+    torch.testing.assert_close(out, F.linear(x, weight), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(x.grad, torch.ones(600, 128) @ weight, rtol=1e-5, atol=1e-4)
+    assert weight.grad is None
+
+
+def test_other_dtypes_and_small_products_take_f_linear_bits():
+    generator = torch.Generator().manual_seed(2)
+    x64, w64 = torch.randn(8, 64, dtype=torch.float64, generator=generator), torch.randn(32, 64, dtype=torch.float64)
+    assert torch.equal(onednn_linear(x64, w64), F.linear(x64, w64))
+    x, weight = torch.randn(4, 32, generator=generator), torch.randn(16, 32, generator=generator)
+    assert 4 * 32 * 16 < MIN_MACS and torch.equal(onednn_linear(x, weight), F.linear(x, weight))
+    assert onednn_linear(torch.empty(0, 32), weight).shape == (0, 16)
+
+
+def test_the_swap_changes_the_class_only_and_copies_keep_it():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    use_cpu_matmul(model, "onednn")
+    assert [type(m) for m in model if isinstance(m, torch.nn.Linear)] == [OneDNNLinear, OneDNNLinear]
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert type(copy.deepcopy(model)[2]) is OneDNNLinear
+    use_cpu_matmul(model, "aten")
+    assert [type(m) for m in model if isinstance(m, torch.nn.Linear)] == [torch.nn.Linear, torch.nn.Linear]
+
+
+def test_auto_follows_the_processor(monkeypatch):
+    monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: True)
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: True)
+    monkeypatch.setattr(cpu_matmul, "cpu_vendor", lambda: "AuthenticAMD")
+    assert resolve("auto")[0] == "onednn"
+    assert resolve("aten")[0] == "aten"
+    monkeypatch.setattr(cpu_matmul, "cpu_vendor", lambda: "GenuineIntel")
+    library, why = resolve("auto")
+    assert library == "aten" and "GenuineIntel" in why
+    assert resolve("onednn")[0] == "onednn"
+
+
+def test_forcing_onednn_without_it_names_the_fix(monkeypatch):
+    monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: False)
+    assert resolve("auto")[0] == "aten"
+    with pytest.raises(ConfigError, match="trainer.cpu_matmul=onednn.*set trainer.cpu_matmul=auto or aten"):
+        resolve("onednn")
+
+
+@needs_onednn
+def test_a_decoder_trains_to_the_same_loss_and_gradients_on_either_library():
+    """A whole causal LM: loss and every parameter's gradient agree to float32 rounding."""
+    from tests.rollout.conftest import make_model
+
+    model = make_model("qwen2", seed=4)
+    other = use_cpu_matmul(copy.deepcopy(model), "onednn")
+    ids = torch.randint(0, 300, (8, 40), generator=torch.Generator().manual_seed(3))  # 320 rows: oneDNN's size
+    grads = []
+    for m in (model, other):
+        loss = m(input_ids=ids, labels=ids).loss
+        loss.backward()
+        grads.append((loss.detach(), {n: p.grad for n, p in m.named_parameters()}))
+    (loss_a, grads_a), (loss_b, grads_b) = grads
+    torch.testing.assert_close(loss_a, loss_b, rtol=1e-5, atol=1e-6)
+    assert grads_a.keys() == grads_b.keys()
+    for name, grad in grads_a.items():
+        torch.testing.assert_close(grads_b[name], grad, rtol=1e-4, atol=1e-6, msg=name)

@@ -1,0 +1,143 @@
+"""Which library multiplies a linear layer's matrices on CPU in float32: ATen's BLAS (MKL) or oneDNN.
+
+Both ship inside the torch wheel. MKL takes a generic code path on AMD processors, so there it runs float32
+products at about half the speed oneDNN reaches on the same core (AMD EPYC with AVX-512: ~110 against
+~250 GFLOP/s on a [496, 256] x [256, 2048] product, forward and backward alike;
+`benchmarks/cpu_matmul.py`). On Intel processors MKL is as fast or faster, so ATen stays.
+
+`trainer.cpu_matmul` picks: `auto` (oneDNN on AMD processors where torch has MKL and oneDNN, ATen
+elsewhere), `aten` or `onednn`. With oneDNN, every plain `nn.Linear` of a model becomes a
+:class:`OneDNNLinear` (same parameters, same state dict, still an `nn.Linear`), whose float32 CPU products
+of at least :data:`MIN_MACS` multiply-adds, forward and backward, run in oneDNN; smaller ones, other
+dtypes and other devices take `F.linear` as before, since oneDNN's fixed cost per call (~10 us) exceeds
+their arithmetic. The sums are ordered differently, so results differ from MKL's by float32 rounding, as
+between batch sizes; the choice depends only on the processor and the shapes, so a run is reproducible.
+"""
+
+from __future__ import annotations
+
+import platform
+from functools import cache
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+
+from verl.errors import ConfigError
+
+CpuMatmul = Literal["auto", "aten", "onednn"]
+# Below this many multiply-adds (rows x in x out) a product takes F.linear: oneDNN's per-call cost is larger.
+MIN_MACS = 2**20
+
+
+@cache
+def cpu_vendor() -> str:
+    """The processor's vendor string (`AuthenticAMD`, `GenuineIntel`, ...), or '' when it cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    text = platform.processor()
+    return next((v for v in ("AuthenticAMD", "GenuineIntel") if v in text), "")
+
+
+@cache
+def onednn_available() -> bool:
+    """Whether this torch build runs oneDNN's linear on plain float32 weights, agreeing with F.linear."""
+    try:
+        generator = torch.Generator().manual_seed(0)
+        x, weight = torch.randn(3, 8, generator=generator), torch.randn(5, 8, generator=generator)
+        out = torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+        return torch.allclose(out, F.linear(x, weight), atol=1e-5)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def resolve(setting: CpuMatmul) -> tuple[Literal["aten", "onednn"], str]:
+    """The library `setting` means on this machine, and why (for `verl doctor` and the start-up log)."""
+    if setting == "aten":
+        return "aten", "trainer.cpu_matmul=aten"
+    if not onednn_available():
+        why = "this torch build has no oneDNN linear"
+        if setting == "onednn":
+            raise ConfigError(f"trainer.cpu_matmul=onednn, but {why} (torch {torch.__version__}); "
+                              "set trainer.cpu_matmul=auto or aten")
+        return "aten", why
+    if setting == "onednn":
+        return "onednn", "trainer.cpu_matmul=onednn"
+    vendor = cpu_vendor()
+    if vendor == "AuthenticAMD" and torch.backends.mkl.is_available():
+        return "onednn", "AMD processor: MKL takes a generic path there, oneDNN does not"
+    return "aten", f"{vendor or 'this'} processor: ATen's BLAS is as fast as oneDNN"
+
+
+def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ weight.T (+ bias)`: oneDNN when the product is large enough to pay for its call, else F.linear."""
+    if x.numel() // x.shape[-1] * weight.shape[0] * weight.shape[1] >= MIN_MACS:
+        return _onednn(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+class _OneDNNLinearFunction(torch.autograd.Function):
+    """`F.linear` whose forward and both backward products go through :func:`_product`."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _product(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, weight = ctx.saved_tensors
+        grad_x = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _product(grad, weight.t())  # [..., out] x [out, in]
+        rows = grad.reshape(-1, grad.shape[-1])
+        if ctx.needs_input_grad[1]:
+            grad_weight = _product(rows.t(), x.reshape(-1, x.shape[-1]).t())  # [out, rows] x [rows, in]
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = rows.sum(0)
+        return grad_x, grad_weight, grad_bias
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` with float32 CPU products in oneDNN (see the module docstring)."""
+    if (x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32 or x.numel() == 0
+            or (bias is not None and bias.dtype != torch.float32)):
+        return F.linear(x, weight, bias)
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        return _OneDNNLinearFunction.apply(x, weight, bias)
+    return _product(x, weight, bias)
+
+
+class OneDNNLinear(torch.nn.Linear):
+    """An `nn.Linear` that multiplies with :func:`onednn_linear`; set by :func:`use_cpu_matmul`, not built."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return onednn_linear(x, self.weight, self.bias)
+
+
+def use_cpu_matmul(model: torch.nn.Module, library: Literal["aten", "onednn"]) -> torch.nn.Module:
+    """Give `model`'s plain `nn.Linear` layers the multiplications of `library` (in place; returns `model`).
+
+    Only the class changes, so parameters, hooks (FSDP, peft), the state dict and `isinstance` checks stay
+    as they are; `aten` turns :class:`OneDNNLinear` layers back into plain ones.
+    """
+    source, target = (torch.nn.Linear, OneDNNLinear) if library == "onednn" else (OneDNNLinear, torch.nn.Linear)
+    for module in model.modules():
+        if type(module) is source:
+            module.__class__ = target
+    return model
+
+
+__all__ = ["MIN_MACS", "OneDNNLinear", "cpu_vendor", "onednn_available", "onednn_linear", "resolve",
+           "use_cpu_matmul"]
