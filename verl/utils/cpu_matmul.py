@@ -16,6 +16,7 @@ between batch sizes; the choice depends only on the processor and the shapes, so
 
 from __future__ import annotations
 
+import math
 import platform
 from functools import cache
 from typing import Any, Literal
@@ -27,7 +28,7 @@ from verl.errors import ConfigError
 
 CpuMatmul = Literal["auto", "aten", "onednn"]
 # Below this many multiply-adds (rows x in x out) a product takes F.linear: oneDNN's per-call cost is larger.
-MIN_MACS = 2**20
+MIN_MACS = 2**21
 
 
 @cache
@@ -78,45 +79,40 @@ def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`x @ weight.T (+ bias)`: oneDNN when the product is large enough to pay for its call, else F.linear."""
-    if x.numel() // x.shape[-1] * weight.shape[0] * weight.shape[1] >= MIN_MACS:
-        return _onednn(x, weight, bias)
-    return F.linear(x, weight, bias)
-
-
 class _OneDNNLinearFunction(torch.autograd.Function):
-    """`F.linear` whose forward and both backward products go through :func:`_product`."""
+    """`F.linear` whose forward and both backward products run in oneDNN. The three products have the same
+    multiply-adds (rows x in x out), so one size test in :func:`onednn_linear` decides for all of them."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return _product(x, weight, bias)
+        return _onednn(x, weight, bias)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, weight = ctx.saved_tensors
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
-            grad_x = _product(grad, weight.t())  # [..., out] x [out, in]
+            grad_x = _onednn(grad, weight.t())  # [..., out] x [out, in]
         rows = grad.reshape(-1, grad.shape[-1])
         if ctx.needs_input_grad[1]:
-            grad_weight = _product(rows.t(), x.reshape(-1, x.shape[-1]).t())  # [out, rows] x [rows, in]
+            grad_weight = _onednn(rows.t(), x.reshape(-1, x.shape[-1]).t())  # [out, rows] x [rows, in]
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = rows.sum(0)
         return grad_x, grad_weight, grad_bias
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` with float32 CPU products in oneDNN (see the module docstring)."""
-    if (x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32 or x.numel() == 0
-            or (bias is not None and bias.dtype != torch.float32)):
+    """`F.linear(x, weight, bias)`, in oneDNN for float32 CPU products of at least :data:`MIN_MACS`."""
+    if (x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32
+            or (bias is not None and bias.dtype != torch.float32)
+            or math.prod(x.shape[:-1]) * weight.numel() < MIN_MACS):
         return F.linear(x, weight, bias)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                     or (bias is not None and bias.requires_grad)):
         return _OneDNNLinearFunction.apply(x, weight, bias)
-    return _product(x, weight, bias)
+    return _onednn(x, weight, bias)
 
 
 class OneDNNLinear(torch.nn.Linear):
