@@ -9,8 +9,10 @@ lm_head) with --rows rows (a rollout's batch x n), it times
   * ``torch.mm(W, x^T)``: the module's own [out, in] weight as the left-hand operand, giving the transposed
     result [out, rows] (no copy of the weight to keep in step with it, but the rest of a decode step would
     then work on transposed activations),
-  * oneDNN's prepacked linear (``torch.ops.mkldnn._linear_pointwise`` on ``_reorder_linear_weight``), the
-    decode step's previous layout, where this torch build has it,
+  * oneDNN's prepacked linear (``torch.ops.mkldnn._linear_pointwise`` on ``_reorder_linear_weight``), an
+    earlier decode layout, where this torch build has it,
+  * ``verl.utils.cpu_matmul.onednn_linear`` on the plain [out, in] weight (oneDNN above its size threshold,
+    ``F.linear`` below): what the decode step runs for ``trainer.cpu_matmul=onednn`` layers,
 in interleaved rounds (benchmarks/ab.py) and prints each shape's median microseconds and the ratios of
 the other three against ``torch.mm`` (median and min–max over the rounds), then the same summed over one
 decode step. Results depend on the CPU: the script prints its model name.
@@ -68,12 +70,14 @@ def main() -> None:
     from dpo import model_dir
     from transformers import AutoModelForCausalLM
 
+    from verl.utils.cpu_matmul import onednn_linear
+
     model = AutoModelForCausalLM.from_pretrained(model_dir(args.model), dtype=torch.float32)
     shapes = projection_shapes(model)
     has_onednn = onednn_available()
     print(f"{args.model}: {args.rows} rows, 1 thread, {args.rounds} interleaved rounds of {args.calls} calls; "
           f"{cpu_model()}; torch {torch.__version__}; load average {load_average()}")
-    others = ("F.linear", "W@x^T", "oneDNN")
+    others = ("F.linear", "W@x^T", "oneDNN", "onednn_linear")
     print(f"{'in x out':>12} {'per step':>8} {'mm us':>8} " + " ".join(f"{name + '/mm':>18}" for name in others))
     per_step: dict[str, list[float]] = {}
     generator = torch.Generator().manual_seed(0)
@@ -88,6 +92,7 @@ def main() -> None:
             if has_onednn:
                 packed = torch.ops.mkldnn._reorder_linear_weight(weight)
                 sides["oneDNN"] = lambda x=x, p=packed: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
+                sides["onednn_linear"] = lambda x=x, w=weight: onednn_linear(x, w)
 
             def repeat(fn, calls=args.calls):
                 return lambda: [fn() for _ in range(calls)]

@@ -1,4 +1,4 @@
-"""`trainer.cpu_matmul` reaches every model a trainer builds (policy, reference, critic; DPO and SFT too),
+"""`trainer.cpu_matmul` reaches every model a trainer builds (policy, reference, critic, reward model; DPO's),
 and a training step is the same computation on either library."""
 
 from __future__ import annotations
@@ -7,6 +7,8 @@ import pytest
 import torch
 from rl_support import rl_config
 
+from verl.config.loader import build_config
+from verl.trainer.dpo_trainer import DPOTrainer
 from verl.trainer.rl_trainer import RLTrainer
 from verl.utils.cpu_matmul import OneDNNLinear, onednn_available
 
@@ -25,6 +27,22 @@ def test_policy_reference_and_critic_all_get_the_library(tmp_path):
         assert _linear_classes(module) == {OneDNNLinear}
     trainer = RLTrainer(rl_config(tmp_path / "aten", "actor.kl_loss_coef=0.01", "trainer.cpu_matmul=aten"))
     assert _linear_classes(trainer.model) == _linear_classes(trainer.ref_model) == {torch.nn.Linear}
+
+
+@needs_onednn
+def test_a_reward_model_and_the_dpo_and_sft_models_get_it_too(tmp_path):
+    from verl.models.tiny import build_tiny_reward_model
+
+    trainer = RLTrainer(rl_config(tmp_path, f"reward.model_path={build_tiny_reward_model()}",
+                                  "trainer.cpu_matmul=onednn", reward={"name": "numeric_match"}))
+    scorer = next(ld.fn for ld in trainer.env.reward_manager._loaded if ld.label == "reward_model").scorer
+    assert _linear_classes(scorer.model) == {OneDNNLinear}
+    pairs = [{"prompt": f"{i}+1=", "chosen": str(i + 1), "rejected": str(i)} for i in range(8)]
+    dpo = DPOTrainer(build_config({"model": {"path": "tiny", "dtype": "float32"}, "logging": {"backends": []},
+                                   "trainer": {"kind": "dpo", "device": "cpu", "cpu_matmul": "onednn",
+                                               "run_dir": str(tmp_path / "dpo")},
+                                   "data": {"train_batch_size": 4}}), train_rows=pairs)
+    assert _linear_classes(dpo.model) == _linear_classes(dpo.ref_model) == {OneDNNLinear}
 
 
 @needs_onednn

@@ -143,6 +143,7 @@ class RLTrainer(TrainerRuntime):
                 self.reward_scorer = RewardModelScorer(
                     r.model_path, self.reward_tokenizer, dtype=self._resolve_dtype(r.model_dtype or config.model.dtype),
                     device=self.device, trust_remote_code=config.model.trust_remote_code)
+                with_cpu_matmul(config, self.reward_scorer.model)
         # Multi-turn environments run episodes (model turns + observations) in `generate` and validation.
         self.multiturn = build_multiturn(self) if is_multiturn(self.env) else None
         if self.multiturn is not None and config.algorithm.overlong_buffer:

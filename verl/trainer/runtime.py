@@ -28,7 +28,7 @@ from verl.errors import VerlError
 from verl.models.lora import base_of, is_peft_model
 from verl.trainer import loop
 from verl.trainer.data_split import read_rows, split_train_val
-from verl.trainer.models import given_policy, load_policy_with_report, resolve_model_path
+from verl.trainer.models import given_policy, load_policy_with_report, resolve_model_path, with_cpu_matmul
 from verl.trainer.preflight import Given, Preflight, preflight
 from verl.trainer.reward_model import build_reward_model_function
 from verl.trainer.setup import (
@@ -160,9 +160,11 @@ class TrainerRuntime:
         functions = list(reward_functions) if reward_functions is not None else list(cfg.reward.functions)
         if local_reward_model:
             dtype = self._resolve_dtype(cfg.reward.model_dtype or cfg.model.dtype)
-            functions.append(build_reward_model_function(
+            reward_model = build_reward_model_function(
                 cfg.reward.model_path, dtype=dtype, device=self.device, weight=cfg.reward.model_weight,
-                trust_remote_code=cfg.model.trust_remote_code))
+                trust_remote_code=cfg.model.trust_remote_code)
+            with_cpu_matmul(cfg, reward_model.scorer.model)
+            functions.append(reward_model)
         return build_env(cfg.env, reward_functions=functions, train_rows=train_rows, val_rows=val_rows,
                          base_dir=cfg._source_dir, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
 
