@@ -26,6 +26,12 @@ def test_demo_preset_passes(capsys):
     assert main(["check", demo_config_path()]) == 0
     out = capsys.readouterr().out
     assert "all checks passed" in out and "model and tokenizer are consistent" in out
+    assert "linear layers on CPU: " in out and "trainer.cpu_matmul=auto: " in out
+
+
+def test_the_cpu_matmul_library_is_named(capsys):
+    assert main(["check", demo_config_path(), "trainer.cpu_matmul=aten"]) == 0
+    assert "linear layers on CPU: ATen (MKL) (trainer.cpu_matmul=aten: as set)" in capsys.readouterr().out
 
 
 def test_impossible_mapping_is_reported_before_loading(capsys):

@@ -14,6 +14,7 @@ from verl.cli.check_model import print_report
 from verl.config.schema import RunConfig
 from verl.trainer.preflight import Preflight, preflight
 from verl.utils.console import labelled, plain_console
+from verl.utils.cpu_matmul import resolve
 
 
 def default_world_size(config: RunConfig) -> int:
@@ -85,6 +86,10 @@ def run_checks(config: RunConfig, *, nproc: int | None = None) -> int:
     warnings("model")
     if not problems("model") and pf.model is not None:
         console.print(Text("model and tokenizer are consistent.", style="green"))
+        if next(pf.model.parameters()).device.type == "cpu":
+            library, why = resolve(config.trainer.cpu_matmul)
+            console.print(f"linear layers on CPU: {'oneDNN' if library == 'onednn' else 'ATen (MKL)'} "
+                          f"(trainer.cpu_matmul={config.trainer.cpu_matmul}: {why})")
 
     section("data")
     skipped("data")

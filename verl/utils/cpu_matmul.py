@@ -60,7 +60,7 @@ def onednn_available() -> bool:
 def resolve(setting: CpuMatmul) -> tuple[Literal["aten", "onednn"], str]:
     """The library `setting` means on this machine, and why (for `verl doctor` and the start-up log)."""
     if setting == "aten":
-        return "aten", "trainer.cpu_matmul=aten"
+        return "aten", "as set"
     if not onednn_available():
         why = "this torch build has no oneDNN linear"
         if setting == "onednn":
@@ -68,7 +68,7 @@ def resolve(setting: CpuMatmul) -> tuple[Literal["aten", "onednn"], str]:
                               "set trainer.cpu_matmul=auto or aten")
         return "aten", why
     if setting == "onednn":
-        return "onednn", "trainer.cpu_matmul=onednn"
+        return "onednn", "as set"
     vendor = cpu_vendor()
     if vendor == "AuthenticAMD" and torch.backends.mkl.is_available():
         return "onednn", "AMD processor: MKL takes a generic path there, oneDNN does not"
