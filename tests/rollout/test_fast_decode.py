@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from tests.rollout.conftest import left_padded, make_model
 from tests.rollout.test_hf_engine import LENGTHS, hf_greedy
-from verl.rollout import HFKVCacheEngine, SamplingParams
+from verl.rollout import HFKVCacheEngine, SamplingParams, fast_decode
 from verl.rollout.fast_decode import (
     LlamaStyleDecodeStep,
     _add_projection,
@@ -185,8 +185,10 @@ def test_silu_runs_in_place_on_the_gate_output_and_other_activations_as_they_are
 
 
 @pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN linear")
-def test_onednn_layers_decode_in_onednn_layout_and_follow_weight_changes():
-    """`trainer.cpu_matmul=onednn` models keep [out, in] fused weights; the tokens are the model's own."""
+def test_onednn_layers_decode_in_onednn_layout_and_follow_weight_changes(monkeypatch):
+    """`trainer.cpu_matmul=onednn` models keep [out, in] fused weights, packed for oneDNN, repacked after a
+    weight change; the tokens are the model's own."""
+    monkeypatch.setattr(fast_decode, "MIN_PACKED_ELEMENTS", 0)  # this model's weights are all small
     model = use_cpu_matmul(make_model("qwen2", seed=2), "onednn")
     ids, mask = left_padded(LENGTHS, seed=9)
     engine = HFKVCacheEngine(model)
@@ -204,6 +206,13 @@ def test_onednn_layers_decode_in_onednn_layout_and_follow_weight_changes():
     mlp = model.model.layers[1].mlp
     assert torch.equal(gate_up.weight, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
     assert not torch.equal(after, before) and torch.equal(after, hf_greedy(model, ids, mask, 8, [], pad=0))
+
+
+def test_small_onednn_layers_decode_as_mm():
+    """Under MIN_PACKED_ELEMENTS a oneDNN call costs more than MKL's mm on a transposed copy."""
+    small, large = OneDNNLinear(64, 128), OneDNNLinear(256, 256)
+    assert small.weight.numel() < fast_decode.MIN_PACKED_ELEMENTS <= large.weight.numel()
+    assert _decode_linear([small]).kernel == "mm" and _decode_linear([large]).kernel == "onednn"
 
 
 @pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN linear")

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from verl.utils.cpu_matmul import MIN_MACS, OneDNNLinear, onednn_linear
+from verl.utils.cpu_matmul import OneDNNLinear
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 # The decode layout copies the weights (fused and transposed, plus a copy to check them against: about 2x
@@ -42,6 +42,10 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 # the projections run as they are.
 MAX_FUSED_BYTES = 256 * 2**20
 _DYNAMIC_ROPE = ("dynamic", "longrope")
+# Weights of oneDNN layers (trainer.cpu_matmul) this large decode on oneDNN's packed layout; smaller ones as
+# `mm` on a transposed copy, faster there (16 rows, AMD EPYC: packed 0.82x the time of `mm` at 256 x 256,
+# 1.2x-5x slower under 64 x 768; benchmarks/decode_matmul.py).
+MIN_PACKED_ELEMENTS = 2**16
 
 
 @dataclass
@@ -52,8 +56,11 @@ class _Linear:
       CPU, MKL multiplies a few rows by a plain [in, out] matrix ~1.7x faster than ``F.linear`` does with the
       module's [out, in] weight as a transposed operand, and faster than oneDNN's prepacked linear on Intel
       processors (``benchmarks/decode_matmul.py``; figures in docs/performance.md);
-    * ``"onednn"``: the modules are :class:`~verl.utils.cpu_matmul.OneDNNLinear` (``trainer.cpu_matmul``):
-      ``weight`` [out, in], each product as that class computes it (oneDNN when large enough);
+    * ``"onednn"``: the modules are :class:`~verl.utils.cpu_matmul.OneDNNLinear` (``trainer.cpu_matmul``)
+      with at least ``MIN_PACKED_ELEMENTS`` weights:
+      ``weight`` [out, in], and ``packed``, the same weight in oneDNN's blocked layout (packed once per
+      weight change instead of by oneDNN on every call: ~0.7x the time of multiplying the plain weight
+      at a decode step's row count, ``benchmarks/decode_matmul.py``);
     * ``"linear"``: ``F.linear(x, weight)`` with ``weight`` [out, in] (other devices and dtypes).
 
     The sums are ordered differently from the modules' own call, so results differ by float32 rounding,
@@ -64,20 +71,28 @@ class _Linear:
     bias: torch.Tensor | None
     kernel: str
     sources: tuple[torch.nn.Linear, ...] = ()  # the modules whose weights it holds, in output order
+    packed: torch.Tensor | None = None  # kernel "onednn": `weight` in oneDNN's layout
+
+    def __post_init__(self) -> None:
+        self._pack()
+
+    def _pack(self) -> None:
+        if self.kernel == "onednn":
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel == "mm":
             return torch.mm(x, self.weight) if self.bias is None else torch.addmm(self.bias, x, self.weight)
         if self.kernel == "onednn":
-            return onednn_linear(x, self.weight, self.bias)
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``residual + self(x)``, with the sum inside the product's kernel where it has one."""
         if self.bias is None and self.kernel == "mm":
             return torch.addmm(residual, x, self.weight)
-        if self.bias is None and self.kernel == "onednn" and x.shape[0] * self.weight.numel() >= MIN_MACS:
-            return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.weight, None, "add")
+        if self.bias is None and self.kernel == "onednn":
+            return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed, None, "add")
         return residual + self(x)
 
     def refresh(self) -> None:
@@ -92,6 +107,7 @@ class _Linear:
                 self.weight[rows].copy_(module.weight.detach())
             if self.bias is not None and self.bias is not module.bias:
                 self.bias[rows].copy_(module.bias.detach())
+        self._pack()
 
 
 _PLAIN_LINEARS = {torch.nn.Linear: "mm", OneDNNLinear: "onednn"}
@@ -110,7 +126,8 @@ def _decode_linear(modules: list[Any]) -> _Linear | None:
         if all(has_bias) else None
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
         return _Linear(weight, bias, kernel="linear", sources=tuple(modules))
-    kernel = kinds.pop()
+    # oneDNN's fixed cost per call exceeds a small weight's arithmetic: those take MKL's `mm` either way.
+    kernel = "onednn" if kinds.pop() == "onednn" and weight.numel() >= MIN_PACKED_ELEMENTS else "mm"
     if kernel == "mm":
         weight = weight.detach().t().contiguous()
     return _Linear(weight.detach() if len(modules) > 1 else weight, bias, kernel=kernel, sources=tuple(modules))
