@@ -4,6 +4,7 @@ the per-round ratios give a median and a min–max spread."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import statistics
@@ -28,6 +29,12 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def add_cpu_matmul_argument(parser: argparse.ArgumentParser) -> None:
+    """`--cpu-matmul`: verl's `trainer.cpu_matmul` for a benchmark's verl side (the baseline keeps MKL)."""
+    parser.add_argument("--cpu-matmul", default="auto", choices=["auto", "aten", "onednn"],
+                        help="verl's trainer.cpu_matmul (auto: oneDNN on AMD processors, ATen elsewhere)")
 
 
 def interleaved_times(sides: dict[str, Callable[[], object]], rounds: int, warmup: int = 1) -> dict[str, list[float]]:

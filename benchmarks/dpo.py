@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ab import cpu_model, load_average  # noqa: E402
+from ab import add_cpu_matmul_argument, cpu_model, load_average  # noqa: E402
 
 
 def make_pairs(n: int, seed: int = 0) -> list[dict[str, str]]:
@@ -136,8 +136,7 @@ def main() -> None:
     parser.add_argument("--beta", type=float, default=0.1)
     parser.add_argument("--precompute-ref", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cpu-matmul", default="auto", choices=["auto", "aten", "onednn"],
-                        help="verl's trainer.cpu_matmul (auto: oneDNN on AMD processors, ATen elsewhere)")
+    add_cpu_matmul_argument(parser)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (one run of each side per round)")
     parser.add_argument("--trl-path", default=os.environ.get("VERL_BENCH_TRL_PATH"),
                         help="folder to import TRL from (a side install); default: the environment")

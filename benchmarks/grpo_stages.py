@@ -20,7 +20,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from ab import load_average  # noqa: E402
+from ab import add_cpu_matmul_argument, load_average  # noqa: E402
 from grpo_vs_trl import SIZES, VerlSide, make_prompts  # noqa: E402
 
 
@@ -64,8 +64,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-share", action="store_true")
-    parser.add_argument("--cpu-matmul", default="auto", choices=["auto", "aten", "onednn"],
-                        help="verl's trainer.cpu_matmul (auto: oneDNN on AMD processors, ATen elsewhere)")
+    add_cpu_matmul_argument(parser)
     parser.add_argument("--count-ops", type=int, default=0, metavar="K",
                         help="also profile K more steps: aten ops, matmul FLOPs and model forwards per step")
     args = parser.parse_args()

@@ -32,7 +32,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from ab import load_average  # noqa: E402
+from ab import add_cpu_matmul_argument, load_average  # noqa: E402
 
 SIZES = {"tiny": "tiny", "10m": "tiny:qwen2:256:10"}
 WORDS = ("the apples cost three dollars each and a basket holds twelve of them while the farmer sells "
@@ -220,8 +220,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-share", action="store_true", help="verl without the shared-prompt forward")
-    parser.add_argument("--cpu-matmul", default="auto", choices=["auto", "aten", "onednn"],
-                        help="verl's trainer.cpu_matmul (auto: oneDNN on AMD processors, ATen elsewhere)")
+    add_cpu_matmul_argument(parser)
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.trl_path:

@@ -10,9 +10,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ab import add_cpu_matmul_argument  # noqa: E402
 
 
 def _tiny_model(vocab: int, seed: int) -> torch.nn.Module:
@@ -64,8 +69,7 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--update-weights", action="store_true", help="change every weight in place (untimed) "
                         "before each rollout, as an optimizer step does, so the sampler cannot reuse its "
                         "weight layout (what an RL step pays)")
-    parser.add_argument("--cpu-matmul", default="auto", choices=["auto", "aten", "onednn"],
-                        help="verl's trainer.cpu_matmul (auto: oneDNN on AMD processors, ATen elsewhere)")
+    add_cpu_matmul_argument(parser)
     parser.add_argument("--model", default=None, help="tiny[:arch[:hidden[:layers]]] (e.g. tiny:qwen2:256:10 for "
                         "~10M parameters) or a local dir; default: the project's tiny model")
     args = parser.parse_args(argv)
@@ -74,13 +78,8 @@ def main(argv: list[str] | None = None) -> float:
 
     torch.set_num_threads(args.threads)
     if args.model:
-        import sys
-        from pathlib import Path
-
-        from transformers import AutoModelForCausalLM
-
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
         from dpo import model_dir
+        from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(model_dir(args.model), dtype=torch.float32).eval()
     else:
