@@ -120,3 +120,26 @@ def test_a_decoder_trains_to_the_same_loss_and_gradients_on_either_library():
     assert grads_a.keys() == grads_b.keys()
     for name, grad in grads_a.items():
         torch.testing.assert_close(grads_b[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_doctor_names_the_library_and_suggests_the_other_only_when_clearly_faster(monkeypatch):
+    from verl.cli import doctor
+
+    monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: True)
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: True)
+    monkeypatch.setattr(cpu_matmul, "cpu_vendor", lambda: "GenuineIntel")
+    monkeypatch.setattr(cpu_matmul, "measured_speedup", lambda: 1.1)
+    name, status, note = doctor._cpu_matmul_row()
+    assert (name, status) == ("cpu matmul", "ok") and "auto uses ATen (MKL)" in note and "1.10x" in note
+    monkeypatch.setattr(cpu_matmul, "measured_speedup", lambda: 1.8)
+    status, note = doctor._cpu_matmul_row()[1:]
+    assert status == "warn" and "Consider trainer.cpu_matmul=onednn" in note
+    monkeypatch.setattr(cpu_matmul, "cpu_vendor", lambda: "AuthenticAMD")
+    monkeypatch.setattr(cpu_matmul, "measured_speedup", lambda: 0.5)
+    status, note = doctor._cpu_matmul_row()[1:]
+    assert status == "warn" and "auto uses oneDNN" in note and "Consider trainer.cpu_matmul=aten" in note
+
+
+@needs_onednn
+def test_the_measured_speedup_is_a_positive_ratio():
+    assert 0.05 < cpu_matmul.measured_speedup(rows=64, fan_in=64, fan_out=64, repeats=3) < 50
