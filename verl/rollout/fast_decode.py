@@ -96,7 +96,8 @@ class _Linear:
         return residual + self(x)
 
     def refresh(self) -> None:
-        """Rewrite the layout from the modules' current weights in place: one pass, no new buffers."""
+        """Rewrite the layout from the modules' current weights in place: one pass, no new buffers (but for
+        oneDNN's packed copy, which its reorder writes anew)."""
         start = 0
         for module in self.sources:
             rows = slice(start, start + module.weight.shape[0])
