@@ -8,6 +8,9 @@ micro-batch of tokens; 16: a decode step of 4 prompts x 4 samples), it times the
 rounds (benchmarks/ab.py), and prints each shape's ratio ATen time / oneDNN time (> 1: oneDNN is faster),
 then the sum over one forward+backward of all the model's layers. The result depends on the processor
 (the script prints its name and what `trainer.cpu_matmul=auto` picks there).
+`--whole-model MIN:MAX:STEPS` also times the whole model's forward and backward (16 rows of random tokens),
+a copy of it on each library, for STEPS steps whose width is drawn between MIN and MAX tokens, as response
+lengths vary in RL: each new width makes oneDNN build new primitives, which the fixed shapes above never do.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ def main() -> None:
     parser.add_argument("--rows", default="512,16", help="rows per product (tokens), comma-separated")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=20, help="forward+backward calls per side per round")
+    parser.add_argument("--whole-model", metavar="MIN:MAX:STEPS", default=None,
+                        help="also time the whole model over STEPS steps of widths drawn in MIN..MAX")
     args = parser.parse_args()
     torch.set_num_threads(1)
     from dpo import model_dir
@@ -82,6 +87,36 @@ def main() -> None:
               f"(min {min(per_round):.2f}x, max {max(per_round):.2f}x); ATen {1e3 * statistics.median(totals['aten']):.2f} ms, "
               f"oneDNN {1e3 * statistics.median(totals['onednn']):.2f} ms; "
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    if args.whole_model:
+        whole_model(model, args.whole_model)
+
+
+def whole_model(model: torch.nn.Module, spec: str) -> None:
+    """Forward+backward of the model on each library over steps of random widths, interleaved per step."""
+    import copy
+    import random
+
+    from verl.utils.cpu_matmul import use_cpu_matmul
+
+    low, high, steps = (int(v) for v in spec.split(":"))
+    models = {"aten": model, "onednn": use_cpu_matmul(copy.deepcopy(model), "onednn")}
+    rng = random.Random(0)
+    vocab = model.get_input_embeddings().num_embeddings
+    seconds = {name: [] for name in models}
+    for step in range(steps + 1):  # the first step warms both up
+        ids = torch.randint(0, vocab, (16, rng.randint(low, high)))
+        for name in list(models) if step % 2 == 0 else list(models)[::-1]:
+            start = time.perf_counter()
+            models[name](input_ids=ids).logits.mean().backward()
+            if step:
+                seconds[name].append(time.perf_counter() - start)
+            models[name].zero_grad(set_to_none=True)
+    per_step = [a / b for a, b in zip(seconds["aten"], seconds["onednn"], strict=True)]
+    print(f"\nratio oneDNN vs ATen, whole model forward+backward, 16 rows x {low}-{high} tokens, {steps} steps: "
+          f"{sum(seconds['aten']) / sum(seconds['onednn']):.2f}x in total (per step median "
+          f"{statistics.median(per_step):.2f}x, min {min(per_step):.2f}x, max {max(per_step):.2f}x); "
+          f"ATen {sum(seconds['aten']):.2f} s, oneDNN {sum(seconds['onednn']):.2f} s; "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
 
 
 if __name__ == "__main__":
