@@ -5,7 +5,8 @@ Run by hand (not a test):
 For every distinct (in, out) shape of the model's `nn.Linear` layers and each --rows count (512: an update's
 micro-batch of tokens; 16: a decode step of 4 prompts x 4 samples), it times the forward and backward
 (input and weight gradients) of `F.linear` and of `verl.utils.cpu_matmul.onednn_linear` in interleaved
-rounds (benchmarks/ab.py), and prints each shape's ratio ATen time / oneDNN time (> 1: oneDNN is faster),
+rounds (benchmarks/ab.py), and prints each shape's times, GFLOP/s (forward + both backward products) and
+ratio ATen time / oneDNN time (> 1: oneDNN is faster),
 then the sum over one forward+backward of all the model's layers. The result depends on the processor
 (the script prints its name and what `trainer.cpu_matmul=auto` picks there).
 `--whole-model MIN:MAX:STEPS` also times the whole model's forward and backward (16 rows of random tokens),
@@ -60,7 +61,8 @@ def main() -> None:
           f"load average {load_average()}")
     generator = torch.Generator().manual_seed(0)
     for rows in (int(r) for r in args.rows.split(",")):
-        print(f"\n{rows} rows{'':<8}{'in x out':>12} {'layers':>7} {'ATen us':>9} {'oneDNN us':>10}  ATen/oneDNN")
+        print(f"\n{rows} rows{'':<8}{'in x out':>12} {'layers':>7} {'ATen us':>9} {'oneDNN us':>10} "
+              f"{'ATen GF/s':>10} {'oneDNN GF/s':>12}  ATen/oneDNN")
         totals: dict[str, list[float]] = {"aten": [0.0] * args.rounds, "onednn": [0.0] * args.rounds}
         for (fan_in, fan_out), count in sorted(shapes.items()):
             x = torch.randn(rows, fan_in, generator=generator).requires_grad_()
@@ -80,7 +82,9 @@ def main() -> None:
                     totals[name][r] += count * t / args.calls
             per_round = [a / b for a, b in zip(times["aten"], times["onednn"], strict=True)]
             us = {k: 1e6 * statistics.median(v) / args.calls for k, v in times.items()}
-            print(f"{'':<17}{fan_in:>5} x {fan_out:<5} {count:>7} {us['aten']:>9.1f} {us['onednn']:>10.1f}  "
+            gflops = {k: 3 * 2 * rows * fan_in * fan_out / (1e3 * t) for k, t in us.items()}  # 3 products
+            print(f"{'':<17}{fan_in:>5} x {fan_out:<5} {count:>7} {us['aten']:>9.1f} {us['onednn']:>10.1f} "
+                  f"{gflops['aten']:>10.1f} {gflops['onednn']:>12.1f}  "
                   f"{statistics.median(per_round):.2f}x ({min(per_round):.2f}-{max(per_round):.2f})")
         per_round = [a / b for a, b in zip(totals["aten"], totals["onednn"], strict=True)]
         print(f"ratio oneDNN vs ATen, all layers forward+backward at {rows} rows: {statistics.median(per_round):.2f}x "

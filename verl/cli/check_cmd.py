@@ -14,7 +14,7 @@ from verl.cli.check_model import print_report
 from verl.config.schema import RunConfig
 from verl.trainer.preflight import Preflight, preflight
 from verl.utils.console import labelled, plain_console
-from verl.utils.cpu_matmul import resolve
+from verl.utils.cpu_matmul import LIBRARY_NAMES, resolve
 
 
 def default_world_size(config: RunConfig) -> int:
@@ -88,7 +88,7 @@ def run_checks(config: RunConfig, *, nproc: int | None = None) -> int:
         console.print(Text("model and tokenizer are consistent.", style="green"))
         if next(pf.model.parameters()).device.type == "cpu":
             library, why = resolve(config.trainer.cpu_matmul)
-            console.print(f"linear layers on CPU: {'oneDNN' if library == 'onednn' else 'ATen (MKL)'} "
+            console.print(f"linear layers on CPU: {LIBRARY_NAMES[library]} "
                           f"(trainer.cpu_matmul={config.trainer.cpu_matmul}: {why})")
 
     section("data")

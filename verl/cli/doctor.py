@@ -36,11 +36,10 @@ def _version(dist: str) -> str | None:
 
 def _cpu_matmul_row() -> tuple[str, str, str]:
     """What `trainer.cpu_matmul=auto` picks here, and a measured hint where the other library is clearly faster."""
-    from verl.utils.cpu_matmul import cpu_vendor, measured_speedup, onednn_available, resolve
+    from verl.utils.cpu_matmul import LIBRARY_NAMES, cpu_vendor, measured_speedup, onednn_available, resolve
 
     library, why = resolve("auto")
-    note = (f"{cpu_vendor() or 'unknown vendor'}: trainer.cpu_matmul=auto uses "
-            f"{'oneDNN' if library == 'onednn' else 'ATen (MKL)'} ({why})")
+    note = f"{cpu_vendor() or 'unknown vendor'}: trainer.cpu_matmul=auto uses {LIBRARY_NAMES[library]} ({why})"
     if not onednn_available():
         return "cpu matmul", "ok", note
     speedup = measured_speedup()

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 from verl.algorithms.estimators import ESTIMATOR_NAMES, ESTIMATORS
 from verl.config.fsdp import FSDPConfig
 from verl.config.verl_compat import verl_name
+from verl.utils.cpu_matmul import CpuMatmul
 
 
 class Section(BaseModel):
@@ -290,7 +291,7 @@ class TrainerConfig(Section):
     log_samples: int = Field(8, ge=0, description="Validation generations written to samples.jsonl (and "
                              "TensorBoard/wandb/MLflow) per validation; 0 = none.")
     cpu_threads: int | None = Field(None, gt=0, description="torch CPU threads; 1 is fastest for tiny models.")
-    cpu_matmul: Literal["auto", "aten", "onednn"] = Field(
+    cpu_matmul: CpuMatmul = Field(
         "auto", description="Library for float32 linear layers on CPU: auto = oneDNN on AMD processors (where "
         "MKL takes a generic path, ~2x slower), ATen's MKL elsewhere; aten | onednn force one "
         "(verl.utils.cpu_matmul; benchmarks/cpu_matmul.py measures both).")

@@ -37,9 +37,9 @@ from verl.utils.cpu_matmul import OneDNNLinear
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 # The decode layout copies the weights (fused and transposed, plus a copy to check them against: about 2x
-# the parameters; oneDNN layers keep fused and packed copies, up to 3x). That pays off on small models, where each kernel launch costs more than its math, and
-# would waste gigabytes on large ones, which are compute-bound anyway; above this many bytes of parameters
-# the projections run as they are.
+# the parameters; oneDNN layers keep fused and packed copies, up to 3x). That pays off on small models,
+# where each kernel launch costs more than its math, and would waste gigabytes on large ones, which are
+# compute-bound anyway; above this many bytes of parameters the projections run as they are.
 MAX_FUSED_BYTES = 256 * 2**20
 _DYNAMIC_ROPE = ("dynamic", "longrope")
 # Weights of oneDNN layers (trainer.cpu_matmul) this large decode on oneDNN's packed layout; smaller ones as

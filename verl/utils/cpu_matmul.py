@@ -1,16 +1,16 @@
 """Which library multiplies a linear layer's matrices on CPU in float32: ATen's BLAS (MKL) or oneDNN.
 
 Both ship inside the torch wheel. MKL takes a generic code path on AMD processors, so there it runs float32
-products at about half the speed oneDNN reaches on the same core (AMD EPYC with AVX-512: ~110 against
-~250 GFLOP/s on a [496, 256] x [256, 2048] product, forward and backward alike;
-`benchmarks/cpu_matmul.py`). On Intel processors MKL is as fast or faster, so ATen stays.
+products at about half the speed oneDNN reaches on the same core (AMD EPYC with AVX-512: 85-89 against
+188-192 GFLOP/s on a 10M model's largest layers, forward and backward; `benchmarks/cpu_matmul.py`). On
+Intel processors MKL was as fast or faster on the decode step's shapes, so ATen stays.
 
 `trainer.cpu_matmul` picks: `auto` (oneDNN on AMD processors where torch has MKL and oneDNN, ATen
 elsewhere), `aten` or `onednn`. With oneDNN, every plain `nn.Linear` of a model becomes a
 :class:`OneDNNLinear` (same parameters, same state dict, still an `nn.Linear`), whose float32 CPU products
 of at least :data:`MIN_MACS` multiply-adds, forward and backward, run in oneDNN; smaller ones, other
-dtypes and other devices take `F.linear` as before, since oneDNN's fixed cost per call (~10 us) exceeds
-their arithmetic. The sums are ordered differently, so results differ from MKL's by float32 rounding, as
+dtypes and other devices take `F.linear` as before, since oneDNN's fixed cost per call exceeds their
+arithmetic. The sums are ordered differently, so results differ from MKL's by float32 rounding, as
 between batch sizes; the choice depends only on the processor and the shapes, so a run is reproducible.
 """
 
@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from verl.errors import ConfigError
 
 CpuMatmul = Literal["auto", "aten", "onednn"]
+LIBRARY_NAMES = {"aten": "ATen (MKL)", "onednn": "oneDNN"}  # how `verl check` and `verl doctor` name them
 # Below this many multiply-adds (rows x in x out) a product takes F.linear: oneDNN's per-call cost is larger.
 MIN_MACS = 2**21
 
@@ -60,7 +61,7 @@ def onednn_available() -> bool:
 
 
 def resolve(setting: CpuMatmul) -> tuple[Literal["aten", "onednn"], str]:
-    """The library `setting` means on this machine, and why (for `verl doctor` and the start-up log)."""
+    """The library `setting` means on this machine, and why (what `verl check` and `verl doctor` print)."""
     if setting == "aten":
         return "aten", "as set"
     if not onednn_available():
@@ -153,5 +154,5 @@ def use_cpu_matmul(model: torch.nn.Module, library: Literal["aten", "onednn"]) -
     return model
 
 
-__all__ = ["MIN_MACS", "OneDNNLinear", "cpu_vendor", "measured_speedup", "onednn_available", "onednn_linear",
+__all__ = ["LIBRARY_NAMES", "MIN_MACS", "OneDNNLinear", "cpu_vendor", "measured_speedup", "onednn_available", "onednn_linear",
            "resolve", "use_cpu_matmul"]
