@@ -143,33 +143,48 @@ def test_the_problems_name_what_went_wrong(tmp_path):
 
 
 def test_the_trainer_loads_the_model_once_and_keeps_the_checked_rows(tmp_path, monkeypatch):
-    calls = []
-    real = preflight_module.load_policy_with_report
+    """The check pass reads no weights; the composition loads the policy once, with the pass's tokenizer,
+    and trains on the rows and environment the pass built (no second read of the files)."""
+    from verl.trainer import components
+
+    calls, reads = [], []
+    real = components.load_policy_with_report
+    real_split = preflight_module.split_train_val
 
     def counting(*args, **kwargs):
-        calls.append(args)
+        calls.append(kwargs)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(preflight_module, "load_policy_with_report", counting)
+    def counting_split(*args, **kwargs):
+        reads.append(args)
+        return real_split(*args, **kwargs)
+
+    monkeypatch.setattr(components, "load_policy_with_report", counting)
+    monkeypatch.setattr(preflight_module, "split_train_val", counting_split)
     path = _long_prompt_file(tmp_path)
     config = load_config(overrides=[*base_overrides(tmp_path / "run"), *_data_overrides(tmp_path, path),
                                     "data.max_prompt_length=16", "data.truncation=drop",
                                     "data.train_batch_size=1"])  # one prompt is left: one full batch
-    loaded = []
-    real_take = preflight_module.Preflight.take
-
-    def recording_take(self, name):
-        value = real_take(self, name)
-        loaded.append((name, value))
-        return value
-
-    monkeypatch.setattr(preflight_module.Preflight, "take", recording_take)
     trainer = RLTrainer(config)
-    assert len(calls) == 1
-    taken = dict(loaded)
-    assert taken["env"] is trainer.env and taken["model"] is trainer.model
-    assert trainer.preflight.model is None and trainer.preflight.env is None  # handed over, not kept twice
+    assert len(calls) == 1 and calls[0]["weights"] is True
+    assert calls[0]["tokenizer"] is trainer.checks.tokenizer is trainer.tokenizer  # loaded once, by the pass
+    assert len(reads) == 1 and trainer.env is trainer.checks.env  # the rows were read once
+    assert not hasattr(trainer.checks, "model")  # the pass holds no model
     assert len(trainer.env) == 1  # the long prompt was dropped with the trainer's tokenizer and limit
+
+
+def test_verl_check_reads_no_weights(tmp_path, monkeypatch):
+    """`verl check` builds the policy on the meta device: every model/tokenizer check, no weight read."""
+    import transformers
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("verl check read weights")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    pf = collect(load_config(overrides=base_overrides(tmp_path / "run")), nproc=1)
+    assert pf.messages == []
+    assert pf.model_report is not None and pf.model_report.device == "meta"
+    assert pf.model_report.num_parameters > 0 and pf.model_report.ok
 
 
 def test_offline_batch_sizes_are_checked_over_the_ranks():

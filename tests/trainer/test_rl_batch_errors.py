@@ -19,8 +19,7 @@ def no_model_load(monkeypatch):
         raise AssertionError("a model was loaded before the batch arithmetic was checked")
 
     monkeypatch.setattr("verl.models.hf_loader.load_hf_model", refuse)
-    monkeypatch.setattr("verl.trainer.runtime.TrainerRuntime.load_policy", refuse)
-    monkeypatch.setattr("verl.trainer.preflight.load_policy_with_report", refuse)  # the start-up pass loads it
+    monkeypatch.setattr("verl.trainer.components.load_policy_with_report", refuse)  # the one policy loader
 
 
 def _trainer(tmp_path, *overrides):

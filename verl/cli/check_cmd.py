@@ -84,9 +84,10 @@ def run_checks(config: RunConfig, *, nproc: int | None = None) -> int:
     if pf.model_report is not None:
         print_report(console, pf.model_report, problems=False)
     warnings("model")
-    if not problems("model") and pf.model is not None:
-        console.print(Text("model and tokenizer are consistent.", style="green"))
-        if next(pf.model.parameters()).device.type == "cpu":
+    if not problems("model") and pf.model_report is not None:
+        console.print(Text("model and tokenizer are consistent (checked on the meta device: no weights read).",
+                           style="green"))
+        if check_device_type(config) == "cpu":
             library, why = resolve(config.trainer.cpu_matmul)
             console.print(f"linear layers on CPU: {LIBRARY_NAMES[library]} "
                           f"(trainer.cpu_matmul={config.trainer.cpu_matmul}: {why})")

@@ -75,7 +75,7 @@ def launch_training(config, nproc: int, argv: list[str], **multinode: Any) -> in
     from verl.trainer.preflight import preflight
 
     world = nproc * multinode.get("nnodes", 1)
-    preflight(config, world_size=world, device_type=check_device_type(config), load_model=False).raise_if_problems()
+    preflight(config, world_size=world, device_type=check_device_type(config)).raise_if_problems()
     with tempfile.TemporaryDirectory(prefix="verl-rank-errors-") as folder:
         code = spawn_torchrun(nproc, argv, env={**os.environ, RANK_ERRORS_ENV: folder}, **multinode)
         for kind, message, ranks in read_rank_errors(folder):

@@ -177,6 +177,16 @@ def _has_tokenizer_files(name: str) -> bool:
                                                                  "tokenizer.model", "vocab.json"))
 
 
+def _missing_weights(name: str) -> str | None:
+    """Without reading them: whether a local model folder lacks weight files (`verl check` builds on meta,
+    and may plan from a config-only folder, so this is a warning there)."""
+    path = Path(name).expanduser()
+    if path.is_dir() and not any(path.glob("*.safetensors")) and not any(path.glob("pytorch_model*.bin")):
+        return (f"model {name!r} has a config but no weights (no *.safetensors or pytorch_model*.bin in the "
+                "folder): training would fail to load it. Fix: copy the weight files there before training")
+    return None
+
+
 def load_hf_model_with_report(
     model_name: str,
     *,
@@ -193,8 +203,14 @@ def load_hf_model_with_report(
     eos_token: str | None = None,
     model_class: Any = None,
     names: dict[str, str] | None = None,
+    tokenizer: Any = None,
+    weights: bool = True,
 ) -> tuple[Any, Any, LoadReport]:
     """`load_hf_model` without raising on model/tokenizer problems: they are in the returned report.
+
+    `tokenizer` is one already loaded (and compared with the model's own) by the caller, so it is not
+    loaded again. `weights=False` builds the model on the meta device from its config: every check runs,
+    nothing is read or allocated (`verl check`).
 
     Environment problems (dtype, device, attention, remote code, missing files) still raise ModelError,
     because nothing can be loaded past them. `verl check model` uses this to print every problem at once.
@@ -229,14 +245,15 @@ def load_hf_model_with_report(
         dtype = resolve_dtype(torch_dtype, where=key["torch_dtype"])
     check_dtype_for_device(dtype, device_type, where=key["torch_dtype"])
 
-    tokenizer = load_tokenizer(tokenizer_source, revision=revision if tokenizer_name is None else None,
-                               trust_remote_code=trust_remote_code)
     reference = None
-    if tokenizer_source != model_name and (_has_tokenizer_files(model_name) or not _looks_local(model_name)):
-        try:
-            reference = load_tokenizer(model_name, revision=revision, trust_remote_code=trust_remote_code)
-        except ModelError:
-            reference = None  # weights-only directory with stray files: nothing to compare against
+    if tokenizer is None:
+        tokenizer = load_tokenizer(tokenizer_source, revision=revision if tokenizer_name is None else None,
+                                   trust_remote_code=trust_remote_code)
+        if tokenizer_source != model_name and (_has_tokenizer_files(model_name) or not _looks_local(model_name)):
+            try:
+                reference = load_tokenizer(model_name, revision=revision, trust_remote_code=trust_remote_code)
+            except ModelError:
+                reference = None  # weights-only directory with stray files: nothing to compare against
 
     auto = model_class or AutoModelForCausalLM
     kwargs: dict[str, Any] = {"config": config, "dtype": dtype, "revision": revision,
@@ -244,15 +261,20 @@ def load_hf_model_with_report(
     if attn is not None:
         kwargs["attn_implementation"] = attn
     try:
-        with quiet_hf_progress():
-            model = auto.from_pretrained(model_name, **kwargs)
+        if weights:
+            with quiet_hf_progress():
+                model = auto.from_pretrained(model_name, **kwargs)
+        else:
+            with torch.device("meta"):
+                model = auto.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code,
+                                         **({"attn_implementation": attn} if attn is not None else {}))
     except (OSError, ValueError, ImportError, KeyError, RuntimeError, SafetensorError) as exc:
         raise ModelError(
             f"could not load the weights of model {model_name!r} as {getattr(auto, '__name__', auto)}: "
             f"{type(exc).__name__}: {exc}. Fix: check that the directory holds model.safetensors (or sharded "
             "safetensors) matching config.json, and that the architecture is a causal LM.") from exc
 
-    if target is not None:
+    if target is not None and weights:
         model.to(target)
     if for_training:
         model.train()
@@ -264,6 +286,8 @@ def load_hf_model_with_report(
                                        tokenizer_source=tokenizer_source, reference_tokenizer=reference,
                                        pad_token=pad_token, eos_token=eos_token, fix=True,
                                        tokenizer_key=key["tokenizer_name"])
+    if not weights and (missing := _missing_weights(model_name)):
+        report.warnings.append(missing)
     first = next(model.parameters(), None)
     report.revision = revision
     report.dtype = dtype_name(first.dtype) if first is not None else dtype_name(dtype)

@@ -6,7 +6,7 @@ prompt that is too long is found when the files are read (by `verl check` too), 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,4 +86,27 @@ def split_train_val(config: RunConfig, kind: str, tokenizer: Any = None,
     return out
 
 
-__all__ = ["DATA_KINDS", "DataSplit", "hold_out", "read_rows", "split_train_val"]
+def canonical_rows(rows: Sequence[Mapping[str, Any]], config: RunConfig) -> list[dict[str, Any]]:
+    """In-memory prompt rows through the same field aliases as files (`question`/`answer`, `data.fields`)."""
+    from verl.data.fields import RowError, RowNormalizer
+
+    if config.env.name is not None:
+        raise ConfigError(f"prompt rows were passed in, but env.name={config.env.name!r} makes its own "
+                          "prompts; drop the rows or set env.name to null (the rows + reward functions)")
+    normalizer = RowNormalizer("prompt", config.data.fields or None)
+    out = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise DataError(f"dataset[{i}] is a {type(row).__name__}; each row must be a dict like "
+                            "{'prompt': '...', 'ground_truth': '...'} (or pass file paths as strings)")
+        try:
+            out.append(normalizer.normalize(dict(row))[0])
+        except RowError as exc:
+            raise DataError(f"dataset[{i}]: {exc.detail}; fix the row or map its keys with "
+                            "data.fields (e.g. data={'fields': {'prompt': 'my_column'}})") from None
+    if not out:
+        raise DataError("dataset=[] has no rows; pass at least one prompt row")
+    return out
+
+
+__all__ = ["canonical_rows", "DATA_KINDS", "DataSplit", "hold_out", "read_rows", "split_train_val"]

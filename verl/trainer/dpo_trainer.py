@@ -118,7 +118,6 @@ class DPOTrainer(OfflineTrainer):
         if p.label_smoothing and p.loss_type != "sigmoid":
             raise ConfigError(f"dpo.label_smoothing={p.label_smoothing} only applies to dpo.loss_type=sigmoid, "
                               f"not {p.loss_type!r}; set dpo.label_smoothing=0")
-        self.model, self.tokenizer = self.load_policy(model, tokenizer)
         self.pad_id = pad_token_id(self.tokenizer)
         train, val = self.train_val_rows(train_rows, val_rows)
         self.boundary_mismatch: dict[str, int] = {}

@@ -34,15 +34,16 @@ def resolve_model_path(path: str) -> str:
     return build_tiny_model(arch=parts[0] if parts else "qwen2", seed=0, **kwargs)
 
 
-def load_policy_with_report(config: RunConfig, model_path: str, *, device: torch.device,
-                            dtype: torch.dtype) -> tuple[torch.nn.Module, Any, LoadReport]:
+def load_policy_with_report(config: RunConfig, model_path: str, *, device: torch.device, dtype: torch.dtype,
+                            tokenizer: Any = None, weights: bool = True) -> tuple[torch.nn.Module, Any, LoadReport]:
     """The policy and its tokenizer as training loads them, with the model/tokenizer problems in the report
-    (not raised), so `verl check` and the trainer's start-up list the same ones."""
+    (not raised), so `verl check` and the trainer's start-up list the same ones. `tokenizer`: the one the
+    check pass loaded (not loaded again); `weights=False`: built on the meta device, nothing read."""
     cfg = config.model
     model, tokenizer, report = load_hf_model_with_report(
         model_path, tokenizer_name=cfg.tokenizer_path, attn_implementation=cfg.attn_implementation,
         torch_dtype=dtype, trust_remote_code=cfg.trust_remote_code, device=device, revision=cfg.revision,
-        for_training=True, names=CONFIG_KEYS)  # messages name the config keys
+        for_training=True, names=CONFIG_KEYS, tokenizer=tokenizer, weights=weights)  # messages name config keys
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return with_cpu_matmul(config, with_lora(config, model, model_path)).train(), tokenizer, report

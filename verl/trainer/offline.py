@@ -55,7 +55,7 @@ class OfflineTrainer(TrainerRuntime):
         """Rows given in Python take precedence over data.train_files / data.val_files; either way the
         validation rows come from `data_split.split_train_val` (val files, else `data.val_size` held out)."""
         if train_rows is None:
-            train, val = self.split_train_val(self.data_kind)
+            train, val = self.checks.data.rows()  # read and checked by the check pass
         else:
             train = self.normalize_rows(train_rows, "train_rows")
             if not train:

@@ -1,26 +1,26 @@
-"""The start-up pass: every check `verl check` runs is the one the trainer runs before training.
+"""The check pass: every check `verl check` runs is the one the trainer runs before anything loads.
 
 `preflight()` collects problems instead of raising them, section by section, cheapest first:
 
 1. start-up (no weights): model path spec, device mapping, batch arithmetic, FSDP rules, memory estimate,
    a stale `latest` checkpoint pointer;
-2. tokenizer (no weights): a `model.tokenizer_path` whose vocabulary differs from the model's own
-   tokenizer (refused unless `model.allow_tokenizer_mismatch`, then a warning);
-3. model and tokenizer: the policy loaded as training loads it (skipped when step 1 found problems, so
-   a config that cannot run fails in seconds; skipped with `load_model=False`, where the tokenizer alone
-   is loaded for the data checks);
-4. data: the training/validation files read with the trainer's tokenizer, prompt limit and truncation;
-   at least one full batch of training rows;
+2. tokenizer: loaded once (the trainer keeps it); a `model.tokenizer_path` whose vocabulary differs from
+   the model's own tokenizer is refused unless `model.allow_tokenizer_mismatch` (then a warning);
+3. model: the policy built by the loader training uses, but on the meta device, with every model and
+   tokenizer check; no weight is read (so `verl check`, `verl train --nproc` before its workers start,
+   and each trainer before it joins a process group all find the same problems);
+4. data: the training/validation files read with the trainer's tokenizer, prompt limit and truncation
+   (or prompt rows passed in from Python, through the same aliases); at least one full batch;
 5. environment and rewards (RL): the environment and the reward functions built from the config, with
    every row lacking the ground truth a configured reward needs (file:line).
 
-The trainer keeps what the pass loaded (model, tokenizer, rows, environment) instead of loading it again,
-and raises `Preflight.raise_if_problems()`; `verl check` prints the same `Preflight`. Nothing here prints.
+`components.compose` raises the problems and builds on what this pass made (tokenizer, rows,
+environment); `verl check` prints the same `Preflight`. Nothing here prints or loads weights.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,8 +33,8 @@ from verl.env import build_env
 from verl.errors import CheckpointError, ConfigError, DataError, ModelError, VerlError
 from verl.models.hf_loader import load_tokenizer
 from verl.rewards import RewardManager
-from verl.trainer.data_split import DATA_KINDS, DataSplit, split_train_val
-from verl.trainer.models import given_policy, load_policy_with_report, resolve_model_path
+from verl.trainer.data_split import DATA_KINDS, DataSplit, canonical_rows, split_train_val
+from verl.trainer.models import load_policy_with_report, resolve_model_path
 from verl.trainer.setup import run_dtype
 from verl.trainer.startup import VAL_ONLY_NEEDS_ROWS, StartupReport, check_startup
 
@@ -60,10 +60,10 @@ class Given:
 
     model: Any = None
     tokenizer: Any = None
-    rows: bool = False  # training rows in memory (RL prompts, SFT/DPO train_rows)
-    val_rows: bool = False
-    env: bool = False
-    reward_functions: bool = False
+    rows: Sequence[Any] | None = None  # training rows in memory (RL prompts, SFT/DPO train_rows or examples)
+    val_rows: Sequence[Any] | None = None
+    env: Any = None
+    reward_functions: Sequence[Any] | None = None
 
 
 @dataclass
@@ -77,10 +77,10 @@ class Preflight:
     startup: StartupReport | None = None
     problems: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)  # worth a look, but the run can start
-    model: Any = None
     tokenizer: Any = None
-    model_report: Any = None
+    model_report: Any = None  # the meta-device model check (`check_model`)
     data: DataSplit | None = None
+    given_rows: list[dict[str, Any]] | None = None  # RL prompt rows passed in, in canonical form
     env: Any = None
     reward_names: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # section -> why it did not run
@@ -93,13 +93,6 @@ class Preflight:
     def messages(self) -> list[str]:
         return [str(p) for p in self.problems]
 
-    def take(self, name: str) -> Any:
-        """Hand a loaded object (model, data, env) to the trainer and drop this reference to it, so a
-        rank that discards it (a critic-only rank drops the policy) really frees it."""
-        value = getattr(self, name)
-        setattr(self, name, None)
-        return value
-
     def add(self, section: str, error: VerlError) -> None:
         self.problems.append(Problem(section, error))
 
@@ -111,27 +104,19 @@ class Preflight:
         the one to fix first; a ConfigError for a config mistake), so callers can still catch by kind."""
         if not self.problems:
             return
-        nothing = " (nothing was loaded)" if self.model is None else ""
-        text = (f"start-up checks failed{nothing}; `verl check CONFIG` lists the same "
+        text = ("start-up checks failed (nothing was loaded); `verl check CONFIG` lists the same "
                 f"{len(self.problems)} problem(s):\n\n" + "\n\n".join(self.messages))
         error = type(self.problems[0].error)(text)
         error.problems = self.messages  # the list `verl check` prints, for callers that compare
         raise error
 
 
-Prepare = Callable[[StartupReport], tuple[torch.device, torch.dtype]]
-
-
 def preflight(config: RunConfig, *, world_size: int, device_type: str, kind: str | None = None,
               runs_split_placements: bool | None = None, given: Given = Given(),
-              prepare: Prepare | None = None, load_model: bool = True) -> Preflight:
+              check_model: bool = True) -> Preflight:
     """Run every start-up check for `config` on `world_size` processes; the checks never raise, their
-    problems are in the returned `Preflight`.
-
-    `prepare` runs once the weight-free checks pass, before anything loads, and returns the device and
-    dtype to load in (the trainer joins its process group there); without it the model loads on
-    `device_type` in the dtype a run would use. `load_model=False` checks everything but the weights
-    (`verl train --nproc N` runs this in the launching process, which does not train).
+    problems are in the returned `Preflight`. No weight is read: with `check_model` the policy is built on
+    the meta device for the model/tokenizer checks (the trainer runs those on its real load instead).
     """
     pf = Preflight(config=config, world_size=world_size, kind=kind or config.trainer.kind)
     try:
@@ -146,15 +131,9 @@ def preflight(config: RunConfig, *, world_size: int, device_type: str, kind: str
     if pf.problems:
         pf.skipped["model"] = "the start-up problems come first: nothing was loaded"
     else:
-        _tokenizer_pass(pf, given, load_model)
-        if not load_model:
-            pf.skipped["model"] = "the weights are loaded by the training processes, not here"
-        elif not pf.problems:
-            if prepare is not None:
-                device, dtype = prepare(pf.startup)
-            else:
-                device, dtype = torch.device(device_type), run_dtype(config.model.dtype, device_type)
-            _model_pass(pf, given, device, dtype)
+        _tokenizer_pass(pf, given)
+        if check_model and not pf.problems:
+            _model_pass(pf, given, torch.device(device_type), run_dtype(config.model.dtype, device_type))
     _data_pass(pf, given)
     _env_pass(pf, given)
     _batch_pass(pf)
@@ -173,36 +152,35 @@ def _resume_pass(pf: Preflight) -> None:
         pf.add("start-up", CheckpointError(f"trainer.resume=auto: {problem}"))
 
 
-def _tokenizer_pass(pf: Preflight, given: Given, load_model: bool) -> None:
-    """Compare a `model.tokenizer_path` with the model's own tokenizer, vocabulary against vocabulary,
-    before any weights load; without the model pass, keep the tokenizer for the data checks."""
+def _tokenizer_pass(pf: Preflight, given: Given) -> None:
+    """Load the tokenizer once (the trainer keeps it) and compare a `model.tokenizer_path` with the model's
+    own tokenizer, vocabulary against vocabulary, before any weights load."""
     cfg = pf.config.model
-    if given.model is not None or given.tokenizer is not None or pf.model_path is None:
+    if given.model is not None or given.tokenizer is not None:
+        pf.tokenizer = given.tokenizer
+        return
+    if pf.model_path is None:
         return
     path = pf.model_path
     if not Path(path).expanduser().exists() and path.startswith(("/", ".", "~")):
-        if not load_model:
-            pf.add("model", ModelError(f"model.path={path} does not exist on this machine; download the model "
-                                       "there or fix the path"))
-        return  # otherwise the model pass reports it
+        pf.add("model", ModelError(f"model.path={path} does not exist on this machine; download the model "
+                                   "there or fix the path (everything else was checked without it)"))
+        return
     source = cfg.tokenizer_path or path
     try:
-        tokenizer = load_tokenizer(source, revision=cfg.revision if cfg.tokenizer_path is None else None,
-                                   trust_remote_code=cfg.trust_remote_code)
+        pf.tokenizer = load_tokenizer(source, revision=cfg.revision if cfg.tokenizer_path is None else None,
+                                      trust_remote_code=cfg.trust_remote_code)
     except VerlError as exc:
-        if not load_model:
-            pf.add("model", ModelError(f"model.tokenizer_path={source}: {exc}" if cfg.tokenizer_path
-                                       else f"model.path={source}: {exc}"))
-        return  # otherwise the model pass reports it, with the model
-    if not load_model:
-        pf.tokenizer = tokenizer
+        pf.add("model", ModelError(f"model.tokenizer_path={source}: {exc}" if cfg.tokenizer_path
+                                   else f"model.path={source}: {exc}"))
+        return
     if cfg.tokenizer_path is None or Path(cfg.tokenizer_path).expanduser() == Path(path).expanduser():
         return
     try:
         own = load_tokenizer(path, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
     except VerlError:
         return  # weights-only folder: nothing to compare against
-    mismatch = vocabulary_difference(tokenizer, own)
+    mismatch = vocabulary_difference(pf.tokenizer, own)
     if mismatch is None:
         return
     text = (f"model.tokenizer_path={cfg.tokenizer_path} has a different vocabulary from the tokenizer of "
@@ -274,29 +252,32 @@ def _val_only_pass(pf: Preflight) -> None:
 
 
 def _model_pass(pf: Preflight, given: Given, device: torch.device, dtype: torch.dtype) -> None:
-    if given.model is not None:
-        try:
-            pf.model, pf.tokenizer = given_policy(given.model, given.tokenizer, device, pf.config)
-        except VerlError as exc:
-            pf.add("model", exc)
-        return
-    path = pf.model_path
-    if not Path(path).expanduser().exists() and path.startswith(("/", ".", "~")):
-        pf.add("model", ModelError(
-            f"model.path={path} does not exist on this machine; download the model there or fix the path "
-            "(everything else was checked without it)"))
-        return
+    """The policy as training builds it, on the meta device: every model/tokenizer check, no weights."""
+    if given.model is not None or pf.tokenizer is None:
+        return  # a model object passed in is checked as it is handed over; no tokenizer: reported above
     try:
-        pf.model, pf.tokenizer, pf.model_report = load_policy_with_report(pf.config, path, device=device, dtype=dtype)
-        pf.model_report.raise_if_problems()
+        _, _, pf.model_report = load_policy_with_report(pf.config, pf.model_path, device=device, dtype=dtype,
+                                                        tokenizer=pf.tokenizer, weights=False)
     except VerlError as exc:
         pf.add("model", exc)
+        return
+    for problem in pf.model_report.problems:
+        pf.add("model", ModelError(problem))
+    for warning in pf.model_report.warnings:
+        pf.warn("model", ModelError(warning))
 
 
 def _data_pass(pf: Preflight, given: Given) -> None:
     config = pf.config
-    if given.rows or (pf.kind == "rl" and given.env):
+    if pf.kind == "rl" and given.rows is not None and given.env is None:
+        try:
+            pf.given_rows = canonical_rows(given.rows, config)
+        except VerlError as exc:
+            pf.add("data", exc)
         pf.skipped["data"] = "the training prompts were passed in from Python"
+        return
+    if given.rows is not None or (pf.kind == "rl" and given.env is not None):
+        pf.skipped["data"] = "the training rows were passed in from Python"
         return
     if pf.kind == "rl" and config.env.name is not None:
         pf.skipped["data"] = f"env.name={config.env.name!r} makes its own prompts"
@@ -309,27 +290,31 @@ def _data_pass(pf: Preflight, given: Given) -> None:
 
 
 def _env_pass(pf: Preflight, given: Given) -> None:
+    """Build the environment when no weights are needed for it (a local reward model is one more reward
+    function: `components.setup_env` builds that environment once the model is loaded)."""
     config = pf.config
-    if pf.kind != "rl" or given.env or given.reward_functions:
+    if pf.kind != "rl" or given.env is not None:
         return
     common = {"base_dir": config._source_dir, "seed": config.trainer.seed, "shuffle": config.data.shuffle}
+    functions = list(given.reward_functions) if given.reward_functions is not None else config.reward.functions
     if config.env.name is not None:
         try:
-            pf.env = build_env(config.env, reward_functions=config.reward.functions, **common)
+            pf.env = build_env(config.env, reward_functions=functions, **common)
         except VerlError as exc:
             pf.add("environment", exc)
         return
-    if config.reward.functions or not config.reward.model_path:  # a reward model alone is a reward
-        try:
+    if given.reward_functions is None and (config.reward.functions or not config.reward.model_path):
+        try:  # a reward model alone is a reward
             pf.reward_names = RewardManager(config.reward.functions, base_dir=config._source_dir).described
         except VerlError as exc:
             pf.add("rewards", exc)
             return
-    if config.reward.model_path or given.rows or pf.data is None or pf.data.problems:
-        return  # the trainer builds it (with the reward model's scorer, or the rows passed in)
+    rows = (pf.given_rows, []) if pf.given_rows is not None else (
+        (pf.data.train, pf.data.val) if pf.data is not None and not pf.data.problems else None)
+    if config.reward.model_path or rows is None:
+        return
     try:
-        pf.env = build_env(config.env, reward_functions=config.reward.functions, train_rows=pf.data.train,
-                           val_rows=pf.data.val, **common)
+        pf.env = build_env(config.env, reward_functions=functions, train_rows=rows[0], val_rows=rows[1], **common)
     except VerlError as exc:
         pf.add("environment", exc)
 

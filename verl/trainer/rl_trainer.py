@@ -34,16 +34,12 @@ from verl.algorithms import (
 )
 from verl.config.loader import build_config, set_dotted
 from verl.config.schema import OptimConfig, RunConfig
-from verl.distributed.placement import Placement
 from verl.env.multiturn import is_multiturn
-from verl.errors import ConfigError, DataError, RolloutError
-from verl.models.dropout import disable_dropout, no_grad_eval
-from verl.models.hf_loader import load_tokenizer
-from verl.models.lora import base_of
-from verl.models.reward_model import RewardModelScorer
+from verl.errors import ConfigError, RolloutError
+from verl.models.dropout import no_grad_eval
 from verl.rewards import RewardResult, TrainingProgress
 from verl.rewards.manager import takes_parameter
-from verl.rollout import SamplingParams, build_engine
+from verl.rollout import SamplingParams
 from verl.rollout.weight_sync import synced
 from verl.trainer.advantages import apply_kl_in_reward, estimate_advantages
 from verl.trainer.batch import RolloutBatch
@@ -56,8 +52,6 @@ from verl.trainer.forward import (
     shared_prompt_logprobs,
     shared_prompt_values,
 )
-from verl.trainer.models import build_reference, with_cpu_matmul
-from verl.trainer.optim import build_optimizer
 from verl.trainer.reward_model import reward_text
 from verl.trainer.runtime import TrainerRuntime
 
@@ -97,53 +91,23 @@ class RLTrainer(TrainerRuntime):
         reward_functions: Sequence[Any] | None = None,
     ) -> None:
         """`rows` (in-memory prompt rows) and `reward_functions` (specs or Python callables) replace
-        `data.train_files` and `reward.functions` when given; `env` replaces the whole environment."""
+        `data.train_files` and `reward.functions` when given; `env` replaces the whole environment.
+        Every part is built by `components.compose` (read it for the start-up order)."""
         super().__init__(config, model=model, tokenizer=tokenizer, rows=rows, env=env, reward_functions=reward_functions)
-        self.plans: dict[str, BatchPlan] = self.startup.plans
-        if rows is not None and config.env.name is not None:
-            raise ConfigError(f"prompt rows were passed in, but env.name={config.env.name!r} makes its own "
-                              "prompts; drop the rows or set env.name to null (the rows + reward functions)")
-        self.model, self.tokenizer = self.load_policy(model, tokenizer)
-        if config.actor.disable_dropout:  # before the ref/critic copies, so they have none either
-            disable_dropout(self.model)
-        if env is None:
-            env = self.build_env(None if rows is None else self.canonical_rows(rows), reward_functions)
-        self.env = env
-        # Each rank builds what its roles need: all of it when colocated; with a split placement every rank
-        # loaded the policy once so the ref and critic start from the actor's initial weights.
-        self.ref_model = self.build_reference() if config.needs_ref and "ref" in self.roles else None
-        self.critic = self.build_critic() if config.needs_critic and "critic" in self.roles else None
-        if self.critic is not None and config.critic.disable_dropout:
-            disable_dropout(self.critic)
-        self.placement = Placement.create(self.groups, rank=self.rank, world_size=self.world_size,
-                                          device=self.device, receive=RolloutBatch.from_fields)
-        self._hf_assets = super().hf_assets()
+        parts = self.parts
+        self.plans: dict[str, BatchPlan] = self.checks.startup.plans
+        self.env, self.ref_model, self.critic, self.engine = parts.env, parts.reference, parts.critic, parts.engine
+        self.placement = parts.placement
+        self.remote_reward_model = parts.remote_reward_model
+        self.reward_tokenizer, self.reward_scorer = parts.reward_tokenizer, parts.reward_scorer
+        self.optimizer, self.scheduler = ((parts.actor_optim.optimizer, parts.actor_optim.scheduler)
+                                          if parts.actor_optim is not None else (None, None))
+        if parts.critic_optim is not None:
+            self.critic_optimizer, self.critic_scheduler = parts.critic_optim.optimizer, parts.critic_optim.scheduler
+        self._hf_assets = super().hf_assets()  # before a critic/ref-only rank drops the policy
         self.sampling = self._sampling_params(config.rollout.temperature, config.rollout.n)
         if "actor" not in self.roles:  # a critic/ref-only rank of a split placement drops the policy
-            self.model = self.optimizer = self.scheduler = self.engine = None
-        else:
-            self.model = self.shard(self.model, "actor")  # after the ref/critic copies: they start from full weights
-            total_updates = (config.trainer.total_steps * config.actor.ppo_epochs
-                             * self.plans["actor"].num_mini_batches)
-            self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), config.actor,
-                                                             total_steps=total_updates)
-            # With LoRA the engine runs the model under the peft wrapper: its LoRA layers apply the current
-            # adapters, so the sampler's log-probs are the training forward's.
-            self.engine = build_engine(config.rollout.engine, base_of(self.model))
-        if self.critic is not None:
-            self.critic = self.shard(self.critic, "critic")
-            critic_updates = (config.trainer.total_steps * config.critic.ppo_epochs
-                              * self.plans["critic"].num_mini_batches)
-            self.critic_optimizer, self.critic_scheduler = build_optimizer(
-                self.critic.parameters(), config.critic, total_steps=critic_updates)
-        if self.remote_reward_model:  # scores on its own ranks; the actor ranks only tokenise for it
-            r = config.reward
-            self.reward_tokenizer = load_tokenizer(r.model_path, trust_remote_code=config.model.trust_remote_code)
-            if "reward" in self.roles:
-                self.reward_scorer = RewardModelScorer(
-                    r.model_path, self.reward_tokenizer, dtype=self._resolve_dtype(r.model_dtype or config.model.dtype),
-                    device=self.device, trust_remote_code=config.model.trust_remote_code)
-                with_cpu_matmul(config, self.reward_scorer.model)
+            self.model = parts.policy = None
         # Multi-turn environments run episodes (model turns + observations) in `generate` and validation.
         self.multiturn = build_multiturn(self) if is_multiturn(self.env) else None
         if self.multiturn is not None and config.algorithm.overlong_buffer:
@@ -197,43 +161,6 @@ class RLTrainer(TrainerRuntime):
         config = build_config(tree, source="RLTrainer.from_pretrained arguments")
         return cls(config, model=None if isinstance(model, str) else model, tokenizer=tokenizer, env=env,
                    rows=rows, reward_functions=functions)
-
-    def canonical_rows(self, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """In-memory rows through the same field aliases as files (`question`/`answer`, `data.fields`)."""
-        from verl.data.fields import RowError, RowNormalizer
-
-        normalizer = RowNormalizer("prompt", self.config.data.fields or None)
-        out = []
-        for i, row in enumerate(rows):
-            if not isinstance(row, Mapping):
-                raise DataError(f"dataset[{i}] is a {type(row).__name__}; each row must be a dict like "
-                                "{'prompt': '...', 'ground_truth': '...'} (or pass file paths as strings)")
-            try:
-                out.append(normalizer.normalize(dict(row))[0])
-            except RowError as exc:
-                raise DataError(f"dataset[{i}]: {exc.detail}; fix the row or map its keys with "
-                                "data.fields (e.g. data={'fields': {'prompt': 'my_column'}})") from None
-        if not out:
-            raise DataError("dataset=[] has no rows; pass at least one prompt row")
-        return out
-
-    def build_reference(self) -> torch.nn.Module:
-        """The frozen KL anchor: `ref.path` when set, else a copy of the actor's initial weights."""
-        return build_reference(self.config, self.model, self.tokenizer, device=self.device, dtype=self.dtype)
-
-    def build_critic(self) -> torch.nn.Module:
-        """The value model: `critic.path`, else a copy of the actor's backbone (adapters merged); with
-        `critic.lora` its backbone trains LoRA adapters and the value head trains in full."""
-        from verl.models.critic import ValueModel
-
-        if self.config.critic.path:
-            critic = ValueModel.from_pretrained(self.config.critic.path, dtype=self.dtype,
-                                                trust_remote_code=self.config.model.trust_remote_code)
-        else:
-            critic = ValueModel.from_actor(self.model)
-        if self.config.critic.lora.enabled:
-            critic.add_lora(self.config.critic.lora, base_model_name_or_path=self.config.critic.path or self.model_path())
-        return with_cpu_matmul(self.config, critic.to(self.device)).train()
 
     def _sampling_params(self, temperature: float, n: int) -> SamplingParams:
         r = self.config.rollout

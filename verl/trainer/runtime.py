@@ -1,8 +1,8 @@
-"""`TrainerRuntime`: the composition point every trainer (RL, DPO, SFT) subclasses.
+"""`TrainerRuntime`: what every trainer (RL, DPO, SFT) shares on top of its composed parts.
 
-Each job lives in its own module and this class only wires them together: the start-up pass with every
-check and the model/data loading (`preflight`), process set-up (`setup`), the policy and reference
-(`models`), the train/val rows (`data_split`) and the loop with checkpoints (`loop`).
+The parts come from `components.compose` (the checks, the process, the policy, and for RL every role);
+this class holds them under the names the stages use, and adds the shared machinery: gathered weights for
+generation, prompt encoding, the clipped optimizer step and the loop with checkpoints (`loop`).
 
 A trainer subclass supplies `step()` (one update, returns metrics), `validate()`, and the state to save
 (`app_state()` for models/optimizers, `trainer_state()` for small things, `schedulers()`).
@@ -22,24 +22,12 @@ from torch.distributed.fsdp import FSDPModule
 
 from verl.config.schema import RunConfig
 from verl.data import PromptDataset
-from verl.distributed.fsdp import apply_fsdp
-from verl.env import build_env
 from verl.errors import VerlError
-from verl.models.lora import base_of, is_peft_model
+from verl.models.lora import is_peft_model
 from verl.trainer import loop
-from verl.trainer.data_split import read_rows, split_train_val
-from verl.trainer.models import given_policy, load_policy_with_report, resolve_model_path, with_cpu_matmul
-from verl.trainer.preflight import Given, Preflight, preflight
-from verl.trainer.reward_model import build_reward_model_function
-from verl.trainer.setup import (
-    ProcessIdentity,
-    ProcessSetup,
-    resolve_device,
-    resolve_run_dir,
-    run_dtype,
-    setup_process,
-)
-from verl.trainer.startup import StartupReport
+from verl.trainer.components import Components, compose, shard
+from verl.trainer.preflight import Given
+from verl.trainer.setup import resolve_run_dir
 
 
 class TrainerRuntime:
@@ -49,60 +37,29 @@ class TrainerRuntime:
     def __init__(self, config: RunConfig, *, model: torch.nn.Module | None = None, tokenizer: Any = None,
                  rows: Any = None, val_rows: Any = None, env: Any = None, reward_functions: Any = None) -> None:
         """`model`, `tokenizer`, `rows`, `val_rows`, `env` and `reward_functions` are what a Python caller
-        passes instead of the config; the start-up pass uses them and checks only the rest."""
+        passes instead of the config; the checks use them and check only the rest."""
         self.config = config
-        identity = ProcessIdentity.from_env()
-        self.rank, self.world_size, self.local_rank = identity.rank, identity.world_size, identity.local_rank
-        self.dp_rank, self.dp_size = self.rank, self.world_size
-        self.device = resolve_device(config.trainer.device, self.local_rank)
-        if config.trainer.cpu_threads is not None:
-            torch.set_num_threads(config.trainer.cpu_threads)
-        self.groups = None
-        self.roles: set[str] = set()
-        self.split = False
-        given = Given(model=model, tokenizer=tokenizer, rows=rows is not None, val_rows=val_rows is not None,
-                      env=env is not None, reward_functions=reward_functions is not None)
-        # The same pass as `verl check`: weight-free checks, then (once they pass, and after joining the
-        # process group) the model, data and environment, which the trainer then uses as they are.
-        self.preflight: Preflight = preflight(config, world_size=self.world_size, device_type=self.device.type,
-                                              kind=self.kind, runs_split_placements=self.runs_split_placements,
-                                              given=given,
-                                              prepare=lambda startup: self._set_up(startup, identity))
-        self.startup: StartupReport = self.preflight.startup
-        self.preflight.raise_if_problems()
+        given = Given(model=model, tokenizer=tokenizer, rows=rows, val_rows=val_rows, env=env,
+                      reward_functions=reward_functions)
+        self.parts: Components = compose(config, kind=self.kind, runs_split=self.runs_split_placements, given=given)
+        p = self.parts.process
+        self.rank, self.world_size, self.local_rank = p.rank, p.world_size, p.local_rank
+        self.device, self.dtype, self.groups, self.roles, self.split = p.device, p.dtype, p.groups, p.roles, p.split
+        self.dp_rank, self.dp_size = p.dp_rank, p.dp_size
+        self.generator, self.shuffle_generator = p.generator, p.shuffle_generator
+        self.checks = self.parts.checks
         if self.rank == 0:  # what `verl check` prints as warnings: the run starts, but says so once
-            for warning in self.preflight.warnings:
+            for warning in self.checks.warnings:
                 warnings.warn(warning.message, stacklevel=2)
+        self.model, self.tokenizer = self.parts.policy, self.parts.tokenizer
         self.step_count = 0
         self.run_dir = resolve_run_dir(config, self.kind)
         self.history: list[dict[str, float]] = []
 
-    def _set_up(self, startup: StartupReport, identity: ProcessIdentity) -> tuple[torch.device, torch.dtype]:
-        """Join the process group, seed, and take on the process's roles (`setup.setup_process`)."""
-        setup: ProcessSetup = setup_process(self.config, startup.mapping, identity, self.device)
-        self.device, self.dtype, self.groups = setup.device, setup.dtype, setup.groups
-        self.roles, self.split = setup.roles, setup.split
-        self.dp_rank, self.dp_size = setup.dp_rank, setup.dp_size
-        self.generator, self.shuffle_generator = setup.generator, setup.shuffle_generator
-        return self.device, self.dtype
-
-    @property
-    def remote_reward_model(self) -> bool:
-        """A reward model placed on ranks of its own (devices.reward apart from the actor's ranks)."""
-        mapping = self.startup.mapping
-        return (self.split and bool(self.config.reward.model_path) and self.config.devices.reward is not None
-                and mapping.ranks("reward") != mapping.ranks("actor"))
-
     # ------------------------------------------------------------------ data parallelism
     def shard(self, module: torch.nn.Module, role: str) -> torch.nn.Module:
         """FSDP2-shard a trainable model over its role's ranks (a no-op in one process)."""
-        if self.groups is None or isinstance(base_of(module), FSDPModule):  # one process, or sharded already
-            return module
-        # A peft wrapper holds no parameters of its own: the Hugging Face model under it is the FSDP root, so
-        # the rollout (which runs that model directly) and the peft forward both go through its hooks.
-        apply_fsdp(base_of(module), self.config.fsdp, mesh=self.groups.mesh(role, self.device.type),
-                   device_type=self.device.type)
-        return module
+        return shard(module, role, self.config, self.parts.process)
 
     @contextmanager
     def gathered(self, module: torch.nn.Module) -> Iterator[None]:
@@ -119,55 +76,7 @@ class TrainerRuntime:
                 m.reshard()
                 m.set_reshard_after_forward(self.config.fsdp.reshard_after_forward, recurse=False)
 
-    # ------------------------------------------------------------------ model and data
-    def _resolve_dtype(self, name: str) -> torch.dtype:
-        return run_dtype(name, self.device.type)
-
-    def model_path(self) -> str:
-        return resolve_model_path(self.config.model.path)
-
-    def load_policy(self, model: torch.nn.Module | None, tokenizer: Any) -> tuple[torch.nn.Module, Any]:
-        """The policy the start-up pass loaded (or was given); loads one only when asked for another."""
-        pf = self.preflight
-        if pf.model is not None and (model is None or model is pf.model or model is base_of(pf.model)):
-            return pf.take("model"), pf.tokenizer
-        if model is not None:
-            return given_policy(model, tokenizer, self.device, self.config)
-        model, tokenizer, report = load_policy_with_report(self.config, self.model_path(), device=self.device,
-                                                           dtype=self.dtype)
-        report.raise_if_problems()
-        return model, tokenizer
-
-    def load_data_rows(self, files: Sequence[str], kind: str) -> list[dict[str, Any]]:
-        return read_rows(self.config, files, kind, self.tokenizer)[0]
-
-    def split_train_val(self, kind: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """(train, val) rows: those the start-up pass read, or read now (`data_split.split_train_val`)."""
-        pf = self.preflight
-        if pf.data is not None and kind == pf.data_kind:
-            return pf.take("data").rows()
-        return split_train_val(self.config, kind, self.tokenizer).rows()
-
-    def build_env(self, rows: Sequence[Mapping[str, Any]] | None = None,
-                  reward_functions: Sequence[Any] | None = None) -> Any:
-        cfg = self.config
-        local_reward_model = bool(cfg.reward.model_path) and "actor" in self.roles and not self.remote_reward_model
-        if rows is None and reward_functions is None and not local_reward_model and self.preflight.env is not None:
-            return self.preflight.take("env")  # built by the start-up pass from the same config
-        train_rows = val_rows = None
-        if cfg.env.name is None:
-            train_rows, val_rows = (list(rows), []) if rows is not None else self.split_train_val("prompt")
-        functions = list(reward_functions) if reward_functions is not None else list(cfg.reward.functions)
-        if local_reward_model:
-            dtype = self._resolve_dtype(cfg.reward.model_dtype or cfg.model.dtype)
-            reward_model = build_reward_model_function(
-                cfg.reward.model_path, dtype=dtype, device=self.device, weight=cfg.reward.model_weight,
-                trust_remote_code=cfg.model.trust_remote_code)
-            with_cpu_matmul(cfg, reward_model.scorer.model)
-            functions.append(reward_model)
-        return build_env(cfg.env, reward_functions=functions, train_rows=train_rows, val_rows=val_rows,
-                         base_dir=cfg._source_dir, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
-
+    # ------------------------------------------------------------------ prompts and responses
     @property
     def eos_token_ids(self) -> list[int]:
         ids = self.tokenizer.eos_token_id

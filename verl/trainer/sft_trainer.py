@@ -167,7 +167,6 @@ class SFTTrainer(OfflineTrainer):
         if s.steps is not None and s.epochs is not None:
             raise ConfigError(f"sft.steps={s.steps} and sft.epochs={s.epochs} are both set; set only one "
                               "(or neither, to train for trainer.total_steps)")
-        self.model, self.tokenizer = self.load_policy(model, tokenizer)
         self.pad_id = pad_token_id(self.tokenizer)
         self.boundary_mismatch: dict[str, int] = {}
         self.train_data = self.val_data = None

@@ -1,0 +1,242 @@
+"""The composition: every part a trainer runs, built once by small ordered `setup_*` functions.
+
+Read `compose()` top to bottom to see a run's start-up (torchtune's recipes are the model):
+
+1. `setup_checks`: every check that needs no weights (`preflight`: devices, batch arithmetic, FSDP rules,
+   tokenizer, the model on the meta device, data, environment and rewards); all problems are raised
+   together, before any weight loads or a process group forms;
+2. `setup_process`: join the process group, seed, take on this rank's roles;
+3. `setup_policy`: the policy with the tokenizer the checks loaded;
+4. RL only, each on the ranks whose roles need it: `setup_reward_model`, `setup_env`, `setup_reference`,
+   `setup_critic`, then FSDP2 sharding, `setup_optimizer` and `setup_engine`.
+
+`verl check` runs step 1, which builds the policy with `load_policy_with_report(weights=False)`: the same
+loader and checks as step 3, on the meta device. Nothing else loads a model: the check pass hands on what
+it built (tokenizer, rows, environment) as the typed `Preflight`, and this module builds the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.fsdp import FSDPModule
+
+from verl.config.schema import OptimConfig, RunConfig
+from verl.distributed.fsdp import apply_fsdp
+from verl.distributed.placement import Placement
+from verl.env import build_env
+from verl.models.checks import LoadReport
+from verl.models.dropout import disable_dropout
+from verl.models.hf_loader import load_tokenizer
+from verl.models.lora import base_of
+from verl.models.reward_model import RewardModelScorer
+from verl.rollout import RolloutEngine, build_engine
+from verl.trainer.batch import RolloutBatch
+from verl.trainer.models import build_reference, given_policy, load_policy_with_report, with_cpu_matmul
+from verl.trainer.optim import build_optimizer
+from verl.trainer.preflight import Given, Preflight, preflight
+from verl.trainer.reward_model import build_reward_model_function
+from verl.trainer.setup import ProcessIdentity, ProcessSetup, resolve_device, run_dtype, setup_process
+
+
+@dataclass
+class Optimizer:
+    """A trainable role's optimizer and learning-rate schedule."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+
+
+@dataclass
+class Components:
+    """What a run is made of. Parts a rank's roles do not need are None (a critic-only rank of a split
+    placement holds no policy)."""
+
+    config: RunConfig
+    checks: Preflight  # what the weight-free pass found: plans, mapping, rows, warnings
+    process: ProcessSetup
+    tokenizer: Any
+    policy: torch.nn.Module | None
+    env: Any = None  # RL: prompts + rewards
+    reference: torch.nn.Module | None = None
+    critic: torch.nn.Module | None = None
+    reward_scorer: RewardModelScorer | None = None  # a reward model on ranks of its own
+    reward_tokenizer: Any = None  # ... and the tokenizer the actor ranks encode its inputs with
+    actor_optim: Optimizer | None = None
+    critic_optim: Optimizer | None = None
+    engine: RolloutEngine | None = None
+    placement: Placement | None = None
+
+    @property
+    def remote_reward_model(self) -> bool:
+        return remote_reward_model(self.config, self.process, self.checks)
+
+
+def remote_reward_model(config: RunConfig, process: ProcessSetup, checks: Preflight) -> bool:
+    """A reward model placed on ranks of its own (devices.reward apart from the actor's ranks)."""
+    mapping = checks.startup.mapping
+    return (process.split and bool(config.reward.model_path) and config.devices.reward is not None
+            and mapping.ranks("reward") != mapping.ranks("actor"))
+
+
+# ---------------------------------------------------------------------------------------------- the steps
+def setup_checks(config: RunConfig, identity: ProcessIdentity, device: torch.device, *, kind: str,
+                 runs_split: bool, given: Given) -> Preflight:
+    """The weight-free pass `verl check` prints; every problem it finds is raised here, together."""
+    checks = preflight(config, world_size=identity.world_size, device_type=device.type, kind=kind,
+                       runs_split_placements=runs_split, given=given)
+    checks.raise_if_problems()
+    return checks
+
+
+def setup_policy(config: RunConfig, checks: Preflight, *, device: torch.device, dtype: torch.dtype,
+                 given: Given = Given(), weights: bool = True) -> tuple[torch.nn.Module, Any, LoadReport | None]:
+    """The policy and its tokenizer, with the model/tokenizer report (None for a model passed in).
+
+    The tokenizer is the one the checks loaded and compared with the model's own; `weights=False` builds
+    the model on the meta device (the same checks, nothing read)."""
+    if given.model is not None:
+        model, tokenizer = given_policy(given.model, given.tokenizer, device, config)
+        return model, tokenizer, None
+    model, tokenizer, report = load_policy_with_report(config, checks.model_path, device=device, dtype=dtype,
+                                                       tokenizer=checks.tokenizer, weights=weights)
+    if weights:
+        report.raise_if_problems()
+    return model, tokenizer, report
+
+
+def setup_reward_model(config: RunConfig, process: ProcessSetup) -> RewardModelScorer:
+    """`reward.model_path` as a scorer on this rank's device, in its own dtype."""
+    r = config.reward
+    scorer = RewardModelScorer(r.model_path, dtype=run_dtype(r.model_dtype or config.model.dtype, process.device.type),
+                               device=process.device, trust_remote_code=config.model.trust_remote_code)
+    with_cpu_matmul(config, scorer.model)
+    return scorer
+
+
+def setup_env(config: RunConfig, checks: Preflight, given: Given, reward_functions: Sequence[Any] = ()) -> Any:
+    """The environment: the prompts (rows passed in, or the rows the checks read, or the env's own) and
+    the reward functions (passed in, or `reward.functions`), plus `reward_functions` (a reward model)."""
+    if given.env is not None:
+        return given.env
+    if checks.env is not None and not reward_functions:
+        return checks.env  # the checks built it from the same rows and functions
+    train_rows = val_rows = None
+    if config.env.name is None:
+        train_rows, val_rows = (checks.given_rows, []) if checks.given_rows is not None else checks.data.rows()
+    functions = list(given.reward_functions) if given.reward_functions is not None else list(config.reward.functions)
+    return build_env(config.env, reward_functions=[*functions, *reward_functions], train_rows=train_rows,
+                     val_rows=val_rows, base_dir=config._source_dir, seed=config.trainer.seed,
+                     shuffle=config.data.shuffle)
+
+
+def setup_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any,
+                    process: ProcessSetup) -> torch.nn.Module:
+    """The frozen KL anchor: `ref.path` when set, else the actor's initial weights."""
+    return build_reference(config, policy, tokenizer, device=process.device, dtype=process.dtype)
+
+
+def setup_critic(config: RunConfig, policy: torch.nn.Module, process: ProcessSetup, base_path: str) -> torch.nn.Module:
+    """The value model: `critic.path`, else a copy of the actor's backbone (adapters merged); with
+    `critic.lora` its backbone trains LoRA adapters and the value head trains in full."""
+    from verl.models.critic import ValueModel
+
+    cfg = config.critic
+    if cfg.path:
+        critic = ValueModel.from_pretrained(cfg.path, dtype=process.dtype,
+                                            trust_remote_code=config.model.trust_remote_code)
+    else:
+        critic = ValueModel.from_actor(policy)
+    if cfg.lora.enabled:
+        critic.add_lora(cfg.lora, base_model_name_or_path=cfg.path or base_path)
+    critic = with_cpu_matmul(config, critic.to(process.device)).train()
+    if cfg.disable_dropout:
+        disable_dropout(critic)
+    return critic
+
+
+def shard(module: torch.nn.Module, role: str, config: RunConfig, process: ProcessSetup) -> torch.nn.Module:
+    """FSDP2-shard a trainable model over its role's ranks (a no-op in one process)."""
+    if process.groups is None or isinstance(base_of(module), FSDPModule):  # one process, or sharded already
+        return module
+    # A peft wrapper holds no parameters of its own: the Hugging Face model under it is the FSDP root, so
+    # the rollout (which runs that model directly) and the peft forward both go through its hooks.
+    apply_fsdp(base_of(module), config.fsdp, mesh=process.groups.mesh(role, process.device.type),
+               device_type=process.device.type)
+    return module
+
+
+def setup_optimizer(module: torch.nn.Module, cfg: OptimConfig, *, total_steps: int,
+                    lr: float | None = None) -> Optimizer:
+    return Optimizer(*build_optimizer(module.parameters(), cfg, total_steps=total_steps, lr=lr))
+
+
+def setup_engine(config: RunConfig, policy: torch.nn.Module) -> RolloutEngine:
+    """With LoRA the engine runs the model under the peft wrapper: its LoRA layers apply the current
+    adapters, so the sampler's log-probs are the training forward's."""
+    return build_engine(config.rollout.engine, base_of(policy))
+
+
+# ---------------------------------------------------------------------------------------------- the recipe
+def compose(config: RunConfig, *, kind: str, runs_split: bool = False, given: Given = Given()) -> Components:
+    """Build every part of a `kind` run ("rl", "sft", "dpo"), in order; the offline trainers add their
+    datasets, reference and optimizer themselves (they depend on the rows, see `OfflineTrainer`)."""
+    identity = ProcessIdentity.from_env()
+    device = resolve_device(config.trainer.device, identity.local_rank)
+    if config.trainer.cpu_threads is not None:
+        torch.set_num_threads(config.trainer.cpu_threads)
+    checks = setup_checks(config, identity, device, kind=kind, runs_split=runs_split, given=given)
+    process = setup_process(config, checks.startup.mapping, identity, device)
+    policy, tokenizer, _ = setup_policy(config, checks, device=process.device, dtype=process.dtype, given=given)
+    parts = Components(config=config, checks=checks, process=process, tokenizer=tokenizer, policy=policy)
+    if kind == "rl":
+        compose_rl(parts, given)
+    return parts
+
+
+def compose_rl(parts: Components, given: Given) -> None:
+    """The RL roles on this rank. Every rank loaded the policy, so the reference and critic start from the
+    actor's initial weights; the actor is sharded only after those copies."""
+    config, process, roles = parts.config, parts.process, parts.process.roles
+    if config.actor.disable_dropout:  # before the ref/critic copies, so they have none either
+        disable_dropout(parts.policy)
+    remote = parts.remote_reward_model
+    local_reward_model = bool(config.reward.model_path) and "actor" in roles and not remote
+    reward_functions = []
+    if local_reward_model:
+        reward_functions.append(build_reward_model_function(
+            config.reward.model_path, dtype=run_dtype(config.reward.model_dtype or config.model.dtype,
+                                                      process.device.type),
+            device=process.device, weight=config.reward.model_weight,
+            trust_remote_code=config.model.trust_remote_code))
+        with_cpu_matmul(config, reward_functions[0].scorer.model)
+    parts.env = setup_env(config, parts.checks, given, reward_functions)
+    if config.needs_ref and "ref" in roles:
+        parts.reference = setup_reference(config, parts.policy, parts.tokenizer, process)
+    if config.needs_critic and "critic" in roles:
+        parts.critic = setup_critic(config, parts.policy, process, parts.checks.model_path)
+    parts.placement = Placement.create(process.groups, rank=process.rank, world_size=process.world_size,
+                                       device=process.device, receive=RolloutBatch.from_fields)
+    plans, steps = parts.checks.startup.plans, config.trainer.total_steps
+    if "actor" in roles:
+        parts.policy = shard(parts.policy, "actor", config, process)
+        parts.actor_optim = setup_optimizer(parts.policy, config.actor, total_steps=steps * config.actor.ppo_epochs
+                                            * plans["actor"].num_mini_batches)
+        parts.engine = setup_engine(config, parts.policy)
+    if parts.critic is not None:
+        parts.critic = shard(parts.critic, "critic", config, process)
+        parts.critic_optim = setup_optimizer(parts.critic, config.critic, total_steps=steps * config.critic.ppo_epochs
+                                             * plans["critic"].num_mini_batches)
+    if remote:  # scores on its own ranks; the actor ranks only tokenise for it
+        parts.reward_tokenizer = load_tokenizer(config.reward.model_path,
+                                                trust_remote_code=config.model.trust_remote_code)
+        if "reward" in roles:
+            parts.reward_scorer = setup_reward_model(config, process)
+
+
+__all__ = ["Components", "Optimizer", "compose", "compose_rl", "setup_checks", "setup_critic",
+           "setup_engine", "setup_env", "setup_optimizer", "setup_policy", "setup_reference", "setup_reward_model",
+           "shard"]
