@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from verl.config import load_config
-from verl.trainer.episodes import episode_example
 from verl.trainer.rl_trainer import RLTrainer
 
 
@@ -16,7 +15,7 @@ def test_calculator_episode_masks_the_observation_and_matches_the_rollout(tmp_pa
     row, segments = trainer.env.formatted_episode((347, 29))
     assert row["prompt"] == "347*29=" and row["ground_truth"] == "10063"
     assert segments == [("<calc>347*29</calc>", True), (" <result>10063</result>", False), (" 10063", True)]
-    ids, labels = episode_example(trainer, row, segments)
+    ids, labels = trainer.multiturn.example(row, segments, trainer.sampling.eos_token_ids[0])
     prompt_ids, prompt_mask = trainer.encode_prompts([row])
     prompt = prompt_ids[0][prompt_mask[0].bool()].tolist()
     assert ids[: len(prompt)] == prompt and set(labels[: len(prompt)]) == {-100}

@@ -8,13 +8,21 @@ keep the original keys.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 from torch.utils.checkpoint import checkpoint
 
 from verl.config.fsdp import FSDPConfig
@@ -157,10 +165,27 @@ def load_full_state_dict(
     )
 
 
+@contextlib.contextmanager
+def gathered(module: nn.Module, reshard_after_forward: bool | int = True) -> Iterator[None]:
+    """Keep a sharded model's weights gathered for a while (generation): no collective per forward, so
+    ranks whose responses finish at different steps cannot deadlock each other. A no-op unsharded."""
+    sharded = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    for m in sharded:
+        m.set_reshard_after_forward(False, recurse=False)
+        m.unshard()
+    try:
+        yield
+    finally:
+        for m in sharded:
+            m.reshard()
+            m.set_reshard_after_forward(reshard_after_forward, recurse=False)
+
+
 __all__ = [
     "apply_fsdp",
     "find_decoder_layers",
     "enable_activation_checkpointing",
     "full_state_dict",
+    "gathered",
     "load_full_state_dict",
 ]

@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+import torch
 import yaml
 
 from verl.checkpoint import (
@@ -25,12 +26,37 @@ from verl.checkpoint import (
     restore_rng_state,
 )
 from verl.config.loader import config_to_yaml
+from verl.config.schema import RunConfig
 from verl.errors import CheckpointError, ConfigError
 from verl.tracking import Tracker
 from verl.trainer.startup import VAL_ONLY_NEEDS_ROWS
 
 
-def extra_state(trainer: Any) -> dict[str, Any]:
+class Trainer(Protocol):
+    """What the loop uses of a trainer (`TrainerRuntime` and its subclasses provide it)."""
+
+    config: RunConfig
+    rank: int
+    world_size: int
+    run_dir: Path
+    step_count: int
+    history: list[dict[str, float]]
+    generator: torch.Generator
+    shuffle_generator: torch.Generator
+    model: torch.nn.Module | None
+    validation_samples: list[dict[str, Any]] | None
+
+    def step(self) -> dict[str, float]: ...
+    def validate(self) -> dict[str, float]: ...
+    def row_counts(self) -> tuple[int, int] | None: ...
+    def app_state(self) -> dict[str, Any]: ...
+    def trainer_state(self) -> dict[str, Any]: ...
+    def load_trainer_state(self, state: Mapping[str, Any]) -> None: ...
+    def schedulers(self) -> dict[str, Any]: ...
+    def hf_assets(self) -> tuple[Any, ...]: ...
+
+
+def extra_state(trainer: Trainer) -> dict[str, Any]:
     """What a checkpoint needs beyond model/optimizer weights for a bit-exact resume."""
     return {
         "step": trainer.step_count,
@@ -43,7 +69,7 @@ def extra_state(trainer: Any) -> dict[str, Any]:
     }
 
 
-def restore_extra(trainer: Any, extra: Mapping[str, Any]) -> None:
+def restore_extra(trainer: Trainer, extra: Mapping[str, Any]) -> None:
     """Put back what `extra_state` saved."""
     trainer.step_count = int(extra["step"])
     trainer.load_trainer_state(extra["trainer"])
@@ -61,7 +87,7 @@ def restore_extra(trainer: Any, extra: Mapping[str, Any]) -> None:
     trainer.history = list(extra.get("history", []))
 
 
-def log_metrics(trainer: Any, tracker: Any, metrics: dict[str, float], step: int, *, always: bool = False) -> None:
+def log_metrics(trainer: Trainer, tracker: Any, metrics: dict[str, float], step: int, *, always: bool = False) -> None:
     """Keep every metric row in the history; send every `log_every`-th (and the first and last, or `always`) on."""
     if not metrics:
         return
@@ -71,9 +97,9 @@ def log_metrics(trainer: Any, tracker: Any, metrics: dict[str, float], step: int
         tracker.log(metrics, step)
 
 
-def log_validation_samples(trainer: Any, tracker: Any, step: int) -> None:
+def log_validation_samples(trainer: Trainer, tracker: Any, step: int) -> None:
     """The generations of the validation that just ran (`trainer.validation_samples`, RL only)."""
-    samples = getattr(trainer, "validation_samples", None)
+    samples = trainer.validation_samples
     if samples:
         tracker.log_samples(samples[: trainer.config.trainer.log_samples], step)
     trainer.validation_samples = None
@@ -98,23 +124,12 @@ def config_changes(saved_yaml: str | None, config: Any) -> list[str]:
             for k in sorted(old.keys() | new.keys()) if old.get(k, missing) != new.get(k, missing)]
 
 
-def _row_counts(trainer: Any) -> tuple[int, int] | None:
-    """(train rows, validation rows), or None for a trainer without either."""
-    env = getattr(trainer, "env", None)
-    if env is not None:
-        return len(env), len(env.val_rows())
-    data, val_data = getattr(trainer, "train_data", None), getattr(trainer, "val_data", None)
-    if data is None:
-        return None
-    return len(data), len(val_data) if val_data is not None else 0
-
-
-def _rows(trainer: Any) -> str:
-    counts = _row_counts(trainer)
+def _rows(trainer: Trainer) -> str:
+    counts = trainer.row_counts()
     return "" if counts is None else f"{counts[0]:,} train rows, {counts[1]:,} validation rows"
 
 
-def banner_lines(trainer: Any, resume_from: Path | None, saved_yaml: str | None) -> list[str]:
+def banner_lines(trainer: Trainer, resume_from: Path | None, saved_yaml: str | None) -> list[str]:
     """What this run is: trainer, model and size, data, run directory, and what it resumes from (with the
     config keys that changed since that checkpoint). Short lines, so a terminal shows them whole."""
     cfg = trainer.config
@@ -122,7 +137,7 @@ def banner_lines(trainer: Any, resume_from: Path | None, saved_yaml: str | None)
     if cfg.trainer.kind == "rl":
         what += f" ({cfg.algorithm.adv_estimator})"
     lines = [f"{what}, " + ("validation only" if cfg.trainer.val_only else f"{cfg.trainer.total_steps} steps")]
-    model = getattr(trainer, "model", None)
+    model = trainer.model
     about = ""
     if model is not None:
         params = list(model.parameters())
@@ -148,13 +163,13 @@ def banner_lines(trainer: Any, resume_from: Path | None, saved_yaml: str | None)
     return lines
 
 
-def fit(trainer: Any) -> list[dict[str, float]]:
+def fit(trainer: Trainer) -> list[dict[str, float]]:
     """Train for `trainer.total_steps` (resuming first when a checkpoint exists); returns the history.
 
     A SIGINT/SIGTERM saves a checkpoint at the end of the current step and raises `TrainingInterrupted`.
     """
     cfg = trainer.config
-    if cfg.trainer.val_only and (_row_counts(trainer) or (0, 0))[1] == 0:  # e.g. rows passed in from Python
+    if cfg.trainer.val_only and (trainer.row_counts() or (0, 0))[1] == 0:  # e.g. rows passed in from Python
         raise ConfigError(VAL_ONLY_NEEDS_ROWS)
     ckpt = CheckpointManager(trainer.run_dir, save_interval=cfg.checkpoint.save_interval,
                              save_total_limit=cfg.checkpoint.save_total_limit,

@@ -26,6 +26,8 @@ class OfflineTrainer(TrainerRuntime):
     state in checkpoints, data-parallel batch sharding and `train_steps(n)`."""
 
     data_kind = "sft"
+    train_data: Any = None  # the datasets the subclass builds (SFT: None for pre-tokenised examples)
+    val_data: Any = None
 
     # ------------------------------------------------------------------ rows
     def normalize_rows(self, rows: Rows, name: str) -> list[dict[str, Any]]:
@@ -113,6 +115,10 @@ class OfflineTrainer(TrainerRuntime):
             dist.all_reduce(t)
             return t.tolist(), True
         return list(values), False
+
+    def row_counts(self) -> tuple[int, int] | None:
+        data, val = self.train_data, self.val_data
+        return None if data is None else (len(data), len(val) if val is not None else 0)
 
     # ------------------------------------------------------------------ runs and state
     def train_steps(self, n: int) -> list[dict[str, float]]:

@@ -44,7 +44,7 @@ from verl.rollout.weight_sync import synced
 from verl.trainer.advantages import apply_kl_in_reward, estimate_advantages
 from verl.trainer.batch import RolloutBatch
 from verl.trainer.batch_math import BatchPlan
-from verl.trainer.episodes import build_multiturn, evaluate_episodes, generate_episodes
+from verl.trainer.episodes import Episodes
 from verl.trainer.forward import (
     can_share_prompt,
     response_logprobs,
@@ -109,7 +109,9 @@ class RLTrainer(TrainerRuntime):
         if "actor" not in self.roles:  # a critic/ref-only rank of a split placement drops the policy
             self.model = parts.policy = None
         # Multi-turn environments run episodes (model turns + observations) in `generate` and validation.
-        self.multiturn = build_multiturn(self) if is_multiturn(self.env) else None
+        self.multiturn = (Episodes.create(self.env, self.engine, self.prompts, config.rollout.stop, policy=self.model,
+                                          gathered=self.gathered, device=self.device)
+                          if is_multiturn(self.env) else None)
         if self.multiturn is not None and config.algorithm.overlong_buffer:
             raise ConfigError("algorithm.overlong_buffer shapes single-turn rewards by response length; a multi-turn "
                               "episode's length is its turns'. Fix: set algorithm.overlong_buffer=0 for this env")
@@ -302,7 +304,7 @@ class RLTrainer(TrainerRuntime):
 
     def generate(self, batch: RolloutBatch) -> RolloutBatch:
         if self.multiturn is not None:
-            return generate_episodes(self, batch)
+            return self.multiturn.generate(batch, self.config.rollout.n, self.sampling, self.generator)
         n = self.config.rollout.n
         with self.gathered(self.model), synced(self.engine, self.model):  # an engine with its own weights gets ours
             out = self.engine.generate(batch.prompt_ids[::n].to(self.device), batch.prompt_mask[::n].to(self.device),
@@ -831,7 +833,7 @@ class RLTrainer(TrainerRuntime):
             real = len(chunk)
             chunk = chunk or [rows[0]]
             if self.multiturn is not None:
-                chunk_scores, responses, episode = evaluate_episodes(self, chunk, params, generator)
+                chunk_scores, responses, episode = self.multiturn.evaluate(chunk, params, generator)
                 for k, v in episode.items():
                     episode_sums[k] = episode_sums.get(k, 0.0) + v * real
             else:
@@ -868,6 +870,9 @@ class RLTrainer(TrainerRuntime):
             at = 3 + len(names) + 3 * i
             metrics |= _score_metrics(f"{prefix}/{source}", totals[at : at + 3], counts[source], n)
         return metrics
+
+    def row_counts(self) -> tuple[int, int]:
+        return len(self.env), len(self.env.val_rows())
 
     # ------------------------------------------------------------------ state for checkpoints
     def trainer_state(self) -> dict[str, Any]:

@@ -12,21 +12,21 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.fsdp import FSDPModule
 
 from verl.config.schema import RunConfig
-from verl.data import PromptDataset
+from verl.distributed.fsdp import gathered
 from verl.errors import VerlError
 from verl.models.lora import is_peft_model
 from verl.trainer import loop
 from verl.trainer.components import Components, compose, shard
 from verl.trainer.preflight import Given
+from verl.trainer.prompts import PromptCodec
 from verl.trainer.setup import resolve_run_dir
 
 
@@ -52,29 +52,20 @@ class TrainerRuntime:
             for warning in self.checks.warnings:
                 warnings.warn(warning.message, stacklevel=2)
         self.model, self.tokenizer = self.parts.policy, self.parts.tokenizer
+        self.prompts = PromptCodec(self.tokenizer, config.data)
         self.step_count = 0
         self.run_dir = resolve_run_dir(config, self.kind)
         self.history: list[dict[str, float]] = []
+        self.validation_samples: list[dict[str, Any]] | None = None  # the last validation's, for the loop
 
     # ------------------------------------------------------------------ data parallelism
     def shard(self, module: torch.nn.Module, role: str) -> torch.nn.Module:
         """FSDP2-shard a trainable model over its role's ranks (a no-op in one process)."""
         return shard(module, role, self.config, self.parts.process)
 
-    @contextmanager
-    def gathered(self, module: torch.nn.Module) -> Iterator[None]:
-        """Keep a sharded model's weights gathered for a while (generation): no collective per forward,
-        so ranks whose responses finish at different steps cannot deadlock each other."""
-        sharded = [m for m in module.modules() if isinstance(m, FSDPModule)]
-        for m in sharded:
-            m.set_reshard_after_forward(False, recurse=False)
-            m.unshard()
-        try:
-            yield
-        finally:
-            for m in sharded:
-                m.reshard()
-                m.set_reshard_after_forward(self.config.fsdp.reshard_after_forward, recurse=False)
+    def gathered(self, module: torch.nn.Module) -> AbstractContextManager[None]:
+        """A sharded model's weights gathered for generation (`distributed.fsdp.gathered`)."""
+        return gathered(module, self.config.fsdp.reshard_after_forward)
 
     # ------------------------------------------------------------------ prompts and responses
     @property
@@ -89,20 +80,10 @@ class TrainerRuntime:
         return out
 
     def encode_prompts(self, rows: Sequence[Mapping[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded prompt ids and mask, through the data layer's `PromptDataset` (chat template,
-        length limit). Rows are never dropped here, since each one owns n responses; `data.truncation=drop`
-        already filtered over-long rows when the files were read, so a long prompt left now is an error."""
-        d = self.config.data
-        truncation = "truncate_left" if d.truncation == "truncate_left" else "error"
-        data = PromptDataset([dict(r) for r in rows], self.tokenizer, d.max_prompt_length, truncation,
-                             d.apply_chat_template)
-        batch = data.collate([data[i] for i in range(len(data))])
-        return batch["input_ids"], batch["attention_mask"]
+        return self.prompts.encode(rows)
 
     def decode_responses(self, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
-        lengths = response_mask.sum(-1).tolist()
-        return [self.tokenizer.decode(ids[: int(n)].tolist(), skip_special_tokens=True)
-                for ids, n in zip(response_ids, lengths, strict=True)]
+        return self.prompts.decode(response_ids, response_mask)
 
     def clip_and_step(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float | None) -> float:
         """Clip (when configured), refuse a non-finite gradient, step; returns the pre-clip norm."""
@@ -123,6 +104,10 @@ class TrainerRuntime:
 
     def validate(self) -> dict[str, float]:
         return {}
+
+    def row_counts(self) -> tuple[int, int] | None:
+        """(training rows, validation rows) for the banner, or None for a trainer without rows."""
+        return None
 
     def app_state(self) -> dict[str, Any]:
         return {"model": self.model}

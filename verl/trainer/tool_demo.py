@@ -26,7 +26,6 @@ from verl.config.schema import RunConfig
 from verl.env.calculator import CalculatorEnv
 from verl.errors import ConfigError
 from verl.trainer.demo import constant_lr_sft, sft_until
-from verl.trainer.episodes import episode_example, run_episodes
 from verl.trainer.rl_trainer import RLTrainer
 
 # The warm start's episodes: a handful, from the training split only.
@@ -48,7 +47,7 @@ def tool_eval(trainer: RLTrainer, rows: list[dict[str, Any]]) -> dict[str, float
     correct = calls_ok = calls = 0
     size = trainer.config.data.val_batch_size
     for start in range(0, len(rows), size):
-        out = run_episodes(trainer, rows[start : start + size], 1, params, generator)
+        out = trainer.multiturn.run(rows[start : start + size], 1, params, generator)
         correct += sum(int(bool(e.state.get("correct"))) for e in out.episodes)
         calls_ok += sum(int(e.state.get("correct_calls", 0) > 0) for e in out.episodes)
         calls += sum(e.tool_calls for e in out.episodes)
@@ -69,7 +68,8 @@ def run_tool_demo(config: RunConfig, sft_episodes: int = DEFAULT_SFT_EPISODES, q
         f"({env.train_problems[0][0]}*{env.train_problems[0][1]}=...), {len(env.val_rows())} held out; "
         f"tool <calc>a*b</calc> -> <result>...</result>")
     demos = env.demonstration_problems(sft_episodes, config.trainer.seed)
-    examples = [episode_example(trainer, *env.formatted_episode(p)) for p in demos]
+    eos = trainer.sampling.eos_token_ids[0]
+    examples = [trainer.multiturn.example(*env.formatted_episode(p), eos) for p in demos]
     shown = set(demos)
     rest = [p for p in env.train_problems if p not in shown]
     pick = np.random.default_rng([config.trainer.seed, 4]).choice(len(rest), size=min(PROBE_PROBLEMS, len(rest)),
