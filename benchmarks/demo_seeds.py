@@ -118,4 +118,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    import doc_table
+
+    raise SystemExit(doc_table.run(main, doc_table.prefixed("seed ", "seeds clearing"), doc=doc_table.ROOT / "docs" / "demos.md"))

@@ -44,4 +44,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    import doc_table
+
+    raise SystemExit(doc_table.run(main, doc_table.prefixed("| 1", "| 2", "| 3", "| 4", "| 5", "| 6", "| 7", "| 8", "| 9"), doc=doc_table.ROOT / "docs" / "demos.md"))
