@@ -89,6 +89,21 @@ def prefixed(*starts: str) -> Callable[[list[str]], list[str]]:
     return pick
 
 
+def table_and(*starts: str) -> Callable[[list[str]], list[str]]:
+    """A result picker for a script that prints a markdown table: each table row as "first cell: header
+    value, ...", then the lines that start with one of `starts`."""
+    def pick(lines: list[str]) -> list[str]:
+        table = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines
+                 if line.strip().startswith("|") and not set(line.strip()) <= set("|-: ")]
+        out = []
+        if table:
+            header, *rows = table
+            out = [f"{row[0]}: " + ", ".join(f"{h} {c}" for h, c in zip(header[1:], row[1:], strict=False))
+                   for row in rows]
+        return out + prefixed(*starts)(lines) if starts else out
+    return pick
+
+
 def stage_lines(lines: list[str]) -> list[str]:
     """benchmarks/grpo_stages.py's result: per model size, each stage's median ms (least disturbed step)."""
     out: list[str] = []

@@ -154,4 +154,4 @@ def main() -> None:
 if __name__ == "__main__":
     import doc_table
 
-    raise SystemExit(doc_table.run(main, doc_table.prefixed("| full", "| LoRA", "LoRA"), doc=doc_table.ROOT / "docs" / "lora.md"))
+    raise SystemExit(doc_table.run(main, doc_table.table_and("LoRA r="), doc=doc_table.ROOT / "docs" / "lora.md"))

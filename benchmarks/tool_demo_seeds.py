@@ -46,4 +46,4 @@ def main() -> int:
 if __name__ == "__main__":
     import doc_table
 
-    raise SystemExit(doc_table.run(main, doc_table.prefixed("| 1", "| 2", "| 3", "| 4", "| 5", "| 6", "| 7", "| 8", "| 9"), doc=doc_table.ROOT / "docs" / "demos.md"))
+    raise SystemExit(doc_table.run(main, doc_table.table_and(), doc=doc_table.ROOT / "docs" / "demos.md"))
