@@ -27,6 +27,7 @@ from ab import cpu_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PERFORMANCE = ROOT / "docs" / "performance.md"
+PERFORMANCE_MAX_LINES = 150  # docs/performance.md stays under this (tests/test_benchmark_docs.py)
 HEADER = ["| command | CPU | date | result |", "|---|---|---|---|"]
 
 
@@ -75,6 +76,10 @@ def record(name: str, command: str, result: str, doc: Path = PERFORMANCE, cpu: s
     doc.write_text(upsert_row(text, name, command, cpu or cpu_label(), date.isoformat(), result, str(doc)),
                    encoding="utf-8")
     print(f"wrote the row of `{command}` into {doc}")
+    lines = len(doc.read_text(encoding="utf-8").splitlines())
+    if doc.resolve() == PERFORMANCE.resolve() and lines >= PERFORMANCE_MAX_LINES:
+        print(f"warning: {doc} has {lines} lines (the limit is {PERFORMANCE_MAX_LINES - 1}): delete the rows that "
+              "newer ones supersede (older code, or a command no longer worth keeping)")
 
 
 def ratio_lines(lines: list[str]) -> list[str]:
