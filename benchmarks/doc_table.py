@@ -134,6 +134,12 @@ class _Tee(io.TextIOBase):
     def flush(self) -> None:
         self.stream.flush()
 
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
 
 def split_doc_args(argv: list[str]) -> tuple[list[str], bool, Path | None]:
     """argv without `--write-docs` / `--docs PATH`, whether to write, and the page."""
