@@ -124,4 +124,6 @@ def whole_model(model: torch.nn.Module, spec: str) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import doc_table
+
+    raise SystemExit(doc_table.run(main))

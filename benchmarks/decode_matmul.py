@@ -122,4 +122,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import doc_table
+
+    raise SystemExit(doc_table.run(main, doc_table.prefixed("one decode step")))

@@ -3,9 +3,10 @@
 Each seed is one `verl train` with no config (the demo), in its own process, one after the other, so the
 times are what a user of `make run` sees on this machine (the warm start included). The table is printed;
 with `--write-readme` it also replaces the block between the `demo-seeds` markers in README.md, captioned
-with this machine's CPU model, core count and the date, so the README says what was measured where.
+with the command, this machine's CPU model, core count and the date, so the README says what was measured
+where; with `--write-docs` the run's summary replaces this command's row on this CPU in docs/demos.md.
 The bar each seed must clear (issue 12): at least +25 points held-out, at least 65% after RL, under 3 min.
-Run by hand: ``python benchmarks/demo_seeds.py [--seeds 1 2 3 42] [--write-readme] [key=value ...]``.
+Run by hand: ``python benchmarks/demo_seeds.py [--seeds 1 2 3 42] [--write-readme] [--write-docs] [key=value ...]``.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def caption(summaries: list[dict[str, Any]], cores: int | None = None, today: da
                                              else os.cpu_count())
     today = today or datetime.date.today()
     steps = sorted({s["steps"] for s in summaries})
-    return (f"Measured by `benchmarks/demo_seeds.py` on {cpu_model()} ({cores} cores), {today.isoformat()}: "
+    return (f"Written by `python benchmarks/demo_seeds.py --write-readme` on {cpu_model()} ({cores} cores), "
+            f"{today.isoformat()}: "
             f"`verl train` with the default config, one seed per run, GRPO {'/'.join(map(str, steps))} steps; "
             "wall time includes building the model and the warm start.")
 
@@ -118,4 +120,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    import doc_table
+
+    raise SystemExit(doc_table.run(main, doc_table.prefixed("seed ", "seeds clearing"), doc=doc_table.ROOT / "docs" / "demos.md"))

@@ -68,4 +68,6 @@ def main() -> None:
         bench_shape(shape, args.rounds, args.repeats, args.scale)
 
 if __name__ == "__main__":
-    main()
+    import doc_table
+
+    raise SystemExit(doc_table.run(main, doc_table.prefixed("[", "ratio")))

@@ -152,4 +152,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import doc_table
+
+    raise SystemExit(doc_table.run(main, doc_table.table_and("LoRA r="), doc=doc_table.ROOT / "docs" / "lora.md"))

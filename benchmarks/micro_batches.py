@@ -87,4 +87,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import doc_table
+
+    raise SystemExit(doc_table.run(main))

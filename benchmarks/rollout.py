@@ -151,4 +151,6 @@ def main(argv: list[str] | None = None) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    import doc_table
+
+    raise SystemExit(doc_table.run(main))

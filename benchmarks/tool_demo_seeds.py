@@ -1,6 +1,7 @@
-"""Run the tool-use demo on several seeds, one after the other, and print the README's table.
+"""Run the tool-use demo on several seeds, one after the other, and print a table of the results.
 
-`python benchmarks/tool_demo_seeds.py [--seeds 1 2 3] [key=value ...]` (overrides go to every run).
+`python benchmarks/tool_demo_seeds.py [--seeds 1 2 3] [key=value ...] [--write-docs]` (overrides go to every
+run); `--write-docs` replaces this command's row on this CPU in docs/demos.md (benchmarks/doc_table.py).
 """
 
 from __future__ import annotations
@@ -44,4 +45,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    import doc_table
+
+    raise SystemExit(doc_table.run(main, doc_table.table_and(), doc=doc_table.ROOT / "docs" / "demos.md"))
