@@ -167,7 +167,7 @@ def _spied_rollout(tiny, env, stop, temperature, parks=True, n=1):
     """A rollout that records the rows of every decode call (one new token per row)."""
     model, tok = tiny
     runner = MultiTurnRollout(HFKVCacheEngine(model), tok, stop)
-    runner.engine._preallocate = parks  # False: the model's own cache, where rows that sat out keep holes
+    runner.engine.preallocates = parks  # False: the model's own cache, where rows that sat out keep holes
     decoded = []
     real = runner._forward
 

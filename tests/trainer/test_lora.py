@@ -31,7 +31,7 @@ LORA = ("model.lora.rank=8", "actor.kl_loss_coef=0.1", "actor.lr=2e-2")
 
 def base_model(trainer) -> torch.nn.Module:
     """The untouched base weights, loaded again from the model's folder."""
-    return AutoModelForCausalLM.from_pretrained(trainer.model_path(), dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(trainer.checks.model_path, dtype=torch.float32).eval()
 
 
 def logits(model, ids) -> torch.Tensor:

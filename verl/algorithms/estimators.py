@@ -45,15 +45,11 @@ class AdvantageEstimator:
 
     needs_critic: values from a learned critic are an input (PPO).
     needs_groups: advantages compare the n samples of one prompt, so rollout.n must be >= 2.
-    outcome_level: one advantage per sequence (broadcast over its tokens) rather than per token.
-    whitens: `algorithm.whiten_advantages` applies (batch whitening of token-level advantages).
     """
 
     name: str
     needs_critic: bool
     needs_groups: bool
-    outcome_level: bool
-    whitens: bool
     summary: str
     _compute: Callable[[Tensor, Tensor, Tensor | None, Tensor | None, EstimatorParams, Reduce], tuple[Tensor, Tensor]]
 
@@ -125,20 +121,20 @@ def _grpo(scores: Tensor, groups: Tensor, p: EstimatorParams, reduce: Reduce) ->
 ESTIMATORS: dict[str, AdvantageEstimator] = {
     e.name: e
     for e in (
-        AdvantageEstimator("gae", needs_critic=True, needs_groups=False, outcome_level=False, whitens=True,
+        AdvantageEstimator("gae", needs_critic=True, needs_groups=False,
                            summary="PPO: generalised advantage estimation against a learned critic",
                            _compute=_gae),
-        AdvantageEstimator("grpo", needs_critic=False, needs_groups=True, outcome_level=True, whitens=False,
+        AdvantageEstimator("grpo", needs_critic=False, needs_groups=True,
                            summary="GRPO: score minus the group mean (divided by the group or batch std)",
                            _compute=_outcome(_grpo)),
-        AdvantageEstimator("rloo", needs_critic=False, needs_groups=True, outcome_level=True, whitens=False,
+        AdvantageEstimator("rloo", needs_critic=False, needs_groups=True,
                            summary="RLOO: score minus the mean of the other samples of the prompt",
                            _compute=_outcome(lambda s, g, p, r: compute_rloo_advantages(s, g))),
-        AdvantageEstimator("reinforce_pp", needs_critic=False, needs_groups=False, outcome_level=False,
-                           whitens=True, summary="REINFORCE++: discounted returns whitened over the batch",
+        AdvantageEstimator("reinforce_pp", needs_critic=False, needs_groups=False,
+                           summary="REINFORCE++: discounted returns whitened over the batch",
                            _compute=_reinforce_pp),
-        AdvantageEstimator("reinforce_pp_baseline", needs_critic=False, needs_groups=True, outcome_level=True,
-                           whitens=True, summary="REINFORCE++-baseline: score minus the group mean, whitened over "
+        AdvantageEstimator("reinforce_pp_baseline", needs_critic=False, needs_groups=True,
+                           summary="REINFORCE++-baseline: score minus the group mean, whitened over "
                            "the batch", _compute=_reinforce_pp_baseline),
     )
 }

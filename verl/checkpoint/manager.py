@@ -38,7 +38,6 @@ import os
 import re
 import secrets
 import shutil
-import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -320,7 +319,6 @@ class CheckpointManager:
         self._executor: ThreadPoolExecutor | None = None
         self._pending: CheckpointHandle | None = None
         self._stager: Any = None
-        self._lock = threading.Lock()
         if rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             self._clean_leftovers()
@@ -542,10 +540,6 @@ class CheckpointManager:
         self.close()
 
     # ------------------------------------------------------------------ resume
-    def checkpoints(self, *, verify_files: bool = True) -> list[CheckpointInfo]:
-        """Committed checkpoints of this run, oldest first (see :func:`list_checkpoints`)."""
-        return list_checkpoints(self.run_dir, verify_files=verify_files)
-
     def find_resume(self, resume: str | Path | None) -> Path | None:
         """``"never"``/None -> None; ``"auto"`` -> the ``latest`` checkpoint, or if it does not verify the
         newest one that does (or None);

@@ -108,11 +108,6 @@ class RolloutOutput:
         """Positions that count only real tokens, as the model saw them while sampling (pads get 0)."""
         return position_ids_from_mask(self.attention_mask)
 
-    @property
-    def response_lengths(self) -> torch.Tensor:
-        """Number of real tokens in each response (eos included)."""
-        return self.response_mask.sum(-1)
-
 
 class RolloutEngine(ABC):
     """A thing that turns left-padded prompts into sampled responses."""

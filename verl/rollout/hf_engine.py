@@ -134,14 +134,14 @@ class HFKVCacheEngine(RolloutEngine):
         self.model = model
         self.config = config
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        self._text_config = text_config
+        self.text_config = text_config
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._logits_to_keep = "logits_to_keep" in params
         attn = getattr(config, "_attn_implementation", None)
         full = _full_attention_only(text_config)
         self._mask_kind = attn if (prebuilt_masks and full and attn in ("sdpa", "eager")) else "2d"
-        self._preallocate = DynamicLayer is not None and full
+        self.preallocates = DynamicLayer is not None and full  # full attention: a preallocated cache serves
         self._fast_decode = fast_decode
         self._decode_step: LlamaStyleDecodeStep | None = None  # kept: its weight layout serves many rollouts
 
@@ -150,7 +150,7 @@ class HFKVCacheEngine(RolloutEngine):
         """Empty when decode steps take the fast path, else why they use the model's ``forward``."""
         if not self._fast_decode:
             return "fast_decode=False"
-        if not self._preallocate:
+        if not self.preallocates:
             return "the model needs a cache layout other than full attention"
         return LlamaStyleDecodeStep.supports(self.model)[1]
 
@@ -159,9 +159,12 @@ class HFKVCacheEngine(RolloutEngine):
         emb = self.model.get_input_embeddings() if hasattr(self.model, "get_input_embeddings") else None
         if emb is not None and hasattr(emb, "num_embeddings"):
             return int(emb.num_embeddings)
-        return int(self._text_config.vocab_size)
+        return int(self.text_config.vocab_size)
 
-    def _check_inputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams) -> None:
+    # The public methods below are what the multi-turn rollout (`verl.rollout.multiturn`) drives the same
+    # model with: the input checks, the model's own cache, one cached forward, `preallocates`.
+    def check_inputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams) -> None:
+        """Refuse inputs `generate` cannot sample from, with what is wrong and the fix."""
         if not isinstance(params, SamplingParams):
             raise ConfigError(f"generate(params=...) takes a verl.rollout.SamplingParams, got "
                               f"{type(params).__name__}; build one with SamplingParams(temperature=..., ...).")
@@ -198,21 +201,22 @@ class HFKVCacheEngine(RolloutEngine):
         if bad_eos:
             raise ConfigError(f"SamplingParams.eos_token_ids {bad_eos} are outside the model's vocabulary "
                               f"[0, {vocab}); take them from the tokenizer that belongs to this model.")
-        limit = getattr(self._text_config, "max_position_embeddings", None)
+        limit = getattr(self.text_config, "max_position_embeddings", None)
         total = input_ids.shape[1] + params.max_new_tokens
         if isinstance(limit, int) and total > limit:
             raise ConfigError(f"prompt length {input_ids.shape[1]} + max_new_tokens {params.max_new_tokens} = "
                               f"{total} exceeds the model's max_position_embeddings {limit}; lower "
                               "max_new_tokens or the maximum prompt length.")
 
-    def _dynamic_cache(self) -> Any:
+    def new_cache(self) -> Any:
         """The model's own cache layout (sliding-window layers included) where transformers knows it."""
         try:
             return DynamicCache(config=self.config)
         except TypeError:  # transformers < 4.56 builds the layout lazily
             return DynamicCache()
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+    def forward_step(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+        """One forward of `ids` on `cache`; the logits after the last column ([B, V])."""
         kwargs = {self._cache_kw: cache, "use_cache": True}
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = 1
@@ -228,7 +232,7 @@ class HFKVCacheEngine(RolloutEngine):
         generator: torch.Generator | None = None,
     ) -> RolloutOutput:
         """Sample ``params.n`` responses per prompt; tensors come back on the model's device."""
-        self._check_inputs(input_ids, attention_mask, params)
+        self.check_inputs(input_ids, attention_mask, params)
         was_training = self.model.training
         self.model.eval()
         try:
@@ -251,11 +255,11 @@ class HFKVCacheEngine(RolloutEngine):
         temperature, top_k, top_p = float(params.temperature), params.top_k, float(params.top_p)
 
         # Prefill each prompt once; the cache is repeated for the n samples afterwards.
-        cache = (_RolloutCache(int(self._text_config.num_hidden_layers), prompt_len + max_new)
-                 if self._preallocate else self._dynamic_cache())
+        cache = (_RolloutCache(int(self.text_config.num_hidden_layers), prompt_len + max_new)
+                 if self.preallocates else self.new_cache())
         positions = position_ids_from_mask(mask_bool)  # prompts are left-padded and non-empty (checked)
         feed = input_ids.masked_fill(~mask_bool, 0)
-        logits = self._forward(feed, mask_bool.long(), positions, cache)
+        logits = self.forward_step(feed, mask_bool.long(), positions, cache)
         next_pos = positions[:, -1:] + 1  # [batch, 1]: position of the first response token
         if n > 1:
             cache.batch_repeat_interleave(n)
@@ -318,7 +322,7 @@ class HFKVCacheEngine(RolloutEngine):
             if fast is not None:
                 logits = fast(tokens, next_pos.squeeze(-1), step_mask, cache)
             else:
-                logits = self._forward(tokens.unsqueeze(-1), step_mask, next_pos, cache)
+                logits = self.forward_step(tokens.unsqueeze(-1), step_mask, next_pos, cache)
             next_pos = next_pos + 1
 
         response_mask = (torch.arange(max_new, device=device) < lengths.unsqueeze(-1)).to(prompt_mask.dtype)

@@ -220,9 +220,9 @@ class MultiTurnRollout:
         if len(records) != input_ids.shape[0]:
             raise ConfigError(f"{len(records)} episodes but {input_ids.shape[0]} encoded prompts; pass one "
                               "prompt row per episode.")
-        self.engine._check_inputs(input_ids, attention_mask, params)
+        self.engine.check_inputs(input_ids, attention_mask, params)
         budget, max_turns = int(env.max_episode_tokens), int(env.max_turns)
-        limit = getattr(self.engine._text_config, "max_position_embeddings", None)
+        limit = getattr(self.engine.text_config, "max_position_embeddings", None)
         if isinstance(limit, int) and input_ids.shape[1] + budget > limit:
             raise ConfigError(f"prompt length {input_ids.shape[1]} + the episode budget {budget} "
                               f"({env_name(env)}.max_episode_tokens) = {input_ids.shape[1] + budget} exceeds the "
@@ -239,7 +239,7 @@ class MultiTurnRollout:
         return self._output(records, input_ids, attention_mask, params)
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
-        return self.engine._forward(ids, mask.long(), positions, cache)
+        return self.engine.forward_step(ids, mask.long(), positions, cache)
 
     def _run(self, env: Any, records: list[EpisodeRecord], input_ids: torch.Tensor, attention_mask: torch.Tensor,
              params: SamplingParams, generator: torch.Generator | None, budget: int, max_turns: int) -> None:
@@ -251,10 +251,10 @@ class MultiTurnRollout:
         eos = set(params.eos_token_ids)
         pad = params.resolved_pad_token_id
         temperature, top_k, top_p = float(params.temperature), params.top_k, float(params.top_p)
-        if _PreallocatedLayer is not None and self.engine._preallocate:
-            cache = _GrowingCache(int(self.engine._text_config.num_hidden_layers), prompt_len + budget + 16)
+        if _PreallocatedLayer is not None and self.engine.preallocates:
+            cache = _GrowingCache(int(self.engine.text_config.num_hidden_layers), prompt_len + budget + 16)
         else:
-            cache = self.engine._dynamic_cache()
+            cache = self.engine.new_cache()
         parks = hasattr(cache, "park")  # else (sliding-window layouts) a row that sat out keeps holes instead
         positions = position_ids_from_mask(cols)
         logits = self._forward(ids.masked_fill(~cols, 0), cols, positions, cache)  # [A, V] after the last real token

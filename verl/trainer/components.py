@@ -8,7 +8,8 @@ Read `compose()` top to bottom to see a run's start-up (torchtune's recipes are 
 2. `setup_process`: join the process group, seed, take on this rank's roles;
 3. `setup_policy`: the policy with the tokenizer the checks loaded;
 4. RL only, each on the ranks whose roles need it: `setup_reward_model`, `setup_env`, `setup_reference`,
-   `setup_critic`, then FSDP2 sharding, `setup_optimizer` and `setup_engine`.
+   `setup_critic`, then FSDP2 sharding, `setup_optimizer` and `setup_engine`;
+5. when the loop starts (`loop.fit`): `setup_checkpoints` (and the resume) and `setup_tracker`.
 
 `verl check` runs step 1, which builds the policy with `load_policy_with_report(weights=False)`: the same
 loader and checks as step 3, on the meta device. Nothing else loads a model: the check pass hands on what
@@ -19,11 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.distributed.fsdp import FSDPModule
 
+from verl.checkpoint import CheckpointManager
 from verl.config.schema import OptimConfig, RunConfig
 from verl.distributed.fsdp import apply_fsdp
 from verl.distributed.placement import Placement
@@ -34,6 +37,7 @@ from verl.models.hf_loader import load_tokenizer
 from verl.models.lora import base_of
 from verl.models.reward_model import RewardModelScorer
 from verl.rollout import RolloutEngine, build_engine
+from verl.tracking import Tracker
 from verl.trainer.batch import RolloutBatch
 from verl.trainer.models import build_reference, given_policy, load_policy_with_report, with_cpu_matmul
 from verl.trainer.optim import build_optimizer
@@ -180,6 +184,22 @@ def setup_engine(config: RunConfig, policy: torch.nn.Module) -> RolloutEngine:
     return build_engine(config.rollout.engine, base_of(policy))
 
 
+def setup_checkpoints(config: RunConfig, run_dir: Path, process: ProcessSetup) -> CheckpointManager:
+    """The run's checkpoints (`checkpoint.*`): atomic, verified, resumable; each rank writes its shards."""
+    c = config.checkpoint
+    return CheckpointManager(run_dir, save_interval=c.save_interval, save_total_limit=c.save_total_limit,
+                             async_save=c.async_save, rank=process.rank, world_size=process.world_size)
+
+
+def setup_tracker(config: RunConfig, run_dir: Path, process: ProcessSetup, *, resume_step: int,
+                  fresh: bool) -> Tracker:
+    """Console, JSONL and the `logging.backends`; only rank 0 writes."""
+    log = config.logging
+    return Tracker(log.backends, run_dir, config=config.model_dump(mode="json"), total_steps=config.trainer.total_steps,
+                   project=log.project, experiment=log.experiment, enabled=process.rank == 0, resume_step=resume_step,
+                   fresh=fresh, mlflow_tracking_uri=log.mlflow_tracking_uri)
+
+
 # ---------------------------------------------------------------------------------------------- the recipe
 def compose(config: RunConfig, *, kind: str, runs_split: bool = False, given: Given = Given()) -> Components:
     """Build every part of a `kind` run ("rl", "sft", "dpo"), in order; the offline trainers add their
@@ -238,5 +258,5 @@ def compose_rl(parts: Components, given: Given) -> None:
 
 
 __all__ = ["Components", "Optimizer", "compose", "compose_rl", "setup_checks", "setup_critic",
-           "setup_engine", "setup_env", "setup_optimizer", "setup_policy", "setup_reference", "setup_reward_model",
-           "shard"]
+           "setup_checkpoints", "setup_engine", "setup_env", "setup_optimizer", "setup_policy", "setup_reference",
+           "setup_reward_model", "setup_tracker", "shard"]

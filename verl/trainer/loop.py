@@ -19,7 +19,6 @@ import torch
 import yaml
 
 from verl.checkpoint import (
-    CheckpointManager,
     GracefulStop,
     TrainingInterrupted,
     capture_rng_state,
@@ -28,7 +27,7 @@ from verl.checkpoint import (
 from verl.config.loader import config_to_yaml
 from verl.config.schema import RunConfig
 from verl.errors import CheckpointError, ConfigError
-from verl.tracking import Tracker
+from verl.trainer.components import Components, setup_checkpoints, setup_tracker
 from verl.trainer.startup import VAL_ONLY_NEEDS_ROWS
 
 
@@ -44,6 +43,7 @@ class Trainer(Protocol):
     generator: torch.Generator
     shuffle_generator: torch.Generator
     model: torch.nn.Module | None
+    parts: Components
     validation_samples: list[dict[str, Any]] | None
 
     def step(self) -> dict[str, float]: ...
@@ -171,9 +171,7 @@ def fit(trainer: Trainer) -> list[dict[str, float]]:
     cfg = trainer.config
     if cfg.trainer.val_only and (trainer.row_counts() or (0, 0))[1] == 0:  # e.g. rows passed in from Python
         raise ConfigError(VAL_ONLY_NEEDS_ROWS)
-    ckpt = CheckpointManager(trainer.run_dir, save_interval=cfg.checkpoint.save_interval,
-                             save_total_limit=cfg.checkpoint.save_total_limit,
-                             async_save=cfg.checkpoint.async_save, rank=trainer.rank, world_size=trainer.world_size)
+    ckpt = setup_checkpoints(cfg, trainer.run_dir, trainer.parts.process)
     resume_from = ckpt.find_resume(cfg.trainer.resume)
     saved_yaml = None
     if resume_from is not None:
@@ -183,10 +181,8 @@ def fit(trainer: Trainer) -> list[dict[str, float]]:
     if trainer.rank == 0:
         trainer.run_dir.mkdir(parents=True, exist_ok=True)
         (trainer.run_dir / "config.yaml").write_text(config_to_yaml(cfg), encoding="utf-8")
-    tracker = Tracker(cfg.logging.backends, trainer.run_dir, config=cfg.model_dump(mode="json"),
-                      total_steps=cfg.trainer.total_steps, project=cfg.logging.project,
-                      experiment=cfg.logging.experiment, enabled=trainer.rank == 0, resume_step=trainer.step_count,
-                      fresh=resume_from is None, mlflow_tracking_uri=cfg.logging.mlflow_tracking_uri)
+    tracker = setup_tracker(cfg, trainer.run_dir, trainer.parts.process, resume_step=trainer.step_count,
+                            fresh=resume_from is None)
     if resume_from is not None and trainer.rank == 0 and not cfg.trainer.val_only:  # val_only deletes nothing
         tracker.truncate_after(trainer.step_count)
     for line in banner_lines(trainer, resume_from, saved_yaml) if trainer.rank == 0 else []:

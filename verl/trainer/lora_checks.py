@@ -204,8 +204,7 @@ def _trainable_with_lora(model: torch.nn.Module, cfg: LoraConfig, *, task_type: 
             sum(p.numel() for p in wrapped.parameters()))
 
 
-def check_lora(config: RunConfig, *, model_path: str | None, mapping: Any = None, kind: str = "rl",
-               rollout_engine: str | None = None) -> LoraCheck:
+def check_lora(config: RunConfig, *, model_path: str | None, mapping: Any = None, kind: str = "rl") -> LoraCheck:
     """Every LoRA problem of `config` (collected, not raised) and the parameter counts for `verl check`."""
     out = LoraCheck()
     lora, critic_lora = config.model.lora, config.critic.lora
