@@ -27,7 +27,7 @@ def main() -> int:
     rows, loads = [], []
     for seed in args.seeds:
         run_dir = Path(args.run_root) / f"seed{seed}"
-        cmd = [sys.executable, "-m", "verl.trainer.tool_demo", str(EXAMPLES / "tool_calculator.yaml"),
+        cmd = [sys.executable, "-m", "verl.demos.tool", str(EXAMPLES / "tool_calculator.yaml"),
                f"trainer.seed={seed}", f"trainer.run_dir={run_dir}", "trainer.resume=never", *args.overrides]
         subprocess.run(cmd, check=True)
         rows.append(json.loads((run_dir / "summary.json").read_text()))

@@ -33,7 +33,8 @@ LAYERS: dict[str, int] = {
     "distributed": 3,
     "env": 4,            # prompt source (data) + reward (rewards)
     "trainer": 5,
-    "cli": 6,
+    "demos": 6,          # recipes on top of the trainers
+    "cli": 7,
 }
 
 # Third-party packages `algorithms` may import, besides the standard library and itself.

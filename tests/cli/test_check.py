@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from verl.cli.main import main
-from verl.trainer.demo import demo_config_path
+from verl.demos.arithmetic import demo_config_path
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

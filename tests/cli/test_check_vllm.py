@@ -6,9 +6,9 @@ import importlib.util
 import pytest
 
 from verl.cli.main import main
+from verl.demos.arithmetic import demo_config_path
 from verl.errors import ConfigError
 from verl.rollout.engine_check import check_rollout_engine
-from verl.trainer.demo import demo_config_path
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 

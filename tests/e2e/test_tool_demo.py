@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from verl.config import load_config
-from verl.trainer.tool_demo import run_tool_demo
+from verl.demos.tool import run_tool_demo
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ import yaml
 from verl.checkpoint import list_checkpoints
 from verl.cli.main import main as verl_main
 from verl.config import load_config
-from verl.trainer.demo import SFT_TARGET_ACCURACY
+from verl.demos.arithmetic import SFT_TARGET_ACCURACY
 
 CONFIG = """\
 model:

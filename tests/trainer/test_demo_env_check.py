@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from verl.config.loader import build_config
+from verl.demos.arithmetic import warm_start_until
 from verl.errors import ConfigError
-from verl.trainer.demo import warm_start_until
 from verl.trainer.startup import check_demo_env, check_startup
 
 
@@ -39,7 +39,7 @@ def test_the_arithmetic_warm_start_names_what_the_env_lacks():
 
 
 def test_the_arithmetic_warm_start_probes_problems_it_does_not_train_on(monkeypatch):
-    import verl.trainer.demo as demo
+    import verl.demos.arithmetic as demo
 
     taught = {}
 

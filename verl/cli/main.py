@@ -121,7 +121,7 @@ def _load(args: argparse.Namespace):
 
     config_path, overrides = split_config_and_overrides(args.items)
     if runs_demo(args):
-        from verl.trainer.demo import demo_config_path
+        from verl.demos.arithmetic import demo_config_path
 
         config = load_config(demo_config_path(), overrides, legacy_argv=args.legacy)
         config._source_dir = None  # relative paths on the command line are the user's, not the preset's folder
@@ -140,7 +140,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         from verl.distributed.launch import multinode_options
 
         return launch_training(config, args.nproc, ["train", *args.items, *args.legacy], **multinode_options(args))
-    from verl.trainer.entry import run_training
+    from verl.cli.train_cmd import run_training
 
     return run_training(config, demo=runs_demo(args))
 

@@ -31,7 +31,7 @@ def demo_config_path() -> str:
     return str(resources.files("verl.config") / "presets" / "demo.yaml")
 
 
-def warm_start_until(trainer: Any, target: float, max_steps: int, chunk: int = 10,
+def warm_start_until(trainer: RLTrainer, target: float, max_steps: int, chunk: int = 10,
                      progress: ConsoleReporter | None = None) -> tuple[int, float, list]:
     """SFT (with `SFTTrainer`) in chunks until greedy accuracy on `PROBE_SIZE` *training* problems that the
     warm start does not train on reaches `target`, or `max_steps`. Probing training problems keeps the
@@ -56,7 +56,7 @@ def warm_start_until(trainer: Any, target: float, max_steps: int, chunk: int = 1
                      max_steps, chunk, progress)
 
 
-def constant_lr_sft(trainer: Any, **data: Any) -> SFTTrainer:
+def constant_lr_sft(trainer: RLTrainer, **data: Any) -> SFTTrainer:
     """An `SFTTrainer` on the RL trainer's model at a constant `sft.lr`: a warm start that stops on accuracy,
     not on a budget, so the RL's warm-up and decay (actor.*) would only make where it stops depend on them."""
     actor = trainer.config.actor.model_copy(update={"lr_schedule": "constant", "warmup_steps": 0})

@@ -1,7 +1,7 @@
 """The tool-use demo: a tiny model learns to call a calculator mid-answer for products it cannot do in its head.
 
 `verl train examples/tool_calculator.yaml [key=value ...]` (the config's `trainer.demo: tool`), or
-`python -m verl.trainer.tool_demo examples/tool_calculator.yaml [key=value ...]`.
+`python -m verl.demos.tool examples/tool_calculator.yaml [key=value ...]`.
 
 A short supervised warm start on a handful of formatted episodes (`347*29=` -> `<calc>347*29</calc>
 <result>10063</result> 10063`) teaches the format and the first copies of operands and result; GRPO on
@@ -23,9 +23,9 @@ import torch
 
 from verl.config import load_config
 from verl.config.schema import RunConfig
+from verl.demos.arithmetic import constant_lr_sft, sft_until
 from verl.env.calculator import CalculatorEnv
 from verl.errors import ConfigError
-from verl.trainer.demo import constant_lr_sft, sft_until
 from verl.trainer.rl_trainer import RLTrainer
 
 # The warm start's episodes: a handful, from the training split only.
@@ -122,7 +122,7 @@ def run_tool_demo(config: RunConfig, sft_episodes: int = DEFAULT_SFT_EPISODES, q
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or "=" in args[0]:
-        print("usage: python -m verl.trainer.tool_demo examples/tool_calculator.yaml [key=value ...]", file=sys.stderr)
+        print("usage: python -m verl.demos.tool examples/tool_calculator.yaml [key=value ...]", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
     run_tool_demo(load_config(args[0], overrides=args[1:]))
