@@ -23,3 +23,89 @@ def test_critic_and_reward_model_accept_tiny(tmp_path):
     scorer = next(ld.fn for ld in rm._loaded if ld.label == "reward_model").scorer
     assert scorer.model.config.num_labels == 1 and Path(scorer.source).is_dir()
     assert scorer.score_texts(["1+1=2"]).shape == (1,)
+
+
+HUB_ID = "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+@pytest.fixture
+def empty_hub_cache(tmp_path, monkeypatch):
+    """A Hugging Face cache with nothing in it, and the hub at a local port that refuses connections."""
+    import socket
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    with socket.socket() as sock:  # a port nobody listens on: the connection is refused at once
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    return tmp_path / "hf" / "hub"
+
+
+def test_offline_hub_id_fails_in_seconds_with_the_fix(empty_hub_cache, monkeypatch, capsys):
+    """A hub id that is not cached, with HF_HUB_OFFLINE=1: one start-up problem naming the key and the
+    download command, instead of a minute of retries; nothing is loaded."""
+    import time
+
+    from verl.cli.main import main
+    from verl.trainer.demo import demo_config_path
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.perf_counter()
+    assert main(["check", demo_config_path(), f"model.path={HUB_ID}", "trainer.demo=null",
+                 "env.name=arithmetic"]) == 1
+    seconds = time.perf_counter() - start
+    out = capsys.readouterr().out
+    assert out.count("problem:") == 1, out
+    assert (f"problem: model.path={HUB_ID} is a Hugging Face hub id that is not on this machine" in out
+            and str(empty_hub_cache) in out and "HF_HUB_OFFLINE=1 forbids downloading it" in out
+            and f"`huggingface-cli download {HUB_ID}`" in out and "set model.path to a local folder" in out)
+    assert "skipped: the start-up problems come first: nothing was loaded" in out
+    assert seconds < 30  # the demo's data and environment are still checked; the hub part takes no time
+
+
+def test_unreachable_hub_is_probed_once(empty_hub_cache, monkeypatch):
+    """Without HF_HUB_OFFLINE one short HEAD request decides, for every key naming a hub id; a refused
+    connection is reported with the endpoint."""
+    import time
+
+    from verl.config import load_config
+    from verl.trainer import source_checks
+
+    calls = []
+    probe = source_checks.probe_hub
+    monkeypatch.setattr(source_checks, "probe_hub", lambda *a, **k: calls.append(a) or probe(*a, **k))
+    cfg = load_config(overrides=[f"model.path={HUB_ID}", "algorithm.adv_estimator=gae", "critic.path=org/critic",
+                                 "reward.model_path=org/rm", "reward.functions=[]"])
+    start = time.perf_counter()
+    problems, warnings = source_checks.check_model_sources(cfg, "rl")
+    assert time.perf_counter() - start < source_checks.HUB_PROBE_TIMEOUT_S + 1 and len(calls) == 1
+    assert [str(p).split(" is a ")[0] for p in problems] == [f"model.path={HUB_ID}", "critic.path=org/critic",
+                                                             "reward.model_path=org/rm"]
+    assert "the hub cannot be reached (http://127.0.0.1:" in str(problems[0]) and not warnings
+    assert "set critic.path to a local folder" in str(problems[1])
+
+
+def test_cached_hub_id_passes_offline_and_warns_when_the_hub_is_unreachable(empty_hub_cache, monkeypatch):
+    from verl.config import load_config
+    from verl.trainer.source_checks import check_model_sources
+
+    (empty_hub_cache / "models--Qwen--Qwen2.5-0.5B-Instruct" / "snapshots" / "abc").mkdir(parents=True)
+    cfg = load_config(overrides=[f"model.path={HUB_ID}"])
+    problems, warnings = check_model_sources(cfg, "rl")
+    assert not problems and len(warnings) == 1 and "Fix: set HF_HUB_OFFLINE=1" in str(warnings[0])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert check_model_sources(cfg, "rl") == ([], [])
+
+
+def test_local_paths_and_tiny_are_never_probed(tmp_path, monkeypatch):
+    from verl.config import load_config
+    from verl.trainer import source_checks
+
+    monkeypatch.setattr(source_checks, "probe_hub", lambda *a, **k: pytest.fail("probed the hub"))
+    (tmp_path / "org" / "model").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(overrides=["model.path=org/model", "ref.path=tiny:llama", "actor.kl_loss_coef=0.1",
+                                 f"model.tokenizer_path={tmp_path}"])
+    assert source_checks.check_model_sources(cfg, "rl") == ([], [])
