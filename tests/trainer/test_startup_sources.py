@@ -109,3 +109,43 @@ def test_local_paths_and_tiny_are_never_probed(tmp_path, monkeypatch):
     cfg = load_config(overrides=["model.path=org/model", "ref.path=tiny:llama", "actor.kl_loss_coef=0.1",
                                  f"model.tokenizer_path={tmp_path}"])
     assert source_checks.check_model_sources(cfg, "rl") == ([], [])
+
+
+def test_run_dir_under_a_file_is_a_start_up_problem(tmp_path, capsys):
+    """`verl train` with a run folder that cannot be created stops at start-up with the folder and the fix,
+    not with a traceback from the first write after the model loaded."""
+    from verl.cli.main import main
+
+    (tmp_path / "prompts.jsonl").write_text("".join(f'{{"prompt": "{a}+1=", "ground_truth": "{a + 1}"}}\n'
+                                                    for a in range(4)), encoding="utf-8")
+    (tmp_path / "afile").write_text("x", encoding="utf-8")
+    assert main(["train", "model.path=tiny", f"data.train_files=[{tmp_path / 'prompts.jsonl'}]",
+                 "data.train_batch_size=4", "reward.functions=[{name: numeric_match}]", "trainer.total_steps=1",
+                 f"trainer.run_dir={tmp_path / 'afile' / 'run'}", "trainer.resume=never"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error (ConfigError): start-up checks failed (nothing was loaded)")
+    assert (f"trainer.run_dir={tmp_path / 'afile' / 'run'} cannot be created: {tmp_path / 'afile'} is a file, "
+            "not a folder. Fix: set trainer.run_dir to a folder you can write") in err
+
+
+def test_run_dir_check_leaves_nothing_behind(tmp_path):
+    from verl.config import load_config
+    from verl.trainer.startup import check_run_dir
+
+    assert check_run_dir(load_config(overrides=[f"trainer.run_dir={tmp_path / 'a' / 'b'}"])) == []
+    assert list(tmp_path.iterdir()) == []  # probed with a temporary folder in tmp_path, removed again
+    (tmp_path / "run").mkdir()
+    assert check_run_dir(load_config(overrides=[f"trainer.run_dir={tmp_path / 'run'}"])) == []
+    assert list((tmp_path / "run").iterdir()) == []
+
+
+@pytest.mark.skipif(not Path("/sys/kernel").is_dir(), reason="needs a read-only /sys (Linux)")
+def test_run_dir_in_a_read_only_folder(tmp_path):
+    """/sys refuses new entries even for root, where a chmod-ed folder would not."""
+    from verl.config import load_config
+    from verl.trainer.startup import check_run_dir
+
+    problems = check_run_dir(load_config(overrides=["trainer.run_dir=/sys/kernel/verl-run/x"]))
+    assert len(problems) == 1 and str(problems[0]).startswith(
+        "trainer.run_dir=/sys/kernel/verl-run/x is not writable: /sys/kernel, where it would be created, refuses "
+        "new files (") and "Fix: set trainer.run_dir to a folder you can write" in str(problems[0])
