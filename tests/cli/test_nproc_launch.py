@@ -91,8 +91,10 @@ def test_missing_logging_backend_prints_once_without_spawning(tmp_path):
     with the install hint, and no worker starts (before: every worker loaded the model, then failed)."""
     backend = _missing_backend()
     cfg = _project(tmp_path, batch=4)
-    out = _verl("train", str(cfg), f"logging.backends=[{backend}]", "--nproc", "3", cwd=tmp_path)
+    out = _verl("train", str(cfg), f"logging.backends=[{backend}]", "--nproc", "2", cwd=tmp_path)
     assert out.returncode == 1
+    assert out.stderr.startswith("error (ConfigError): start-up checks failed (nothing was loaded); `verl check "
+                                 "CONFIG` lists the same 1 problem(s)"), out.stderr
     assert out.stderr.count(f"logging.backends has '{backend}' but it is not installed. Fix: pip install "
                             f"{backend}") == 1, out.stderr
     assert "Traceback" not in out.stderr and not (tmp_path / "run").exists()
@@ -102,8 +104,10 @@ def test_offline_hub_id_prints_once_without_spawning(tmp_path):
     """Under --nproc the hub probe runs in the launching process only: one message, in seconds."""
     cfg = _project(tmp_path, batch=4, model="Qwen/Qwen2.5-0.5B-Instruct")
     env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    out = _verl("train", str(cfg), "--nproc", "3", cwd=tmp_path, env=env, timeout=120)
+    out = _verl("train", str(cfg), "--nproc", "2", cwd=tmp_path, env=env, timeout=120)
     assert out.returncode == 1
+    assert out.stderr.startswith("error (ModelError): start-up checks failed (nothing was loaded); `verl check "
+                                 "CONFIG` lists the same 1 problem(s)"), out.stderr
     assert out.stderr.count("model.path=Qwen/Qwen2.5-0.5B-Instruct is a Hugging Face hub id that is not on "
                             "this machine") == 1, out.stderr
     assert "huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct" in out.stderr
