@@ -149,3 +149,28 @@ def test_run_dir_in_a_read_only_folder(tmp_path):
     assert len(problems) == 1 and str(problems[0]).startswith(
         "trainer.run_dir=/sys/kernel/verl-run/x is not writable: /sys/kernel, where it would be created, refuses "
         "new files (") and "Fix: set trainer.run_dir to a folder you can write" in str(problems[0])
+
+
+def test_a_proxy_error_counts_as_unreachable_and_a_missing_repo_does_not(monkeypatch):
+    """A proxy in front of no network answers 502/503; a 404/401 is the hub itself (the loader explains it)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from verl.trainer.source_checks import probe_hub
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_HEAD(self):  # noqa: N802
+            self.send_response(503 if "proxy" in self.path else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+        assert "HTTP 503" in probe_hub("proxy/model")
+        assert probe_hub("org/missing") is None
+    finally:
+        server.shutdown()

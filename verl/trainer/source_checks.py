@@ -80,19 +80,17 @@ def hub_endpoint() -> str:
 
 
 def probe_hub(repo_id: str, revision: str | None = None, *, timeout: float = HUB_PROBE_TIMEOUT_S) -> str | None:
-    """None when the hub answers (any HTTP status: a gated or missing repo is the loader's to explain), else
-    why it cannot be reached. One HEAD request, no retries."""
+    """None when the hub answers (below 500: a gated or missing repo is the loader's to explain), else why it
+    cannot be reached. One HEAD request, no retries."""
     url = f"{hub_endpoint()}/{repo_id}/resolve/{revision or 'main'}/config.json"
     try:
         with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout):
             return None
-    except urllib.error.HTTPError:
-        return None
-    except TimeoutError:
-        return f"{hub_endpoint()}: no answer within {timeout:g} s"
+    except urllib.error.HTTPError as exc:  # a proxy's 502/503/504 means no hub behind it
+        return f"{hub_endpoint()}: HTTP {exc.code} {exc.reason}" if exc.code >= 500 else None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
-        return f"{hub_endpoint()}: {'no answer within %g s' % timeout if isinstance(reason, TimeoutError) else reason}"
+        return f"{hub_endpoint()}: {f'no answer within {timeout:g} s' if isinstance(reason, TimeoutError) else reason}"
 
 
 def check_model_sources(config: Any, kind: str, *, policy_given: bool = False) -> tuple[list[VerlError], list[VerlError]]:
