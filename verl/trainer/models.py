@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from verl.config.schema import RunConfig
-from verl.errors import ConfigError, ModelError
+from verl.errors import ModelError
 from verl.models.checks import LoadReport
 from verl.models.hf_loader import CONFIG_KEYS, load_hf_model, load_hf_model_with_report
 from verl.models.lora import AdapterOff, apply_lora, is_peft_model
