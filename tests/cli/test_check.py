@@ -54,3 +54,5 @@ def test_check_uses_the_world_train_would_run(capsys):
     assert "run: trainer.kind=rl, 6 process(es)\n" in out and "outside the world" not in out
     main([*argv, "--nproc", "3", "--nnodes", "2"])
     assert "run: trainer.kind=rl, 6 process(es)\n" in capsys.readouterr().out
+    assert main(["check", demo_config_path(), "--nnodes", "2"]) == 1
+    assert "--nnodes 2 without --nproc" in capsys.readouterr().err
