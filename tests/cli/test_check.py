@@ -38,3 +38,21 @@ def test_impossible_mapping_is_reported_before_loading(capsys):
     assert main(["check", demo_config_path(), "--nproc", "2", "--actor_device_ids", "0,1,2"]) == 1
     out = capsys.readouterr().out
     assert "devices.actor has rank(s) [2] outside the world of 2" in out and "nothing was loaded" in out
+
+
+def test_check_uses_the_world_train_would_run(capsys):
+    """`verl check` checks the one process `verl train` would start without --nproc, so a mapping that
+    needs six processes is a problem with the launch that fixes it; `--nproc 6` checks that launch."""
+    argv = ["check", demo_config_path(), "devices.actor=[0,1,2,3,4,5]"]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "run: trainer.kind=rl, 1 process(es) (as `verl train` without --nproc" in out
+    assert ("devices.actor has rank(s) [1, 2, 3, 4, 5] outside the world of 1 process(es) (valid: 0..0). Fix: "
+            "launch 6 processes (`verl train --nproc 6`, or torchrun --nproc_per_node=6)") in out
+    main([*argv, "--nproc", "6"])
+    out = capsys.readouterr().out
+    assert "run: trainer.kind=rl, 6 process(es)\n" in out and "outside the world" not in out
+    main([*argv, "--nproc", "3", "--nnodes", "2"])
+    assert "run: trainer.kind=rl, 6 process(es)\n" in capsys.readouterr().out
+    assert main(["check", demo_config_path(), "--nnodes", "2"]) == 1
+    assert "--nnodes 2 without --nproc" in capsys.readouterr().err

@@ -33,10 +33,10 @@ def _project(tmp_path: Path, *, batch: int, model: str = "tiny") -> Path:
     return path
 
 
-def _verl(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", RANK_ERRORS_ENV)}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, "-m", "verl.cli", *args], cwd=cwd, env=env, capture_output=True,
+def _verl(*args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", RANK_ERRORS_ENV)}
+    environ.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
+    return subprocess.run([sys.executable, "-m", "verl.cli", *args], cwd=cwd, env=environ, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -75,3 +75,40 @@ def test_worker_error_prints_once_with_its_ranks(tmp_path):
     assert err.count("error (ModelError) on every rank (2): could not load the weights") == 1, err[-3000:]
     assert "could not load the weights of model" in err
     assert "Traceback" not in err and "ChildFailedError" not in err
+
+
+def _missing_backend() -> str:
+    from importlib.util import find_spec
+
+    missing = [name for name in ("wandb", "mlflow", "tensorboard") if find_spec(name) is None]
+    if not missing:
+        pytest.skip("every optional logging backend is installed here")
+    return missing[0]
+
+
+def test_missing_logging_backend_prints_once_without_spawning(tmp_path):
+    """A logging backend that is not installed is a start-up problem of the launching process: printed once
+    with the install hint, and no worker starts (before: every worker loaded the model, then failed)."""
+    backend = _missing_backend()
+    cfg = _project(tmp_path, batch=4)
+    out = _verl("train", str(cfg), f"logging.backends=[{backend}]", "--nproc", "2", cwd=tmp_path)
+    assert out.returncode == 1
+    assert out.stderr.startswith("error (ConfigError): start-up checks failed (nothing was loaded); `verl check "
+                                 "CONFIG` lists the same 1 problem(s)"), out.stderr
+    assert out.stderr.count(f"logging.backends has '{backend}' but it is not installed. Fix: pip install "
+                            f"{backend}") == 1, out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "run").exists()
+
+
+def test_offline_hub_id_prints_once_without_spawning(tmp_path):
+    """Under --nproc the hub probe runs in the launching process only: one message, in seconds."""
+    cfg = _project(tmp_path, batch=4, model="Qwen/Qwen2.5-0.5B-Instruct")
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    out = _verl("train", str(cfg), "--nproc", "2", cwd=tmp_path, env=env, timeout=120)
+    assert out.returncode == 1
+    assert out.stderr.startswith("error (ModelError): start-up checks failed (nothing was loaded); `verl check "
+                                 "CONFIG` lists the same 1 problem(s)"), out.stderr
+    assert out.stderr.count("model.path=Qwen/Qwen2.5-0.5B-Instruct is a Hugging Face hub id that is not on "
+                            "this machine") == 1, out.stderr
+    assert "huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct" in out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "run").exists()

@@ -118,7 +118,7 @@ def test_wrong_value_head_file(actor, tmp_path):
 
 
 def test_bad_inputs(tmp_path):
-    with pytest.raises(ModelError, match="could not load a critic backbone.*Fix: point critic.model.path"):
+    with pytest.raises(ModelError, match="could not load a critic backbone.*Fix: point critic.path"):
         ValueModel.from_pretrained(tmp_path)
     with pytest.raises(ModelError, match="cannot find the transformer backbone"):
         ValueModel.from_actor(torch.nn.Linear(2, 2))

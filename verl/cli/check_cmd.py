@@ -2,10 +2,13 @@
 
 The checking itself is `verl.trainer.preflight.preflight`, the function every trainer runs at start-up,
 so a config passes here exactly when training would start; this module only chooses the world size and
-device to check against and prints what the pass found.
+device to check against and prints what the pass found. The world size is the one the same command line
+would train on: `verl check cfg.yaml` checks one process, `verl check cfg.yaml --nproc 8` checks 8.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 from rich.text import Text
@@ -18,10 +21,10 @@ from verl.utils.cpu_matmul import LIBRARY_NAMES, resolve
 
 
 def default_world_size(config: RunConfig) -> int:
-    """The world `verl train` would most likely be launched with, for checking a mapping offline."""
-    d = config.devices
-    listed = [r for ranks in (d.actor, d.critic, d.ref, d.reward) if ranks for r in ranks]
-    return max([d.num_gpus_per_node or 1, *(r + 1 for r in listed)])
+    """The world `verl train` would have with the same command line: one process (or torchrun's WORLD_SIZE
+    when run under it), not what devices.* would need; a mapping that needs more is reported, with the
+    `--nproc` to launch. `config` is kept for callers that pass it."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
 def check_device_type(config: RunConfig) -> str:
@@ -30,7 +33,7 @@ def check_device_type(config: RunConfig) -> str:
 
 
 def collect(config: RunConfig, *, nproc: int | None = None) -> Preflight:
-    """The start-up pass for `config` on `nproc` processes (default: from devices.*)."""
+    """The start-up pass for `config` on `nproc` processes (default: the one `verl train` would start)."""
     return preflight(config, world_size=nproc or default_world_size(config), device_type=check_device_type(config))
 
 
@@ -58,7 +61,8 @@ def run_checks(config: RunConfig, *, nproc: int | None = None) -> int:
         if name in pf.skipped:
             console.print(f"skipped: {pf.skipped[name]}")
 
-    section(f"run: trainer.kind={pf.kind}, {pf.world_size} process(es)")
+    how = "" if nproc else " (as `verl train` without --nproc; `--nproc N` checks a launch of N)"
+    section(f"run: trainer.kind={pf.kind}, {pf.world_size} process(es){how}")
     report = pf.startup
     if report is not None:
         for role, plan in report.plans.items():

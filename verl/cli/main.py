@@ -155,7 +155,10 @@ def cmd_check(args: argparse.Namespace) -> int:
                                trust_remote_code=args.trust_remote_code, dtype=args.dtype)
     from verl.cli.check_cmd import run_checks
 
-    return run_checks(_load(args), nproc=args.nproc)
+    if args.nnodes > 1 and not args.nproc:
+        raise ConfigError(f"--nnodes {args.nnodes} without --nproc: say how many processes each node starts, as "
+                          "for `verl train`. Fix: --nproc 8 --nnodes 2.")
+    return run_checks(_load(args), nproc=args.nproc * args.nnodes if args.nproc else None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -200,7 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--trust-remote-code", action="store_true", help="(check model) allow model code")
     check.add_argument("--dtype", default="float32", help="(check model) dtype to load with")
     check.add_argument("--nproc", type=int, default=None,
-                       help="world size to check the device mapping against (default: from devices.*)")
+                       help="check the run `verl train --nproc N` would start (default: 1 process, as `verl "
+                       "train` without --nproc)")
+    check.add_argument("--nnodes", type=int, default=1, help="(with --nproc) number of nodes, as for `verl train`")
     check.set_defaults(func=cmd_check)
 
     from verl.cli import ckpt_cmd, data_cmd, doctor

@@ -103,6 +103,17 @@ def _get(devices: Any, name: str, default: Any = None) -> Any:
     return getattr(devices, name, default)
 
 
+def _launch_fix(ranks: list[Any], nodes: int) -> str:
+    """How to launch the world these ranks need: the `verl train --nproc` flag, per node."""
+    valid = [r for r in ranks if isinstance(r, int) and not isinstance(r, bool) and r >= 0]
+    if not valid:
+        return "launch more processes (verl train --nproc N, or torchrun --nproc_per_node=N)"
+    per_node = -(-(max(valid) + 1) // max(1, nodes))
+    where = f" on each of {nodes} nodes" if nodes > 1 else ""
+    return (f"launch {per_node} processes{where} (`verl train --nproc {per_node}`, or torchrun "
+            f"--nproc_per_node={per_node})")
+
+
 def validate_device_mapping(
     devices: Any,
     *,
@@ -163,7 +174,7 @@ def validate_device_mapping(
             problems.append(
                 f"devices.num_gpus_per_node={gpn} x {nodes} node(s) = {gpn * nodes} ranks, but {world_size} "
                 f"processes were launched. Fix: set devices.num_gpus_per_node={per_node} or launch "
-                f"torchrun --nproc_per_node={gpn}."
+                f"`verl train --nproc {gpn}` (or torchrun --nproc_per_node={gpn})."
             )
 
     # --- each role's rank list ------------------------------------------------------------------
@@ -195,8 +206,7 @@ def validate_device_mapping(
         if bad:
             problems.append(
                 f"devices.{role} has rank(s) {bad} outside the world of {world_size} process(es) (valid: 0.."
-                f"{world_size - 1}). Fix: use ranks below {world_size} or launch more processes "
-                f"(torchrun --nproc_per_node)."
+                f"{world_size - 1}). Fix: {_launch_fix(ranks, nodes)}, or use ranks below {world_size}."
             )
         dupes = sorted({r for r in ranks if ranks.count(r) > 1}, key=str)
         if dupes:

@@ -120,13 +120,17 @@ class ValueModel(nn.Module):
     def from_pretrained(cls, path: str | os.PathLike, dtype: torch.dtype | str = torch.float32, *,
                         attn_implementation: str | None = None, trust_remote_code: bool = False,
                         revision: str | None = None) -> ValueModel:
-        """Load the backbone of a causal LM (or a saved critic) from ``path``; loads the head if saved there."""
+        """Load the backbone of a causal LM (or a saved critic) from ``path``; loads the head if saved there.
+        ``tiny[:...]`` is built locally, as for ``model.path``."""
         from transformers import AutoModel
 
         from verl.models.hf_loader import check_remote_code, quiet_hf_progress
+        from verl.models.tiny import build_from_spec, is_tiny_spec
         from verl.utils.dtype import resolve_dtype
 
         path = os.fspath(path)
+        if is_tiny_spec(path):
+            path = build_from_spec(path, key="critic.path")
         torch_dtype = resolve_dtype(dtype, where="critic dtype")
         check_remote_code(path, trust_remote_code)
         kwargs: dict[str, Any] = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code,
@@ -138,7 +142,7 @@ class ValueModel(nn.Module):
                 backbone = AutoModel.from_pretrained(path, **kwargs)
         except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
             raise ModelError(f"could not load a critic backbone from {path!r}: {type(exc).__name__}: {exc}. "
-                             "Fix: point critic.model.path at a causal-LM directory (config.json + "
+                             "Fix: point critic.path at a causal-LM directory (config.json + "
                              "safetensors) or a critic saved with ValueModel.save_pretrained.") from exc
         model = cls(backbone)
         head = Path(path) / VALUE_HEAD_FILE

@@ -43,7 +43,11 @@ class RewardModelScorer:
         else:
             from transformers import AutoModelForSequenceClassification
 
+            from verl.models.tiny import build_from_spec, is_tiny_spec
+
             source = os.fspath(path_or_model)
+            if is_tiny_spec(source):  # `tiny[:...]`, built locally with a one-label score head
+                source = build_from_spec(source, key="reward.model_path", reward=True)
             check_remote_code(source, trust_remote_code)
             try:
                 with quiet_hf_progress():
@@ -52,7 +56,7 @@ class RewardModelScorer:
                         trust_remote_code=trust_remote_code)
             except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
                 raise ModelError(f"could not load reward model {source!r} as a sequence-classification model: "
-                                 f"{type(exc).__name__}: {exc}. Fix: point reward_model.path at a directory "
+                                 f"{type(exc).__name__}: {exc}. Fix: point reward.model_path at a directory "
                                  "saved from AutoModelForSequenceClassification (num_labels=1).") from exc
             if tokenizer is None:
                 tokenizer = load_tokenizer(source, trust_remote_code=trust_remote_code)

@@ -421,9 +421,33 @@ def build_tiny_reward_model(
     return _build(params, path)
 
 
+def is_tiny_spec(path: str | os.PathLike | None) -> bool:
+    """`tiny` or `tiny:...`: a model built here instead of read from a folder or the hub."""
+    return isinstance(path, str) and (path == "tiny" or path.startswith("tiny:"))
+
+
+def build_from_spec(spec: str, *, key: str = "model.path", reward: bool = False) -> str:
+    """The folder of the tiny model `tiny[:arch[:hidden[:layers]]]` names, so every config key that takes a
+    model path (policy, reference, critic, reward model) accepts the same offline stand-in; `reward=True`
+    builds it with a one-label sequence-classification head, which a reward model needs."""
+    from verl.errors import ConfigError
+
+    parts = spec.split(":")[1:]
+    try:
+        sizes = [int(p) for p in parts[1:3]]
+    except ValueError:
+        raise ConfigError(f"{key}={spec!r}: expected tiny[:arch[:hidden_size[:num_layers]]], e.g. "
+                          "tiny:qwen2:128:2") from None
+    kwargs = dict(zip(("hidden_size", "num_layers"), sizes, strict=False))
+    build = build_tiny_reward_model if reward else build_tiny_model
+    return build(arch=parts[0] if parts else "qwen2", seed=0, **kwargs)
+
+
 __all__ = [
+    "build_from_spec",
     "build_tiny_model",
     "build_tiny_reward_model",
+    "is_tiny_spec",
     "SAMPLE_STRINGS",
     "CHATML_TEMPLATE",
     "ENDOFTEXT",

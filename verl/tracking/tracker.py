@@ -29,6 +29,18 @@ def _missing(backend: str) -> ConfigError:
                        f"or remove {backend!r} from logging.backends")
 
 
+def backend_problems(backends: Iterable[str]) -> list[ConfigError]:
+    """Unknown backends and optional ones that are not installed, found without importing them (wandb
+    alone takes seconds), so the start-up checks report them once, before any process starts."""
+    from importlib.util import find_spec
+
+    names = list(dict.fromkeys(backends))
+    unknown = [b for b in names if b not in KNOWN_BACKENDS]
+    problems = [ConfigError(f"logging.backends: unknown backend(s) {unknown}; choose from {list(KNOWN_BACKENDS)}")
+                ] if unknown else []
+    return problems + [_missing(b) for b in names if b in INSTALL_HINTS and find_spec(b) is None]
+
+
 def rotate(path: Path) -> Path | None:
     """Move a non-empty `path` to the first free `path.1`, `path.2`, ...; returns where it went."""
     if not path.is_file() or path.stat().st_size == 0:
@@ -85,9 +97,9 @@ class Tracker:
         console_file: IO[str] | None = None,
     ) -> None:
         self.backends = list(dict.fromkeys(backends))
-        unknown = [b for b in self.backends if b not in KNOWN_BACKENDS]
+        unknown = backend_problems(b for b in self.backends if b not in KNOWN_BACKENDS)
         if unknown:
-            raise ConfigError(f"logging.backends: unknown backend(s) {unknown}; choose from {list(KNOWN_BACKENDS)}")
+            raise unknown[0]
         self.enabled = enabled
         self.run_dir = Path(run_dir)
         self.total_steps = total_steps

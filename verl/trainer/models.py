@@ -12,26 +12,17 @@ from typing import Any
 import torch
 
 from verl.config.schema import RunConfig
-from verl.errors import ConfigError, ModelError
+from verl.errors import ModelError
 from verl.models.checks import LoadReport
 from verl.models.hf_loader import CONFIG_KEYS, load_hf_model, load_hf_model_with_report
 from verl.models.lora import AdapterOff, apply_lora, is_peft_model
-from verl.models.tiny import build_tiny_model
+from verl.models.tiny import build_from_spec, is_tiny_spec
 from verl.utils.cpu_matmul import resolve, use_cpu_matmul
 
 
-def resolve_model_path(path: str) -> str:
-    """`model.path`, where `tiny[:arch[:hidden[:layers]]]` is built locally (tests, the demo, offline use)."""
-    if path != "tiny" and not path.startswith("tiny:"):
-        return path
-    parts = path.split(":")[1:]
-    try:
-        sizes = [int(p) for p in parts[1:3]]
-    except ValueError:
-        raise ConfigError(f"model.path={path!r}: expected tiny[:arch[:hidden_size[:num_layers]]], e.g. "
-                          "tiny:qwen2:128:2") from None
-    kwargs = dict(zip(("hidden_size", "num_layers"), sizes, strict=False))
-    return build_tiny_model(arch=parts[0] if parts else "qwen2", seed=0, **kwargs)
+def resolve_model_path(path: str, *, key: str = "model.path", reward: bool = False) -> str:
+    """`path`, where `tiny[:arch[:hidden[:layers]]]` is built locally (tests, the demo, offline use)."""
+    return build_from_spec(path, key=key, reward=reward) if is_tiny_spec(path) else path
 
 
 def load_policy_with_report(config: RunConfig, model_path: str, *, device: torch.device, dtype: torch.dtype,
@@ -101,7 +92,7 @@ def build_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any, 
         return AdapterOff(policy) if is_peft_model(policy) else frozen(copy.deepcopy(policy))
     cfg = config.model
     ref, ref_tokenizer = load_hf_model(
-        resolve_model_path(path), attn_implementation=cfg.attn_implementation, torch_dtype=dtype,
+        resolve_model_path(path, key="ref.path"), attn_implementation=cfg.attn_implementation, torch_dtype=dtype,
         trust_remote_code=cfg.trust_remote_code, device=device, for_training=False)
     if ref_tokenizer.get_vocab() != tokenizer.get_vocab():
         raise ModelError(f"ref.path={path!r} has a different tokenizer from model.path={cfg.path!r}, so its "

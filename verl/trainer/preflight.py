@@ -2,8 +2,8 @@
 
 `preflight()` collects problems instead of raising them, section by section, cheapest first:
 
-1. start-up (no weights): model path spec, device mapping, batch arithmetic, FSDP rules, memory estimate,
-   a stale `latest` checkpoint pointer;
+1. start-up (no weights): model path spec, hub ids neither cached nor reachable, device mapping, batch
+   arithmetic, FSDP rules, memory estimate, a stale `latest` checkpoint pointer;
 2. tokenizer: loaded once (the trainer keeps it); a `model.tokenizer_path` whose vocabulary differs from
    the model's own tokenizer is refused unless `model.allow_tokenizer_mismatch` (then a warning);
 3. model: the policy built by the loader training uses, but on the meta device, with every model and
@@ -36,6 +36,7 @@ from verl.rewards import RewardManager
 from verl.trainer.data_split import DATA_KINDS, DataSplit, canonical_rows, split_train_val
 from verl.trainer.models import load_policy_with_report, resolve_model_path
 from verl.trainer.setup import run_dtype
+from verl.trainer.source_checks import check_model_sources
 from verl.trainer.startup import VAL_ONLY_NEEDS_ROWS, StartupReport, check_startup
 
 
@@ -123,6 +124,11 @@ def preflight(config: RunConfig, *, world_size: int, device_type: str, kind: str
         pf.model_path = resolve_model_path(config.model.path)
     except VerlError as exc:
         pf.add("start-up", exc)
+    source_problems, source_warnings = check_model_sources(config, pf.kind, policy_given=given.model is not None)
+    for exc in source_problems:
+        pf.add("start-up", exc)
+    for exc in source_warnings:
+        pf.warn("start-up", exc)
     pf.startup = check_startup(config, world_size=world_size, model_path=pf.model_path, device_type=device_type,
                                kind=pf.kind, runs_split_placements=runs_split_placements)
     for exc in pf.startup.problems:

@@ -1,13 +1,14 @@
 """Start-up validation shared by every trainer and by `verl check`: one check, one place.
 
 Everything here runs before any weights load: batch arithmetic, the role -> device mapping, the FSDP
-option rules and a memory estimate from parameter counts (read off the model config on the meta
+option rules, the logging backends, a writable run folder and a memory estimate from parameter counts (read off the model config on the meta
 device). A run that cannot work fails in seconds with every problem listed, not after the model loaded.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from verl.distributed.memory import estimate_memory
 from verl.env.registry import SELF_CONTAINED_ENVS
 from verl.errors import ConfigError, DeviceMappingError, VerlError
 from verl.rollout.engine_check import check_rollout_engine
+from verl.tracking.tracker import backend_problems
 from verl.trainer.batch_math import plan_rl
 from verl.trainer.lora_checks import check_lora, memory_counts, uses_lora
 from verl.trainer.setup import run_dtype
@@ -164,6 +166,27 @@ def check_response_length(config: RunConfig, kind: str) -> list[VerlError]:
                         "remove data.max_response_length")]
 
 
+def check_run_dir(config: RunConfig) -> list[VerlError]:
+    """The run folder must be creatable and writable: found here, not as a traceback from the first write
+    after the model loaded (or once per rank). Only a temporary folder is created, and removed, so a check
+    leaves nothing behind."""
+    given = config.trainer.run_dir
+    target = Path(given or "runs").expanduser()  # without run_dir: runs/<kind>-<time> (resolve_run_dir)
+    key = f"trainer.run_dir={given}" if given else "the default run folder runs/<kind>-<time> (trainer.run_dir unset)"
+    fix = "Fix: set trainer.run_dir to a folder you can write (e.g. under your home or scratch space)"
+    existing = target.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return [ConfigError(f"{key} cannot be created: {existing} is a file, not a folder. {fix}, or move that file")]
+    try:
+        tempfile.TemporaryDirectory(dir=existing, prefix=".verl-write-check-").cleanup()
+    except OSError as exc:
+        what = "the run folder" if existing == target.absolute() else f"{existing}, where it would be created,"
+        return [ConfigError(f"{key} is not writable: {what} refuses new files ({exc.strerror or exc}). {fix}")]
+    return []
+
+
 def check_startup(config: RunConfig, *, world_size: int, model_path: str | None = None,
                   device_type: str | None = None, kind: str | None = None,
                   runs_split_placements: bool | None = None) -> StartupReport:
@@ -218,6 +241,7 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
         problems.append(exc)
     problems += check_demo_env(config) + check_env_data(config, kind) + check_response_length(config, kind)
     problems += check_overlong_buffer(config) + check_val_n(config) if kind == "rl" else []
+    problems += backend_problems(config.logging.backends) + check_run_dir(config)
     lora = check_lora(config, model_path=model_path, mapping=report.mapping, kind=kind)
     problems += lora.problems
     report.parameters = lora.counts
