@@ -49,7 +49,7 @@ def test_offline_hub_id_fails_in_seconds_with_the_fix(empty_hub_cache, monkeypat
     import time
 
     from verl.cli.main import main
-    from verl.trainer.demo import demo_config_path
+    from verl.demos.arithmetic import demo_config_path
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     start = time.perf_counter()
