@@ -77,6 +77,8 @@ BAD = {
     "sft data file missing": lambda tmp: ["trainer.kind=sft", *_data_overrides(tmp, tmp / "missing.jsonl")],
     "dpo bad dtype": lambda tmp: ["trainer.kind=dpo", "model.dtype=float8",
                                   *_data_overrides(tmp, tmp / "missing.jsonl")],
+    "sft steps and epochs": lambda tmp: ["trainer.kind=sft", "sft.steps=3", "sft.epochs=1"],
+    "dpo label smoothing": lambda tmp: ["trainer.kind=dpo", "dpo.label_smoothing=0.1", "dpo.loss_type=ipo"],
     "several at once": lambda tmp: ["actor.mini_batch_size=8", *_data_overrides(tmp, tmp / "missing.jsonl"),
                                     "reward.functions=[{name: numeric_mach}]"],
 }

@@ -36,9 +36,9 @@ def warm_start_until(trainer: RLTrainer, target: float, max_steps: int, chunk: i
     """SFT (with `SFTTrainer`) in chunks until greedy accuracy on `PROBE_SIZE` *training* problems that the
     warm start does not train on reaches `target`, or `max_steps`. Probing training problems keeps the
     held-out set untouched; probing ones it does not learn by heart measures the skill, so RL starts from
-    a similar competence for every seed (probed on the problems it trained on, one seed stopped at 18%
-    held-out and ended below the demo's bar). Accuracy climbs steeply once the format is learnt, so it is
-    checked every `chunk` (10) steps: with 25, one seed stopped at 52% held-out and left RL little to gain."""
+    a similar competence for every seed (probed on the problems it trained on, a seed could stop far lower
+    held-out and end below the demo's bar). Accuracy climbs steeply once the format is learnt, so it is
+    checked every `chunk` (10) steps: checked more rarely, it can overshoot and leave RL little to gain."""
     if not callable(getattr(trainer.env, "sft_pairs", None)):
         raise ConfigError(f"trainer.demo=arithmetic warm-starts on the environment's sft_pairs(), which "
                           f"{type(trainer.env).__name__} does not have; use env.name: arithmetic, or remove "

@@ -31,10 +31,9 @@ from verl.trainer.rl_trainer import RLTrainer
 # The warm start's episodes: a handful, from the training split only.
 DEFAULT_SFT_EPISODES = 64
 # The warm start stops once greedy episodes answer this share of PROBE_PROBLEMS other *training* problems,
-# checked every SFT_CHECK_EVERY steps. Copying the operands and then the result is learnt abruptly (0% to
-# 50-80% within 10-25 steps), so it lands at 20-60% held-out; run to its budget (150 steps) it reached
-# 52-86%, which left RL too little to gain. Stopped on correct tool calls alone (before the copy; seed 3,
-# sft.lr 1e-3) the policy was still too flat for sampling at temperature 1 and GRPO collapsed to 0%.
+# checked every SFT_CHECK_EVERY steps. Copying the operands and then the result is learnt abruptly, so it is
+# checked often; run to its whole budget the warm start leaves RL too little to gain. Stopped on correct tool
+# calls alone (before the copy) the policy is still too flat for sampling at temperature 1 and GRPO collapses.
 SFT_TARGET_ACCURACY = 0.2
 SFT_CHECK_EVERY = 5
 PROBE_PROBLEMS = 64

@@ -21,7 +21,6 @@ import torch
 from verl.algorithms import dpo_loss, token_logprobs
 from verl.config.schema import RunConfig
 from verl.data.datasets import IGNORE_INDEX, PreferenceDataset, pad_token_id
-from verl.errors import ConfigError
 from verl.models.lora import is_peft_model
 from verl.trainer.forward import can_share_prompt, shared_prompt_logits
 from verl.trainer.models import build_reference
@@ -115,9 +114,6 @@ class DPOTrainer(OfflineTrainer):
     ) -> None:
         super().__init__(config, model=model, tokenizer=tokenizer, rows=train_rows, val_rows=val_rows)
         p, d = config.dpo, config.data
-        if p.label_smoothing and p.loss_type != "sigmoid":
-            raise ConfigError(f"dpo.label_smoothing={p.label_smoothing} only applies to dpo.loss_type=sigmoid, "
-                              f"not {p.loss_type!r}; set dpo.label_smoothing=0")
         self.pad_id = pad_token_id(self.tokenizer)
         train, val = self.train_val_rows(train_rows, val_rows)
         self.boundary_mismatch: dict[str, int] = {}

@@ -164,9 +164,6 @@ class SFTTrainer(OfflineTrainer):
         super().__init__(config, model=model, tokenizer=tokenizer,
                          rows=train_examples if train_examples is not None else train_rows, val_rows=val_rows)
         s, d = config.sft, config.data
-        if s.steps is not None and s.epochs is not None:
-            raise ConfigError(f"sft.steps={s.steps} and sft.epochs={s.epochs} are both set; set only one "
-                              "(or neither, to train for trainer.total_steps)")
         self.pad_id = pad_token_id(self.tokenizer)
         self.boundary_mismatch: dict[str, int] = {}
         self.train_data = self.val_data = None

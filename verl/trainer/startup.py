@@ -142,6 +142,19 @@ def check_overlong_buffer(config: RunConfig) -> list[VerlError]:
                         f"{length}, or set 0 to turn it off")]
 
 
+def check_offline_options(config: RunConfig, kind: str) -> list[VerlError]:
+    """SFT/DPO options that contradict each other, refused before the model loads."""
+    problems: list[VerlError] = []
+    s, p = config.sft, config.dpo
+    if kind == "sft" and s.steps is not None and s.epochs is not None:
+        problems.append(ConfigError(f"sft.steps={s.steps} and sft.epochs={s.epochs} are both set; set only one "
+                                    "(or neither, to train for trainer.total_steps)"))
+    if kind == "dpo" and p.label_smoothing and p.loss_type != "sigmoid":
+        problems.append(ConfigError(f"dpo.label_smoothing={p.label_smoothing} only applies to dpo.loss_type=sigmoid, "
+                                    f"not {p.loss_type!r}; set dpo.label_smoothing=0"))
+    return problems
+
+
 def check_val_n(config: RunConfig) -> list[VerlError]:
     """Several answers per held-out prompt only differ when validation samples."""
     if config.rollout.val_n == 1 or config.rollout.val_temperature > 0:
@@ -240,6 +253,7 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
     except VerlError as exc:
         problems.append(exc)
     problems += check_demo_env(config) + check_env_data(config, kind) + check_response_length(config, kind)
+    problems += check_offline_options(config, kind)
     problems += check_overlong_buffer(config) + check_val_n(config) if kind == "rl" else []
     problems += backend_problems(config.logging.backends) + check_run_dir(config)
     lora = check_lora(config, model_path=model_path, mapping=report.mapping, kind=kind)
