@@ -55,8 +55,13 @@ def split_legacy_flags(argv: Sequence[str], origins: dict[str, str] | None = Non
         name, eq, inline = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
         key = LEGACY_FLAGS.get(name.replace("-", "_")) if name else None
         if key is None:
-            # a `key=value` override that argparse left behind after a legacy flag
-            (overrides if not arg.startswith("-") and "=" in arg else rest).append(arg)
+            # a `key=value` override typed among the flags: it keeps its place, so the last one wins
+            if not arg.startswith("-") and "=" in arg:
+                overrides.append(arg)
+                if origins is not None and arg.partition("=")[0].strip():
+                    origins[arg.partition("=")[0].strip()] = arg
+            else:
+                rest.append(arg)
             i += 1
             continue
         if eq:
@@ -179,7 +184,9 @@ def load_config(
 ) -> RunConfig:
     """YAML file (optional) + `key=value` overrides + legacy `--flags` -> RunConfig.
 
-    Later sources win: YAML < legacy flags < dotted overrides.
+    Later sources win: YAML < `legacy_argv` < `overrides`. Within `legacy_argv` (the command line as typed:
+    legacy flags and `key=value` items mixed, which is how `verl train` passes it) the last setting of a key
+    wins, whether a flag or a `key=value` set it.
     """
     tree = read_yaml(path) if path is not None else {}
     origins: dict[str, str] = {}  # dotted key -> what set it on the command line
