@@ -13,6 +13,8 @@ from verl.rewards import BUILTIN_REWARDS
 from verl.trainer import fsdp_sft_trainer
 from verl.trainer.main_ppo import main
 
+ARR = "actor_rollout_ref"
+
 # verl's GSM8K GRPO example, shortened
 VERL_GRPO = [
     "algorithm.adv_estimator=grpo", "data.train_files=train.jsonl", "data.train_batch_size=8",
@@ -32,9 +34,9 @@ def test_a_verl_command_becomes_ours_where_the_meaning_is_the_same():
     ours = dict(item.split("=", 1) for item in t.ours)
     assert ours["model.path"] == "tiny" and ours["actor.lr"] == "1e-6" and ours["rollout.n"] == "4"
     assert ours["rollout.max_new_tokens"] == "16" and "data.max_response_length" not in ours  # verl's meaning
-    # truncation=left as ours, then filter_overlong_prompts' drop after it, so it wins (verl filters first)
-    assert [i for i in t.ours if i.startswith("data.truncation=")] == ["data.truncation=truncate_left",
-                                                                          "data.truncation=drop"]
+    # filter_overlong_prompts' drop wins over truncation=left (verl filters first), and the key appears once
+    assert [i for i in t.ours if i.startswith("data.truncation=")] == ["data.truncation=drop"]
+    assert len({i.partition("=")[0] for i in t.ours}) == len(t.ours)
     assert ours["rollout.engine"] == "vllm"
     assert ours["actor.mini_batch_size"] == "4" and ours["actor.micro_batch_size"] == "8"
     assert ours["actor.kl_loss_coef"] == "0.01" and ours["actor.kl_loss_type"] == "low_var_kl"
@@ -87,14 +89,17 @@ def test_our_keys_are_known_by_the_schema():
     assert not is_our_key("actor.optim.lr") and not is_our_key("actor") and not is_our_key("nope.lr")
 
 
-def test_main_ppo_prints_the_run_and_starts_nothing(capsys):
-    assert main(VERL_GRPO) == 2
-    err = capsys.readouterr().err
-    assert "Nothing was started" in err and "verl train --nproc 2 " in err and "actor.lr=1e-6" in err
-    assert "trainer.total_epochs=3  ->  trainer.total_steps" in err and "gpu_memory_utilization=0.6" in err
+def test_main_ppo_prints_the_run_on_stdout_and_starts_nothing(capsys):
+    assert main(VERL_GRPO) == 0
+    captured = capsys.readouterr()
+    command, cpu = captured.out.splitlines()
+    assert command.startswith("verl train --nproc 2 ") and "actor.lr=1e-6" in command
+    assert cpu.startswith("# try it on this CPU: verl train --nproc 1 ") and "model.path=tiny" in cpu
+    assert "Nothing was started" in captured.err and "gpu_memory_utilization=0.6" in captured.err
+    assert "trainer.total_epochs=3  ->  trainer.total_steps" in captured.err
     out = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", "actor_rollout_ref.model.path=tiny"],
                          capture_output=True, text=True)
-    assert out.returncode == 2 and "verl train model.path=tiny" in out.stderr
+    assert out.returncode == 0 and out.stdout.startswith("verl train model.path=tiny")
 
 
 def test_a_verl_sft_command_becomes_an_sft_run_here(capsys, monkeypatch):
@@ -116,10 +121,10 @@ def test_a_verl_sft_command_becomes_an_sft_run_here(capsys, monkeypatch):
     chat = translate_sft(["data.multiturn.enable=true", "data.multiturn.messages_key=conversation"])
     assert "data.fields.messages=conversation" in chat.ours
     monkeypatch.setenv("RANK", "1")  # under torchrun only rank 0 prints
-    assert fsdp_sft_trainer.main(items) == 2 and capsys.readouterr().err == ""
+    assert fsdp_sft_trainer.main(items) == 0 and capsys.readouterr() == ("", "")
     monkeypatch.setenv("RANK", "0")
-    assert fsdp_sft_trainer.main(items) == 2
-    assert "verl train trainer.kind=sft data.kind=sft" in capsys.readouterr().err
+    assert fsdp_sft_trainer.main(items) == 0
+    assert capsys.readouterr().out.startswith("verl train trainer.kind=sft data.kind=sft")
 
 
 def test_dapos_overlong_buffer_is_one_setting_here():
@@ -135,3 +140,78 @@ def test_gspo_is_the_sequence_importance_ratio_here():
     assert t.ours == ["actor.importance_sampling=sequence", "rollout.engine=vllm"]
     assert translate(["actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov"]).decide[0][1].startswith(
         "actor.importance_sampling")
+
+
+def _ours(t):
+    return dict(item.split("=", 1) for item in t.ours)
+
+
+def test_verls_minus_one_for_off_is_our_nearest_setting_with_a_note():
+    t = translate(["trainer.save_freq=-1", "trainer.test_freq=-1", "actor_rollout_ref.rollout.top_k=-1",
+                   "actor_rollout_ref.actor.tis_imp_ratio_cap=-1"])
+    assert _ours(t) == {"checkpoint.save_interval": "0", "trainer.val_every": "0", "rollout.top_k": "0",
+                        "actor.tis_cap": "null"}
+    assert [theirs for theirs, _ in t.notes] == ["trainer.save_freq=-1", "trainer.test_freq=-1",
+                                                 "actor_rollout_ref.rollout.top_k=-1",
+                                                 "actor_rollout_ref.actor.tis_imp_ratio_cap=-1"]
+    assert "final step still saves" in t.notes[0][1]
+    config = load_config(None, t.ours)
+    assert config.checkpoint.save_interval == 0 and config.actor.tis_cap is None
+    assert _ours(translate(["trainer.save_freq=20"]))["checkpoint.save_interval"] == "20" and not translate(
+        ["trainer.save_freq=20"]).notes
+
+
+def test_the_dapo_recipes_overlong_buffer_cfg_is_the_same_setting():
+    cfg = "+reward_model.reward_kwargs.overlong_buffer_cfg"
+    t = translate([f"{cfg}.enable=True", f"{cfg}.len=4096", f"{cfg}.penalty_factor=0.5", f"{cfg}.log=False",
+                   "+reward_model.reward_kwargs.max_resp_len=8192", "data.max_response_length=8192"])
+    assert _ours(t) == {"algorithm.overlong_buffer": "4096", "algorithm.overlong_penalty": "0.5",
+                        "rollout.max_new_tokens": "8192", **{k: v for k, v in _ours(t).items()
+                                                             if k.startswith("reward.")}}
+    assert t.missing == [f"{cfg}.log=False"] and all("max_resp_len" not in theirs for theirs, _ in t.decide)
+    other = translate([f"{cfg}.enable=True", f"{cfg}.len=16", "+reward_model.reward_kwargs.max_resp_len=64",
+                       "data.max_response_length=32"])
+    assert any(theirs == "reward_model.reward_kwargs.max_resp_len=64" for theirs, _ in other.decide)
+
+
+def test_a_key_given_twice_is_emitted_once_with_the_last_value():
+    t = translate(["reward_model.overlong_buffer.enable=True", "reward_model.overlong_buffer.len=8",
+                   "+reward_model.reward_kwargs.overlong_buffer_cfg.len=16", "actor_rollout_ref.rollout.n=4",
+                   "rollout.n=8", "data.truncation=left", "data.filter_overlong_prompts=True"])
+    keys = [item.partition("=")[0] for item in t.ours]
+    assert len(keys) == len(set(keys))
+    assert _ours(t)["algorithm.overlong_buffer"] == "16" and _ours(t)["rollout.n"] == "8"
+    assert _ours(t)["data.truncation"] == "drop"
+
+
+def test_lr_warmup_steps_ratio_becomes_a_count_of_steps():
+    ratio = f"{ARR}.actor.optim.lr_warmup_steps_ratio=0.1"
+    t = translate([ratio, "trainer.total_training_steps=200", "critic.optim.lr_warmup_steps_ratio=0.05"])
+    assert _ours(t)["actor.warmup_steps"] == "20" and _ours(t)["critic.warmup_steps"] == "10"
+    assert _ours(t)["trainer.total_steps"] == "200" and t.notes[0][0] == ratio
+    unknown_length = translate([ratio, "trainer.total_epochs=2"])
+    assert "actor.warmup_steps" not in _ours(unknown_length)
+    assert any(theirs == ratio and "ratio times trainer.total_steps" in ours for theirs, ours in unknown_length.decide)
+    # verl uses lr_warmup_steps where it is set (not -1), and the ratio only where it is not
+    assert _ours(translate([ratio, f"{ARR}.actor.optim.lr_warmup_steps=5", "trainer.total_training_steps=200"]))[
+        "actor.warmup_steps"] == "5"
+    assert "actor.warmup_steps" not in _ours(translate([f"{ARR}.actor.optim.lr_warmup_steps=-1"]))
+
+
+def test_verl_compat_takes_a_launch_line_as_the_scripts_write_it(capsys):
+    from verl.cli.main import main as verl_main
+    from verl.config.verl_command import translate_command
+
+    line = ["ray", "job", "submit", "--no-wait", "--working-dir", ".", "--", "python3", "-m",
+            "recipe.dapo.main_dapo", "algorithm.filter_groups.enable=True", f"{ARR}.model.path=tiny"]
+    module, t = translate_command(line)
+    assert module == "recipe.dapo.main_dapo" and _ours(t)["algorithm.filter_groups"] == "True"
+    assert translate_command(["data.train_files=x.jsonl"])[0] == "verl.trainer.main_ppo"
+    assert translate_command(["torchrun", "-m", "verl.trainer.fsdp_sft_trainer", "optim.lr=1e-4"])[1].ours[0] == (
+        "trainer.kind=sft")
+    assert verl_main(["compat", *line]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("verl train algorithm.filter_groups=True model.path=tiny")
+    assert "`python -m recipe.dapo.main_dapo`" in captured.err
+    assert verl_main(["compat", "python3", "-m", "recipe.nope.main"]) == 1
+    assert "not a volcengine/verl entry point" in capsys.readouterr().err

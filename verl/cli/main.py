@@ -235,8 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="world size to check the device mapping against (default: from devices.*)")
     check.set_defaults(func=cmd_check)
 
-    from verl.cli import ckpt_cmd, data_cmd, doctor
+    from verl.cli import ckpt_cmd, compat_cmd, data_cmd, doctor
 
+    compat_cmd.register(sub)
     doctor.register(sub)
     data_cmd.register(sub)
     ckpt_cmd.register(sub)

@@ -11,7 +11,7 @@ from verl.trainer.main_ppo import answer
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return answer("fsdp_sft_trainer", translate_sft, argv)
+    return answer("verl.trainer.fsdp_sft_trainer", translate_sft, argv)
 
 
 if __name__ == "__main__":
