@@ -518,3 +518,22 @@ def test_reward_extras_reach_samples_jsonl(tmp_path: Path) -> None:
                          {"prompt": "q", "response": "2", "score": 0.0}], step=3)
     rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert rows[0]["reward_extras"] == {"f": {"pred": "19"}} and "reward_extras" not in rows[1]
+
+
+def test_a_raising_function_shows_the_users_own_file_line_and_text(tmp_path: Path) -> None:
+    """The message names the user's line (the innermost frame in their code, through a helper of theirs),
+    not verl's call stack, so a printed VerlError replaces the traceback."""
+    (tmp_path / "helpers.py").write_text("def parse(text):\n    return int(text.split('####')[1])\n")
+    (tmp_path / "scorer.py").write_text(
+        "import sys\nsys.path.insert(0, __import__('os').path.dirname(__file__))\nfrom helpers import parse\n\n"
+        "def score(prompt, response, ground_truth):\n    return float(parse(response) == int(ground_truth))\n\n"
+        "def score_all(prompts, responses, ground_truths, metadatas):\n    return [len(r) / 0 for r in responses]\n")
+    mgr = RewardManager([{"name": "scorer.py:score"}], base_dir=tmp_path)
+    with pytest.raises(RewardError) as e:
+        mgr.score(["p"], ["no answer"], ["3"])
+    msg = str(e.value)
+    assert f'at File "{tmp_path / "helpers.py"}", line 2, in parse: return int(text.split(\'####\')[1])' in msg
+    assert "IndexError" in msg and "manager.py" not in msg
+    batched = RewardManager([{"name": "scorer.py:score_all", "batched": True}], base_dir=tmp_path)
+    with pytest.raises(RewardError, match=r'scorer.py", line 9, in (<listcomp>|score_all): return \[len\(r\) / 0'):
+        batched.score(["p"], ["x"], ["3"])

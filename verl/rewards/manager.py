@@ -29,6 +29,7 @@ from verl.errors import ConfigError, RewardError
 from verl.rewards.builtin import BATCHED_BUILTINS, BUILTIN_KWARG_CHECKS
 from verl.rewards.loader import display_name, load_reward_function
 from verl.rewards.spec import RewardFunctionSpec
+from verl.utils.user_code import raised_at
 
 
 @dataclass
@@ -401,8 +402,7 @@ class RewardManager:
             raise RewardError(
                 f"reward function '{ld.label}' ({ld.where}) raised {type(e).__name__}: {e} on sample {i} "
                 f"(data_source={data_source!r}, ground_truth={_short(ground_truth)}, "
-                f"response={_short(response)}). Fix the function or that row; the original traceback "
-                f"is chained above.{hint}"
+                f"response={_short(response)}){_at(e)}. Fix the function or that row.{hint}"
             ) from e
 
     def _call_batched(self, ld: _Loaded, idx: list[int], b: _Samples) -> list[Any]:
@@ -424,7 +424,7 @@ class RewardManager:
         except Exception as e:
             raise RewardError(
                 f"batched reward function '{ld.label}' ({ld.where}) raised {type(e).__name__}: {e} on the "
-                f"call over {span}. Fix the function; the original traceback is chained above."
+                f"call over {span}{_at(e)}. Fix the function."
             ) from e
         if isinstance(out, torch.Tensor):
             out = out.reshape(-1).tolist() if out.dim() <= 1 else out
@@ -535,6 +535,13 @@ class RewardManager:
             for ld in self._loaded
         ]
         return f"RewardManager({', '.join(parts)})"
+
+
+def _at(exc: BaseException) -> str:
+    """`, at File "r.py", line 3, in fn: <its text>`: the user's own line, so the message replaces the
+    traceback (still chained, for a debugger)."""
+    where = raised_at(exc)
+    return f",\n  at {where}" if where else ""
 
 
 def _short(value: Any, limit: int = 60) -> str:

@@ -2,7 +2,9 @@
 
 One file becomes one module, named after its absolute path, so two files called `reward.py` never
 replace each other and a second load reuses the first. Every failure is raised through `fail`, which the
-caller builds with its own config key and error class.
+caller builds with its own config key and error class. When user code raises, `raised_at` finds the
+user's own line (file, number, text) for the message: the one line they need from a long traceback that
+runs mostly through verl's frames.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+import sysconfig
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -18,6 +22,38 @@ from types import ModuleType
 from verl.errors import VerlError
 
 Fail = Callable[[str], VerlError]
+
+_VERL = Path(__file__).resolve().parents[1]
+
+
+def _library_roots() -> list[Path]:
+    """Folders of code the user did not write: the standard library and installed packages."""
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    roots |= {sysconfig.get_paths().get(name, "") for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return [Path(root).resolve() for root in roots if root]
+
+
+def _under(path: Path, root: Path) -> bool:
+    try:
+        path.relative_to(root)
+    except ValueError:
+        return False
+    return True
+
+
+def raised_at(exc: BaseException) -> str:
+    """`File "x.py", line 7, in fn: return 1 / n` for the innermost frame of `exc` in user code (not verl,
+    not the standard library or an installed package; failing that, the innermost frame outside verl).
+    Empty when every frame is verl's (the error is ours, and its message says so)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    libraries = _library_roots()
+    outside_verl = [f for f in frames if not _under(Path(f.filename).resolve(), _VERL) and not f.filename.startswith("<")]
+    users = [f for f in outside_verl if not any(_under(Path(f.filename).resolve(), root) for root in libraries)]
+    chosen = (users or outside_verl or [None])[-1]
+    if chosen is None:
+        return ""
+    text = f"File \"{chosen.filename}\", line {chosen.lineno}, in {chosen.name}"
+    return f"{text}: {chosen.line.strip()}" if chosen.line else text
 
 
 def resolve_user_path(path_text: str, base_dir: Path | None) -> Path:
@@ -42,8 +78,9 @@ def exec_user_file(path: Path, *, namespace: str, label: str, fail: Fail) -> Mod
         spec.loader.exec_module(module)
     except Exception as e:
         del sys.modules[mod_name]
-        raise fail(f"importing {label} {path} raised {type(e).__name__}: {e}. Fix the error in that file "
-                   "(it runs once when training starts).") from e
+        at = raised_at(e)
+        raise fail(f"importing {label} {path} raised {type(e).__name__}: {e}" + (f",\n  at {at}" if at else "")
+                   + ". Fix the error in that file (it runs once when training starts).") from e
     return module
 
 
@@ -59,4 +96,4 @@ def import_user_module(mod_path: str, *, example: str, fail: Fail) -> ModuleType
                    "module.") from e
 
 
-__all__ = ["exec_user_file", "import_user_module", "resolve_user_path"]
+__all__ = ["exec_user_file", "import_user_module", "raised_at", "resolve_user_path"]
