@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 from verl.config.schema import RunConfig
 from verl.config.verl_compat import verl_key_hint
 from verl.errors import ConfigError
+from verl.utils.suggest import did_you_mean
 
 # Flags from the deployment guides users already have in their scripts -> our dotted keys.
 LEGACY_FLAGS: dict[str, str] = {
@@ -135,9 +135,8 @@ def _describe(error: Mapping[str, Any], origins: Mapping[str, str], tree: Mappin
     where = f" (from the command line: {origin})" if origin else ""
     if error["type"] == "extra_forbidden":
         known = _fields_at(loc[:-1])
-        close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.5)
-        hint = verl_key_hint(tree, loc) or (f" Did you mean '{'.'.join([*map(str, loc[:-1]), close[0]])}'?"
-                                            if close else "")
+        section = "".join(f"{part}." for part in loc[:-1])
+        hint = verl_key_hint(tree, loc) or did_you_mean(str(loc[-1]), known, cutoff=0.5, prefix=section)
         return f"{dotted}: unknown key{where}.{hint} Valid keys here: {', '.join(known)}"
     value = error.get("input")
     shown = f" (got {value!r})" if not isinstance(value, (dict, list)) else ""
