@@ -276,7 +276,7 @@ def test_batched_error_paths(user_file: Path) -> None:
         (
             {"name": "missing.py:fn"},
             RewardError,
-            r"reward.functions\[0\].*missing.py does not exist.*relative paths",
+            r"reward.functions\[0\].*missing.py does not exist: tried .*working directory.*config file's folder",
         ),
         (
             {"name": "my_reward.py:lenght_bonus"},

@@ -49,13 +49,10 @@ def _looks_like_file(target: str) -> bool:
 
 
 def _import_file(path_text: str, base_dir: Path | None, spec: str) -> tuple[ModuleType, str]:
-    path = resolve_user_path(path_text, base_dir)
+    path = resolve_user_path(path_text, base_dir, what="environment file",
+                             fail=lambda msg: ConfigError(f"env.name={spec!r}: {msg} (the path before ':')"))
     if not path.is_file():
-        raise ConfigError(
-            f"env.name={spec!r}: environment file {path} does not exist (relative paths resolve against "
-            f"{base_dir or Path.cwd()}, the config file's folder). Fix the path before ':' or give an "
-            "absolute path."
-        )
+        raise ConfigError(f"env.name={spec!r}: environment file {path} is a folder; name a .py file before ':'.")
     module = exec_user_file(path, namespace="env", label="environment file",
                             fail=lambda msg: ConfigError(f"env.name={spec!r}: {msg}"))
     return module, f"file {path}"

@@ -49,13 +49,10 @@ def _get_attr(holder: Any, fn_name: str, where: str, what: str) -> Callable[...,
 
 
 def _load_file(path_text: str, fn_name: str, base_dir: Path | None, where: str) -> Callable[..., Any]:
-    path = resolve_user_path(path_text, base_dir)
+    path = resolve_user_path(path_text, base_dir, what="reward file",
+                             fail=lambda msg: RewardError(f"{where}: {msg} (the path before ':' in the spec)"))
     if not path.is_file():
-        base = f" (relative paths resolve against {base_dir or Path.cwd()})"
-        raise RewardError(
-            f"{where}: reward file {path} does not exist{base}. Fix the path before ':' in "
-            "the reward spec, or give an absolute path."
-        )
+        raise RewardError(f"{where}: reward file {path} is a folder; name a .py file before ':'.")
     module = exec_user_file(path, namespace="reward", label="reward file",
                             fail=lambda msg: RewardError(f"{where}: {msg}"))
     return _get_attr(module, fn_name, where, f"file {path}")

@@ -56,12 +56,32 @@ def raised_at(exc: BaseException) -> str:
     return f"{text}: {chosen.line.strip()}" if chosen.line else text
 
 
-def resolve_user_path(path_text: str, base_dir: Path | None) -> Path:
-    """`path_text` made absolute: relative paths resolve against `base_dir` (the config file's folder)."""
+def resolve_user_path(path_text: str, base_dir: str | Path | None, *, what: str, fail: Fail) -> Path:
+    """The one rule for a relative path the user wrote (a data file, a reward or environment file): it is
+    looked up in the working directory and, when the run has a config file, in that file's folder, and must
+    be found in exactly one of them (or both name the same file). A path typed on the command line is
+    relative to where the user stands, one written in a YAML to the YAML: looking in both places serves
+    both, and a name found in both (two different files) is refused rather than picked silently. Missing
+    or ambiguous: `fail` gets a message naming every place tried (`what` names the path, e.g. "data file").
+    """
     path = Path(path_text).expanduser()
-    if not path.is_absolute():
-        path = (base_dir or Path.cwd()) / path
-    return path.resolve()
+    if path.is_absolute():
+        if not path.exists():
+            raise fail(f"{what} {path} does not exist. Fix the path.")
+        return path.resolve()
+    places = [("the working directory", Path.cwd())]
+    if base_dir is not None and Path(base_dir).resolve() != Path.cwd().resolve():
+        places.append(("the config file's folder", Path(base_dir)))
+    tried = [(name, (folder / path).resolve()) for name, folder in places]
+    found = list(dict.fromkeys(candidate for _, candidate in tried if candidate.exists()))
+    if len(found) == 1:
+        return found[0]
+    listed = " and ".join(f"{candidate} ({name})" for name, candidate in tried)
+    if not found:
+        raise fail(f"{what} {path_text} does not exist: tried {listed}. A relative path is looked up in the "
+                   "working directory and the config file's folder; fix it or give an absolute path.")
+    raise fail(f"{what} {path_text} is ambiguous: both {listed} exist. Give the absolute path of the one "
+               "you mean.")
 
 
 def exec_user_file(path: Path, *, namespace: str, label: str, fail: Fail) -> ModuleType:
