@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from verl.cli.main import main as verl_main
-from verl.config.verl_command import cpu_command, translate_command
+from verl.compat.command import cpu_command, translate_command
 
 ARR = "actor_rollout_ref"
 

@@ -15,7 +15,7 @@ import sys
 
 
 def run(args: argparse.Namespace) -> int:
-    from verl.config.verl_command import report, translate_command
+    from verl.compat.command import report, translate_command
 
     module, translation = translate_command(args.command_line)
     out, err = report(module, translation)

@@ -9,8 +9,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from verl.compat.keys import verl_key_hint
 from verl.config.schema import RunConfig
-from verl.config.verl_compat import verl_key_hint
 from verl.errors import ConfigError
 from verl.utils.suggest import did_you_mean
 

@@ -12,8 +12,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from verl.algorithms.estimators import ESTIMATOR_NAMES, ESTIMATORS
+from verl.compat.keys import verl_name
 from verl.config.fsdp import FSDPConfig
-from verl.config.verl_compat import verl_name
 from verl.utils.cpu_matmul import CpuMatmul
 
 

@@ -7,8 +7,8 @@ import shlex
 import subprocess
 import sys
 
+from verl.compat.command import is_our_key, translate, translate_sft
 from verl.config import load_config
-from verl.config.verl_command import is_our_key, translate, translate_sft
 from verl.rewards import BUILTIN_REWARDS
 from verl.trainer import fsdp_sft_trainer
 from verl.trainer.main_ppo import main
@@ -100,6 +100,9 @@ def test_main_ppo_prints_the_run_on_stdout_and_starts_nothing(capsys):
     out = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", "actor_rollout_ref.model.path=tiny"],
                          capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.startswith("verl train model.path=tiny")
+    sft = subprocess.run([sys.executable, "-m", "verl.trainer.fsdp_sft_trainer", "model.partial_pretrain=tiny"],
+                         capture_output=True, text=True)
+    assert sft.returncode == 0 and sft.stdout.startswith("verl train trainer.kind=sft data.kind=sft model.path=tiny")
 
 
 def test_a_verl_sft_command_becomes_an_sft_run_here(capsys, monkeypatch):
@@ -200,7 +203,7 @@ def test_lr_warmup_steps_ratio_becomes_a_count_of_steps():
 
 def test_verl_compat_takes_a_launch_line_as_the_scripts_write_it(capsys):
     from verl.cli.main import main as verl_main
-    from verl.config.verl_command import translate_command
+    from verl.compat.command import translate_command
 
     line = ["ray", "job", "submit", "--no-wait", "--working-dir", ".", "--", "python3", "-m",
             "recipe.dapo.main_dapo", "algorithm.filter_groups.enable=True", f"{ARR}.model.path=tiny"]

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
+from verl.compat.keys import VERL_KEYS, VERL_SFT_KEYS
 from verl.config.loader import parse_value
 from verl.config.schema import RunConfig
-from verl.config.verl_compat import VERL_KEYS, VERL_SFT_KEYS
 
 _PLAIN_KEY = re.compile(r"^[a-z_]+(\.[a-z_]+)+$")
 _ARR = "actor_rollout_ref"
