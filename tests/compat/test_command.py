@@ -218,3 +218,21 @@ def test_verl_compat_takes_a_launch_line_as_the_scripts_write_it(capsys):
     assert "`python -m recipe.dapo.main_dapo`" in captured.err
     assert verl_main(["compat", "python3", "-m", "recipe.nope.main"]) == 1
     assert "not a volcengine/verl entry point" in capsys.readouterr().err
+
+
+def test_the_cpu_line_replaces_the_runs_sizes_and_keeps_one_item_per_key():
+    from verl.compat.command import cpu_command
+
+    words = shlex.split(cpu_command(translate(VERL_GRPO)))
+    assert words[:4] == ["verl", "train", "--nproc", "1"]
+    keys = [w.partition("=")[0] for w in words[4:]]
+    assert len(keys) == len(set(keys))
+    items = dict(w.split("=", 1) for w in words[4:])
+    assert items["model.path"] == "tiny" and items["rollout.engine"] == "hf" and items["trainer.total_steps"] == "2"
+    assert items["reward.functions"] == "[{name: reward.py:compute_score}]"  # the user's own function stays
+    config = load_config(None, words[4:])
+    assert config.data.train_batch_size == 2 and config.devices.num_gpus_per_node is None
+    sft = shlex.split(cpu_command(translate_sft(["model.partial_pretrain=Qwen/Qwen2.5-0.5B", "trainer.total_epochs=3"])))
+    sft_items = dict(w.split("=", 1) for w in sft[4:])
+    assert sft_items["sft.steps"] == "2" and sft_items["sft.epochs"] == "null" and "rollout.n" not in sft_items
+    assert load_config(None, sft[4:]).sft.epochs is None

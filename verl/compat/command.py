@@ -281,10 +281,18 @@ CPU_SUFFIX = ("model.path=tiny", "critic.path=null", "rollout.engine=hf", "devic
               "checkpoint.save_interval=0", "logging.backends=[console,jsonl]")
 
 
+# The same for an SFT run (`trainer.kind=sft`): two optimizer steps of two rows, however many epochs.
+CPU_SUFFIX_SFT = ("model.path=tiny", "devices.num_gpus_per_node=null", "sft.steps=2", "sft.epochs=null",
+                  "sft.batch_size=2", "actor.micro_batch_size=2", "actor.max_tokens_per_micro_batch=null",
+                  "data.max_prompt_length=128", "data.max_response_length=64", "trainer.val_every=0",
+                  "checkpoint.save_interval=0", "logging.backends=[console,jsonl]")
+
+
 def cpu_command(translation: Translation) -> str:
-    """The translated command with `CPU_SUFFIX` (and, where the run names no reward function, verl's
-    data_source defaults as ours), to try the run here before the real hardware."""
-    suffix = list(CPU_SUFFIX)
+    """The translated command with `CPU_SUFFIX` (`CPU_SUFFIX_SFT` for an SFT run; and, where the run names
+    no reward function, verl's data_source defaults as ours) in place of the run's own values, to try the
+    run here before the real hardware."""
+    suffix = list(CPU_SUFFIX_SFT if "trainer.kind=sft" in translation.ours else CPU_SUFFIX)
     if any(ours == _DEFAULT_REWARDS for _, ours in translation.decide):
         suffix.append(_DEFAULT_REWARDS.split("'")[1])
     if any(item.startswith("algorithm.overlong_buffer=") for item in translation.ours):
@@ -315,4 +323,4 @@ def report(module: str, translation: Translation) -> tuple[str, str]:
     return out, "\n".join(lines) + "\n"
 
 
-__all__ = ["CPU_SUFFIX", "ENTRY_POINTS", "Translation", "translate_command", "cpu_command", "is_our_key", "report", "translate", "translate_sft"]
+__all__ = ["CPU_SUFFIX", "CPU_SUFFIX_SFT", "ENTRY_POINTS", "Translation", "translate_command", "cpu_command", "is_our_key", "report", "translate", "translate_sft"]
