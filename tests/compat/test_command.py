@@ -60,6 +60,10 @@ def test_verls_kl_loss_is_off_unless_use_kl_loss_says_so():
     alone = translate(["actor_rollout_ref.actor.kl_loss_coef=0.1"])
     assert alone.ours == [] and alone.decide[0][0] == "actor_rollout_ref.actor.kl_loss_coef=0.1"
     assert "actor.kl_loss_coef=0.001" in translate(["actor_rollout_ref.actor.use_kl_loss=true"]).ours  # verl's default
+    off = translate(["actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.kl_loss_coef=0.001"])
+    assert "actor.kl_loss_coef=0" in off.ours and not off.decide[:-1]  # (the last: the reward functions to name)
+    assert off.notes == [("actor_rollout_ref.actor.kl_loss_coef=0.001",
+                          "actor.kl_loss_coef=0: actor_rollout_ref.actor.use_kl_loss=False turns the KL loss off")]
 
 
 def test_settings_whose_meaning_differs_are_left_to_decide():

@@ -186,6 +186,10 @@ def translate(items: Sequence[str]) -> Translation:
                            "reward.functions=[{name: FILE.py:FUNCTION}] (custom_reward_function.path names the file)"))
     if _true(given.get(_USE_KL, "false")):  # verl's KL loss is off unless use_kl_loss; its coefficient 0.001
         out.ours.append(f"actor.kl_loss_coef={given.get(_KL_COEF, '0.001')}")
+    elif _KL_COEF in given and _USE_KL in given:  # use_kl_loss=False said so: the loss is off, as by default here
+        out.ours.append("actor.kl_loss_coef=0")
+        out.notes.append((f"{_KL_COEF}={given[_KL_COEF]}", f"actor.kl_loss_coef=0: {_USE_KL}={given[_USE_KL]} "
+                          "turns the KL loss off"))
     elif _KL_COEF in given:
         out.decide.append((f"{_KL_COEF}={given[_KL_COEF]}", "actor.kl_loss_coef (it does nothing in verl without "
                            "use_kl_loss=True; here a value > 0 turns the KL loss on)"))
