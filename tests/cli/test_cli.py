@@ -45,3 +45,24 @@ def test_console_script_entry_point():
 
 def test_parser_builds():
     assert build_parser().prog == "verl"
+
+
+@pytest.mark.parametrize("argv, lr", [
+    (["train", "actor.lr=0.1", "--print-config", "actor.lr=0.2"], 0.2),
+    (["train", "--print-config", "actor.lr=0.1", "actor.lr=0.2"], 0.2),
+    (["train", "actor.lr=0.2", "--actor_device_ids", "0", "--print-config"], 0.2),
+    (["train", "actor.lr=0.1", "--actor_device_ids", "0", "actor.lr=0.2", "--print-config"], 0.2),
+])
+def test_the_last_key_value_wins_wherever_flags_sit(argv, lr, capsys):
+    assert main(argv) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["actor"]["lr"] == lr
+
+
+@pytest.mark.parametrize("argv, interval", [
+    (["train", "--print-config", "--save_interval", "5", "checkpoint.save_interval=7"], 7),
+    (["train", "--print-config", "checkpoint.save_interval=7", "--save_interval", "5"], 5),
+    (["train", "--save_interval", "5", "actor.lr=0.3", "--print-config"], 5),
+])
+def test_a_legacy_flag_and_its_key_the_last_typed_wins(argv, interval, capsys):
+    assert main(argv) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["checkpoint"]["save_interval"] == interval

@@ -103,7 +103,8 @@ def test_every_required_method_is_checked(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("spec", "pattern"),
     [
-        ("missing.py:Env", r"environment file .*missing.py does not exist .*Fix the path before ':'"),
+        ("missing.py:Env", r"environment file missing.py does not exist: tried .*missing.py \(the working directory\)"
+                           r".*\(the path before ':'\)"),
         ("my_env.py:CountingEvn", r"has no class 'CountingEvn'. Did you mean 'CountingEnv'\?"),
         ("my_env.py:helper", r"'helper' in file .*my_env.py is a function, not a class"),
         ("broken.py:Env", r"importing environment file .*broken.py raised ZeroDivisionError: division by zero"),

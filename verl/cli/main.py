@@ -41,6 +41,35 @@ def split_config_and_overrides(items: Sequence[str]) -> tuple[str | None, list[s
     return config, overrides
 
 
+def in_typed_order(argv: Sequence[str], items: Sequence[str], unknown: Sequence[str]) -> tuple[list[str], list[str]]:
+    """argparse splits a `train`/`check` command line in two: `items`, the first run of positionals, and
+    `unknown`, everything after a flag (legacy `--flags`, their values, later `key=value`s). Both keep the
+    typed order, so walking `argv` interleaves them again. Returns ([CONFIG] and any stray positional, the
+    rest as typed), so that the last `key=value` or legacy flag on the line wins wherever flags sit."""
+    typed, i, j = [], 0, 0
+    for token in argv:
+        if i < len(items) and token == items[i]:
+            typed.append(token)
+            i += 1
+        elif j < len(unknown) and token == unknown[j]:
+            typed.append(token)
+            j += 1
+    typed += [*items[i:], *unknown[j:]]
+    positionals, ordered = [], []
+    takes_value = False  # the token after `--flag` (no `=`) is its value, not a config file
+    for token in typed:
+        if token.startswith("-"):
+            name, eq, _ = token.lstrip("-").partition("=")
+            ordered.append(token)
+            takes_value = not eq  # a legacy flag's value; an unknown flag keeps its value for the error
+        elif takes_value or "=" in token:
+            ordered.append(token)
+            takes_value = False
+        else:
+            positionals.append(token)
+    return positionals, ordered
+
+
 def installed_version() -> str:
     """This install's version, from its package metadata (what `pip show verl` reports)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -112,7 +141,8 @@ def runs_demo(args: argparse.Namespace) -> bool:
     command line naming data files or an env trains on the plain defaults plus the overrides. `verl check`
     checks what `verl train` would run."""
     config_path, overrides = split_config_and_overrides(args.items)
-    keys = {item.partition("=")[0].strip() for item in overrides}
+    typed = [*overrides, *(item for item in args.legacy if "=" in item and not item.startswith("-"))]
+    keys = {item.partition("=")[0].strip() for item in typed}
     return args.command in ("train", "check") and config_path is None and not keys & set(OWN_RUN_KEYS)
 
 
@@ -178,7 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a model. With no config, runs the built-in demo: a tiny local model learns "
         "arithmetic with SFT then GRPO on CPU in a few minutes. Legacy flags (--actor_device_ids 0,1, "
         "--critic_device_ids, --ref_device_id, --reward_device_id, --num_gpus_per_node, --save_interval, "
-        "--async_save, --save_total_limit) are accepted as aliases of the devices.* / checkpoint.* keys.",
+        "--async_save, --save_total_limit) are accepted as aliases of the devices.* / checkpoint.* keys. "
+        "Overrides apply over the config file in the order typed: the last key=value or legacy flag that sets "
+        "a key wins, wherever other flags sit.",
         epilog="example: verl train examples/grpo_gsm8k.yaml trainer.total_steps=200 actor.lr=1e-6",
     )
     _add_run_arguments(train)
@@ -208,8 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--nnodes", type=int, default=1, help="(with --nproc) number of nodes, as for `verl train`")
     check.set_defaults(func=cmd_check)
 
-    from verl.cli import ckpt_cmd, data_cmd, doctor
+    from verl.cli import ckpt_cmd, compat_cmd, data_cmd, doctor
 
+    compat_cmd.register(sub)
     doctor.register(sub)
     data_cmd.register(sub)
     ckpt_cmd.register(sub)
@@ -227,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     if args.command in {"train", "check"}:
-        args.legacy = unknown
+        args.items, args.legacy = in_typed_order(argv, args.items, unknown)
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -10,9 +9,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from verl.compat.keys import verl_key_hint
 from verl.config.schema import RunConfig
-from verl.config.verl_compat import verl_key_hint
 from verl.errors import ConfigError
+from verl.utils.suggest import did_you_mean
 
 # Flags from the deployment guides users already have in their scripts -> our dotted keys.
 LEGACY_FLAGS: dict[str, str] = {
@@ -55,8 +55,13 @@ def split_legacy_flags(argv: Sequence[str], origins: dict[str, str] | None = Non
         name, eq, inline = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
         key = LEGACY_FLAGS.get(name.replace("-", "_")) if name else None
         if key is None:
-            # a `key=value` override that argparse left behind after a legacy flag
-            (overrides if not arg.startswith("-") and "=" in arg else rest).append(arg)
+            # a `key=value` override typed among the flags: it keeps its place, so the last one wins
+            if not arg.startswith("-") and "=" in arg:
+                overrides.append(arg)
+                if origins is not None and arg.partition("=")[0].strip():
+                    origins[arg.partition("=")[0].strip()] = arg
+            else:
+                rest.append(arg)
             i += 1
             continue
         if eq:
@@ -130,9 +135,8 @@ def _describe(error: Mapping[str, Any], origins: Mapping[str, str], tree: Mappin
     where = f" (from the command line: {origin})" if origin else ""
     if error["type"] == "extra_forbidden":
         known = _fields_at(loc[:-1])
-        close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.5)
-        hint = verl_key_hint(tree, loc) or (f" Did you mean '{'.'.join([*map(str, loc[:-1]), close[0]])}'?"
-                                            if close else "")
+        section = "".join(f"{part}." for part in loc[:-1])
+        hint = verl_key_hint(tree, loc) or did_you_mean(str(loc[-1]), known, cutoff=0.5, prefix=section)
         return f"{dotted}: unknown key{where}.{hint} Valid keys here: {', '.join(known)}"
     value = error.get("input")
     shown = f" (got {value!r})" if not isinstance(value, (dict, list)) else ""
@@ -179,7 +183,9 @@ def load_config(
 ) -> RunConfig:
     """YAML file (optional) + `key=value` overrides + legacy `--flags` -> RunConfig.
 
-    Later sources win: YAML < legacy flags < dotted overrides.
+    Later sources win: YAML < `legacy_argv` < `overrides`. Within `legacy_argv` (the command line as typed:
+    legacy flags and `key=value` items mixed, which is how `verl train` passes it) the last setting of a key
+    wins, whether a flag or a `key=value` set it.
     """
     tree = read_yaml(path) if path is not None else {}
     origins: dict[str, str] = {}  # dotted key -> what set it on the command line

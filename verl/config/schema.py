@@ -12,8 +12,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from verl.algorithms.estimators import ESTIMATOR_NAMES, ESTIMATORS
+from verl.compat.keys import verl_name
 from verl.config.fsdp import FSDPConfig
-from verl.config.verl_compat import verl_name
 from verl.utils.cpu_matmul import CpuMatmul
 
 
@@ -330,7 +330,7 @@ class SFTConfig(Section):
 class RunConfig(Section):
     """The whole run. Build it with `verl.config.load_config` or `RunConfig(**dict)`."""
 
-    _source_dir: str | None = PrivateAttr(None)  # the YAML's folder: relative paths resolve against it
+    _source_dir: str | None = PrivateAttr(None)  # the YAML's folder, where relative paths are also looked up
 
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
@@ -349,14 +349,15 @@ class RunConfig(Section):
     dpo: DPOConfig = DPOConfig()
     sft: SFTConfig = SFTConfig()
 
-    def resolve_path(self, path: str) -> str:
-        """A relative path that does not exist from the working directory is taken relative to the YAML's
-        folder, so `data/train.jsonl` next to a config works from anywhere."""
-        from pathlib import Path
+    def resolve_path(self, path: str, what: str = "data file") -> str:
+        """A user's relative path by the one rule for them (`verl.utils.user_code.resolve_user_path`: the
+        working directory and the YAML's folder, found in exactly one), so `data/train.jsonl` next to a
+        config works from anywhere; missing or ambiguous is a DataError naming both places tried."""
+        from verl.errors import DataError
+        from verl.utils.user_code import resolve_user_path
 
-        if self._source_dir and not Path(path).is_absolute() and not Path(path).exists():
-            return str(Path(self._source_dir) / path)
-        return path
+        return str(resolve_user_path(path, self._source_dir, what=what,
+                                     fail=lambda msg: DataError(f"{msg} (data.train_files/val_files)")))
 
     @property
     def needs_critic(self) -> bool:

@@ -9,7 +9,6 @@ the class and the method's name, not hours later at the first validation or chec
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +16,7 @@ from types import ModuleType
 from typing import Any
 
 from verl.errors import ConfigError, VerlError
+from verl.utils.suggest import did_you_mean
 from verl.utils.user_code import exec_user_file, import_user_module, resolve_user_path
 
 # What the trainer and `verl check` call on an environment, and why (shown when one is missing).
@@ -49,13 +49,10 @@ def _looks_like_file(target: str) -> bool:
 
 
 def _import_file(path_text: str, base_dir: Path | None, spec: str) -> tuple[ModuleType, str]:
-    path = resolve_user_path(path_text, base_dir)
+    path = resolve_user_path(path_text, base_dir, what="environment file",
+                             fail=lambda msg: ConfigError(f"env.name={spec!r}: {msg} (the path before ':')"))
     if not path.is_file():
-        raise ConfigError(
-            f"env.name={spec!r}: environment file {path} does not exist (relative paths resolve against "
-            f"{base_dir or Path.cwd()}, the config file's folder). Fix the path before ':' or give an "
-            "absolute path."
-        )
+        raise ConfigError(f"env.name={spec!r}: environment file {path} is a folder; name a .py file before ':'.")
     module = exec_user_file(path, namespace="env", label="environment file",
                             fail=lambda msg: ConfigError(f"env.name={spec!r}: {msg}"))
     return module, f"file {path}"
@@ -97,8 +94,7 @@ def load_env_class(spec: str, *, base_dir: str | Path | None = None) -> type:
     cls = getattr(module, class_name, None)
     if cls is None:
         classes = sorted(n for n, v in vars(module).items() if inspect.isclass(v) and not n.startswith("_"))
-        close = difflib.get_close_matches(class_name, classes, n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
+        hint = did_you_mean(class_name, classes)
         raise ConfigError(
             f"env.name={spec!r}: {where} has no class '{class_name}'.{hint} Classes it defines: "
             f"{', '.join(classes) or '(none)'}. Fix the name after ':'."
@@ -142,8 +138,7 @@ def build_user_env(
             )
         if key not in params and not takes_any:
             allowed = sorted(p for p in params if p not in RUN_PROVIDED)
-            close = difflib.get_close_matches(key, allowed, n=1)
-            hint = f" Did you mean '{close[0]}'?" if close else ""
+            hint = did_you_mean(key, allowed)
             raise ConfigError(
                 f"env.kwargs.{key} is not a parameter of {class_name}.__init__.{hint} Parameters: "
                 f"{', '.join(allowed) or '(none)'}."

@@ -8,7 +8,6 @@ data layer read from `data.train_files`, scored by `reward.functions`. Projects 
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from verl.env.loader import build_user_env, is_user_env_spec
 from verl.env.multiturn import check_multiturn_env, is_multiturn
 from verl.errors import ConfigError
 from verl.rewards.manager import RewardManager
+from verl.utils.suggest import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,7 @@ def _bind_kwargs(
                 "config); remove it from env.kwargs."
             )
         if key not in params:
-            close = difflib.get_close_matches(key, allowed, n=1)
-            hint = f" Did you mean '{close[0]}'?" if close else ""
+            hint = did_you_mean(key, allowed)
             raise ConfigError(
                 f"env.kwargs.{key} is not an option of env '{name}'.{hint} Options: {', '.join(allowed)}."
             )
@@ -148,8 +147,7 @@ def build_env(
             check_multiturn_env(env)
         return env
     if name not in _REGISTRY:
-        close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
+        hint = did_you_mean(name, _REGISTRY)
         raise ConfigError(
             f"env.name '{name}' is not a known environment.{hint} Known: "
             f"{', '.join(available_envs())}, your own class as 'path/to/file.py:Class', or null to train "

@@ -10,7 +10,6 @@ remote code) are refused before any weights are read. The checks themselves live
 from __future__ import annotations
 
 import contextlib
-import difflib
 import importlib.util
 import json
 import os
@@ -25,6 +24,7 @@ from safetensors import SafetensorError
 from verl.errors import ModelError
 from verl.models.checks import LoadReport, check_model_and_tokenizer
 from verl.utils.dtype import check_dtype_for_device, dtype_name, resolve_dtype
+from verl.utils.suggest import did_you_mean
 
 # How each loader argument is spelled in the messages: Python callers see the argument names; the trainer
 # passes CONFIG_KEYS so a config user reads the key to change (`model.dtype`, not `torch_dtype`).
@@ -124,8 +124,7 @@ def resolve_attn_implementation(use_flash_attention_2: bool, attn_implementation
     if attn_implementation is None:
         return None
     if attn_implementation not in ATTN_IMPLEMENTATIONS and "/" not in attn_implementation:
-        close = difflib.get_close_matches(attn_implementation, ATTN_IMPLEMENTATIONS, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(attn_implementation, ATTN_IMPLEMENTATIONS)
         raise ModelError(f"{key}={attn_implementation!r} is not known.{hint} Use one of "
                          f"{', '.join(ATTN_IMPLEMENTATIONS)} (or a kernels-hub id such as 'org/kernel').")
     if attn_implementation in ("flash_attention_2", "flash_attention_3"):

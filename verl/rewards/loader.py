@@ -6,13 +6,13 @@ beyond what `package.module:fn` asks for, and a file's directory is not added to
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from verl.errors import RewardError
 from verl.rewards.builtin import BUILTIN_REWARDS
+from verl.utils.suggest import did_you_mean
 from verl.utils.user_code import exec_user_file, import_user_module, resolve_user_path
 
 _FORMS = (
@@ -34,8 +34,7 @@ def _get_attr(holder: Any, fn_name: str, where: str, what: str) -> Callable[...,
     for part in fn_name.split("."):
         if not hasattr(obj, part):
             available = _public_callables(holder)
-            close = difflib.get_close_matches(fn_name, available, n=1)
-            hint = f" Did you mean '{close[0]}'?" if close else ""
+            hint = did_you_mean(fn_name, available)
             raise RewardError(
                 f"{where}: {what} has no function '{fn_name}'.{hint} Functions it defines: "
                 f"{', '.join(available) or '(none)'}. Fix the name after ':' in the reward spec."
@@ -50,13 +49,10 @@ def _get_attr(holder: Any, fn_name: str, where: str, what: str) -> Callable[...,
 
 
 def _load_file(path_text: str, fn_name: str, base_dir: Path | None, where: str) -> Callable[..., Any]:
-    path = resolve_user_path(path_text, base_dir)
+    path = resolve_user_path(path_text, base_dir, what="reward file",
+                             fail=lambda msg: RewardError(f"{where}: {msg} (the path before ':' in the spec)"))
     if not path.is_file():
-        base = f" (relative paths resolve against {base_dir or Path.cwd()})"
-        raise RewardError(
-            f"{where}: reward file {path} does not exist{base}. Fix the path before ':' in "
-            "the reward spec, or give an absolute path."
-        )
+        raise RewardError(f"{where}: reward file {path} is a folder; name a .py file before ':'.")
     module = exec_user_file(path, namespace="reward", label="reward file",
                             fail=lambda msg: RewardError(f"{where}: {msg}"))
     return _get_attr(module, fn_name, where, f"file {path}")
@@ -75,8 +71,7 @@ def load_reward_function(
         return BUILTIN_REWARDS[name]
     base = Path(base_dir) if base_dir is not None else None
     if ":" not in name:
-        close = difflib.get_close_matches(name, list(BUILTIN_REWARDS), n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
+        hint = did_you_mean(name, BUILTIN_REWARDS)
         raise RewardError(f"{where}: '{name}' is not a built-in reward.{hint} Use {_FORMS}.")
     target, fn_name = name.rsplit(":", 1)
     if not target or not fn_name:

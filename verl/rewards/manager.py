@@ -29,6 +29,7 @@ from verl.errors import ConfigError, RewardError
 from verl.rewards.builtin import BATCHED_BUILTINS, BUILTIN_KWARG_CHECKS
 from verl.rewards.loader import display_name, load_reward_function
 from verl.rewards.spec import RewardFunctionSpec
+from verl.utils.user_code import raised_at
 
 
 @dataclass
@@ -36,15 +37,19 @@ class RewardResult:
     """Per-sample rewards plus what to log.
 
     scores: float32 [N], the weighted sum of the functions that apply to each sample.
-    metrics: means to log, `reward/<fn>/score` and `reward/<fn>/<key>` for extra keys of dict returns.
+    metrics: means to log, `reward/<fn>/score` and `reward/<fn>/<key>` for numeric extra keys of dict returns.
     per_function: unweighted float32 [N] scores per function; 0 where the function does not apply.
     applied: bool [N] per function, True where it applies (so a mean over per_function can skip the rest).
+    extras: per sample, {function: {key: value}} for the extra keys of dict returns that are not finite
+        numbers (verl's math_dapo returns its parsed answer as `pred`): they cannot be averaged, so they go
+        with the sample (samples.jsonl) instead of the metrics; empty dicts where there are none.
     """
 
     scores: torch.Tensor
     metrics: dict[str, float] = field(default_factory=dict)
     per_function: dict[str, torch.Tensor] = field(default_factory=dict)
     applied: dict[str, torch.Tensor] = field(default_factory=dict)
+    extras: list[dict[str, dict[str, Any]]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -316,6 +321,7 @@ class RewardManager:
         per_function: dict[str, torch.Tensor] = {}
         applied: dict[str, torch.Tensor] = {}
         metrics: dict[str, float] = {}
+        sample_extras: list[dict[str, dict[str, Any]]] = [{} for _ in range(n)]
         for ld in self._loaded:
             idx = [i for i in range(n) if ld.applies(data_sources[i])]
             raw_list, mask_list = [0.0] * n, [False] * n  # filled as Python lists: one tensor each, not n writes
@@ -334,11 +340,13 @@ class RewardManager:
             for i, value in zip(idx, results, strict=True):
                 if value is None and ld.trl_style:  # TRL's "does not apply to this sample"
                     continue
-                s, extra = self._parse(ld, i, value, data_sources[i])
+                s, extra, other = self._parse(ld, i, value, data_sources[i])
                 raw_list[i] = s
                 mask_list[i] = True
                 for k, v in extra.items():
                     extras.setdefault(k, []).append(v)
+                if other:
+                    sample_extras[i][ld.label] = other
             raw = torch.tensor(raw_list, dtype=torch.float64)
             mask = torch.tensor(mask_list, dtype=torch.bool)
             total += ld.spec.weight * raw
@@ -360,7 +368,7 @@ class RewardManager:
                     "scored 0 silently.")
         if n:
             metrics["reward/mean"] = float(total.mean())
-        return RewardResult(total.float(), metrics, per_function, applied)
+        return RewardResult(total.float(), metrics, per_function, applied, sample_extras)
 
     # -- calling user code -------------------------------------------------------------------------
 
@@ -394,8 +402,7 @@ class RewardManager:
             raise RewardError(
                 f"reward function '{ld.label}' ({ld.where}) raised {type(e).__name__}: {e} on sample {i} "
                 f"(data_source={data_source!r}, ground_truth={_short(ground_truth)}, "
-                f"response={_short(response)}). Fix the function or that row; the original traceback "
-                f"is chained above.{hint}"
+                f"response={_short(response)}){_at(e)}. Fix the function or that row.{hint}"
             ) from e
 
     def _call_batched(self, ld: _Loaded, idx: list[int], b: _Samples) -> list[Any]:
@@ -417,7 +424,7 @@ class RewardManager:
         except Exception as e:
             raise RewardError(
                 f"batched reward function '{ld.label}' ({ld.where}) raised {type(e).__name__}: {e} on the "
-                f"call over {span}. Fix the function; the original traceback is chained above."
+                f"call over {span}{_at(e)}. Fix the function."
             ) from e
         if isinstance(out, torch.Tensor):
             out = out.reshape(-1).tolist() if out.dim() <= 1 else out
@@ -486,25 +493,25 @@ class RewardManager:
 
     def _parse(
         self, ld: _Loaded, i: int, value: Any, data_source: str | None
-    ) -> tuple[float, dict[str, float]]:
+    ) -> tuple[float, dict[str, float], dict[str, Any]]:
+        """(score, numeric extras for the metrics, the other extras for the sample's record)."""
         at = f"reward function '{ld.label}' ({ld.where}) on sample {i} (data_source={data_source!r})"
         extras: dict[str, float] = {}
+        other: dict[str, Any] = {}
         if isinstance(value, Mapping):
             if "score" not in value:
                 raise RewardError(
-                    f"{at} returned a dict without a 'score' key (keys: {sorted(value)}); "
-                    "return {'score': float, ...extra metrics}."
+                    f"{at} returned a dict without a 'score' key (keys: {sorted(map(str, value))}); "
+                    "return {'score': float, ...extras}."
                 )
             for k, v in value.items():
                 if k == "score":
                     continue
                 f = _to_float(v)
-                if f is None or not math.isfinite(f):
-                    raise RewardError(
-                        f"{at} returned extra metric {k!r}={_short(v)}; extra dict entries are "
-                        "logged as metrics and must be finite numbers. Remove it or convert it."
-                    )
-                extras[str(k)] = f
+                if f is None or not math.isfinite(f):  # text, None, lists, NaN: kept with the sample
+                    other[str(k)] = v
+                else:
+                    extras[str(k)] = f
             value = value["score"]
         score = _to_float(value)
         if score is None:
@@ -518,7 +525,7 @@ class RewardManager:
                 f"{at} returned {score}; a reward must be finite. Guard the division or "
                 "log that yields NaN/inf."
             )
-        return score, extras
+        return score, extras, other
 
     def __repr__(self) -> str:
         parts = [
@@ -528,6 +535,13 @@ class RewardManager:
             for ld in self._loaded
         ]
         return f"RewardManager({', '.join(parts)})"
+
+
+def _at(exc: BaseException) -> str:
+    """`, at File "r.py", line 3, in fn: <its text>`: the user's own line, so the message replaces the
+    traceback (still chained, for a debugger)."""
+    where = raised_at(exc)
+    return f",\n  at {where}" if where else ""
 
 
 def _short(value: Any, limit: int = 60) -> str:

@@ -6,7 +6,6 @@ model_path)`` uses vLLM when it is installed.
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 from verl.errors import ConfigError
@@ -14,6 +13,7 @@ from verl.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 from verl.rollout.hf_engine import HFKVCacheEngine
 from verl.rollout.sampling import filtered_logprobs, sample_from_logprobs, sample_from_probs, sample_step
 from verl.rollout.vllm_engine import VLLM_INSTALL_HINT, VLLMEngine
+from verl.utils.suggest import did_you_mean
 
 ENGINES = ("hf", "vllm")
 
@@ -32,8 +32,7 @@ def build_engine(name: str, model: Any, **kwargs: Any) -> RolloutEngine:
             raise ConfigError("rollout engine 'vllm' needs the model's path or hub id (vLLM loads its own "
                               f"weights); got a {type(model).__name__} without name_or_path. Pass the path.")
         return VLLMEngine(str(path), **kwargs)
-    close = difflib.get_close_matches(str(name), ENGINES, n=1)
-    hint = f" Did you mean '{close[0]}'?" if close else ""
+    hint = did_you_mean(str(name), ENGINES)
     raise ConfigError(f"unknown rollout engine {name!r}; choose one of {', '.join(map(repr, ENGINES))}.{hint}")
 
 

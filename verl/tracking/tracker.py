@@ -223,7 +223,9 @@ class Tracker:
         and MLflow as text when they are on. Returns the samples.jsonl path (None when disabled/empty)."""
         if not self.enabled or not samples:
             return None
-        rows = [{"step": step, **{k: s.get(k) for k in SAMPLE_FIELDS if k != "step"}} for s in samples]
+        # reward_extras: a reward function's non-numeric extras (e.g. the parsed answer), where there are any
+        rows = [{"step": step, **{k: s.get(k) for k in SAMPLE_FIELDS if k != "step"},
+                 **({"reward_extras": s["reward_extras"]} if s.get("reward_extras") else {})} for s in samples]
         path = self.run_dir / "samples.jsonl"
         with path.open("a", encoding="utf-8") as fh:
             fh.write("".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows))

@@ -1,18 +1,9 @@
-"""`torchrun -m verl.trainer.fsdp_sft_trainer key=value ...`: volcengine/verl's SFT command, answered with
-this verl's `verl train trainer.kind=sft ...` command line (see `verl.trainer.main_ppo`). Starts nothing."""
-
-from __future__ import annotations
+"""`torchrun -m verl.trainer.fsdp_sft_trainer ...` keeps working at volcengine/verl's path; what it does lives
+in `verl.compat.fsdp_sft_trainer`."""
 
 import sys
-from collections.abc import Sequence
 
-from verl.config.verl_command import translate_sft
-from verl.trainer.main_ppo import answer
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return answer("fsdp_sft_trainer", translate_sft, argv)
-
+from verl.compat.fsdp_sft_trainer import main
 
 if __name__ == "__main__":
     sys.exit(main())

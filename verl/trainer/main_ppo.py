@@ -1,30 +1,9 @@
-"""`python -m verl.trainer.main_ppo key=value ...`: volcengine/verl's RL command, answered with this verl's.
+"""`python -m verl.trainer.main_ppo ...` keeps working at volcengine/verl's path; what it does (print the same
+run as a `verl train` command) lives with the rest of the compatibility layer, in `verl.compat.main_ppo`."""
 
-A volcengine/verl user starts RL with this module and Hydra overrides. Here a run starts with `verl train`
-and keys of its own, so this prints the same run as a `verl train` command line, the settings whose
-meaning differs (to decide) and those with nothing here, and exits without training: a run should start
-from a command its user has read (`verl.config.verl_command`).
-"""
-
-from __future__ import annotations
-
-import os
 import sys
-from collections.abc import Callable, Sequence
 
-from verl.config.verl_command import Translation, report, translate
-
-
-def answer(module: str, translate_items: Callable[[Sequence[str]], Translation], argv: Sequence[str] | None) -> int:
-    """Print the translation (once: under torchrun only rank 0 prints) and return 2, the usage-error code."""
-    if os.environ.get("RANK", "0") == "0":
-        sys.stderr.write(report(module, translate_items(sys.argv[1:] if argv is None else argv)))
-    return 2
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return answer("main_ppo", translate, argv)
-
+from verl.compat.main_ppo import main
 
 if __name__ == "__main__":
     sys.exit(main())

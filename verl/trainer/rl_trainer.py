@@ -832,6 +832,7 @@ class RLTrainer(TrainerRuntime):
             chunk = mine[start : start + size]
             real = len(chunk)
             chunk = chunk or [rows[0]]
+            extras: list[dict[str, Any]] = []  # per answer, a reward function's non-numeric extras
             if self.multiturn is not None:
                 chunk_scores, responses, episode = self.multiturn.evaluate(chunk, params, generator)
                 for k, v in episode.items():
@@ -842,17 +843,20 @@ class RLTrainer(TrainerRuntime):
                     out = self.engine.generate(ids.to(self.device), mask.to(self.device), params,
                                                generator=generator)
                 responses = self.decode_responses(out.response_ids, out.response_mask)
-                chunk_scores = self.score_responses([row for row in chunk for _ in range(n)], responses,
-                                                    out.response_ids, out.response_mask).scores.float()
+                result = self.score_responses([row for row in chunk for _ in range(n)], responses,
+                                              out.response_ids, out.response_mask)
+                chunk_scores, extras = result.scores.float(), result.extras[::n]
             chunk_scores = chunk_scores.view(len(chunk), n)  # a row's n answers are consecutive
             scores.append(chunk_scores[:real])
             mine_sources += [row.get("data_source") for row in chunk[:real]]
             if samples is not None:  # each prompt's first answer
                 kept = min(max(self.config.trainer.log_samples - len(samples), 0), real)
                 samples += [{"prompt": row.get("prompt"), "response": response, "score": float(score),
-                             "ground_truth": row.get("ground_truth"), "data_source": row.get("data_source")}
-                            for row, response, score in zip(chunk[:kept], responses[::n][:kept],
-                                                            chunk_scores[:kept, 0].tolist(), strict=True)]
+                             "ground_truth": row.get("ground_truth"), "data_source": row.get("data_source"),
+                             **({"reward_extras": extras[j]} if j < len(extras) and extras[j] else {})}
+                            for j, (row, response, score) in enumerate(zip(chunk[:kept], responses[::n][:kept],
+                                                                           chunk_scores[:kept, 0].tolist(),
+                                                                           strict=True))]
         mine_scores = torch.cat(scores).double()
         names = sorted(episode_sums)
         # Per data source too when the rows mix several (e.g. GSM8K and MATH test sets), from the same sums.

@@ -6,11 +6,10 @@ one place means a typo fails the same way everywhere, with the list of accepted 
 
 from __future__ import annotations
 
-import difflib
-
 import torch
 
 from verl.errors import ConfigError, ModelError
+from verl.utils.suggest import did_you_mean
 
 _DTYPE_NAMES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,
@@ -46,8 +45,7 @@ def resolve_dtype(value: str | torch.dtype, *, where: str = "dtype") -> torch.dt
     key = value.strip().lower().removeprefix("torch.")
     if key in _DTYPE_NAMES:
         return _DTYPE_NAMES[key]
-    close = difflib.get_close_matches(key, list(_DTYPE_NAMES), n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
+    hint = did_you_mean(key, _DTYPE_NAMES)
     raise ConfigError(f"{where}={value!r} is not a known dtype.{hint} Accepted: "
                       f"{', '.join(sorted(_DTYPE_NAMES))}.")
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from verl.compat.keys import VERL_KEYS, VERL_SFT_KEYS
 from verl.config import config_to_yaml, load_config
 from verl.config.schema import RunConfig
-from verl.config.verl_compat import VERL_KEYS, VERL_SFT_KEYS
 from verl.errors import ConfigError
 from verl.trainer.startup import check_response_length
 

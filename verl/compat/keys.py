@@ -115,7 +115,7 @@ VERL_KEYS: dict[str, str] = {
 
 # volcengine/verl's SFT trainer (`verl.trainer.fsdp_sft_trainer`, config sft_trainer.yaml) -> ours in an SFT run
 # (trainer.kind=sft; data.train_batch_size is ours too, for RL prompts). data.prompt_key/response_key and
-# their *_dict_keys are data.fields paths (verl_command.translate_sft), which joins the two-key settings.
+# their *_dict_keys are data.fields paths (verl.compat.command.translate_sft), which joins the two-key settings.
 VERL_SFT_KEYS: dict[str, str] = {
     "model.partial_pretrain": "model.path",
     "model.enable_gradient_checkpointing": "model.gradient_checkpointing",
