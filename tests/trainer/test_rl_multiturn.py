@@ -127,8 +127,8 @@ def test_token_budget_trim_keeps_observation_tokens_inside_an_episode():
     loss mask, which has holes where the environment answered."""
     import torch
 
+    from verl.trainer import update
     from verl.trainer.batch import RolloutBatch
-    from verl.trainer.rl_trainer import RLTrainer
 
     attended = torch.tensor([[1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0]])
     model_tokens = torch.tensor([[1, 1, 0, 0, 0, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0]])  # 3 observation tokens
@@ -136,7 +136,7 @@ def test_token_budget_trim_keeps_observation_tokens_inside_an_episode():
                          prompt_mask=torch.ones(2, 3, dtype=torch.long), response_ids=torch.arange(16).view(2, 8),
                          response_mask=model_tokens, response_attention_mask=attended,
                          rollout_logprobs=torch.zeros(2, 8))
-    mb = RLTrainer.micro_batch(batch, torch.arange(2), trim=True)
+    mb = update.micro_batch(batch, torch.arange(2), trim=True)
     assert mb.response_ids.shape[1] == 6  # the last model token (column 5) is kept, not cut at 3
     assert mb.response_attention_mask.shape == mb.response_mask.shape == mb.rollout_logprobs.shape == (2, 6)
     assert mb.attention_mask.shape[1] == mb.input_ids.shape[1] == 9

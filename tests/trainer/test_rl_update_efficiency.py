@@ -13,6 +13,7 @@ from rl_support import captured_update, random_groups, rl_config
 
 from verl.algorithms import aggregate_loss, place_score_on_last_token, ppo_policy_loss
 from verl.errors import RolloutError
+from verl.trainer import update
 from verl.trainer.forward import response_logprobs
 from verl.trainer.rl_trainer import RLTrainer
 
@@ -114,11 +115,11 @@ def test_token_budget_micro_batches_keep_the_gradient(tmp_path, agg, budget):
     want = _reference_grads(trainer, batch)
     got, _, forwards = _update_grads(trainer, batch)
     _assert_same(got, want)
-    groups = trainer.micro_batch_groups(batch, 8, budget)
+    groups = update.micro_batch_groups(batch, 8, budget)
     assert forwards == len(groups)
     assert sorted(torch.cat(groups).tolist()) == list(range(len(batch)))
     for g in groups:  # each micro-batch fits the budget unless it is a single over-long row
-        mb = trainer.micro_batch(batch, g, trim=True)
+        mb = update.micro_batch(batch, g, trim=True)
         assert len(g) == 1 or mb.input_ids.numel() <= budget
 
 
@@ -131,9 +132,9 @@ def test_token_budget_groups_by_length_and_trims_padding():
                          prompt_ids=torch.ones(6, 5, dtype=torch.long),
                          prompt_mask=torch.tensor([[0, 0, 0, 1, 1]] * 6), response_ids=mask.clone(),
                          response_mask=mask, advantages=torch.ones(6, 10))
-    groups = RLTrainer.micro_batch_groups(batch, 8, 24)
+    groups = update.micro_batch_groups(batch, 8, 24)
     assert [g.tolist() for g in groups] == [[1, 3], [5, 2], [0, 4]]  # (2+9)*2=22, (2+7)*2=18, (2+2)*2=8
-    mb = RLTrainer.micro_batch(batch, groups[1], trim=True)
+    mb = update.micro_batch(batch, groups[1], trim=True)
     assert mb.prompt_ids.shape == (2, 2) and mb.response_mask.shape == (2, 7) and mb.advantages.shape == (2, 7)
     assert torch.equal(mb.response_mask, mask[[5, 2], :7])
 
@@ -235,7 +236,7 @@ def test_shared_old_logprobs_equal_the_unshared_pass(tmp_path):
 def test_groups_are_shuffled_whole_when_prompts_are_shared(tmp_path):
     trainer = _trainer(tmp_path, share=True)
     batch = _batch(trainer, equal_groups=())
-    order = trainer.update_order(batch, shuffle=True, keep_groups=True)
+    order = update.update_order(batch, shuffle=True, keep_groups=True, generator=trainer.shuffle_generator)
     assert sorted(order.tolist()) == list(range(len(batch)))
     ids = batch.group_ids[order].tolist()
     assert all(ids[i] == ids[i - i % 4] for i in range(len(ids)))  # contiguous groups
