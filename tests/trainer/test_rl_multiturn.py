@@ -171,3 +171,12 @@ def test_validation_runs_several_episodes_per_held_out_prompt(tmp_path):
     rows = trainer.env.val_rows() or trainer.env.get_batch(4)
     metrics = trainer.evaluate(rows, prefix="val")
     assert 0 <= metrics["val/score"] <= metrics.get("val/pass@3", metrics.get("val/best@3"))
+
+
+def test_dynamic_sampling_keeps_the_episodes_observation_tokens(tmp_path):
+    """algorithm.filter_groups concatenates the groups it keeps; the episodes' attention mask (observation
+    tokens) and environment rewards must come through, or the update's forward drops every observation
+    token and its log-probs drift from the sampler's (a RolloutError at step 1)."""
+    trainer = RLTrainer(mt_config(tmp_path, "algorithm.filter_groups=true", "algorithm.max_resample_rounds=1"))
+    metrics = trainer.step()
+    assert metrics["rollout/logprob_diff_mean"] < 1e-5 and metrics["actor/grad_norm"] > 0
