@@ -34,7 +34,7 @@ from verl.trainer.batch import (
 PAD, REWARD_PAD = 7, 9
 
 
-def full_batch(n: int, p: int, r: int, l: int, seed: int) -> RolloutBatch:
+def full_batch(n: int, p: int, r: int, reward_len: int, seed: int) -> RolloutBatch:
     """A batch with every field of the layout set to distinct values (no value equals a pad by chance)."""
     g = torch.Generator().manual_seed(seed)
     values = {}
@@ -44,7 +44,7 @@ def full_batch(n: int, p: int, r: int, l: int, seed: int) -> RolloutBatch:
         elif f.kind == WHOLE:
             values[name] = {"seed": float(seed)}
         else:
-            width = {ROW: None, PROMPT: p, RESPONSE: r, REWARD_TOKENS: l}[f.kind]
+            width = {ROW: None, PROMPT: p, RESPONSE: r, REWARD_TOKENS: reward_len}[f.kind]
             shape = (n,) if width is None else (n, width)
             floating = isinstance(f.pad, float) or name in ("scores", "env_scores", "reward_model_scores")
             values[name] = (torch.rand(shape, generator=g, dtype=torch.float64) + 100.0 if floating

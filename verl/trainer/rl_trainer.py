@@ -22,15 +22,11 @@ import torch
 from verl.algorithms import (
     AdaptiveKLController,
     FixedKLController,
-    aggregate_loss,
     explained_variance,
-    kl_penalty,
     masked_mean,
     masked_moments,
     overlong_penalty,
     place_score_on_last_token,
-    ppo_policy_loss,
-    value_loss,
 )
 from verl.config.loader import build_config, set_dotted
 from verl.config.schema import OptimConfig, RunConfig
@@ -72,7 +68,6 @@ from verl.trainer.models import build_reference, with_cpu_matmul
 from verl.trainer.optim import build_optimizer
 from verl.trainer.reward_model import reward_text
 from verl.trainer.runtime import TrainerRuntime
-from verl.trainer.update import MetricKinds
 
 
 def _score_sums(scores: torch.Tensor) -> tuple[float, float, float]:
@@ -564,33 +559,11 @@ class RLTrainer(TrainerRuntime):
         # The drift check on this forward (see update_checks_drift): the rows of every micro-batch run
         drift = [] if batch.rollout_logprobs is not None and self.update_checks_drift else None
 
-        def micro_loss(mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
-            mask = mb.response_mask.float()
-            logprobs, entropy = self.policy_logprobs(self.model, mb, temperature=temperature, with_entropy=True,
-                                                     entropy_grad=cfg.entropy_coef > 0)
-            if drift is not None:
-                drift.append(self.drift_moments(logprobs.detach(), mb))
-            old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
-            weights = None if cfg.tis_cap is None else self.tis_weights(old, mb)
-            loss, stats = ppo_policy_loss(logprobs, old, mb.advantages, mask, clip_low=cfg.clip_low,
-                                          clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.loss_agg,
-                                          norm_len=norm_len, sequence_ratio=cfg.importance_sampling == "sequence",
-                                          token_weights=weights)
-            metrics = {"actor/pg_loss": float(loss.detach()), "actor/clipfrac": stats["clipfrac"],
-                       "actor/approx_kl": stats["approx_kl"]}
-            if weights is not None:
-                metrics |= {"actor/tis_weight_mean": float(masked_mean(weights, mask)),
-                            "actor/tis_capped_frac": float(masked_mean((weights >= cfg.tis_cap).float(), mask))}
-            ent = aggregate_loss(entropy, mask, cfg.loss_agg, norm_len=norm_len)
-            metrics["actor/entropy"] = float(ent.detach())
-            if cfg.entropy_coef > 0:
-                loss = loss - cfg.entropy_coef * ent
-            if cfg.kl_loss_coef > 0:
-                kl = aggregate_loss(kl_penalty(logprobs, mb.ref_logprobs, cfg.kl_loss_type), mask, cfg.loss_agg,
-                                    norm_len=norm_len)
-                loss = loss + cfg.kl_loss_coef * kl
-                metrics["actor/kl_loss"] = float(kl.detach())
-            return loss, metrics
+        micro_loss = update.policy_loss(
+            cfg, norm_len, lambda mb: self.policy_logprobs(self.model, mb, temperature=temperature, with_entropy=True,
+                                                           entropy_grad=cfg.entropy_coef > 0),
+            tis_weights=self.tis_weights,
+            on_logprobs=None if drift is None else lambda logprobs, mb: drift.append(self.drift_moments(logprobs, mb)))
 
         def check_drift() -> None:  # before the optimizer step: a failed check leaves the weights alone
             if drift is not None:
@@ -601,7 +574,7 @@ class RLTrainer(TrainerRuntime):
                                 micro_loss, prefix="actor",
                                 contributes=self.contributing_sequences if self.skips_zero_advantage else None,
                                 keep_groups=self.shares_prompt(self.model), before_step=check_drift,
-                                metric_kinds=self.ACTOR_METRICS)
+                                metric_kinds=update.ACTOR_METRICS)
         if batch.ref_logprobs is not None:
             metrics["actor/ref_kl"] = float(masked_mean(batch.old_logprobs - batch.ref_logprobs,
                                                         batch.response_mask.float()))
@@ -617,30 +590,13 @@ class RLTrainer(TrainerRuntime):
         rollout = mb.rollout_logprobs.to(old_logprobs)
         return torch.exp(old_logprobs.detach() - rollout).clamp(max=self.config.actor.tis_cap)  # inf -> the cap
 
-    # How the update's micro-batch metrics combine (see update.MetricKinds): clip fractions and approx_kl
-    # are shares/means over tokens; entropy, approx_kl and the importance weights of rows the update skipped
-    # are unknown without their forward, so those are means over the rows that ran.
-    ACTOR_METRICS = MetricKinds(
-        per_token=frozenset({"actor/clipfrac", "actor/approx_kl", "actor/tis_weight_mean", "actor/tis_capped_frac"}),
-        ran_rows=frozenset({"actor/entropy", "actor/approx_kl", "actor/tis_weight_mean", "actor/tis_capped_frac"}))
-    CRITIC_METRICS = MetricKinds(per_token=frozenset({"critic/clipfrac"}))
-
     def update_critic(self, batch: RolloutBatch) -> dict[str, float]:
         cfg = self.config.critic
-        # seq-mean-token-sum-norm's constant, as the actor's: one for the whole batch, so the gradient does not
-        # depend on how it is cut into (trimmed) micro-batches
-        norm_len = max(batch.response_ids.shape[1], self.config.rollout.max_new_tokens)
-
-        def micro_loss(mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
-            mask = mb.response_mask.float()
-            values = self.critic_values(mb)
-            loss, stats = value_loss(values, mb.values, mb.returns, mask, clip_range=cfg.value_clip, agg=cfg.loss_agg,
-                                     norm_len=norm_len)
-            return loss, {"critic/vf_loss": float(loss.detach()), **{f"critic/{k}": v for k, v in stats.items()}}
-
+        norm_len = max(batch.response_ids.shape[1], self.config.rollout.max_new_tokens)  # as the actor's
         metrics = self.optimize(self.critic, self.critic_optimizer, self.critic_scheduler, batch, cfg,
-                                self.plans["critic"], micro_loss, prefix="critic",
-                                keep_groups=self.shares_prompt(self.critic), metric_kinds=self.CRITIC_METRICS)
+                                self.plans["critic"], update.critic_loss(cfg, norm_len, self.critic_values),
+                                prefix="critic", keep_groups=self.shares_prompt(self.critic),
+                                metric_kinds=update.CRITIC_METRICS)
         mask = batch.response_mask.float()
         metrics["critic/explained_var"] = float(explained_variance(batch.values, batch.returns, mask))
         metrics["critic/values_mean"] = float(masked_mean(batch.values, mask))

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from verl.config.schema import OptimConfig
+from verl.algorithms import aggregate_loss, kl_penalty, masked_mean, ppo_policy_loss, value_loss
+from verl.config.schema import ActorConfig, CriticConfig, OptimConfig
 from verl.distributed.placement import Placement
 from verl.models.dropout import no_grad_eval
 from verl.trainer.batch import PROMPT, RESPONSE, RolloutBatch, fields_of
@@ -199,6 +200,67 @@ class _MetricSums:
         return out
 
 
+# How the losses' metrics combine: clip fractions and approx_kl are shares/means over tokens; entropy,
+# approx_kl and the importance weights of rows the update skipped are unknown without their forward.
+ACTOR_METRICS = MetricKinds(
+    per_token=frozenset({"actor/clipfrac", "actor/approx_kl", "actor/tis_weight_mean", "actor/tis_capped_frac"}),
+    ran_rows=frozenset({"actor/entropy", "actor/approx_kl", "actor/tis_weight_mean", "actor/tis_capped_frac"}))
+CRITIC_METRICS = MetricKinds(per_token=frozenset({"critic/clipfrac"}))
+
+
+# ---------------------------------------------------------------------- the micro-batch losses
+def policy_loss(cfg: ActorConfig, norm_len: int, forward: Callable[[RolloutBatch], tuple[torch.Tensor, torch.Tensor]],
+                *, tis_weights: Callable[[torch.Tensor, RolloutBatch], torch.Tensor] | None = None,
+                on_logprobs: Callable[[torch.Tensor, RolloutBatch], None] | None = None) -> MicroLoss:
+    """The actor's micro-batch loss: PPO-clip (`cfg`'s clip ranges, aggregation, sequence ratio, truncated
+    importance weights from `tis_weights(old, mb)`), minus the entropy bonus, plus the KL loss; and its
+    metrics. `forward(mb)` gives (log-probs, entropy); `on_logprobs(logprobs, mb)` sees every forward's
+    log-probs (the drift check). `norm_len` is seq-mean-token-sum-norm's constant for the whole batch."""
+
+    def micro_loss(mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        mask = mb.response_mask.float()
+        logprobs, entropy = forward(mb)
+        if on_logprobs is not None:
+            on_logprobs(logprobs.detach(), mb)
+        old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
+        weights = None if cfg.tis_cap is None else tis_weights(old, mb)
+        loss, stats = ppo_policy_loss(logprobs, old, mb.advantages, mask, clip_low=cfg.clip_low,
+                                      clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.loss_agg,
+                                      norm_len=norm_len, sequence_ratio=cfg.importance_sampling == "sequence",
+                                      token_weights=weights)
+        metrics = {"actor/pg_loss": float(loss.detach()), "actor/clipfrac": stats["clipfrac"],
+                   "actor/approx_kl": stats["approx_kl"]}
+        if weights is not None:
+            metrics |= {"actor/tis_weight_mean": float(masked_mean(weights, mask)),
+                        "actor/tis_capped_frac": float(masked_mean((weights >= cfg.tis_cap).float(), mask))}
+        ent = aggregate_loss(entropy, mask, cfg.loss_agg, norm_len=norm_len)
+        metrics["actor/entropy"] = float(ent.detach())
+        if cfg.entropy_coef > 0:
+            loss = loss - cfg.entropy_coef * ent
+        if cfg.kl_loss_coef > 0:
+            kl = aggregate_loss(kl_penalty(logprobs, mb.ref_logprobs, cfg.kl_loss_type), mask, cfg.loss_agg,
+                                norm_len=norm_len)
+            loss = loss + cfg.kl_loss_coef * kl
+            metrics["actor/kl_loss"] = float(kl.detach())
+        return loss, metrics
+
+    return micro_loss
+
+
+def critic_loss(cfg: CriticConfig, norm_len: int, values: Callable[[RolloutBatch], torch.Tensor]) -> MicroLoss:
+    """The critic's micro-batch loss (clipped value loss) and its metrics; `values(mb)` runs the critic.
+    `norm_len` is one constant for the whole batch, as the actor's, so that the gradient does not depend on
+    how the batch is cut into (trimmed) micro-batches."""
+
+    def micro_loss(mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        mask = mb.response_mask.float()
+        loss, stats = value_loss(values(mb), mb.values, mb.returns, mask, clip_range=cfg.value_clip, agg=cfg.loss_agg,
+                                 norm_len=norm_len)
+        return loss, {"critic/vf_loss": float(loss.detach()), **{f"critic/{k}": v for k, v in stats.items()}}
+
+    return micro_loss
+
+
 # ---------------------------------------------------------------------- the optimize loop
 def optimize(
     module: torch.nn.Module,
@@ -276,6 +338,6 @@ def optimize(
     return metrics
 
 
-__all__ = ["MetricKinds", "PROMPT_FIELDS", "RESPONSE_FIELDS", "forward_in_micro_batches", "micro_batch",
+__all__ = ["ACTOR_METRICS", "CRITIC_METRICS", "MetricKinds", "critic_loss", "policy_loss", "PROMPT_FIELDS", "RESPONSE_FIELDS", "forward_in_micro_batches", "micro_batch",
            "micro_batch_groups", "micro_batch_rounds", "micro_batches", "micro_weights", "optimize",
            "update_order"]
