@@ -161,7 +161,11 @@ class MetricKinds:
     tokens: clip fractions, approx_kl). Rows left out of the forward (zero advantage, skipped) count with
     their true value 0 for loss-type metrics (their loss, clip and KL terms are exactly 0); a metric in
     `ran_rows` (entropy, approx_kl, importance weights: a skipped row's value is not 0 but unknown without
-    its forward) is the mean over the rows that ran instead, an estimate of the whole batch's.
+    its forward) is the mean over the rows that ran instead, an estimate of the whole batch's. So skipping,
+    which leaves the gradient unchanged, leaves the logged loss and clip fraction unchanged too (what TRL and
+    verl users read as the batch's), and the entropy stays the policy's mean entropy, not scaled down by the
+    share of skipped rows. On several ranks the loss-type metrics are exact after the mean over the ranks;
+    the `ran_rows` ones are the mean of each rank's mean.
     """
 
     per_token: frozenset[str] = frozenset()
