@@ -21,6 +21,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ab import interleaved, load_average, ratio_line  # noqa: E402
 
+from verl.trainer.update import micro_batch_groups  # noqa: E402
+
 
 def make_batch(args: argparse.Namespace, vocab: int):
     from verl.trainer.batch import RolloutBatch
@@ -73,7 +75,7 @@ def main() -> None:
     fixed, packed = trainer_for(args, None), trainer_for(args, budget)
     packed.model.load_state_dict(fixed.model.state_dict())
     batch = make_batch(args, fixed.tokenizer.vocab_size if hasattr(fixed.tokenizer, "vocab_size") else 700)
-    groups = packed.micro_batch_groups(batch, args.micro, budget, by_group=packed.shares_prompt(packed.model))
+    groups = micro_batch_groups(batch, args.micro, budget, by_group=packed.shares_prompt(packed.model))
     padded = sum(len(g) * (args.prompt_len + int(batch.response_mask[g].sum(-1).max())) for g in groups)
     real = int(batch.attention_mask.sum())
     print(f"update of {args.sequences} sequences, prompt {args.prompt_len}, responses "

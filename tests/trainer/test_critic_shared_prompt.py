@@ -93,7 +93,7 @@ def _batch(trainer: RLTrainer):
 def _critic_update(trainer: RLTrainer, batch, share: bool, monkeypatch):
     """update_critic's accumulated gradient (captured instead of stepped), its forwards, and its value loss
     put together from the micro-batches' losses (each weighted by its share of tokens or sequences)."""
-    import verl.trainer.rl_trainer as rl
+    import verl.trainer.update as rl
 
     trainer.config.critic.share_prompt_forward = share
     losses = []

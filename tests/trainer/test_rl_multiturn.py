@@ -127,8 +127,8 @@ def test_token_budget_trim_keeps_observation_tokens_inside_an_episode():
     loss mask, which has holes where the environment answered."""
     import torch
 
+    from verl.trainer import update
     from verl.trainer.batch import RolloutBatch
-    from verl.trainer.rl_trainer import RLTrainer
 
     attended = torch.tensor([[1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0]])
     model_tokens = torch.tensor([[1, 1, 0, 0, 0, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0]])  # 3 observation tokens
@@ -136,7 +136,7 @@ def test_token_budget_trim_keeps_observation_tokens_inside_an_episode():
                          prompt_mask=torch.ones(2, 3, dtype=torch.long), response_ids=torch.arange(16).view(2, 8),
                          response_mask=model_tokens, response_attention_mask=attended,
                          rollout_logprobs=torch.zeros(2, 8))
-    mb = RLTrainer.micro_batch(batch, torch.arange(2), trim=True)
+    mb = update.micro_batch(batch, torch.arange(2), trim=True)
     assert mb.response_ids.shape[1] == 6  # the last model token (column 5) is kept, not cut at 3
     assert mb.response_attention_mask.shape == mb.response_mask.shape == mb.rollout_logprobs.shape == (2, 6)
     assert mb.attention_mask.shape[1] == mb.input_ids.shape[1] == 9
@@ -171,3 +171,13 @@ def test_validation_runs_several_episodes_per_held_out_prompt(tmp_path):
     rows = trainer.env.val_rows() or trainer.env.get_batch(4)
     metrics = trainer.evaluate(rows, prefix="val")
     assert 0 <= metrics["val/score"] <= metrics.get("val/pass@3", metrics.get("val/best@3"))
+
+
+def test_dynamic_sampling_keeps_the_episodes_observation_tokens(tmp_path):
+    """algorithm.filter_groups concatenates the groups it keeps; the episodes' attention mask (observation
+    tokens) and environment rewards must come through, or the update's forward drops every observation
+    token and its log-probs drift from the sampler's (here by ~0.03 per token; in the tool-calculator demo by
+    ~0.8, a RolloutError at step 1)."""
+    trainer = RLTrainer(mt_config(tmp_path, "algorithm.filter_groups=true", "algorithm.max_resample_rounds=1"))
+    metrics = trainer.step()
+    assert metrics["rollout/logprob_diff_mean"] < 1e-5 and metrics["actor/grad_norm"] > 0

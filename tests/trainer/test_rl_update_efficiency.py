@@ -13,6 +13,7 @@ from rl_support import captured_update, random_groups, rl_config
 
 from verl.algorithms import aggregate_loss, place_score_on_last_token, ppo_policy_loss
 from verl.errors import RolloutError
+from verl.trainer import update
 from verl.trainer.forward import response_logprobs
 from verl.trainer.rl_trainer import RLTrainer
 
@@ -114,11 +115,11 @@ def test_token_budget_micro_batches_keep_the_gradient(tmp_path, agg, budget):
     want = _reference_grads(trainer, batch)
     got, _, forwards = _update_grads(trainer, batch)
     _assert_same(got, want)
-    groups = trainer.micro_batch_groups(batch, 8, budget)
+    groups = update.micro_batch_groups(batch, 8, budget)
     assert forwards == len(groups)
     assert sorted(torch.cat(groups).tolist()) == list(range(len(batch)))
     for g in groups:  # each micro-batch fits the budget unless it is a single over-long row
-        mb = trainer.micro_batch(batch, g, trim=True)
+        mb = update.micro_batch(batch, g, trim=True)
         assert len(g) == 1 or mb.input_ids.numel() <= budget
 
 
@@ -131,9 +132,9 @@ def test_token_budget_groups_by_length_and_trims_padding():
                          prompt_ids=torch.ones(6, 5, dtype=torch.long),
                          prompt_mask=torch.tensor([[0, 0, 0, 1, 1]] * 6), response_ids=mask.clone(),
                          response_mask=mask, advantages=torch.ones(6, 10))
-    groups = RLTrainer.micro_batch_groups(batch, 8, 24)
+    groups = update.micro_batch_groups(batch, 8, 24)
     assert [g.tolist() for g in groups] == [[1, 3], [5, 2], [0, 4]]  # (2+9)*2=22, (2+7)*2=18, (2+2)*2=8
-    mb = RLTrainer.micro_batch(batch, groups[1], trim=True)
+    mb = update.micro_batch(batch, groups[1], trim=True)
     assert mb.prompt_ids.shape == (2, 2) and mb.response_mask.shape == (2, 7) and mb.advantages.shape == (2, 7)
     assert torch.equal(mb.response_mask, mask[[5, 2], :7])
 
@@ -235,7 +236,7 @@ def test_shared_old_logprobs_equal_the_unshared_pass(tmp_path):
 def test_groups_are_shuffled_whole_when_prompts_are_shared(tmp_path):
     trainer = _trainer(tmp_path, share=True)
     batch = _batch(trainer, equal_groups=())
-    order = trainer.update_order(batch, shuffle=True, keep_groups=True)
+    order = update.update_order(batch, shuffle=True, keep_groups=True, generator=trainer.shuffle_generator)
     assert sorted(order.tolist()) == list(range(len(batch)))
     ids = batch.group_ids[order].tolist()
     assert all(ids[i] == ids[i - i % 4] for i in range(len(ids)))  # contiguous groups
@@ -344,3 +345,96 @@ def test_masking_truncated_responses_leaves_them_out_of_the_loss(tmp_path):
     _assert_same(got, _reference_grads(trainer, finished_only), 1e-6)
     plain, _, _ = _update_grads(_trainer(tmp_path / "plain"), batch)
     assert any(float((plain[k] - got[k]).abs().max()) > 1e-6 for k in got)  # it did leave them out
+
+
+# ---------------------------------------------------------------- the critic's normaliser, budgets, metrics
+@pytest.mark.parametrize("split", [("critic.micro_batch_size=16",),
+                                   ("critic.micro_batch_size=3", "critic.max_tokens_per_micro_batch=40")])
+def test_critic_seq_mean_token_sum_norm_gradient_does_not_depend_on_the_micro_batches(tmp_path, split):
+    """The critic's seq-mean-token-sum-norm divides every sequence by one constant for the whole batch (as the
+    actor's: max(batch width, rollout.max_new_tokens)), not by each (trimmed) micro-batch's own width: one
+    micro-batch and several budget-packed ones give the one-big-batch gradient (loss in float64)."""
+    from verl.algorithms import value_loss
+    from verl.trainer.forward import response_values
+
+    trainer = _trainer(tmp_path, "algorithm.adv_estimator=gae", "critic.loss_agg=seq-mean-token-sum-norm",
+                       "critic.shuffle=false", "critic.share_prompt_forward=false", *split)
+    batch = trainer.generate(trainer.get_batch())
+    lengths = 3 + torch.arange(len(batch)) % 7  # responses that stopped early: the micro-batches' trims differ
+    batch.response_mask = (torch.arange(batch.response_ids.shape[1])[None] < lengths[:, None]).long()
+    batch.response_ids = batch.response_ids * batch.response_mask
+    batch = trainer.compute_reward(batch)
+    batch = trainer.compute_advantages(trainer.compute_values(trainer.compute_log_probs(batch)))
+    width = batch.response_ids.shape[1]
+    trainer.config.rollout.max_new_tokens = 16  # the generation budget, wider than this batch
+    critic = trainer.critic
+    critic.zero_grad(set_to_none=True)
+    values = response_values(critic, batch.input_ids, batch.attention_mask, batch.position_ids, width).double()
+    loss, _ = value_loss(values, batch.values.double(), batch.returns.double(), batch.response_mask.double(),
+                         clip_range=trainer.config.critic.value_clip, agg="seq-mean-token-sum-norm", norm_len=16)
+    loss.backward()
+    want = {n: p.grad.detach().clone() for n, p in critic.named_parameters() if p.grad is not None}
+    critic.zero_grad(set_to_none=True)
+    got, _, forwards = captured_update(trainer, critic, trainer.update_critic, batch)
+    assert forwards > (1 if "critic.micro_batch_size=3" in split else 0)
+    # the critic's value head computes in float32 whatever the backbone's dtype: the loss is float64, the
+    # forward float32 (the old per-micro-batch normaliser was off by 10-90%)
+    _assert_same({k: v.double() for k, v in got.items()}, {k: v.double() for k, v in want.items()}, 1e-4)
+
+
+def test_token_budgets_count_the_observation_tokens_of_episodes(tmp_path):
+    """actor.max_tokens_per_micro_batch bounds what a forward runs on: with multi-turn episodes that is the
+    prompt and every attended response token, the environment's observations included."""
+    from test_rl_multiturn import mt_config
+
+    budget = 60
+    trainer = RLTrainer(mt_config(tmp_path, f"actor.max_tokens_per_micro_batch={budget}",
+                                  "actor.share_prompt_forward=false", "actor.micro_batch_size=16",
+                                  "actor.skip_zero_advantage=false"))
+    batch = trainer.compute_reward(trainer.generate(trainer.get_batch()))
+    batch = trainer.compute_advantages(trainer.compute_log_probs(batch))
+    assert bool((batch.response_attention.sum(-1) > batch.response_mask.sum(-1)).any())  # observations
+    shapes = []
+    hook = trainer.model.model.layers[0].register_forward_hook(lambda m, args, out: shapes.append(args[0].shape[:2]))
+    try:
+        trainer.update_policy(batch)
+    finally:
+        hook.remove()
+    assert len(shapes) > 1 and sum(rows for rows, _ in shapes) == len(batch)
+    assert all(rows == 1 or rows * width <= budget for rows, width in shapes), shapes
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_update_metrics_do_not_depend_on_skipping_zero_advantage_rows(tmp_path, agg):
+    """With actor.skip_zero_advantage the loss-type metrics (pg_loss, clipfrac) are those of the whole batch,
+    the skipped rows counting with their true value 0, as without skipping; entropy and approx_kl (not 0 for
+    a skipped row, and unknown without its forward) are the means over the rows that ran. Float64 references
+    over the whole batch in one forward."""
+    trainer = _trainer(tmp_path, f"actor.loss_agg={agg}", "actor.micro_batch_size=3", "rollout.max_logprob_drift=null")
+    batch = _batch(trainer, equal_groups=(0, 2))
+    width = batch.response_ids.shape[1]
+    with torch.no_grad():
+        logprobs, entropy = response_logprobs(trainer.model, batch.input_ids, batch.attention_mask,
+                                              batch.position_ids, width, with_entropy=True)
+    mask = batch.response_mask.double()
+    noise = torch.randn(logprobs.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    batch.old_logprobs = (logprobs + 0.3 * noise) * mask  # off the policy: some ratios clip
+    loss, stats = ppo_policy_loss(logprobs, batch.old_logprobs, batch.advantages.double(), mask, agg=agg,
+                                  norm_len=10)
+    ran = RLTrainer.contributing_sequences(batch)
+    assert 0 < int(ran.sum()) < len(batch) and stats["clipfrac"] > 0
+    want_entropy = float(aggregate_loss(entropy[ran], mask[ran], agg))
+    want_kl = float(((batch.old_logprobs - logprobs) * mask)[ran].sum() / mask[ran].sum())
+
+    _, skipping, _ = _update_grads(trainer, batch)
+    trainer.config.actor.skip_zero_advantage = False
+    _, plain, _ = _update_grads(trainer, batch)
+    assert skipping["actor/skipped_frac"] == 0.5 and "actor/skipped_frac" not in plain
+    # (clipfrac is a float32 share in ppo_policy_loss)
+    for key, want, rel in (("actor/pg_loss", float(loss), 1e-9), ("actor/clipfrac", stats["clipfrac"], 1e-6)):
+        assert skipping[key] == pytest.approx(want, rel=rel, abs=1e-12), key
+        assert plain[key] == pytest.approx(want, rel=rel, abs=1e-12), key
+    assert plain["actor/entropy"] == pytest.approx(float(aggregate_loss(entropy, mask, agg)), rel=1e-9)
+    assert plain["actor/approx_kl"] == pytest.approx(stats["approx_kl"], rel=1e-9)
+    assert skipping["actor/entropy"] == pytest.approx(want_entropy, rel=1e-9)
+    assert skipping["actor/approx_kl"] == pytest.approx(want_kl, rel=1e-9)

@@ -68,7 +68,8 @@ class Placement:
         """Run `stage` on `role`'s ranks; returns the batch on the home ranks (None elsewhere).
 
         `send` names the fields the stage reads and `back` those it writes; they matter only when the
-        role sits on other ranks than the home role.
+        role sits on other ranks than the home role. A `send` field the batch does not have (None, e.g. the
+        observation mask of single-turn responses) is not sent; a `back` field must be there.
         """
         return stage(batch)
 
@@ -78,7 +79,8 @@ class Placement:
         return stage(batch)
 
     def align(self, batch: B | None, sides: Mapping[str, tuple[str, int | float]]) -> B | None:
-        """Pad the named fields of the home ranks' batches to one width before a split transfer."""
+        """Pad the named fields of the home ranks' batches to one width before a split transfer (fields the
+        batch does not have are left out)."""
         return batch
 
     # ------------------------------------------------------------------ reductions over the batch
@@ -126,7 +128,8 @@ class SplitPlacement(Placement):
         if self.groups.ranks(role) == self.home_ranks:  # the role sits with the batch: nothing moves
             return stage(batch) if home else None
         name = getattr(stage, "__name__", "stage")
-        got = self.groups.move_batch(_fields(batch, send) if home else None, HOME, role, stage=f"{name}:in")
+        got = self.groups.move_batch(_fields(batch, send, present=True) if home else None, HOME, role,
+                                     stage=f"{name}:in")
         out = None
         if got is not None:
             result = stage(self._receive(got))
@@ -141,15 +144,15 @@ class SplitPlacement(Placement):
         if self.groups.ranks(role) == self.home_ranks:
             return stage(batch) if self.groups.has(HOME) else {}
         name = getattr(stage, "__name__", "stage")
-        got = self.groups.move_batch(_fields(batch, send) if self.groups.has(HOME) else None, HOME, role,
-                                     stage=f"{name}:in")
+        got = self.groups.move_batch(_fields(batch, send, present=True) if self.groups.has(HOME) else None,
+                                     HOME, role, stage=f"{name}:in")
         return stage(self._receive(got)) if got is not None else {}
 
     def align(self, batch, sides):
         if not self.groups.has(HOME):
             return batch
-        fields = _fields(batch, list(sides))
-        padded = pad_to_group_width(fields, dict(sides), all_reduce_max=lambda t: self.groups.all_reduce(
+        fields = _fields(batch, list(sides), present=True)
+        padded = pad_to_group_width(fields, {k: sides[k] for k in fields}, all_reduce_max=lambda t: self.groups.all_reduce(
             t, HOME, "align:width", op=dist.ReduceOp.MAX))
         for key, value in padded.items():
             setattr(batch, key, value)
@@ -162,9 +165,11 @@ class SplitPlacement(Placement):
         return self.receive(fields)
 
 
-def _fields(batch: Any, names: Sequence[str]) -> dict[str, torch.Tensor]:
-    """The named tensors of a batch, as `move_batch` sends them."""
-    return {name: getattr(batch, name) for name in names}
+def _fields(batch: Any, names: Sequence[str], *, present: bool = False) -> dict[str, torch.Tensor]:
+    """The named tensors of a batch, as `move_batch` sends them; with `present`, those it has (not None).
+    (Every home rank runs the same stages, so they agree on which fields are present.)"""
+    fields = {name: getattr(batch, name) for name in names}
+    return {k: v for k, v in fields.items() if v is not None} if present else fields
 
 
 __all__ = ["Placement", "SplitPlacement", "HOME"]

@@ -1,18 +1,111 @@
-"""The one batch object that flows through an RL step.
+"""The one batch object that flows through an RL step, and its layout as data.
 
 Each stage fills in more fields (`generate` the responses, `compute_reward` the scores, ...) and never
 reaches back; the update stages read mini-batches of it through `select`.
+
+`LAYOUT` says for every field its shape kind, its pad value and which roles read or write it. Selecting
+rows, concatenating batches (dynamic sampling), padding shards to one width (split placements), trimming a
+micro-batch and the field lists a split placement sends to a role and back all derive from it, so a new
+field is one table row: nothing can silently drop it (as a hand-written concatenation once dropped the
+observation mask of multi-turn episodes).
 """
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from verl.errors import VerlError
 from verl.utils.positions import position_ids_from_mask
+
+# Shape kinds. N rows; P prompt columns (left-padded), R response columns (right-padded), L reward-model
+# tokens (right-padded).
+ROW = "[N]"  # one value per row
+PROMPT = "[N,P]"
+RESPONSE = "[N,R]"
+REWARD_TOKENS = "[N,L]"
+ROW_LIST = "list[N]"  # a python list with one entry per row ([] before the stage that fills it)
+WHOLE = "batch"  # belongs to the batch, not to a row (metrics)
+# Pad values that are the tokenizer's, not a number.
+PAD_TOKEN = "pad_token_id"  # the policy tokenizer's pad id
+REWARD_PAD_TOKEN = "reward_pad_token_id"  # the reward model tokenizer's pad id
+
+# Roles that read fields on ranks of their own (what a split placement sends them): the reference and the
+# critic's value pass run on the sequences, the critic's update also on the values and returns, a reward
+# model on its own tokens.
+SEQUENCE_READERS = frozenset({"ref", "critic", "critic_update"})
+
+
+@dataclass(frozen=True)
+class FieldLayout:
+    kind: str
+    pad: int | float | str | None = None  # None: the kind has no padded dimension
+    readers: frozenset[str] = frozenset()  # roles off the actor's ranks that read it
+    writer: str = "actor"  # the role whose stage fills it (a split placement sends it back from there)
+
+    @property
+    def side(self) -> str | None:
+        return {PROMPT: "left", RESPONSE: "right", REWARD_TOKENS: "right"}.get(self.kind)
+
+
+LAYOUT: dict[str, FieldLayout] = {
+    "rows": FieldLayout(ROW_LIST),
+    "group_ids": FieldLayout(ROW),
+    "prompt_ids": FieldLayout(PROMPT, PAD_TOKEN, SEQUENCE_READERS),
+    "prompt_mask": FieldLayout(PROMPT, 0, SEQUENCE_READERS),
+    "response_ids": FieldLayout(RESPONSE, PAD_TOKEN, SEQUENCE_READERS),
+    "response_mask": FieldLayout(RESPONSE, 0, SEQUENCE_READERS),
+    "response_attention_mask": FieldLayout(RESPONSE, 0, SEQUENCE_READERS),
+    "finished": FieldLayout(ROW),
+    "rollout_logprobs": FieldLayout(RESPONSE, 0.0),
+    "responses": FieldLayout(ROW_LIST),
+    "scores": FieldLayout(ROW),
+    "env_scores": FieldLayout(ROW),
+    "token_rewards": FieldLayout(RESPONSE, 0.0),
+    "old_logprobs": FieldLayout(RESPONSE, 0.0),
+    "ref_logprobs": FieldLayout(RESPONSE, 0.0, writer="ref"),
+    "values": FieldLayout(RESPONSE, 0.0, frozenset({"critic_update"}), writer="critic"),
+    "advantages": FieldLayout(RESPONSE, 0.0),
+    "returns": FieldLayout(RESPONSE, 0.0, frozenset({"critic_update"})),
+    "reward_input_ids": FieldLayout(REWARD_TOKENS, REWARD_PAD_TOKEN, frozenset({"reward"})),
+    "reward_attention_mask": FieldLayout(REWARD_TOKENS, 0, frozenset({"reward"})),
+    "reward_model_scores": FieldLayout(ROW, writer="reward"),
+    "metrics": FieldLayout(WHOLE),
+}
+
+
+def fields_of(*kinds: str) -> tuple[str, ...]:
+    """The fields of the given shape kinds, in table order."""
+    return tuple(name for name, f in LAYOUT.items() if f.kind in kinds)
+
+
+def read_by(role: str) -> tuple[str, ...]:
+    """What a stage of `role` reads: the fields a split placement sends to its ranks."""
+    return tuple(name for name, f in LAYOUT.items() if role in f.readers)
+
+
+def written_by(role: str) -> tuple[str, ...]:
+    """What a stage of `role` writes: the fields a split placement sends back to the actor's ranks."""
+    return tuple(name for name, f in LAYOUT.items() if f.writer == role)
+
+
+def padding(names: Iterable[str], pad_token_id: int | None = None, reward_pad_token_id: int | None = None,
+            ) -> dict[str, tuple[str, int | float]]:
+    """{field: (side, pad value)} of the padded fields among `names`, token pads resolved."""
+    tokens = {PAD_TOKEN: pad_token_id, REWARD_PAD_TOKEN: reward_pad_token_id}
+    out = {}
+    for name in names:
+        f = LAYOUT[name]
+        if f.side is not None:
+            value = tokens.get(f.pad, f.pad) if isinstance(f.pad, str) else f.pad
+            if value is None:
+                raise VerlError(f"batch field {name!r} pads with the {f.pad}, which is None. Fix: give the "
+                                "tokenizer a pad token (tokenizer.pad_token = tokenizer.eos_token)")
+            out[name] = (f.side, value)
+    return out
 
 
 @dataclass
@@ -41,6 +134,8 @@ class RolloutBatch:
     reward_attention_mask: torch.Tensor | None = None  # [N, L]
     reward_model_scores: torch.Tensor | None = None  # [N] a reward model on ranks of its own
     metrics: dict[str, float] = field(default_factory=dict)  # what the stages measured (reward, KL, drift)
+
+    LAYOUT: ClassVar[dict[str, FieldLayout]] = LAYOUT
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
@@ -72,16 +167,66 @@ class RolloutBatch:
         return cls(rows=[{} for _ in range(n)], **(base | dict(fields)))
 
     def select(self, index: torch.Tensor) -> RolloutBatch:
-        """A sub-batch (rows `index`) sharing nothing mutable with this one."""
+        """A sub-batch (rows `index`) sharing no tensor or row list with this one (`metrics` is shared)."""
         picked: dict[str, Any] = {}
         idx = index.tolist()
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, torch.Tensor):
-                picked[f.name] = value.index_select(0, index.to(value.device))
-            elif isinstance(value, list) and value and len(value) == len(self):
-                picked[f.name] = [value[i] for i in idx]
-            else:
-                picked[f.name] = value
+        for name, f in LAYOUT.items():
+            value = getattr(self, name)
+            if f.kind == ROW_LIST:
+                value = [value[i] for i in idx] if value and len(value) == len(self) else value
+            elif f.kind != WHOLE and value is not None:
+                value = value.index_select(0, index.to(value.device))
+            picked[name] = value
         return RolloutBatch(**picked)
 
+
+def varied_groups(batch: RolloutBatch) -> torch.Tensor:
+    """[N] bool: the sequences whose group's scores are not all equal (exactly, as the estimators test)."""
+    scores = batch.scores.detach().cpu().double()
+    _, inverse = torch.unique(batch.group_ids.cpu(), return_inverse=True)
+    size = int(inverse.max()) + 1 if len(inverse) else 0
+    high = torch.full((size,), -float("inf"), dtype=torch.float64).scatter_reduce(0, inverse, scores, "amax")
+    low = torch.full((size,), float("inf"), dtype=torch.float64).scatter_reduce(0, inverse, scores, "amin")
+    return (high != low)[inverse]
+
+
+def concat_batches(batches: Sequence[RolloutBatch], pad_token_id: int | None,
+                   reward_pad_token_id: int | None = None) -> RolloutBatch:
+    """The rows of several batches in one, every field of the layout kept: prompt-aligned fields left-padded
+    and response-aligned ones right-padded to the widest (with their pad values), the metrics the first's.
+    A field must be in every batch or in none (else the rows would not line up)."""
+    batches = [b for b in batches if len(b)] or list(batches[:1])
+    widths: dict[str, int] = {}
+    for name, f in LAYOUT.items():
+        for b in batches:
+            if f.side is not None and getattr(b, name) is not None:
+                widths[f.kind] = max(widths.get(f.kind, 0), getattr(b, name).shape[1])
+    out: dict[str, Any] = {"metrics": dict(batches[0].metrics)}
+    for name, f in LAYOUT.items():
+        if f.kind == WHOLE:
+            continue
+        values = [getattr(b, name) for b in batches]
+        if f.kind == ROW_LIST:
+            filled = [len(v) == len(b) and len(v) > 0 for v, b in zip(values, batches, strict=True)]
+            if any(filled) and not all(filled):
+                raise VerlError(f"concat_batches: the field {name!r} has one entry per row in some batches and "
+                                "not in others. Fix: run the same stages on every batch before concatenating")
+            out[name] = [x for v in values for x in v] if all(filled) else []
+            continue
+        present = [v is not None for v in values]
+        if not any(present):
+            continue
+        if not all(present):
+            raise VerlError(f"concat_batches: the field {name!r} is set in {sum(present)} of {len(values)} "
+                            "batches. Fix: run the same stages on every batch before concatenating")
+        if f.side is not None and any(v.shape[1] < widths[f.kind] for v in values):
+            side, pad = padding([name], pad_token_id, reward_pad_token_id)[name]
+            values = [torch.nn.functional.pad(v, (widths[f.kind] - v.shape[1], 0) if side == "left"
+                                              else (0, widths[f.kind] - v.shape[1]), value=pad) for v in values]
+        out[name] = torch.cat(values)
+    return RolloutBatch(**out)
+
+
+__all__ = ["LAYOUT", "FieldLayout", "RolloutBatch", "concat_batches", "fields_of", "padding", "read_by",
+           "written_by", "PAD_TOKEN", "REWARD_PAD_TOKEN", "ROW", "PROMPT", "RESPONSE", "REWARD_TOKENS",
+           "ROW_LIST", "WHOLE", "varied_groups"]

@@ -22,27 +22,34 @@ import torch
 from verl.algorithms import (
     AdaptiveKLController,
     FixedKLController,
-    aggregate_loss,
     explained_variance,
-    kl_penalty,
     masked_mean,
     masked_moments,
     overlong_penalty,
     place_score_on_last_token,
-    ppo_policy_loss,
-    value_loss,
 )
 from verl.config.loader import build_config, set_dotted
 from verl.config.schema import OptimConfig, RunConfig
 from verl.env.multiturn import is_multiturn
 from verl.errors import ConfigError, RolloutError
-from verl.models.dropout import no_grad_eval
 from verl.rewards import RewardResult, TrainingProgress
 from verl.rewards.manager import takes_parameter
 from verl.rollout import SamplingParams
 from verl.rollout.weight_sync import synced
+from verl.trainer import update
 from verl.trainer.advantages import apply_kl_in_reward, estimate_advantages
-from verl.trainer.batch import RolloutBatch
+from verl.trainer.batch import (
+    PROMPT,
+    RESPONSE,
+    REWARD_TOKENS,
+    RolloutBatch,
+    concat_batches,
+    fields_of,
+    padding,
+    read_by,
+    varied_groups,
+    written_by,
+)
 from verl.trainer.batch_math import BatchPlan
 from verl.trainer.episodes import Episodes
 from verl.trainer.forward import (
@@ -115,8 +122,6 @@ class RLTrainer(TrainerRuntime):
         if self.multiturn is not None and config.algorithm.overlong_buffer:
             raise ConfigError("algorithm.overlong_buffer shapes single-turn rewards by response length; a multi-turn "
                               "episode's length is its turns'. Fix: set algorithm.overlong_buffer=0 for this env")
-        if is_multiturn(self.env):  # the observation tokens' attention mask travels with the sequences
-            self.SEQUENCES = (*self.SEQUENCES, "response_attention_mask")
         algo = config.algorithm
         self.kl_ctrl = (AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon)
                         if algo.kl_ctrl == "adaptive" else FixedKLController(algo.kl_coef))
@@ -171,9 +176,10 @@ class RLTrainer(TrainerRuntime):
                               pad_token_id=self.tokenizer.pad_token_id)
 
     # ------------------------------------------------------------------ the RL step
-    # What a ref or critic rank needs to run its model on the actor's sequences.
-    SEQUENCES = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
-    REWARD_MODEL_INPUTS = ("reward_input_ids", "reward_attention_mask")
+    # What a split placement sends to a role's ranks (and back), from the batch's layout table.
+    SEQUENCES = read_by("ref")  # the sequences (and a multi-turn episode's attention) a ref/critic forward reads
+    REWARD_MODEL_INPUTS = read_by("reward")
+    CRITIC_UPDATE_INPUTS = read_by("critic_update")  # the sequences, values and returns
 
     def step(self) -> dict[str, float]:
         """One RL iteration; returns its metrics.
@@ -196,22 +202,22 @@ class RLTrainer(TrainerRuntime):
                 batch = self.placement.align(run("actor", self.reward_model_inputs, batch),
                                              self.reward_model_padding)
                 batch = run("reward", self.score_with_reward_model, batch, send=self.REWARD_MODEL_INPUTS,
-                            back=("reward_model_scores",))
+                            back=written_by("reward"))
                 batch = run("actor", self.add_reward_model_scores, batch)
         with self.timer(timing, "old_logprobs"):
             batch = run("actor", self.compute_log_probs, batch)
         if self.config.needs_ref:
             with self.timer(timing, "ref"):
-                batch = run("ref", self.compute_ref_log_probs, batch, send=self.SEQUENCES, back=("ref_logprobs",))
+                batch = run("ref", self.compute_ref_log_probs, batch, send=self.SEQUENCES, back=written_by("ref"))
         if self.config.needs_critic:
             with self.timer(timing, "critic"):
-                batch = run("critic", self.compute_values, batch, send=self.SEQUENCES, back=("values",))
+                batch = run("critic", self.compute_values, batch, send=self.SEQUENCES, back=written_by("critic"))
         with self.timer(timing, "advantages"):
             batch = run("actor", self.compute_advantages, batch)
         if self.config.needs_critic:
             with self.timer(timing, "update_critic"):
                 metrics |= self.placement.run_for_metrics("critic", self.update_critic, batch,
-                                                          send=(*self.SEQUENCES, "values", "returns"))
+                                                          send=self.CRITIC_UPDATE_INPUTS)
         if self.updates_actor:
             with self.timer(timing, "update"):
                 metrics |= self.placement.run_for_metrics("actor", self.update_policy, batch)
@@ -263,30 +269,17 @@ class RLTrainer(TrainerRuntime):
         metrics["dynamic_sampling/filled_equal_frac"] = filled / max(want, 1)
         return out
 
-    @staticmethod
-    def varied_groups(batch: RolloutBatch) -> torch.Tensor:
-        """[N] bool: the sequences whose group's scores are not all equal (exactly, as the estimators test)."""
-        scores = batch.scores.detach().cpu().double()
-        _, inverse = torch.unique(batch.group_ids.cpu(), return_inverse=True)
-        size = int(inverse.max()) + 1 if len(inverse) else 0
-        high = torch.full((size,), -float("inf"), dtype=torch.float64).scatter_reduce(0, inverse, scores, "amax")
-        low = torch.full((size,), float("inf"), dtype=torch.float64).scatter_reduce(0, inverse, scores, "amin")
-        return (high != low)[inverse]
+    varied_groups = staticmethod(varied_groups)
 
     @property
-    def sequence_padding(self) -> dict[str, tuple[str, int]]:
-        """How the sequence fields pad when the actor ranks' shards are brought to one width."""
-        pad = self.tokenizer.pad_token_id
-        sides = {"prompt_ids": ("left", pad), "prompt_mask": ("left", 0),
-                 "response_ids": ("right", pad), "response_mask": ("right", 0)}
-        if "response_attention_mask" in self.SEQUENCES:
-            sides |= {"response_attention_mask": ("right", 0), "rollout_logprobs": ("right", 0.0)}
-        return sides
+    def sequence_padding(self) -> dict[str, tuple[str, int | float]]:
+        """How the prompt- and response-aligned fields pad when the actor ranks' shards are brought to one
+        width (those a batch lacks are left out)."""
+        return padding(fields_of(PROMPT, RESPONSE), self.tokenizer.pad_token_id)
 
     @property
-    def reward_model_padding(self) -> dict[str, tuple[str, int]]:
-        return {"reward_input_ids": ("right", self.reward_tokenizer.pad_token_id),
-                "reward_attention_mask": ("right", 0)}
+    def reward_model_padding(self) -> dict[str, tuple[str, int | float]]:
+        return padding(fields_of(REWARD_TOKENS), reward_pad_token_id=self.reward_tokenizer.pad_token_id)
 
     def get_batch(self) -> RolloutBatch:
         """This rank's share of the next prompts, tokenised and left-padded, each repeated n times."""
@@ -492,33 +485,11 @@ class RLTrainer(TrainerRuntime):
         # The drift check on this forward (see update_checks_drift): the rows of every micro-batch run
         drift = [] if batch.rollout_logprobs is not None and self.update_checks_drift else None
 
-        def micro_loss(mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
-            mask = mb.response_mask.float()
-            logprobs, entropy = self.policy_logprobs(self.model, mb, temperature=temperature, with_entropy=True,
-                                                     entropy_grad=cfg.entropy_coef > 0)
-            if drift is not None:
-                drift.append(self.drift_moments(logprobs.detach(), mb))
-            old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
-            weights = None if cfg.tis_cap is None else self.tis_weights(old, mb)
-            loss, stats = ppo_policy_loss(logprobs, old, mb.advantages, mask, clip_low=cfg.clip_low,
-                                          clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.loss_agg,
-                                          norm_len=norm_len, sequence_ratio=cfg.importance_sampling == "sequence",
-                                          token_weights=weights)
-            metrics = {"actor/pg_loss": float(loss.detach()), "actor/clipfrac": stats["clipfrac"],
-                       "actor/approx_kl": stats["approx_kl"]}
-            if weights is not None:
-                metrics |= {"actor/tis_weight_mean": float(masked_mean(weights, mask)),
-                            "actor/tis_capped_frac": float(masked_mean((weights >= cfg.tis_cap).float(), mask))}
-            ent = aggregate_loss(entropy, mask, cfg.loss_agg, norm_len=norm_len)
-            metrics["actor/entropy"] = float(ent.detach())
-            if cfg.entropy_coef > 0:
-                loss = loss - cfg.entropy_coef * ent
-            if cfg.kl_loss_coef > 0:
-                kl = aggregate_loss(kl_penalty(logprobs, mb.ref_logprobs, cfg.kl_loss_type), mask, cfg.loss_agg,
-                                    norm_len=norm_len)
-                loss = loss + cfg.kl_loss_coef * kl
-                metrics["actor/kl_loss"] = float(kl.detach())
-            return loss, metrics
+        micro_loss = update.policy_loss(
+            cfg, norm_len, lambda mb: self.policy_logprobs(self.model, mb, temperature=temperature, with_entropy=True,
+                                                           entropy_grad=cfg.entropy_coef > 0),
+            tis_weights=self.tis_weights,
+            on_logprobs=None if drift is None else lambda logprobs, mb: drift.append(self.drift_moments(logprobs, mb)))
 
         def check_drift() -> None:  # before the optimizer step: a failed check leaves the weights alone
             if drift is not None:
@@ -528,7 +499,8 @@ class RLTrainer(TrainerRuntime):
         metrics = self.optimize(self.model, self.optimizer, self.scheduler, batch, cfg, self.plans["actor"],
                                 micro_loss, prefix="actor",
                                 contributes=self.contributing_sequences if self.skips_zero_advantage else None,
-                                keep_groups=self.shares_prompt(self.model), before_step=check_drift)
+                                keep_groups=self.shares_prompt(self.model), before_step=check_drift,
+                                metric_kinds=update.ACTOR_METRICS)
         if batch.ref_logprobs is not None:
             metrics["actor/ref_kl"] = float(masked_mean(batch.old_logprobs - batch.ref_logprobs,
                                                         batch.response_mask.float()))
@@ -546,16 +518,11 @@ class RLTrainer(TrainerRuntime):
 
     def update_critic(self, batch: RolloutBatch) -> dict[str, float]:
         cfg = self.config.critic
-
-        def micro_loss(mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
-            mask = mb.response_mask.float()
-            values = self.critic_values(mb)
-            loss, stats = value_loss(values, mb.values, mb.returns, mask, clip_range=cfg.value_clip, agg=cfg.loss_agg)
-            return loss, {"critic/vf_loss": float(loss.detach()), **{f"critic/{k}": v for k, v in stats.items()}}
-
+        norm_len = max(batch.response_ids.shape[1], self.config.rollout.max_new_tokens)  # as the actor's
         metrics = self.optimize(self.critic, self.critic_optimizer, self.critic_scheduler, batch, cfg,
-                                self.plans["critic"], micro_loss, prefix="critic",
-                                keep_groups=self.shares_prompt(self.critic))
+                                self.plans["critic"], update.critic_loss(cfg, norm_len, self.critic_values),
+                                prefix="critic", keep_groups=self.shares_prompt(self.critic),
+                                metric_kinds=update.CRITIC_METRICS)
         mask = batch.response_mask.float()
         metrics["critic/explained_var"] = float(explained_variance(batch.values, batch.returns, mask))
         metrics["critic/values_mean"] = float(masked_mean(batch.values, mask))
@@ -582,193 +549,22 @@ class RLTrainer(TrainerRuntime):
         return (self.config.algorithm.kl_in_reward or self.config.actor.ppo_epochs > 1
                 or plan.num_mini_batches > 1 or self.config.needs_ref)
 
-    def optimize(
-        self,
-        module: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        scheduler: Any,
-        batch: RolloutBatch,
-        cfg: OptimConfig,
-        plan: BatchPlan,
-        micro_loss: Callable[[RolloutBatch], tuple[torch.Tensor, dict[str, float]]],
-        *,
-        prefix: str,
-        contributes: Callable[[RolloutBatch], torch.Tensor] | None = None,
-        keep_groups: bool = False,
-        before_step: Callable[[], None] | None = None,
-    ) -> dict[str, float]:
-        """Epochs x shuffled mini-batches x micro-batches; each micro loss is weighted by its share of the
-        mini-batch (tokens for token-mean, sequences otherwise) so accumulation equals one big batch.
-
-        `contributes(mini)` marks the sequences whose gradient can be non-zero; the others are left out of
-        the forward/backward but still counted in the loss normaliser, so the gradient is unchanged. When
-        the number of micro-batches can differ between ranks (skipping, token budgets), every rank runs the
-        largest count, padding with zero-weight micro-batches: FSDP's all-gathers stay in step.
-        `keep_groups` shuffles whole groups (the samples of one prompt stay together, so a shared-prompt
-        forward finds them in one micro-batch). `before_step()` runs after each mini-batch's backward passes,
-        before its optimizer step.
-        """
-        module.train()
-        sums: dict[str, float] = {}
-        counts = 0
-        grad_norms = []
-        skipped = seen = 0
-        pad_stats: dict[str, float] = {}
-        n = len(batch)
-        budget = cfg.max_tokens_per_micro_batch
-        varies = contributes is not None or budget is not None
-        for _ in range(cfg.ppo_epochs):
-            order = self.update_order(batch, cfg.shuffle, keep_groups)
-            for start in range(0, n, plan.mini_batch_sequences):
-                mini = batch.select(order[start : start + plan.mini_batch_sequences])
-                keep = contributes(mini).to("cpu", torch.bool) if contributes is not None else None
-                groups = self.micro_batch_groups(mini, plan.micro_batch_size, budget, keep=keep,
-                                                 by_group=keep_groups)
-                weights = self.micro_weights(mini, groups, cfg.loss_agg, role=prefix)
-                rounds = self.micro_batch_rounds(len(groups), prefix) if varies else len(groups)
-                optimizer.zero_grad(set_to_none=True)
-                for i in range(rounds):
-                    if i < len(groups):
-                        mb, weight = self.micro_batch(mini, groups[i], trim=budget is not None), weights[i]
-                    else:  # a rank with fewer (or no) micro-batches: same collectives, zero gradient
-                        mb, weight = self.micro_batch(mini, torch.zeros(1, dtype=torch.long), trim=True), 0.0
-                    loss, stats = micro_loss(mb)
-                    (loss * weight).backward()
-                    if i < len(groups):
-                        for k, v in stats.items():
-                            sums[k] = sums.get(k, 0.0) + v
-                        counts += 1
-                    elif not pad_stats:  # reported only if nothing else ran (every sequence skipped)
-                        pad_stats = stats
-                if keep is not None:
-                    skipped, seen = skipped + int((~keep).sum()), seen + len(mini)
-                if before_step is not None:
-                    before_step()
-                grad_norms.append(self.clip_and_step(module, optimizer, cfg.grad_clip))
-                scheduler.step()
-        metrics = {k: v / counts for k, v in sums.items()} if counts else dict(pad_stats)
-        metrics[f"{prefix}/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
-        metrics[f"{prefix}/lr"] = scheduler.get_last_lr()[0]
-        if contributes is not None:
-            metrics[f"{prefix}/skipped_frac"] = skipped / max(seen, 1)
-        return metrics
-
-    def update_order(self, batch: RolloutBatch, shuffle: bool, keep_groups: bool) -> torch.Tensor:
-        """The order rows enter mini-batches: shuffled rows, or shuffled groups with their rows together."""
-        n = len(batch)
-        if not shuffle:
-            return torch.arange(n)
-        if not keep_groups:
-            return torch.randperm(n, generator=self.shuffle_generator)
-        ids, inverse = torch.unique(batch.group_ids.cpu(), return_inverse=True)
-        rank = torch.empty(len(ids), dtype=torch.long)
-        rank[torch.randperm(len(ids), generator=self.shuffle_generator)] = torch.arange(len(ids))
-        return torch.argsort(rank[inverse], stable=True)
-
-    @staticmethod
-    def micro_batch_groups(batch: RolloutBatch, size: int, max_tokens: int | None = None, *,
-                           keep: torch.Tensor | None = None, by_group: bool = False) -> list[torch.Tensor]:
-        """Row indices of each micro-batch: `size` rows at a time in batch order, or, with a token budget,
-        rows sorted by length and packed while (rows x (longest prompt + longest response)) <= max_tokens
-        (a row longer than the budget goes alone). Rows with `keep` False are left out. `by_group` sorts
-        by the group's longest row instead, so that the rows of a group stay next to each other."""
-        rows = torch.arange(len(batch)) if keep is None else keep.nonzero().flatten()
-        if max_tokens is None:
-            return [rows[s : s + size] for s in range(0, len(rows), size)]
-        prompt_len = batch.prompt_mask.sum(-1).cpu()[rows]
-        response_len = batch.response_mask.sum(-1).cpu()[rows].clamp(min=1)
-        length = prompt_len + response_len
-        if by_group:
-            _, inverse = torch.unique(batch.group_ids.cpu()[rows], return_inverse=True)
-            longest = torch.zeros(int(inverse.max()) + 1 if len(rows) else 0, dtype=length.dtype)
-            longest = longest.scatter_reduce(0, inverse, length, "amax")
-            by_id = torch.argsort(inverse, stable=True)
-            order = by_id[torch.argsort(longest[inverse][by_id], descending=True, stable=True)]
-        else:
-            order = torch.argsort(length, descending=True, stable=True)
-        groups: list[torch.Tensor] = []
-        current: list[int] = []
-        width_p = width_r = 0
-        for j in order.tolist():
-            p, r = max(width_p, int(prompt_len[j])), max(width_r, int(response_len[j]))
-            if current and (len(current) + 1) * (p + r) > max_tokens:
-                groups.append(rows[torch.tensor(current)])
-                current, p, r = [], int(prompt_len[j]), int(response_len[j])
-            current.append(j)
-            width_p, width_r = p, r
-        if current:
-            groups.append(rows[torch.tensor(current)])
-        return groups
-
-    # Fields [N, R] aligned with the response tokens (right-padded) and [N, P] with the prompt (left-padded).
-    RESPONSE_FIELDS = ("response_ids", "response_mask", "response_attention_mask", "rollout_logprobs",
-                       "token_rewards", "old_logprobs", "ref_logprobs", "values", "advantages", "returns")
-
-    @classmethod
-    def micro_batch(cls, batch: RolloutBatch, index: torch.Tensor, *, trim: bool = False) -> RolloutBatch:
-        """Rows `index`; with `trim`, without the padding columns none of them needs (left of the longest
-        prompt, right of the longest response; at least one response column)."""
-        mb = batch.select(index)
-        if not trim:
-            return mb
-        p = int(mb.prompt_mask.sum(-1).max()) if len(mb) else 0
-        # the attended response tokens: a multi-turn episode's observations lie inside it with mask 0
-        r = max(int(mb.response_attention.sum(-1).max()) if len(mb) else 0, 1)
-        mb.prompt_ids, mb.prompt_mask = mb.prompt_ids[:, mb.prompt_ids.shape[1] - p :], mb.prompt_mask[:, mb.prompt_mask.shape[1] - p :]
-        for name in cls.RESPONSE_FIELDS:
-            value = getattr(mb, name)
-            if value is not None:
-                setattr(mb, name, value[:, :r])
-        return mb
-
-    def micro_batch_rounds(self, count: int, role: str) -> int:
-        """The micro-batch count every rank of `role` runs: the largest of theirs (at least 1, so that a rank
-        with nothing to do still steps its optimizer on a zero gradient, as the full computation would)."""
-        if self.placement.role_size(role) > 1:
-            count = int(self.placement.all_reduce_max(torch.tensor([float(count)]), role))
-        return max(count, 1)
-
-    def micro_weights(self, mini: RolloutBatch, groups: Sequence[torch.Tensor], agg: str,
-                      role: str = "actor") -> list[float]:
-        """Each micro-batch's share of the global mini-batch (tokens for token-mean, else sequences).
-
-        Shares are of the total over the role's data-parallel ranks, times the number of ranks because FSDP
-        averages gradients: the accumulated gradient is that of one big batch, however it is split. Rows
-        left out of every group (skipped) still count in the total.
-        """
-        mask = mini.response_mask
-        units = (mask.sum(-1) if agg == "token-mean" else (mask.sum(-1) > 0).long()).cpu()
-        total = max(float(self.placement.all_reduce_sum(units.sum().double().reshape(1), role)), 1.0)
-        ranks = self.placement.role_size(role)
-        return [float(units[g].sum()) * ranks / total for g in groups]
+    def optimize(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+                 batch: RolloutBatch, cfg: OptimConfig, plan: BatchPlan, micro_loss: update.MicroLoss, *,
+                 prefix: str, **options: Any) -> dict[str, float]:
+        """The optimize loop of `update.optimize` on this trainer's placement, shuffle stream and optimizer
+        step (a hook: a subclass may wrap it; `options` are update.optimize's keyword arguments)."""
+        return update.optimize(module, optimizer, scheduler, batch, cfg, plan, micro_loss, prefix=prefix,
+                               placement=self.placement, clip_and_step=self.clip_and_step,
+                               generator=self.shuffle_generator, **options)
 
     def forward_in_micro_batches(self, model: torch.nn.Module, batch: RolloutBatch,
                                  fn: Callable[[RolloutBatch], torch.Tensor],
                                  max_tokens: int | None = None) -> torch.Tensor:
-        """`fn` over micro-batches, without gradient and in eval mode: dropout would make the old
-        log-probs differ from the policy that sampled, and PPO's ratio start away from 1.
-
-        With a token budget the rows are grouped by length and trimmed of padding; the [rows, r] results
-        are padded back to the batch's response width (zeros) and returned in the batch's order."""
-        # The update's micro-batch size, not a larger one: a matmul's float32 sums can depend on its row count
-        # (MKL on some CPUs), and with equal sizes the old and reference log-probs equal the update's first
-        # forward bit for bit (PPO's ratio starts at exactly 1, the KL to an identical reference at 0).
-        size = self.plans["actor"].micro_batch_size
-        with no_grad_eval(model):
-            if max_tokens is None:
-                return torch.cat([fn(mb) for mb in self._micro_batches(batch, size)], dim=0)
-            out = None
-            for index in self.micro_batch_groups(batch, size, 2 * max_tokens):
-                part = fn(self.micro_batch(batch, index, trim=True))
-                if out is None:
-                    out = part.new_zeros((len(batch), batch.response_ids.shape[1], *part.shape[2:]))
-                out[index.to(out.device), : part.shape[1]] = part
-            return out
-
-    @staticmethod
-    def _micro_batches(batch: RolloutBatch, size: int) -> Iterator[RolloutBatch]:
-        for start in range(0, len(batch), size):
-            yield batch.select(torch.arange(start, min(start + size, len(batch))))
+        """`fn` over micro-batches of the update's size of `model`'s role (the critic's plan for the critic,
+        the actor's for the policy and the reference), without gradient: see update.forward_in_micro_batches."""
+        role = "critic" if model is not None and model is self.critic else "actor"
+        return update.forward_in_micro_batches(model, batch, fn, self.plans[role].micro_batch_size, max_tokens)
 
     def batch_metrics(self, batch: RolloutBatch) -> dict[str, float]:
         """Metrics of the global batch: means and spreads from sums over the actor ranks, maxima by max."""
@@ -913,28 +709,6 @@ class RLTrainer(TrainerRuntime):
         start = time.perf_counter()
         yield
         timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
-
-
-def concat_batches(batches: Sequence[RolloutBatch], pad_token_id: int) -> RolloutBatch:
-    """Rows of several scored rollout batches in one (prompts left-padded, responses right-padded to the
-    widest); fields that some batch lacks are dropped."""
-    batches = [b for b in batches if len(b)] or list(batches[:1])
-    prompt_width = max(b.prompt_ids.shape[1] for b in batches)
-    response_width = max(b.response_ids.shape[1] for b in batches)
-    fields: dict[str, Any] = {}
-    for name in ("group_ids", "finished", "scores"):
-        if all(getattr(b, name) is not None for b in batches):
-            fields[name] = torch.cat([getattr(b, name) for b in batches])
-    for name, pad in (("prompt_ids", pad_token_id), ("prompt_mask", 0)):
-        fields[name] = torch.cat([torch.nn.functional.pad(getattr(b, name), (prompt_width - b.prompt_ids.shape[1], 0),
-                                                          value=pad) for b in batches])
-    for name, pad in (("response_ids", pad_token_id), ("response_mask", 0), ("token_rewards", 0.0),
-                      ("rollout_logprobs", 0.0)):
-        if all(getattr(b, name) is not None for b in batches):
-            fields[name] = torch.cat([torch.nn.functional.pad(getattr(b, name), (0, response_width - b.response_ids.shape[1]),
-                                                              value=pad) for b in batches])
-    return RolloutBatch(rows=[r for b in batches for r in b.rows], responses=[t for b in batches for t in b.responses],
-                        metrics=dict(batches[0].metrics), **fields)
 
 
 __all__ = ["RLTrainer", "concat_batches"]
