@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -24,11 +22,9 @@ from verl.algorithms import (
     FixedKLController,
     explained_variance,
     masked_mean,
-    masked_moments,
     overlong_penalty,
     place_score_on_last_token,
 )
-from verl.config.loader import build_config, set_dotted
 from verl.config.schema import OptimConfig, RunConfig
 from verl.env.multiturn import is_multiturn
 from verl.errors import ConfigError, RolloutError
@@ -51,7 +47,10 @@ from verl.trainer.batch import (
     written_by,
 )
 from verl.trainer.batch_math import BatchPlan
+from verl.trainer.drift import drift_moments, judge_drift
+from verl.trainer.dynamic_sampling import filter_groups
 from verl.trainer.episodes import Episodes
+from verl.trainer.evaluation import Answers, evaluate_rows
 from verl.trainer.forward import (
     can_share_prompt,
     response_logprobs,
@@ -59,26 +58,10 @@ from verl.trainer.forward import (
     shared_prompt_logprobs,
     shared_prompt_values,
 )
+from verl.trainer.python_api import RewardArg, python_run
 from verl.trainer.reward_model import reward_text
 from verl.trainer.runtime import TrainerRuntime
-
-
-def _score_sums(scores: torch.Tensor) -> tuple[float, float, float]:
-    """For [rows, n] scores (n answers per prompt): (sum of the scores, how many are neither 0 nor 1, sum over
-    the rows of their best score)."""
-    return float(scores.sum()), float(((scores != 0) & (scores != 1)).sum()), float(scores.amax(dim=1).sum())
-
-
-def _score_metrics(prefix: str, sums: Sequence[float], rows: int, n: int) -> dict[str, float]:
-    """`<prefix>/score` (the mean over every answer), `<prefix>/accuracy` when every score is 0 or 1, and with
-    several answers per prompt the mean of each prompt's best: `pass@n` for 0/1 scores, else `best@n`."""
-    score_sum, not_binary, best_sum = sums
-    metrics = {f"{prefix}/score": score_sum / (rows * n)}
-    if not_binary == 0:
-        metrics[f"{prefix}/accuracy"] = score_sum / (rows * n)
-    if n > 1:
-        metrics[f"{prefix}/{'pass' if not_binary == 0 else 'best'}@{n}"] = best_sum / rows
-    return metrics
+from verl.trainer.step_metrics import batch_metrics
 
 
 class RLTrainer(TrainerRuntime):
@@ -130,44 +113,31 @@ class RLTrainer(TrainerRuntime):
     @classmethod
     def from_pretrained(
         cls,
-        model: str | torch.nn.Module = "tiny",
+        model: str | torch.nn.Module | Mapping[str, Any] = "tiny",
         *,
         tokenizer: Any = None,
-        reward_fn: str | Callable[..., Any] | Sequence[Any] | None = None,
+        reward_fn: RewardArg = None,
         dataset: str | Sequence[str] | Sequence[Mapping[str, Any]] | None = None,
         env: Any = None,
+        peft_config: Any = None,
+        reward_funcs: RewardArg = None,
         **overrides: Any,
     ) -> RLTrainer:
-        """Python entry point without YAML.
+        """Python entry point without YAML, in TRL's terms (`python_api.python_run` builds the config).
 
-        `overrides` are sections as dicts (`actor={"lr": 1e-6}`) or dotted keys (`**{"actor.lr": 1e-6}`);
-        the `model` section's other keys go in dotted form, since `model` names the model itself
-        (`**{"model.dtype": "bfloat16"}`).
-        `dataset` is a file path (or list of paths) or a list of prompt rows; `reward_fn` is a reward spec
-        name (`"numeric_match"`, `"path.py:fn"`), a callable `fn(prompt, response, ground_truth, **meta)`,
-        or a list of specs.
+        `model`: a path or hub id, a loaded model (with `tokenizer=`), or the model section as a dict
+        (`{"path": "tiny", "lora": {"rank": 8}}`); `peft_config`: a peft `LoraConfig` (TRL's argument).
+        `reward_fn` (or TRL's `reward_funcs`): a spec name (`"numeric_match"`, `"path.py:fn"`), a callable
+        `fn(prompt, response, ground_truth, **meta)`, or a list mixing them. `dataset`: a file path (or
+        list of paths) or a list of prompt rows. `overrides` are sections as dicts (`actor={"lr": 1e-6}`) or
+        dotted keys (`**{"actor.lr": 1e-6}`).
         """
-        tree: dict[str, Any] = {}
-        for key, value in overrides.items():  # a section dict is its dotted keys: both forms merge
-            for sub, item in (value.items() if isinstance(value, Mapping) else [(None, value)]):
-                set_dotted(tree, f"{key}.{sub}" if sub is not None else key, item)
-        if isinstance(model, str):
-            tree.setdefault("model", {})["path"] = model
-        rows = None
-        if isinstance(dataset, str) or (isinstance(dataset, Sequence) and dataset and isinstance(dataset[0], str)):
-            tree.setdefault("data", {})["train_files"] = [dataset] if isinstance(dataset, str) else list(dataset)
-        elif dataset is not None:
-            rows = list(dataset)
-        functions = None
-        if callable(reward_fn):
-            functions = [reward_fn]
-        elif isinstance(reward_fn, str):
-            tree.setdefault("reward", {})["functions"] = [{"name": reward_fn}]
-        elif reward_fn is not None:
-            tree.setdefault("reward", {})["functions"] = list(reward_fn)
-        config = build_config(tree, source="RLTrainer.from_pretrained arguments")
-        return cls(config, model=None if isinstance(model, str) else model, tokenizer=tokenizer, env=env,
-                   rows=rows, reward_functions=functions)
+        if reward_fn is not None and reward_funcs is not None:
+            raise ConfigError("from_pretrained got both reward_fn and reward_funcs (TRL's name for it); pass one")
+        run = python_run(model, reward_fn=reward_fn if reward_funcs is None else reward_funcs, dataset=dataset,
+                         peft_config=peft_config, overrides=overrides)
+        return cls(run.config, model=run.model, tokenizer=tokenizer, env=env, rows=run.rows,
+                   reward_functions=run.reward_functions)
 
     def _sampling_params(self, temperature: float, n: int) -> SamplingParams:
         r = self.config.rollout
@@ -230,44 +200,18 @@ class RLTrainer(TrainerRuntime):
         return self.placement.mean_over_owners(metrics)  # ranks may differ in which metrics they have
 
     def filter_groups(self, batch: RolloutBatch | None, metrics: dict[str, float]) -> RolloutBatch | None:
-        """DAPO dynamic sampling: keep the groups whose rewards differ; while some actor rank has fewer than
-        its share, every rank draws and scores another batch of prompts (so the prompt stream and FSDP's
-        collectives stay in step), at most `algorithm.max_resample_rounds` times. A rank still short fills
-        up with equal-reward groups, which the update skips (actor.skip_zero_advantage)."""
-        if self.remote_reward_model:
-            raise ConfigError("algorithm.filter_groups needs the rewards on the actor's ranks; a reward model on "
-                              "ranks of its own (devices.reward) is not supported with it: colocate the reward "
-                              "model or set algorithm.filter_groups=false")
-        run, holds = self.placement.run, self.placement.holds("actor")
-        want = len(batch) if holds else 0
-        kept, rejected, sampled, rounds = [], [], 0, 0
-        draw = batch
-        while True:
-            if holds:
-                varied = self.varied_groups(draw)
-                kept.append(draw.select(varied.nonzero().flatten()))
-                rejected.append(draw.select((~varied).nonzero().flatten()))
-                sampled += len(draw)
-            short = sum(len(k) for k in kept) < want
-            if rounds >= self.config.algorithm.max_resample_rounds:
-                break
-            if not self.placement.mean_over_owners({"short": float(short)} if holds else {}).get("short", 0.0):
-                break
-            rounds += 1
-            draw = self.get_batch()
-            draw.group_ids = draw.group_ids + rounds * self.config.data.train_batch_size  # unique over rounds
-            draw = self.placement.align(run("actor", self.generate, draw), self.sequence_padding)
-            draw = run("actor", self.compute_reward, draw)
-        metrics["dynamic_sampling/rounds"] = float(rounds)
-        if not holds:
-            return None
-        pool = concat_batches([*kept, *rejected], self.tokenizer.pad_token_id)
-        out = pool.select(torch.arange(want))
-        out.metrics = batch.metrics
-        filled = max(want - sum(len(k) for k in kept), 0)
-        metrics["dynamic_sampling/varied_group_frac"] = sum(len(k) for k in kept) / max(sampled, 1)
-        metrics["dynamic_sampling/filled_equal_frac"] = filled / max(want, 1)
-        return out
+        """DAPO dynamic sampling (`dynamic_sampling.filter_groups`): each extra round draws, generates and
+        scores with this trainer's stages."""
+        run = self.placement.run
+
+        def draw(round_: int) -> RolloutBatch | None:
+            more = self.get_batch()
+            more.group_ids = more.group_ids + round_ * self.config.data.train_batch_size  # unique over rounds
+            more = self.placement.align(run("actor", self.generate, more), self.sequence_padding)
+            return run("actor", self.compute_reward, more)
+
+        return filter_groups(batch, draw, placement=self.placement, max_rounds=self.config.algorithm.max_resample_rounds,
+                             pad_token_id=self.tokenizer.pad_token_id, metrics=metrics)
 
     varied_groups = staticmethod(varied_groups)
 
@@ -369,15 +313,9 @@ class RLTrainer(TrainerRuntime):
         return self.check_rollout_drift(batch)
 
     def check_rollout_drift(self, batch: RolloutBatch) -> RolloutBatch:
-        """The sampler's log-probs against the trainer's on the same tokens (free when the old log-probs
-        exist or the update's forward checks, see `update_checks_drift`; else on `rollout.drift_check_samples`
-        responses). An engine that samples from other weights
-        (never synced, a stale copy, an adapter not delivered) turns every step off-policy without a word;
-        here it is an error naming the engine.
-
-        With top-k / top-p the sampler reports the renormalised distribution, which lifts every sampled
-        log-prob: the difference is logged but not held to `rollout.max_logprob_drift`.
-        """
+        """The sampler's log-probs against the trainer's on the same tokens (`drift`): free when the old
+        log-probs exist or the update's forward checks (`update_checks_drift`), else on
+        `rollout.drift_check_samples` responses."""
         if batch.rollout_logprobs is None:
             return batch
         if batch.old_logprobs is None and self.update_checks_drift:
@@ -386,7 +324,7 @@ class RLTrainer(TrainerRuntime):
             torch.arange(min(self.config.rollout.drift_check_samples, len(batch))))
         trainer = checked.old_logprobs if checked.old_logprobs is not None else self.sequence_logprobs(
             self.model, checked)
-        self.judge_drift(batch, *self.drift_moments(trainer, checked))
+        self.judge_drift(batch, *drift_moments(trainer, checked))
         return batch
 
     @property
@@ -404,28 +342,9 @@ class RLTrainer(TrainerRuntime):
         """Whether this step updates the policy (not during the critic-only warm-up)."""
         return self.step_count >= self.config.critic.warmup_steps_critic_only or not self.config.needs_critic
 
-    @staticmethod
-    def drift_moments(trainer_logprobs: torch.Tensor, checked: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """|trainer - sampler| log-prob on the model-written tokens of `checked`: its `masked_moments` and max."""
-        mask = checked.response_mask.bool()
-        diff = torch.where(mask, (trainer_logprobs - checked.rollout_logprobs.to(trainer_logprobs)).abs(), 0.0)
-        return masked_moments(diff, mask), diff.max()
-
     def judge_drift(self, batch: RolloutBatch, moments: torch.Tensor, worst: torch.Tensor) -> None:
-        """Log the drift over the actor ranks into `batch.metrics`; raise when it is over the limit."""
-        r = self.config.rollout
-        count, total, _ = self.placement.all_reduce_sum(moments, "actor").tolist()
-        mean = total / max(count, 1.0)
-        worst = float(self.placement.all_reduce_max(worst.reshape(1), "actor"))
-        batch.metrics["rollout/logprob_diff_mean"], batch.metrics["rollout/logprob_diff_max"] = mean, worst
-        processed = r.top_k > 0 or r.top_p < 1.0
-        if r.max_logprob_drift is not None and not processed and mean > r.max_logprob_drift:
-            raise RolloutError(
-                f"step {self.step_count + 1}: the {r.engine!r} rollout engine's log-probs differ from the policy's "
-                f"by {mean:.4f} per token on average (max {worst:.4f}; limit rollout.max_logprob_drift="
-                f"{r.max_logprob_drift}): it samples from other weights than the ones being trained. Fix: make "
-                "the engine receive the policy's weights after every update (rollout.engine=hf always does), or "
-                "raise rollout.max_logprob_drift if a low-precision engine is expected to differ this much")
+        judge_drift(batch.metrics, moments, worst, rollout=self.config.rollout, placement=self.placement,
+                    step=self.step_count + 1)
 
     def compute_ref_log_probs(self, batch: RolloutBatch) -> RolloutBatch:
         batch.ref_logprobs = self.sequence_logprobs(self.ref_model, batch)
@@ -489,7 +408,7 @@ class RLTrainer(TrainerRuntime):
             cfg, norm_len, lambda mb: self.policy_logprobs(self.model, mb, temperature=temperature, with_entropy=True,
                                                            entropy_grad=cfg.entropy_coef > 0),
             tis_weights=self.tis_weights,
-            on_logprobs=None if drift is None else lambda logprobs, mb: drift.append(self.drift_moments(logprobs, mb)))
+            on_logprobs=None if drift is None else lambda logprobs, mb: drift.append(drift_moments(logprobs, mb)))
 
         def check_drift() -> None:  # before the optimizer step: a failed check leaves the weights alone
             if drift is not None:
@@ -567,30 +486,7 @@ class RLTrainer(TrainerRuntime):
         return update.forward_in_micro_batches(model, batch, fn, self.plans[role].micro_batch_size, max_tokens)
 
     def batch_metrics(self, batch: RolloutBatch) -> dict[str, float]:
-        """Metrics of the global batch: means and spreads from sums over the actor ranks, maxima by max."""
-        scores, mask = batch.scores, batch.response_mask.float()
-        lengths = mask.sum(-1)
-        reduce = functools.partial(self.placement.all_reduce_sum, role="actor")
-        count, total, squares = reduce(masked_moments(scores, torch.ones_like(scores))).tolist()
-        mean = total / max(count, 1.0)
-        std = math.sqrt(max(squares - total * mean, 0.0) / (count - 1)) if count > 1 else 0.0
-        metrics = {"reward/mean": float(scores.mean()), "reward/std": std,
-                   "response/length_mean": float(lengths.mean()),
-                   "response/length_max": float(self.placement.all_reduce_max(lengths.max().reshape(1), "actor")),
-                   "response/truncation_ratio": float((~batch.finished).float().mean()),
-                   "prompt/length_mean": float(batch.prompt_mask.float().sum(-1).mean())}
-        if bool(((scores == 0) | (scores == 1)).all()):
-            metrics["reward/accuracy"] = float(scores.mean())
-        groups = batch.group_ids.to(scores.device)
-        _, inverse = torch.unique(groups, return_inverse=True)
-        g_max = torch.full((int(inverse.max()) + 1,), -float("inf"), device=scores.device).scatter_reduce(
-            0, inverse, scores, "amax")
-        g_min = torch.full_like(g_max, float("inf")).scatter_reduce(0, inverse, scores, "amin")
-        metrics["reward/zero_std_group_frac"] = float((g_max == g_min).float().mean())
-        metrics |= batch.metrics
-        adv_count, adv_sum, _ = reduce(masked_moments(batch.advantages, mask)).tolist()
-        metrics["advantages/mean"] = adv_sum / max(adv_count, 1.0)  # token-weighted over the global batch
-        return metrics
+        return batch_metrics(batch, self.placement)
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
@@ -605,13 +501,9 @@ class RLTrainer(TrainerRuntime):
 
     def evaluate(self, rows: Sequence[Mapping[str, Any]], prefix: str = "val",
                  samples: list[dict[str, Any]] | None = None) -> dict[str, float]:
-        """Mean score (and accuracy, for 0/1 rewards) of one answer per row, as validation samples them.
-        With `samples`, up to `trainer.log_samples` of {prompt, response, score, ground_truth} go into it.
-
-        On several actor ranks each answers a contiguous share of `rows` and the sums are reduced, so every
-        actor rank must call this with the same rows. Every rank runs the same number of chunks (a rank
-        whose share ran out answers one row it then drops), so the weight gathers of a sharded policy stay
-        in step."""
+        """Mean score (and accuracy, for 0/1 rewards) of `rollout.val_n` answers per row, sampled as validation
+        samples them (`evaluation.evaluate_rows`: every actor rank calls this with the same rows). With
+        `samples`, up to `trainer.log_samples` of {prompt, response, score, ground_truth} go into it."""
         if not rows:
             return {}
         n = self.config.rollout.val_n
@@ -620,56 +512,23 @@ class RLTrainer(TrainerRuntime):
         # resume, and never shifts the training samples (which `self.generator` alone decides).
         entropy = np.random.SeedSequence([self.config.trainer.seed, self.step_count, self.rank, 1])
         generator = torch.Generator(device=self.device).manual_seed(int(entropy.generate_state(1)[0]))
-        share = -(-len(rows) // self.dp_size)
-        mine = list(rows[self.dp_rank * share : (self.dp_rank + 1) * share])
-        size = self.config.data.val_batch_size
-        scores, episode_sums, mine_sources = [torch.zeros(0, n)], {}, []
-        for start in range(0, share, size):
-            chunk = mine[start : start + size]
-            real = len(chunk)
-            chunk = chunk or [rows[0]]
-            extras: list[dict[str, Any]] = []  # per answer, a reward function's non-numeric extras
+
+        def answer(chunk: list[Mapping[str, Any]]) -> Answers:
             if self.multiturn is not None:
-                chunk_scores, responses, episode = self.multiturn.evaluate(chunk, params, generator)
-                for k, v in episode.items():
-                    episode_sums[k] = episode_sums.get(k, 0.0) + v * real
-            else:
-                ids, mask = self.encode_prompts(chunk)
-                with self.gathered(self.model), synced(self.engine, self.model):
-                    out = self.engine.generate(ids.to(self.device), mask.to(self.device), params,
-                                               generator=generator)
-                responses = self.decode_responses(out.response_ids, out.response_mask)
-                result = self.score_responses([row for row in chunk for _ in range(n)], responses,
-                                              out.response_ids, out.response_mask)
-                chunk_scores, extras = result.scores.float(), result.extras[::n]
-            chunk_scores = chunk_scores.view(len(chunk), n)  # a row's n answers are consecutive
-            scores.append(chunk_scores[:real])
-            mine_sources += [row.get("data_source") for row in chunk[:real]]
-            if samples is not None:  # each prompt's first answer
-                kept = min(max(self.config.trainer.log_samples - len(samples), 0), real)
-                samples += [{"prompt": row.get("prompt"), "response": response, "score": float(score),
-                             "ground_truth": row.get("ground_truth"), "data_source": row.get("data_source"),
-                             **({"reward_extras": extras[j]} if j < len(extras) and extras[j] else {})}
-                            for j, (row, response, score) in enumerate(zip(chunk[:kept], responses[::n][:kept],
-                                                                           chunk_scores[:kept, 0].tolist(),
-                                                                           strict=True))]
-        mine_scores = torch.cat(scores).double()
-        names = sorted(episode_sums)
-        # Per data source too when the rows mix several (e.g. GSM8K and MATH test sets), from the same sums.
-        counts = Counter(row.get("data_source") for row in rows)
-        sources = sorted(counts, key=str) if len(counts) > 1 else []
-        index = {source: i for i, source in enumerate(sources)}
-        of = torch.tensor([index.get(source, -1) for source in mine_sources], dtype=torch.long)
-        by_source = [mine_scores[of == i] for i in range(len(sources))]
-        sums = torch.tensor([*_score_sums(mine_scores), *(episode_sums[k] for k in names),
-                             *(x for part in by_source for x in _score_sums(part))], dtype=torch.float64)
-        totals = self.placement.all_reduce_sum(sums, role="actor").tolist()
-        metrics = _score_metrics(prefix, totals[:3], len(rows), n)
-        metrics |= {f"{prefix}/{k}": v / len(rows) for k, v in zip(names, totals[3 : 3 + len(names)], strict=True)}
-        for i, source in enumerate(sources):
-            at = 3 + len(names) + 3 * i
-            metrics |= _score_metrics(f"{prefix}/{source}", totals[at : at + 3], counts[source], n)
-        return metrics
+                scores, responses, episode = self.multiturn.evaluate(chunk, params, generator)
+                return Answers(scores, responses, episode_metrics=episode)
+            ids, mask = self.encode_prompts(chunk)
+            with self.gathered(self.model), synced(self.engine, self.model):
+                out = self.engine.generate(ids.to(self.device), mask.to(self.device), params, generator=generator)
+            responses = self.decode_responses(out.response_ids, out.response_mask)
+            result = self.score_responses([row for row in chunk for _ in range(n)], responses, out.response_ids,
+                                          out.response_mask)
+            return Answers(result.scores, responses, extras=list(result.extras))
+
+        return evaluate_rows(rows, answer, n=n, chunk_size=self.config.data.val_batch_size, dp_rank=self.dp_rank,
+                             dp_size=self.dp_size, all_reduce_sum=functools.partial(self.placement.all_reduce_sum,
+                                                                                    role="actor"),
+                             prefix=prefix, samples=samples, max_samples=self.config.trainer.log_samples)
 
     def row_counts(self) -> tuple[int, int]:
         return len(self.env), len(self.env.val_rows())

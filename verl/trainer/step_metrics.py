@@ -1,0 +1,44 @@
+"""What a step logs about its batch, computed over the global batch so 1 rank and N ranks log the same."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from verl.algorithms import masked_moments
+from verl.distributed.placement import Placement
+from verl.trainer.batch import RolloutBatch
+
+
+def batch_metrics(batch: RolloutBatch, placement: Placement) -> dict[str, float]:
+    """Rewards, lengths, truncation and advantages of a scored batch: means and spreads from sums over the
+    actor ranks, maxima by max; the stages' own measurements (`batch.metrics`) are added as they are."""
+    scores, mask = batch.scores, batch.response_mask.float()
+    lengths = mask.sum(-1)
+
+    def reduce(values: torch.Tensor) -> torch.Tensor:
+        return placement.all_reduce_sum(values, role="actor")
+
+    count, total, squares = reduce(masked_moments(scores, torch.ones_like(scores))).tolist()
+    mean = total / max(count, 1.0)
+    std = math.sqrt(max(squares - total * mean, 0.0) / (count - 1)) if count > 1 else 0.0
+    metrics = {"reward/mean": float(scores.mean()), "reward/std": std,
+               "response/length_mean": float(lengths.mean()),
+               "response/length_max": float(placement.all_reduce_max(lengths.max().reshape(1), "actor")),
+               "response/truncation_ratio": float((~batch.finished).float().mean()),
+               "prompt/length_mean": float(batch.prompt_mask.float().sum(-1).mean())}
+    if bool(((scores == 0) | (scores == 1)).all()):
+        metrics["reward/accuracy"] = float(scores.mean())
+    _, inverse = torch.unique(batch.group_ids.to(scores.device), return_inverse=True)
+    g_max = torch.full((int(inverse.max()) + 1,), -float("inf"), device=scores.device).scatter_reduce(
+        0, inverse, scores, "amax")
+    g_min = torch.full_like(g_max, float("inf")).scatter_reduce(0, inverse, scores, "amin")
+    metrics["reward/zero_std_group_frac"] = float((g_max == g_min).float().mean())
+    metrics |= batch.metrics
+    adv_count, adv_sum, _ = reduce(masked_moments(batch.advantages, mask)).tolist()
+    metrics["advantages/mean"] = adv_sum / max(adv_count, 1.0)  # token-weighted over the global batch
+    return metrics
+
+
+__all__ = ["batch_metrics"]
