@@ -11,6 +11,7 @@ import torch
 from _dist_workers import setup
 
 from verl.config import load_config
+from verl.trainer.batch import varied_groups
 from verl.trainer.rl_trainer import RLTrainer
 
 TRAIN_BATCH, N = 8, 2
@@ -39,7 +40,7 @@ def worker(rank: int, world: int, port: int, out_dir: str) -> None:
     metrics: dict[str, float] = {}
     out = trainer.filter_groups(first, metrics)
     scores = [rank_reward(row["prompt"], text, None) for row, text in zip(out.rows, out.responses, strict=True)]
-    torch.save({"first_varied": trainer.varied_groups(first), "first_ids": first.group_ids,
-                "group_ids": out.group_ids, "varied": trainer.varied_groups(out), "scores": out.scores,
+    torch.save({"first_varied": varied_groups(first), "first_ids": first.group_ids,
+                "group_ids": out.group_ids, "varied": varied_groups(out), "scores": out.scores,
                 "recomputed": torch.tensor(scores), "metrics": metrics, "dp": (trainer.dp_rank, trainer.dp_size)},
                Path(out_dir) / f"rank{rank}.pt")

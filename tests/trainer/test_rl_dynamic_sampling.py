@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from rl_support import rl_config
 
+from verl.trainer.batch import varied_groups
 from verl.trainer.rl_trainer import RLTrainer
 
 
@@ -49,11 +50,11 @@ def _assert_aligned(trainer, out):
 def test_filter_groups_fills_the_batch_with_varied_groups(tmp_path):
     trainer = _trainer(tmp_path, "algorithm.max_resample_rounds=8")
     first, out, metrics = _sampled(trainer)
-    assert not bool(trainer.varied_groups(first).all())  # the first draw had equal-reward groups
+    assert not bool(varied_groups(first).all())  # the first draw had equal-reward groups
     _assert_aligned(trainer, out)
     assert metrics["dynamic_sampling/rounds"] >= 1
     assert metrics["dynamic_sampling/filled_equal_frac"] == 0.0
-    assert bool(trainer.varied_groups(out).all())
+    assert bool(varied_groups(out).all())
     assert 0 < metrics["dynamic_sampling/varied_group_frac"] < 1
 
 
@@ -61,11 +62,11 @@ def test_without_resampling_rounds_equal_groups_fill_the_rest_and_are_skipped(tm
     trainer = _trainer(tmp_path, "algorithm.max_resample_rounds=0")
     first, out, metrics = _sampled(trainer)
     _assert_aligned(trainer, out)
-    equal = float((~trainer.varied_groups(first)).float().mean())
+    equal = float((~varied_groups(first)).float().mean())
     assert metrics["dynamic_sampling/rounds"] == 0.0
     assert metrics["dynamic_sampling/filled_equal_frac"] == equal > 0
     assert sorted(out.group_ids.tolist()) == sorted(first.group_ids.tolist())  # the same groups, varied first
-    assert bool(trainer.varied_groups(out)[: len(out) - int(equal * len(out))].all())
+    assert bool(varied_groups(out)[: len(out) - int(equal * len(out))].all())
 
 
 def test_a_step_with_filter_groups_trains_and_logs(tmp_path):
@@ -74,3 +75,16 @@ def test_a_step_with_filter_groups_trains_and_logs(tmp_path):
     assert {"dynamic_sampling/rounds", "dynamic_sampling/varied_group_frac", "dynamic_sampling/filled_equal_frac",
             "timing/resample", "actor/skipped_frac"} <= set(metrics)
     assert metrics["actor/grad_norm"] > 0
+
+
+def test_dynamic_sampling_with_a_reward_model_on_its_own_ranks_is_refused_at_start_up():
+    """Found by the start-up checks (verl check, before any model loads), not at the first step."""
+    from verl.config import load_config
+    from verl.trainer.startup import check_startup
+
+    overrides = ["algorithm.filter_groups=true", "reward.model_path=tiny", "devices.actor=[0]", "devices.reward=[1]"]
+    problems = [str(p) for p in check_startup(load_config(overrides=overrides), world_size=2, device_type="cpu").problems]
+    assert any("algorithm.filter_groups needs the rewards on the actor's ranks" in p and "devices.reward=[1]" in p
+               and "set algorithm.filter_groups=false" in p for p in problems), problems
+    colocated = check_startup(load_config(overrides=overrides[:2]), world_size=1, device_type="cpu").problems
+    assert not any("filter_groups" in str(p) for p in colocated)

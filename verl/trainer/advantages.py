@@ -13,7 +13,15 @@ from collections.abc import Callable
 
 import torch
 
-from verl.algorithms import ESTIMATORS, EstimatorParams, kl_penalty, sequence_kl_sums
+from verl.algorithms import (
+    ESTIMATORS,
+    AdaptiveKLController,
+    EstimatorParams,
+    FixedKLController,
+    kl_penalty,
+    overlong_penalty,
+    sequence_kl_sums,
+)
 from verl.config.schema import AlgorithmConfig
 from verl.trainer.batch import RolloutBatch
 
@@ -23,6 +31,25 @@ Reduce = Callable[[torch.Tensor], torch.Tensor]
 def local_sum(t: torch.Tensor) -> torch.Tensor:
     """The reduction of a single process."""
     return t
+
+
+def kl_controller(algo: AlgorithmConfig) -> AdaptiveKLController | FixedKLController:
+    """`algorithm.kl_ctrl`: the adaptive controller moves beta towards `kl_target`, the fixed one keeps it."""
+    if algo.kl_ctrl == "adaptive":
+        return AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon)
+    return FixedKLController(algo.kl_coef)
+
+
+def apply_overlong_penalty(batch: RolloutBatch, algo: AlgorithmConfig, max_new_tokens: int) -> RolloutBatch:
+    """DAPO: responses that run into the length limit lose reward (`algorithm.overlong_buffer`)."""
+    if not algo.overlong_buffer:
+        return batch
+    penalty = overlong_penalty(batch.response_mask.sum(dim=1), max_new_tokens, algo.overlong_buffer,
+                               algo.overlong_penalty).to(batch.scores)
+    batch.scores = batch.scores + penalty
+    batch.metrics |= {"reward/overlong_penalty": float(penalty.mean()),
+                      "reward/overlong_frac": float((penalty < 0).float().mean())}
+    return batch
 
 
 def apply_kl_in_reward(batch: RolloutBatch, algo: AlgorithmConfig, kl_ctrl, reduce: Reduce = local_sum) -> RolloutBatch:

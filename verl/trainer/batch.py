@@ -137,6 +137,15 @@ class RolloutBatch:
 
     LAYOUT: ClassVar[dict[str, FieldLayout]] = LAYOUT
 
+    @classmethod
+    def of_prompts(cls, rows: list[dict[str, Any]], ids: torch.Tensor, mask: torch.Tensor, *, n: int,
+                   first_group: int = 0) -> RolloutBatch:
+        """A step's batch before generation: each prompt row (and its ids) repeated n times in a row, the n
+        samples of a prompt sharing a group id (numbered from `first_group`)."""
+        return cls(rows=[row for row in rows for _ in range(n)],
+                   group_ids=torch.arange(len(rows)).repeat_interleave(n) + first_group,
+                   prompt_ids=ids.repeat_interleave(n, dim=0), prompt_mask=mask.repeat_interleave(n, dim=0))
+
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
 

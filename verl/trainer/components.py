@@ -44,6 +44,7 @@ from verl.trainer.optim import build_optimizer
 from verl.trainer.preflight import Given, Preflight, preflight
 from verl.trainer.reward_model import build_reward_model_function
 from verl.trainer.setup import ProcessIdentity, ProcessSetup, resolve_device, run_dtype, setup_process
+from verl.trainer.startup import check_env_options
 
 
 @dataclass
@@ -234,6 +235,8 @@ def compose_rl(parts: Components, given: Given) -> None:
             trust_remote_code=config.model.trust_remote_code))
         with_cpu_matmul(config, reward_functions[0].scorer.model)
     parts.env = setup_env(config, parts.checks, given, reward_functions)
+    for problem in check_env_options(config, parts.env):  # an environment passed in, or one with a reward model
+        raise problem
     if config.needs_ref and "ref" in roles:
         parts.reference = setup_reference(config, parts.policy, parts.tokenizer, process)
     if config.needs_critic and "critic" in roles:

@@ -6,6 +6,8 @@ vocabulary-sized memory.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.distributed.fsdp import FSDPModule
 
@@ -204,3 +206,21 @@ def response_values(
     values = critic(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
                     position_ids=position_ids[:, :-1])  # the last token predicts nothing
     return values[:, -response_len:].float()
+
+
+def logprobs_of(model: torch.nn.Module, mb: Any, *, share: bool, temperature: float, with_entropy: bool = False,
+                entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropy) of a batch's response tokens under `model`; with `share`, each group's prompt
+    runs once (`shared_prompt_logprobs`), else every sequence whole."""
+    if share:
+        return shared_prompt_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_attention,
+                                      temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
+    return response_logprobs(model, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_ids.shape[1],
+                             temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
+
+
+def values_of(critic: torch.nn.Module, mb: Any, *, share: bool) -> torch.Tensor:
+    """V(s_t) of a batch's response tokens under the critic, sharing prompts as `logprobs_of` does."""
+    if share:
+        return shared_prompt_values(critic, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_attention)
+    return response_values(critic, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_ids.shape[1])

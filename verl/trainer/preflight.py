@@ -37,7 +37,7 @@ from verl.trainer.data_split import DATA_KINDS, DataSplit, canonical_rows, split
 from verl.trainer.models import load_policy_with_report, resolve_model_path
 from verl.trainer.setup import run_dtype
 from verl.trainer.source_checks import check_model_sources
-from verl.trainer.startup import VAL_ONLY_NEEDS_ROWS, StartupReport, check_startup
+from verl.trainer.startup import VAL_ONLY_NEEDS_ROWS, StartupReport, check_env_options, check_startup
 
 
 @dataclass(frozen=True)
@@ -307,6 +307,8 @@ def _env_pass(pf: Preflight, given: Given) -> None:
         try:
             pf.env = build_env(config.env, reward_functions=functions, **common)
         except VerlError as exc:
+            pf.add("environment", exc)
+        for exc in check_env_options(config, pf.env) if pf.env is not None else []:
             pf.add("environment", exc)
         return
     if given.reward_functions is None and (config.reward.functions or not config.reward.model_path):

@@ -9,31 +9,27 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from verl.algorithms import (
-    AdaptiveKLController,
-    FixedKLController,
-    explained_variance,
-    masked_mean,
-    overlong_penalty,
-    place_score_on_last_token,
-)
+from verl.algorithms import explained_variance, masked_mean, place_score_on_last_token
 from verl.config.schema import OptimConfig, RunConfig
 from verl.env.multiturn import is_multiturn
-from verl.errors import ConfigError, RolloutError
+from verl.errors import ConfigError
 from verl.rewards import RewardResult, TrainingProgress
 from verl.rewards.manager import takes_parameter
 from verl.rollout import SamplingParams
 from verl.rollout.weight_sync import synced
 from verl.trainer import update
-from verl.trainer.advantages import apply_kl_in_reward, estimate_advantages
+from verl.trainer.advantages import (
+    apply_kl_in_reward,
+    apply_overlong_penalty,
+    estimate_advantages,
+    kl_controller,
+)
 from verl.trainer.batch import (
     PROMPT,
     RESPONSE,
@@ -43,7 +39,6 @@ from verl.trainer.batch import (
     fields_of,
     padding,
     read_by,
-    varied_groups,
     written_by,
 )
 from verl.trainer.batch_math import BatchPlan
@@ -51,17 +46,11 @@ from verl.trainer.drift import drift_moments, judge_drift
 from verl.trainer.dynamic_sampling import filter_groups
 from verl.trainer.episodes import Episodes
 from verl.trainer.evaluation import Answers, evaluate_rows
-from verl.trainer.forward import (
-    can_share_prompt,
-    response_logprobs,
-    response_values,
-    shared_prompt_logprobs,
-    shared_prompt_values,
-)
+from verl.trainer.forward import can_share_prompt, logprobs_of, values_of
 from verl.trainer.python_api import RewardArg, python_run
-from verl.trainer.reward_model import reward_text
+from verl.trainer.reward_model import reward_model_inputs
 from verl.trainer.runtime import TrainerRuntime
-from verl.trainer.step_metrics import batch_metrics
+from verl.trainer.step_metrics import batch_metrics, timed
 
 
 class RLTrainer(TrainerRuntime):
@@ -90,10 +79,9 @@ class RLTrainer(TrainerRuntime):
         self.placement = parts.placement
         self.remote_reward_model = parts.remote_reward_model
         self.reward_tokenizer, self.reward_scorer = parts.reward_tokenizer, parts.reward_scorer
-        self.optimizer, self.scheduler = ((parts.actor_optim.optimizer, parts.actor_optim.scheduler)
-                                          if parts.actor_optim is not None else (None, None))
-        if parts.critic_optim is not None:
-            self.critic_optimizer, self.critic_scheduler = parts.critic_optim.optimizer, parts.critic_optim.scheduler
+        self.optimizer, self.scheduler = dataclasses.astuple(parts.actor_optim) if parts.actor_optim else (None, None)
+        self.critic_optimizer, self.critic_scheduler = (dataclasses.astuple(parts.critic_optim) if parts.critic_optim
+                                                        else (None, None))
         self._hf_assets = super().hf_assets()  # before a critic/ref-only rank drops the policy
         self.sampling = self._sampling_params(config.rollout.temperature, config.rollout.n)
         if "actor" not in self.roles:  # a critic/ref-only rank of a split placement drops the policy
@@ -102,12 +90,7 @@ class RLTrainer(TrainerRuntime):
         self.multiturn = (Episodes.create(self.env, self.engine, self.prompts, config.rollout.stop, policy=self.model,
                                           gathered=self.gathered, device=self.device)
                           if is_multiturn(self.env) else None)
-        if self.multiturn is not None and config.algorithm.overlong_buffer:
-            raise ConfigError("algorithm.overlong_buffer shapes single-turn rewards by response length; a multi-turn "
-                              "episode's length is its turns'. Fix: set algorithm.overlong_buffer=0 for this env")
-        algo = config.algorithm
-        self.kl_ctrl = (AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon)
-                        if algo.kl_ctrl == "adaptive" else FixedKLController(algo.kl_coef))
+        self.kl_ctrl = kl_controller(config.algorithm)
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -159,42 +142,42 @@ class RLTrainer(TrainerRuntime):
         Every rank executes this same sequence of calls (the placement keeps the collectives in step).
         """
         run, timing, metrics = self.placement.run, {}, {}
-        with self.timer(timing, "generate"):
+        with timed(timing, "generate"):
             batch = self.get_batch()  # every rank draws, so the prompt order (saved in checkpoints) stays in step
             batch = self.placement.align(run("actor", self.generate, batch), self.sequence_padding)
-        with self.timer(timing, "reward"):
+        with timed(timing, "reward"):
             batch = run("actor", self.compute_reward, batch)
         if self.config.algorithm.filter_groups:
-            with self.timer(timing, "resample"):
+            with timed(timing, "resample"):
                 batch = self.filter_groups(batch, metrics)
         if self.remote_reward_model:
-            with self.timer(timing, "reward_model"):
-                batch = self.placement.align(run("actor", self.reward_model_inputs, batch),
-                                             self.reward_model_padding)
+            with timed(timing, "reward_model"):
+                batch = self.placement.align(run("actor", self.reward_model_inputs, batch), padding(
+                    fields_of(REWARD_TOKENS), reward_pad_token_id=self.reward_tokenizer.pad_token_id))
                 batch = run("reward", self.score_with_reward_model, batch, send=self.REWARD_MODEL_INPUTS,
                             back=written_by("reward"))
                 batch = run("actor", self.add_reward_model_scores, batch)
-        with self.timer(timing, "old_logprobs"):
+        with timed(timing, "old_logprobs"):
             batch = run("actor", self.compute_log_probs, batch)
         if self.config.needs_ref:
-            with self.timer(timing, "ref"):
+            with timed(timing, "ref"):
                 batch = run("ref", self.compute_ref_log_probs, batch, send=self.SEQUENCES, back=written_by("ref"))
         if self.config.needs_critic:
-            with self.timer(timing, "critic"):
+            with timed(timing, "critic"):
                 batch = run("critic", self.compute_values, batch, send=self.SEQUENCES, back=written_by("critic"))
-        with self.timer(timing, "advantages"):
+        with timed(timing, "advantages"):
             batch = run("actor", self.compute_advantages, batch)
         if self.config.needs_critic:
-            with self.timer(timing, "update_critic"):
+            with timed(timing, "update_critic"):
                 metrics |= self.placement.run_for_metrics("critic", self.update_critic, batch,
                                                           send=self.CRITIC_UPDATE_INPUTS)
         if self.updates_actor:
-            with self.timer(timing, "update"):
+            with timed(timing, "update"):
                 metrics |= self.placement.run_for_metrics("actor", self.update_policy, batch)
         metrics |= {f"timing/{k}": v for k, v in timing.items()}
         metrics["timing/step"] = sum(timing.values())
         if batch is not None:  # the actor ranks
-            metrics |= self.batch_metrics(batch)
+            metrics |= batch_metrics(batch, self.placement)
             metrics["perf/tokens_per_s"] = (float(batch.attention_mask.sum()) * self.dp_size
                                             / max(metrics["timing/step"], 1e-9))
         return self.placement.mean_over_owners(metrics)  # ranks may differ in which metrics they have
@@ -213,31 +196,18 @@ class RLTrainer(TrainerRuntime):
         return filter_groups(batch, draw, placement=self.placement, max_rounds=self.config.algorithm.max_resample_rounds,
                              pad_token_id=self.tokenizer.pad_token_id, metrics=metrics)
 
-    varied_groups = staticmethod(varied_groups)
-
     @property
     def sequence_padding(self) -> dict[str, tuple[str, int | float]]:
-        """How the prompt- and response-aligned fields pad when the actor ranks' shards are brought to one
-        width (those a batch lacks are left out)."""
+        """How the prompt- and response-aligned fields pad when the actor ranks' shards are brought to one width."""
         return padding(fields_of(PROMPT, RESPONSE), self.tokenizer.pad_token_id)
-
-    @property
-    def reward_model_padding(self) -> dict[str, tuple[str, int | float]]:
-        return padding(fields_of(REWARD_TOKENS), reward_pad_token_id=self.reward_tokenizer.pad_token_id)
 
     def get_batch(self) -> RolloutBatch:
         """This rank's share of the next prompts, tokenised and left-padded, each repeated n times."""
         rows = self.env.get_batch(self.config.data.train_batch_size)
         per_rank = len(rows) // self.dp_size
         rows = rows[self.dp_rank * per_rank : (self.dp_rank + 1) * per_rank]
-        ids, mask = self.encode_prompts(rows)
-        n = self.config.rollout.n
-        return RolloutBatch(
-            rows=[row for row in rows for _ in range(n)],
-            group_ids=torch.arange(len(rows)).repeat_interleave(n) + self.dp_rank * per_rank,
-            prompt_ids=ids.repeat_interleave(n, dim=0),
-            prompt_mask=mask.repeat_interleave(n, dim=0),
-        )
+        return RolloutBatch.of_prompts(rows, *self.encode_prompts(rows), n=self.config.rollout.n,
+                                       first_group=self.dp_rank * per_rank)
 
     def generate(self, batch: RolloutBatch) -> RolloutBatch:
         if self.multiturn is not None:
@@ -275,22 +245,14 @@ class RLTrainer(TrainerRuntime):
             result = self.score_responses(batch.rows, batch.responses, batch.response_ids, batch.response_mask)
             batch.scores = result.scores.to(self.device, torch.float32)
             batch.metrics = dict(result.metrics)
-            algo = self.config.algorithm
-            if algo.overlong_buffer:  # DAPO: responses that run into the length limit lose reward
-                penalty = overlong_penalty(batch.response_mask.sum(dim=1), self.config.rollout.max_new_tokens,
-                                           algo.overlong_buffer, algo.overlong_penalty).to(batch.scores)
-                batch.scores = batch.scores + penalty
-                batch.metrics |= {"reward/overlong_penalty": float(penalty.mean()),
-                                  "reward/overlong_frac": float((penalty < 0).float().mean())}
+            apply_overlong_penalty(batch, self.config.algorithm, self.config.rollout.max_new_tokens)
         batch.token_rewards = place_score_on_last_token(batch.scores, batch.response_mask.float())
         return batch
 
     def reward_model_inputs(self, batch: RolloutBatch) -> RolloutBatch:
         """Prompt + response in the reward model's own tokens (for a reward model on ranks of its own)."""
-        texts = [reward_text(self.reward_tokenizer, row["prompt"], response)
-                 for row, response in zip(batch.rows, batch.responses, strict=True)]
-        enc = self.reward_tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        batch.reward_input_ids, batch.reward_attention_mask = enc["input_ids"], enc["attention_mask"]
+        batch.reward_input_ids, batch.reward_attention_mask = reward_model_inputs(
+            self.reward_tokenizer, [row["prompt"] for row in batch.rows], batch.responses)
         return batch
 
     def score_with_reward_model(self, batch: RolloutBatch) -> RolloutBatch:
@@ -367,12 +329,8 @@ class RLTrainer(TrainerRuntime):
                         with_entropy: bool = False, entropy_grad: bool = True
                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropy) of `mb`'s response tokens under `model`, sharing prompts when it can."""
-        if self.shares_prompt(model):
-            return shared_prompt_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_attention,
-                                          temperature=temperature, with_entropy=with_entropy,
-                                          entropy_grad=entropy_grad)
-        return response_logprobs(model, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_ids.shape[1],
-                                 temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
+        return logprobs_of(model, mb, share=self.shares_prompt(model), temperature=temperature,
+                           with_entropy=with_entropy, entropy_grad=entropy_grad)
 
     def compute_values(self, batch: RolloutBatch) -> RolloutBatch:
         batch.values = self.forward_in_micro_batches(self.critic, batch, self.critic_values,
@@ -380,11 +338,7 @@ class RLTrainer(TrainerRuntime):
         return batch
 
     def critic_values(self, mb: RolloutBatch) -> torch.Tensor:
-        """V(s_t) of `mb`'s response tokens under the critic, sharing prompts when it can."""
-        if self.shares_prompt(self.critic):
-            return shared_prompt_values(self.critic, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
-                                        mb.response_attention)
-        return response_values(self.critic, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_ids.shape[1])
+        return values_of(self.critic, mb, share=self.shares_prompt(self.critic))
 
     def compute_advantages(self, batch: RolloutBatch) -> RolloutBatch:
         """KL in the reward (when configured), then the estimator; statistics over the global batch."""
@@ -407,7 +361,6 @@ class RLTrainer(TrainerRuntime):
         micro_loss = update.policy_loss(
             cfg, norm_len, lambda mb: self.policy_logprobs(self.model, mb, temperature=temperature, with_entropy=True,
                                                            entropy_grad=cfg.entropy_coef > 0),
-            tis_weights=self.tis_weights,
             on_logprobs=None if drift is None else lambda logprobs, mb: drift.append(drift_moments(logprobs, mb)))
 
         def check_drift() -> None:  # before the optimizer step: a failed check leaves the weights alone
@@ -425,16 +378,6 @@ class RLTrainer(TrainerRuntime):
                                                         batch.response_mask.float()))
         return metrics
 
-    def tis_weights(self, old_logprobs: torch.Tensor, mb: RolloutBatch) -> torch.Tensor:
-        """Truncated importance sampling: min(pi_old / pi_rollout, actor.tis_cap) per token, pi_old being the
-        trainer's log-prob before the update and pi_rollout the sampler's for the same token."""
-        if mb.rollout_logprobs is None:
-            raise RolloutError(f"actor.tis_cap={self.config.actor.tis_cap} weighs each token by the sampler's "
-                               "probability, but the rollout engine returned no log-probs. Fix: use an engine that "
-                               "returns them (hf, vllm) or set actor.tis_cap=null")
-        rollout = mb.rollout_logprobs.to(old_logprobs)
-        return torch.exp(old_logprobs.detach() - rollout).clamp(max=self.config.actor.tis_cap)  # inf -> the cap
-
     def update_critic(self, batch: RolloutBatch) -> dict[str, float]:
         cfg = self.config.critic
         norm_len = max(batch.response_ids.shape[1], self.config.rollout.max_new_tokens)  # as the actor's
@@ -449,16 +392,9 @@ class RLTrainer(TrainerRuntime):
 
     @property
     def skips_zero_advantage(self) -> bool:
-        """With neither a KL loss nor an entropy bonus the PPO loss of a token is -A x ratio (clipped), so a
-        sequence whose advantages are all exactly 0 (a GRPO/RLOO group with equal rewards) has zero loss and
-        zero gradient: the update may leave it out."""
-        cfg = self.config.actor
-        return cfg.skip_zero_advantage and cfg.kl_loss_coef == 0 and cfg.entropy_coef == 0
+        return update.skips_zero_advantage(self.config.actor)
 
-    @staticmethod
-    def contributing_sequences(batch: RolloutBatch) -> torch.Tensor:
-        """[N] bool: the sequences with a non-zero advantage on some response token."""
-        return ((batch.advantages != 0) & (batch.response_mask != 0)).any(-1)
+    contributing_sequences = staticmethod(update.contributing_sequences)
 
     # ------------------------------------------------------------------ shared machinery
     @property
@@ -484,9 +420,6 @@ class RLTrainer(TrainerRuntime):
         the actor's for the policy and the reference), without gradient: see update.forward_in_micro_batches."""
         role = "critic" if model is not None and model is self.critic else "actor"
         return update.forward_in_micro_batches(model, batch, fn, self.plans[role].micro_batch_size, max_tokens)
-
-    def batch_metrics(self, batch: RolloutBatch) -> dict[str, float]:
-        return batch_metrics(batch, self.placement)
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
@@ -561,13 +494,6 @@ class RLTrainer(TrainerRuntime):
 
     def hf_assets(self) -> tuple[Any, ...]:
         return self._hf_assets  # captured at start-up: a critic-only rank (maybe rank 0) holds no policy
-
-    @staticmethod
-    @contextmanager
-    def timer(timing: dict[str, float], name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        yield
-        timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
 
 
 __all__ = ["RLTrainer", "concat_batches"]

@@ -142,6 +142,28 @@ def check_overlong_buffer(config: RunConfig) -> list[VerlError]:
                         f"{length}, or set 0 to turn it off")]
 
 
+def check_filter_groups_placement(config: RunConfig, mapping: Any) -> list[VerlError]:
+    """Dynamic sampling keeps groups by their rewards on the actor's ranks, so a reward model that scores on
+    ranks of its own cannot take part."""
+    r = config.reward
+    if not (config.algorithm.filter_groups and r.model_path and config.devices.reward is not None
+            and mapping.ranks("reward") != mapping.ranks("actor")):
+        return []
+    return [ConfigError("algorithm.filter_groups needs the rewards on the actor's ranks; a reward model on ranks "
+                        f"of its own (devices.reward={config.devices.reward}) is not supported with it: colocate "
+                        "the reward model (remove devices.reward) or set algorithm.filter_groups=false")]
+
+
+def check_env_options(config: RunConfig, env: Any) -> list[VerlError]:
+    """Options that a built environment rules out: the overlong penalty shapes single-turn rewards."""
+    from verl.env.multiturn import is_multiturn
+
+    if not (config.algorithm.overlong_buffer and is_multiturn(env)):
+        return []
+    return [ConfigError("algorithm.overlong_buffer shapes single-turn rewards by response length; a multi-turn "
+                        "episode's length is its turns'. Fix: set algorithm.overlong_buffer=0 for this env")]
+
+
 def check_offline_options(config: RunConfig, kind: str) -> list[VerlError]:
     """SFT/DPO options that contradict each other, refused before the model loads."""
     problems: list[VerlError] = []
@@ -239,6 +261,7 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
         refusal = split_refusal(kind, report.mapping, world_size, runs_split)
         if refusal is not None:
             problems.append(refusal)
+        problems += check_filter_groups_placement(config, report.mapping) if kind == "rl" else []
     actor_ranks = len(report.mapping.ranks("actor")) if report.mapping is not None else world_size
     critic_ranks = (len(report.mapping.ranks("critic"))
                     if report.mapping is not None and "critic" in report.mapping.roles else None)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -41,4 +44,12 @@ def batch_metrics(batch: RolloutBatch, placement: Placement) -> dict[str, float]
     return metrics
 
 
-__all__ = ["batch_metrics"]
+@contextmanager
+def timed(timing: dict[str, float], name: str) -> Iterator[None]:
+    """Add the block's wall time to `timing[name]` (a stage may run several times a step)."""
+    start = time.perf_counter()
+    yield
+    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
+
+
+__all__ = ["batch_metrics", "timed"]

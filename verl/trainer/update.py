@@ -18,6 +18,7 @@ import torch
 from verl.algorithms import aggregate_loss, kl_penalty, masked_mean, ppo_policy_loss, value_loss
 from verl.config.schema import ActorConfig, CriticConfig, OptimConfig
 from verl.distributed.placement import Placement
+from verl.errors import RolloutError
 from verl.models.dropout import no_grad_eval
 from verl.trainer.batch import PROMPT, RESPONSE, RolloutBatch, fields_of
 from verl.trainer.batch_math import BatchPlan
@@ -213,11 +214,20 @@ CRITIC_METRICS = MetricKinds(per_token=frozenset({"critic/clipfrac"}))
 
 
 # ---------------------------------------------------------------------- the micro-batch losses
+def tis_weights(old_logprobs: torch.Tensor, mb: RolloutBatch, cap: float) -> torch.Tensor:
+    """Truncated importance sampling: min(pi_old / pi_rollout, cap) per token, pi_old being the trainer's
+    log-prob before the update and pi_rollout the sampler's for the same token."""
+    if mb.rollout_logprobs is None:
+        raise RolloutError(f"actor.tis_cap={cap} weighs each token by the sampler's probability, but the rollout "
+                           "engine returned no log-probs. Fix: use an engine that returns them (hf, vllm) or set "
+                           "actor.tis_cap=null")
+    return torch.exp(old_logprobs.detach() - mb.rollout_logprobs.to(old_logprobs)).clamp(max=cap)  # inf -> the cap
+
+
 def policy_loss(cfg: ActorConfig, norm_len: int, forward: Callable[[RolloutBatch], tuple[torch.Tensor, torch.Tensor]],
-                *, tis_weights: Callable[[torch.Tensor, RolloutBatch], torch.Tensor] | None = None,
-                on_logprobs: Callable[[torch.Tensor, RolloutBatch], None] | None = None) -> MicroLoss:
+                *, on_logprobs: Callable[[torch.Tensor, RolloutBatch], None] | None = None) -> MicroLoss:
     """The actor's micro-batch loss: PPO-clip (`cfg`'s clip ranges, aggregation, sequence ratio, truncated
-    importance weights from `tis_weights(old, mb)`), minus the entropy bonus, plus the KL loss; and its
+    importance weights, `tis_weights`), minus the entropy bonus, plus the KL loss; and its
     metrics. `forward(mb)` gives (log-probs, entropy); `on_logprobs(logprobs, mb)` sees every forward's
     log-probs (the drift check). `norm_len` is seq-mean-token-sum-norm's constant for the whole batch."""
 
@@ -227,7 +237,7 @@ def policy_loss(cfg: ActorConfig, norm_len: int, forward: Callable[[RolloutBatch
         if on_logprobs is not None:
             on_logprobs(logprobs.detach(), mb)
         old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
-        weights = None if cfg.tis_cap is None else tis_weights(old, mb)
+        weights = None if cfg.tis_cap is None else tis_weights(old, mb, cfg.tis_cap)
         loss, stats = ppo_policy_loss(logprobs, old, mb.advantages, mask, clip_low=cfg.clip_low,
                                       clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.loss_agg,
                                       norm_len=norm_len, sequence_ratio=cfg.importance_sampling == "sequence",
@@ -342,6 +352,18 @@ def optimize(
     return metrics
 
 
-__all__ = ["ACTOR_METRICS", "CRITIC_METRICS", "MetricKinds", "critic_loss", "policy_loss", "PROMPT_FIELDS", "RESPONSE_FIELDS", "forward_in_micro_batches", "micro_batch",
+def skips_zero_advantage(cfg: ActorConfig) -> bool:
+    """With neither a KL loss nor an entropy bonus the PPO loss of a token is -A x ratio (clipped), so a
+    sequence whose advantages are all exactly 0 (a GRPO/RLOO group with equal rewards) has zero loss and
+    zero gradient: the update may leave it out."""
+    return cfg.skip_zero_advantage and cfg.kl_loss_coef == 0 and cfg.entropy_coef == 0
+
+
+def contributing_sequences(batch: RolloutBatch) -> torch.Tensor:
+    """[N] bool: the sequences with a non-zero advantage on some response token."""
+    return ((batch.advantages != 0) & (batch.response_mask != 0)).any(-1)
+
+
+__all__ = ["contributing_sequences", "skips_zero_advantage", "tis_weights", "ACTOR_METRICS", "CRITIC_METRICS", "MetricKinds", "critic_loss", "policy_loss", "PROMPT_FIELDS", "RESPONSE_FIELDS", "forward_in_micro_batches", "micro_batch",
            "micro_batch_groups", "micro_batch_rounds", "micro_batches", "micro_weights", "optimize",
            "update_order"]
