@@ -54,6 +54,9 @@ class Optimizer:
     optimizer: torch.optim.Optimizer
     scheduler: Any
 
+    def pair(self) -> tuple[torch.optim.Optimizer, Any]:
+        return self.optimizer, self.scheduler  # the objects themselves (dataclasses.astuple would copy them)
+
 
 @dataclass
 class Components:

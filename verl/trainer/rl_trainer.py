@@ -79,9 +79,8 @@ class RLTrainer(TrainerRuntime):
         self.placement = parts.placement
         self.remote_reward_model = parts.remote_reward_model
         self.reward_tokenizer, self.reward_scorer = parts.reward_tokenizer, parts.reward_scorer
-        self.optimizer, self.scheduler = dataclasses.astuple(parts.actor_optim) if parts.actor_optim else (None, None)
-        self.critic_optimizer, self.critic_scheduler = (dataclasses.astuple(parts.critic_optim) if parts.critic_optim
-                                                        else (None, None))
+        self.optimizer, self.scheduler = parts.actor_optim.pair() if parts.actor_optim else (None, None)
+        self.critic_optimizer, self.critic_scheduler = parts.critic_optim.pair() if parts.critic_optim else (None, None)
         self._hf_assets = super().hf_assets()  # before a critic/ref-only rank drops the policy
         self.sampling = self._sampling_params(config.rollout.temperature, config.rollout.n)
         if "actor" not in self.roles:  # a critic/ref-only rank of a split placement drops the policy
