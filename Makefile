@@ -1,6 +1,7 @@
 # The two commands a new user needs: `make run` (the built-in demo) and `make test` (the suite).
-# TORCH_SPEC picks the torch build; the default is the CPU build this project is developed on.
-# A GPU user runs e.g. `make run TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"`.
+# TORCH_SPEC picks the torch build; the default takes torch 2.13.0 from the package index (on Linux, a CUDA
+# build). A CPU-only machine runs `make run TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"`
+# (README: Quick start).
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
