@@ -240,3 +240,14 @@ def test_the_cpu_line_replaces_the_runs_sizes_and_keeps_one_item_per_key():
     sft_items = dict(w.split("=", 1) for w in sft[4:])
     assert sft_items["sft.steps"] == "2" and sft_items["sft.epochs"] == "null" and "rollout.n" not in sft_items
     assert load_config(None, sft[4:]).sft.epochs is None
+
+
+def test_the_cpu_line_of_a_run_with_a_reward_model_uses_the_tiny_one():
+    """verl's ppo `run_qwen2-7b_rm` scores with a reward model: the CPU line points it at the local tiny one."""
+    from verl.compat.command import cpu_command
+
+    words = shlex.split(cpu_command(translate([*VERL_GRPO, "reward_model.enable=True",
+                                               "reward_model.model.path=/models/rm-7b"])))
+    items = dict(w.split("=", 1) for w in words[4:])
+    assert items["reward.model_path"] == "tiny" and items["model.path"] == "tiny"
+    assert "reward.model_path" not in dict(w.split("=", 1) for w in shlex.split(cpu_command(translate(VERL_GRPO)))[4:])

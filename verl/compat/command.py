@@ -301,6 +301,8 @@ def cpu_command(translation: Translation) -> str:
         suffix.append(_DEFAULT_REWARDS.split("'")[1])
     if any(item.startswith("algorithm.overlong_buffer=") for item in translation.ours):
         suffix.append("algorithm.overlong_buffer=4")  # inside the 16 tokens above
+    if any(item.startswith("reward.model_path=") for item in translation.ours):
+        suffix.append("reward.model_path=tiny")  # the tiny model with a one-label score head
     keys = {item.partition("=")[0] for item in suffix}
     cpu = Translation(ours=[i for i in translation.ours if i.partition("=")[0] not in keys] + suffix,
                       flags=["--nproc 1"])
