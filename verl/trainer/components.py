@@ -31,7 +31,6 @@ from verl.config.schema import OptimConfig, RunConfig
 from verl.distributed.fsdp import apply_fsdp
 from verl.distributed.placement import Placement
 from verl.env import build_env
-from verl.models.checks import LoadReport
 from verl.models.dropout import disable_dropout
 from verl.models.hf_loader import load_tokenizer
 from verl.models.lora import base_of
@@ -42,7 +41,7 @@ from verl.trainer.batch import RolloutBatch
 from verl.trainer.models import build_reference, given_policy, load_policy_with_report, with_cpu_matmul
 from verl.trainer.optim import build_optimizer
 from verl.trainer.preflight import Given, Preflight, preflight
-from verl.trainer.reward_model import build_reward_model_function
+from verl.trainer.reward_model import RewardModelFunction
 from verl.trainer.setup import ProcessIdentity, ProcessSetup, resolve_device, run_dtype, setup_process
 from verl.trainer.startup import check_env_options
 
@@ -101,19 +100,15 @@ def setup_checks(config: RunConfig, identity: ProcessIdentity, device: torch.dev
 
 
 def setup_policy(config: RunConfig, checks: Preflight, *, device: torch.device, dtype: torch.dtype,
-                 given: Given = Given(), weights: bool = True) -> tuple[torch.nn.Module, Any, LoadReport | None]:
-    """The policy and its tokenizer, with the model/tokenizer report (None for a model passed in).
-
-    The tokenizer is the one the checks loaded and compared with the model's own; `weights=False` builds
-    the model on the meta device (the same checks, nothing read)."""
+                 given: Given = Given()) -> tuple[torch.nn.Module, Any]:
+    """The policy and its tokenizer: the one the checks loaded and compared with the model's own (the
+    checks ran this loader on the meta device already, so a problem here is one only weights show)."""
     if given.model is not None:
-        model, tokenizer = given_policy(given.model, given.tokenizer, device, config)
-        return model, tokenizer, None
+        return given_policy(given.model, given.tokenizer, device, config)
     model, tokenizer, report = load_policy_with_report(config, checks.model_path, device=device, dtype=dtype,
-                                                       tokenizer=checks.tokenizer, weights=weights)
-    if weights:
-        report.raise_if_problems()
-    return model, tokenizer, report
+                                                       tokenizer=checks.tokenizer)
+    report.raise_if_problems()
+    return model, tokenizer
 
 
 def setup_reward_model(config: RunConfig, process: ProcessSetup) -> RewardModelScorer:
@@ -214,7 +209,7 @@ def compose(config: RunConfig, *, kind: str, runs_split: bool = False, given: Gi
         torch.set_num_threads(config.trainer.cpu_threads)
     checks = setup_checks(config, identity, device, kind=kind, runs_split=runs_split, given=given)
     process = setup_process(config, checks.startup.mapping, identity, device)
-    policy, tokenizer, _ = setup_policy(config, checks, device=process.device, dtype=process.dtype, given=given)
+    policy, tokenizer = setup_policy(config, checks, device=process.device, dtype=process.dtype, given=given)
     parts = Components(config=config, checks=checks, process=process, tokenizer=tokenizer, policy=policy)
     if kind == "rl":
         compose_rl(parts, given)
@@ -229,14 +224,8 @@ def compose_rl(parts: Components, given: Given) -> None:
         disable_dropout(parts.policy)
     remote = parts.remote_reward_model
     local_reward_model = bool(config.reward.model_path) and "actor" in roles and not remote
-    reward_functions = []
-    if local_reward_model:
-        reward_functions.append(build_reward_model_function(
-            config.reward.model_path, dtype=run_dtype(config.reward.model_dtype or config.model.dtype,
-                                                      process.device.type),
-            device=process.device, weight=config.reward.model_weight,
-            trust_remote_code=config.model.trust_remote_code))
-        with_cpu_matmul(config, reward_functions[0].scorer.model)
+    reward_functions = ([RewardModelFunction(setup_reward_model(config, process), config.reward.model_weight)]
+                        if local_reward_model else [])
     parts.env = setup_env(config, parts.checks, given, reward_functions)
     for problem in check_env_options(config, parts.env):  # an environment passed in, or one with a reward model
         raise problem

@@ -43,9 +43,3 @@ def reward_model_inputs(tokenizer: Any, prompts: Sequence[Any], responses: Seque
     texts = [reward_text(tokenizer, p, r) for p, r in zip(prompts, responses, strict=True)]
     enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     return enc["input_ids"], enc["attention_mask"]
-
-
-def build_reward_model_function(path: str, *, dtype: torch.dtype, device: torch.device, weight: float,
-                                trust_remote_code: bool = False) -> RewardModelFunction:
-    scorer = RewardModelScorer(path, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
-    return RewardModelFunction(scorer, weight)
