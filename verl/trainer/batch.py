@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from verl.errors import VerlError
+from verl.errors import ModelError, VerlError
 from verl.utils.positions import position_ids_from_mask
 
 # Shape kinds. N rows; P prompt columns (left-padded), R response columns (right-padded), L reward-model
@@ -102,7 +102,7 @@ def padding(names: Iterable[str], pad_token_id: int | None = None, reward_pad_to
         if f.side is not None:
             value = tokens.get(f.pad, f.pad) if isinstance(f.pad, str) else f.pad
             if value is None:
-                raise VerlError(f"batch field {name!r} pads with the {f.pad}, which is None. Fix: give the "
+                raise ModelError(f"batch field {name!r} pads with the {f.pad}, which is None. Fix: give the "
                                 "tokenizer a pad token (tokenizer.pad_token = tokenizer.eos_token)")
             out[name] = (f.side, value)
     return out
