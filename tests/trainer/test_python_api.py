@@ -57,3 +57,7 @@ def test_argument_mistakes_say_what_to_pass(tmp_path):
         RLTrainer.from_pretrained("tiny", reward_fn=digit_reward, reward_funcs=[digit_reward], dataset=ROWS)
     with pytest.raises(ConfigError, match="expected a peft LoraConfig"):
         lora_section(object())
+    with pytest.raises(ConfigError, match=r"reward_fn=3 \(int\): pass a reward name"):
+        python_run("tiny", reward_fn=3, dataset=None, peft_config=None, overrides={})
+    with pytest.raises(ConfigError, match=r"model=3 \(int\): pass a path or hub id"):
+        python_run(3, reward_fn=None, dataset=None, peft_config=None, overrides={})

@@ -51,6 +51,10 @@ def _reward_specs(reward_fn: RewardArg) -> tuple[list[Any] | None, list[Any] | N
     passed as it is; a list with any callable goes to the trainer whole (specs and callables mix there)."""
     if reward_fn is None:
         return None, None
+    if not (isinstance(reward_fn, (str, Mapping, Sequence)) or callable(reward_fn)):
+        raise ConfigError(f"reward_fn={reward_fn!r} ({type(reward_fn).__name__}): pass a reward name "
+                          "('numeric_match', 'rewards.py:fn'), a function fn(prompt, response, ground_truth, "
+                          "**meta), or a list of them")
     items = [reward_fn] if isinstance(reward_fn, (str, Mapping)) or callable(reward_fn) else list(reward_fn)
     specs = [{"name": item} if isinstance(item, str) else item for item in items]
     return (None, specs) if any(callable(item) for item in specs) else (specs, None)
@@ -68,6 +72,9 @@ def python_run(model: str | torch.nn.Module | Mapping[str, Any], *, reward_fn: R
             set_dotted(tree, f"model.{sub}", item)
     elif isinstance(model, str):
         set_dotted(tree, "model.path", model)
+    elif not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"model={model!r} ({type(model).__name__}): pass a path or hub id, a loaded model (with "
+                          "tokenizer=...), or the model section as a dict, e.g. {'path': 'tiny', 'lora': {'rank': 8}}")
     if peft_config is not None:
         for sub, item in lora_section(peft_config).items():
             set_dotted(tree, f"model.lora.{sub}", item)
