@@ -163,20 +163,22 @@ def test_observation_over_budget_ends_the_episode_truncated(tiny):
     assert out.response_ids.shape[1] <= 40
 
 
-def _spied_rollout(tiny, env, stop, temperature, parks=True, n=1):
-    """A rollout that records the rows of every decode call (one new token per row)."""
+def _spied_rollout(tiny, env, stop, temperature, parks=True, n=1, fast=False):
+    """A rollout that records the rows of every decode call (one new token per row) on the plain forward
+    path (`fast`: the lean decode step, whose calls are not counted)."""
     model, tok = tiny
-    runner = MultiTurnRollout(HFKVCacheEngine(model), tok, stop)
+    runner = MultiTurnRollout(HFKVCacheEngine(model, fast_decode=fast), tok, stop)
+    assert (runner.engine.fast_decode_reason == "") == (fast and parks)
     runner.engine.preallocates = parks  # False: the model's own cache, where rows that sat out keep holes
     decoded = []
-    real = runner._forward
+    real = runner.engine._forward
 
     def spy(ids, mask, positions, cache):
         if ids.shape[1] == 1:
             decoded.append(ids.shape[0])
         return real(ids, mask, positions, cache)
 
-    runner._forward = spy
+    runner.engine._forward = spy
     prompts, records = runner.start(env, env.val_rows(), n)
     enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     params = SamplingParams(temperature=temperature, max_new_tokens=12, eos_token_ids=[tok.eos_token_id],
@@ -205,6 +207,9 @@ def test_ended_turns_and_episodes_are_not_decoded(tiny):
     held, held_decoded = _spied_rollout(tiny, _env_with_val(done_after=1), stop, temperature=0.0, parks=False)
     assert [e.tokens for e in held.episodes] == [e.tokens for e in eps]
     assert sum(held_decoded) > sum(decoded)
+    # The lean decode step of single-turn rollouts writes the same episodes.
+    quick, _ = _spied_rollout(tiny, _env_with_val(done_after=1), stop, temperature=0.0, fast=True)
+    assert [e.tokens for e in quick.episodes] == [e.tokens for e in eps]
 
 
 def assert_one_forward_logprobs(model, out):

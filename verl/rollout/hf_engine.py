@@ -18,6 +18,8 @@ Greedy output equals ``model.generate(do_sample=False)`` token for token (tested
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,83 +27,47 @@ import torch
 from verl.errors import ConfigError, DataError, ModelError
 from verl.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 from verl.rollout.fast_decode import LlamaStyleDecodeStep
+from verl.rollout.kv_cache import DynamicLayer, Parked, RolloutCache, model_cache
 from verl.rollout.sampling import sample_step
 from verl.utils.positions import position_ids_from_mask
 
-try:  # transformers >= 4.56 has per-layer caches; older versions use a plain DynamicCache.
-    from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
-except ImportError:  # pragma: no cover - depends on the installed transformers
-    from transformers.cache_utils import DynamicCache
 
-    Cache = DynamicLayer = None  # type: ignore[assignment,misc]
+@dataclass
+class Decoding:
+    """A batch between model calls: its cache, the logits after each row's latest token, which cache
+    columns are real tokens (the rest are left padding and holes) and each row's next position id."""
+
+    cache: Any
+    logits: torch.Tensor  # [B, V]
+    mask: torch.Tensor  # [B, C] bool
+    next_pos: torch.Tensor  # [B]
+
+    def repeat(self, n: int) -> None:
+        """Each row n times in a row (n samples of one prompt)."""
+        if n > 1:
+            self.cache.batch_repeat_interleave(n)
+            self.logits, self.mask, self.next_pos = (t.repeat_interleave(n, dim=0)
+                                                     for t in (self.logits, self.mask, self.next_pos))
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep these rows, in this order."""
+        if len(rows) < self.mask.shape[0] or bool((rows != torch.arange(len(rows), device=rows.device)).any()):
+            self.cache.batch_select_indices(rows)
+            self.logits, self.mask, self.next_pos = self.logits[rows], self.mask[rows], self.next_pos[rows]
 
 
-if DynamicLayer is not None:
+@dataclass
+class Decoded:
+    """What `HFKVCacheEngine.decode` sampled, per row of the batch."""
 
-    class _PreallocatedLayer(DynamicLayer):
-        """A full-attention cache layer with room for the whole rollout, written in place.
+    tokens: torch.Tensor  # [B, steps], pad after each row's end
+    logprobs: torch.Tensor  # [B, steps] float32, 0 after the end
+    lengths: torch.Tensor  # [B] tokens written, the ending one included
+    eos: torch.Tensor  # [B] ended by an eos id
 
-        ``DynamicLayer`` concatenates on every step, copying the whole cache each time; here a step
-        writes one slot and returns views of the filled part.
-        """
 
-        def __init__(self, capacity: int) -> None:
-            super().__init__()
-            self.capacity = capacity
-            self.length = 0
-
-        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
-                                **kwargs: Any) -> None:
-            batch, heads, _, head_dim = key_states.shape
-            self.device = key_states.device
-            self.key_buf = key_states.new_empty(batch, heads, self.capacity, head_dim)
-            self.value_buf = value_states.new_empty(batch, value_states.shape[1], self.capacity,
-                                                    value_states.shape[-1])
-            self.is_initialized = True
-
-        def _refresh_views(self) -> None:
-            self.keys = self.key_buf[:, :, : self.length]
-            self.values = self.value_buf[:, :, : self.length]
-
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
-                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            start, stop = self.length, self.length + key_states.shape[-2]
-            if stop > self.capacity:
-                raise ModelError(f"rollout KV cache overflow: {stop} positions for a cache of {self.capacity}; "
-                                 "the model was called more often than the rollout planned; please report it.")
-            self.key_buf[:, :, start:stop] = key_states
-            self.value_buf[:, :, start:stop] = value_states
-            self.length = stop
-            self._refresh_views()
-            return self.keys, self.values
-
-        def get_seq_length(self, *args: Any, **kwargs: Any) -> int:
-            return self.length
-
-        def batch_select_indices(self, indices: torch.Tensor) -> None:
-            if self.is_initialized:
-                self.key_buf = self.key_buf.index_select(0, indices)
-                self.value_buf = self.value_buf.index_select(0, indices)
-                self._refresh_views()
-
-        def batch_repeat_interleave(self, repeats: int) -> None:
-            if self.is_initialized:
-                self.key_buf = self.key_buf.repeat_interleave(repeats, dim=0)
-                self.value_buf = self.value_buf.repeat_interleave(repeats, dim=0)
-                self._refresh_views()
-
-        def reset(self) -> None:
-            self.length = 0
-            self.is_initialized = False
-            self.keys = self.values = None
-
-    class _RolloutCache(DynamicCache):
-        """A ``DynamicCache`` (so models treat it as one) whose layers are preallocated."""
-
-        def __init__(self, num_layers: int, capacity: int) -> None:
-            Cache.__init__(self, layers=[_PreallocatedLayer(capacity) for _ in range(num_layers)])
+# Asked which of some rows (indices into the batch) end at a step, given the [B, steps] tokens so far.
+EndCheck = Callable[[torch.Tensor, int, torch.Tensor], torch.Tensor]
 
 
 def _full_attention_only(config: Any) -> bool:
@@ -161,8 +127,6 @@ class HFKVCacheEngine(RolloutEngine):
             return int(emb.num_embeddings)
         return int(self.text_config.vocab_size)
 
-    # The public methods below are what the multi-turn rollout (`verl.rollout.multiturn`) drives the same
-    # model with: the input checks, the model's own cache, one cached forward, `preallocates`.
     def check_inputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams) -> None:
         """Refuse inputs `generate` cannot sample from, with what is wrong and the fix."""
         if not isinstance(params, SamplingParams):
@@ -208,20 +172,148 @@ class HFKVCacheEngine(RolloutEngine):
                               f"{total} exceeds the model's max_position_embeddings {limit}; lower "
                               "max_new_tokens or the maximum prompt length.")
 
-    def new_cache(self) -> Any:
-        """The model's own cache layout (sliding-window layers included) where transformers knows it."""
-        try:
-            return DynamicCache(config=self.config)
-        except TypeError:  # transformers < 4.56 builds the layout lazily
-            return DynamicCache()
-
-    def forward_step(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
         """One forward of `ids` on `cache`; the logits after the last column ([B, V])."""
         kwargs = {self._cache_kw: cache, "use_cache": True}
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = 1
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **kwargs)
         return out.logits[:, -1, :]
+
+    # -- the decode loop, shared by single-turn sampling and multi-turn episodes --------------------
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, capacity: int) -> Decoding:
+        """Run left-padded prompts [B, P] through the model onto a fresh cache with room for `capacity`
+        positions (it grows past that when needed). Call inside ``torch.inference_mode()``."""
+        device = next(self.model.parameters()).device
+        ids = input_ids.to(device=device, dtype=torch.long)
+        mask = attention_mask.to(device=device).bool()
+        cache = (RolloutCache(int(self.text_config.num_hidden_layers), capacity) if self.preallocates
+                 else model_cache(self.config))
+        positions = position_ids_from_mask(mask)  # prompts are left-padded and non-empty (checked)
+        logits = self._forward(ids.masked_fill(~mask, 0), mask.long(), positions, cache)
+        return Decoding(cache=cache, logits=logits, mask=mask, next_pos=positions[:, -1] + 1)
+
+    def extend(self, state: Decoding, ids: torch.Tensor, mask: torch.Tensor) -> None:
+        """Feed a block of tokens [B, W] to every row; each row's real tokens (`mask`) are right-aligned,
+        behind holes, so the block's last column is every row's latest token."""
+        positions = state.next_pos.unsqueeze(1) + (mask.long().cumsum(1) - 1).clamp(min=0)
+        state.mask = torch.cat([state.mask, mask], dim=1)
+        state.logits = self._forward(ids, state.mask.long(), positions, state.cache)
+        state.next_pos = state.next_pos + mask.long().sum(1)
+
+    def decode(self, state: Decoding, params: SamplingParams, steps: int, generator: torch.Generator | None = None,
+               *, keep: bool = False, end: EndCheck | None = None) -> Decoded:
+        """Sample up to `steps` tokens per row of `state`. A row ends at an eos id, when `end` says so, or
+        after `steps` tokens; ended rows leave the decode batch, so they cost nothing.
+
+        `end(rows, step, tokens)` is asked about the rows (indices into the batch) that sampled a token
+        other than eos at `step`; `tokens` is the [B, steps] buffer so far. With ``keep``, the ended rows'
+        cache rows are set aside and every row is back in `state` afterwards, in its place, with the
+        tokens it wrote on the cache except its last one (the caller feeds it, with what follows it);
+        without, `state` is used up. Call inside ``torch.inference_mode()``.
+        """
+        cache, logits, next_pos = state.cache, state.logits, state.next_pos
+        device, rows, width = logits.device, logits.shape[0], state.mask.shape[1]
+        temperature, top_k, top_p = float(params.temperature), params.top_k, float(params.top_p)
+        tokens = torch.full((rows, steps), params.resolved_pad_token_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros((rows, steps), dtype=torch.float32, device=device)
+        lengths = torch.full((rows,), steps, dtype=torch.long, device=device)
+        eos_hit = torch.zeros(rows, dtype=torch.bool, device=device)
+        eos = torch.tensor(params.eos_token_ids, dtype=torch.long, device=device) if params.eos_token_ids else None
+        parks = keep and hasattr(cache, "park")
+        holes = keep and not parks  # a model-layout cache cannot set rows aside: ended rows feed masked holes
+        fast = None if holes else self._fast_step(int(next_pos.max()) + steps)
+        mask = self._decode_mask(torch.cat([state.mask, state.mask.new_ones(rows, steps)], dim=1),
+                                 fast is not None, holes)
+        live = torch.arange(rows, device=device)  # the row of `tokens` each cache row belongs to
+        compacted = False  # whether rows have left the batch (else `live` is every row, in order)
+        writing = torch.ones(rows, dtype=torch.bool, device=device)  # holes only: rows still writing
+        parked: list[Parked] = []
+        parked_rows: list[torch.Tensor] = []
+
+        for step in range(steps):
+            sampling = writing.nonzero().flatten() if holes else None
+            tok, logp = sample_step(logits if sampling is None else logits[sampling], temperature, top_k, top_p,
+                                    generator)
+            at = live if sampling is None else live[sampling]
+            if compacted or holes:
+                tokens[at, step], logprobs[at, step] = tok, logp.float()
+            else:
+                tokens[:, step], logprobs[:, step] = tok, logp
+            hit = torch.isin(tok, eos) if eos is not None else None
+            done = hit
+            if end is not None:
+                rest = (~hit).nonzero().flatten() if hit is not None else torch.arange(len(at), device=device)
+                done = torch.zeros_like(tok, dtype=torch.bool) if hit is None else hit.clone()
+                done[rest[end(at[rest], step, tokens)]] = True
+            if done is not None and bool(done.any()):
+                if hit is not None:
+                    eos_hit[at[hit]] = True
+                lengths[at[done]] = step + 1
+            else:
+                done = None
+            if step == steps - 1:
+                break
+            if holes:  # every row feeds a column: a masked hole (pad) for one that stopped writing
+                feed = torch.full((rows,), params.resolved_pad_token_id, dtype=torch.long, device=device)
+                feed[sampling] = tok
+                if done is not None:
+                    writing[sampling[done]] = False
+                    if not bool(writing.any()):
+                        break
+                feed.masked_fill_(~writing, params.resolved_pad_token_id)
+                mask[~writing, width + step] = 0
+                tok = feed
+            elif done is not None:
+                go = (~done).nonzero().flatten()
+                if go.numel() == 0:
+                    break
+                if parks:
+                    parked.append(cache.park(done.nonzero().flatten()))
+                    parked_rows.append(live[done])
+                cache.batch_select_indices(go)
+                live, tok, next_pos, mask = live[go], tok[go], next_pos[go], mask[go]
+                compacted = True
+            step_mask = mask[..., : width + step + 1]
+            if fast is not None:
+                logits = fast(tok, next_pos, step_mask, cache)
+            else:
+                logits = self._forward(tok.unsqueeze(-1), step_mask, next_pos.unsqueeze(-1), cache)
+            next_pos = next_pos + (writing.long() if holes else 1)
+
+        if keep:
+            if parked:  # every row back in its place
+                where = torch.empty(rows, dtype=torch.long, device=device)
+                where[torch.cat([live, *parked_rows])] = torch.arange(rows, device=device)
+                cache.unpark(parked, where)
+            fed = lengths - 1  # the last token is the caller's to feed
+            state.mask = torch.cat([state.mask, torch.arange(int(fed.max()), device=device) < fed.unsqueeze(1)], 1)
+            state.next_pos = state.next_pos + fed
+        return Decoded(tokens=tokens, logprobs=logprobs, lengths=lengths, eos=eos_hit)
+
+    def _fast_step(self, max_positions: int) -> LlamaStyleDecodeStep | None:
+        """The lean decode step, prepared for positions below `max_positions`, where the model qualifies."""
+        if self.fast_decode_reason:
+            return None
+        if self._decode_step is None:
+            self._decode_step = LlamaStyleDecodeStep(self.model)
+        param = next(self.model.parameters())
+        self._decode_step.prepare(max_positions, param.device, param.dtype)
+        return self._decode_step
+
+    def _decode_mask(self, real: torch.Tensor, fast: bool, holes: bool) -> torch.Tensor:
+        """The attention mask for the whole decode ([B, C] real columns), built once and sliced per step in
+        the form the attention takes as is."""
+        dtype = next(self.model.parameters()).dtype
+        if fast:  # additive, as sdpa would turn a boolean mask into in every layer of every step
+            return torch.zeros(real.shape, dtype=dtype, device=real.device).masked_fill_(
+                ~real, float("-inf"))[:, None, None, :]
+        if self._mask_kind == "sdpa" and not holes:
+            return real[:, None, None, :]
+        if self._mask_kind == "eager" and not holes:
+            zero = torch.zeros((), dtype=dtype, device=real.device)
+            return torch.where(real, zero, torch.finfo(dtype).min)[:, None, None, :]
+        return real.long()
 
     # -- the sampler -----------------------------------------------------------------------------
     def generate(
@@ -237,106 +329,23 @@ class HFKVCacheEngine(RolloutEngine):
         self.model.eval()
         try:
             with torch.inference_mode():
-                return self._generate(input_ids, attention_mask, params, generator)
+                # Prefill each prompt once; the cache is repeated for the n samples afterwards.
+                state = self.prefill(input_ids, attention_mask, input_ids.shape[1] + params.max_new_tokens)
+                state.repeat(params.n)
+                out = self.decode(state, params, params.max_new_tokens, generator)
         finally:
             self.model.train(was_training)
-
-    def _generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,
-                  generator: torch.Generator | None) -> RolloutOutput:
-        param = next(self.model.parameters())
-        device, dtype = param.device, param.dtype
-        input_ids = input_ids.to(device=device, dtype=torch.long)
-        prompt_mask = attention_mask.to(device=device)
-        mask_bool = prompt_mask.bool()
-        batch, prompt_len = input_ids.shape
-        n, max_new = params.n, params.max_new_tokens
-        rows = batch * n
-        pad_id = params.resolved_pad_token_id
-        temperature, top_k, top_p = float(params.temperature), params.top_k, float(params.top_p)
-
-        # Prefill each prompt once; the cache is repeated for the n samples afterwards.
-        cache = (_RolloutCache(int(self.text_config.num_hidden_layers), prompt_len + max_new)
-                 if self.preallocates else self.new_cache())
-        positions = position_ids_from_mask(mask_bool)  # prompts are left-padded and non-empty (checked)
-        feed = input_ids.masked_fill(~mask_bool, 0)
-        logits = self.forward_step(feed, mask_bool.long(), positions, cache)
-        next_pos = positions[:, -1:] + 1  # [batch, 1]: position of the first response token
-        if n > 1:
-            cache.batch_repeat_interleave(n)
-            logits = logits.repeat_interleave(n, dim=0)
-            next_pos = next_pos.repeat_interleave(n, dim=0)
-            mask_bool = mask_bool.repeat_interleave(n, dim=0)
-
-        fast = None
-        if not self.fast_decode_reason:
-            if self._decode_step is None:
-                self._decode_step = LlamaStyleDecodeStep(self.model)
-            fast = self._decode_step
-            fast.prepare(prompt_len + max_new, device, dtype)
-        # The decode mask for the whole rollout, built once and sliced per step.
-        decode_mask = torch.cat([mask_bool, mask_bool.new_ones(rows, max_new)], dim=1)
-        if fast is not None:  # additive, as sdpa would turn a boolean mask into in every layer of every step
-            decode_mask = torch.zeros(decode_mask.shape, dtype=dtype, device=device).masked_fill_(
-                ~decode_mask, float("-inf"))[:, None, None, :]
-        elif self._mask_kind == "sdpa":
-            decode_mask = decode_mask[:, None, None, :]
-        elif self._mask_kind == "eager":
-            zero = torch.zeros((), dtype=dtype, device=device)
-            decode_mask = torch.where(decode_mask, zero, torch.finfo(dtype).min)[:, None, None, :]
-        else:
-            decode_mask = decode_mask.long()
-
-        response = torch.full((rows, max_new), pad_id, dtype=torch.long, device=device)
-        logprobs = torch.zeros((rows, max_new), dtype=torch.float32, device=device)
-        lengths = torch.full((rows,), max_new, dtype=torch.long, device=device)
-        finished = torch.zeros(rows, dtype=torch.bool, device=device)
-        eos = torch.tensor(params.eos_token_ids, dtype=torch.long, device=device) if params.eos_token_ids else None
-        active = torch.arange(rows, device=device)  # original row of each row still being sampled
-        compacted = False
-
-        for step in range(max_new):
-            tokens, token_logp = sample_step(logits, temperature, top_k, top_p, generator)
-            if compacted:
-                response[active, step] = tokens
-                logprobs[active, step] = token_logp.float()
-            else:
-                response[:, step] = tokens
-                logprobs[:, step] = token_logp
-            if eos is not None:
-                hit = torch.isin(tokens, eos)
-                if bool(hit.any()):
-                    done_rows = active[hit]
-                    finished[done_rows] = True
-                    lengths[done_rows] = step + 1
-                    keep = (~hit).nonzero().flatten()
-                    if keep.numel() == 0:
-                        break
-                    active, tokens, next_pos = active[keep], tokens[keep], next_pos[keep]
-                    decode_mask = decode_mask[keep]
-                    cache.batch_select_indices(keep)
-                    compacted = True
-            if step == max_new - 1:
-                break
-            kv_len = prompt_len + step + 1
-            step_mask = decode_mask[..., :kv_len]
-            if fast is not None:
-                logits = fast(tokens, next_pos.squeeze(-1), step_mask, cache)
-            else:
-                logits = self.forward_step(tokens.unsqueeze(-1), step_mask, next_pos, cache)
-            next_pos = next_pos + 1
-
-        response_mask = (torch.arange(max_new, device=device) < lengths.unsqueeze(-1)).to(prompt_mask.dtype)
-        if n > 1:
-            input_ids = input_ids.repeat_interleave(n, dim=0)
-            prompt_mask = prompt_mask.repeat_interleave(n, dim=0)
+        prompt_ids = input_ids.to(device=out.tokens.device, dtype=torch.long).repeat_interleave(params.n, dim=0)
+        prompt_mask = attention_mask.to(device=out.tokens.device).repeat_interleave(params.n, dim=0)
+        steps = torch.arange(params.max_new_tokens, device=out.tokens.device)
         return RolloutOutput(
-            prompt_ids=input_ids,
+            prompt_ids=prompt_ids,
             prompt_mask=prompt_mask,
-            response_ids=response,
-            response_mask=response_mask,
-            logprobs=logprobs,
-            finished=finished,
+            response_ids=out.tokens,
+            response_mask=(steps < out.lengths.unsqueeze(-1)).to(prompt_mask.dtype),
+            logprobs=out.logprobs,
+            finished=out.eos,
         )
 
 
-__all__ = ["HFKVCacheEngine"]
+__all__ = ["Decoded", "Decoding", "HFKVCacheEngine"]

@@ -29,58 +29,7 @@ import torch
 from verl.errors import ConfigError, EnvError, VerlError
 from verl.rollout.base import SamplingParams
 from verl.rollout.episode import Done, Observation, check_reward, env_name, truncated_reward
-from verl.rollout.hf_engine import HFKVCacheEngine
-from verl.rollout.sampling import sample_step
-from verl.utils.positions import position_ids_from_mask
-
-try:
-    from verl.rollout.hf_engine import Cache, DynamicCache, _PreallocatedLayer
-except ImportError:  # pragma: no cover - transformers without per-layer caches
-    _PreallocatedLayer = None  # type: ignore[assignment,misc]
-
-
-if _PreallocatedLayer is not None:
-
-    class _GrowingLayer(_PreallocatedLayer):
-        """The rollout cache layer, grown (doubled) when an episode needs more columns than planned:
-        how many turns and how long the observations are is only known while the episodes run."""
-
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
-                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-            if self.is_initialized and self.length + key_states.shape[-2] > self.capacity:
-                capacity = max(self.length + key_states.shape[-2], 2 * self.capacity)
-                for name in ("key_buf", "value_buf"):
-                    old = getattr(self, name)
-                    new = old.new_empty(old.shape[0], old.shape[1], capacity, old.shape[3])
-                    new[:, :, : self.length] = old[:, :, : self.length]
-                    setattr(self, name, new)
-                self.capacity = capacity
-            return super().update(key_states, value_states, *args, **kwargs)
-
-    class _GrowingCache(DynamicCache):
-        def __init__(self, num_layers: int, capacity: int) -> None:
-            Cache.__init__(self, layers=[_GrowingLayer(capacity) for _ in range(num_layers)])
-
-        def park(self, rows: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-            """Copies of these rows' keys and values (every layer), taken out of the decode batch."""
-            return [(layer.keys.index_select(0, rows), layer.values.index_select(0, rows)) for layer in self.layers]
-
-        def unpark(self, parked: Sequence[list[tuple[torch.Tensor, torch.Tensor]]], order: torch.Tensor) -> None:
-            """The batch becomes (its rows, then every parked group's rows)[order]. A parked row is shorter
-            than the others by the steps it sat out: its missing columns are zero-filled holes (the caller
-            masks them), so later tokens attend to exactly its real columns."""
-            for i, layer in enumerate(self.layers):
-                length = layer.length
-                for name, j in (("key_buf", 0), ("value_buf", 1)):
-                    buf = getattr(layer, name)
-                    rows = [buf[:, :, :length]]
-                    for group in parked:
-                        kv = group[i][j]
-                        rows.append(torch.nn.functional.pad(kv, (0, 0, 0, length - kv.shape[2])))
-                    merged = buf.new_empty(len(order), buf.shape[1], layer.capacity, buf.shape[3])
-                    merged[:, :, :length] = torch.cat(rows).index_select(0, order)
-                    setattr(layer, name, merged)
-                layer._refresh_views()
+from verl.rollout.hf_engine import EndCheck, HFKVCacheEngine
 
 
 @dataclass
@@ -148,13 +97,13 @@ def _row_where(record: EpisodeRecord) -> str:
     return where
 
 
-def _stop_hit(tokenizer: Any, turn: list[int], stop: Sequence[str], window: int) -> bool:
+def _stop_hit(tokenizer: Any, turn_tail: list[int], stop: Sequence[str]) -> bool:
     """Whether the turn's decoded text now contains a stop string. Tokenizers merge characters across token
     boundaries, so the check runs on the decoded suffix of the turn (a stop string can only have appeared
     with the latest token: the earlier suffixes were checked already)."""
     if not stop:
         return False
-    text = tokenizer.decode(turn[-window:], skip_special_tokens=False)
+    text = tokenizer.decode(turn_tail, skip_special_tokens=False)
     return any(s in text for s in stop)
 
 
@@ -238,80 +187,33 @@ class MultiTurnRollout:
             model.train(was_training)
         return self._output(records, input_ids, attention_mask, params)
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
-        return self.engine.forward_step(ids, mask.long(), positions, cache)
-
     def _run(self, env: Any, records: list[EpisodeRecord], input_ids: torch.Tensor, attention_mask: torch.Tensor,
              params: SamplingParams, generator: torch.Generator | None, budget: int, max_turns: int) -> None:
-        param = next(self.model.parameters())
-        device = param.device
-        ids = input_ids.to(device=device, dtype=torch.long)
-        cols = attention_mask.to(device=device).bool()  # [A, C]: which cache columns are real tokens
-        prompt_len = ids.shape[1]
-        eos = set(params.eos_token_ids)
-        pad = params.resolved_pad_token_id
-        temperature, top_k, top_p = float(params.temperature), params.top_k, float(params.top_p)
-        if _PreallocatedLayer is not None and self.engine.preallocates:
-            cache = _GrowingCache(int(self.engine.text_config.num_hidden_layers), prompt_len + budget + 16)
-        else:
-            cache = self.engine.new_cache()
-        parks = hasattr(cache, "park")  # else (sliding-window layouts) a row that sat out keeps holes instead
-        positions = position_ids_from_mask(cols)
-        logits = self._forward(ids.masked_fill(~cols, 0), cols, positions, cache)  # [A, V] after the last real token
-        next_pos = positions[:, -1] + 1  # [A]
-        active = list(range(len(records)))  # the record of each cache row
-
+        engine = self.engine
+        state = engine.prefill(input_ids, attention_mask, input_ids.shape[1] + budget + 16)
+        device, pad = state.logits.device, params.resolved_pad_token_id
+        active = list(range(len(records)))  # the record of each row of the batch
         for turn in range(1, max_turns + 1):
-            for i in active:
-                records[i].turns = turn
-                records[i].turn_tokens = []
-            ended: dict[int, str] = {}  # record -> why its turn ended: "stop", "eos", "budget", "max_new_tokens"
-            last: dict[int, int] = {}  # record -> the turn's last token, fed with the observation that follows it
-            parked: list[tuple[list[int], Any, torch.Tensor, torch.Tensor]] = []  # (records, cache, cols, next_pos)
-            rows = list(active)  # the record of each row of the decode batch
-            writing = torch.ones(len(rows), dtype=torch.bool, device=device)
-            for step in range(params.max_new_tokens):
-                idx = writing.nonzero().flatten()
-                tokens, logp = sample_step(logits[idx], temperature, top_k, top_p, generator)
-                for r, tok, lp in zip(idx.tolist(), tokens.tolist(), logp.tolist(), strict=True):
-                    rec = records[rows[r]]
-                    rec.tokens.append(tok)
-                    rec.loss_mask.append(1)
-                    rec.logprobs.append(lp)
-                    rec.turn_tokens.append(tok)
-                    reason = ("eos" if tok in eos else "stop" if _stop_hit(self.tokenizer, rec.turn_tokens,
-                                                                           self.stop, self.window)
-                              else "budget" if len(rec.tokens) >= budget
-                              else "max_new_tokens" if step == params.max_new_tokens - 1 else "")
-                    if reason:
-                        ended[rows[r]], last[rows[r]] = reason, tok
-                        writing[r] = False
-                if not bool(writing.any()):
-                    break
-                feed = torch.full((len(rows),), pad, dtype=torch.long, device=device)
-                feed[idx] = tokens
-                if parks and not bool(writing.all()):
-                    # Rows whose turn ended sit the rest of it out: their cache rows are set aside, so the
-                    # decode steps of the others do not compute them.
-                    out, go = (~writing).nonzero().flatten(), writing.nonzero().flatten()
-                    parked.append(([rows[r] for r in out.tolist()], cache.park(out), cols[out], next_pos[out]))
-                    cache.batch_select_indices(go)
-                    rows = [rows[r] for r in go.tolist()]
-                    cols, logits, next_pos, feed, writing = cols[go], logits[go], next_pos[go], feed[go], writing[go]
-                cols = torch.cat([cols, writing.unsqueeze(1)], dim=1)  # a hole for a row that sits out
-                step_logits = self._forward(feed.unsqueeze(1), cols, next_pos.unsqueeze(1), cache)
-                logits = torch.where(writing.unsqueeze(1), step_logits, logits)
-                next_pos = next_pos + writing.long()
-
+            why: dict[int, str] = {}  # row -> "stop" | "budget", for turns that ended for that
+            end = self._turn_end([len(records[i].tokens) for i in active], budget, why)
+            decoded = engine.decode(state, params, params.max_new_tokens, generator, keep=True, end=end)
             # The environment answers every episode whose turn ended by a stop string or eos.
             keep: list[int] = []
-            blocks: list[list[int]] = []
-            for i in active:
+            blocks: list[list[int]] = []  # per kept episode: the turn's last token, then the observation
+            lengths = decoded.lengths.tolist()
+            for r, (i, toks, lps, eos) in enumerate(zip(active, decoded.tokens.tolist(), decoded.logprobs.tolist(),
+                                                        decoded.eos.tolist(), strict=True)):
                 rec = records[i]
+                rec.turns = turn
+                rec.turn_tokens = toks[: lengths[r]]
+                rec.tokens += rec.turn_tokens
+                rec.loss_mask += [1] * lengths[r]
+                rec.logprobs += lps[: lengths[r]]
+                ended = "eos" if eos else why.get(r, "max_new_tokens")
                 text = self.tokenizer.decode(rec.turn_tokens, skip_special_tokens=True)
                 rec.transcript.append(("model", text))
-                if ended[i] in ("budget", "max_new_tokens"):
-                    self._truncate(env, rec, ended[i])
+                if ended in ("budget", "max_new_tokens"):
+                    self._truncate(env, rec, ended)
                     continue
                 answer = self._call_env(env, rec, "step", lambda rec=rec, text=text: env.step(rec.state, text))
                 if not isinstance(answer, (Observation, Done)):
@@ -342,21 +244,11 @@ class MultiTurnRollout:
                 rec.loss_mask += [0] * len(obs)
                 rec.logprobs += [0.0] * len(obs)
                 keep.append(i)
-                blocks.append([last[i]] + obs)
+                blocks.append(rec.turn_tokens[-1:] + obs)
             if not keep:
                 return
-            # Episodes that ended leave the batch and the cache; rows that sat out rejoin it, in episode order.
-            where = {rec: k for k, rec in enumerate(rows + [i for group in parked for i in group[0]])}
-            order = torch.tensor([where[i] for i in keep], dtype=torch.long, device=device)
-            if parked:
-                cache.unpark([group[1] for group in parked], order)
-                width = cols.shape[1]
-                cols = torch.cat([cols] + [torch.cat([c, c.new_zeros(c.shape[0], width - c.shape[1])], dim=1)
-                                           for _, _, c, _ in parked])[order]
-                next_pos = torch.cat([next_pos] + [p for *_, p in parked])[order]
-            elif len(keep) < len(rows):
-                cache.batch_select_indices(order)
-                cols, next_pos = cols[order], next_pos[order]
+            # Episodes that ended leave the batch and the cache.
+            state.select(torch.tensor([active.index(i) for i in keep], dtype=torch.long, device=device))
             active = keep
             # Each turn's last token and the observation after it, right-aligned behind holes: the block's
             # last column is every row's latest real token.
@@ -366,10 +258,24 @@ class MultiTurnRollout:
             for r, b in enumerate(blocks):
                 block[r, width - len(b):] = torch.tensor(b, dtype=torch.long, device=device)
                 block_mask[r, width - len(b):] = True
-            block_pos = next_pos.unsqueeze(1) + (block_mask.long().cumsum(1) - 1).clamp(min=0)
-            cols = torch.cat([cols, block_mask], dim=1)
-            logits = self._forward(block, cols, block_pos, cache)
-            next_pos = next_pos + block_mask.long().sum(1)
+            engine.extend(state, block, block_mask)
+
+    def _turn_end(self, written: list[int], budget: int, why: dict[int, str]) -> EndCheck:
+        """Whether rows' turns end at a decode step by a stop string or the episode budget (`written`:
+        each row's tokens before this turn); the reason goes to `why`."""
+
+        def end(rows: torch.Tensor, step: int, tokens: torch.Tensor) -> torch.Tensor:
+            tails = tokens[rows, max(0, step + 1 - self.window): step + 1].tolist()
+            out = []
+            for r, tail in zip(rows.tolist(), tails, strict=True):
+                reason = ("stop" if _stop_hit(self.tokenizer, tail, self.stop)
+                          else "budget" if written[r] + step + 1 >= budget else "")
+                if reason:
+                    why[r] = reason
+                out.append(bool(reason))
+            return torch.tensor(out, dtype=torch.bool, device=rows.device)
+
+        return end
 
     def _truncate(self, env: Any, rec: EpisodeRecord, reason: str) -> None:
         rec.truncated = reason
