@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -231,6 +233,46 @@ def test_plain_forward_path_also_drops_finished_rows(qwen2):
     assert seen[0] == len(LENGTHS)  # prefill
     assert seen[1:] == [int((lengths > t + 1).sum()) for t in range(len(seen) - 1)]
     assert torch.equal(out.response_ids, hf_greedy(qwen2, ids, mask, 12, eos, pad=eos[0]))
+
+
+def test_checking_for_ended_rows_every_few_tokens_gives_the_same_rollout(qwen2, monkeypatch):
+    """Off the CPU the host asks which rows ended only every few tokens (each ask is a device sync): rows
+    that ended in between are computed but write padding, and the rollout is the one of checking every token."""
+    ids, mask = left_padded(LENGTHS, seed=2)
+    eos = frequent_tokens(qwen2, ids, mask, 12)
+    syncs = [0]
+    real_bool = torch.Tensor.__bool__
+
+    def counting_bool(t):  # the engine's own host syncs (the model's prefill has its own)
+        syncs[0] += sys._getframe(1).f_code.co_filename.endswith("hf_engine.py")
+        return real_bool(t)
+
+    def rollout(every, temperature):
+        params = SamplingParams(temperature=temperature, top_k=2, max_new_tokens=12, n=2, eos_token_ids=eos,
+                                pad_token_id=299)
+        monkeypatch.setattr(torch.Tensor, "__bool__", counting_bool)
+        syncs[0] = 0
+        out = HFKVCacheEngine(qwen2, eos_check_every=every).generate(ids, mask, params,
+                                                                     torch.Generator().manual_seed(3))
+        monkeypatch.setattr(torch.Tensor, "__bool__", real_bool)
+        return out, syncs[0]
+
+    (each, each_syncs), (lazy, lazy_syncs) = rollout(1, 0.0), rollout(5, 0.0)
+    assert 0 < int(each.finished.sum()) < len(each.finished)  # some rows end early, others run to the limit
+    for name in ("response_ids", "response_mask", "logprobs", "finished"):
+        assert torch.equal(getattr(lazy, name), getattr(each, name)), name
+    assert lazy_syncs == 12 // 5 < each_syncs
+    # Sampled: each row stops at its first eos, padding and zero log-probs after it.
+    sampled, _ = rollout(5, 1.0)
+    hit = torch.isin(sampled.response_ids, torch.tensor(eos)) & sampled.response_mask.bool()
+    assert bool(sampled.finished.any())
+    assert torch.equal(sampled.finished, hit.any(-1))
+    length = sampled.response_mask.sum(-1)
+    assert torch.equal(length[sampled.finished], hit.long().argmax(-1)[sampled.finished] + 1)
+    assert bool((sampled.response_ids[sampled.response_mask == 0] == 299).all())
+    assert bool((sampled.logprobs[sampled.response_mask == 0] == 0).all())
+    with pytest.raises(ConfigError, match="eos_check_every"):
+        HFKVCacheEngine(qwen2, eos_check_every=0)
 
 
 def test_restores_training_mode():

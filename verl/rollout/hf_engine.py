@@ -87,9 +87,13 @@ class HFKVCacheEngine(RolloutEngine):
     why a model does not. ``prebuilt_masks=False`` lets the model build its attention mask every step
     from a 2D mask on the plain ``forward`` path, for models with unusual mask logic; the default uses
     a ready 4D mask where it is known to be exact (sdpa and eager attention on full-attention models).
+    ``eos_check_every`` is how many tokens pass between the host's checks for ended rows (each a device
+    sync); the default is 1 on CPU, where a check is free and dropping ended rows early saves compute, and
+    8 on accelerators.
     """
 
-    def __init__(self, model: torch.nn.Module, *, fast_decode: bool = True, prebuilt_masks: bool = True) -> None:
+    def __init__(self, model: torch.nn.Module, *, fast_decode: bool = True, prebuilt_masks: bool = True,
+                 eos_check_every: int | None = None) -> None:
         config = getattr(model, "config", None)
         if config is None or not callable(model):
             raise ModelError(f"HFKVCacheEngine needs a Hugging Face causal LM with a .config, got "
@@ -109,6 +113,9 @@ class HFKVCacheEngine(RolloutEngine):
         self._mask_kind = attn if (prebuilt_masks and full and attn in ("sdpa", "eager")) else "2d"
         self.preallocates = DynamicLayer is not None and full  # full attention: a preallocated cache serves
         self._fast_decode = fast_decode
+        if eos_check_every is not None and (not isinstance(eos_check_every, int) or eos_check_every < 1):
+            raise ConfigError(f"eos_check_every must be a positive number of tokens, got {eos_check_every!r}.")
+        self.eos_check_every = eos_check_every
         self._decode_step: LlamaStyleDecodeStep | None = None  # kept: its weight layout serves many rollouts
 
     @property
@@ -230,28 +237,43 @@ class HFKVCacheEngine(RolloutEngine):
         writing = torch.ones(rows, dtype=torch.bool, device=device)  # holes only: rows still writing
         parked: list[Parked] = []
         parked_rows: list[torch.Tensor] = []
+        # Which rows ended is a host sync; off the CPU it is asked every `every` tokens (ended rows are
+        # computed until then, their tokens masked), except where `end` or holes need every token.
+        every = (self.eos_check_every or (1 if device.type == "cpu" else 8)) if end is None and not holes else 1
+        stopped = torch.zeros(rows, dtype=torch.bool, device=device) if every > 1 else None
+        pad = params.resolved_pad_token_id
 
         for step in range(steps):
             sampling = writing.nonzero().flatten() if holes else None
             tok, logp = sample_step(logits if sampling is None else logits[sampling], temperature, top_k, top_p,
                                     generator)
             at = live if sampling is None else live[sampling]
+            if stopped is not None:  # rows that ended since the last check write padding
+                tok, logp = tok.masked_fill(stopped, pad), logp.masked_fill(stopped, 0.0)
             if compacted or holes:
                 tokens[at, step], logprobs[at, step] = tok, logp.float()
             else:
                 tokens[:, step], logprobs[:, step] = tok, logp
             hit = torch.isin(tok, eos) if eos is not None else None
             done = hit
-            if end is not None:
-                rest = (~hit).nonzero().flatten() if hit is not None else torch.arange(len(at), device=device)
-                done = torch.zeros_like(tok, dtype=torch.bool) if hit is None else hit.clone()
-                done[rest[end(at[rest], step, tokens)]] = True
-            if done is not None and bool(done.any()):
+            if stopped is not None:  # bookkeeping on the device; the host asks every `every` tokens
                 if hit is not None:
-                    eos_hit[at[hit]] = True
-                lengths[at[done]] = step + 1
+                    hit &= ~stopped
+                    eos_hit[at] = eos_hit[at] | hit
+                    lengths[at] = torch.where(hit, step + 1, lengths[at])
+                    stopped |= hit
+                done = stopped if (step + 1) % every == 0 and bool(stopped.any()) else None
             else:
-                done = None
+                if end is not None:
+                    rest = (~hit).nonzero().flatten() if hit is not None else torch.arange(len(at), device=device)
+                    done = torch.zeros_like(tok, dtype=torch.bool) if hit is None else hit.clone()
+                    done[rest[end(at[rest], step, tokens)]] = True
+                if done is not None and bool(done.any()):
+                    if hit is not None:
+                        eos_hit[at[hit]] = True
+                    lengths[at[done]] = step + 1
+                else:
+                    done = None
             if step == steps - 1:
                 break
             if holes:  # every row feeds a column: a masked hole (pad) for one that stopped writing
@@ -273,6 +295,7 @@ class HFKVCacheEngine(RolloutEngine):
                     parked_rows.append(live[done])
                 cache.batch_select_indices(go)
                 live, tok, next_pos, mask = live[go], tok[go], next_pos[go], mask[go]
+                stopped = stopped[go] if stopped is not None else None
                 compacted = True
             step_mask = mask[..., : width + step + 1]
             if fast is not None:
