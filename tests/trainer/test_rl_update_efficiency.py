@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 
 import pytest
 import torch
@@ -431,10 +432,43 @@ def test_update_metrics_do_not_depend_on_skipping_zero_advantage_rows(tmp_path, 
     _, plain, _ = _update_grads(trainer, batch)
     assert skipping["actor/skipped_frac"] == 0.5 and "actor/skipped_frac" not in plain
     # (clipfrac is a float32 share in ppo_policy_loss)
-    for key, want, rel in (("actor/pg_loss", float(loss), 1e-9), ("actor/clipfrac", stats["clipfrac"], 1e-6)):
+    for key, want, rel in (("actor/pg_loss", float(loss), 1e-9), ("actor/clipfrac", float(stats["clipfrac"]), 1e-6)):
         assert skipping[key] == pytest.approx(want, rel=rel, abs=1e-12), key
         assert plain[key] == pytest.approx(want, rel=rel, abs=1e-12), key
     assert plain["actor/entropy"] == pytest.approx(float(aggregate_loss(entropy, mask, agg)), rel=1e-9)
-    assert plain["actor/approx_kl"] == pytest.approx(stats["approx_kl"], rel=1e-9)
+    assert plain["actor/approx_kl"] == pytest.approx(float(stats["approx_kl"]), rel=1e-9)
     assert skipping["actor/entropy"] == pytest.approx(want_entropy, rel=1e-9)
     assert skipping["actor/approx_kl"] == pytest.approx(want_kl, rel=1e-9)
+
+
+def test_no_host_sync_between_forward_and_backward(tmp_path, monkeypatch):
+    """The micro-batch loss keeps its metrics on the device (a host sync there stalls an accelerator on every
+    micro-batch); the update converts them once, at the end."""
+    trainer = _trainer(tmp_path, "actor.kl_loss_coef=0.1", "actor.entropy_coef=0.01", "actor.tis_cap=2.0")
+    batch = _batch(trainer, equal_groups=())
+    batch.ref_logprobs = torch.full(batch.response_mask.shape, -2.0, dtype=torch.float64)
+    width = batch.response_ids.shape[1]
+
+    def forward(mb):
+        return response_logprobs(trainer.model, mb.input_ids, mb.attention_mask, mb.position_ids,
+                                 mb.response_ids.shape[1], with_entropy=True)
+
+    micro_loss = update.policy_loss(trainer.config.actor, width, forward)
+    syncs = []
+    for name in ("__float__", "__bool__", "__int__", "item", "tolist"):
+        real = getattr(torch.Tensor, name)
+
+        # The loss's own (the model's forward has its own, and the log-prob function one check that the
+        # labels are token ids of the vocabulary).
+        def counting(t, *a, _real=real, _name=name, **k):
+            caller = sys._getframe(1).f_code.co_filename
+            if "/verl/" in caller and "/site-packages/" not in caller and not caller.endswith("logits.py"):
+                syncs.append(f"{_name} in {caller}:{sys._getframe(1).f_lineno}")
+            return _real(t, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counting)
+    loss, metrics = micro_loss(batch)
+    monkeypatch.undo()
+    assert syncs == []
+    assert {"actor/pg_loss", "actor/clipfrac", "actor/entropy", "actor/kl_loss", "actor/tis_weight_mean"} <= set(metrics)
+    assert all(torch.is_tensor(v) and not v.requires_grad for v in metrics.values()) and loss.requires_grad

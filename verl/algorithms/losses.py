@@ -26,7 +26,7 @@ def ppo_policy_loss(
     norm_len: int | float | None = None,
     sequence_ratio: bool = False,
     token_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate loss: max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)), r = exp(logp - old).
 
     `sequence_ratio=True` is GSPO's sequence-level importance ratio: every token of a response takes the
@@ -42,7 +42,7 @@ def ppo_policy_loss(
     cannot dominate the batch. The log-ratio is clamped to +-20 before exp() so that a stale or corrupt
     old log-probability gives a large finite loss instead of inf or NaN.
 
-    Returns (loss, metrics) with float metrics `clipfrac` (share of unmasked tokens where the clipped
+    Returns (loss, metrics) with 0-dim tensor metrics (no host sync; callers convert once) `clipfrac` (share of unmasked tokens where the clipped
     term won), `dual_clipfrac` (share where the dual clip won) and `approx_kl` (mean of old - logp).
     """
     _check_same_shape("logprob", logprob, old_logprob=old_logprob, advantages=advantages, mask=mask)
@@ -80,9 +80,9 @@ def ppo_policy_loss(
     with torch.no_grad():
         n = m.sum().clamp(min=1)
         metrics = {
-            "clipfrac": float(clip_hit.sum() / n),
-            "dual_clipfrac": float(dual_hit.sum() / n),
-            "approx_kl": float(masked_mean(old - logp.detach(), m)),
+            "clipfrac": clip_hit.sum() / n,
+            "dual_clipfrac": dual_hit.sum() / n,
+            "approx_kl": masked_mean(old - logp.detach(), m),
         }
     return loss, metrics
 
@@ -95,11 +95,11 @@ def value_loss(
     clip_range: float | None = None,
     agg: str = "token-mean",
     norm_len: int | float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Critic loss 0.5 * max((v - R)^2, (v_clip - R)^2), v_clip = old + clip(v - old, -c, c).
 
     The clip keeps the critic close to the values the advantages were computed with; `clip_range=None`
-    gives the plain squared error. Returns (loss, metrics) with float metric `clipfrac` (share of unmasked
+    gives the plain squared error. Returns (loss, metrics) with the 0-dim tensor metric `clipfrac` (share of unmasked
     tokens where the clipped error won).
     """
     _check_same_shape("values", values, old_values=old_values, returns=returns, mask=mask)
@@ -121,5 +121,5 @@ def value_loss(
         clip_hit = (err_clip > err) & m
     loss = aggregate_loss(per_token, m, agg, norm_len)
     with torch.no_grad():
-        metrics = {"clipfrac": float(clip_hit.sum() / m.sum().clamp(min=1))}
+        metrics = {"clipfrac": clip_hit.sum() / m.sum().clamp(min=1)}
     return loss, metrics

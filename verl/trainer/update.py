@@ -26,7 +26,8 @@ from verl.trainer.batch_math import BatchPlan
 PROMPT_FIELDS = fields_of(PROMPT)  # [N, P], left-padded: a trim cuts the left
 RESPONSE_FIELDS = fields_of(RESPONSE)  # [N, R], right-padded: a trim cuts the right
 
-MicroLoss = Callable[[RolloutBatch], tuple[torch.Tensor, dict[str, float]]]
+# A micro-batch's loss and its metrics as 0-dim tensors: they stay on the device until the step's end.
+MicroLoss = Callable[[RolloutBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 ClipAndStep = Callable[[torch.nn.Module, torch.optim.Optimizer, "float | None"], float]
 
 
@@ -176,11 +177,11 @@ class MetricKinds:
 @dataclass
 class _MetricSums:
     kinds: MetricKinds
-    sums: dict[str, float] = field(default_factory=dict)
+    sums: dict[str, Any] = field(default_factory=dict)  # 0-dim tensors, converted in result()
     counts: dict[str, int] = field(default_factory=dict)
     steps: int = 0
 
-    def add_step(self, stats: Sequence[tuple[dict[str, float], float, float]]) -> None:
+    def add_step(self, stats: Sequence[tuple[dict[str, Any], float, float]]) -> None:
         """One optimizer step's micro-batches: (stats, share of the loss units, share of the tokens)."""
         self.steps += 1
         for key in stats[0][0] if stats else ():
@@ -194,14 +195,14 @@ class _MetricSums:
                 self.counts[key] = self.counts.get(key, 0) + 1
             self.sums[key] = self.sums.get(key, 0.0) + value
 
-    def result(self, pad_stats: dict[str, float]) -> dict[str, float]:
+    def result(self, pad_stats: dict[str, Any]) -> dict[str, float]:
         out = {}
         for key in [*self.sums, *(k for k in pad_stats if k not in self.sums)]:
             if key in self.kinds.ran_rows:
                 count = self.counts.get(key, 0)
-                out[key] = self.sums[key] / count if count else pad_stats.get(key, 0.0)
+                out[key] = float(self.sums[key] / count if count else pad_stats.get(key, 0.0))
             else:  # over every row: a step whose rows were all skipped adds 0
-                out[key] = self.sums.get(key, 0.0) / max(self.steps, 1)
+                out[key] = float(self.sums.get(key, 0.0) / max(self.steps, 1))
         return out
 
 
@@ -231,7 +232,7 @@ def policy_loss(cfg: ActorConfig, norm_len: int, forward: Callable[[RolloutBatch
     metrics. `forward(mb)` gives (log-probs, entropy); `on_logprobs(logprobs, mb)` sees every forward's
     log-probs (the drift check). `norm_len` is seq-mean-token-sum-norm's constant for the whole batch."""
 
-    def micro_loss(mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    def micro_loss(mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = mb.response_mask.float()
         logprobs, entropy = forward(mb)
         if on_logprobs is not None:
@@ -242,20 +243,20 @@ def policy_loss(cfg: ActorConfig, norm_len: int, forward: Callable[[RolloutBatch
                                       clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.loss_agg,
                                       norm_len=norm_len, sequence_ratio=cfg.importance_sampling == "sequence",
                                       token_weights=weights)
-        metrics = {"actor/pg_loss": float(loss.detach()), "actor/clipfrac": stats["clipfrac"],
+        metrics = {"actor/pg_loss": loss.detach(), "actor/clipfrac": stats["clipfrac"],
                    "actor/approx_kl": stats["approx_kl"]}
         if weights is not None:
-            metrics |= {"actor/tis_weight_mean": float(masked_mean(weights, mask)),
-                        "actor/tis_capped_frac": float(masked_mean((weights >= cfg.tis_cap).float(), mask))}
+            metrics |= {"actor/tis_weight_mean": masked_mean(weights, mask).detach(),
+                        "actor/tis_capped_frac": masked_mean((weights >= cfg.tis_cap).float(), mask)}
         ent = aggregate_loss(entropy, mask, cfg.loss_agg, norm_len=norm_len)
-        metrics["actor/entropy"] = float(ent.detach())
+        metrics["actor/entropy"] = ent.detach()
         if cfg.entropy_coef > 0:
             loss = loss - cfg.entropy_coef * ent
         if cfg.kl_loss_coef > 0:
             kl = aggregate_loss(kl_penalty(logprobs, mb.ref_logprobs, cfg.kl_loss_type), mask, cfg.loss_agg,
                                 norm_len=norm_len)
             loss = loss + cfg.kl_loss_coef * kl
-            metrics["actor/kl_loss"] = float(kl.detach())
+            metrics["actor/kl_loss"] = kl.detach()
         return loss, metrics
 
     return micro_loss
@@ -266,11 +267,11 @@ def critic_loss(cfg: CriticConfig, norm_len: int, values: Callable[[RolloutBatch
     `norm_len` is one constant for the whole batch, as the actor's, so that the gradient does not depend on
     how the batch is cut into (trimmed) micro-batches."""
 
-    def micro_loss(mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    def micro_loss(mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = mb.response_mask.float()
         loss, stats = value_loss(values(mb), mb.values, mb.returns, mask, clip_range=cfg.value_clip, agg=cfg.loss_agg,
                                  norm_len=norm_len)
-        return loss, {"critic/vf_loss": float(loss.detach()), **{f"critic/{k}": v for k, v in stats.items()}}
+        return loss, {"critic/vf_loss": loss.detach(), **{f"critic/{k}": v for k, v in stats.items()}}
 
     return micro_loss
 
@@ -310,7 +311,7 @@ def optimize(
     sums = _MetricSums(metric_kinds)
     grad_norms = []
     skipped = seen = 0
-    pad_stats: dict[str, float] = {}
+    pad_stats: dict[str, Any] = {}
     n = len(batch)
     budget = cfg.max_tokens_per_micro_batch
     varies = contributes is not None or budget is not None
@@ -325,7 +326,7 @@ def optimize(
                              else micro_weights(mini, groups, "token-mean", placement, prefix))
             rounds = micro_batch_rounds(len(groups), placement, prefix) if varies else len(groups)
             optimizer.zero_grad(set_to_none=True)
-            ran: list[tuple[dict[str, float], float, float]] = []
+            ran: list[tuple[dict[str, Any], float, float]] = []
             for i in range(rounds):
                 if i < len(groups):
                     mb, weight = micro_batch(mini, groups[i], trim=budget is not None), weights[i]
