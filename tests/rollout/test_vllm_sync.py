@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from verl.errors import ConfigError, RolloutError
@@ -21,6 +22,8 @@ from verl.rollout import HFKVCacheEngine, SamplingParams, VLLMEngine
 from verl.rollout.weight_sync import policy_weights
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
+import _dist_workers as W  # noqa: E402
 from rl_support import read_metrics, rl_config  # noqa: E402
 
 # vLLM 0.33.0's API, copied from its source (vllm/entrypoints/llm.py; vllm/engine/arg_utils.py for the
@@ -392,3 +395,43 @@ def test_vllm_needs_the_actor_on_every_rank():
     assert check_vllm_placement("vllm", (0, 1), 2) == [] and check_vllm_placement("hf", (0,), 2) == []
     (problem,) = check_vllm_placement("vllm", (0,), 2)
     assert isinstance(problem, ConfigError) and "actor on ranks [0] of 2" in str(problem)
+
+
+def _two_rank_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """One rank of a colocated run: its engine, and whether the policy was sharded while vLLM had the GPU."""
+    import json
+
+    from torch.distributed.tensor import DTensor
+
+    W.setup(rank, world, port)
+    trainer = _trainer(Path(out_dir), "trainer.total_steps=1")
+    llm = trainer.engine.llm
+
+    def policy_sharded() -> bool:
+        return all(isinstance(p, DTensor) for p in trainer.model.parameters())
+
+    during_push, during_generate = [], []
+    llm.loader.on_each_tensor = lambda name: during_push.append(policy_sharded())
+    generate = llm.generate
+    llm.generate = lambda *a, **k: (during_generate.append(policy_sharded()), generate(*a, **k))[1]
+    trainer.fit()
+    report = {"device": llm.device, "backend": llm.kwargs.get("distributed_executor_backend"),
+              "seed": llm.kwargs["seed"], "pushed": len(during_push), "sharded_during_push": all(during_push),
+              "sharded_during_generate": during_generate and all(during_generate)}
+    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(report))
+    dist.destroy_process_group()
+
+
+@pytest.mark.dist
+@pytest.mark.slow  # ~16 s: two forked gloo ranks building the trainer
+def test_two_ranks_each_engine_on_its_gpu_and_the_actor_sharded_while_it_samples(tmp_path, stand_in_vllm):
+    """2 gloo ranks, FSDP2 actor: each rank's engine is built for its own GPU, the weights are pushed one
+    gathered tensor at a time, and the actor is resharded the whole time vLLM holds the GPU."""
+    import json
+
+    W.launch(_two_rank_worker, 2, str(tmp_path))
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["device"] for r in reports] == ["cuda:0", "cuda:1"]
+    assert {r["backend"] for r in reports} == {"external_launcher"} and reports[0]["seed"] != reports[1]["seed"]
+    for r in reports:
+        assert r["pushed"] > 0 and r["sharded_during_push"] and r["sharded_during_generate"], r
