@@ -5,6 +5,8 @@ into it, so its sampled log-probs equal the policy's; without the push the on-po
 
 from __future__ import annotations
 
+import inspect
+import os
 import sys
 import types
 from pathlib import Path
@@ -12,14 +14,35 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from verl.errors import RolloutError
+from verl.errors import ConfigError, RolloutError
 from verl.rollout import HFKVCacheEngine, SamplingParams, VLLMEngine
 from verl.rollout.weight_sync import policy_weights
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
+import _dist_workers as W  # noqa: E402
 from rl_support import read_metrics, rl_config  # noqa: E402
+
+# vLLM 0.33.0's API, copied from its source (vllm/entrypoints/llm.py; vllm/engine/arg_utils.py for the
+# EngineArgs fields that LLM(**kwargs) forwards; vllm/sampling_params.py): (name, kind, default) per parameter.
+VLLM_VERSION = "0.33.0"
+_KW, _POS = "KEYWORD_ONLY", "POSITIONAL_OR_KEYWORD"
+VLLM_SIGNATURES = {
+    "__init__": [("model", _POS, None), ("tensor_parallel_size", _KW, 1), ("seed", _KW, 0),
+                 ("gpu_memory_utilization", _KW, 0.92), ("enforce_eager", _KW, False)],
+    "generate": [("prompts", _POS, None), ("sampling_params", _POS, None), ("use_tqdm", _KW, True)],
+    "sleep": [("level", _POS, 1), ("mode", _POS, "abort")],
+    "wake_up": [("tags", _POS, None)],
+    "reset_prefix_cache": [("reset_running_requests", _POS, False), ("reset_connector", _POS, False)],
+}
+ENGINE_ARGS = {"distributed_executor_backend", "max_model_len", "enable_sleep_mode", "logprobs_mode", "dtype",
+               "trust_remote_code", "data_parallel_size", "max_num_seqs", "enable_prefix_caching"}
+LOGPROBS_MODES = ("raw_logits", "raw_logprobs", "processed_logits", "processed_logprobs")  # vllm/config/model.py
+SAMPLING_FIELDS = {"n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
+                   "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "detokenize", "skip_special_tokens"}
 
 
 class _Loader:
@@ -27,11 +50,14 @@ class _Loader:
 
     def __init__(self, model: torch.nn.Module, log: list[str]) -> None:
         self.model, self.log = model, log
+        self.on_each_tensor = None  # a test's probe, called as each pushed tensor arrives
 
     def load_weights(self, weights):
         params = dict(self.model.named_parameters())
         loaded = set()
         for name, tensor in weights:
+            if self.on_each_tensor is not None:
+                self.on_each_tensor(name)
             if name not in params:
                 raise KeyError(f"stand-in vLLM: unknown weight {name!r}")
             assert tensor.shape == params[name].shape
@@ -42,32 +68,79 @@ class _Loader:
         return loaded
 
 
-class StandInLLM:
-    """`vllm.LLM` with its own weights, sampling with our sampler on them (so equal weights = equal log-probs)."""
+def _sampling_params(**kwargs):
+    """`vllm.SamplingParams`: an unknown field is a TypeError, as in vLLM."""
+    unknown = set(kwargs) - SAMPLING_FIELDS
+    if unknown:
+        raise TypeError(f"SamplingParams got unexpected keyword argument(s) {sorted(unknown)}")
+    return SimpleNamespace(**kwargs)
 
-    def __init__(self, model: str, gpu_memory_utilization: float, enable_sleep_mode: bool = False, **kwargs):
+
+class StandInLLM:
+    """`vllm.LLM` with its own weights, sampling with our sampler on them (so equal weights = equal log-probs).
+
+    Like vLLM: the executor picks the GPU (cuda:LOCAL_RANK only with the external launcher, else cuda:0 in
+    every process); sleep level 1 copies the weights out, level 2 discards them (NaN here, so sampling from
+    them shows); log-probs are the raw model's unless `logprobs_mode="processed_logprobs"`."""
+
+    instances: list[StandInLLM] = []
+
+    def __init__(self, model: str, *, tensor_parallel_size: int = 1, seed: int = 0,
+                 gpu_memory_utilization: float = 0.92, enforce_eager: bool = False, **kwargs):
+        unknown = set(kwargs) - ENGINE_ARGS
+        if unknown:  # EngineArgs(**kwargs) refuses them
+            raise TypeError(f"EngineArgs.__init__() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+        self.kwargs = {"tensor_parallel_size": tensor_parallel_size, "seed": seed,
+                       "gpu_memory_utilization": gpu_memory_utilization, "enforce_eager": enforce_eager, **kwargs}
+        self.logprobs_mode = kwargs.get("logprobs_mode", "raw_logprobs")
+        assert self.logprobs_mode in LOGPROBS_MODES
+        if kwargs.get("distributed_executor_backend") == "external_launcher":  # uniproc_executor.py
+            self.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+            assert int(os.environ["RANK"]) >= 0
+        else:
+            self.device = "cuda:0"
         self.weights = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
-        self.enable_sleep_mode = enable_sleep_mode
+        self.enable_sleep_mode = kwargs.get("enable_sleep_mode", False)
         self.log: list[str] = []
         self.sleeping, self.kv_cache = False, True
-        runner = SimpleNamespace(model=_Loader(self.weights, self.log))
+        self.loader = _Loader(self.weights, self.log)
         self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=SimpleNamespace(
-            model_runner=runner)))
+            worker=SimpleNamespace(model_runner=SimpleNamespace(model=self.loader)))))
+        StandInLLM.instances.append(self)
 
-    def sleep(self, level: int = 1) -> None:
+    def sleep(self, level: int = 1, mode: str = "abort"):
         assert self.enable_sleep_mode, "sleep() needs LLM(enable_sleep_mode=True)"
         self.sleeping, self.kv_cache = True, False
+        self.last_awake_weights = {k: v.clone() for k, v in self.weights.state_dict().items()}
+        if level == 2:  # vllm/v1/worker/gpu_worker.py: weights discarded (buffers kept)
+            with torch.no_grad():
+                for p in self.weights.parameters():
+                    p.fill_(float("nan"))
         self.log.append(f"sleep{level}")
 
-    def wake_up(self, tags=None) -> None:
+    def wake_up(self, tags: list[str] | None = None) -> bool:
         self.log.append(f"wake{tags}")
         if tags is None or "kv_cache" in tags:
             self.sleeping, self.kv_cache = False, True
+        return not self.sleeping
 
-    def reset_prefix_cache(self) -> None:
+    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
         self.log.append("reset_prefix_cache")
+        return True
 
-    def generate(self, prompts, params, use_tqdm=False):
+    def _raw_logprobs(self, out) -> torch.Tensor:
+        """The log-probs of the sampled tokens under the model's untempered, unfiltered distribution."""
+        ids = torch.cat([out.prompt_ids, out.response_ids], 1)
+        mask = torch.cat([out.prompt_mask, out.response_mask.to(out.prompt_mask.dtype)], 1)
+        width = out.response_ids.shape[1]
+        with torch.no_grad():
+            logits = self.weights(input_ids=ids, attention_mask=mask,
+                                  position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+        logp = logits[:, -width - 1:-1].float().log_softmax(-1)
+        return logp.gather(-1, out.response_ids.unsqueeze(-1)).squeeze(-1)
+
+    def generate(self, prompts, sampling_params=None, *, use_tqdm: bool = True):
+        params = sampling_params
         assert not self.sleeping and self.kv_cache, "generate() on a sleeping engine"
         self.log.append("generate")
         width = max(len(p["prompt_token_ids"]) for p in prompts)
@@ -77,10 +150,12 @@ class StandInLLM:
             tokens = p["prompt_token_ids"]
             ids[i, width - len(tokens):], mask[i, width - len(tokens):] = torch.tensor(tokens), 1
         ours = SamplingParams(temperature=params.temperature, top_p=params.top_p,
-                              top_k=None if params.top_k == -1 else params.top_k, max_new_tokens=params.max_tokens,
+                              top_k=params.top_k if params.top_k > 0 else None, max_new_tokens=params.max_tokens,
                               n=params.n, eos_token_ids=params.stop_token_ids)
         generator = torch.Generator().manual_seed(params.seed or 0)
         out = HFKVCacheEngine(self.weights).generate(ids, mask, ours, generator=generator)
+        # our sampler's log-probs are the processed ones (tempered, filtered): what vLLM returns only when asked
+        logprobs = out.logprobs if self.logprobs_mode == "processed_logprobs" else self._raw_logprobs(out)
         results = []
         for i in range(len(prompts)):
             completions = []
@@ -88,9 +163,9 @@ class StandInLLM:
                 row = i * params.n + j
                 length = int(out.response_mask[row].sum())
                 tokens = out.response_ids[row, :length].tolist()
-                logprobs = [{t: SimpleNamespace(logprob=float(lp))} for t, lp in
-                            zip(tokens, out.logprobs[row, :length], strict=True)]
-                completions.append(SimpleNamespace(token_ids=tokens, logprobs=logprobs))
+                entries = [{t: SimpleNamespace(logprob=float(lp))} for t, lp in
+                           zip(tokens, logprobs[row, :length], strict=True)]
+                completions.append(SimpleNamespace(token_ids=tokens, logprobs=entries))
             results.append(SimpleNamespace(outputs=completions))
         return results
 
@@ -99,9 +174,10 @@ class StandInLLM:
 def stand_in_vllm(monkeypatch):
     module = types.ModuleType("vllm")
     module.LLM = StandInLLM
-    module.SamplingParams = lambda **kw: SimpleNamespace(**kw)
+    module.SamplingParams = _sampling_params
     module.__version__ = "stand-in"
     monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setattr(StandInLLM, "instances", [])
     # The start-up pass refuses vllm on a CPU machine (tests/cli/test_check_vllm.py); the stand-in runs on CPU.
     monkeypatch.setattr("verl.trainer.startup.check_rollout_engine", lambda engine, device_type: [])
     return module
@@ -110,12 +186,15 @@ def stand_in_vllm(monkeypatch):
 def _trainer(tmp_path, *extra):
     from verl.trainer.rl_trainer import RLTrainer
 
+    # temperature != 1: the engine's log-probs must be the tempered distribution's, as the trainer's are
     config = rl_config(tmp_path, "rollout.engine=vllm", "trainer.total_steps=4", "actor.lr=0.05",
-                       "actor.grad_clip=null", *extra)
+                       "actor.grad_clip=null", "rollout.temperature=0.7", *extra)
 
     class Watched(RLTrainer):
         def update_policy(self, batch):
-            assert self.engine.llm.sleeping and not self.engine.llm.kv_cache  # memory free for the update
+            llm = self.engine.llm
+            assert llm.sleeping and not llm.kv_cache  # memory free for the update ...
+            assert llm.log[-1] == "sleep2"  # ... the weights too: discarded, not copied to host (pushed anyway)
             return super().update_policy(batch)
 
     return Watched(config)
@@ -135,18 +214,28 @@ def test_vllm_engine_samples_from_the_updated_policy(tmp_path, stand_in_vllm, ex
     policy = trainer.model.state_dict()
     moved = max(float((policy[k] - initial[k]).abs().max()) for k in initial)
     assert moved > 1e-3  # the policy really changed ...
-    for name, tensor in llm.weights.state_dict().items():  # ... and the engine holds exactly its weights
+    for name, tensor in llm.last_awake_weights.items():  # ... and the engine held exactly its weights
         torch.testing.assert_close(tensor, policy[name], rtol=0, atol=0)
     # every rollout: wake the weights, load, drop cached prefixes, wake the KV cache, generate, sleep again
     first = llm.log.index("generate")
-    assert llm.log[:1] == ["sleep1"]  # asleep from construction until the first rollout
+    assert llm.log[:1] == ["sleep2"]  # asleep from construction until the first rollout
     assert llm.log[first - 4:first + 2] == ["wake['weights']", "load_weights", "reset_prefix_cache",
-                                             "wake['kv_cache']", "generate", "sleep1"]
+                                             "wake['kv_cache']", "generate", "sleep2"]
+    assert "sleep1" not in llm.log
+    assert llm.kwargs["logprobs_mode"] == "processed_logprobs"
     assert llm.log.count("load_weights") == llm.log.count("generate") >= 4
 
 
 def test_without_the_weight_push_the_guard_stops_the_run(tmp_path, stand_in_vllm, monkeypatch):
-    monkeypatch.setattr(VLLMEngine, "load_policy_weights", lambda self, weights: self.wake_up())
+    stale: dict[str, torch.Tensor] = {}
+    push = VLLMEngine.load_policy_weights
+
+    def push_the_initial_weights(self, weights):  # an engine that never follows the policy's updates
+        for name, tensor in weights:
+            stale.setdefault(name, tensor.clone())
+        push(self, stale.items())
+
+    monkeypatch.setattr(VLLMEngine, "load_policy_weights", push_the_initial_weights)
     trainer = _trainer(tmp_path)
     with pytest.raises(RolloutError, match=r"the 'vllm' rollout engine's log-probs differ"):
         trainer.fit()
@@ -180,3 +269,169 @@ def test_lora_policy_is_pushed_merged_under_the_base_names():
         torch.testing.assert_close(tensor, merged[name], rtol=1e-6, atol=1e-6)
         changed += "q_proj.weight" in name or "v_proj.weight" in name
     assert changed > 0
+
+
+# ------------------------------------------------------------------------------------ vLLM's API, colocated
+def _params(live) -> list[tuple[str, str, object]]:
+    out = []
+    for p in inspect.signature(live).parameters.values():
+        if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+            out.append((p.name, p.kind.name, None if p.default is p.empty else p.default))
+    return out
+
+
+def test_stand_in_has_the_signatures_of_vllm_0_33():
+    """Every parameter the stand-in takes is vLLM's, of the same kind and default (copied from vLLM 0.33.0's
+    source), so a call that the stand-in accepts is one that vLLM accepts."""
+    for method, real in VLLM_SIGNATURES.items():
+        assert _params(getattr(StandInLLM, method)) == real, method
+    assert {"distributed_executor_backend", "max_model_len", "enable_sleep_mode", "logprobs_mode"} <= ENGINE_ARGS
+
+
+def test_copied_signatures_are_the_installed_vllms():
+    """Where vLLM is installed (GPU machines), the copied signatures are checked against it."""
+    vllm = pytest.importorskip("vllm")
+    if getattr(vllm, "__version__", "") == "stand-in":
+        pytest.skip("stand-in")
+    from vllm.engine.arg_utils import EngineArgs
+
+    for method, copied in VLLM_SIGNATURES.items():
+        live = {name: (kind, default) for name, kind, default in _params(getattr(vllm.LLM, method))}
+        for name, kind, default in copied:
+            assert live.get(name) == (kind, default), f"vllm {vllm.__version__} LLM.{method}({name})"
+    fields = set(inspect.signature(EngineArgs).parameters)
+    assert ENGINE_ARGS <= fields, ENGINE_ARGS - fields
+    assert SAMPLING_FIELDS <= set(inspect.signature(vllm.SamplingParams).parameters)
+
+
+def _engine(**kwargs) -> VLLMEngine:
+    from verl.models.tiny import build_tiny_model
+
+    return VLLMEngine(build_tiny_model(), **kwargs)
+
+
+def _prompts():
+    ids = torch.tensor([[0, 5, 7, 9], [3, 4, 6, 8]])
+    return ids, torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+
+
+class _CudaGenerator:
+    """A CUDA generator's face on a CPU machine: `.device` says cuda; draws come from a seeded CPU twin."""
+
+    def __init__(self, seed: int) -> None:
+        self.device = torch.device("cuda", 0)
+        self.twin = torch.Generator().manual_seed(seed)
+
+
+def test_seed_is_drawn_on_the_generators_device(stand_in_vllm, monkeypatch):
+    real_randint, devices = torch.randint, []
+
+    def randint(*args, generator=None, device=None, **kwargs):
+        if not isinstance(generator, _CudaGenerator):
+            return real_randint(*args, generator=generator, device=device, **kwargs)
+        device = torch.device(device if device is not None else "cpu")
+        if device.type != generator.device.type:  # what torch raises for a CUDA generator and a CPU tensor
+            raise RuntimeError(f"Expected a '{device.type}' device type for generator but found "
+                               f"'{generator.device.type}'")
+        devices.append(device)
+        return real_randint(*args, generator=generator.twin, **kwargs)
+
+    monkeypatch.setattr(torch, "randint", randint)
+    engine = _engine()
+    engine.load_policy_weights(policy_weights(AutoModelForCausalLM.from_pretrained(engine.model_path)))
+    out = engine.generate(*_prompts(), SamplingParams(max_new_tokens=3, n=2), generator=_CudaGenerator(7))
+    assert devices == [torch.device("cuda", 0)]  # drawn with device=generator.device
+    assert out.response_ids.shape == (4, 3)
+
+
+def test_cuda_cache_is_emptied_before_every_wake_up(stand_in_vllm, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # the trainer has used CUDA
+    engine = _engine()
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: engine.llm.log.append("empty_cache"))
+    engine.load_policy_weights(policy_weights(AutoModelForCausalLM.from_pretrained(engine.model_path)))
+    wakes = [i for i, entry in enumerate(engine.llm.log) if entry.startswith("wake")]
+    assert len(wakes) == 2 and all(engine.llm.log[i - 1] == "empty_cache" for i in wakes)
+
+
+def test_generating_from_discarded_weights_is_an_error(stand_in_vllm):
+    engine = _engine()  # asleep at level 2 from construction: the weights are gone until a push
+    with pytest.raises(RolloutError, match=r"discarded.*push the policy's weights first"):
+        engine.generate(*_prompts(), SamplingParams(max_new_tokens=2))
+
+
+def test_under_torchrun_each_rank_gets_its_own_gpu(stand_in_vllm, monkeypatch):
+    import verl.rollout.vllm_engine as module
+
+    monkeypatch.setattr(module.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(module.dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(module.dist, "get_world_size", lambda: 2)
+    for key, value in {"RANK": "1", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(key, value)
+    llm = _engine(seed=42).llm
+    assert llm.device == "cuda:1"  # not every rank's engine on GPU 0
+    assert (llm.kwargs["distributed_executor_backend"], llm.kwargs["tensor_parallel_size"]) == ("external_launcher", 1)
+    assert llm.kwargs["seed"] == 43  # one engine per rank, seeded per rank
+    monkeypatch.delenv("LOCAL_RANK")
+    with pytest.raises(ConfigError, match=r"rank 1 of 2.*LOCAL_RANK.*torchrun"):
+        _engine()
+
+
+def test_one_process_keeps_vllms_own_executor(stand_in_vllm):
+    llm = _engine(seed=5).llm
+    assert "distributed_executor_backend" not in llm.kwargs and llm.device == "cuda:0" and llm.kwargs["seed"] == 5
+
+
+def test_rollout_vllm_keys_reach_the_engine(tmp_path, stand_in_vllm):
+    trainer = _trainer(tmp_path, "rollout.vllm.gpu_memory_utilization=0.3", "rollout.vllm.max_model_len=64",
+                       "rollout.vllm.enforce_eager=true", "trainer.seed=11")
+    kwargs = trainer.engine.llm.kwargs
+    assert (kwargs["gpu_memory_utilization"], kwargs["max_model_len"], kwargs["enforce_eager"]) == (0.3, 64, True)
+    assert kwargs["seed"] == 11 and kwargs["enable_sleep_mode"] is True
+
+
+def test_vllm_needs_the_actor_on_every_rank():
+    from verl.rollout.engine_check import check_vllm_placement
+
+    assert check_vllm_placement("vllm", (0, 1), 2) == [] and check_vllm_placement("hf", (0,), 2) == []
+    (problem,) = check_vllm_placement("vllm", (0,), 2)
+    assert isinstance(problem, ConfigError) and "actor on ranks [0] of 2" in str(problem)
+
+
+def _two_rank_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """One rank of a colocated run: its engine, and whether the policy was sharded while vLLM had the GPU."""
+    import json
+
+    from torch.distributed.tensor import DTensor
+
+    W.setup(rank, world, port)
+    trainer = _trainer(Path(out_dir), "trainer.total_steps=1")
+    llm = trainer.engine.llm
+
+    def policy_sharded() -> bool:
+        return all(isinstance(p, DTensor) for p in trainer.model.parameters())
+
+    during_push, during_generate = [], []
+    llm.loader.on_each_tensor = lambda name: during_push.append(policy_sharded())
+    generate = llm.generate
+    llm.generate = lambda *a, **k: (during_generate.append(policy_sharded()), generate(*a, **k))[1]
+    trainer.fit()
+    report = {"device": llm.device, "backend": llm.kwargs.get("distributed_executor_backend"),
+              "seed": llm.kwargs["seed"], "pushed": len(during_push), "sharded_during_push": all(during_push),
+              "sharded_during_generate": during_generate and all(during_generate)}
+    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(report))
+    dist.destroy_process_group()
+
+
+@pytest.mark.dist
+@pytest.mark.slow  # ~16 s: two forked gloo ranks building the trainer
+def test_two_ranks_each_engine_on_its_gpu_and_the_actor_sharded_while_it_samples(tmp_path, stand_in_vllm):
+    """2 gloo ranks, FSDP2 actor: each rank's engine is built for its own GPU, the weights are pushed one
+    gathered tensor at a time, and the actor is resharded the whole time vLLM holds the GPU."""
+    import json
+
+    W.launch(_two_rank_worker, 2, str(tmp_path))
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["device"] for r in reports] == ["cuda:0", "cuda:1"]
+    assert {r["backend"] for r in reports} == {"external_launcher"} and reports[0]["seed"] != reports[1]["seed"]
+    for r in reports:
+        assert r["pushed"] > 0 and r["sharded_during_push"] and r["sharded_during_generate"], r

@@ -113,6 +113,20 @@ class EnvConfig(Section):
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
+class VLLMConfig(Section):
+    """`rollout.vllm`: vLLM's own engine settings (used with rollout.engine=vllm), passed to `vllm.LLM`."""
+
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0.0, le=1.0, description="Share of each GPU's memory vLLM takes for its weights, activations and "
+        "KV cache while it samples (vLLM's own default, 0.92, assumes it is alone on the GPU; colocated, the "
+        "sharded policy and optimizer states stay resident beside it).")
+    max_model_len: int | None = Field(
+        None, gt=0, description="Longest prompt + response vLLM plans its KV cache for; None = the model's "
+        "context length (config.json). data.max_prompt_length + rollout.max_new_tokens is enough for training.")
+    enforce_eager: bool = Field(False, description="True = no CUDA graphs: slower decoding, but faster start-up "
+                                "and less memory.")
+
+
 class RolloutConfig(Section):
     engine: Literal["hf", "vllm"] = "hf"
     n: int = Field(4, gt=0, description="Responses sampled per prompt.")
@@ -133,6 +147,7 @@ class RolloutConfig(Section):
         "trains on, at no cost).")
     stop: list[str] = Field(default_factory=list, description="Multi-turn environments: a model turn ends at "
                             "the first of these strings (e.g. '</calc>') or at eos; the environment answers it.")
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings (rollout.engine=vllm).")
 
 
 class AlgorithmConfig(Section):

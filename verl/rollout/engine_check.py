@@ -33,4 +33,16 @@ def check_rollout_engine(engine: str, *, device_type: str) -> list[ConfigError]:
     return problems
 
 
-__all__ = ["check_rollout_engine"]
+def check_vllm_placement(engine: str, actor_ranks: tuple[int, ...], world_size: int) -> list[ConfigError]:
+    """vLLM under torchrun (``external_launcher``) builds its process groups over every rank of the run, so
+    every rank must build the engine: the actor (which owns it) has to be on all ranks."""
+    if engine != "vllm" or world_size <= 1 or tuple(actor_ranks) == tuple(range(world_size)):
+        return []
+    return [ConfigError(
+        f"rollout.engine=vllm with the actor on ranks {list(actor_ranks)} of {world_size}: vLLM's external_launcher "
+        "executor creates its process groups over all ranks of the run, so ranks without the actor would leave "
+        "it waiting forever. Fix: place the actor on every rank (the default colocated placement, devices.*), "
+        "or use rollout.engine=hf with this split placement.")]
+
+
+__all__ = ["check_rollout_engine", "check_vllm_placement"]

@@ -7,14 +7,24 @@ this engine without it installed is a ConfigError that says how to install it (`
 vLLM loads its own copy of the weights from ``model_path``. The trainer pushes the policy's weights into
 it before every rollout (:func:`verl.rollout.weight_sync.synced`: gathered from FSDP shards, LoRA merged)
 through vLLM's in-process weight loader (``model.load_weights``), and, colocated with the trainer, puts
-it to sleep (``LLM.sleep``: KV cache freed, weights offloaded) while the trainer updates, waking it
+it to sleep (``LLM.sleep(level=2)``: KV cache and weights discarded, since the next push replaces them) while
+the trainer updates, waking it
 (``LLM.wake_up``) for the next rollout. The on-policy guard (``rollout.max_logprob_drift``) stops a run
 whose engine does not follow the policy.
 
-What has run where: the mapping, the sync and the sleep/wake protocol are tested against a stand-in with
-vLLM's API that keeps its own weights (tests/rollout/test_vllm_sync.py); this module has not yet been run
-against a real vLLM on a GPU. vLLM reports the log-probs of the model's raw distribution unless configured
-to return processed ones.
+Colocated under torchrun, every rank runs its own engine on its own GPU (vLLM's ``external_launcher``
+executor, tensor parallel size 1: each rank samples its own prompts). The engine reports the log-probs of
+the distribution it sampled from (``logprobs_mode="processed_logprobs"``: after temperature, top-k, top-p),
+which is what the trainer's importance ratios and drift check compare against.
+
+The calls here were checked against vLLM 0.33.0's source: ``vllm/entrypoints/llm.py`` (``LLM.__init__``,
+``generate``, ``sleep``, ``wake_up``, ``reset_prefix_cache``), ``vllm/engine/arg_utils.py`` (``EngineArgs``:
+``distributed_executor_backend``, ``max_model_len``, ``enable_sleep_mode``, ``logprobs_mode``),
+``vllm/config/parallel.py`` and ``vllm/v1/executor/uniproc_executor.py`` (``ExecutorWithExternalLauncher``
+reads RANK/LOCAL_RANK, and binds cuda:LOCAL_RANK), ``vllm/v1/worker/gpu_worker.py`` (sleep level 2 keeps the
+buffers, discards the weights), ``vllm/sampling_params.py``. The test stand-in copies those signatures
+(tests/rollout/test_vllm_sync.py); this module has not yet been run against a real vLLM on a GPU
+(tests/gpu/test_gpu_vllm.py does, where a GPU and vllm are present).
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from verl.errors import ConfigError, DataError, RolloutError, install_hint
 from verl.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
@@ -43,17 +54,49 @@ def _import_vllm() -> Any:
         ) from exc
 
 
+def launch_kwargs(seed: int) -> dict[str, Any]:
+    """How vLLM should place itself in this process: with a torch.distributed group (torchrun), every rank's
+    engine on its own GPU through vLLM's ``external_launcher`` executor; in one process, vLLM's default.
+
+    ``external_launcher`` takes the rank and GPU from RANK / LOCAL_RANK (torchrun sets them) and joins the
+    process group that is already up; without it every rank's engine would start on GPU 0. Tensor parallel
+    size 1: each rank samples its own prompts (vLLM's "external data parallel" layout); ranks of one tensor
+    parallel group would need the same prompts and seed. The engine seed differs per rank, like the ranks'
+    sampling generators (vllm/config/parallel.py, vllm/v1/executor/uniproc_executor.py, vLLM 0.33.0).
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return {"tensor_parallel_size": 1, "seed": seed}
+    missing = [k for k in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
+    if missing:
+        raise ConfigError(
+            f"rollout.engine=vllm on rank {dist.get_rank()} of {dist.get_world_size()}: vLLM's external_launcher "
+            f"executor reads {', '.join(missing)} from the environment, which is not set. Fix: launch with "
+            "torchrun (or `verl train --nproc N`), which sets RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT.")
+    return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1,
+            "seed": seed + dist.get_rank()}
+
+
+def _free_cached_cuda_memory() -> None:
+    """Hand the trainer's cached-but-free CUDA blocks back before vLLM re-allocates its weights and KV cache
+    (vLLM allocates through its own pool, which cannot reuse PyTorch's cache)."""
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 class VLLMEngine(RolloutEngine):
     """Rollouts with ``vllm.LLM`` loaded from ``model_path`` (a local directory or hub id).
 
-    ``sleep_mode`` (default on) frees vLLM's KV cache and offloads its weights between rollouts, for an
-    engine colocated with the trainer. Extra keyword arguments go to ``vllm.LLM`` (e.g. ``dtype``).
+    ``sleep_mode`` (default on) discards vLLM's KV cache and weights between rollouts, for an engine
+    colocated with the trainer (the weights are pushed again before every rollout). ``gpu_memory_utilization``,
+    ``max_model_len`` and ``enforce_eager`` are vLLM's (``rollout.vllm.*``); ``seed`` is the run's. Extra
+    keyword arguments go to ``vllm.LLM`` (e.g. ``dtype``).
     """
 
     holds_own_weights = True  # the trainer pushes the policy's weights in (verl.rollout.weight_sync)
+    SLEEP_LEVEL = 2  # discard the weights: they are pushed again before every rollout (level 1 copies them out)
 
-    def __init__(self, model_path: str, *, gpu_memory_utilization: float = 0.5, sleep_mode: bool = True,
-                 **llm_kwargs: Any) -> None:
+    def __init__(self, model_path: str, *, gpu_memory_utilization: float = 0.5, max_model_len: int | None = None,
+                 enforce_eager: bool = False, sleep_mode: bool = True, seed: int = 0, **llm_kwargs: Any) -> None:
         self._vllm = _import_vllm()
         if not isinstance(model_path, str) or not model_path:
             raise ConfigError(f"VLLMEngine needs the model's path or hub id as a string, got {model_path!r}.")
@@ -63,8 +106,16 @@ class VLLMEngine(RolloutEngine):
         self.sleep_mode = sleep_mode
         if sleep_mode:
             llm_kwargs.setdefault("enable_sleep_mode", True)
-        self.llm = self._vllm.LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization, **llm_kwargs)
+        if max_model_len is not None:
+            llm_kwargs["max_model_len"] = max_model_len
+        # The log-probs of the distribution sampled from (temperature, top-k, top-p applied), not the raw
+        # model's: the trainer compares them with its own filtered log-probs (vllm/config/model.py).
+        llm_kwargs.setdefault("logprobs_mode", "processed_logprobs")
+        llm_kwargs = {**launch_kwargs(seed), **llm_kwargs}
+        self.llm = self._vllm.LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization,
+                                  enforce_eager=enforce_eager, **llm_kwargs)
         self.asleep = False
+        self.weights_discarded = False  # true from a level-2 sleep until the next push
         self.sleep()  # the trainer's first forward/backward should not compete with an idle KV cache
 
     # ---------------------------------------------------------------- weights and memory
@@ -84,21 +135,24 @@ class VLLMEngine(RolloutEngine):
 
     def load_policy_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Wake the weights, load the policy's (name, full tensor) pairs, then wake the KV cache; cached
-        prefixes computed with the old weights are dropped."""
+        prefixes computed with the old weights are dropped. ``weights`` is consumed one pair at a time, so
+        a sharded policy needs only one gathered tensor at a time."""
         self.wake_up(["weights"])
         self._weight_loader().load_weights(weights=iter(weights))
+        self.weights_discarded = False
         if hasattr(self.llm, "reset_prefix_cache"):
             self.llm.reset_prefix_cache()
         self.wake_up(["kv_cache"])
 
     def sleep(self) -> None:
-        """Free the KV cache and offload the weights to host memory (level 1) until the next rollout."""
+        """Free the KV cache and the weights until the next rollout, whose push reloads them (level 2)."""
         if self.sleep_mode and not self.asleep:
-            self.llm.sleep(level=1)
-            self.asleep = True
+            self.llm.sleep(level=self.SLEEP_LEVEL)
+            self.asleep, self.weights_discarded = True, True
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         if self.sleep_mode and self.asleep:
+            _free_cached_cuda_memory()
             self.llm.wake_up(tags=tags)
             if tags is None or "kv_cache" in tags:
                 self.asleep = False
@@ -108,7 +162,7 @@ class VLLMEngine(RolloutEngine):
             n=params.n,
             temperature=float(params.temperature),
             top_p=float(params.top_p),
-            top_k=params.top_k if params.top_k else -1,
+            top_k=params.top_k or 0,  # 0 = off (vllm/sampling_params.py)
             max_tokens=params.max_new_tokens,
             stop_token_ids=list(params.eos_token_ids),
             ignore_eos=not params.eos_token_ids,
@@ -128,9 +182,14 @@ class VLLMEngine(RolloutEngine):
             raise DataError(f"generate: input_ids {tuple(input_ids.shape)} and attention_mask "
                             f"{tuple(attention_mask.shape)} must both be [batch, prompt_len].")
         seed = None
-        if generator is not None:
-            seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
-        self.wake_up()  # a caller that did not push weights first still gets an awake engine
+        if generator is not None:  # drawn on the generator's device: a CUDA generator cannot fill a CPU tensor
+            seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device))
+        if self.weights_discarded:
+            raise RolloutError(
+                "the vLLM engine's weights were discarded when it last slept (sleep level 2) and nothing was "
+                "pushed since, so it would sample from uninitialised memory. Fix: push the policy's weights "
+                "first (verl.rollout.weight_sync.synced(engine, model), as the trainer does before every rollout).")
+        self.wake_up()  # the KV cache, for a caller that pushed the weights but did not wake it
         mask = attention_mask.bool().cpu()
         ids = input_ids.cpu()
         prompts = [{"prompt_token_ids": ids[i][mask[i]].tolist()} for i in range(ids.shape[0])]
@@ -165,4 +224,4 @@ class VLLMEngine(RolloutEngine):
         )
 
 
-__all__ = ["VLLMEngine", "VLLM_INSTALL_HINT"]
+__all__ = ["VLLMEngine", "VLLM_INSTALL_HINT", "launch_kwargs"]

@@ -4,7 +4,9 @@ Our own sampler runs the policy module itself, so it is always in sync. vLLM loa
 files at start-up; after the first policy update it would sample from the initial weights for the rest of
 the run (every step silently off-policy). :func:`synced` pushes the policy's current weights into such an
 engine before it samples and puts it to sleep afterwards, so that, colocated with the trainer, its KV cache
-does not occupy the memory the update needs.
+does not occupy the memory the update needs. :func:`ready_to_sample` is what the trainer enters around a
+rollout: our sampler gets the policy's weights gathered, an engine with its own weights gets them pushed
+while the policy stays sharded.
 
 :func:`policy_weights` is what is pushed: full (unsharded) tensors under the Hugging Face parameter names the
 engine loaded from disk. An FSDP2-sharded policy is gathered tensor by tensor (one full tensor alive at a
@@ -14,8 +16,8 @@ serves the base architecture.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import torch
@@ -26,7 +28,8 @@ _LORA_PARTS = (".lora_A.", ".lora_B.", ".lora_embedding_A.", ".lora_embedding_B.
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor, whether it is a plain tensor or an FSDP2 DTensor shard."""
-    full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+    with torch.no_grad():  # a gathered parameter needs no autograd history
+        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
     return full.detach()
 
 
@@ -98,4 +101,22 @@ def synced(engine: Any, model: torch.nn.Module) -> Iterator[None]:
         engine.sleep()
 
 
-__all__ = ["policy_weights", "synced"]
+@contextmanager
+def ready_to_sample(engine: Any, model: torch.nn.Module,
+                    gathered: Callable[[torch.nn.Module], AbstractContextManager[None]]) -> Iterator[None]:
+    """The engine ready to sample from `model`'s current weights for the duration.
+
+    Our own sampler runs the policy module, so its weights stay gathered for the whole rollout (`gathered`,
+    e.g. `distributed.fsdp.gathered`). An engine with its own weights (vLLM) gets them pushed one gathered
+    tensor at a time, and the policy stays sharded while it samples: a gathered actor beside vLLM's own
+    weights and KV cache would hold the full model twice on every GPU.
+    """
+    if getattr(engine, "holds_own_weights", False):
+        with synced(engine, model):
+            yield
+    else:
+        with gathered(model):
+            yield
+
+
+__all__ = ["policy_weights", "ready_to_sample", "synced"]

@@ -179,8 +179,11 @@ def setup_optimizer(module: torch.nn.Module, cfg: OptimConfig, *, total_steps: i
 
 def setup_engine(config: RunConfig, policy: torch.nn.Module) -> RolloutEngine:
     """With LoRA the engine runs the model under the peft wrapper: its LoRA layers apply the current
-    adapters, so the sampler's log-probs are the training forward's."""
-    return build_engine(config.rollout.engine, base_of(policy))
+    adapters, so the sampler's log-probs are the training forward's. vLLM gets `rollout.vllm.*` and the run's
+    seed."""
+    options = ({**config.rollout.vllm.model_dump(), "seed": config.trainer.seed}
+               if config.rollout.engine == "vllm" else {})
+    return build_engine(config.rollout.engine, base_of(policy), **options)
 
 
 def setup_checkpoints(config: RunConfig, run_dir: Path, process: ProcessSetup) -> CheckpointManager:

@@ -22,7 +22,7 @@ from verl.errors import ConfigError
 from verl.rewards import RewardResult, TrainingProgress
 from verl.rewards.manager import takes_parameter
 from verl.rollout import SamplingParams
-from verl.rollout.weight_sync import synced
+from verl.rollout.weight_sync import ready_to_sample
 from verl.trainer import update
 from verl.trainer.advantages import (
     apply_kl_in_reward,
@@ -212,7 +212,7 @@ class RLTrainer(TrainerRuntime):
         if self.multiturn is not None:
             return self.multiturn.generate(batch, self.config.rollout.n, self.sampling, self.generator)
         n = self.config.rollout.n
-        with self.gathered(self.model), synced(self.engine, self.model):  # an engine with its own weights gets ours
+        with ready_to_sample(self.engine, self.model, self.gathered):  # gathered, or pushed into vLLM
             out = self.engine.generate(batch.prompt_ids[::n].to(self.device), batch.prompt_mask[::n].to(self.device),
                                        self.sampling, generator=self.generator)
         batch.prompt_ids, batch.prompt_mask = out.prompt_ids, out.prompt_mask.long()
@@ -450,7 +450,7 @@ class RLTrainer(TrainerRuntime):
                 scores, responses, episode = self.multiturn.evaluate(chunk, params, generator)
                 return Answers(scores, responses, episode_metrics=episode)
             ids, mask = self.encode_prompts(chunk)
-            with self.gathered(self.model), synced(self.engine, self.model):
+            with ready_to_sample(self.engine, self.model, self.gathered):
                 out = self.engine.generate(ids.to(self.device), mask.to(self.device), params, generator=generator)
             responses = self.decode_responses(out.response_ids, out.response_mask)
             result = self.score_responses([row for row in chunk for _ in range(n)], responses, out.response_ids,

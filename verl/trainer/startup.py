@@ -21,7 +21,7 @@ from verl.distributed.mapping import validate_device_mapping
 from verl.distributed.memory import estimate_memory
 from verl.env.registry import SELF_CONTAINED_ENVS
 from verl.errors import ConfigError, DeviceMappingError, VerlError
-from verl.rollout.engine_check import check_rollout_engine
+from verl.rollout.engine_check import check_rollout_engine, check_vllm_placement
 from verl.tracking.tracker import backend_problems
 from verl.trainer.batch_math import plan_rl
 from verl.trainer.lora_checks import check_lora, memory_counts, uses_lora
@@ -262,6 +262,8 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
         if refusal is not None:
             problems.append(refusal)
         problems += check_filter_groups_placement(config, report.mapping) if kind == "rl" else []
+        problems += (check_vllm_placement(config.rollout.engine, report.mapping.ranks("actor"), world_size)
+                     if kind == "rl" else [])
     actor_ranks = len(report.mapping.ranks("actor")) if report.mapping is not None else world_size
     critic_ranks = (len(report.mapping.ranks("critic"))
                     if report.mapping is not None and "critic" in report.mapping.roles else None)
