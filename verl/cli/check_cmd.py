@@ -52,7 +52,8 @@ def print_memory_plan(console: Any, inputs: Any, device_bytes: int | None) -> No
     plan = plan_memory(inputs, device_bytes)
     console.print(plan.render())
     if plan.fits is False:
-        console.print(labelled("warning: ", "the memory plan does not fit this GPU. Settings that fit:", "yellow"))
+        console.print(labelled("warning: ", "the memory plan does not fit this GPU. Settings to try, each with its "
+                               "peaks:", "yellow"))
         for fix in suggestions(inputs, device_bytes):
             console.print(f"  {fix}")
 

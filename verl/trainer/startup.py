@@ -316,6 +316,7 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
             plan = plan_memory(report.plan_inputs, device_bytes)
             if not plan.fits:
                 report.memory_warnings.append(
-                    "Memory plan: a step may not fit this GPU.\n" + plan.render() + "\nSettings that fit:\n"
+                    "Memory plan: a step may not fit this GPU.\n" + plan.render()
+                    + "\nSettings to try, each with its peaks:\n"
                     + "\n".join(f"  {fix}" for fix in suggestions(report.plan_inputs, device_bytes)))
     return report
