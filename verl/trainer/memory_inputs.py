@@ -36,11 +36,15 @@ def targets_gpu(config: RunConfig, device_type: str) -> bool:
 
 
 def model_shape(config: RunConfig, model_path: str) -> ModelShape | None:
-    """The policy's shape from its config (meta device), or None where it cannot be built here."""
+    """The policy's shape from its config (meta device), or None where it cannot be built here or is not a
+    decoder of the kind the plan models (the plan is advice: its absence stops nothing)."""
     model = meta_causal_lm(model_path, trust_remote_code=config.model.trust_remote_code,
                            revision=config.model.revision)
     layers = find_decoder_layers(model) if model is not None else []
-    return ModelShape.from_model(model, layers[0]) if layers else None
+    try:
+        return ModelShape.from_model(model, layers[0]) if layers else None
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 def plan_inputs(config: RunConfig, *, mapping: Any, shape: ModelShape, world_size: int,
