@@ -1,9 +1,11 @@
 """Per-token quantities read off a language model's logits: log-probabilities of labels and entropy.
 
-Both work on [..., V] logits in row chunks, so that the float32 working copy of a bf16 [B, T, V] tensor
-never exists in full (V is 150k for Qwen: one full copy of an 8 x 4096 batch would be 20 GB).
-Half-precision logits give float32 results: a bf16 log-probability keeps about 3 significant digits,
-far too few for the PPO ratio exp(logp - old_logp).
+All of them work on [..., V] logits in row chunks, forward and backward, and save only the logits
+themselves for backward, so that the float32 working copy of a bf16 [B, T, V] tensor never exists in full
+(V is 152k for Qwen2.5: one fp32 copy of 8 x 4096 positions is 19 GiB; callers pass the model's bf16
+logits as they are). Half-precision logits give float32 results: a bf16 log-probability keeps about 3
+significant digits, far too few for the PPO ratio exp(logp - old_logp). A sampling temperature is applied
+to each chunk after the upcast, so it rounds in float32 too.
 """
 
 from __future__ import annotations
@@ -31,14 +33,21 @@ def _check_logits(logits: torch.Tensor) -> torch.dtype:
 
 
 def _by_row_chunks(
-    rows: torch.Tensor, fn: Callable[[torch.Tensor, slice], torch.Tensor], out_dtype: torch.dtype
+    rows: torch.Tensor, fn: Callable[[torch.Tensor, slice], torch.Tensor], out_dtype: torch.dtype,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
-    """Apply `fn(chunk_of_rows, slice)` over chunks of a [N, V] tensor and concatenate the results."""
+    """Apply `fn(chunk_of_rows / temperature, slice)` over chunks of a [N, V] tensor (each chunk upcast to
+    `out_dtype` on its own) and concatenate the results."""
     n, vocab = rows.shape
     step = max(1, _CHUNK_ELEMENTS // max(vocab, 1))
+
+    def upcast(x: torch.Tensor) -> torch.Tensor:
+        x = x.to(out_dtype)
+        return x if temperature == 1.0 else x / temperature  # out of place: `.to` may return `rows` itself
+
     if n <= step:
-        return fn(rows.to(out_dtype), slice(0, n))
-    parts = [fn(rows[i : i + step].to(out_dtype), slice(i, i + step)) for i in range(0, n, step)]
+        return fn(upcast(rows), slice(0, n))
+    parts = [fn(upcast(rows[i : i + step]), slice(i, i + step)) for i in range(0, n, step)]
     return torch.cat(parts)
 
 
@@ -51,12 +60,12 @@ def _entropy_of_chunk(x: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
 
 
 class _LabelLogprob(torch.autograd.Function):
-    """log_softmax(rows)[label] per row of [N, V] rows, in row chunks, with a backward of its own.
+    """log_softmax(rows / T)[label] per row of [N, V] rows, in row chunks, with a backward of its own.
 
     Autograd's graph for ``rows[label] - logsumexp(rows)`` backpropagates through ``exp(rows - lse)``,
     about 3x slower on CPU than a softmax; ``log_softmax(rows).gather(label)`` would keep a full [N, V]
-    output for its backward. This keeps only the rows (already alive) and recomputes the softmax:
-    d logp[label] / d rows = onehot(label) - softmax(rows).
+    output for its backward. This keeps only the rows (already alive, in the model's dtype) and recomputes
+    the softmax one chunk at a time: d logp[label] / d rows = (onehot(label) - softmax(rows / T)) / T.
 
     With ``with_entropy`` it also returns each row's entropy (no gradient: for logging), from the same
     log-softmax instead of a second one.
@@ -64,9 +73,9 @@ class _LabelLogprob(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, rows: torch.Tensor, labels: torch.Tensor, dtype: torch.dtype,
-                with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                with_entropy: bool, temperature: float) -> tuple[torch.Tensor, torch.Tensor | None]:
         ctx.save_for_backward(rows, labels)
-        ctx.dtype = dtype
+        ctx.dtype, ctx.temperature = dtype, temperature
         entropies: list[torch.Tensor] = []
 
         def chunk(x: torch.Tensor, sl: slice) -> torch.Tensor:
@@ -76,7 +85,7 @@ class _LabelLogprob(torch.autograd.Function):
                 entropies.append(_entropy_of_chunk(x, logp))
             return picked
 
-        logprobs = _by_row_chunks(rows, chunk, dtype)
+        logprobs = _by_row_chunks(rows, chunk, dtype, temperature)
         if not with_entropy:
             return logprobs, None
         entropy = entropies[0] if len(entropies) == 1 else torch.cat(entropies)
@@ -85,19 +94,55 @@ class _LabelLogprob(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor, _entropy_grad: Any) -> tuple[torch.Tensor, None, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor, _entropy_grad: Any) -> tuple[torch.Tensor | None, ...]:
         rows, labels = ctx.saved_tensors
 
         def chunk(x: torch.Tensor, sl: slice) -> torch.Tensor:
-            g = grad[sl].to(x.dtype).unsqueeze(-1)
+            g = (grad[sl].to(x.dtype) / ctx.temperature).unsqueeze(-1)
             return torch.softmax(x, -1).mul_(g.neg()).scatter_add_(-1, labels[sl], g).to(rows.dtype)
 
-        return _by_row_chunks(rows, chunk, ctx.dtype), None, None, None
+        return _by_row_chunks(rows, chunk, ctx.dtype, ctx.temperature), None, None, None, None
 
 
-def _label_logprobs(logits: torch.Tensor, labels: torch.Tensor,
-                    with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+class _Entropy(torch.autograd.Function):
+    """Entropy of softmax(rows / T) per row of [N, V] rows, in row chunks, with a backward of its own.
+
+    Autograd through chunked ``log_softmax``/``softmax`` would save each chunk's float32 copy and outputs
+    (a full float32 [N, V] in all); this saves only the rows and recomputes one chunk at a time:
+    dH / dz = -p * (log p + H) with z = rows / T (the floored log p is exact wherever p > 0)."""
+
+    @staticmethod
+    def forward(ctx: Any, rows: torch.Tensor, dtype: torch.dtype, temperature: float) -> torch.Tensor:
+        ctx.save_for_backward(rows)
+        ctx.dtype, ctx.temperature = dtype, temperature
+        return _by_row_chunks(rows, lambda x, _: _entropy_of_chunk(x, torch.log_softmax(x, -1)), dtype,
+                              temperature)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
+        (rows,) = ctx.saved_tensors
+
+        def chunk(x: torch.Tensor, sl: slice) -> torch.Tensor:
+            logp = torch.log_softmax(x, -1).clamp_min_(_LOGP_FLOOR)
+            p = torch.softmax(x, -1)
+            entropy = -(p * logp).sum(-1, keepdim=True)
+            g = (grad[sl].to(x.dtype) / ctx.temperature).unsqueeze(-1)
+            return logp.add_(entropy).mul_(p).mul_(g.neg()).to(rows.dtype)
+
+        return _by_row_chunks(rows, chunk, ctx.dtype, ctx.temperature), None, None
+
+
+def _check_temperature(temperature: float) -> float:
+    if not temperature > 0:
+        raise ValueError(f"temperature={temperature}; pass a temperature > 0 (1.0 for the logits as they are)")
+    return float(temperature)
+
+
+def _label_logprobs(logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool,
+                    temperature: float) -> tuple[torch.Tensor, torch.Tensor | None]:
     cd = _check_logits(logits)
+    temperature = _check_temperature(temperature)
     if tuple(labels.shape) != tuple(logits.shape[:-1]):
         raise ValueError(
             f"labels has shape {tuple(labels.shape)} but logits has shape {tuple(logits.shape)}; "
@@ -115,36 +160,34 @@ def _label_logprobs(logits: torch.Tensor, labels: torch.Tensor,
                 f"replace ignore ids such as -100 with a valid id and mask those positions out"
             )
     rows = logits.reshape(-1, vocab)
-    logprobs, entropy = _LabelLogprob.apply(rows, labels.reshape(-1, 1).long(), cd, with_entropy)
+    logprobs, entropy = _LabelLogprob.apply(rows, labels.reshape(-1, 1).long(), cd, with_entropy, temperature)
     return logprobs.reshape(labels.shape), None if entropy is None else entropy.reshape(labels.shape)
 
 
-def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[label] for every position: [..., V] logits and [...] labels -> [...].
+def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
+    """log softmax(logits / temperature)[label] for every position: [..., V] logits and [...] labels -> [...].
 
-    Stable for any logit scale; never builds the full log-softmax tensor beyond one row chunk.
+    Stable for any logit scale; never builds the full log-softmax tensor (or a float32 copy of the logits)
+    beyond one row chunk.
     """
-    return _label_logprobs(logits, labels, with_entropy=False)[0]
+    return _label_logprobs(logits, labels, False, temperature)[0]
 
 
-def token_logprobs_and_entropy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs_and_entropy(logits: torch.Tensor, labels: torch.Tensor, *,
+                               temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`token_logprobs` and, from the same log-softmax, :func:`entropy_from_logits`'s values without a
     gradient (entropy for logging: one pass over the [..., V] logits fewer than computing both apart)."""
-    logprobs, entropy = _label_logprobs(logits, labels, with_entropy=True)
+    logprobs, entropy = _label_logprobs(logits, labels, True, temperature)
     return logprobs, entropy
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) at every position: [..., V] -> [...].
+def entropy_from_logits(logits: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) at every position: [..., V] -> [...].
 
     Uses -sum p * log_softmax, both of which subtract the row maximum first, so logits of 1e4 or
     -inf (banned tokens) give exact, finite results and finite gradients.
     """
     cd = _check_logits(logits)
     vocab = logits.shape[-1]
-
-    def chunk(x: torch.Tensor, sl: slice) -> torch.Tensor:  # _entropy_of_chunk's terms, out of place for autograd
-        logp = torch.log_softmax(x, dim=-1).clamp_min(_LOGP_FLOOR)
-        return -(torch.softmax(x, dim=-1) * logp).sum(dim=-1)
-
-    return _by_row_chunks(logits.reshape(-1, vocab), chunk, cd).reshape(logits.shape[:-1])
+    entropy = _Entropy.apply(logits.reshape(-1, vocab), cd, _check_temperature(temperature))
+    return entropy.reshape(logits.shape[:-1])

@@ -9,12 +9,14 @@ would train on: `verl check cfg.yaml` checks one process, `verl check cfg.yaml -
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 from rich.text import Text
 
 from verl.cli.check_model import print_report
 from verl.config.schema import RunConfig
+from verl.distributed.memory_plan import GIB, plan_memory, suggestions
 from verl.trainer.preflight import Preflight, preflight
 from verl.utils.console import labelled, plain_console
 from verl.utils.cpu_matmul import LIBRARY_NAMES, resolve
@@ -37,8 +39,29 @@ def collect(config: RunConfig, *, nproc: int | None = None) -> Preflight:
     return preflight(config, world_size=nproc or default_world_size(config), device_type=check_device_type(config))
 
 
-def run_checks(config: RunConfig, *, nproc: int | None = None) -> int:
-    """Print every section of the start-up pass; 1 if anything would stop a real run, else 0."""
+def plan_device_bytes(gpu_memory_gib: float | None) -> int | None:
+    """The GPU memory to plan against: `--gpu-memory` (GiB, as torch reports a device's total memory), else
+    this machine's first GPU, else unknown."""
+    if gpu_memory_gib is not None:
+        return int(gpu_memory_gib * GIB)
+    return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+
+
+def print_memory_plan(console: Any, inputs: Any, device_bytes: int | None) -> None:
+    """The per-GPU plan of both phases and, when it does not fit, the settings that do."""
+    plan = plan_memory(inputs, device_bytes)
+    console.print(plan.render())
+    if plan.fits is False:
+        console.print(labelled("warning: ", "the memory plan does not fit this GPU. Settings to try, each with its "
+                               "peaks:", "yellow"))
+        for fix in suggestions(inputs, device_bytes):
+            console.print(f"  {fix}")
+
+
+def run_checks(config: RunConfig, *, nproc: int | None = None, gpu_memory_gib: float | None = None) -> int:
+    """Print every section of the start-up pass; 1 if anything would stop a real run, else 0.
+
+    `gpu_memory_gib` sizes the GPU memory plan on a machine without the run's GPUs."""
     pf = collect(config, nproc=nproc)
     console = plain_console()  # every message, file name and row is printed verbatim
 
@@ -77,6 +100,8 @@ def run_checks(config: RunConfig, *, nproc: int | None = None) -> int:
             console.print(report.parameters.describe())
         if report.memory is not None:
             console.print(report.memory.render_table())
+        if report.plan_inputs is not None:
+            print_memory_plan(console, report.plan_inputs, plan_device_bytes(gpu_memory_gib))
         for warning in report.memory_warnings:
             console.print(labelled("warning: ", warning, "yellow"))
     warnings("start-up")

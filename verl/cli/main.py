@@ -188,7 +188,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.nnodes > 1 and not args.nproc:
         raise ConfigError(f"--nnodes {args.nnodes} without --nproc: say how many processes each node starts, as "
                           "for `verl train`. Fix: --nproc 8 --nnodes 2.")
-    return run_checks(_load(args), nproc=args.nproc * args.nnodes if args.nproc else None)
+    return run_checks(_load(args), nproc=args.nproc * args.nnodes if args.nproc else None,
+                      gpu_memory_gib=args.gpu_memory)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -238,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="check the run `verl train --nproc N` would start (default: 1 process, as `verl "
                        "train` without --nproc)")
     check.add_argument("--nnodes", type=int, default=1, help="(with --nproc) number of nodes, as for `verl train`")
+    check.add_argument("--gpu-memory", type=float, default=None, metavar="GIB",
+                       help="plan GPU memory for devices of GIB GiB (as torch reports total memory: 79.1 for an "
+                       "H100 80GB); default: this machine's GPU")
     check.set_defaults(func=cmd_check)
 
     from verl.cli import ckpt_cmd, compat_cmd, data_cmd, doctor

@@ -66,7 +66,7 @@ def shared_sequence_logps(model: torch.nn.Module, layout: Mapping[str, torch.Ten
     t = {k: v.to(device) for k, v in layout.items()}
     logits = shared_prompt_logits(model, t["prompt_ids"], t["prompt_mask"], t["response_ids"], t["response_mask"])
     has = t["targets"] != IGNORE_INDEX
-    logprobs = token_logprobs(logits[has].float(), t["targets"][has])
+    logprobs = token_logprobs(logits[has], t["targets"][has])
     rows = has.nonzero()[:, 0]
     return torch.zeros(len(has), dtype=logprobs.dtype, device=logprobs.device).index_add(0, rows, logprobs)
 

@@ -1,7 +1,8 @@
 """Model forward passes the trainers share: response log-probs (+ entropy) and critic values.
 
 Only the response positions are turned into log-probs, and in float32, so a long prompt costs no
-vocabulary-sized memory.
+vocabulary-sized memory. The logits stay in the model's dtype: the log-prob functions upcast one row chunk
+at a time (forward and backward), so a bf16 model never holds a float32 [B, R, V] copy for its backward.
 """
 
 from __future__ import annotations
@@ -49,15 +50,15 @@ def sequence_logits(
     position_ids: torch.Tensor,
     keep_last: int,
 ) -> torch.Tensor:
-    """Logits predicting the last `keep_last` tokens: [B, keep_last, V] (float32, or float64 for a float64 model).
+    """Logits predicting the last `keep_last` tokens: [B, keep_last, V], in the model's output dtype.
 
     The last token predicts nothing, so it is left out of the forward (causal attention: no other position's
     output depends on it)."""
     total = input_ids.shape[1] - 1
     head, cut = _head_positions(model, total, max(total - keep_last, 0), total, input_ids.device)
     logits = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
-                   position_ids=position_ids[:, :-1], use_cache=False, **head).logits[:, cut, :]
-    return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+                   position_ids=position_ids[:, :-1], use_cache=False, **head).logits
+    return logits[:, cut, :]
 
 
 def response_logprobs(
@@ -81,12 +82,12 @@ def response_logprobs(
 
 def _logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool,
               entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
+    t = temperature if temperature > 0 else 1.0  # scaled chunk by chunk, after the upcast (not a [B, R, V] copy)
+    logits = logits.contiguous()  # one copy of a sliced view (if any), which the log-probs and entropy share
     if with_entropy and not entropy_grad:  # entropy for logging: from the log-softmax the log-probs take
-        return token_logprobs_and_entropy(logits, labels)
-    logprobs = token_logprobs(logits, labels)
-    return logprobs, entropy_from_logits(logits) if with_entropy else None
+        return token_logprobs_and_entropy(logits, labels, temperature=t)
+    logprobs = token_logprobs(logits, labels, temperature=t)
+    return logprobs, entropy_from_logits(logits, temperature=t) if with_entropy else None
 
 
 def can_share_prompt(model: torch.nn.Module) -> bool:
@@ -162,10 +163,9 @@ def shared_prompt_logits(
     response_ids: torch.Tensor,
     response_attention: torch.Tensor,
 ) -> torch.Tensor:
-    """The logits `sequence_logits` gives for the responses ([B, R, V]), running each distinct prompt once
-    (see `_shared_prompt_output`)."""
-    logits = _shared_prompt_output(model, "logits", prompt_ids, prompt_mask, response_ids, response_attention)
-    return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+    """The logits `sequence_logits` gives for the responses ([B, R, V], the model's dtype), running each
+    distinct prompt once (see `_shared_prompt_output`)."""
+    return _shared_prompt_output(model, "logits", prompt_ids, prompt_mask, response_ids, response_attention)
 
 
 def shared_prompt_values(

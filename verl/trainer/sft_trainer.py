@@ -133,7 +133,7 @@ def target_logprobs(model: torch.nn.Module, batch: Mapping[str, Any],
     targets = batch["targets"][:, width - logits.shape[1] :].to(device)
     has = targets != IGNORE_INDEX
     rows = has.nonzero()[:, 0]
-    return token_logprobs(logits[has].float(), targets[has]), rows
+    return token_logprobs(logits[has], targets[has]), rows
 
 
 class SFTTrainer(OfflineTrainer):

@@ -19,12 +19,14 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from verl.config.schema import RunConfig
 from verl.distributed.mapping import validate_device_mapping
 from verl.distributed.memory import estimate_memory
+from verl.distributed.memory_plan import plan_memory, suggestions
 from verl.env.registry import SELF_CONTAINED_ENVS
 from verl.errors import ConfigError, DeviceMappingError, VerlError
 from verl.rollout.engine_check import check_rollout_engine, check_vllm_placement
 from verl.tracking.tracker import backend_problems
 from verl.trainer.batch_math import plan_rl
 from verl.trainer.lora_checks import check_lora, memory_counts, uses_lora
+from verl.trainer.memory_inputs import model_shape, plan_inputs, targets_gpu
 from verl.trainer.setup import run_dtype
 from verl.utils.dtype import check_dtype_for_device
 
@@ -40,6 +42,7 @@ class StartupReport:
     fsdp_notes: list[str] = field(default_factory=list)
     memory: Any = None
     memory_warnings: list[str] = field(default_factory=list)
+    plan_inputs: Any = None  # memory_plan.PlanInputs of an RL run for GPUs (printed by `verl check`)
     parameters: Any = None  # lora_checks.ParameterCounts: trainable and total parameters (LoRA or not)
 
 
@@ -284,19 +287,38 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
     lora = check_lora(config, model_path=model_path, mapping=report.mapping, kind=kind)
     problems += lora.problems
     report.parameters = lora.counts
-    if problems or model_path is None or report.mapping is None:
+    if model_path is None or report.mapping is None:
         return report
-    count = lora.counts.total if lora.counts is not None else count_parameters(
-        model_path, trust_remote_code=config.model.trust_remote_code, revision=config.model.revision)
+    # The GPU plan is made even when the run is refused here (vLLM on a CPU-only machine): planning the
+    # GPUs from a login node is what `verl check` is for.
+    shape = model_shape(config, model_path) if kind == "rl" and targets_gpu(config, device_type) else None
+    counts, trainable = None, None
+    if lora.counts is not None:
+        counts, trainable = memory_counts(config, lora.counts, report.mapping)
+    if shape is not None:
+        try:
+            report.plan_inputs = plan_inputs(config, mapping=report.mapping, shape=shape, world_size=world_size,
+                                             counts=counts, trainable=trainable)
+        except VerlError as exc:
+            problems.append(exc)
+    if problems:
+        return report
+    count = lora.counts.total if lora.counts is not None else shape.total_params if shape is not None else (
+        count_parameters(model_path, trust_remote_code=config.model.trust_remote_code,
+                         revision=config.model.revision))
     if count is not None:
-        counts = {role: count for role in report.mapping.roles if role != "reward"}
-        trainable = None
-        if lora.counts is not None:
-            counts, trainable = memory_counts(config, lora.counts, report.mapping)
+        counts = counts or {role: count for role in report.mapping.roles if role != "reward"}
         report.memory = estimate_memory(counts, dtypes, mapping=report.mapping,
                                         sharding=config.fsdp.sharding_strategy if world_size > 1 else "NO_SHARD",
                                         hybrid_shard_size=config.fsdp.hybrid_shard_size, trainable_counts=trainable)
         device_bytes = (torch.cuda.get_device_properties(0).total_memory
                         if device_type == "cuda" and torch.cuda.is_available() else None)
         report.memory_warnings = report.memory.check(device_bytes)
+        if report.plan_inputs is not None and device_bytes is not None:
+            plan = plan_memory(report.plan_inputs, device_bytes)
+            if not plan.fits:
+                report.memory_warnings.append(
+                    "Memory plan: a step may not fit this GPU.\n" + plan.render()
+                    + "\nSettings to try, each with its peaks:\n"
+                    + "\n".join(f"  {fix}" for fix in suggestions(report.plan_inputs, device_bytes)))
     return report

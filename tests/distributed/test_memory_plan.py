@@ -1,0 +1,161 @@
+"""The per-GPU memory plan (`verl check`): Qwen2.5-7B GRPO on 8 x 8 H100 80GB, planned on this CPU.
+
+The plan must agree within +-20% with an estimate written here from first principles (our own arithmetic,
+not the plan's code), print from a folder holding config.json alone for a vLLM run on a machine without a
+GPU (refusing to train there, not to plan), and name settings that make a plan that does not fit fit.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from verl.cli.main import main
+from verl.config.loader import load_config
+from verl.distributed.memory_plan import plan_memory, suggestions
+from verl.trainer.memory_inputs import model_shape, vllm_memory_utilization
+from verl.trainer.startup import check_startup
+
+GIB = 2**30
+H100 = 79.1  # GiB: the total memory torch reports for an H100 80GB
+# Qwen2.5-7B's published shape
+H, L, HEADS, KV_HEADS, FFN, V = 3584, 28, 28, 4, 18944, 152064
+KV = KV_HEADS * H // HEADS
+NODES, PER_NODE = 8, 8
+N = NODES * PER_NODE
+PROMPTS, SAMPLES, PROMPT_LEN, RESPONSE_LEN = 512, 8, 1024, 4096
+
+
+@pytest.fixture(scope="module")
+def qwen7b(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("qwen2.5-7b-config-only")
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": H, "num_hidden_layers": L,
+        "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "intermediate_size": FFN, "vocab_size": V,
+        "tie_word_embeddings": False, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0, "hidden_act": "silu", "torch_dtype": "bfloat16"}))
+    cfg = folder / "grpo.yaml"  # fp32 master weights, bf16 compute; KL to a reference; colocated vLLM
+    cfg.write_text(f"""
+trainer: {{kind: rl, device: cuda, run_dir: {folder / 'run'}}}
+model: {{path: {folder}, dtype: float32}}
+fsdp: {{mixed_precision: true}}
+env: {{name: arithmetic}}
+data: {{train_batch_size: {PROMPTS}, max_prompt_length: {PROMPT_LEN}}}
+rollout: {{engine: vllm, n: {SAMPLES}, max_new_tokens: {RESPONSE_LEN}}}
+actor: {{kl_loss_coef: 0.001}}
+""")
+    return cfg
+
+
+def _inputs(cfg, *overrides):
+    config = load_config(str(cfg), list(overrides))
+    report = check_startup(config, world_size=N, model_path=config.model.path, device_type="cpu")
+    assert report.plan_inputs is not None, [str(p) for p in report.problems]
+    return report.plan_inputs
+
+
+def first_principles(*, checkpointing: bool, micro_batch: int, utilization: float) -> tuple[float, float]:
+    """(rollout, update) peak per GPU in bytes, from the model's shape and the run's settings alone."""
+    layer = 2 * H * H + 2 * H * KV + H + 2 * KV + 3 * H * FFN + 2 * H  # q,o; k,v; q/k/v biases; MLP; 2 norms
+    params = 2 * V * H + L * layer + H  # embeddings, untied head, layers, final norm
+    assert params == 7_615_616_512  # Qwen2.5-7B's published count
+    actor = params * (4 + 4 + 8) / N  # fp32 weights, gradients, two AdamW moments, sharded over 64 GPUs
+    ref = params * 2 / N  # frozen bf16 reference, sharded the same way
+    runtime = 1 * GIB  # CUDA context + NCCL
+    # rollout: the training state stays (gradients freed), vLLM takes its share of the device
+    push = V * H * 4  # the weight push gathers one full fp32 tensor at a time: the largest, the head
+    rollout = params * (4 + 8) / N + ref + utilization * H100 * GIB + push + runtime
+    # update: activations per token per layer after Korthikanti et al. 2022 (34 h bytes for a GPT layer in
+    # 16-bit), adjusted: a fused attention kernel (no s^2 terms), no dropout masks, GQA keys/values, SwiGLU
+    # MLP (input + gate, up, silu, product: 2h + 8i), bf16 layer norms (2 x 2h)
+    per_token = (2 * H + 2 * H + 4 * KV + 2 * H + 2 * H) + (2 * H + 8 * FFN) + 2 * 2 * H
+    tokens = micro_batch * (PROMPT_LEN + RESPONSE_LEN)
+    acts = tokens * (L * 2 * H + per_token) if checkpointing else tokens * L * per_token
+    logits = 2 * 2 * micro_batch * RESPONSE_LEN * V  # bf16 logits saved for backward + their gradient
+    fsdp = 2 * (2 * V * H + 2 * layer) * 2  # gathered bf16 embeddings/head + 2 layers, and their gradients
+    update = actor + ref + fsdp + acts + logits + 1 * GIB + runtime  # 1 GiB: vLLM asleep
+    return rollout, update
+
+
+@pytest.mark.parametrize("checkpointing, micro_batch", [(False, 8), (True, 8), (True, 2), (False, 1)])
+def test_the_7b_plan_agrees_with_first_principles_within_20_percent(qwen7b, checkpointing, micro_batch):
+    x = _inputs(qwen7b, f"fsdp.activation_checkpointing={str(checkpointing).lower()}",
+                f"actor.micro_batch_size={micro_batch}")
+    plan = plan_memory(x, int(H100 * GIB))
+    want_rollout, want_update = first_principles(checkpointing=checkpointing, micro_batch=micro_batch,
+                                                 utilization=x.gpu_memory_utilization)
+    assert plan.rollout_peak == pytest.approx(want_rollout, rel=0.2)
+    assert plan.update_peak == pytest.approx(want_update, rel=0.2)
+
+
+def params_bytes(width: int) -> int:
+    return 7_615_616_512 * width
+
+
+def test_verl_check_prints_the_plan_on_a_cpu_machine_from_a_config_only_folder(qwen7b, capsys):
+    """A vLLM run for 64 GPUs, checked here: refused to train (no CUDA), planned anyway, with what fits."""
+    code = main(["check", str(qwen7b), "--nproc", str(PER_NODE), "--nnodes", str(NODES), "--gpu-memory", str(H100)])
+    out = capsys.readouterr().out
+    assert code == 1 and "rollout.engine=vllm needs a CUDA GPU" in out
+    assert "memory plan per GPU on an actor rank (GiB)" in out
+    peaks = [float(v) for v in re.findall(r"peak\s+([\d.]+)\s+of 79\.1", out)]
+    x = _inputs(qwen7b)
+    plan = plan_memory(x, int(H100 * GIB))
+    assert peaks == [round(plan.rollout_peak / GIB, 2), round(plan.update_peak / GIB, 2)]
+    assert "DOES NOT FIT" in out  # 8 sequences of 5k tokens, every layer's activations kept
+    assert "fsdp.activation_checkpointing=true: rollout" in out and "(fits)" in out
+    assert f"gpu_memory_utilization {vllm_memory_utilization(load_config(str(qwen7b), []))}" in out
+
+
+def test_the_settings_it_names_make_the_plan_fit(qwen7b):
+    x = _inputs(qwen7b, "actor.micro_batch_size=16")
+    device = int(H100 * GIB)
+    assert plan_memory(x, device).fits is False
+    fixes = suggestions(x, device)
+    fitting = [f for f in fixes if f.endswith("(fits)")]
+    assert fitting and fixes[0].startswith("fsdp.activation_checkpointing=true")
+    # each named setting, applied to the config, gives the plan it promised
+    for fix in fitting:
+        keys = [k.strip() for k in fix.removeprefix("together: ").split(":")[0].split(",")]
+        overrides = [k for k in keys if not k.startswith("rollout.vllm.")]
+        y = _inputs(qwen7b, "actor.micro_batch_size=16", *overrides)
+        util = [float(k.split("=")[1]) for k in keys if k.startswith("rollout.vllm.gpu_memory_utilization")]
+        if util:  # the key may not exist in this config schema yet: applied to the plan's inputs
+            y = y.with_(gpu_memory_utilization=util[0])
+        assert plan_memory(y, device).fits, fix
+
+
+def test_when_both_phases_are_over_it_names_a_fix_for_each_together(qwen7b):
+    x = _inputs(qwen7b).with_(gpu_memory_utilization=0.97)
+    device = int(H100 * GIB)
+    plan = plan_memory(x, device)
+    assert plan.update_peak > device and plan.rollout_peak > device
+    [both] = [f for f in suggestions(x, device) if f.startswith("together: ")]
+    assert "fsdp.activation_checkpointing=true" in both and "rollout.vllm.gpu_memory_utilization=" in both
+    assert both.endswith("(fits)")
+
+
+def test_a_vllm_share_too_large_for_the_rollout_names_a_smaller_one(qwen7b):
+    x = _inputs(qwen7b, "fsdp.activation_checkpointing=true").with_(gpu_memory_utilization=0.97)
+    device = int(H100 * GIB)
+    plan = plan_memory(x, device)
+    assert plan.update_peak <= device < plan.rollout_peak
+    [fix] = [f for f in suggestions(x, device) if f.startswith("rollout.vllm.gpu_memory_utilization=")]
+    util = float(fix.split("=")[1].split(":")[0])
+    assert fix.endswith("(fits)") and 0.5 < util < 0.97
+    assert plan_memory(x.with_(gpu_memory_utilization=util + 0.05), device).rollout_peak > device
+
+
+def test_the_reference_is_planned_sharded_over_the_actor_ranks(qwen7b):
+    x = _inputs(qwen7b)
+    assert x.resident["ref"][0] == -(-params_bytes(2) // N)
+    assert x.resident["actor"] == (-(-params_bytes(4) // N), -(-params_bytes(4) // N), 2 * -(-params_bytes(4) // N))
+
+
+def test_model_shape_reads_the_config_only_folder(qwen7b):
+    config = load_config(str(qwen7b), [])
+    shape = model_shape(config, config.model.path)
+    assert (shape.hidden, shape.layers, shape.kv_dim, shape.intermediate, shape.vocab) == (H, L, KV, FFN, V)
+    assert shape.total_params == 7_615_616_512 and shape.head_params == shape.embed_params == V * H

@@ -1,0 +1,83 @@
+"""A RunConfig as the inputs of the per-GPU memory plan (`verl.distributed.memory_plan`).
+
+The plan is for the GPUs the run targets, so it is built on a machine without one too (`verl check` on a
+login node or a laptop): dtypes are resolved for CUDA, the model's shape is read off its config on the
+meta device (a folder with config.json alone is enough), and the vLLM share is read from the config.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from verl.config.schema import RunConfig
+from verl.distributed.fsdp import find_decoder_layers
+from verl.distributed.memory import estimate_memory
+from verl.distributed.memory_plan import ModelShape, PlanInputs
+from verl.trainer.lora_checks import meta_causal_lm
+from verl.utils.dtype import bytes_per_element
+
+
+def vllm_memory_utilization(config: RunConfig) -> float:
+    """`rollout.vllm.gpu_memory_utilization` where the config has it, else the vLLM engine's own default."""
+    value = getattr(getattr(config.rollout, "vllm", None), "gpu_memory_utilization", None)
+    if value is not None:
+        return float(value)
+    from verl.rollout.vllm_engine import VLLMEngine  # does not import vllm
+
+    return float(inspect.signature(VLLMEngine.__init__).parameters["gpu_memory_utilization"].default)
+
+
+def targets_gpu(config: RunConfig, device_type: str) -> bool:
+    """Whether the run is for GPUs: a GPU is here and not turned off, trainer.device=cuda, or vLLM."""
+    if config.trainer.device == "cpu":
+        return False
+    return device_type == "cuda" or config.trainer.device == "cuda" or config.rollout.engine == "vllm"
+
+
+def model_shape(config: RunConfig, model_path: str) -> ModelShape | None:
+    """The policy's shape from its config (meta device), or None where it cannot be built here or is not a
+    decoder of the kind the plan models (the plan is advice: its absence stops nothing)."""
+    model = meta_causal_lm(model_path, trust_remote_code=config.model.trust_remote_code,
+                           revision=config.model.revision)
+    layers = find_decoder_layers(model) if model is not None else []
+    try:
+        return ModelShape.from_model(model, layers[0]) if layers else None
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def plan_inputs(config: RunConfig, *, mapping: Any, shape: ModelShape, world_size: int,
+                counts: dict[str, int] | None = None, trainable: dict[str, int] | None = None) -> PlanInputs:
+    """The plan's inputs for an actor rank of an RL run on CUDA.
+
+    Weights, gradients and optimizer moments of trainable roles are in the master dtype (`model.dtype`
+    resolved for CUDA); forward and backward in FSDP2's `param_dtype` when `fsdp.mixed_precision` is on;
+    frozen roles (reference, reward model) are planned in the compute dtype, sharded over their ranks.
+    """
+    from verl.trainer.startup import role_dtype_names  # startup imports this module
+
+    names = role_dtype_names(config, "cuda")
+    master = names["actor"] or "float32"
+    mixed = config.fsdp.mixed_precision_dtypes()
+    compute = str(mixed[0]).removeprefix("torch.") if mixed else master
+    dtypes = {"actor": master, "critic": master, "ref": compute, "reward": names["reward"] or compute}
+    if counts is None:
+        counts = {role: shape.total_params for role in mapping.roles if role != "reward"}
+    estimate = estimate_memory(counts, dtypes, mapping=mapping,
+                               sharding=config.fsdp.sharding_strategy if world_size > 1 else "NO_SHARD",
+                               hybrid_shard_size=config.fsdp.hybrid_shard_size, trainable_counts=trainable)
+    actor_ranks = mapping.ranks("actor")
+    rows = config.data.train_batch_size * config.rollout.n
+    return PlanInputs(
+        shape=shape, resident=estimate.per_rank[actor_ranks[0]],
+        compute_bytes=bytes_per_element(compute, where="fsdp.mixed_precision.param_dtype"),
+        master_bytes=bytes_per_element(master, where="model.dtype"),
+        micro_batch=config.actor.micro_batch_size, prompt_len=config.data.max_prompt_length,
+        response_len=config.rollout.max_new_tokens, tokens_per_micro_batch=config.actor.max_tokens_per_micro_batch,
+        activation_checkpointing=config.fsdp.activation_checkpointing or config.model.gradient_checkpointing,
+        cpu_offload=config.fsdp.cpu_offload, engine=config.rollout.engine,
+        gpu_memory_utilization=vllm_memory_utilization(config), rows_per_rank=-(-rows // len(actor_ranks)))
+
+
+__all__ = ["model_shape", "plan_inputs", "targets_gpu", "vllm_memory_utilization"]
