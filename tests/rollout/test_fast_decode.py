@@ -227,3 +227,38 @@ def test_onednn_projection_and_its_residual_add_equal_float64(rows):
     with torch.inference_mode():
         assert torch.allclose(lin(x).double(), exact, rtol=0, atol=1e-5)
         assert torch.allclose(_add_projection(lin, residual, x).double(), residual.double() + exact, rtol=0, atol=1e-5)
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A 1-process gloo group in this process: enough for FSDP2 to shard (onto one rank) and hook a model."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_fsdp2_model_decodes_on_the_fast_step_while_its_weights_are_gathered(one_rank_group):
+    from verl.distributed.fsdp import apply_fsdp, gathered
+    from verl.trainer.fsdp_config import FSDPConfig
+
+    ids, mask = left_padded(LENGTHS, seed=2)
+    params = SamplingParams(temperature=0, max_new_tokens=8)
+    want = HFKVCacheEngine(make_model("qwen2")).generate(ids, mask, params).response_ids
+    model = apply_fsdp(make_model("qwen2"), FSDPConfig(), group=one_rank_group, device_type="cpu")
+    engine = HFKVCacheEngine(model)
+    assert "sharded" in engine.fast_decode_reason  # outside a rollout the weights are shards
+    with gathered(model):
+        assert engine.fast_decode_reason == ""
+        calls = []
+        real = LlamaStyleDecodeStep.__call__
+        LlamaStyleDecodeStep.__call__ = lambda self, *a: calls.append(1) or real(self, *a)
+        try:
+            got = engine.generate(ids, mask, params).response_ids
+        finally:
+            LlamaStyleDecodeStep.__call__ = real
+    assert len(calls) == 7 and torch.equal(got, want)
+    assert "sharded" in engine.fast_decode_reason

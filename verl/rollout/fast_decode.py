@@ -22,7 +22,8 @@ what it replaces to float32 rounding.
 
 The prefill always runs through the model's own ``forward``. :func:`LlamaStyleDecodeStep.supports`
 says whether a model qualifies; anything unusual (sliding windows, dynamic rotary scaling, module
-hooks such as FSDP's, an unknown architecture) keeps the plain ``forward`` path.
+hooks other than FSDP2's, weights still sharded, an unknown architecture) keeps the plain ``forward``
+path. An FSDP2 model qualifies while its weights are gathered for the rollout (``fsdp.gathered``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from verl.utils.cpu_matmul import OneDNNLinear
 
@@ -271,9 +274,14 @@ class LlamaStyleDecodeStep:
                 return False, "a decoder layer does not have the Llama attention layout"
             if not all(hasattr(layer, a) for a in ("input_layernorm", "post_attention_layernorm", "mlp")):
                 return False, "a decoder layer does not have the Llama block layout"
+        if any(isinstance(p, DTensor) for p in model.parameters()):
+            return False, ("the weights are sharded (FSDP2); gather them for the rollout "
+                           "(verl.distributed.fsdp.gathered)")
         for module in model.modules():
-            if module._forward_hooks or module._forward_pre_hooks:
-                return False, f"{type(module).__name__} has forward hooks (e.g. FSDP) that must run"
+            # FSDP2's hooks gather weights before a forward and free them after; gathered, they have
+            # nothing to do for a step that reads the weights directly.
+            if not isinstance(module, FSDPModule) and (module._forward_hooks or module._forward_pre_hooks):
+                return False, f"{type(module).__name__} has forward hooks that must run"
         return True, ""
 
     def prepare(self, max_positions: int, device: torch.device, dtype: torch.dtype) -> None:
