@@ -44,12 +44,13 @@ class StartupReport:
     parameters: Any = None  # lora_checks.ParameterCounts: trainable and total parameters (LoRA or not)
 
 
-def role_dtype_names(config: RunConfig, device_type: str, *, held: bool = False) -> dict[str, str | None]:
+def role_dtype_names(config: RunConfig, device_type: str, *, held: bool = False,
+                     bf16_supported: bool | None = None) -> dict[str, str | None]:
     """The dtype every active role computes in ('auto' resolved for this device, as the trainer does: a
     trained role with float32 masters and bfloat16 mixed precision computes in bfloat16, like the frozen
     reference); `held=True`: the dtype its weights are held in (the memory estimate's)."""
     try:
-        precision = resolve_precision(config, device_type)
+        precision = resolve_precision(config, device_type, bf16_supported=bf16_supported)
     except VerlError:  # an unknown spelling: passed on as written, the mapping reports it with its key
         precision = None
 
