@@ -123,7 +123,7 @@ def grpo_benchmark(model_dir: str, args, device: torch.device, n_params: int, pe
 
     run_dir = Path(args.out) / "grpo_run"
     config = load_config(overrides=[
-        f"model.path={model_dir}", f"model.dtype={args.dtype}", f"trainer.device={device.type}",
+        f"model.path={model_dir}", "model.dtype=auto", f"trainer.device={device.type}",
         "env.name=arithmetic", "env.kwargs.num_val=0", f"data.train_batch_size={args.prompts}",
         f"data.max_prompt_length={args.prompt_len * 4}", f"rollout.n={args.samples}",
         f"rollout.max_new_tokens={args.new_tokens}", f"actor.micro_batch_size={args.micro_batch}",

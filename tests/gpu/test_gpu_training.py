@@ -71,7 +71,8 @@ def test_policy_loads_in_bf16_with_sdpa_on_cuda():
 
 
 def test_bf16_grpo_trains_on_one_gpu(tmp_path):
-    _run([sys.executable, "-m", "verl.cli.main", "train", str(_rl_config(tmp_path))], tmp_path)
+    cfg = _rl_config(tmp_path, model={"low_precision_master_weights": True})  # bf16 masters: refused otherwise
+    _run([sys.executable, "-m", "verl.cli.main", "train", str(cfg)], tmp_path)
     rows = _metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
@@ -92,6 +93,17 @@ def test_fsdp2_over_nccl_one_rank_fp32_master_bf16_compute(tmp_path, checkpointi
     assert report["checkpointed_layers"] == (2 if checkpointing else 0)
     rows = _metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2] and all(r["actor/grad_norm"] > 0 for r in rows)
+
+
+def test_default_precision_without_torchrun_is_fp32_master_bf16_compute(tmp_path):
+    """`verl train cfg` on one GPU (no torchrun) with model.dtype=auto: a 1-rank NCCL group of its own, FSDP2
+    with float32 master weights and bfloat16 compute (verl.trainer.precision)."""
+    cfg = _rl_config(tmp_path, model={"dtype": "auto"})
+    out = _run([sys.executable, str(WORKER), "train", str(cfg)], tmp_path)
+    report = json.loads((tmp_path / "fsdp_report.json").read_text())
+    assert report["backend"] == "nccl" and report["fsdp"] is True, out.stdout[-2000:]
+    assert report["param_dtypes"] == ["torch.float32"] and report["compute_dtype"] == "torch.bfloat16"
+    assert all(r["actor/grad_norm"] > 0 for r in _metrics(tmp_path))
 
 
 def test_collective_guard_times_out_with_nccl(tmp_path):

@@ -46,7 +46,9 @@ class FSDPConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"] = "FULL_SHARD"
-    mixed_precision: bool | MixedPrecisionSpec = False
+    # "auto": bfloat16 compute with float32 reductions over float32 master weights on a GPU that has
+    # bfloat16, off on CPU (verl.trainer.precision explains why masters stay float32).
+    mixed_precision: bool | Literal["auto"] | MixedPrecisionSpec = "auto"
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     limit_all_gathers: bool = True
@@ -68,10 +70,21 @@ class FSDPConfig(BaseModel):
         """FSDP2's knob behind FULL_SHARD vs SHARD_GRAD_OP (see class docstring)."""
         return self.sharding_strategy != "SHARD_GRAD_OP"
 
-    def mixed_precision_dtypes(self) -> tuple[torch.dtype, torch.dtype] | None:
-        """(param_dtype, reduce_dtype) for MixedPrecisionPolicy, or None when mixed precision is off."""
+    def mixed_precision_dtypes(self, device_type: str = "cpu", *,
+                               bf16_supported: bool | None = None) -> tuple[torch.dtype, torch.dtype] | None:
+        """(param_dtype, reduce_dtype) for MixedPrecisionPolicy on `device_type`, or None when it is off.
+
+        "auto" is on only on CUDA with bfloat16 (`bf16_supported`; default: asks torch), so a CPU run keeps
+        computing in float32 and a GPU run computes in bfloat16 without holding its weights in it."""
         if self.mixed_precision is False:
             return None
+        if self.mixed_precision == "auto":
+            if device_type != "cuda":
+                return None
+            if bf16_supported is None:
+                bf16_supported = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+            if not bf16_supported:
+                return None
         spec = (
             self.mixed_precision
             if isinstance(self.mixed_precision, MixedPrecisionSpec)
@@ -134,7 +147,7 @@ class FSDPConfig(BaseModel):
                     f"{key}: HYBRID_SHARD with a shard group of all {world_size} ranks has one replica; it "
                     f"behaves like FULL_SHARD."
                 )
-        if self.mixed_precision is not False:
+        if isinstance(self.mixed_precision, MixedPrecisionSpec):
             try:
                 self.mixed_precision_dtypes()
             except ConfigError as err:

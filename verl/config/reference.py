@@ -103,8 +103,9 @@ NOTES: dict[str, str] = {
     "fsdp.sharding_strategy": "FULL_SHARD (ZeRO-3: reshard after forward), SHARD_GRAD_OP (parameters stay "
                               "gathered from forward to backward), HYBRID_SHARD (shard within groups of "
                               "hybrid_shard_size ranks, replicate across), NO_SHARD (DDP-like).",
-    "fsdp.mixed_precision": "false, true (bfloat16 parameters, float32 reductions) or {param_dtype, "
-                            "reduce_dtype}.",
+    "fsdp.mixed_precision": "auto (bfloat16 compute and float32 reductions over float32 master weights on a "
+                            "GPU with bfloat16; off on CPU), false, true (bfloat16 compute, float32 "
+                            "reductions) or {param_dtype, reduce_dtype}.",
     "fsdp.mixed_precision.param_dtype": "dtype of the gathered parameters in forward and backward.",
     "fsdp.mixed_precision.reduce_dtype": "dtype of the gradient reductions.",
     "fsdp.activation_checkpointing": "Recompute each layer's activations in the backward.",

@@ -80,7 +80,13 @@ class ModelConfig(Section):
     tokenizer_path: str | None = Field(None, description="Defaults to model.path (they must match).")
     allow_tokenizer_mismatch: bool = Field(False, description="Accept a tokenizer_path whose vocabulary differs "
                                            "from model.path's own tokenizer (a warning instead of an error).")
-    dtype: str = Field("auto", description="auto = bfloat16 on capable GPUs, float32 on CPU.")
+    dtype: str = Field("auto", description="Dtype the weights are held in. auto = float32 master weights for "
+                       "trained models (bfloat16 compute on GPUs with bfloat16, see fsdp.mixed_precision) and "
+                       "bfloat16 frozen ones (reference, reward model) there; float32 on CPU. bfloat16/float16 "
+                       "for a trained model needs model.low_precision_master_weights=true.")
+    low_precision_master_weights: bool = Field(
+        False, description="Train with model.dtype=bfloat16/float16 master weights and optimizer states anyway: "
+        "an update smaller than the weight's rounding step (1/256 of it in bfloat16) is lost.")
     attn_implementation: str | None = Field(None, description="sdpa | eager | flash_attention_2; None = auto.")
     trust_remote_code: bool = False
     revision: str | None = None

@@ -63,6 +63,22 @@ def enable_activation_checkpointing(layers: list[nn.Module]) -> None:
         layer._verl_checkpointed = True
 
 
+def _no_layers(model: nn.Module) -> ConfigError:
+    return ConfigError(
+        f"fsdp.activation_checkpointing=true but {type(model).__name__} has no decoder layers to checkpoint "
+        f"(no _no_split_modules and no nn.ModuleList). Fix: pass layers=[...] or turn it off."
+    )
+
+
+def checkpoint_decoder_layers(model: nn.Module) -> None:
+    """`fsdp.activation_checkpointing` on a model FSDP2 does not wrap (one process): the same per-layer
+    recomputation apply_fsdp sets up."""
+    layers = find_decoder_layers(model)
+    if not layers:
+        raise _no_layers(model)
+    enable_activation_checkpointing(layers)
+
+
 def _mesh_from(mesh: Any, group: Any, cfg: FSDPConfig, device_type: str) -> Any:
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -112,12 +128,9 @@ def apply_fsdp(
     dev = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
     blocks = find_decoder_layers(model) if layers is None else layers
     if cfg.activation_checkpointing and not blocks:
-        raise ConfigError(
-            f"fsdp.activation_checkpointing=true but {type(model).__name__} has no decoder layers to checkpoint "
-            f"(no _no_split_modules and no nn.ModuleList). Fix: pass layers=[...] or turn it off."
-        )
+        raise _no_layers(model)
     mesh = _mesh_from(mesh, group, cfg, dev)
-    dtypes = cfg.mixed_precision_dtypes()
+    dtypes = cfg.mixed_precision_dtypes(dev)
     mp = (
         MixedPrecisionPolicy(param_dtype=dtypes[0], reduce_dtype=dtypes[1])
         if dtypes is not None
@@ -183,6 +196,7 @@ def gathered(module: nn.Module, reshard_after_forward: bool | int = True) -> Ite
 
 __all__ = [
     "apply_fsdp",
+    "checkpoint_decoder_layers",
     "find_decoder_layers",
     "enable_activation_checkpointing",
     "full_state_dict",

@@ -91,6 +91,18 @@ def init_distributed(timeout_s: float = 600.0) -> DistEnv:
 
 
 
+def init_single_process_group(device: torch.device, timeout_s: float = 600.0) -> DistEnv:
+    """A 1-rank process group for a process started without torchrun, so FSDP2 (which needs a device mesh)
+    can apply mixed precision and CPU offload there too. An in-memory store: no port, no rendezvous."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if not dist.is_initialized():
+        kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=timeout_s)}
+        if device.type == "cuda":
+            kwargs["device_id"] = device
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+    return DistEnv(0, 1, 0, 1, dist.get_backend(), device)
+
+
 def shutdown_distributed() -> None:
     """Leave the process group at the end of a run. Without it, gloo/NCCL threads still alive at
     interpreter exit can abort the process ("terminate called without an active exception"), and a run

@@ -28,12 +28,12 @@ from torch.distributed.fsdp import FSDPModule
 
 from verl.checkpoint import CheckpointManager
 from verl.config.schema import OptimConfig, RunConfig
-from verl.distributed.fsdp import apply_fsdp
+from verl.distributed.fsdp import apply_fsdp, checkpoint_decoder_layers
 from verl.distributed.placement import Placement
 from verl.env import build_env
 from verl.models.dropout import disable_dropout
 from verl.models.hf_loader import load_tokenizer
-from verl.models.lora import base_of
+from verl.models.lora import AdapterOff, base_of
 from verl.models.reward_model import RewardModelScorer
 from verl.rollout import RolloutEngine, build_engine
 from verl.tracking import Tracker
@@ -42,7 +42,7 @@ from verl.trainer.models import build_reference, given_policy, load_policy_with_
 from verl.trainer.optim import build_optimizer
 from verl.trainer.preflight import Given, Preflight, preflight
 from verl.trainer.reward_model import RewardModelFunction
-from verl.trainer.setup import ProcessIdentity, ProcessSetup, resolve_device, run_dtype, setup_process
+from verl.trainer.setup import ProcessIdentity, ProcessSetup, frozen_dtype, resolve_device, setup_process
 from verl.trainer.startup import check_env_options
 
 
@@ -114,7 +114,7 @@ def setup_policy(config: RunConfig, checks: Preflight, *, device: torch.device, 
 def setup_reward_model(config: RunConfig, process: ProcessSetup) -> RewardModelScorer:
     """`reward.model_path` as a scorer on this rank's device, in its own dtype."""
     r = config.reward
-    scorer = RewardModelScorer(r.model_path, dtype=run_dtype(r.model_dtype or config.model.dtype, process.device.type),
+    scorer = RewardModelScorer(r.model_path, dtype=frozen_dtype(config, process.device.type, r.model_dtype),
                                device=process.device, trust_remote_code=config.model.trust_remote_code)
     with_cpu_matmul(config, scorer.model)
     return scorer
@@ -138,8 +138,10 @@ def setup_env(config: RunConfig, checks: Preflight, given: Given, reward_functio
 
 def setup_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any,
                     process: ProcessSetup) -> torch.nn.Module:
-    """The frozen KL anchor: `ref.path` when set, else the actor's initial weights."""
-    return build_reference(config, policy, tokenizer, device=process.device, dtype=process.dtype)
+    """The frozen KL anchor: `ref.path` when set, else the actor's initial weights; held in the dtype the
+    actor computes in and, wherever the actor is sharded, sharded over the reference's ranks."""
+    ref = build_reference(config, policy, tokenizer, device=process.device, dtype=process.frozen_dtype or process.dtype)
+    return shard_frozen(ref, "ref", config, process)
 
 
 def setup_critic(config: RunConfig, policy: torch.nn.Module, process: ProcessSetup, base_path: str) -> torch.nn.Module:
@@ -162,14 +164,36 @@ def setup_critic(config: RunConfig, policy: torch.nn.Module, process: ProcessSet
 
 
 def shard(module: torch.nn.Module, role: str, config: RunConfig, process: ProcessSetup) -> torch.nn.Module:
-    """FSDP2-shard a trainable model over its role's ranks (a no-op in one process)."""
-    if process.groups is None or isinstance(base_of(module), FSDPModule):  # one process, or sharded already
+    """FSDP2-shard a trainable model over its role's ranks. One process without a group (`fsdp_launch`: no
+    option needs FSDP2) applies `fsdp.activation_checkpointing` directly, the only option that applies."""
+    if process.groups is None:
+        if config.fsdp.activation_checkpointing:
+            checkpoint_decoder_layers(base_of(module))
+        return module
+    if isinstance(base_of(module), FSDPModule):  # sharded already
         return module
     # A peft wrapper holds no parameters of its own: the Hugging Face model under it is the FSDP root, so
     # the rollout (which runs that model directly) and the peft forward both go through its hooks.
     apply_fsdp(base_of(module), config.fsdp, mesh=process.groups.mesh(role, process.device.type),
                device_type=process.device.type)
     return module
+
+
+def shard_frozen(module: torch.nn.Module, role: str, config: RunConfig, process: ProcessSetup) -> torch.nn.Module:
+    """FSDP2-shard a frozen model (the reference) over its role's ranks, in the dtype it is held in: each rank
+    keeps 1/N of it, gathered one layer at a time in the forward. Unsharded where the actor is not (one
+    process), and left alone when it is the policy itself (LoRA: the policy with its adapters off)."""
+    if process.groups is None or isinstance(module, AdapterOff) or isinstance(base_of(module), FSDPModule):
+        return module
+    cfg = config.fsdp.model_copy(update={"mixed_precision": False, "activation_checkpointing": False,
+                                         "sharding_strategy": frozen_strategy(config.fsdp.sharding_strategy)})
+    apply_fsdp(module, cfg, mesh=process.groups.mesh(role, process.device.type), device_type=process.device.type)
+    return module
+
+
+def frozen_strategy(strategy: str) -> str:
+    """A model with no backward gains nothing from keeping its weights gathered after the forward."""
+    return "FULL_SHARD" if strategy == "SHARD_GRAD_OP" else strategy
 
 
 def setup_optimizer(module: torch.nn.Module, cfg: OptimConfig, *, total_steps: int,
@@ -257,4 +281,4 @@ def compose_rl(parts: Components, given: Given) -> None:
 
 __all__ = ["Components", "Optimizer", "compose", "compose_rl", "setup_checks", "setup_critic",
            "setup_checkpoints", "setup_engine", "setup_env", "setup_optimizer", "setup_policy", "setup_reference",
-           "setup_reward_model", "setup_tracker", "shard"]
+           "setup_reward_model", "setup_tracker", "shard", "shard_frozen"]

@@ -22,6 +22,7 @@ from verl.algorithms import dpo_loss, token_logprobs
 from verl.config.schema import RunConfig
 from verl.data.datasets import IGNORE_INDEX, PreferenceDataset, pad_token_id
 from verl.models.lora import is_peft_model
+from verl.trainer.components import shard_frozen
 from verl.trainer.forward import can_share_prompt, shared_prompt_logits
 from verl.trainer.models import build_reference
 from verl.trainer.offline import OfflineTrainer, Rows
@@ -150,8 +151,10 @@ class DPOTrainer(OfflineTrainer):
         LoRA: the policy itself with its adapters off)."""
         if given is self.model:
             given = None
-        return build_reference(self.config, self.model, self.tokenizer, device=self.device, dtype=self.dtype,
-                               given=given)
+        process = self.parts.process
+        ref = build_reference(self.config, self.model, self.tokenizer, device=self.device,
+                              dtype=process.frozen_dtype or self.dtype, given=given)
+        return shard_frozen(ref, "ref", self.config, process)  # sharded wherever the policy is
 
     # ------------------------------------------------------------------ log-probs
     def pair_batch(self, items: Sequence[PairItem]) -> PairBatch:

@@ -59,7 +59,7 @@ def plan_inputs(config: RunConfig, *, mapping: Any, shape: ModelShape, world_siz
 
     names = role_dtype_names(config, "cuda")
     master = names["actor"] or "float32"
-    mixed = config.fsdp.mixed_precision_dtypes()
+    mixed = config.fsdp.mixed_precision_dtypes("cuda", bf16_supported=True)  # planned for a bf16 GPU
     compute = str(mixed[0]).removeprefix("torch.") if mixed else master
     dtypes = {"actor": master, "critic": master, "ref": compute, "reward": names["reward"] or compute}
     if counts is None:

@@ -78,18 +78,27 @@ def frozen(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def copy_in(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A deep copy of `model` whose parameters are frozen copies in `dtype`, made one parameter at a time (a
+    float32 policy's bfloat16 reference never exists in float32 next to the policy). Tied weights stay tied."""
+    memo: dict[int, Any] = {}
+    for p in model.parameters():  # deepcopy takes a parameter it finds in `memo` instead of copying it
+        memo[id(p)] = torch.nn.Parameter(p.detach().to(dtype, copy=True), requires_grad=False)
+    return copy.deepcopy(model, memo)
+
+
 def build_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any, *, device: torch.device,
                     dtype: torch.dtype, given: torch.nn.Module | None = None) -> torch.nn.Module:
-    """The frozen reference: `given`, else `ref.path`, else the policy's initial weights: with LoRA the
-    policy itself with its adapters off (no copy), otherwise a copy.
+    """The frozen reference in `dtype`: `given`, else `ref.path`, else the policy's initial weights: with LoRA
+    the policy itself with its adapters off (no copy), otherwise a copy.
 
     A `ref.path` model must share the policy's tokenizer vocabulary (ModelError otherwise).
     """
     if given is not None:
-        return frozen(with_cpu_matmul(config, given.to(device)))
+        return frozen(with_cpu_matmul(config, given.to(device=device, dtype=dtype)))
     path = config.ref.path
     if not path:
-        return AdapterOff(policy) if is_peft_model(policy) else frozen(copy.deepcopy(policy))
+        return AdapterOff(policy) if is_peft_model(policy) else frozen(copy_in(policy, dtype))
     cfg = config.model
     ref, ref_tokenizer = load_hf_model(
         resolve_model_path(path, key="ref.path"), attn_implementation=cfg.attn_implementation, torch_dtype=dtype,
@@ -102,5 +111,5 @@ def build_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any, 
     return frozen(with_cpu_matmul(config, ref.to(device)))
 
 
-__all__ = ["build_reference", "frozen", "given_policy", "load_policy_with_report", "resolve_model_path",
+__all__ = ["build_reference", "copy_in", "frozen", "given_policy", "load_policy_with_report", "resolve_model_path",
            "with_cpu_matmul", "with_lora"]

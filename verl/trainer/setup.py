@@ -18,7 +18,10 @@ import torch
 
 from verl.config.schema import RunConfig
 from verl.distributed import RoleGroups, init_distributed
+from verl.distributed.process import init_single_process_group
 from verl.errors import ConfigError
+from verl.trainer.fsdp_launch import fsdp_launch
+from verl.trainer.precision import resolve_precision
 from verl.utils.dtype import resolve_dtype
 
 
@@ -30,7 +33,7 @@ class ProcessSetup:
     world_size: int
     local_rank: int
     device: torch.device
-    dtype: torch.dtype
+    dtype: torch.dtype  # trained roles' master weights (`verl.trainer.precision`)
     roles: set[str]
     split: bool
     dp_rank: int
@@ -38,6 +41,7 @@ class ProcessSetup:
     generator: torch.Generator
     shuffle_generator: torch.Generator
     groups: Any = None
+    frozen_dtype: torch.dtype | None = None  # the reference's weights; None = `dtype`
 
 
 @dataclass(frozen=True)
@@ -74,15 +78,19 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
 
 
 def run_dtype(name: str, device_type: str) -> torch.dtype:
-    """`model.dtype` as a run loads it; 'auto' is bfloat16 on a GPU that supports it, else float32.
-
-    The one place 'auto' is resolved, so `verl check` estimates memory and loads the model in the dtype
-    the trainer will use.
-    """
+    """`model.dtype` as a run holds a trained model's weights: 'auto' is float32 master weights everywhere
+    (a GPU computes in bfloat16 through `fsdp.mixed_precision`; see `verl.trainer.precision`)."""
     if name == "auto":
-        bf16 = device_type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-        return torch.bfloat16 if bf16 else torch.float32
+        return torch.float32
     return resolve_dtype(name)
+
+
+def frozen_dtype(config: RunConfig, device_type: str, name: str | None = None) -> torch.dtype:
+    """A frozen model's dtype (reference; reward model: `name` = reward.model_dtype): the dtype the actor
+    computes in (bfloat16 on a GPU by default), unless `name` sets one."""
+    if name and name != "auto":
+        return resolve_dtype(name)
+    return resolve_precision(config, device_type).frozen
 
 
 def resolve_run_dir(config: RunConfig, kind: str) -> Path:
@@ -106,11 +114,16 @@ def setup_process(config: RunConfig, mapping: Any, identity: ProcessIdentity, de
         dp_rank = actor_ranks.index(rank) if rank in actor_ranks else 0
         dp_size = len(actor_ranks)
     groups = None
-    # Under torchrun even one process joins a group and shards with FSDP2 (over NCCL on a GPU), so that
-    # fsdp.mixed_precision / activation_checkpointing / cpu_offload mean on 1 GPU what they mean on 8.
-    if world > 1 or os.environ.get("TORCHELASTIC_RUN_ID"):
-        env = init_distributed(config.devices.timeout_s)
-        device = env.device if config.trainer.device != "cpu" else torch.device("cpu")
+    # Under torchrun even one process joins a group and shards with FSDP2 (over NCCL on a GPU); one process
+    # without torchrun joins a 1-rank group of its own when an fsdp option needs FSDP2 (mixed precision, the
+    # default on a GPU; CPU offload), so fsdp.* means on 1 device what it means on 8 (`fsdp_launch`).
+    launch = fsdp_launch(config, world_size=world, device_type=device.type)
+    if world > 1 or os.environ.get("TORCHELASTIC_RUN_ID") or launch.own_group:
+        if launch.own_group:
+            init_single_process_group(device, config.devices.timeout_s)
+        else:
+            env = init_distributed(config.devices.timeout_s)
+            device = env.device if config.trainer.device != "cpu" else torch.device("cpu")
         groups = RoleGroups.create(mapping, timeout_s=config.devices.timeout_s, fsdp=config.fsdp,
                                    num_gpus_per_node=config.devices.num_gpus_per_node, device=device)
     seed = config.trainer.seed
@@ -121,8 +134,9 @@ def setup_process(config: RunConfig, mapping: Any, identity: ProcessIdentity, de
     return ProcessSetup(rank=rank, world_size=world, local_rank=identity.local_rank, device=device,
                         dtype=run_dtype(config.model.dtype, device.type), roles=roles, split=split,
                         dp_rank=dp_rank, dp_size=dp_size, generator=generator,
-                        shuffle_generator=shuffle_generator, groups=groups)
+                        shuffle_generator=shuffle_generator, groups=groups,
+                        frozen_dtype=frozen_dtype(config, device.type))
 
 
-__all__ = ["ProcessIdentity", "ProcessSetup", "resolve_device", "resolve_run_dir", "run_dtype", "seed_everything",
+__all__ = ["ProcessIdentity", "ProcessSetup", "frozen_dtype", "resolve_device", "resolve_run_dir", "run_dtype", "seed_everything",
            "setup_process"]

@@ -25,9 +25,10 @@ from verl.errors import ConfigError, DeviceMappingError, VerlError
 from verl.rollout.engine_check import check_rollout_engine, check_vllm_placement
 from verl.tracking.tracker import backend_problems
 from verl.trainer.batch_math import plan_rl
+from verl.trainer.fsdp_launch import fsdp_launch
 from verl.trainer.lora_checks import check_lora, memory_counts, uses_lora
 from verl.trainer.memory_inputs import model_shape, plan_inputs, targets_gpu
-from verl.trainer.setup import run_dtype
+from verl.trainer.precision import check_master_precision, resolve_precision
 from verl.utils.dtype import check_dtype_for_device
 
 
@@ -46,15 +47,30 @@ class StartupReport:
     parameters: Any = None  # lora_checks.ParameterCounts: trainable and total parameters (LoRA or not)
 
 
-def role_dtype_names(config: RunConfig, device_type: str) -> dict[str, str | None]:
-    """The dtype every active role will load in ('auto' resolved for this device, as the trainer does)."""
-    def name(value: str) -> str:  # other spellings are checked (with their config key) by the mapping
-        return str(run_dtype(value, device_type)).removeprefix("torch.") if value == "auto" else value
+def role_dtype_names(config: RunConfig, device_type: str, *, held: bool = False,
+                     bf16_supported: bool | None = None) -> dict[str, str | None]:
+    """The dtype every active role computes in ('auto' resolved for this device, as the trainer does: a
+    trained role with float32 masters and bfloat16 mixed precision computes in bfloat16, like the frozen
+    reference); `held=True`: the dtype its weights are held in (the memory estimate's)."""
+    try:
+        precision = resolve_precision(config, device_type, bf16_supported=bf16_supported)
+    except VerlError:  # an unknown spelling: passed on as written, the mapping reports it with its key
+        precision = None
 
-    actor = name(config.model.dtype)
-    return {"actor": actor, "critic": actor, "ref": actor,
-            "reward": name(config.reward.model_dtype) if config.reward.model_path and config.reward.model_dtype
-            else (actor if config.reward.model_path else None)}
+    def name(dtype: torch.dtype) -> str:
+        return str(dtype).removeprefix("torch.")
+
+    reward_dtype = config.reward.model_dtype
+    if precision is None:
+        actor = trained = config.model.dtype
+        reference = reward = reward_dtype or actor
+    else:
+        actor = name(precision.compute)
+        trained = name(precision.master) if held else actor
+        reference = name(precision.frozen)
+        reward = reward_dtype if reward_dtype and reward_dtype != "auto" else reference
+    return {"actor": trained, "critic": trained, "ref": reference,
+            "reward": reward if config.reward.model_path else None}
 
 
 def count_parameters(path: str, *, trust_remote_code: bool = False, revision: str | None = None) -> int | None:
@@ -251,12 +267,13 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
     except VerlError as exc:
         problems.append(exc)
     try:
-        dtype = run_dtype(config.model.dtype, device_type)
+        precision = resolve_precision(config, device_type)
     except VerlError:
-        dtype = None  # an unknown spelling: the mapping check above reports it with its key
-    if dtype is not None:
+        precision = None  # an unknown spelling: the mapping check above reports it with its key
+    if precision is not None:
         try:  # fp16 on CPU, bf16 on a GPU without it: refused before the weights are read
-            check_dtype_for_device(dtype, device_type, where="model.dtype")
+            check_dtype_for_device(precision.master, device_type, where="model.dtype")
+            problems += check_master_precision(config, precision, kind)
         except VerlError as exc:
             problems.append(exc)
     problems += check_rollout_engine(config.rollout.engine, device_type=device_type) if kind == "rl" else []
@@ -278,6 +295,7 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
         report.fsdp_notes = config.fsdp.check(actor_ranks, uses_lora=uses_lora(config),
                                               num_gpus_per_node=config.devices.num_gpus_per_node,
                                               device_type=device_type)
+        report.fsdp_notes += fsdp_launch(config, world_size=world_size, device_type=device_type).lines
     except VerlError as exc:
         problems.append(exc)
     problems += check_demo_env(config) + check_env_data(config, kind) + check_response_length(config, kind)
@@ -308,7 +326,8 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
                          revision=config.model.revision))
     if count is not None:
         counts = counts or {role: count for role in report.mapping.roles if role != "reward"}
-        report.memory = estimate_memory(counts, dtypes, mapping=report.mapping,
+        report.memory = estimate_memory(counts, role_dtype_names(config, device_type, held=True),
+                                        mapping=report.mapping,
                                         sharding=config.fsdp.sharding_strategy if world_size > 1 else "NO_SHARD",
                                         hybrid_shard_size=config.fsdp.hybrid_shard_size, trainable_counts=trainable)
         device_bytes = (torch.cuda.get_device_properties(0).total_memory
