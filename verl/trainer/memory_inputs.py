@@ -57,11 +57,11 @@ def plan_inputs(config: RunConfig, *, mapping: Any, shape: ModelShape, world_siz
     """
     from verl.trainer.startup import role_dtype_names  # startup imports this module
 
-    names = role_dtype_names(config, "cuda")
-    master = names["actor"] or "float32"
-    mixed = config.fsdp.mixed_precision_dtypes("cuda", bf16_supported=True)  # planned for a bf16 GPU
+    held = role_dtype_names(config, "cuda", held=True, bf16_supported=True)  # planned for a bf16 GPU
+    master = held["actor"] or "float32"
+    mixed = config.fsdp.mixed_precision_dtypes("cuda", bf16_supported=True)
     compute = str(mixed[0]).removeprefix("torch.") if mixed else master
-    dtypes = {"actor": master, "critic": master, "ref": compute, "reward": names["reward"] or compute}
+    dtypes = {"actor": master, "critic": master, "ref": held["ref"] or compute, "reward": held["reward"] or compute}
     if counts is None:
         counts = {role: shape.total_params for role in mapping.roles if role != "reward"}
     estimate = estimate_memory(counts, dtypes, mapping=mapping,
