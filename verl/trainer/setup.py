@@ -109,7 +109,8 @@ def setup_process(config: RunConfig, mapping: Any, identity: ProcessIdentity, de
     # Under torchrun even one process joins a group and shards with FSDP2 (over NCCL on a GPU), so that
     # fsdp.mixed_precision / activation_checkpointing / cpu_offload mean on 1 GPU what they mean on 8.
     if world > 1 or os.environ.get("TORCHELASTIC_RUN_ID"):
-        env = init_distributed(config.devices.timeout_s)
+        env = init_distributed(config.devices.timeout_s, use_gpu=config.trainer.device != "cpu",
+                               cpu_collectives=config.fsdp.cpu_offload)
         device = env.device if config.trainer.device != "cpu" else torch.device("cpu")
         groups = RoleGroups.create(mapping, timeout_s=config.devices.timeout_s, fsdp=config.fsdp,
                                    num_gpus_per_node=config.devices.num_gpus_per_node, device=device)
