@@ -59,3 +59,25 @@ def test_half_given_multinode_launch_is_refused(spawned, argv, message, monkeypa
     parsed.legacy = []
     with pytest.raises(ConfigError, match=message):
         cmd_train(parsed)
+
+
+EIGHT_BY_EIGHT = ["--nproc", "8", "--nnodes", "8", "devices.num_gpus_per_node=8", "data.train_batch_size=64"]
+
+
+def test_eight_nodes_of_eight_are_checked_as_eight_per_node(spawned):
+    """The launcher has no LOCAL_WORLD_SIZE (torchrun sets it only in the workers): the node count comes
+    from --nnodes, so 64 processes are 8 per node, as devices.num_gpus_per_node says, not 64 on one."""
+    assert main(["train", *EIGHT_BY_EIGHT, "--node-rank", "3", "--rdzv-endpoint", "node0:29400",
+                 "trainer.total_steps=1"]) == 0
+    [(nproc, _, kwargs, _)] = spawned
+    assert nproc == 8 and kwargs["nnodes"] == 8
+
+
+def test_check_counts_the_nodes_of_the_launch(capsys):
+    assert main(["check", *EIGHT_BY_EIGHT]) == 0, capsys.readouterr().out
+    assert "64 process(es)" in capsys.readouterr().out
+    capsys.readouterr()
+    # still refused when the launch does not match: 4 per node on 8 nodes, but 8 GPUs per node
+    assert main(["check", "--nproc", "4", "--nnodes", "8", "devices.num_gpus_per_node=8",
+                 "data.train_batch_size=64"]) == 1
+    assert "devices.num_gpus_per_node=8 x 8 node(s) = 64 ranks, but 32" in capsys.readouterr().out

@@ -51,12 +51,12 @@ def _config(tmp_path, steps):
     return path
 
 
-def _two_nodes(tmp_path, steps):
+def _two_nodes(tmp_path, steps, *, config=None, nproc=2):
     """The two commands a user types on node 0 and node 1, started together."""
-    config, endpoint = _config(tmp_path, steps), f"127.0.0.1:{_free_port()}"
+    config, endpoint = config or _config(tmp_path, steps), f"127.0.0.1:{_free_port()}"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     agents = [subprocess.Popen(
-        [sys.executable, "-m", "verl.cli.main", "train", str(config), "--nproc", "2", "--nnodes", "2",
+        [sys.executable, "-m", "verl.cli.main", "train", str(config), "--nproc", str(nproc), "--nnodes", "2",
          "--node-rank", str(node), "--rdzv-endpoint", endpoint],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path) for node in (0, 1)]
     outputs = []
@@ -88,3 +88,26 @@ def test_two_node_split_placement_trains_and_resumes(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert rows[-1]["critic/grad_norm"] > 0
     assert verify(tmp_path / "run" / "checkpoints" / "step_3") == []
+
+
+def test_two_nodes_of_one_gpu_each_are_accepted(tmp_path):
+    """devices.num_gpus_per_node=1 on 2 nodes: each launcher checks 2 processes as 1 per node (it has no
+    LOCAL_WORLD_SIZE to infer that from; --nnodes says it), and both workers train."""
+    cfg = {
+        "model": {"path": "tiny", "dtype": "float32"},
+        "env": {"name": "arithmetic", "kwargs": {"max_operand": 9, "num_val": 2}},
+        "data": {"train_batch_size": 2, "max_prompt_length": 16},
+        "rollout": {"n": 2, "max_new_tokens": 2},
+        "actor": {"micro_batch_size": 2},
+        "devices": {"num_gpus_per_node": 1},
+        "trainer": {"total_steps": 1, "device": "cpu", "run_dir": str(tmp_path / "run"),
+                    "val_before_train": False, "cpu_threads": 1},
+        "checkpoint": {"save_interval": 0},
+        "logging": {"backends": ["jsonl"]},
+    }
+    path = tmp_path / "one_gpu_per_node.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    rows = _two_nodes(tmp_path, 1, config=path, nproc=1)
+    assert [r["step"] for r in rows] == [1]
+    manifest = json.loads((tmp_path / "run" / "checkpoints" / "step_1" / "manifest.json").read_text())
+    assert manifest["world_size"] == 2

@@ -7,6 +7,7 @@ Layout (one folder per committed step; the DCP keys are the ``app_state`` keys):
       step_<N>/
         manifest.json             every file with size + sha256, format version, step, world size,
                                   library versions, creation time, app_state keys, own checksum
+                                  (each rank hashes the files it wrote; rank 0 gathers the hashes)
         state/                    torch.distributed.checkpoint: .metadata + __<rank>_<i>.distcp
                                   keys "model.<fqn>", "optimizer.state.<fqn>.<name>",
                                   "critic.<fqn>", "critic_optimizer...", any other app_state key
@@ -26,7 +27,9 @@ so a run can never go on for days without its checkpoints landing.
 
 Several ranks: every rank constructs the manager (it creates a gloo group for checkpoint traffic) and calls
 ``save``/``find_resume``/``load`` at the same steps. ``run_dir`` must be on a filesystem all ranks share;
-rank 0 writes the manifest and commits.
+rank 0 writes the manifest and commits. Hashing is shared: at save each rank hashes its own shards and
+extra file (rank 0 gathers the hashes into the manifest), and at resume each rank re-hashes about
+1/world_size of the bytes, so neither stalls the run on one rank reading every shard (minutes at 7B).
 """
 
 from __future__ import annotations
@@ -334,12 +337,43 @@ class CheckpointManager:
         if self._pg is not None:
             dist.barrier(group=self._pg)
 
-    def _allreduce_max(self, value: int) -> int:
+    def _gather_to_rank0(self, value: Any) -> list[Any] | None:
+        """Every rank's `value` on rank 0 (None elsewhere); small picklable values between our own ranks."""
+        if self._pg is None:
+            return [value]
+        out = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(value, out, dst=dist.get_global_rank(self._pg, 0), group=self._pg)
+        return out
+
+    def _broadcast_object(self, value: Any) -> Any:
         if self._pg is None:
             return value
-        t = torch.tensor([value], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._pg)
-        return int(t.item())
+        box = [value]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(self._pg, 0), group=self._pg)
+        return box[0]
+
+    def _verify(self, path: Path) -> list[str]:
+        """`verify(path)` with the hashing shared by every rank (all must call it); every rank gets the
+        whole list of problems."""
+        if self._pg is None:
+            return verify(path)
+        parts: list[Any] = [None] * self.world_size
+        dist.all_gather_object(parts, verify(path, share=(self.rank, self.world_size)), group=self._pg)
+        return [problem for part in parts for problem in part]
+
+    def _own_hashes(self, tmp: Path, extra_bytes: bytes) -> dict[str, str]:
+        """sha256 of the files this rank wrote: its extra file (checked against the bytes it meant to write)
+        and its DCP shards (DCP names them ``__<rank>_<i>.distcp``; any file no rank claims is hashed by
+        rank 0 when it builds the manifest, so nothing goes unlisted)."""
+        rel = extra_file(self.rank)
+        got = sha256_file(tmp / rel)
+        if got != sha256_bytes(extra_bytes):
+            raise CheckpointError(f"{tmp / rel}: bytes on disk differ from what rank {self.rank} wrote.")
+        hashes = {rel: got}
+        pg_rank = dist.get_rank(self._pg) if self._pg is not None else 0
+        for shard in sorted((tmp / DCP_DIR).glob(f"__{pg_rank}_*.distcp")):
+            hashes[f"{DCP_DIR}/{shard.name}"] = sha256_file(shard)
+        return hashes
 
     def _broadcast_int(self, value: int) -> int:
         if self._pg is None:
@@ -426,16 +460,20 @@ class CheckpointManager:
         keys: list[str],
     ) -> None:
         error: BaseException | None = None
+        hashes: dict[str, str] = {}
         try:
             write_bytes_durable(tmp / extra_file(self.rank), extra_bytes)
             # DCP's coordinator finishes only after every rank wrote its data (and so its extra file)
             _dcp_save(state_dict, tmp / DCP_DIR, self._pg, self._pg is None)
+            hashes = self._own_hashes(tmp, extra_bytes)
         except (Exception, CheckpointException) as exc:
             error = exc
-        any_failed = self._allreduce_max(0 if error is None else 1)
+        gathered = self._gather_to_rank0(None if error is not None else hashes)
+        any_failed = gathered is not None and any(part is None for part in gathered)
         if rank0_commits := (self.rank == 0 and not any_failed):
             try:
-                self._commit(step, tmp, final, sha256_bytes(extra_bytes), keys)
+                known = {rel: sha for part in gathered for rel, sha in part.items()}
+                self._commit(step, tmp, final, known, keys)
             except Exception as exc:
                 error = exc
         committed = self._broadcast_int(1 if rank0_commits and error is None else 0)
@@ -456,19 +494,17 @@ class CheckpointManager:
             "permissions of the run directory."
         ) from error
 
-    def _commit(self, step: int, tmp: Path, final: Path, extra0_sha: str, keys: list[str]) -> None:
+    def _commit(self, step: int, tmp: Path, final: Path, known_hashes: dict[str, str], keys: list[str]) -> None:
         for r in range(self.world_size):
             if not (tmp / extra_file(r)).is_file():
                 raise CheckpointError(f"{tmp / extra_file(r)}: rank {r} did not write its extra state.")
         if (tmp / HF_DIR).is_dir():
             fsync_tree(tmp / HF_DIR)  # written by save_pretrained, which does not fsync
         fsync_tree(tmp, files=False)  # DCP shards and extra files were fsynced by the rank that wrote them
-        got = sha256_file(tmp / extra_file(0))
-        if got != extra0_sha:
-            raise CheckpointError(f"{tmp / extra_file(0)}: bytes on disk differ from what was written.")
         # ranks may hold different keys (roles on different ranks): list what DCP wrote for all of them
         keys = sorted(set(keys) | top_level_keys(read_metadata_safely(tmp / DCP_DIR / ".metadata")))
-        manifest = build_manifest(tmp, step=step, world_size=self.world_size, app_state_keys=keys)
+        manifest = build_manifest(tmp, step=step, world_size=self.world_size, app_state_keys=keys,
+                                  known_hashes=known_hashes)
         write_manifest(tmp, manifest)
         problems = verify(tmp, deep=False)
         if problems:
@@ -544,35 +580,38 @@ class CheckpointManager:
         """``"never"``/None -> None; ``"auto"`` -> the ``latest`` checkpoint, or if it does not verify the
         newest one that does (or None);
         a path -> that checkpoint (a step folder) or the newest good one under it (a run folder),
-        raising CheckpointError naming the file when it does not verify."""
+        raising CheckpointError naming the file when it does not verify.
+
+        Collective: rank 0 lists the candidates, then every rank re-hashes its share of each one it tries,
+        and every rank reaches the same answer (or raises the same error)."""
         if resume is None or resume == "never":
             return None
+        plan: tuple[str, Any] | None = None
         if self.rank == 0:
             try:
-                choice: Path | None = self._find_resume_rank0(resume)
-                code = -1 if choice is None else int(_STEP_RE.match(choice.name).group(1))  # type: ignore[union-attr]
-                paths = choice
-                err = None
+                plan = self._resume_candidates(resume)
             except CheckpointError as exc:
-                code, paths, err = -2, None, exc
-            self._broadcast_int(code)
-            if err is not None:
-                raise err
-            return paths
-        code = self._broadcast_int(0)
-        if code == -2:
-            raise CheckpointError("rank 0 rejected the resume checkpoint; see its log for the file at fault.")
-        if code == -1:
-            return None
-        base = Path(resume)
-        root = self.root if resume == "auto" else (base.parent if base.name.startswith("step_") else base)
-        if root.name != CHECKPOINTS_DIR and (root / CHECKPOINTS_DIR).is_dir():
-            root = root / CHECKPOINTS_DIR
-        return root / f"step_{code}"
+                plan = ("error", str(exc))
+        plan = self._broadcast_object(plan)
+        if plan[0] == "error":
+            raise CheckpointError(plan[1])
+        if plan[0] == "one":
+            path = Path(plan[1])
+            problems = self._verify(path)
+            if problems:
+                raise CheckpointError(
+                    f"trainer.resume={resume}: the checkpoint does not verify:\n  " + "\n  ".join(problems)
+                    + "\nUse an earlier checkpoint, or trainer.resume=auto to pick the newest good one."
+                )
+            return path
+        _, root, candidates, required = plan
+        return self._newest_verified(Path(root), [Path(c) for c in candidates], required=required)
 
-    def _find_resume_rank0(self, resume: str | Path) -> Path | None:
+    def _resume_candidates(self, resume: str | Path) -> tuple[Any, ...]:
+        """Rank 0's reading of `resume`: ("one", step folder) or ("newest", root, folders to try in order,
+        whether one is required); raises CheckpointError for a path that does not exist."""
         if resume == "auto":
-            return self._newest_verified(self.root, required=False)
+            return ("newest", str(self.root), self._candidates(self.root), False)
         path = Path(resume)
         if not path.exists():
             raise CheckpointError(
@@ -580,27 +619,26 @@ class CheckpointManager:
                 "(<run_dir>/checkpoints/step_<N>), a run folder, 'auto' or 'never'."
             )
         if (path / MANIFEST_NAME).exists() or _STEP_RE.match(path.name):
-            problems = verify(path)
-            if problems:
-                raise CheckpointError(
-                    f"trainer.resume={resume}: the checkpoint does not verify:\n  " + "\n  ".join(problems)
-                    + "\nUse an earlier checkpoint, or trainer.resume=auto to pick the newest good one."
-                )
-            return path
+            return ("one", str(path))
         root = path / CHECKPOINTS_DIR if (path / CHECKPOINTS_DIR).is_dir() else path
-        return self._newest_verified(root, required=True)
+        return ("newest", str(root), self._candidates(root), True)
 
-    def _newest_verified(self, root: Path, *, required: bool) -> Path | None:
-        skipped = []
+    @staticmethod
+    def _candidates(root: Path) -> list[str]:
         # `latest` first: after resuming from an older checkpoint, newer folders of the abandoned run may
         # still exist, and the run we are continuing is the one `latest` names
         candidates = [p for _, p in reversed(_committed_steps(root))]
         latest = read_latest(root)
         candidates.sort(key=lambda p: p.name != latest)  # stable: the rest stay newest first
+        return [str(p) for p in candidates]
+
+    def _newest_verified(self, root: Path, candidates: list[Path], *, required: bool) -> Path | None:
+        skipped = []
+        speak = self.rank == 0  # every rank decides the same; one of them says so
         for path in candidates:
-            problems = verify(path)
+            problems = self._verify(path)
             if not problems:
-                if skipped:
+                if skipped and speak:
                     msg = (
                         f"resuming from {path}; skipped newer checkpoints that do not verify:\n  "
                         + "\n  ".join(skipped)
@@ -609,8 +647,9 @@ class CheckpointManager:
                     warnings.warn(msg, stacklevel=3)
                 return path
             skipped.append(f"{path.name}: " + "; ".join(problems))
-            logger.warning("checkpoint %s does not verify, skipping it: %s", path, "; ".join(problems))
-        if skipped and not required:
+            if speak:
+                logger.warning("checkpoint %s does not verify, skipping it: %s", path, "; ".join(problems))
+        if skipped and not required and speak:
             msg = "no checkpoint verifies; starting fresh. Skipped:\n  " + "\n  ".join(skipped)
             logger.warning(msg)
             warnings.warn(msg, stacklevel=3)

@@ -61,7 +61,8 @@ def build_manifest(
     app_state_keys: list[str],
     known_hashes: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Hash every file under ``root`` (reusing ``known_hashes`` for bytes we wrote ourselves)."""
+    """Hash every file under ``root``, except those in ``known_hashes`` (relative path -> sha256), which
+    the ranks that wrote them hashed already (each its own shards, in parallel)."""
     known_hashes = known_hashes or {}
     files = {}
     for rel in list_files(root):
@@ -118,43 +119,69 @@ def read_manifest(root: Path) -> dict[str, Any]:
     return manifest
 
 
-def verify(path: str | Path, *, deep: bool = True) -> list[str]:
+def hash_share(files: dict[str, dict[str, Any]], rank: int, world_size: int) -> set[str]:
+    """The files rank `rank` of `world_size` re-hashes when they verify a checkpoint together: the largest
+    file first to the least loaded rank, so each reads about 1/world_size of the bytes. Every rank computes
+    the same split from the same manifest."""
+    loads, mine = [0] * world_size, set()
+    for rel, info in sorted(files.items(), key=lambda kv: (-int(kv[1]["size"]), kv[0])):
+        r = loads.index(min(loads))
+        loads[r] += int(info["size"]) or 1
+        if r == rank:
+            mine.add(rel)
+    return mine
+
+
+def verify(path: str | Path, *, deep: bool = True, share: tuple[int, int] | None = None) -> list[str]:
     """Problems of the checkpoint at ``path`` (empty list = good). ``deep`` re-hashes every byte.
 
     Each problem starts with the full path of the file at fault. Besides the file list, the DCP metadata is
     read (safely) and every byte range it points at is checked to lie inside a listed file.
+
+    ``share=(rank, world_size)``: this rank's part of a verification that every rank runs at once (the
+    caller gathers the parts): it re-hashes only its :func:`hash_share` of the files; rank 0 also makes
+    the cheap checks (manifest, sizes, listing, DCP ranges). The union of the parts is the full answer.
     """
+    rank, world_size = share or (0, 1)
+    lead = rank == 0
     root = Path(path)
     if not root.is_dir():
-        return [f"{root}: not a directory; pass a checkpoint folder such as <run_dir>/checkpoints/step_100."]
+        return [f"{root}: not a directory; pass a checkpoint folder such as <run_dir>/checkpoints/step_100."
+                ] if lead else []
     try:
         manifest = read_manifest(root)
     except CheckpointError as exc:
-        return [str(exc)]
+        return [str(exc)] if lead else []
     problems: list[str] = []
     files: dict[str, dict[str, Any]] = manifest["files"]
+    mine = hash_share(files, rank, world_size) if deep else set()
+    md_rel = f"{DCP_DIR}/.metadata"  # rank 0 hashes the DCP metadata: it reads it for the range check below
+    mine = (mine | {md_rel}) if lead and deep else (mine - {md_rel})
     for rel, info in sorted(files.items()):
         fp = root / rel
         if not fp.is_file():
-            problems.append(f"{fp}: missing (listed in {MANIFEST_NAME} with {info['size']} bytes).")
+            if lead:
+                problems.append(f"{fp}: missing (listed in {MANIFEST_NAME} with {info['size']} bytes).")
             continue
         size = fp.stat().st_size
         if size != info["size"]:
-            problems.append(
-                f"{fp}: size {size} bytes, {MANIFEST_NAME} says {info['size']} (truncated or overwritten)."
-            )
+            if lead:
+                problems.append(
+                    f"{fp}: size {size} bytes, {MANIFEST_NAME} says {info['size']} (truncated or overwritten)."
+                )
             continue
-        if deep:
+        if rel in mine:
             digest = sha256_file(fp)
             if digest != info["sha256"]:
                 problems.append(
                     f"{fp}: sha256 {digest[:16]}... does not match {MANIFEST_NAME} "
                     f"({info['sha256'][:16]}...); the file is corrupt."
                 )
+    if not lead:
+        return problems
     for rel in list_files(root):
         if rel not in files:
             problems.append(f"{root / rel}: not listed in {MANIFEST_NAME}; it was added after the commit.")
-    md_rel = f"{DCP_DIR}/.metadata"
     if md_rel not in files:
         problems.append(f"{root / md_rel}: {MANIFEST_NAME} lists no DCP metadata; the checkpoint is incomplete.")
     elif not any(p.startswith(f"{root / md_rel}:") for p in problems):

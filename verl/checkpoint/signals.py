@@ -3,6 +3,11 @@
 A cluster scheduler sends SIGTERM before it kills a job; dying mid-step throws away everything since the
 last save. The trainer's loop checks :attr:`GracefulStop.requested` after each step, saves, and stops.
 A second signal of the same kind falls through to the previous handler (Ctrl-C twice still kills).
+
+With several ranks the signal reaches them at different times (or only one of them): a rank that stops
+alone walks into the checkpoint's collectives while the others walk into the next step's, and every rank
+waits forever. So the loop asks :meth:`GracefulStop.agree` once per step, which takes the maximum over all
+ranks: every rank stops after the same step and saves the same checkpoint.
 """
 
 from __future__ import annotations
@@ -12,6 +17,9 @@ import signal
 import threading
 from types import FrameType, TracebackType
 from typing import Any
+
+import torch
+import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +61,21 @@ class GracefulStop:
     @property
     def requested(self) -> bool:
         """True once a stop signal arrived."""
+        return self.received is not None
+
+    def agree(self, device: torch.device | None = None) -> bool:
+        """Whether any rank received a stop signal: one all-reduce (MAX) on the default group, which every
+        rank must call at the same point. A rank that got none takes on the signal another rank got, so
+        all of them save, stop and exit alike. `device` is where the default group's backend reduces
+        (this rank's GPU under NCCL); one process needs no collective."""
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            flag = torch.tensor([self.received or 0], dtype=torch.int64, device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            got = int(flag.item())
+            if got and self.received is None:
+                self.received = got
+                logger.warning("another rank received %s: saving a checkpoint and stopping after this step "
+                               "on every rank", signal.Signals(got).name)
         return self.received is not None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:

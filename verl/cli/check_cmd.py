@@ -34,9 +34,11 @@ def check_device_type(config: RunConfig) -> str:
     return "cuda" if config.trainer.device != "cpu" and torch.cuda.is_available() else "cpu"
 
 
-def collect(config: RunConfig, *, nproc: int | None = None) -> Preflight:
-    """The start-up pass for `config` on `nproc` processes (default: the one `verl train` would start)."""
-    return preflight(config, world_size=nproc or default_world_size(config), device_type=check_device_type(config))
+def collect(config: RunConfig, *, nproc: int | None = None, nodes: int | None = None) -> Preflight:
+    """The start-up pass for `config` on `nproc` processes in all over `nodes` nodes (default: the one
+    `verl train` would start)."""
+    return preflight(config, world_size=nproc or default_world_size(config), device_type=check_device_type(config),
+                     nodes=nodes)
 
 
 def plan_device_bytes(gpu_memory_gib: float | None) -> int | None:
@@ -58,11 +60,12 @@ def print_memory_plan(console: Any, inputs: Any, device_bytes: int | None) -> No
             console.print(f"  {fix}")
 
 
-def run_checks(config: RunConfig, *, nproc: int | None = None, gpu_memory_gib: float | None = None) -> int:
+def run_checks(config: RunConfig, *, nproc: int | None = None, nodes: int | None = None,
+               gpu_memory_gib: float | None = None) -> int:
     """Print every section of the start-up pass; 1 if anything would stop a real run, else 0.
 
     `gpu_memory_gib` sizes the GPU memory plan on a machine without the run's GPUs."""
-    pf = collect(config, nproc=nproc)
+    pf = collect(config, nproc=nproc, nodes=nodes)
     console = plain_console()  # every message, file name and row is printed verbatim
 
     def section(title: str) -> None:

@@ -103,8 +103,10 @@ def launch_training(config, nproc: int, argv: list[str], **multinode: Any) -> in
     from verl.distributed.launch import RANK_ERRORS_ENV, read_rank_errors, spawn_torchrun
     from verl.trainer.preflight import preflight
 
-    world = nproc * multinode.get("nnodes", 1)
-    preflight(config, world_size=world, device_type=check_device_type(config)).raise_if_problems()
+    nodes = multinode.get("nnodes", 1)
+    world = nproc * nodes
+    # the node count is passed, not inferred: this process is no torchrun worker (no LOCAL_WORLD_SIZE)
+    preflight(config, world_size=world, device_type=check_device_type(config), nodes=nodes).raise_if_problems()
     with tempfile.TemporaryDirectory(prefix="verl-rank-errors-") as folder:
         code = spawn_torchrun(nproc, argv, env={**os.environ, RANK_ERRORS_ENV: folder}, **multinode)
         for kind, message, ranks in read_rank_errors(folder):
@@ -189,7 +191,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise ConfigError(f"--nnodes {args.nnodes} without --nproc: say how many processes each node starts, as "
                           "for `verl train`. Fix: --nproc 8 --nnodes 2.")
     return run_checks(_load(args), nproc=args.nproc * args.nnodes if args.nproc else None,
-                      gpu_memory_gib=args.gpu_memory)
+                      nodes=args.nnodes if args.nproc else None, gpu_memory_gib=args.gpu_memory)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -42,8 +42,8 @@ class Placement:
         self.receive = receive  # builds the trainer's batch from received fields (split placements)
         self.rank = rank
         self.world_size = world_size
-        # gloo reduces CPU tensors; NCCL needs them on this rank's GPU.
-        self.device = device if device is not None and device.type == "cuda" else torch.device("cpu")
+        # Every tensor a collective sees is made here: NCCL needs them on this rank's GPU, gloo on the CPU.
+        self.device = device if device is not None else torch.device("cpu")
 
     @staticmethod
     def create(groups: RoleGroups | None, **kwargs: Any) -> Placement:
@@ -153,7 +153,7 @@ class SplitPlacement(Placement):
             return batch
         fields = _fields(batch, list(sides), present=True)
         padded = pad_to_group_width(fields, {k: sides[k] for k in fields}, all_reduce_max=lambda t: self.groups.all_reduce(
-            t, HOME, "align:width", op=dist.ReduceOp.MAX))
+            t, HOME, "align:width", op=dist.ReduceOp.MAX), device=self.device)
         for key, value in padded.items():
             setattr(batch, key, value)
         return batch

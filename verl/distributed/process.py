@@ -45,18 +45,30 @@ def _env_int(name: str, default: int | None = None) -> int | None:
         ) from err
 
 
-def init_distributed(timeout_s: float = 600.0) -> DistEnv:
+def backend_for(use_cuda: bool, cpu_collectives: bool) -> str:
+    """NCCL for GPU tensors, gloo for CPU ones. With CPU offload some collectives get CPU tensors on a GPU
+    run (FSDP2's gradient-norm reduction over offloaded gradients): NCCL refuses them, so such runs get
+    a backend per device type, which routes each collective by its tensors' device."""
+    if not use_cuda:
+        return "gloo"
+    return "cpu:gloo,cuda:nccl" if cpu_collectives else "nccl"
+
+
+def init_distributed(timeout_s: float = 600.0, *, use_gpu: bool | None = None,
+                     cpu_collectives: bool = False) -> DistEnv:
     """Join the process group torchrun describes in the environment (RANK, WORLD_SIZE, LOCAL_RANK, ...).
 
     Without torchrun variables it returns a single-process env and initialises nothing, so the same code
-    path runs on a laptop. Picks NCCL when CUDA is available, gloo otherwise, and binds the process to
-    cuda:LOCAL_RANK after checking the ordinal exists (the usual "invalid device ordinal" crash).
+    path runs on a laptop. Picks NCCL when the run uses CUDA (`use_gpu`: None = when available; False for
+    trainer.device=cpu, whose tensors NCCL would refuse), gloo otherwise, and both with
+    `cpu_collectives` (CPU offload, see `backend_for`). Binds the process to cuda:LOCAL_RANK after checking
+    the ordinal exists (the usual "invalid device ordinal" crash).
     """
     world_size = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", rank)
     local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size)
-    use_cuda = torch.cuda.is_available()
+    use_cuda = torch.cuda.is_available() and use_gpu is not False
     if use_cuda:
         count = torch.cuda.device_count()
         if local_rank >= count:
@@ -69,7 +81,7 @@ def init_distributed(timeout_s: float = 600.0) -> DistEnv:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    backend = "nccl" if use_cuda else "gloo"
+    backend = backend_for(use_cuda, cpu_collectives)
     if dist.is_initialized():
         return DistEnv(
             dist.get_rank(), dist.get_world_size(), local_rank, local_world_size, dist.get_backend(), device
@@ -91,10 +103,12 @@ def init_distributed(timeout_s: float = 600.0) -> DistEnv:
 
 
 
-def init_single_process_group(device: torch.device, timeout_s: float = 600.0) -> DistEnv:
+def init_single_process_group(device: torch.device, timeout_s: float = 600.0, *,
+                              cpu_collectives: bool = False) -> DistEnv:
     """A 1-rank process group for a process started without torchrun, so FSDP2 (which needs a device mesh)
-    can apply mixed precision and CPU offload there too. An in-memory store: no port, no rendezvous."""
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    can apply mixed precision and CPU offload there too. An in-memory store: no port, no rendezvous.
+    `cpu_collectives` as for `init_distributed`."""
+    backend = backend_for(device.type == "cuda", cpu_collectives)
     if not dist.is_initialized():
         kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=timeout_s)}
         if device.type == "cuda":

@@ -151,14 +151,16 @@ def pad_to_group_width(
     sides: dict[str, tuple[str, int | float]],
     *,
     all_reduce_max: Any,
+    device: torch.device | None = None,
 ) -> dict[str, torch.Tensor]:
     """Pad each tensor's dim 1 to the widest over a group, so the members' shards can be concatenated.
 
     `sides[name]` is ("left" | "right", pad value): prompts are left-padded, responses right-padded.
-    `all_reduce_max(t)` takes the element-wise max of a long tensor over the group, in place.
+    `all_reduce_max(t)` takes the element-wise max of a long tensor over the group, in place; `device` is
+    where the group's backend reduces (this rank's GPU under NCCL, which refuses CPU tensors).
     """
     names = sorted(tensors)
-    widths = torch.tensor([tensors[k].shape[1] for k in names], dtype=torch.long)
+    widths = torch.tensor([tensors[k].shape[1] for k in names], dtype=torch.long, device=device)
     all_reduce_max(widths)
     out = {}
     for name, width in zip(names, widths.tolist(), strict=True):

@@ -213,11 +213,12 @@ def fit(trainer: Trainer) -> list[dict[str, float]]:
                 trainer._log(tracker, metrics, trainer.step_count)
                 if validated:
                     log_validation_samples(trainer, tracker, trainer.step_count)
-                if ckpt.should_save(trainer.step_count, last) or stop.requested:
+                stopping = stop.agree(trainer.parts.process.device)  # every rank, or none, stops here
+                if ckpt.should_save(trainer.step_count, last) or stopping:
                     ckpt.save(trainer.step_count, app_state=trainer.app_state(), extra=trainer._extra_state(),
                               hf_assets=trainer.hf_assets())
                     saved = ckpt.root / f"step_{trainer.step_count}"
-                if stop.requested:
+                if stopping:
                     break
         ckpt.wait()
     finally:

@@ -114,8 +114,9 @@ class Preflight:
 
 def preflight(config: RunConfig, *, world_size: int, device_type: str, kind: str | None = None,
               runs_split_placements: bool | None = None, given: Given = Given(),
-              check_model: bool = True) -> Preflight:
-    """Run every start-up check for `config` on `world_size` processes; the checks never raise, their
+              check_model: bool = True, nodes: int | None = None) -> Preflight:
+    """Run every start-up check for `config` on `world_size` processes (over `nodes` nodes: the launch's
+    `--nnodes`; None reads it from torchrun's environment); the checks never raise, their
     problems are in the returned `Preflight`. No weight is read: with `check_model` the policy is built on
     the meta device for the model/tokenizer checks (the trainer runs those on its real load instead).
     """
@@ -130,7 +131,7 @@ def preflight(config: RunConfig, *, world_size: int, device_type: str, kind: str
     for exc in source_warnings:
         pf.warn("start-up", exc)
     pf.startup = check_startup(config, world_size=world_size, model_path=pf.model_path, device_type=device_type,
-                               kind=pf.kind, runs_split_placements=runs_split_placements)
+                               kind=pf.kind, runs_split_placements=runs_split_placements, nodes=nodes)
     for exc in pf.startup.problems:
         pf.add("start-up", exc)
     _resume_pass(pf)

@@ -243,8 +243,12 @@ def check_run_dir(config: RunConfig) -> list[VerlError]:
 
 def check_startup(config: RunConfig, *, world_size: int, model_path: str | None = None,
                   device_type: str | None = None, kind: str | None = None,
-                  runs_split_placements: bool | None = None) -> StartupReport:
+                  runs_split_placements: bool | None = None, nodes: int | None = None) -> StartupReport:
     """Every check that needs no weights; the problems are collected in the report, not raised.
+
+    `nodes` is the node count of the launch (`--nnodes`); without it, it is what torchrun tells a worker
+    (WORLD_SIZE / LOCAL_WORLD_SIZE). The launching process has no LOCAL_WORLD_SIZE, so `verl train --nproc 8
+    --nnodes 8` must pass it, else each node would seem to hold all 64 processes.
 
     `kind` is the trainer that will run (default `trainer.kind`; the demo's warm start runs SFT on an
     RL config). `runs_split_placements` says whether that trainer runs roles on different ranks (default:
@@ -258,12 +262,14 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
     dtypes: dict[str, str | None] = {}
     try:
         dtypes = role_dtype_names(config, device_type)
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        if nodes is None:
+            local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+            nodes = max(1, world_size // max(1, local_world))
         report.mapping = validate_device_mapping(
             config.devices, world_size=world_size, algorithm_needs_critic=config.needs_critic and kind == "rl",
             needs_ref=config.needs_ref or (kind == "dpo"), needs_reward_model=bool(config.reward.model_path),
             role_dtypes=dtypes, visible_devices=torch.cuda.device_count() if device_type == "cuda" else None,
-            cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), nodes=max(1, world_size // max(1, local_world)))
+            cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), nodes=nodes)
     except VerlError as exc:
         problems.append(exc)
     try:
