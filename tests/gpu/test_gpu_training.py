@@ -89,7 +89,7 @@ def test_fsdp2_over_nccl_one_rank_fp32_master_bf16_compute(tmp_path, checkpointi
     out = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
                 str(WORKER), "train", str(cfg)], tmp_path)
     report = json.loads((tmp_path / "fsdp_report.json").read_text())
-    assert report["backend"] == "nccl" and report["fsdp"] is True, out.stdout[-2000:]
+    assert "nccl" in report["backend"] and report["fsdp"] is True, out.stdout[-2000:]
     assert report["param_dtypes"] == ["torch.float32"]  # fp32 master weights
     assert report["compute_dtype"] == "torch.bfloat16"  # bf16 forward under the mixed-precision policy
     assert report["checkpointed_layers"] == (2 if checkpointing else 0)
@@ -109,7 +109,7 @@ def test_weights_move_at_lr_1e6_with_the_default_precision(tmp_path, precision):
     cfg = _rl_config(tmp_path, model=model, actor={"lr": 1e-6}, trainer={"total_steps": 1})
     out = _run([sys.executable, str(WORKER), "train", str(cfg), "moved"], tmp_path)
     report = json.loads((tmp_path / "fsdp_report.json").read_text())
-    assert report["backend"] == "nccl" and report["fsdp"] is True, out.stdout[-2000:]
+    assert "nccl" in report["backend"] and report["fsdp"] is True, out.stdout[-2000:]
     assert report["compute_dtype"] == "torch.bfloat16"
     rows = _metrics(tmp_path)
     assert [r["step"] for r in rows] == [1] and rows[0]["actor/grad_norm"] > 0
