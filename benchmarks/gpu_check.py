@@ -206,6 +206,8 @@ def main(argv: list[str] | None = None) -> dict:
               "prompts": args.prompts, "samples": args.samples, "new_tokens": args.new_tokens,
               "model_build_s": build_s, "peak_tflops": peak}
     result["rollout"] = rollout_benchmark(model, args, device, shape["vocab_size"])
+    # written now and again at the end: a GRPO part cut off by its time limit keeps the rollout figures
+    (Path(args.out) / "gpu_check.json").write_text(json.dumps(result, indent=2))
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
