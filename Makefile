@@ -6,6 +6,8 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?= -m "not slow"
+# pytest-xdist workers, one test file each at a time (module fixtures stay per file).
+TEST_WORKERS ?= 2
 BIN := $(VENV)/bin
 
 .PHONY: run test install install-dev lint bench clean
@@ -32,7 +34,7 @@ run: $(VENV)/.installed
 
 # The default suite skips tests marked slow; `make test PYTEST_ARGS="-m slow"` runs those.
 test: $(VENV)/.installed-dev
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check verl tests benchmarks
