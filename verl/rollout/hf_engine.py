@@ -222,7 +222,8 @@ class HFKVCacheEngine(RolloutEngine):
         cache, logits, next_pos = state.cache, state.logits, state.next_pos
         device, rows, width = logits.device, logits.shape[0], state.mask.shape[1]
         temperature, top_k, top_p = float(params.temperature), params.top_k, float(params.top_p)
-        tokens = torch.full((rows, steps), params.resolved_pad_token_id, dtype=torch.long, device=device)
+        pad = params.resolved_pad_token_id
+        tokens = torch.full((rows, steps), pad, dtype=torch.long, device=device)
         logprobs = torch.zeros((rows, steps), dtype=torch.float32, device=device)
         lengths = torch.full((rows,), steps, dtype=torch.long, device=device)
         eos_hit = torch.zeros(rows, dtype=torch.bool, device=device)
@@ -241,7 +242,6 @@ class HFKVCacheEngine(RolloutEngine):
         # computed until then, their tokens masked), except where `end` or holes need every token.
         every = (self.eos_check_every or (1 if device.type == "cpu" else 8)) if end is None and not holes else 1
         stopped = torch.zeros(rows, dtype=torch.bool, device=device) if every > 1 else None
-        pad = params.resolved_pad_token_id
 
         for step in range(steps):
             sampling = writing.nonzero().flatten() if holes else None
@@ -277,13 +277,13 @@ class HFKVCacheEngine(RolloutEngine):
             if step == steps - 1:
                 break
             if holes:  # every row feeds a column: a masked hole (pad) for one that stopped writing
-                feed = torch.full((rows,), params.resolved_pad_token_id, dtype=torch.long, device=device)
+                feed = torch.full((rows,), pad, dtype=torch.long, device=device)
                 feed[sampling] = tok
                 if done is not None:
                     writing[sampling[done]] = False
                     if not bool(writing.any()):
                         break
-                feed.masked_fill_(~writing, params.resolved_pad_token_id)
+                feed.masked_fill_(~writing, pad)
                 mask[~writing, width + step] = 0
                 tok = feed
             elif done is not None:
