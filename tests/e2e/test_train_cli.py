@@ -45,7 +45,7 @@ logging:
 """
 
 
-def _verl(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+def _verl(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     return subprocess.run([sys.executable, "-m", "verl.cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
