@@ -7,6 +7,7 @@ here, the drawing (get a batch, generate, score) is the trainer's stages, passed
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -14,10 +15,21 @@ from verl.distributed.placement import Placement
 from verl.trainer.batch import RolloutBatch, concat_batches, varied_groups
 
 
+def accuracy_of(result: Any, scores: torch.Tensor) -> torch.Tensor:
+    """[N] what the groups are filtered on: the reward's `acc` extra (`RewardResult.accuracy`) where it gave
+    one, else the score before shaping (call it before the overlong penalty is added)."""
+    base = scores.detach().clone()
+    acc = getattr(result, "accuracy", None)  # an environment's own result type may not have it
+    if acc is None:
+        return base
+    acc = acc.to(base)
+    return torch.where(torch.isnan(acc), base, acc)
+
+
 def filter_groups(batch: RolloutBatch | None, draw: Callable[[int], RolloutBatch | None], *, placement: Placement,
                   max_rounds: int, pad_token_id: int,
                   metrics: dict[str, float]) -> RolloutBatch | None:
-    """Keep the groups whose rewards differ; while some actor rank has fewer than its share, every rank
+    """Keep the groups whose accuracies differ (`varied_groups`); while some actor rank has fewer than its share, every rank
     `draw(round)`s and scores another batch, at most `max_rounds` times. A rank still short fills up with
     equal-reward groups, which the update skips (actor.skip_zero_advantage). None on non-actor ranks."""
     holds = placement.holds("actor")
@@ -47,4 +59,4 @@ def filter_groups(batch: RolloutBatch | None, draw: Callable[[int], RolloutBatch
     return out
 
 
-__all__ = ["filter_groups"]
+__all__ = ["accuracy_of", "filter_groups"]

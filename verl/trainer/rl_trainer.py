@@ -43,7 +43,7 @@ from verl.trainer.batch import (
 )
 from verl.trainer.batch_math import BatchPlan
 from verl.trainer.drift import drift_moments, judge_drift
-from verl.trainer.dynamic_sampling import filter_groups
+from verl.trainer.dynamic_sampling import accuracy_of, filter_groups
 from verl.trainer.episodes import Episodes
 from verl.trainer.evaluation import Answers, evaluate_rows
 from verl.trainer.forward import can_share_prompt, logprobs_of, values_of
@@ -245,6 +245,7 @@ class RLTrainer(TrainerRuntime):
             result = self.score_responses(batch.rows, batch.responses, batch.response_ids, batch.response_mask)
             batch.scores = result.scores.to(self.device, torch.float32)
             batch.metrics = dict(result.metrics)
+            batch.accuracy = accuracy_of(result, batch.scores)
             apply_overlong_penalty(batch, self.config.algorithm, self.config.rollout.max_new_tokens)
         batch.token_rewards = place_score_on_last_token(batch.scores, batch.response_mask.float())
         return batch
