@@ -175,7 +175,9 @@ class AlgorithmConfig(Section):
     kl_horizon: int = Field(10000, gt=0)
     whiten_advantages: bool = Field(True, description="Whiten GAE / REINFORCE++ advantages over the batch.")
     filter_groups: bool = Field(False, description="DAPO dynamic sampling (group estimators): sample more prompts "
-                                "and keep only groups whose rewards differ until the batch is full.")
+                                "and keep only groups whose accuracies differ (the reward's `acc` extra, else the "
+                                "score before the overlong penalty) until the global batch is full; the groups "
+                                "are dealt out over the actor ranks.")
     max_resample_rounds: int = Field(3, ge=0, description="filter_groups: extra sampling rounds at most; a batch "
                                      "still short after them is filled with equal-reward groups (skipped in the "
                                      "update, so they cost no gradient).")
