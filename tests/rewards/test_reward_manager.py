@@ -537,3 +537,20 @@ def test_a_raising_function_shows_the_users_own_file_line_and_text(tmp_path: Pat
     batched = RewardManager([{"name": "scorer.py:score_all", "batched": True}], base_dir=tmp_path)
     with pytest.raises(RewardError, match=r'scorer.py", line 9, in (<listcomp>|score_all): return \[len\(r\) / 0'):
         batched.score(["p"], ["x"], ["3"])
+
+
+def test_accuracy_is_the_weighted_acc_extra_and_nan_where_no_function_gives_one() -> None:
+    """`RewardResult.accuracy` is what DAPO's dynamic sampling filters on: the `acc` of dict returns."""
+
+    def graded(prompt, response, ground_truth, **meta):
+        return {"score": 0.5, "acc": float(response == "right")} if response != "plain" else 0.25
+
+    def styled(prompt, response, ground_truth, **meta):
+        return {"score": 0.1, "acc": 1.0, "style": 0.3}
+
+    mgr = RewardManager([graded, {"name": "exact_match", "weight": 2.0}])
+    result = mgr.score(["p"] * 3, ["right", "wrong", "plain"], ["x"] * 3)
+    assert result.accuracy[:2].tolist() == [1.0, 0.0] and math.isnan(float(result.accuracy[2]))
+    both = RewardManager([graded, styled])
+    assert both.score(["p"], ["right"], ["x"]).accuracy.tolist() == [2.0]
+    assert RewardManager([{"name": "exact_match"}]).score(["p"], ["x"], ["x"]).accuracy is None

@@ -88,3 +88,38 @@ def test_dynamic_sampling_with_a_reward_model_on_its_own_ranks_is_refused_at_sta
                and "set algorithm.filter_groups=false" in p for p in problems), problems
     colocated = check_startup(load_config(overrides=overrides[:2]), world_size=1, device_type="cpu").problems
     assert not any("filter_groups" in str(p) for p in colocated)
+
+
+def always_right(prompt, response, ground_truth, **meta):
+    return 1.0
+
+
+def right_but_styled(prompt, response, ground_truth, **meta):
+    """Every answer correct (`acc` 1), a score that also rewards style (varies with the response)."""
+    return {"score": 1.0 + float(sum(map(ord, response)) % 5) / 10, "acc": 1.0}
+
+
+def test_groups_are_filtered_on_accuracy_not_on_the_overlong_shaped_score(tmp_path):
+    """DAPO filters on correctness: the overlong penalty makes the scores of an all-right group differ, yet
+    the group carries no signal about correctness and is filtered out (here: every group)."""
+    trainer = RLTrainer(rl_config(tmp_path, "algorithm.filter_groups=true", "algorithm.max_resample_rounds=0",
+                                  "data.train_batch_size=8", "rollout.max_new_tokens=6", "algorithm.overlong_buffer=5",
+                                  reward={"name": f"{__file__}:always_right"}))
+    first, out, metrics = _sampled(trainer)
+    shaped = first.scores.clone()
+    first.accuracy = None
+    assert bool(varied_groups(first).any())  # the shaped scores differ within some group ...
+    assert torch.equal(out.accuracy, torch.ones(len(out)))  # ... the accuracies (pre-shaping scores) do not
+    assert metrics["dynamic_sampling/varied_group_frac"] == 0.0
+    assert metrics["dynamic_sampling/filled_equal_frac"] == 1.0
+    assert not bool(varied_groups(out).any()) and bool((shaped < 1).any())
+
+
+def test_groups_are_filtered_on_the_rewards_acc_extra(tmp_path):
+    trainer = RLTrainer(rl_config(tmp_path, "algorithm.filter_groups=true", "algorithm.max_resample_rounds=0",
+                                  "data.train_batch_size=8", "rollout.max_new_tokens=6",
+                                  reward={"name": f"{__file__}:right_but_styled"}))
+    first, out, metrics = _sampled(trainer)
+    assert len(set(first.scores.tolist())) > 1 and torch.equal(first.accuracy, torch.ones(len(first)))
+    assert metrics["dynamic_sampling/varied_group_frac"] == 0.0
+    assert metrics["dynamic_sampling/filled_equal_frac"] == 1.0

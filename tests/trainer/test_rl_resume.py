@@ -35,6 +35,9 @@ CASES = {
     "grpo": ("algorithm.adv_estimator=grpo", "actor.kl_loss_coef=0.01"),
     "ppo": ("algorithm.adv_estimator=gae", "algorithm.kl_in_reward=true", "algorithm.kl_ctrl=adaptive",
             "algorithm.kl_coef=0.05", "critic.lr_schedule=cosine", "critic.ppo_epochs=2", "critic.mini_batch_size=2"),
+    # the adaptive entropy coefficient (its state is checkpointed) and the high-entropy token mask
+    "grpo_entropy": ("algorithm.adv_estimator=grpo", "actor.target_entropy=20", "actor.entropy_coef_step=0.001",
+                     "actor.entropy_coef_max=1", "actor.entropy_top_fraction=0.5"),
 }
 
 
@@ -64,6 +67,9 @@ def test_resume_is_bit_exact(tmp_path, algo):
     assert "val/score" in got[1] and "val/score" in got[3]
     if algo == "ppo":
         assert "critic/vf_loss" in got[3] and got[3]["kl/coef"] != 0.05  # the adaptive coefficient moved
+    if algo == "grpo_entropy":  # the coefficient grew every step (entropy below the target), from 0
+        coefs = [r["actor/entropy_coef"] for r in got]
+        assert coefs[0] == 0.0 and coefs[0] < coefs[1] < coefs[2] < coefs[3] < 1
 
     a, b = dict(state_tensors(straight)), dict(state_tensors(second))
     assert a.keys() == b.keys() and any(k.startswith("optimizer.") for k in a)

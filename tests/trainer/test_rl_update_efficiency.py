@@ -97,7 +97,8 @@ def test_every_group_equal_runs_one_zero_weight_micro_batch_and_still_steps(tmp_
     assert got and all(bool((g == 0).all()) for g in got.values())  # zero gradients, as the full update gives
 
 
-@pytest.mark.parametrize("override", ["actor.entropy_coef=0.01", "actor.skip_zero_advantage=false"])
+@pytest.mark.parametrize("override", ["actor.entropy_coef=0.01", "actor.skip_zero_advantage=false",
+                                      "actor.target_entropy=1.0"])
 def test_no_skipping_with_an_entropy_bonus_or_when_turned_off(tmp_path, override):
     trainer = _trainer(tmp_path, "actor.micro_batch_size=4", override)
     batch = _batch(trainer, equal_groups=(0, 2))
@@ -321,6 +322,31 @@ def test_truncated_importance_sampling_weighs_each_token_by_the_samplers_probabi
         trainer.update_policy(batch)
 
 
+def test_high_entropy_fraction_trains_only_the_top_tokens_of_the_micro_batch(tmp_path):
+    """actor.entropy_top_fraction=0.2 (arXiv 2506.01939): the update's gradient is the plain update's with the
+    advantages of all but the highest-entropy 20% of the micro-batch's tokens set to 0 (the loss normaliser
+    keeps every token); the entropy quantile metrics are those of the batch's tokens."""
+    trainer = _trainer(tmp_path, "actor.entropy_top_fraction=0.2", "actor.micro_batch_size=64")
+    batch = _batch(trainer, equal_groups=())
+    with torch.no_grad():
+        _, entropy = response_logprobs(trainer.model, batch.input_ids, batch.attention_mask, batch.position_ids,
+                                       batch.response_ids.shape[1], with_entropy=True)
+    mask = batch.response_mask.double()
+    flat = entropy[mask.bool()]
+    threshold = flat.sort(descending=True).values[math.ceil(0.2 * flat.numel()) - 1]
+    top = ((entropy >= threshold) & mask.bool()).double()
+    scaled = copy.copy(batch)
+    scaled.advantages = batch.advantages.double() * top
+    want = _reference_grads(trainer, scaled)
+    got, metrics, _ = _update_grads(trainer, batch)
+    _assert_same(got, want, 1e-6)
+    full = _reference_grads(trainer, batch)
+    assert any(float((full[k] - want[k]).abs().max()) > 1e-3 * float(full[k].abs().max()) for k in full)
+    assert metrics["actor/entropy_top_frac"] == pytest.approx(float(top.sum() / mask.sum()))
+    quantiles = torch.quantile(flat, torch.tensor([0.1, 0.5, 0.9], dtype=flat.dtype)).tolist()
+    assert [metrics[f"actor/entropy_q{q}"] for q in (10, 50, 90)] == pytest.approx(quantiles, rel=1e-9)
+
+
 def test_dr_grpos_normaliser_is_the_generation_budget_not_the_batch_width(tmp_path):
     """seq-mean-token-sum-norm divides by a constant: rollout.max_new_tokens, however long this batch's longest
     response is. A budget twice the batch's width halves the gradient of the width-normalised loss."""
@@ -444,7 +470,8 @@ def test_update_metrics_do_not_depend_on_skipping_zero_advantage_rows(tmp_path, 
 def test_no_host_sync_between_forward_and_backward(tmp_path, monkeypatch):
     """The micro-batch loss keeps its metrics on the device (a host sync there stalls an accelerator on every
     micro-batch); the update converts them once, at the end."""
-    trainer = _trainer(tmp_path, "actor.kl_loss_coef=0.1", "actor.entropy_coef=0.01", "actor.tis_cap=2.0")
+    trainer = _trainer(tmp_path, "actor.kl_loss_coef=0.1", "actor.entropy_coef=0.01", "actor.tis_cap=2.0",
+                       "actor.entropy_top_fraction=0.2")
     batch = _batch(trainer, equal_groups=())
     batch.ref_logprobs = torch.full(batch.response_mask.shape, -2.0, dtype=torch.float64)
     width = batch.response_ids.shape[1]
@@ -470,5 +497,6 @@ def test_no_host_sync_between_forward_and_backward(tmp_path, monkeypatch):
     loss, metrics = micro_loss(batch)
     monkeypatch.undo()
     assert syncs == []
-    assert {"actor/pg_loss", "actor/clipfrac", "actor/entropy", "actor/kl_loss", "actor/tis_weight_mean"} <= set(metrics)
+    assert {"actor/pg_loss", "actor/clipfrac", "actor/entropy", "actor/kl_loss", "actor/tis_weight_mean",
+            "actor/entropy_q10", "actor/entropy_q50", "actor/entropy_q90", "actor/entropy_top_frac"} <= set(metrics)
     assert all(torch.is_tensor(v) and not v.requires_grad for v in metrics.values()) and loss.requires_grad

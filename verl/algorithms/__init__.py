@@ -23,6 +23,7 @@ from .core import (
     whiten_from_moments,
 )
 from .dpo import DPO_LOSS_TYPES, dpo_loss
+from .entropy import AdaptiveEntropyController, masked_quantiles, top_entropy_mask
 from .estimators import ESTIMATOR_NAMES, ESTIMATORS, AdvantageEstimator, EstimatorParams, get_estimator
 from .kl import K3_CLAMP, KL_KINDS, AdaptiveKLController, FixedKLController, kl_penalty, sequence_kl_sums
 from .logits import entropy_from_logits, token_logprobs, token_logprobs_and_entropy
@@ -38,6 +39,7 @@ __all__ = [
     "DPO_LOSS_TYPES",
     "K3_CLAMP",
     "KL_KINDS",
+    "AdaptiveEntropyController",
     "AdaptiveKLController",
     "FixedKLController",
     "aggregate_loss",
@@ -51,6 +53,7 @@ __all__ = [
     "kl_penalty",
     "masked_mean",
     "masked_moments",
+    "masked_quantiles",
     "masked_var",
     "masked_whiten",
     "overlong_penalty",
@@ -59,6 +62,7 @@ __all__ = [
     "sequence_kl_sums",
     "token_logprobs",
     "token_logprobs_and_entropy",
+    "top_entropy_mask",
     "value_loss",
     "whiten_from_moments",
 ]

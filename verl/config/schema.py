@@ -6,6 +6,7 @@ Every section forbids unknown keys so a typo fails loudly (with a suggestion) in
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Literal
 
@@ -174,7 +175,9 @@ class AlgorithmConfig(Section):
     kl_horizon: int = Field(10000, gt=0)
     whiten_advantages: bool = Field(True, description="Whiten GAE / REINFORCE++ advantages over the batch.")
     filter_groups: bool = Field(False, description="DAPO dynamic sampling (group estimators): sample more prompts "
-                                "and keep only groups whose rewards differ until the batch is full.")
+                                "and keep only groups whose accuracies differ (the reward's `acc` extra, else the "
+                                "score before the overlong penalty) until the global batch is full; the groups "
+                                "are dealt out over the actor ranks.")
     max_resample_rounds: int = Field(3, ge=0, description="filter_groups: extra sampling rounds at most; a batch "
                                      "still short after them is filled with equal-reward groups (skipped in the "
                                      "update, so they cost no gradient).")
@@ -227,7 +230,38 @@ class ActorConfig(OptimConfig):
     kl_loss_coef: float = Field(0.0, ge=0.0, description="> 0 adds KL to the reference as a loss term.")
     kl_loss_type: Literal["k1", "k2", "k3", "abs"] = "k3"
     _verl_kl = field_validator("kl_loss_type", mode="before")(verl_name("kl_type"))
-    entropy_coef: float = Field(0.0, ge=0.0)
+    entropy_coef: float = Field(0.0, ge=0.0, description="Entropy bonus: loss -= entropy_coef x mean token entropy. "
+                                "With target_entropy, the adaptive coefficient's starting value.")
+    target_entropy: float | None = Field(None, description="Adaptive entropy bonus: after each update the "
+                                         "coefficient moves by entropy_coef_step x (target_entropy - measured mean "
+                                         "token entropy, nats), clipped to [0, entropy_coef_max]; checkpointed. "
+                                         "None = the fixed entropy_coef.")
+    entropy_coef_step: float = Field(1e-3, gt=0.0, description="target_entropy: coefficient change per nat of "
+                                     "entropy below (or above) the target, per step.")
+    entropy_coef_max: float = Field(0.01, ge=0.0, description="target_entropy: the coefficient's upper bound.")
+    entropy_top_fraction: float = Field(1.0, description="Train the policy-gradient loss on the highest-entropy "
+                                        "fraction of each micro-batch's response tokens only (0.2: the 'forking "
+                                        "tokens' of arXiv 2506.01939); the others keep their place in the loss "
+                                        "normaliser. 1.0 = every token.")
+
+    @field_validator("target_entropy")
+    @classmethod
+    def _positive_target(cls, v: float | None) -> float | None:
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise ValueError(f"actor.target_entropy={v} must be a positive number of nats per token (a policy's "
+                             "entropy is > 0 until it collapses). Fix: set e.g. actor.target_entropy=0.3, or null "
+                             "for the fixed actor.entropy_coef")
+        return v
+
+    @field_validator("entropy_top_fraction")
+    @classmethod
+    def _fraction(cls, v: float) -> float:
+        if not 0.0 < v <= 1.0:
+            raise ValueError(f"actor.entropy_top_fraction={v} must lie in (0, 1]: the share of each micro-batch's "
+                             "tokens (highest entropy first) the policy loss trains on. Fix: 0.2 for the "
+                             "high-entropy minority (arXiv 2506.01939), 1.0 for every token")
+        return v
+
     share_prompt_forward: bool = Field(True, description="With rollout.n > 1, run each group's prompt once per "
                                        "micro-batch (with gradient) and its n responses on the prompt's cached "
                                        "keys/values; same loss and gradients as the unshared forward. Mini-batches "

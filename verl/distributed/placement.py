@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from verl.distributed.groups import RoleGroups
+from verl.distributed.guard import role_key
 from verl.distributed.transfer import mean_over_owners, pad_to_group_width
 
 B = TypeVar("B")
@@ -101,6 +102,23 @@ class Placement:
         t = values.detach().to(self.device, torch.float64).clone()
         self.groups.all_reduce(t, role, stage, op=op)
         return t.to(values.device)
+
+    def role_index(self, role: str = HOME) -> int:
+        """This rank's position among `role`'s data-parallel ranks (0 in one process)."""
+        return self.groups.ranks(role).index(self.rank) if self.groups is not None else 0
+
+    def all_gather_object(self, obj: Any, role: str = HOME) -> list[Any]:
+        """Every `role` rank's `obj` (picklable; tensors on the CPU), in rank order; [obj] in one process.
+
+        Only ranks of `role` may call it; all of them must."""
+        if self.groups is None or self.role_size(role) == 1 or not dist.is_initialized():
+            return [obj]
+        ranks = self.groups.ranks(role)
+        out: list[Any] = [None] * len(ranks)
+        self.groups.guard.run("gather:objects", ranks,
+                              lambda: dist.all_gather_object(out, obj, group=self.groups.group(role)),
+                              group_name=role_key(ranks))
+        return out
 
     def mean_over_owners(self, metrics: dict[str, float]) -> dict[str, float]:
         """Each metric's mean over the ranks that computed it, on every rank (identity in one process)."""

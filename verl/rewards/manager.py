@@ -43,6 +43,9 @@ class RewardResult:
     extras: per sample, {function: {key: value}} for the extra keys of dict returns that are not finite
         numbers (verl's math_dapo returns its parsed answer as `pred`): they cannot be averaged, so they go
         with the sample (samples.jsonl) instead of the metrics; empty dicts where there are none.
+    accuracy: float32 [N], the weighted sum of the `acc` extras of the functions that return one for a sample,
+        NaN where none does; None when no function returned one. DAPO's dynamic sampling filters on it
+        (correctness, not the shaped score).
     """
 
     scores: torch.Tensor
@@ -50,6 +53,7 @@ class RewardResult:
     per_function: dict[str, torch.Tensor] = field(default_factory=dict)
     applied: dict[str, torch.Tensor] = field(default_factory=dict)
     extras: list[dict[str, dict[str, Any]]] = field(default_factory=list)
+    accuracy: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,8 @@ VERL_SIGNATURE = ("data_source", "solution_str")
 TRL_ARGUMENT = "completions"
 # The column names the data layer reads a ground truth from (verl.data.fields; a test keeps them equal).
 GROUND_TRUTH_NAMES = ("ground_truth", "answer", "label", "solution", "reference")
+# The extra of a dict return that says whether the answer is correct (verl's math_dapo returns it as `acc`).
+ACCURACY_KEY = "acc"
 
 
 class _Samples(NamedTuple):
@@ -322,6 +328,7 @@ class RewardManager:
         applied: dict[str, torch.Tensor] = {}
         metrics: dict[str, float] = {}
         sample_extras: list[dict[str, dict[str, Any]]] = [{} for _ in range(n)]
+        accuracy: list[float | None] = [None] * n  # the `acc` extras (weighted sum), for dynamic sampling
         for ld in self._loaded:
             idx = [i for i in range(n) if ld.applies(data_sources[i])]
             raw_list, mask_list = [0.0] * n, [False] * n  # filled as Python lists: one tensor each, not n writes
@@ -345,6 +352,8 @@ class RewardManager:
                 mask_list[i] = True
                 for k, v in extra.items():
                     extras.setdefault(k, []).append(v)
+                if ACCURACY_KEY in extra:
+                    accuracy[i] = (accuracy[i] or 0.0) + ld.spec.weight * extra[ACCURACY_KEY]
                 if other:
                     sample_extras[i][ld.label] = other
             raw = torch.tensor(raw_list, dtype=torch.float64)
@@ -368,7 +377,9 @@ class RewardManager:
                     "scored 0 silently.")
         if n:
             metrics["reward/mean"] = float(total.mean())
-        return RewardResult(total.float(), metrics, per_function, applied, sample_extras)
+        acc = (None if all(a is None for a in accuracy)
+               else torch.tensor([math.nan if a is None else a for a in accuracy], dtype=torch.float32))
+        return RewardResult(total.float(), metrics, per_function, applied, sample_extras, acc)
 
     # -- calling user code -------------------------------------------------------------------------
 

@@ -63,6 +63,7 @@ LAYOUT: dict[str, FieldLayout] = {
     "rollout_logprobs": FieldLayout(RESPONSE, 0.0),
     "responses": FieldLayout(ROW_LIST),
     "scores": FieldLayout(ROW),
+    "accuracy": FieldLayout(ROW),
     "env_scores": FieldLayout(ROW),
     "token_rewards": FieldLayout(RESPONSE, 0.0),
     "old_logprobs": FieldLayout(RESPONSE, 0.0),
@@ -123,6 +124,9 @@ class RolloutBatch:
     rollout_logprobs: torch.Tensor | None = None  # [N, R] the sampler's log-prob of each response token
     responses: list[str] = field(default_factory=list)
     scores: torch.Tensor | None = None  # [N] sequence-level reward
+    # [N] what dynamic sampling filters on: the reward's `acc` extra, else the score before shaping (overlong
+    # penalty). None: the scores.
+    accuracy: torch.Tensor | None = None
     env_scores: torch.Tensor | None = None  # [N] multi-turn episodes: the reward the environment's step gave
     token_rewards: torch.Tensor | None = None  # [N, R]
     old_logprobs: torch.Tensor | None = None  # [N, R] actor before the update
@@ -190,8 +194,12 @@ class RolloutBatch:
 
 
 def varied_groups(batch: RolloutBatch) -> torch.Tensor:
-    """[N] bool: the sequences whose group's scores are not all equal (exactly, as the estimators test)."""
-    scores = batch.scores.detach().cpu().double()
+    """[N] bool: the sequences whose group's accuracies (`accuracy`, else scores) are not all equal (exactly).
+
+    DAPO (arXiv 2503.14476) keeps the groups that are neither all right nor all wrong: a shaping term such as
+    the overlong penalty makes the scores of an all-right group differ without giving it a learning signal
+    about correctness."""
+    scores = (batch.accuracy if batch.accuracy is not None else batch.scores).detach().cpu().double()
     _, inverse = torch.unique(batch.group_ids.cpu(), return_inverse=True)
     size = int(inverse.max()) + 1 if len(inverse) else 0
     high = torch.full((size,), -float("inf"), dtype=torch.float64).scatter_reduce(0, inverse, scores, "amax")

@@ -43,7 +43,7 @@ from verl.trainer.batch import (
 )
 from verl.trainer.batch_math import BatchPlan
 from verl.trainer.drift import drift_moments, judge_drift
-from verl.trainer.dynamic_sampling import filter_groups
+from verl.trainer.dynamic_sampling import accuracy_of, filter_groups
 from verl.trainer.episodes import Episodes
 from verl.trainer.evaluation import Answers, evaluate_rows
 from verl.trainer.forward import can_share_prompt, logprobs_of, values_of
@@ -90,6 +90,7 @@ class RLTrainer(TrainerRuntime):
                                           gathered=self.gathered, device=self.device)
                           if is_multiturn(self.env) else None)
         self.kl_ctrl = kl_controller(config.algorithm)
+        self.entropy_ctrl = update.entropy_controller(config.actor)  # None: the fixed actor.entropy_coef
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -244,6 +245,7 @@ class RLTrainer(TrainerRuntime):
             result = self.score_responses(batch.rows, batch.responses, batch.response_ids, batch.response_mask)
             batch.scores = result.scores.to(self.device, torch.float32)
             batch.metrics = dict(result.metrics)
+            batch.accuracy = accuracy_of(result, batch.scores)
             apply_overlong_penalty(batch, self.config.algorithm, self.config.rollout.max_new_tokens)
         batch.token_rewards = place_score_on_last_token(batch.scores, batch.response_mask.float())
         return batch
@@ -357,10 +359,12 @@ class RLTrainer(TrainerRuntime):
         # The drift check on this forward (see update_checks_drift): the rows of every micro-batch run
         drift = [] if batch.rollout_logprobs is not None and self.update_checks_drift else None
 
+        entropy_coef = cfg.entropy_coef if self.entropy_ctrl is None else self.entropy_ctrl.value
         micro_loss = update.policy_loss(
             cfg, norm_len, lambda mb: self.policy_logprobs(self.model, mb, temperature=temperature, with_entropy=True,
-                                                           entropy_grad=cfg.entropy_coef > 0),
-            on_logprobs=None if drift is None else lambda logprobs, mb: drift.append(drift_moments(logprobs, mb)))
+                                                           entropy_grad=entropy_coef > 0),
+            on_logprobs=None if drift is None else lambda logprobs, mb: drift.append(drift_moments(logprobs, mb)),
+            entropy_coef=entropy_coef)
 
         def check_drift() -> None:  # before the optimizer step: a failed check leaves the weights alone
             if drift is not None:
@@ -372,6 +376,8 @@ class RLTrainer(TrainerRuntime):
                                 contributes=self.contributing_sequences if self.skips_zero_advantage else None,
                                 keep_groups=self.shares_prompt(self.model), before_step=check_drift,
                                 metric_kinds=update.ACTOR_METRICS)
+        if self.entropy_ctrl is not None:
+            metrics |= update.steer_entropy(self.entropy_ctrl, metrics, self.placement)
         if batch.ref_logprobs is not None:
             metrics["actor/ref_kl"] = float(masked_mean(batch.old_logprobs - batch.ref_logprobs,
                                                         batch.response_mask.float()))
@@ -467,10 +473,13 @@ class RLTrainer(TrainerRuntime):
 
     # ------------------------------------------------------------------ state for checkpoints
     def trainer_state(self) -> dict[str, Any]:
-        return {"kl_ctrl": self.kl_ctrl.state_dict(), "env": self.env.state_dict()}
+        entropy = {} if self.entropy_ctrl is None else {"entropy_ctrl": self.entropy_ctrl.state_dict()}
+        return {"kl_ctrl": self.kl_ctrl.state_dict(), "env": self.env.state_dict(), **entropy}
 
     def load_trainer_state(self, state: Mapping[str, Any]) -> None:
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        if self.entropy_ctrl is not None and "entropy_ctrl" in state:  # else: a run that had none starts afresh
+            self.entropy_ctrl.load_state_dict(state["entropy_ctrl"])
         self.env.load_state_dict(state["env"])
 
     def app_state(self) -> dict[str, Any]:

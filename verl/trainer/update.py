@@ -9,6 +9,7 @@ so the actor's and the critic's updates are the same code with their own plans.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from verl.algorithms import aggregate_loss, kl_penalty, masked_mean, ppo_policy_loss, value_loss
+from verl.algorithms.entropy import AdaptiveEntropyController, masked_quantiles, top_entropy_mask
 from verl.config.schema import ActorConfig, CriticConfig, OptimConfig
 from verl.distributed.placement import Placement
 from verl.errors import RolloutError
@@ -212,6 +214,12 @@ ACTOR_METRICS = MetricKinds(
     per_token=frozenset({"actor/clipfrac", "actor/approx_kl", "actor/tis_weight_mean", "actor/tis_capped_frac"}),
     ran_rows=frozenset({"actor/entropy", "actor/approx_kl", "actor/tis_weight_mean", "actor/tis_capped_frac"}))
 CRITIC_METRICS = MetricKinds(per_token=frozenset({"critic/clipfrac"}))
+# Entropy quantiles over each micro-batch's tokens (averaged over micro-batches, as the entropy is): per token,
+# unknown for skipped rows.
+ENTROPY_QUANTILES = {"actor/entropy_q10": 0.1, "actor/entropy_q50": 0.5, "actor/entropy_q90": 0.9}
+_ENTROPY_TOKEN_METRICS = {*ENTROPY_QUANTILES, "actor/entropy_top_frac"}
+ACTOR_METRICS = dataclasses.replace(ACTOR_METRICS, per_token=ACTOR_METRICS.per_token | _ENTROPY_TOKEN_METRICS,
+                                    ran_rows=ACTOR_METRICS.ran_rows | _ENTROPY_TOKEN_METRICS)
 
 
 # ---------------------------------------------------------------------- the micro-batch losses
@@ -226,11 +234,16 @@ def tis_weights(old_logprobs: torch.Tensor, mb: RolloutBatch, cap: float) -> tor
 
 
 def policy_loss(cfg: ActorConfig, norm_len: int, forward: Callable[[RolloutBatch], tuple[torch.Tensor, torch.Tensor]],
-                *, on_logprobs: Callable[[torch.Tensor, RolloutBatch], None] | None = None) -> MicroLoss:
+                *, on_logprobs: Callable[[torch.Tensor, RolloutBatch], None] | None = None,
+                entropy_coef: float | None = None) -> MicroLoss:
     """The actor's micro-batch loss: PPO-clip (`cfg`'s clip ranges, aggregation, sequence ratio, truncated
     importance weights, `tis_weights`), minus the entropy bonus, plus the KL loss; and its
     metrics. `forward(mb)` gives (log-probs, entropy); `on_logprobs(logprobs, mb)` sees every forward's
-    log-probs (the drift check). `norm_len` is seq-mean-token-sum-norm's constant for the whole batch."""
+    log-probs (the drift check). `norm_len` is seq-mean-token-sum-norm's constant for the whole batch.
+    `entropy_coef` is this step's bonus coefficient (the adaptive controller's; default `cfg.entropy_coef`).
+    With `cfg.entropy_top_fraction` < 1 only the highest-entropy tokens of the micro-batch carry advantage
+    (`top_entropy_mask`; the paper's batch is our micro-batch: one micro-batch per mini-batch reproduces it)."""
+    coef = cfg.entropy_coef if entropy_coef is None else entropy_coef
 
     def micro_loss(mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = mb.response_mask.float()
@@ -238,6 +251,12 @@ def policy_loss(cfg: ActorConfig, norm_len: int, forward: Callable[[RolloutBatch
         if on_logprobs is not None:
             on_logprobs(logprobs.detach(), mb)
         old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
+        entropy_stats = dict(zip(ENTROPY_QUANTILES, masked_quantiles(entropy.detach(), mask,
+                                                                     tuple(ENTROPY_QUANTILES.values())), strict=True))
+        if cfg.entropy_top_fraction < 1.0:  # the other tokens add 0 to the PG loss but stay in its normaliser
+            top = top_entropy_mask(entropy.detach(), mask, cfg.entropy_top_fraction)
+            mb = dataclasses.replace(mb, advantages=mb.advantages * top.to(mb.advantages))
+            entropy_stats["actor/entropy_top_frac"] = masked_mean(top, mask)
         weights = None if cfg.tis_cap is None else tis_weights(old, mb, cfg.tis_cap)
         loss, stats = ppo_policy_loss(logprobs, old, mb.advantages, mask, clip_low=cfg.clip_low,
                                       clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.loss_agg,
@@ -250,8 +269,9 @@ def policy_loss(cfg: ActorConfig, norm_len: int, forward: Callable[[RolloutBatch
                         "actor/tis_capped_frac": masked_mean((weights >= cfg.tis_cap).float(), mask)}
         ent = aggregate_loss(entropy, mask, cfg.loss_agg, norm_len=norm_len)
         metrics["actor/entropy"] = ent.detach()
-        if cfg.entropy_coef > 0:
-            loss = loss - cfg.entropy_coef * ent
+        metrics |= entropy_stats
+        if coef > 0:
+            loss = loss - coef * ent
         if cfg.kl_loss_coef > 0:
             kl = aggregate_loss(kl_penalty(logprobs, mb.ref_logprobs, cfg.kl_loss_type), mask, cfg.loss_agg,
                                 norm_len=norm_len)
@@ -357,7 +377,25 @@ def skips_zero_advantage(cfg: ActorConfig) -> bool:
     """With neither a KL loss nor an entropy bonus the PPO loss of a token is -A x ratio (clipped), so a
     sequence whose advantages are all exactly 0 (a GRPO/RLOO group with equal rewards) has zero loss and
     zero gradient: the update may leave it out."""
-    return cfg.skip_zero_advantage and cfg.kl_loss_coef == 0 and cfg.entropy_coef == 0
+    return (cfg.skip_zero_advantage and cfg.kl_loss_coef == 0 and cfg.entropy_coef == 0
+            and cfg.target_entropy is None)  # an adaptive bonus may become > 0
+
+
+def entropy_controller(cfg: ActorConfig) -> AdaptiveEntropyController | None:
+    """`actor.target_entropy`'s adaptive bonus coefficient (starting at `entropy_coef`); None = fixed."""
+    if cfg.target_entropy is None:
+        return None
+    return AdaptiveEntropyController(cfg.entropy_coef, cfg.target_entropy, cfg.entropy_coef_step, cfg.entropy_coef_max)
+
+
+def steer_entropy(ctrl: AdaptiveEntropyController, metrics: dict[str, float], placement: Placement,
+                  role: str = "actor") -> dict[str, float]:
+    """Move the coefficient with the update's mean token entropy (`actor/entropy`, averaged over the role's
+    ranks so every rank steps the same coefficient); the metrics of the coefficient this step used."""
+    used = ctrl.value
+    local = torch.tensor([metrics["actor/entropy"]], dtype=torch.float64)
+    ctrl.update(placement.all_reduce_sum(local, role) / placement.role_size(role))
+    return {f"{role}/entropy_coef": used}
 
 
 def contributing_sequences(batch: RolloutBatch) -> torch.Tensor:
@@ -365,6 +403,6 @@ def contributing_sequences(batch: RolloutBatch) -> torch.Tensor:
     return ((batch.advantages != 0) & (batch.response_mask != 0)).any(-1)
 
 
-__all__ = ["contributing_sequences", "skips_zero_advantage", "tis_weights", "ACTOR_METRICS", "CRITIC_METRICS", "MetricKinds", "critic_loss", "policy_loss", "PROMPT_FIELDS", "RESPONSE_FIELDS", "forward_in_micro_batches", "micro_batch",
+__all__ = ["contributing_sequences", "entropy_controller", "steer_entropy", "ENTROPY_QUANTILES", "skips_zero_advantage", "tis_weights", "ACTOR_METRICS", "CRITIC_METRICS", "MetricKinds", "critic_loss", "policy_loss", "PROMPT_FIELDS", "RESPONSE_FIELDS", "forward_in_micro_batches", "micro_batch",
            "micro_batch_groups", "micro_batch_rounds", "micro_batches", "micro_weights", "optimize",
            "update_order"]
