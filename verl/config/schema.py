@@ -7,9 +7,10 @@ Every section forbids unknown keys so a typo fails loudly (with a suggestion) in
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from verl.algorithms.estimators import ESTIMATOR_NAMES, ESTIMATORS
 from verl.compat.keys import verl_name
@@ -211,6 +212,51 @@ class OptimConfig(Section):
                                   "PPO ratio then starts at exactly 1 and the update sees the sampling policy.")
 
 
+class RolloutCorrectionConfig(Section):
+    """`actor.rollout_correction`: weigh or reject tokens by pi_old / pi_rollout, the trainer's probability of a
+    sampled token over the sampler's (verl.algorithms.rollout_correction)."""
+
+    mode: Literal["auto", "off", "token_tis", "seq_tis", "seq_tis_geo", "token_mask", "seq_mask"] = Field(
+        "auto", description="auto = token_tis where the sampler can differ from the trainer (rollout.engine=vllm, "
+        "bfloat16/float16 compute, a stale engine), off where it cannot (the hf engine on the trainer's float32 "
+        "weights: the update is then bit-identical to off). token_tis / seq_tis / seq_tis_geo: each token's loss "
+        "times min(ratio, cap), the ratio per token, of the whole response (product) or its geometric mean. "
+        "token_mask / seq_mask: leave out tokens (responses, by their geometric-mean ratio) whose ratio is "
+        "outside [lo, hi]. `verl check` prints the mode a run gets and why.")
+    cap: float = Field(2.0, gt=0.0, description="*_tis: the most a token's weight can be.")
+    lo: float = Field(0.5, gt=0.0, description="*_mask: the smallest ratio kept.")
+    hi: float = Field(2.0, gt=0.0, description="*_mask: the largest ratio kept.")
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML reads a bare `off` as false
+
+    @model_validator(mode="after")
+    def _band(self) -> RolloutCorrectionConfig:
+        if not self.lo < 1.0 < self.hi:
+            raise ValueError(f"actor.rollout_correction: lo={self.lo} and hi={self.hi} must hold 1 between them "
+                             "(lo < 1 < hi), else even a sampler that matches the trainer exactly is rejected")
+        return self
+
+
+def _tis_cap_alias(data: Any) -> Any:
+    """The deprecated `actor.tis_cap: X` is `actor.rollout_correction: {mode: token_tis, cap: X}`."""
+    if not isinstance(data, dict) or data.get("tis_cap") is None:
+        return data
+    data = dict(data)
+    cap = data.pop("tis_cap")
+    given = data.get("rollout_correction") or {}
+    given = given.model_dump(exclude_unset=True) if isinstance(given, BaseModel) else dict(given)
+    if given.get("mode", "auto") not in ("auto", "token_tis") or "cap" in given:
+        raise ValueError(f"actor.tis_cap={cap} (deprecated) and actor.rollout_correction={given} both set the "
+                         "rollout correction; keep only actor.rollout_correction")
+    warnings.warn(f"actor.tis_cap is deprecated: use actor.rollout_correction.mode=token_tis and "
+                  f"actor.rollout_correction.cap={cap} (applied so for this run)", FutureWarning, stacklevel=2)
+    data["rollout_correction"] = {**given, "mode": "token_tis", "cap": cap}
+    return data
+
+
 class ActorConfig(OptimConfig):
     clip_low: float = Field(0.2, gt=0.0)
     clip_high: float = Field(0.2, gt=0.0)
@@ -221,9 +267,16 @@ class ActorConfig(OptimConfig):
     mask_truncated: bool = Field(False, description="Leave responses that rollout.max_new_tokens cut off (no eos) "
                                  "out of the policy loss (DAPO's overlong filtering; TRL's "
                                  "mask_truncated_completions).")
-    tis_cap: float | None = Field(None, gt=0.0, description="Truncated importance sampling: each token's loss "
-                                  "times min(pi_old / pi_rollout, tis_cap), for a sampler whose log-probs differ "
-                                  "from the trainer's (vLLM, bf16); None = off.")
+    tis_cap: float | None = Field(None, gt=0.0, description="Deprecated: actor.rollout_correction with mode "
+                                  "token_tis and this cap (what a value here is translated to).")
+    rollout_correction: RolloutCorrectionConfig = Field(
+        default_factory=RolloutCorrectionConfig, description="Correction for a sampler whose log-probs differ "
+        "from the trainer's (vLLM, bf16, stale weights); on by default where they can differ.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tis_alias(cls, data: Any) -> Any:
+        return _tis_cap_alias(data)
     kl_loss_coef: float = Field(0.0, ge=0.0, description="> 0 adds KL to the reference as a loss term.")
     kl_loss_type: Literal["k1", "k2", "k3", "abs"] = "k3"
     _verl_kl = field_validator("kl_loss_type", mode="before")(verl_name("kl_type"))

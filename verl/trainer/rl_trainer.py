@@ -42,11 +42,13 @@ from verl.trainer.batch import (
     written_by,
 )
 from verl.trainer.batch_math import BatchPlan
+from verl.trainer.correction import CorrectionPlan, plan_correction
 from verl.trainer.drift import drift_moments, judge_drift
 from verl.trainer.dynamic_sampling import filter_groups
 from verl.trainer.episodes import Episodes
 from verl.trainer.evaluation import Answers, evaluate_rows
 from verl.trainer.forward import can_share_prompt, logprobs_of, values_of
+from verl.trainer.precision import LOW_PRECISION, resolve_precision
 from verl.trainer.python_api import RewardArg, python_run
 from verl.trainer.reward_model import reward_model_inputs
 from verl.trainer.runtime import TrainerRuntime
@@ -360,7 +362,8 @@ class RLTrainer(TrainerRuntime):
         micro_loss = update.policy_loss(
             cfg, norm_len, lambda mb: self.policy_logprobs(self.model, mb, temperature=temperature, with_entropy=True,
                                                            entropy_grad=cfg.entropy_coef > 0),
-            on_logprobs=None if drift is None else lambda logprobs, mb: drift.append(drift_moments(logprobs, mb)))
+            on_logprobs=None if drift is None else lambda logprobs, mb: drift.append(drift_moments(logprobs, mb)),
+            correction=self.correction)
 
         def check_drift() -> None:  # before the optimizer step: a failed check leaves the weights alone
             if drift is not None:
@@ -372,6 +375,10 @@ class RLTrainer(TrainerRuntime):
                                 contributes=self.contributing_sequences if self.skips_zero_advantage else None,
                                 keep_groups=self.shares_prompt(self.model), before_step=check_drift,
                                 metric_kinds=update.ACTOR_METRICS)
+        for key, sign in (("rollout_corr/ratio_max", 1.0), ("rollout_corr/ratio_min", -1.0)):
+            if key in metrics:  # this rank's extreme; the run's is over every actor rank
+                value = torch.tensor([sign * metrics[key]], device=self.device)
+                metrics[key] = sign * float(self.placement.all_reduce_max(value, "actor"))
         if batch.ref_logprobs is not None:
             metrics["actor/ref_kl"] = float(masked_mean(batch.old_logprobs - batch.ref_logprobs,
                                                         batch.response_mask.float()))
@@ -388,6 +395,14 @@ class RLTrainer(TrainerRuntime):
         metrics["critic/explained_var"] = float(explained_variance(batch.values, batch.returns, mask))
         metrics["critic/values_mean"] = float(masked_mean(batch.values, mask))
         return metrics
+
+    @functools.cached_property
+    def correction(self) -> CorrectionPlan:
+        """`actor.rollout_correction` for this run's engine and compute dtype (`plan_correction`)."""
+        compute = resolve_precision(self.config, self.device.type).compute
+        if self.dtype in LOW_PRECISION:  # a model given in bfloat16 computes in it whatever the config says
+            compute = self.dtype
+        return plan_correction(self.config, compute)
 
     @property
     def skips_zero_advantage(self) -> bool:
