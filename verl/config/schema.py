@@ -148,6 +148,14 @@ class RolloutConfig(Section):
         0.1, gt=0.0, description="Stop when the sampler's log-probs differ from the trainer's on the same tokens "
         "by more than this (mean |difference| per token over the batch): the engine samples from other weights "
         "than the policy's. None = only log rollout/logprob_diff_*.")
+    drift_noise_ratio: float | None = Field(
+        20.0, gt=1.0, description="Stop when the drift exceeds this many times the run's own numeric noise: the "
+        "drift of its first step, when sampler and trainer hold the same initial weights whatever the engine "
+        "does (floor 1e-6 per token). Catches an engine one update behind at lr 1e-6, which the fixed "
+        "max_logprob_drift never sees. None = only the fixed limit.")
+    drift_growth_steps: int = Field(
+        6, ge=0, description="Stop when the drift rose on most of the last N steps, doubled over them and is "
+        "above 4x the noise: an engine falling further behind with every update. 0 = off.")
     drift_check_samples: int = Field(
         4, gt=0, description="Responses per rank checked for drift when the step computes no old log-probs and "
         "the update's forward cannot check (a single on-policy update with dropout off checks every row it "

@@ -43,7 +43,7 @@ from verl.trainer.batch import (
 )
 from verl.trainer.batch_math import BatchPlan
 from verl.trainer.correction import CorrectionPlan, plan_correction
-from verl.trainer.drift import drift_moments, judge_drift
+from verl.trainer.drift import DriftGuard, drift_moments, judge_drift
 from verl.trainer.dynamic_sampling import filter_groups
 from verl.trainer.episodes import Episodes
 from verl.trainer.evaluation import Answers, evaluate_rows
@@ -92,6 +92,7 @@ class RLTrainer(TrainerRuntime):
                                           gathered=self.gathered, device=self.device)
                           if is_multiturn(self.env) else None)
         self.kl_ctrl = kl_controller(config.algorithm)
+        self.drift_guard = DriftGuard()  # the on-policy guard's calibration (drift.py)
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -307,7 +308,7 @@ class RLTrainer(TrainerRuntime):
 
     def judge_drift(self, batch: RolloutBatch, moments: torch.Tensor, worst: torch.Tensor) -> None:
         judge_drift(batch.metrics, moments, worst, rollout=self.config.rollout, placement=self.placement,
-                    step=self.step_count + 1)
+                    step=self.step_count + 1, guard=self.drift_guard)
 
     def compute_ref_log_probs(self, batch: RolloutBatch) -> RolloutBatch:
         batch.ref_logprobs = self.sequence_logprobs(self.ref_model, batch)
@@ -482,10 +483,12 @@ class RLTrainer(TrainerRuntime):
 
     # ------------------------------------------------------------------ state for checkpoints
     def trainer_state(self) -> dict[str, Any]:
-        return {"kl_ctrl": self.kl_ctrl.state_dict(), "env": self.env.state_dict()}
+        return {"kl_ctrl": self.kl_ctrl.state_dict(), "env": self.env.state_dict(),
+                "drift_guard": self.drift_guard.state_dict()}
 
     def load_trainer_state(self, state: Mapping[str, Any]) -> None:
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        self.drift_guard.load_state_dict(state.get("drift_guard", {}))  # a checkpoint from before the guard
         self.env.load_state_dict(state["env"])
 
     def app_state(self) -> dict[str, Any]:
