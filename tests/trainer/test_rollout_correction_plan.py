@@ -3,6 +3,7 @@ and the deprecated actor.tis_cap mapped onto it."""
 
 from __future__ import annotations
 
+import copy
 import types
 
 import pytest
@@ -72,3 +73,27 @@ def test_auto_is_a_bit_identical_update_with_our_float32_sampler(tmp_path):
     assert 0 < tis_metrics["rollout_corr/kl_k3"] < 1e-6
     assert tis_metrics["rollout_corr/ratio_min"] <= tis_metrics["rollout_corr/ratio_mean"] <= (
         tis_metrics["rollout_corr/ratio_max"])
+
+
+@pytest.mark.parametrize("mode", ["token_mask", "seq_mask"])
+def test_rejected_responses_add_nothing_to_the_gradient(tmp_path, mode):
+    """A response the sampler found e^10 times likelier than the trainer is rejected: the update equals the
+    plain one with that response's advantages zeroed (it stays in the normaliser), and masked_frac says so."""
+    from test_rl_update_efficiency import _assert_same, _batch, _reference_grads, _trainer, _update_grads
+
+    from verl.trainer.forward import response_logprobs
+
+    trainer = _trainer(tmp_path, f"actor.rollout_correction.mode={mode}", "rollout.max_logprob_drift=null")
+    batch = _batch(trainer, equal_groups=())
+    with torch.no_grad():
+        logprobs, _ = response_logprobs(trainer.model, batch.input_ids, batch.attention_mask, batch.position_ids,
+                                        batch.response_ids.shape[1])
+    batch.rollout_logprobs = logprobs.clone()
+    batch.rollout_logprobs[0] += 10.0
+    got, metrics, _ = _update_grads(trainer, batch)
+    kept = copy.copy(batch)
+    kept.advantages = batch.advantages.double().clone()
+    kept.advantages[0] = 0.0
+    _assert_same(got, _reference_grads(trainer, kept), 1e-6)
+    mask = batch.response_mask.float()
+    assert metrics["rollout_corr/masked_frac"] == pytest.approx(float(mask[0].sum() / mask.sum()))
