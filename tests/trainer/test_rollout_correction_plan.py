@@ -97,3 +97,14 @@ def test_rejected_responses_add_nothing_to_the_gradient(tmp_path, mode):
     _assert_same(got, _reference_grads(trainer, kept), 1e-6)
     mask = batch.response_mask.float()
     assert metrics["rollout_corr/masked_frac"] == pytest.approx(float(mask[0].sum() / mask.sum()))
+
+
+def test_ratio_extremes_are_the_extremes_over_micro_batches_and_steps():
+    from verl.trainer import update
+
+    sums = update._MetricSums(update.ACTOR_METRICS)
+    t = torch.tensor
+    sums.add_step([({"rollout_corr/ratio_max": t(1.5), "rollout_corr/ratio_min": t(0.9)}, 0.5, 0.5),
+                   ({"rollout_corr/ratio_max": t(3.0), "rollout_corr/ratio_min": t(0.7)}, 0.5, 0.5)])
+    sums.add_step([({"rollout_corr/ratio_max": t(2.0), "rollout_corr/ratio_min": t(0.8)}, 1.0, 1.0)])
+    assert sums.result({}) == {"rollout_corr/ratio_max": 3.0, "rollout_corr/ratio_min": pytest.approx(0.7)}

@@ -190,8 +190,9 @@ class _MetricSums:
         self.steps += 1
         for key in stats[0][0] if stats else ():
             if key in self.kinds.maxima or key in self.kinds.minima:
-                pick = max if key in self.kinds.maxima else min
-                self.sums[key] = pick([s[key] for s, _, _ in stats] + ([self.sums[key]] if key in self.sums else []))
+                values = torch.stack([torch.as_tensor(v) for v in ([s[key] for s, _, _ in stats]
+                                                                   + ([self.sums[key]] if key in self.sums else []))])
+                self.sums[key] = values.amax() if key in self.kinds.maxima else values.amin()  # on the device
                 continue
             token = key in self.kinds.per_token
             value = sum(s[key] * (tw if token else w) for s, w, tw in stats)
