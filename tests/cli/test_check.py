@@ -27,6 +27,13 @@ def test_demo_preset_passes(capsys):
     out = capsys.readouterr().out
     assert "all checks passed" in out and "model and tokenizer are consistent" in out
     assert "linear layers on CPU: " in out and "trainer.cpu_matmul=auto: " in out
+    assert "note: rollout correction: off: the hf engine samples with the trainer's own float32 weights" in out
+
+
+def test_the_rollout_correction_mode_and_its_reason_are_printed(capsys):
+    main(["check", demo_config_path(), "actor.rollout_correction.mode=seq_tis_geo"])
+    assert ("note: rollout correction: seq_tis_geo (cap 2.0): set by actor.rollout_correction.mode=seq_tis_geo"
+            in capsys.readouterr().out)
 
 
 def test_the_cpu_matmul_library_is_named(capsys):

@@ -295,7 +295,8 @@ def test_only_positions_whose_logit_is_used_run(shared):
 
 
 def test_truncated_importance_sampling_weighs_each_token_by_the_samplers_probability(tmp_path):
-    """actor.tis_cap: each token's loss x min(pi_old / pi_rollout, cap). With the sampler's log-probs equal to
+    """actor.tis_cap (deprecated alias of rollout_correction mode token_tis): each token's loss x min(pi_old /
+    pi_rollout, cap). With the sampler's log-probs equal to
     the trainer's, every weight is the cap 0.5 (ratio 1 > 0.5); a response the sampler found e^10 times
     likelier than the trainer weighs e^-10. In the clip-free on-policy update, that is the plain update with
     those sequences' advantages scaled by their weights."""
@@ -315,10 +316,10 @@ def test_truncated_importance_sampling_weighs_each_token_by_the_samplers_probabi
     want = _reference_grads(trainer, scaled)
     _assert_same(got, want, 1e-6)
     mask = batch.response_mask.float()
-    assert metrics["actor/tis_capped_frac"] == pytest.approx(float(mask[1:].sum() / mask.sum()))
+    assert metrics["rollout_corr/truncated_frac"] == pytest.approx(float(mask[1:].sum() / mask.sum()))
 
     batch.rollout_logprobs = None
-    with pytest.raises(RolloutError, match="actor.tis_cap=0.5 weighs each token by the sampler's probability"):
+    with pytest.raises(RolloutError, match="actor.rollout_correction.mode=token_tis weighs each token by the sampler's"):
         trainer.update_policy(batch)
 
 
@@ -470,8 +471,8 @@ def test_update_metrics_do_not_depend_on_skipping_zero_advantage_rows(tmp_path, 
 def test_no_host_sync_between_forward_and_backward(tmp_path, monkeypatch):
     """The micro-batch loss keeps its metrics on the device (a host sync there stalls an accelerator on every
     micro-batch); the update converts them once, at the end."""
-    trainer = _trainer(tmp_path, "actor.kl_loss_coef=0.1", "actor.entropy_coef=0.01", "actor.tis_cap=2.0",
-                       "actor.entropy_top_fraction=0.2")
+    trainer = _trainer(tmp_path, "actor.kl_loss_coef=0.1", "actor.entropy_coef=0.01",
+                       "actor.rollout_correction.mode=token_tis", "actor.entropy_top_fraction=0.2")
     batch = _batch(trainer, equal_groups=())
     batch.ref_logprobs = torch.full(batch.response_mask.shape, -2.0, dtype=torch.float64)
     width = batch.response_ids.shape[1]
@@ -497,6 +498,7 @@ def test_no_host_sync_between_forward_and_backward(tmp_path, monkeypatch):
     loss, metrics = micro_loss(batch)
     monkeypatch.undo()
     assert syncs == []
-    assert {"actor/pg_loss", "actor/clipfrac", "actor/entropy", "actor/kl_loss", "actor/tis_weight_mean",
-            "actor/entropy_q10", "actor/entropy_q50", "actor/entropy_q90", "actor/entropy_top_frac"} <= set(metrics)
+    assert {"actor/pg_loss", "actor/clipfrac", "actor/entropy", "actor/kl_loss", "rollout_corr/weight_mean",
+            "rollout_corr/ratio_max", "actor/entropy_q10", "actor/entropy_q50", "actor/entropy_q90",
+            "actor/entropy_top_frac"} <= set(metrics)
     assert all(torch.is_tensor(v) and not v.requires_grad for v in metrics.values()) and loss.requires_grad

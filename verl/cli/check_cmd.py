@@ -97,7 +97,7 @@ def run_checks(config: RunConfig, *, nproc: int | None = None, nodes: int | None
             console.print(report.mapping.render_table())
             for note in (*report.mapping.casts, *report.mapping.notes):
                 console.print(f"note: {note}")
-        for note in report.fsdp_notes:
+        for note in (*report.fsdp_notes, *report.rl_notes):
             console.print(f"note: {note}")
         if report.parameters is not None:
             console.print(report.parameters.describe())

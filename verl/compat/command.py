@@ -53,7 +53,8 @@ _NEGATIVE: dict[str, tuple[str, str, str]] = {
     "trainer.test_freq": ("trainer.val_every", "0", "no periodic validation; here the end of training still "
                           "validates"),
     f"{_ARR}.rollout.top_k": ("rollout.top_k", "0", "no top-k filter (0 is off here)"),
-    f"{_ARR}.actor.tis_imp_ratio_cap": ("actor.tis_cap", "null", "no truncated importance sampling"),
+    f"{_ARR}.actor.tis_imp_ratio_cap": ("actor.tis_cap", "null", "no truncated importance sampling asked for; here "
+                                          "actor.rollout_correction.mode=auto decides (on for vLLM and bf16)"),
 }
 # optim.lr_warmup_steps_ratio: warmup as a share of the run's steps, used where lr_warmup_steps is unset (-1)
 _WARMUP = {f"{_ARR}.actor.optim": "actor.warmup_steps", "critic.optim": "critic.warmup_steps"}

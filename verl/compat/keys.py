@@ -52,7 +52,8 @@ VERL_KEYS: dict[str, str] = {
     f"{_ARR}.actor.clip_ratio_high": "actor.clip_high",
     f"{_ARR}.actor.clip_ratio_c": "actor.dual_clip",
     f"{_ARR}.actor.policy_loss.loss_mode": "actor.importance_sampling (gspo is sequence, vanilla is token)",
-    f"{_ARR}.actor.tis_imp_ratio_cap": "actor.tis_cap (verl's -1, off, is null here)",
+    f"{_ARR}.actor.tis_imp_ratio_cap": "actor.rollout_correction.mode and actor.rollout_correction.cap (mode "
+                                               "token_tis with that cap; verl's -1, off, is mode auto here)",
     f"{_ARR}.actor.loss_agg_mode": "actor.loss_agg",
     f"{_ARR}.actor.entropy_coeff": "actor.entropy_coef",
     f"{_ARR}.actor.use_kl_loss": "actor.kl_loss_coef (a value > 0 turns the KL loss on)",

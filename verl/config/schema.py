@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from verl.algorithms.estimators import ESTIMATOR_NAMES, ESTIMATORS
 from verl.compat.keys import verl_name
@@ -148,6 +149,14 @@ class RolloutConfig(Section):
         0.1, gt=0.0, description="Stop when the sampler's log-probs differ from the trainer's on the same tokens "
         "by more than this (mean |difference| per token over the batch): the engine samples from other weights "
         "than the policy's. None = only log rollout/logprob_diff_*.")
+    drift_noise_ratio: float | None = Field(
+        20.0, gt=1.0, description="Stop when the drift exceeds this many times the run's own numeric noise: the "
+        "drift of its first step, when sampler and trainer hold the same initial weights whatever the engine "
+        "does (floor 1e-6 per token). Catches an engine one update behind at lr 1e-6, which the fixed "
+        "max_logprob_drift never sees. None = only the fixed limit.")
+    drift_growth_steps: int = Field(
+        6, ge=0, description="Stop when the drift rose on most of the last N steps, doubled over them and is "
+        "above 4x the noise: an engine falling further behind with every update. 0 = off.")
     drift_check_samples: int = Field(
         4, gt=0, description="Responses per rank checked for drift when the step computes no old log-probs and "
         "the update's forward cannot check (a single on-policy update with dropout off checks every row it "
@@ -214,6 +223,51 @@ class OptimConfig(Section):
                                   "PPO ratio then starts at exactly 1 and the update sees the sampling policy.")
 
 
+class RolloutCorrectionConfig(Section):
+    """`actor.rollout_correction`: weigh or reject tokens by pi_old / pi_rollout, the trainer's probability of a
+    sampled token over the sampler's (verl.algorithms.rollout_correction)."""
+
+    mode: Literal["auto", "off", "token_tis", "seq_tis", "seq_tis_geo", "token_mask", "seq_mask"] = Field(
+        "auto", description="auto = token_tis where the sampler can differ from the trainer (rollout.engine=vllm, "
+        "bfloat16/float16 compute, a stale engine), off where it cannot (the hf engine on the trainer's float32 "
+        "weights: the update is then bit-identical to off). token_tis / seq_tis / seq_tis_geo: each token's loss "
+        "times min(ratio, cap), the ratio per token, of the whole response (product) or its geometric mean. "
+        "token_mask / seq_mask: leave out tokens (responses, by their geometric-mean ratio) whose ratio is "
+        "outside [lo, hi]. `verl check` prints the mode a run gets and why.")
+    cap: float = Field(2.0, gt=0.0, description="*_tis: the most a token's weight can be.")
+    lo: float = Field(0.5, gt=0.0, description="*_mask: the smallest ratio kept.")
+    hi: float = Field(2.0, gt=0.0, description="*_mask: the largest ratio kept.")
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML reads a bare `off` as false
+
+    @model_validator(mode="after")
+    def _band(self) -> RolloutCorrectionConfig:
+        if not self.lo < 1.0 < self.hi:
+            raise ValueError(f"actor.rollout_correction: lo={self.lo} and hi={self.hi} must hold 1 between them "
+                             "(lo < 1 < hi), else even a sampler that matches the trainer exactly is rejected")
+        return self
+
+
+def _tis_cap_alias(data: Any) -> Any:
+    """The deprecated `actor.tis_cap: X` is `actor.rollout_correction: {mode: token_tis, cap: X}`."""
+    if not isinstance(data, dict) or data.get("tis_cap") is None:
+        return data
+    data = dict(data)
+    cap = data.pop("tis_cap")
+    given = data.get("rollout_correction") or {}
+    given = given.model_dump(exclude_unset=True) if isinstance(given, BaseModel) else dict(given)
+    if given.get("mode", "auto") not in ("auto", "token_tis") or "cap" in given:
+        raise ValueError(f"actor.tis_cap={cap} (deprecated) and actor.rollout_correction={given} both set the "
+                         "rollout correction; keep only actor.rollout_correction")
+    warnings.warn(f"actor.tis_cap is deprecated: use actor.rollout_correction.mode=token_tis and "
+                  f"actor.rollout_correction.cap={cap} (applied so for this run)", FutureWarning, stacklevel=2)
+    data["rollout_correction"] = {**given, "mode": "token_tis", "cap": cap}
+    return data
+
+
 class ActorConfig(OptimConfig):
     clip_low: float = Field(0.2, gt=0.0)
     clip_high: float = Field(0.2, gt=0.0)
@@ -224,9 +278,16 @@ class ActorConfig(OptimConfig):
     mask_truncated: bool = Field(False, description="Leave responses that rollout.max_new_tokens cut off (no eos) "
                                  "out of the policy loss (DAPO's overlong filtering; TRL's "
                                  "mask_truncated_completions).")
-    tis_cap: float | None = Field(None, gt=0.0, description="Truncated importance sampling: each token's loss "
-                                  "times min(pi_old / pi_rollout, tis_cap), for a sampler whose log-probs differ "
-                                  "from the trainer's (vLLM, bf16); None = off.")
+    tis_cap: float | None = Field(None, gt=0.0, description="Deprecated: actor.rollout_correction with mode "
+                                  "token_tis and this cap (what a value here is translated to).")
+    rollout_correction: RolloutCorrectionConfig = Field(
+        default_factory=RolloutCorrectionConfig, description="Correction for a sampler whose log-probs differ "
+        "from the trainer's (vLLM, bf16, stale weights); on by default where they can differ.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tis_alias(cls, data: Any) -> Any:
+        return _tis_cap_alias(data)
     kl_loss_coef: float = Field(0.0, ge=0.0, description="> 0 adds KL to the reference as a loss term.")
     kl_loss_type: Literal["k1", "k2", "k3", "abs"] = "k3"
     _verl_kl = field_validator("kl_loss_type", mode="before")(verl_name("kl_type"))

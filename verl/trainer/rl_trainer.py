@@ -42,11 +42,13 @@ from verl.trainer.batch import (
     written_by,
 )
 from verl.trainer.batch_math import BatchPlan
-from verl.trainer.drift import drift_moments, judge_drift
+from verl.trainer.correction import CorrectionPlan, plan_correction
+from verl.trainer.drift import DriftGuard, drift_moments, judge_drift
 from verl.trainer.dynamic_sampling import accuracy_of, filter_groups
 from verl.trainer.episodes import Episodes
 from verl.trainer.evaluation import Answers, evaluate_rows
 from verl.trainer.forward import can_share_prompt, logprobs_of, values_of
+from verl.trainer.precision import LOW_PRECISION, resolve_precision
 from verl.trainer.python_api import RewardArg, python_run
 from verl.trainer.reward_model import reward_model_inputs
 from verl.trainer.runtime import TrainerRuntime
@@ -91,6 +93,7 @@ class RLTrainer(TrainerRuntime):
                           if is_multiturn(self.env) else None)
         self.kl_ctrl = kl_controller(config.algorithm)
         self.entropy_ctrl = update.entropy_controller(config.actor)  # None: the fixed actor.entropy_coef
+        self.drift_guard = DriftGuard()  # the on-policy guard's calibration (drift.py)
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -307,7 +310,7 @@ class RLTrainer(TrainerRuntime):
 
     def judge_drift(self, batch: RolloutBatch, moments: torch.Tensor, worst: torch.Tensor) -> None:
         judge_drift(batch.metrics, moments, worst, rollout=self.config.rollout, placement=self.placement,
-                    step=self.step_count + 1)
+                    step=self.step_count + 1, guard=self.drift_guard)
 
     def compute_ref_log_probs(self, batch: RolloutBatch) -> RolloutBatch:
         batch.ref_logprobs = self.sequence_logprobs(self.ref_model, batch)
@@ -364,7 +367,7 @@ class RLTrainer(TrainerRuntime):
             cfg, norm_len, lambda mb: self.policy_logprobs(self.model, mb, temperature=temperature, with_entropy=True,
                                                            entropy_grad=entropy_coef > 0),
             on_logprobs=None if drift is None else lambda logprobs, mb: drift.append(drift_moments(logprobs, mb)),
-            entropy_coef=entropy_coef)
+            entropy_coef=entropy_coef, correction=self.correction)
 
         def check_drift() -> None:  # before the optimizer step: a failed check leaves the weights alone
             if drift is not None:
@@ -378,6 +381,10 @@ class RLTrainer(TrainerRuntime):
                                 metric_kinds=update.ACTOR_METRICS)
         if self.entropy_ctrl is not None:
             metrics |= update.steer_entropy(self.entropy_ctrl, metrics, self.placement)
+        for key, sign in (("rollout_corr/ratio_max", 1.0), ("rollout_corr/ratio_min", -1.0)):
+            if key in metrics:  # this rank's extreme; the run's is over every actor rank
+                value = torch.tensor([sign * metrics[key]], device=self.device)
+                metrics[key] = sign * float(self.placement.all_reduce_max(value, "actor"))
         if batch.ref_logprobs is not None:
             metrics["actor/ref_kl"] = float(masked_mean(batch.old_logprobs - batch.ref_logprobs,
                                                         batch.response_mask.float()))
@@ -394,6 +401,14 @@ class RLTrainer(TrainerRuntime):
         metrics["critic/explained_var"] = float(explained_variance(batch.values, batch.returns, mask))
         metrics["critic/values_mean"] = float(masked_mean(batch.values, mask))
         return metrics
+
+    @functools.cached_property
+    def correction(self) -> CorrectionPlan:
+        """`actor.rollout_correction` for this run's engine and compute dtype (`plan_correction`)."""
+        compute = resolve_precision(self.config, self.device.type).compute
+        if self.dtype in LOW_PRECISION:  # a model given in bfloat16 computes in it whatever the config says
+            compute = self.dtype
+        return plan_correction(self.config, compute)
 
     @property
     def skips_zero_advantage(self) -> bool:
@@ -474,10 +489,12 @@ class RLTrainer(TrainerRuntime):
     # ------------------------------------------------------------------ state for checkpoints
     def trainer_state(self) -> dict[str, Any]:
         entropy = {} if self.entropy_ctrl is None else {"entropy_ctrl": self.entropy_ctrl.state_dict()}
-        return {"kl_ctrl": self.kl_ctrl.state_dict(), "env": self.env.state_dict(), **entropy}
+        return {"kl_ctrl": self.kl_ctrl.state_dict(), "env": self.env.state_dict(),
+                "drift_guard": self.drift_guard.state_dict(), **entropy}
 
     def load_trainer_state(self, state: Mapping[str, Any]) -> None:
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        self.drift_guard.load_state_dict(state.get("drift_guard", {}))  # a checkpoint from before the guard
         if self.entropy_ctrl is not None and "entropy_ctrl" in state:  # else: a run that had none starts afresh
             self.entropy_ctrl.load_state_dict(state["entropy_ctrl"])
         self.env.load_state_dict(state["env"])

@@ -25,6 +25,7 @@ from verl.errors import ConfigError, DeviceMappingError, VerlError
 from verl.rollout.engine_check import check_rollout_engine, check_vllm_placement
 from verl.tracking.tracker import backend_problems
 from verl.trainer.batch_math import plan_rl
+from verl.trainer.correction import plan_correction
 from verl.trainer.fsdp_launch import fsdp_launch
 from verl.trainer.lora_checks import check_lora, memory_counts, uses_lora
 from verl.trainer.memory_inputs import model_shape, plan_inputs, targets_gpu
@@ -41,6 +42,7 @@ class StartupReport:
     plans: dict[str, Any] = field(default_factory=dict)
     mapping: Any = None
     fsdp_notes: list[str] = field(default_factory=list)
+    rl_notes: list[str] = field(default_factory=list)  # what the RL step will do (e.g. the rollout correction)
     memory: Any = None
     memory_warnings: list[str] = field(default_factory=list)
     plan_inputs: Any = None  # memory_plan.PlanInputs of an RL run for GPUs (printed by `verl check`)
@@ -276,6 +278,8 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
         precision = resolve_precision(config, device_type)
     except VerlError:
         precision = None  # an unknown spelling: the mapping check above reports it with its key
+    if precision is not None and kind == "rl":
+        report.rl_notes.append(plan_correction(config, precision.compute).describe())
     if precision is not None:
         try:  # fp16 on CPU, bf16 on a GPU without it: refused before the weights are read
             check_dtype_for_device(precision.master, device_type, where="model.dtype")

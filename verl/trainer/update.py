@@ -18,12 +18,14 @@ import torch
 
 from verl.algorithms import aggregate_loss, kl_penalty, masked_mean, ppo_policy_loss, value_loss
 from verl.algorithms.entropy import AdaptiveEntropyController, masked_quantiles, top_entropy_mask
+from verl.algorithms.rollout_correction import Correction, rollout_correction
 from verl.config.schema import ActorConfig, CriticConfig, OptimConfig
 from verl.distributed.placement import Placement
 from verl.errors import RolloutError
 from verl.models.dropout import no_grad_eval
 from verl.trainer.batch import PROMPT, RESPONSE, RolloutBatch, fields_of
 from verl.trainer.batch_math import BatchPlan
+from verl.trainer.correction import CorrectionPlan, explicit_plan
 
 PROMPT_FIELDS = fields_of(PROMPT)  # [N, P], left-padded: a trim cuts the left
 RESPONSE_FIELDS = fields_of(RESPONSE)  # [N, R], right-padded: a trim cuts the right
@@ -174,6 +176,8 @@ class MetricKinds:
 
     per_token: frozenset[str] = frozenset()
     ran_rows: frozenset[str] = frozenset()
+    maxima: frozenset[str] = frozenset()  # the largest value of any micro-batch (this rank's)
+    minima: frozenset[str] = frozenset()  # the smallest
 
 
 @dataclass
@@ -187,6 +191,11 @@ class _MetricSums:
         """One optimizer step's micro-batches: (stats, share of the loss units, share of the tokens)."""
         self.steps += 1
         for key in stats[0][0] if stats else ():
+            if key in self.kinds.maxima or key in self.kinds.minima:
+                values = torch.stack([torch.as_tensor(v) for v in ([s[key] for s, _, _ in stats]
+                                                                   + ([self.sums[key]] if key in self.sums else []))])
+                self.sums[key] = values.amax() if key in self.kinds.maxima else values.amin()  # on the device
+                continue
             token = key in self.kinds.per_token
             value = sum(s[key] * (tw if token else w) for s, w, tw in stats)
             if key in self.kinds.ran_rows:
@@ -200,7 +209,9 @@ class _MetricSums:
     def result(self, pad_stats: dict[str, Any]) -> dict[str, float]:
         out = {}
         for key in [*self.sums, *(k for k in pad_stats if k not in self.sums)]:
-            if key in self.kinds.ran_rows:
+            if key in self.kinds.maxima or key in self.kinds.minima:
+                out[key] = float(self.sums.get(key, pad_stats.get(key, 0.0)))
+            elif key in self.kinds.ran_rows:
                 count = self.counts.get(key, 0)
                 out[key] = float(self.sums[key] / count if count else pad_stats.get(key, 0.0))
             else:  # over every row: a step whose rows were all skipped adds 0
@@ -210,9 +221,13 @@ class _MetricSums:
 
 # How the losses' metrics combine: clip fractions and approx_kl are shares/means over tokens; entropy,
 # approx_kl and the importance weights of rows the update skipped are unknown without their forward.
+# The rollout correction's token means likewise; its ratio extremes are the largest / smallest.
+_CORRECTION_MEANS = frozenset(f"rollout_corr/{k}" for k in ("ratio_mean", "weight_mean", "truncated_frac",
+                                                            "masked_frac", "kl_k1", "kl_k3"))
 ACTOR_METRICS = MetricKinds(
-    per_token=frozenset({"actor/clipfrac", "actor/approx_kl", "actor/tis_weight_mean", "actor/tis_capped_frac"}),
-    ran_rows=frozenset({"actor/entropy", "actor/approx_kl", "actor/tis_weight_mean", "actor/tis_capped_frac"}))
+    per_token=frozenset({"actor/clipfrac", "actor/approx_kl"}) | _CORRECTION_MEANS,
+    ran_rows=frozenset({"actor/entropy", "actor/approx_kl"}) | _CORRECTION_MEANS,
+    maxima=frozenset({"rollout_corr/ratio_max"}), minima=frozenset({"rollout_corr/ratio_min"}))
 CRITIC_METRICS = MetricKinds(per_token=frozenset({"critic/clipfrac"}))
 # Entropy quantiles over each micro-batch's tokens (averaged over micro-batches, as the entropy is): per token,
 # unknown for skipped rows.
@@ -223,27 +238,35 @@ ACTOR_METRICS = dataclasses.replace(ACTOR_METRICS, per_token=ACTOR_METRICS.per_t
 
 
 # ---------------------------------------------------------------------- the micro-batch losses
-def tis_weights(old_logprobs: torch.Tensor, mb: RolloutBatch, cap: float) -> torch.Tensor:
-    """Truncated importance sampling: min(pi_old / pi_rollout, cap) per token, pi_old being the trainer's
-    log-prob before the update and pi_rollout the sampler's for the same token."""
+def correct_rollout(old_logprobs: torch.Tensor, mb: RolloutBatch, plan: CorrectionPlan) -> Correction | None:
+    """`plan`'s rollout correction of `mb` (verl.algorithms.rollout_correction): None when it is off, or when
+    mode=auto meets a batch without the sampler's log-probs (an explicit mode is refused then)."""
+    if plan.mode == "off" or (mb.rollout_logprobs is None and plan.auto):
+        return None
     if mb.rollout_logprobs is None:
-        raise RolloutError(f"actor.tis_cap={cap} weighs each token by the sampler's probability, but the rollout "
-                           "engine returned no log-probs. Fix: use an engine that returns them (hf, vllm) or set "
-                           "actor.tis_cap=null")
-    return torch.exp(old_logprobs.detach() - mb.rollout_logprobs.to(old_logprobs)).clamp(max=cap)  # inf -> the cap
+        raise RolloutError(f"actor.rollout_correction.mode={plan.mode} weighs each token by the sampler's "
+                           "probability, but the rollout engine returned no log-probs. Fix: use an engine that "
+                           "returns them (hf, vllm) or set actor.rollout_correction.mode=auto (or off)")
+    s = plan.settings
+    return rollout_correction(old_logprobs.detach(), mb.rollout_logprobs, mb.response_mask, plan.mode, cap=s.cap,
+                              lo=s.lo, hi=s.hi)
 
 
 def policy_loss(cfg: ActorConfig, norm_len: int, forward: Callable[[RolloutBatch], tuple[torch.Tensor, torch.Tensor]],
                 *, on_logprobs: Callable[[torch.Tensor, RolloutBatch], None] | None = None,
-                entropy_coef: float | None = None) -> MicroLoss:
-    """The actor's micro-batch loss: PPO-clip (`cfg`'s clip ranges, aggregation, sequence ratio, truncated
-    importance weights, `tis_weights`), minus the entropy bonus, plus the KL loss; and its
+                entropy_coef: float | None = None, correction: CorrectionPlan | None = None) -> MicroLoss:
+    """The actor's micro-batch loss: PPO-clip (`cfg`'s clip ranges, aggregation, sequence ratio), each token
+    weighted (or rejected) by the rollout `correction` (default: `cfg.rollout_correction` with auto = off;
+    the trainer passes `plan_correction`'s), minus the entropy bonus, plus the KL loss; and its
     metrics. `forward(mb)` gives (log-probs, entropy); `on_logprobs(logprobs, mb)` sees every forward's
     log-probs (the drift check). `norm_len` is seq-mean-token-sum-norm's constant for the whole batch.
-    `entropy_coef` is this step's bonus coefficient (the adaptive controller's; default `cfg.entropy_coef`).
-    With `cfg.entropy_top_fraction` < 1 only the highest-entropy tokens of the micro-batch carry advantage
-    (`top_entropy_mask`; the paper's batch is our micro-batch: one micro-batch per mini-batch reproduces it)."""
+    A rejected token gets weight 0 but stays in the loss normaliser, which then does not depend on how the
+    batch is cut into micro-batches. `entropy_coef` is this step's bonus coefficient (the adaptive
+    controller's; default `cfg.entropy_coef`). With `cfg.entropy_top_fraction` < 1 only the highest-entropy
+    tokens of the micro-batch carry advantage (`top_entropy_mask`; the paper's batch is our micro-batch: one
+    micro-batch per mini-batch reproduces it)."""
     coef = cfg.entropy_coef if entropy_coef is None else entropy_coef
+    plan = correction or explicit_plan(cfg.rollout_correction)
 
     def micro_loss(mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = mb.response_mask.float()
@@ -257,16 +280,16 @@ def policy_loss(cfg: ActorConfig, norm_len: int, forward: Callable[[RolloutBatch
             top = top_entropy_mask(entropy.detach(), mask, cfg.entropy_top_fraction)
             mb = dataclasses.replace(mb, advantages=mb.advantages * top.to(mb.advantages))
             entropy_stats["actor/entropy_top_frac"] = masked_mean(top, mask)
-        weights = None if cfg.tis_cap is None else tis_weights(old, mb, cfg.tis_cap)
+        corrected = correct_rollout(old, mb, plan)
+        weights = None if corrected is None else corrected.weights
         loss, stats = ppo_policy_loss(logprobs, old, mb.advantages, mask, clip_low=cfg.clip_low,
                                       clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.loss_agg,
                                       norm_len=norm_len, sequence_ratio=cfg.importance_sampling == "sequence",
                                       token_weights=weights)
         metrics = {"actor/pg_loss": loss.detach(), "actor/clipfrac": stats["clipfrac"],
                    "actor/approx_kl": stats["approx_kl"]}
-        if weights is not None:
-            metrics |= {"actor/tis_weight_mean": masked_mean(weights, mask).detach(),
-                        "actor/tis_capped_frac": masked_mean((weights >= cfg.tis_cap).float(), mask)}
+        if corrected is not None:
+            metrics |= {f"rollout_corr/{k}": v for k, v in corrected.metrics.items()}
         ent = aggregate_loss(entropy, mask, cfg.loss_agg, norm_len=norm_len)
         metrics["actor/entropy"] = ent.detach()
         metrics |= entropy_stats
@@ -403,6 +426,8 @@ def contributing_sequences(batch: RolloutBatch) -> torch.Tensor:
     return ((batch.advantages != 0) & (batch.response_mask != 0)).any(-1)
 
 
-__all__ = ["contributing_sequences", "entropy_controller", "steer_entropy", "ENTROPY_QUANTILES", "skips_zero_advantage", "tis_weights", "ACTOR_METRICS", "CRITIC_METRICS", "MetricKinds", "critic_loss", "policy_loss", "PROMPT_FIELDS", "RESPONSE_FIELDS", "forward_in_micro_batches", "micro_batch",
+__all__ = ["contributing_sequences", "entropy_controller", "steer_entropy", "ENTROPY_QUANTILES",
+           "skips_zero_advantage", "correct_rollout", "ACTOR_METRICS", "CRITIC_METRICS", "MetricKinds", "critic_loss",
+           "policy_loss", "PROMPT_FIELDS", "RESPONSE_FIELDS", "forward_in_micro_batches", "micro_batch",
            "micro_batch_groups", "micro_batch_rounds", "micro_batches", "micro_weights", "optimize",
            "update_order"]
