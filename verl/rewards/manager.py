@@ -560,4 +560,12 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-__all__ = ["RewardManager", "RewardResult", "TrainingProgress"]
+
+def report_progress(env: Any, progress: TrainingProgress) -> None:
+    """Tell `env`'s reward functions how far training is, for those that shape rewards by it (TRL's
+    `trainer_state`); environments without a reward manager have nothing to tell."""
+    manager = getattr(env, "reward_manager", None)
+    if manager is not None:
+        manager.progress = progress
+
+__all__ = ["report_progress", "RewardManager", "RewardResult", "TrainingProgress"]

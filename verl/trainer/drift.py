@@ -99,4 +99,9 @@ def judge_drift(metrics: dict[str, float], moments: torch.Tensor, worst: torch.T
             "0 turns that limit off) if the difference is expected")
 
 
-__all__ = ["DriftGuard", "drift_moments", "judge_drift"]
+
+def combined_moments(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`drift_moments` of several micro-batches as one: the moments summed, the worst token's the largest."""
+    return torch.stack([m for m, _ in parts]).sum(0), torch.stack([w for _, w in parts]).max()
+
+__all__ = ["combined_moments", "DriftGuard", "drift_moments", "judge_drift"]

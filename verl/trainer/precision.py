@@ -79,3 +79,9 @@ def check_master_precision(config: RunConfig, precision: Precision, kind: str) -
 
 
 __all__ = ["LOW_PRECISION", "Precision", "check_master_precision", "resolve_precision", "trained_roles"]
+
+
+def compute_dtype(config: RunConfig, device_type: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the policy computes in: the resolved precision's, or the model's own when it was given in a
+    low precision (a model handed over in bfloat16 computes in it whatever the config says)."""
+    return model_dtype if model_dtype in LOW_PRECISION else resolve_precision(config, device_type).compute

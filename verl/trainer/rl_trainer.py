@@ -7,7 +7,6 @@ a method, so a subclass can replace exactly one of them. The formulas all come f
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -20,7 +19,7 @@ from verl.config.schema import OptimConfig, RunConfig
 from verl.env.multiturn import is_multiturn
 from verl.errors import ConfigError
 from verl.rewards import RewardResult, TrainingProgress
-from verl.rewards.manager import takes_parameter
+from verl.rewards.manager import report_progress, takes_parameter
 from verl.rollout import SamplingParams
 from verl.rollout.weight_sync import ready_to_sample
 from verl.trainer import update
@@ -43,12 +42,12 @@ from verl.trainer.batch import (
 )
 from verl.trainer.batch_math import BatchPlan
 from verl.trainer.correction import CorrectionPlan, plan_correction
-from verl.trainer.drift import DriftGuard, drift_moments, judge_drift
+from verl.trainer.drift import DriftGuard, combined_moments, drift_moments, judge_drift
 from verl.trainer.dynamic_sampling import accuracy_of, filter_groups
 from verl.trainer.episodes import Episodes
 from verl.trainer.evaluation import Answers, evaluate_rows
 from verl.trainer.forward import can_share_prompt, logprobs_of, values_of
-from verl.trainer.precision import LOW_PRECISION, resolve_precision
+from verl.trainer.precision import compute_dtype
 from verl.trainer.python_api import RewardArg, python_run
 from verl.trainer.reward_model import reward_model_inputs
 from verl.trainer.runtime import TrainerRuntime
@@ -78,8 +77,7 @@ class RLTrainer(TrainerRuntime):
         parts = self.parts
         self.plans: dict[str, BatchPlan] = self.checks.startup.plans
         self.env, self.ref_model, self.critic, self.engine = parts.env, parts.reference, parts.critic, parts.engine
-        self.placement = parts.placement
-        self.remote_reward_model = parts.remote_reward_model
+        self.placement, self.remote_reward_model = parts.placement, parts.remote_reward_model
         self.reward_tokenizer, self.reward_scorer = parts.reward_tokenizer, parts.reward_scorer
         self.optimizer, self.scheduler = parts.actor_optim.pair() if parts.actor_optim else (None, None)
         self.critic_optimizer, self.critic_scheduler = parts.critic_optim.pair() if parts.critic_optim else (None, None)
@@ -91,9 +89,8 @@ class RLTrainer(TrainerRuntime):
         self.multiturn = (Episodes.create(self.env, self.engine, self.prompts, config.rollout.stop, policy=self.model,
                                           gathered=self.gathered, device=self.device)
                           if is_multiturn(self.env) else None)
-        self.kl_ctrl = kl_controller(config.algorithm)
+        self.kl_ctrl, self.drift_guard = kl_controller(config.algorithm), DriftGuard()  # the guard's calibration
         self.entropy_ctrl = update.entropy_controller(config.actor)  # None: the fixed actor.entropy_coef
-        self.drift_guard = DriftGuard()  # the on-policy guard's calibration (drift.py)
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -241,10 +238,8 @@ class RLTrainer(TrainerRuntime):
         if batch.env_scores is not None:  # multi-turn: the environment scored each episode as it ended
             batch.scores = batch.env_scores.to(self.device, torch.float32)
         else:
-            manager = getattr(self.env, "reward_manager", None)
-            if manager is not None:  # for reward functions that shape rewards by progress (TRL's trainer_state)
-                manager.progress = TrainingProgress(self.step_count, self.config.trainer.total_steps,
-                                                    getattr(self.env, "epoch", 0))
+            report_progress(self.env, TrainingProgress(self.step_count, self.config.trainer.total_steps,
+                                                       getattr(self.env, "epoch", 0)))
             result = self.score_responses(batch.rows, batch.responses, batch.response_ids, batch.response_mask)
             batch.scores = result.scores.to(self.device, torch.float32)
             batch.metrics = dict(result.metrics)
@@ -352,13 +347,9 @@ class RLTrainer(TrainerRuntime):
     def update_policy(self, batch: RolloutBatch) -> dict[str, float]:
         """PPO-clip epochs over shuffled mini-batches with gradient accumulation over micro-batches."""
         cfg, temperature = self.config.actor, self.config.rollout.temperature or 1.0
-        if cfg.mask_truncated and batch.finished is not None:  # out of every loss term; still attended to
-            keep = batch.finished.to(batch.response_mask.device, batch.response_mask.dtype)[:, None]
-            batch = dataclasses.replace(batch, response_attention_mask=batch.response_attention,
-                                        response_mask=batch.response_mask * keep)
-        # seq-mean-token-sum-norm's constant (Dr. GRPO: the generation budget, not this batch's longest response;
-        # a multi-turn episode with observations may be longer than one turn's budget)
-        norm_len = max(batch.response_ids.shape[1], self.config.rollout.max_new_tokens)
+        if cfg.mask_truncated:
+            batch = update.without_truncated(batch)
+        norm_len = update.norm_length(batch, self.config.rollout.max_new_tokens)
         # The drift check on this forward (see update_checks_drift): the rows of every micro-batch run
         drift = [] if batch.rollout_logprobs is not None and self.update_checks_drift else None
 
@@ -370,21 +361,16 @@ class RLTrainer(TrainerRuntime):
             entropy_coef=entropy_coef, correction=self.correction)
 
         def check_drift() -> None:  # before the optimizer step: a failed check leaves the weights alone
-            if drift is not None:
-                self.judge_drift(batch, torch.stack([m for m, _ in drift]).sum(0),
-                                 torch.stack([w for _, w in drift]).max())
+            self.judge_drift(batch, *combined_moments(drift))
 
         metrics = self.optimize(self.model, self.optimizer, self.scheduler, batch, cfg, self.plans["actor"],
                                 micro_loss, prefix="actor",
                                 contributes=self.contributing_sequences if self.skips_zero_advantage else None,
-                                keep_groups=self.shares_prompt(self.model), before_step=check_drift,
+                                keep_groups=self.shares_prompt(self.model),
+                                before_step=None if drift is None else check_drift,
                                 metric_kinds=update.ACTOR_METRICS)
         if self.entropy_ctrl is not None:
             metrics |= update.steer_entropy(self.entropy_ctrl, metrics, self.placement)
-        for key, sign in (("rollout_corr/ratio_max", 1.0), ("rollout_corr/ratio_min", -1.0)):
-            if key in metrics:  # this rank's extreme; the run's is over every actor rank
-                value = torch.tensor([sign * metrics[key]], device=self.device)
-                metrics[key] = sign * float(self.placement.all_reduce_max(value, "actor"))
         if batch.ref_logprobs is not None:
             metrics["actor/ref_kl"] = float(masked_mean(batch.old_logprobs - batch.ref_logprobs,
                                                         batch.response_mask.float()))
@@ -392,7 +378,7 @@ class RLTrainer(TrainerRuntime):
 
     def update_critic(self, batch: RolloutBatch) -> dict[str, float]:
         cfg = self.config.critic
-        norm_len = max(batch.response_ids.shape[1], self.config.rollout.max_new_tokens)  # as the actor's
+        norm_len = update.norm_length(batch, self.config.rollout.max_new_tokens)
         metrics = self.optimize(self.critic, self.critic_optimizer, self.critic_scheduler, batch, cfg,
                                 self.plans["critic"], update.critic_loss(cfg, norm_len, self.critic_values),
                                 prefix="critic", keep_groups=self.shares_prompt(self.critic),
@@ -405,10 +391,7 @@ class RLTrainer(TrainerRuntime):
     @functools.cached_property
     def correction(self) -> CorrectionPlan:
         """`actor.rollout_correction` for this run's engine and compute dtype (`plan_correction`)."""
-        compute = resolve_precision(self.config, self.device.type).compute
-        if self.dtype in LOW_PRECISION:  # a model given in bfloat16 computes in it whatever the config says
-            compute = self.dtype
-        return plan_correction(self.config, compute)
+        return plan_correction(self.config, compute_dtype(self.config, self.device.type, self.dtype))
 
     @property
     def skips_zero_advantage(self) -> bool:
@@ -487,35 +470,28 @@ class RLTrainer(TrainerRuntime):
         return len(self.env), len(self.env.val_rows())
 
     # ------------------------------------------------------------------ state for checkpoints
+    def _stateful(self) -> dict[str, Any]:
+        parts = {"kl_ctrl": self.kl_ctrl, "env": self.env, "drift_guard": self.drift_guard}
+        return parts if self.entropy_ctrl is None else {**parts, "entropy_ctrl": self.entropy_ctrl}
+
     def trainer_state(self) -> dict[str, Any]:
-        entropy = {} if self.entropy_ctrl is None else {"entropy_ctrl": self.entropy_ctrl.state_dict()}
-        return {"kl_ctrl": self.kl_ctrl.state_dict(), "env": self.env.state_dict(),
-                "drift_guard": self.drift_guard.state_dict(), **entropy}
+        return {name: part.state_dict() for name, part in self._stateful().items()}
 
     def load_trainer_state(self, state: Mapping[str, Any]) -> None:
-        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
-        self.drift_guard.load_state_dict(state.get("drift_guard", {}))  # a checkpoint from before the guard
-        if self.entropy_ctrl is not None and "entropy_ctrl" in state:  # else: a run that had none starts afresh
-            self.entropy_ctrl.load_state_dict(state["entropy_ctrl"])
-        self.env.load_state_dict(state["env"])
+        for name, part in self._stateful().items():
+            if name in state:  # a checkpoint from before the drift guard, or of a run without the controller
+                part.load_state_dict(state[name])
 
     def app_state(self) -> dict[str, Any]:
         """What this rank holds (split placements: actor ranks the policy, critic ranks the critic; the
         checkpoint is their union)."""
-        state: dict[str, Any] = {}
-        if self.model is not None:
-            state |= {"model": self.model, "optimizer": self.optimizer}
-        if self.critic is not None:
-            state |= {"critic": self.critic, "critic_optimizer": self.critic_optimizer}
-        return state
+        actor = {"model": self.model, "optimizer": self.optimizer}
+        critic = {"critic": self.critic, "critic_optimizer": self.critic_optimizer}
+        return (actor if self.model is not None else {}) | (critic if self.critic is not None else {})
 
     def schedulers(self) -> dict[str, Any]:
-        out = {}
-        if self.model is not None:
-            out["scheduler"] = self.scheduler
-        if self.critic is not None:
-            out["critic_scheduler"] = self.critic_scheduler
-        return out
+        return (({"scheduler": self.scheduler} if self.model is not None else {})
+                | ({"critic_scheduler": self.critic_scheduler} if self.critic is not None else {}))
 
     def hf_assets(self) -> tuple[Any, ...]:
         return self._hf_assets  # captured at start-up: a critic-only rank (maybe rank 0) holds no policy

@@ -389,11 +389,30 @@ def optimize(
             grad_norms.append(clip_and_step(module, optimizer, cfg.grad_clip))
             scheduler.step()
     metrics = sums.result(pad_stats)
+    for key, sign in [*((k, 1.0) for k in metric_kinds.maxima), *((k, -1.0) for k in metric_kinds.minima)]:
+        if key in metrics:  # this rank's extreme; the run's is over every rank of the role
+            value = torch.tensor([sign * metrics[key]], device=placement.device)
+            metrics[key] = sign * float(placement.all_reduce_max(value, prefix))
     metrics[f"{prefix}/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
     metrics[f"{prefix}/lr"] = scheduler.get_last_lr()[0]
     if contributes is not None:
         metrics[f"{prefix}/skipped_frac"] = skipped / max(seen, 1)
     return metrics
+
+
+def norm_length(batch: RolloutBatch, max_new_tokens: int) -> int:
+    """seq-mean-token-sum-norm's constant, one for the actor and the critic (Dr. GRPO: the generation budget,
+    not this batch's longest response; a multi-turn episode with observations may be longer than one turn's)."""
+    return max(batch.response_ids.shape[1], max_new_tokens)
+
+
+def without_truncated(batch: RolloutBatch) -> RolloutBatch:
+    """`actor.mask_truncated`: responses cut at the length limit out of every loss term (still attended to)."""
+    if batch.finished is None:
+        return batch
+    keep = batch.finished.to(batch.response_mask.device, batch.response_mask.dtype)[:, None]
+    return dataclasses.replace(batch, response_attention_mask=batch.response_attention,
+                               response_mask=batch.response_mask * keep)
 
 
 def skips_zero_advantage(cfg: ActorConfig) -> bool:
@@ -426,7 +445,7 @@ def contributing_sequences(batch: RolloutBatch) -> torch.Tensor:
     return ((batch.advantages != 0) & (batch.response_mask != 0)).any(-1)
 
 
-__all__ = ["contributing_sequences", "entropy_controller", "steer_entropy", "ENTROPY_QUANTILES",
+__all__ = ["norm_length", "without_truncated", "contributing_sequences", "entropy_controller", "steer_entropy", "ENTROPY_QUANTILES",
            "skips_zero_advantage", "correct_rollout", "ACTOR_METRICS", "CRITIC_METRICS", "MetricKinds", "critic_loss",
            "policy_loss", "PROMPT_FIELDS", "RESPONSE_FIELDS", "forward_in_micro_batches", "micro_batch",
            "micro_batch_groups", "micro_batch_rounds", "micro_batches", "micro_weights", "optimize",
