@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from verl.algorithms import aggregate_loss, kl_penalty, masked_mean, ppo_policy_loss, value_loss
+from verl.algorithms import aggregate_loss, kl_penalty, masked_mean, value_loss
+from verl.algorithms.policy_losses import get_policy_loss
 from verl.config.schema import ActorConfig, CriticConfig, OptimConfig
 from verl.distributed.placement import Placement
 from verl.errors import RolloutError
@@ -227,10 +228,11 @@ def tis_weights(old_logprobs: torch.Tensor, mb: RolloutBatch, cap: float) -> tor
 
 def policy_loss(cfg: ActorConfig, norm_len: int, forward: Callable[[RolloutBatch], tuple[torch.Tensor, torch.Tensor]],
                 *, on_logprobs: Callable[[torch.Tensor, RolloutBatch], None] | None = None) -> MicroLoss:
-    """The actor's micro-batch loss: PPO-clip (`cfg`'s clip ranges, aggregation, sequence ratio, truncated
-    importance weights, `tis_weights`), minus the entropy bonus, plus the KL loss; and its
+    """The actor's micro-batch loss: `cfg.policy_loss` from the registry with its options (aggregation,
+    truncated importance weights, `tis_weights`), minus the entropy bonus, plus the KL loss; and its
     metrics. `forward(mb)` gives (log-probs, entropy); `on_logprobs(logprobs, mb)` sees every forward's
     log-probs (the drift check). `norm_len` is seq-mean-token-sum-norm's constant for the whole batch."""
+    pg_loss, pg_options = get_policy_loss(cfg.policy_loss), cfg.loss_kwargs()  # actor.policy_loss's function
 
     def micro_loss(mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = mb.response_mask.float()
@@ -239,10 +241,8 @@ def policy_loss(cfg: ActorConfig, norm_len: int, forward: Callable[[RolloutBatch
             on_logprobs(logprobs.detach(), mb)
         old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
         weights = None if cfg.tis_cap is None else tis_weights(old, mb, cfg.tis_cap)
-        loss, stats = ppo_policy_loss(logprobs, old, mb.advantages, mask, clip_low=cfg.clip_low,
-                                      clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.loss_agg,
-                                      norm_len=norm_len, sequence_ratio=cfg.importance_sampling == "sequence",
-                                      token_weights=weights)
+        loss, stats = pg_loss(logprobs, old, mb.advantages, mask, agg=cfg.loss_agg, norm_len=norm_len,
+                              token_weights=weights, **pg_options)
         metrics = {"actor/pg_loss": loss.detach(), "actor/clipfrac": stats["clipfrac"],
                    "actor/approx_kl": stats["approx_kl"]}
         if weights is not None:
@@ -356,8 +356,10 @@ def optimize(
 def skips_zero_advantage(cfg: ActorConfig) -> bool:
     """With neither a KL loss nor an entropy bonus the PPO loss of a token is -A x ratio (clipped), so a
     sequence whose advantages are all exactly 0 (a GRPO/RLOO group with equal rewards) has zero loss and
-    zero gradient: the update may leave it out."""
-    return cfg.skip_zero_advantage and cfg.kl_loss_coef == 0 and cfg.entropy_coef == 0
+    zero gradient: the update may leave it out. Not with a loss that selects tokens across the
+    micro-batch (clip_cov, kl_cov: not `row_local`)."""
+    return (cfg.skip_zero_advantage and cfg.kl_loss_coef == 0 and cfg.entropy_coef == 0
+            and get_policy_loss(cfg.policy_loss).row_local)
 
 
 def contributing_sequences(batch: RolloutBatch) -> torch.Tensor:
