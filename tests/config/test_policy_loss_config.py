@@ -1,0 +1,51 @@
+"""actor.policy_loss and its options at config load: names from the registry, options checked per loss."""
+
+import pytest
+
+from verl.config import load_config
+from verl.errors import ConfigError
+
+
+def test_default_is_ppo_with_the_old_clip_ranges():
+    actor = load_config().actor
+    assert actor.policy_loss == "ppo"
+    assert actor.loss_kwargs() == {"clip_low": 0.2, "clip_high": 0.2, "dual_clip": None}
+
+
+def test_unknown_loss_gets_did_you_mean_and_the_registered_names():
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=["actor.policy_loss=cipso"])
+    msg = str(err.value)
+    assert "actor.policy_loss" in msg and "Did you mean 'cispo'" in msg and "ppo, gspo, cispo, gmpo" in msg
+
+
+def test_options_of_another_loss_are_refused_with_the_losss_own_options():
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=["actor.policy_loss=clip_cov", "actor.loss_options={fracton: 1e-3}", "actor.dual_clip=3"])
+    msg = str(err.value)
+    assert "'fracton' is not an option of policy_loss clip_cov. Did you mean 'fraction'?" in msg
+    assert "actor.dual_clip is not an option of policy_loss clip_cov" in msg
+    assert "Its options: fraction, cov_low, cov_high" in msg
+    with pytest.raises(ConfigError, match="kl_cov option fraction=2 must be a number in"):
+        load_config(overrides=["actor.policy_loss=kl_cov", "actor.loss_options={fraction: 2}"])
+    with pytest.raises(ConfigError, match="clip_high is set twice"):
+        load_config(overrides=["actor.clip_high=0.28", "actor.loss_options={clip_high: 0.3}"])
+
+
+def test_options_override_the_losss_defaults():
+    actor = load_config(overrides=["actor.policy_loss=gspo", "actor.clip_high=5e-4"]).actor
+    assert actor.loss_kwargs() == {"clip_low": 3e-4, "clip_high": 5e-4}
+    actor = load_config(overrides=["actor.policy_loss=kl_cov", "actor.loss_options={kl_coef: 0.5}"]).actor
+    assert actor.loss_kwargs() == {"fraction": 2e-3, "kl_coef": 0.5}
+
+
+def test_importance_sampling_sequence_still_means_gspo_with_a_deprecation_warning():
+    with pytest.warns(FutureWarning, match="actor.importance_sampling is deprecated: use actor.policy_loss: gspo"):
+        actor = load_config(overrides=["actor.importance_sampling=sequence"]).actor
+    assert actor.policy_loss == "gspo"
+    assert actor.loss_kwargs() == {"clip_low": 0.2, "clip_high": 0.2}  # what it clipped with before
+    with pytest.warns(FutureWarning):
+        actor = load_config(overrides=["actor.importance_sampling=sequence", "actor.clip_low=3e-4"]).actor
+    assert actor.loss_kwargs() == {"clip_low": 3e-4, "clip_high": 0.2}
+    with pytest.raises(ConfigError, match="contradicts policy_loss: cispo"):
+        load_config(overrides=["actor.importance_sampling=sequence", "actor.policy_loss=cispo"])
