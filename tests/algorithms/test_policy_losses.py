@@ -97,7 +97,7 @@ def test_cispo_is_reinforce_weighted_by_the_clipped_detached_ratio():
     torch.testing.assert_close(grad_of(loss, logp), grad_of(-j, logp))
     # the value is -A w (PPO's scale), not one that moves with log pi
     torch.testing.assert_close(loss.detach(), -torch.stack([w * adv[i, t] for w, (i, t) in
-                                                            zip(weights, tokens(mask))]).mean())
+                                                            zip(weights, tokens(mask), strict=True)]).mean())
     truncated = sum(float(torch.exp(logp[i, t].detach() - old[i, t])) > 1 + hi for i, t in tokens(mask)) / len(tokens(mask))
     assert float(stats["clipfrac"]) == pytest.approx(truncated) and truncated > 0
     # a tokens whose ratio left the range keeps a gradient (PPO would zero it)
@@ -125,9 +125,9 @@ def test_gmpo_is_the_geometric_mean_of_the_clipped_token_objectives(token_adv):
 def covariance(logp, adv, mask):
     """Clip-Cov/KL-Cov's per-token Cov(log pi, A) = (log pi - mean log pi)(A - mean A), means over the tokens."""
     pairs = tokens(mask)
-    mean_lp = sum(float(logp[i, t]) for i, t in pairs) / len(pairs)
+    mean_lp = sum(float(logp[i, t].detach()) for i, t in pairs) / len(pairs)
     mean_a = sum(float(adv[i, t]) for i, t in pairs) / len(pairs)
-    return {(i, t): (float(logp[i, t]) - mean_lp) * (float(adv[i, t]) - mean_a) for i, t in pairs}
+    return {(i, t): (float(logp[i, t].detach()) - mean_lp) * (float(adv[i, t]) - mean_a) for i, t in pairs}
 
 
 def test_clip_cov_detaches_a_random_fraction_of_the_tokens_in_the_covariance_band():

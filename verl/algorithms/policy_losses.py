@@ -14,6 +14,7 @@ says which); metrics stay on the device (no host sync).
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -79,8 +80,6 @@ class PolicyLoss:
     def problems(self, options: Mapping[str, Any]) -> list[str]:
         """What is wrong with `options` for this loss: unknown names (with "did you mean" and this loss's
         own options listed) and values out of range. Empty when they are fine."""
-        from verl.utils.suggest import did_you_mean
-
         out = []
         own = ", ".join(self.options) or "none"
         for key, value in options.items():
@@ -122,11 +121,15 @@ def register_policy_loss(name: str, *, paper: str, summary: str, clipfrac: str,
 
 def get_policy_loss(name: str) -> PolicyLoss:
     if name not in POLICY_LOSSES:
-        from verl.utils.suggest import did_you_mean
-
         raise ValueError(f"unknown policy loss {name!r}.{did_you_mean(name, POLICY_LOSSES)} "
                          f"Registered: {', '.join(POLICY_LOSSES)}")
     return POLICY_LOSSES[name]
+
+
+def did_you_mean(word: str, choices: Any) -> str:
+    """verl.utils.suggest's hint, rebuilt here with difflib (the same rule): this layer imports only torch."""
+    match = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" Did you mean '{match[0]}'?" if match else ""
 
 
 # ---------------------------------------------------------------------- shared pieces
