@@ -49,3 +49,28 @@ def test_importance_sampling_sequence_still_means_gspo_with_a_deprecation_warnin
     assert actor.loss_kwargs() == {"clip_low": 3e-4, "clip_high": 0.2}
     with pytest.raises(ConfigError, match="contradicts policy_loss: cispo"):
         load_config(overrides=["actor.importance_sampling=sequence", "actor.policy_loss=cispo"])
+
+
+def test_the_covariance_losses_turn_zero_advantage_skipping_off():
+    """clip_cov/kl_cov select tokens across the micro-batch, so leaving rows out would change the loss."""
+    from verl.trainer.update import skips_zero_advantage
+
+    assert skips_zero_advantage(load_config().actor)
+    assert skips_zero_advantage(load_config(overrides=["actor.policy_loss=cispo"]).actor)
+    assert not skips_zero_advantage(load_config(overrides=["actor.policy_loss=clip_cov"]).actor)
+    assert not skips_zero_advantage(load_config(overrides=["actor.policy_loss=kl_cov"]).actor)
+
+
+def test_the_docs_table_lists_every_registered_loss_with_its_paper_and_options():
+    from pathlib import Path
+
+    from verl.algorithms.policy_losses import POLICY_LOSSES
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip().split()[0].strip("`"): line for line in text.splitlines()
+            if line.startswith("| `")}
+    for name, loss in POLICY_LOSSES.items():
+        assert name in rows, f"docs/training.md's policy-loss table lacks {name}"
+        arxiv = loss.paper.split()[0].removeprefix("arXiv:")
+        assert arxiv in rows[name]
+        assert all(f"`{option}`" in rows[name] for option in loss.options)
