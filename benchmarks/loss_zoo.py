@@ -4,8 +4,9 @@ Each (loss, seed) is one `verl train` of the demo (its warm start, then RL with 
 the loss's default options), in its own process, one after the other. The held-out accuracy is read from
 the run's metrics.jsonl at every validation (`--val-every` steps), so "steps to 80%" is the first
 validation step at or above 80% ("-" if none). The full run (6 losses x 3 seeds x 400 steps, ~3 min each on
-one core) takes about an hour; `--steps`, `--seeds` and `--losses` make shorter ones, and the table's
-command line says which was run. `--write-docs` puts the summary lines into docs/training.md.
+one core, more on a busy machine) takes about an hour with `--jobs 1`; `--jobs N` runs N at once on a
+machine with the cores; `--steps`, `--seeds` and `--losses` make shorter runs, and the table's command line
+says which was run. `--write-docs` puts the summary lines into docs/training.md.
 Run by hand: ``python benchmarks/loss_zoo.py [--seeds 1 2 3] [--steps 400] [--losses ppo gspo] [key=value ...]``.
 """
 
@@ -18,6 +19,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -74,20 +76,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--steps", type=int, default=None, help="RL steps (default: the demo's 400)")
     parser.add_argument("--val-every", type=int, default=25, help="validate every N steps (steps to 80%%)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once (each uses one core: trainer.cpu_threads)")
     parser.add_argument("--run-root", type=Path, default=ROOT / "runs" / "loss-zoo")
     parser.add_argument("overrides", nargs="*", help="key=value overrides for every run")
     args = parser.parse_args(argv)
-    lines = []
-    for loss in args.losses:
-        runs = []
-        for seed in args.seeds:
-            run = run_one(loss, seed, args.steps, args.val_every, args.run_root, args.overrides)
-            runs.append(run)
-            print(f"  {loss} seed {seed}: {run['accuracy_after_sft']:.1%} -> {run['accuracy_after_rl']:.1%} in "
-                  f"{run['steps']} steps, {run['wall_seconds']:.0f} s; steps to {TARGET:.0%}: "
-                  f"{run['steps_to_target'] or '-'}", flush=True)
-        lines.append(summary_line(loss, runs))
-        print(lines[-1], flush=True)
+    jobs = [(loss, seed) for loss in args.losses for seed in args.seeds]
+    with ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:  # each run is its own process
+        futures = {job: pool.submit(run_one, *job, args.steps, args.val_every, args.run_root, args.overrides)
+                   for job in jobs}
+        for loss in args.losses:
+            runs = []
+            for seed in args.seeds:
+                run = futures[(loss, seed)].result()
+                runs.append(run)
+                print(f"  {loss} seed {seed}: {run['accuracy_after_sft']:.1%} -> {run['accuracy_after_rl']:.1%} in "
+                      f"{run['steps']} steps, {run['wall_seconds']:.0f} s; steps to {TARGET:.0%}: "
+                      f"{run['steps_to_target'] or '-'}", flush=True)
+            print(summary_line(loss, runs), flush=True)
     return 0
 
 
