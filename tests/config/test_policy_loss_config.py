@@ -37,6 +37,9 @@ def test_options_override_the_losss_defaults():
     assert actor.loss_kwargs() == {"clip_low": 3e-4, "clip_high": 5e-4}
     actor = load_config(overrides=["actor.policy_loss=kl_cov", "actor.loss_options={kl_coef: 0.5}"]).actor
     assert actor.loss_kwargs() == {"fraction": 2e-3, "kl_coef": 0.5}
+    # YAML 1.1 reads 1e-3 as text: still the number meant
+    actor = load_config(overrides=["actor.policy_loss=clip_cov", "actor.loss_options={fraction: 1e-3}"]).actor
+    assert actor.loss_kwargs()["fraction"] == 1e-3
 
 
 def test_importance_sampling_sequence_still_means_gspo_with_a_deprecation_warning():

@@ -257,6 +257,22 @@ class ActorConfig(OptimConfig):
                       FutureWarning, stacklevel=2)
         return data
 
+    @field_validator("loss_options", mode="before")
+    @classmethod
+    def _numbers(cls, options: Any) -> Any:
+        """YAML 1.1 reads `2e-4` as text; a loss option meant as a number is one."""
+        if not isinstance(options, dict):
+            return options
+        out = {}
+        for key, value in options.items():
+            if isinstance(value, str):
+                try:
+                    value = float(value)
+                except ValueError:
+                    pass
+            out[key] = value
+        return out
+
     @field_validator("policy_loss")
     @classmethod
     def _known_loss(cls, name: str) -> str:
