@@ -144,9 +144,10 @@ def test_dapos_overlong_buffer_is_one_setting_here():
 
 def test_gspo_is_the_sequence_importance_ratio_here():
     t = translate(["actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "actor_rollout_ref.rollout.name='vllm'"])
-    assert t.ours == ["actor.importance_sampling=sequence", "rollout.engine=vllm"]
-    assert translate(["actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov"]).decide[0][1].startswith(
-        "actor.importance_sampling")
+    assert t.ours == ["actor.policy_loss=gspo", "rollout.engine=vllm"]
+    assert translate(["actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean"]).ours == ["actor.policy_loss=gmpo"]
+    assert translate(["actor_rollout_ref.actor.policy_loss.loss_mode=gpg"]).decide[0][1].startswith(
+        "actor.policy_loss")
 
 
 def _ours(t):

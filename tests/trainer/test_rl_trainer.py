@@ -287,9 +287,9 @@ def test_the_overlong_buffer_penalises_responses_that_run_into_the_length_limit(
 
 
 def test_gspo_sequence_ratio_trains_over_several_updates_per_batch(tmp_path):
-    """actor.importance_sampling=sequence in the update: two PPO epochs of two mini-batches, so the second
+    """actor.policy_loss=gspo in the update: two PPO epochs of two mini-batches, so the second
     update's ratios are not 1 and the sequence ratio is what clips."""
-    trainer = RLTrainer(rl_config(tmp_path, "actor.importance_sampling=sequence", "actor.loss_agg=seq-mean-token-mean",
+    trainer = RLTrainer(rl_config(tmp_path, "actor.policy_loss=gspo", "actor.loss_agg=seq-mean-token-mean",
                                   "actor.clip_low=3e-4", "actor.clip_high=4e-4", "actor.ppo_epochs=2",
                                   "actor.mini_batch_size=2", "actor.lr=1e-2", "trainer.total_steps=2"))
     before = snapshot(trainer.model)

@@ -51,8 +51,8 @@ def _reference_grads(trainer: RLTrainer, batch) -> dict[str, torch.Tensor]:
                                           with_entropy=True)
     mask = batch.response_mask.double()
     old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
-    loss, _ = ppo_policy_loss(logprobs, old, batch.advantages.double(), mask, clip_low=cfg.clip_low,
-                              clip_high=cfg.clip_high, agg=cfg.loss_agg, norm_len=width)
+    loss, _ = ppo_policy_loss(logprobs, old, batch.advantages.double(), mask, clip_low=cfg.loss_kwargs()["clip_low"],
+                              clip_high=cfg.loss_kwargs()["clip_high"], agg=cfg.loss_agg, norm_len=width)
     if cfg.entropy_coef > 0:
         loss = loss - cfg.entropy_coef * aggregate_loss(entropy, mask, cfg.loss_agg, norm_len=width)
     loss.backward()

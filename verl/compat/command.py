@@ -34,8 +34,10 @@ _VALUES: dict[str, tuple[str, dict[str, str], str]] = {
     "data.truncation": ("data.truncation", {"error": "error", "left": "truncate_left"},
                         "data.truncation (error, drop or truncate_left)"),
     f"{_ARR}.rollout.name": ("rollout.engine", {"hf": "hf", "vllm": "vllm"}, "rollout.engine (hf or vllm)"),
-    f"{_ARR}.actor.policy_loss.loss_mode": ("actor.importance_sampling", {"vanilla": "token", "gspo": "sequence"},
-                                            "actor.importance_sampling (token, or sequence for GSPO)"),
+    f"{_ARR}.actor.policy_loss.loss_mode": ("actor.policy_loss", {"vanilla": "ppo", "gspo": "gspo", "cispo": "cispo",
+                                                                   "geo_mean": "gmpo", "clip_cov": "clip_cov",
+                                                                   "kl_cov": "kl_cov"},
+                                            "actor.policy_loss (ppo, gspo, cispo, gmpo, clip_cov or kl_cov)"),
 }
 _REWARD_PATH, _REWARD_NAME = "custom_reward_function.path", "custom_reward_function.name"
 _DEFAULT_REWARDS = ("name the functions, routed by data_sources, e.g. 'reward.functions=[{name: numeric_match, "

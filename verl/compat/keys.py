@@ -51,7 +51,7 @@ VERL_KEYS: dict[str, str] = {
     f"{_ARR}.actor.clip_ratio_low": "actor.clip_low",
     f"{_ARR}.actor.clip_ratio_high": "actor.clip_high",
     f"{_ARR}.actor.clip_ratio_c": "actor.dual_clip",
-    f"{_ARR}.actor.policy_loss.loss_mode": "actor.importance_sampling (gspo is sequence, vanilla is token)",
+    f"{_ARR}.actor.policy_loss.loss_mode": "actor.policy_loss (vanilla is ppo, geo_mean is gmpo)",
     f"{_ARR}.actor.tis_imp_ratio_cap": "actor.rollout_correction.mode and actor.rollout_correction.cap (mode "
                                                "token_tis with that cap; verl's -1, off, is mode auto here)",
     f"{_ARR}.actor.loss_agg_mode": "actor.loss_agg",

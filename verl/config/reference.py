@@ -82,8 +82,6 @@ NOTES: dict[str, str] = {
     "OptimConfig.shuffle": "Shuffle mini-batches in each PPO epoch (whole groups when prompts are shared).",
     "OptimConfig.loss_agg": "How token losses become one loss: token-mean, seq-mean-token-mean, seq-mean-token-sum, "
                       "seq-mean-token-sum-norm (Dr. GRPO: each response's sum over rollout.max_new_tokens).",
-    "actor.clip_low": "PPO clip range below 1 (ratio >= 1 - clip_low).",
-    "actor.clip_high": "PPO clip range above 1 (clip-higher when larger than clip_low).",
     "actor.kl_loss_type": "KL estimator of the KL loss: k1, k2, k3 (clamped to [-10, 10]) or abs.",
     "actor.entropy_coef": "Entropy bonus coefficient; 0 = entropy only logged (from detached logits).",
     "critic.lr": "Peak learning rate of the critic's AdamW.",

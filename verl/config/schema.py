@@ -14,9 +14,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from verl.algorithms.estimators import ESTIMATOR_NAMES, ESTIMATORS
+from verl.algorithms.policy_losses import POLICY_LOSS_NAMES, POLICY_LOSSES
 from verl.compat.keys import verl_name
 from verl.config.fsdp import FSDPConfig
 from verl.utils.cpu_matmul import CpuMatmul
+from verl.utils.suggest import did_you_mean
 
 
 class Section(BaseModel):
@@ -269,12 +271,97 @@ def _tis_cap_alias(data: Any) -> Any:
 
 
 class ActorConfig(OptimConfig):
-    clip_low: float = Field(0.2, gt=0.0)
-    clip_high: float = Field(0.2, gt=0.0)
-    dual_clip: float | None = Field(None, gt=1.0, description="Dual-clip constant c (> 1); None = off.")
-    importance_sampling: Literal["token", "sequence"] = Field(
-        "token", description="PPO's ratio per token, or per response (GSPO: the length-normalised ratio of the "
-        "whole response, clipped as one; pair it with loss_agg: seq-mean-token-mean and small clip ranges).")
+    policy_loss: str = Field("ppo", description="The policy loss, by name from verl.algorithms.policy_losses: "
+                             f"{', '.join(POLICY_LOSS_NAMES)} (table in docs/training.md). Its options go in "
+                             "loss_options; actor.importance_sampling: sequence (old) means gspo.")
+    loss_options: dict[str, Any] = Field(default_factory=dict, description="Options of the chosen policy_loss "
+                                         "(e.g. {fraction: 2e-4} for clip_cov); an option left out takes the "
+                                         "loss's default, one the loss does not have is refused.")
+    clip_low: float | None = Field(None, gt=0.0, description="Short for loss_options.clip_low (ppo, gspo, cispo, "
+                                   "gmpo); None = the loss's default (ppo: 0.2).")
+    clip_high: float | None = Field(None, gt=0.0, description="Short for loss_options.clip_high (ppo, gspo, "
+                                    "cispo, gmpo); None = the loss's default (ppo: 0.2; 0.28 is DAPO's "
+                                    "clip-higher).")
+    dual_clip: float | None = Field(None, gt=1.0, description="Short for loss_options.dual_clip (ppo only): "
+                                    "dual-clip constant c (> 1); None = off.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _importance_sampling(cls, data: Any) -> Any:
+        """The old `importance_sampling: token | sequence` key: sequence is policy_loss gspo (keeping the old
+        clip default 0.2 unless a clip range is set), token is the default ppo."""
+        if not isinstance(data, dict) or "importance_sampling" not in data:
+            return data
+        data = dict(data)
+        old = data.pop("importance_sampling")
+        if old not in ("token", "sequence"):
+            raise ValueError(f"importance_sampling={old!r} (deprecated) must be token or sequence; "
+                             "use policy_loss: ppo or gspo instead")
+        wanted = "gspo" if old == "sequence" else "ppo"
+        loss = data.setdefault("policy_loss", wanted)
+        if loss != wanted:
+            raise ValueError(f"importance_sampling: {old} (deprecated; it means policy_loss: {wanted}) contradicts "
+                             f"policy_loss: {loss}; remove importance_sampling")
+        options = data.get("loss_options") or {}
+        if wanted == "gspo":
+            for key in ("clip_low", "clip_high"):
+                if data.get(key) is None and key not in options:
+                    data[key] = 0.2  # what importance_sampling: sequence clipped with
+        warnings.warn(f"actor.importance_sampling is deprecated: use actor.policy_loss: {wanted}"
+                      + (" (gspo's own default clip range is the paper's 3e-4 / 4e-4; this run keeps 0.2 / 0.2 "
+                         "unless it sets actor.clip_low / clip_high)" if wanted == "gspo" else ""),
+                      FutureWarning, stacklevel=2)
+        return data
+
+    @field_validator("loss_options", mode="before")
+    @classmethod
+    def _numbers(cls, options: Any) -> Any:
+        """YAML 1.1 reads `2e-4` as text; a loss option meant as a number is one."""
+        if not isinstance(options, dict):
+            return options
+        out = {}
+        for key, value in options.items():
+            if isinstance(value, str):
+                try:
+                    value = float(value)
+                except ValueError:
+                    pass
+            out[key] = value
+        return out
+
+    @field_validator("policy_loss")
+    @classmethod
+    def _known_loss(cls, name: str) -> str:
+        if name not in POLICY_LOSSES:
+            raise ValueError(f"{name!r} is not a registered policy loss.{did_you_mean(name, POLICY_LOSSES)} "
+                             f"Registered: {', '.join(POLICY_LOSSES)}")
+        return name
+
+    @model_validator(mode="after")
+    def _loss_options(self) -> ActorConfig:
+        loss = POLICY_LOSSES[self.policy_loss]
+        problems = loss.problems(self.loss_options)
+        for key in ("clip_low", "clip_high", "dual_clip"):
+            value = getattr(self, key)
+            if value is None:
+                continue
+            if key in self.loss_options:
+                problems.append(f"{key} is set twice, as actor.{key} and actor.loss_options.{key}; keep one")
+            elif key not in loss.options:
+                problems.append(f"actor.{key} is not an option of policy_loss {loss.name}. Its options: "
+                                f"{', '.join(loss.options) or 'none'}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def loss_kwargs(self) -> dict[str, Any]:
+        """The chosen loss's options: its defaults, overridden by loss_options and the short keys."""
+        options = POLICY_LOSSES[self.policy_loss].defaults() | self.loss_options
+        for key in ("clip_low", "clip_high", "dual_clip"):
+            if getattr(self, key) is not None:
+                options[key] = getattr(self, key)
+        return options
+
     mask_truncated: bool = Field(False, description="Leave responses that rollout.max_new_tokens cut off (no eos) "
                                  "out of the policy loss (DAPO's overlong filtering; TRL's "
                                  "mask_truncated_completions).")

@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
-from verl.algorithms import aggregate_loss, kl_penalty, masked_mean, ppo_policy_loss, value_loss
+from verl.algorithms import aggregate_loss, kl_penalty, masked_mean, value_loss
 from verl.algorithms.entropy import AdaptiveEntropyController, masked_quantiles, top_entropy_mask
+from verl.algorithms.policy_losses import get_policy_loss
 from verl.algorithms.rollout_correction import Correction, rollout_correction
 from verl.config.schema import ActorConfig, CriticConfig, OptimConfig
 from verl.distributed.placement import Placement
@@ -255,8 +256,8 @@ def correct_rollout(old_logprobs: torch.Tensor, mb: RolloutBatch, plan: Correcti
 def policy_loss(cfg: ActorConfig, norm_len: int, forward: Callable[[RolloutBatch], tuple[torch.Tensor, torch.Tensor]],
                 *, on_logprobs: Callable[[torch.Tensor, RolloutBatch], None] | None = None,
                 entropy_coef: float | None = None, correction: CorrectionPlan | None = None) -> MicroLoss:
-    """The actor's micro-batch loss: PPO-clip (`cfg`'s clip ranges, aggregation, sequence ratio), each token
-    weighted (or rejected) by the rollout `correction` (default: `cfg.rollout_correction` with auto = off;
+    """The actor's micro-batch loss: `cfg.policy_loss` from the registry with its options and aggregation, each
+    token weighted (or rejected) by the rollout `correction` (default: `cfg.rollout_correction` with auto = off;
     the trainer passes `plan_correction`'s), minus the entropy bonus, plus the KL loss; and its
     metrics. `forward(mb)` gives (log-probs, entropy); `on_logprobs(logprobs, mb)` sees every forward's
     log-probs (the drift check). `norm_len` is seq-mean-token-sum-norm's constant for the whole batch.
@@ -267,6 +268,7 @@ def policy_loss(cfg: ActorConfig, norm_len: int, forward: Callable[[RolloutBatch
     micro-batch per mini-batch reproduces it)."""
     coef = cfg.entropy_coef if entropy_coef is None else entropy_coef
     plan = correction or explicit_plan(cfg.rollout_correction)
+    pg_loss, pg_options = get_policy_loss(cfg.policy_loss), cfg.loss_kwargs()  # actor.policy_loss's function
 
     def micro_loss(mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = mb.response_mask.float()
@@ -282,10 +284,8 @@ def policy_loss(cfg: ActorConfig, norm_len: int, forward: Callable[[RolloutBatch
             entropy_stats["actor/entropy_top_frac"] = masked_mean(top, mask)
         corrected = correct_rollout(old, mb, plan)
         weights = None if corrected is None else corrected.weights
-        loss, stats = ppo_policy_loss(logprobs, old, mb.advantages, mask, clip_low=cfg.clip_low,
-                                      clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.loss_agg,
-                                      norm_len=norm_len, sequence_ratio=cfg.importance_sampling == "sequence",
-                                      token_weights=weights)
+        loss, stats = pg_loss(logprobs, old, mb.advantages, mask, agg=cfg.loss_agg, norm_len=norm_len,
+                              token_weights=weights, **pg_options)
         metrics = {"actor/pg_loss": loss.detach(), "actor/clipfrac": stats["clipfrac"],
                    "actor/approx_kl": stats["approx_kl"]}
         if corrected is not None:
@@ -418,9 +418,11 @@ def without_truncated(batch: RolloutBatch) -> RolloutBatch:
 def skips_zero_advantage(cfg: ActorConfig) -> bool:
     """With neither a KL loss nor an entropy bonus the PPO loss of a token is -A x ratio (clipped), so a
     sequence whose advantages are all exactly 0 (a GRPO/RLOO group with equal rewards) has zero loss and
-    zero gradient: the update may leave it out."""
+    zero gradient: the update may leave it out. Not with a loss that selects tokens across the
+    micro-batch (clip_cov, kl_cov: not `row_local`)."""
     return (cfg.skip_zero_advantage and cfg.kl_loss_coef == 0 and cfg.entropy_coef == 0
-            and cfg.target_entropy is None)  # an adaptive bonus may become > 0
+            and cfg.target_entropy is None  # an adaptive bonus may become > 0
+            and get_policy_loss(cfg.policy_loss).row_local)
 
 
 def entropy_controller(cfg: ActorConfig) -> AdaptiveEntropyController | None:
