@@ -14,7 +14,6 @@ says which); metrics stay on the device (no host sync).
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -77,14 +76,15 @@ class PolicyLoss:
     def defaults(self) -> dict[str, Any]:
         return {k: o.default for k, o in self.options.items()}
 
-    def problems(self, options: Mapping[str, Any]) -> list[str]:
-        """What is wrong with `options` for this loss: unknown names (with "did you mean" and this loss's
-        own options listed) and values out of range. Empty when they are fine."""
+    def problems(self, options: Mapping[str, Any], hint: Callable[[str, Any], str] = lambda word, choices: "",
+                 ) -> list[str]:
+        """What is wrong with `options` for this loss: unknown names (with `hint(name, this loss's options)`,
+        the config layer's "did you mean", and the options listed) and values out of range. Empty when fine."""
         out = []
         own = ", ".join(self.options) or "none"
         for key, value in options.items():
             if key not in self.options:
-                out.append(f"'{key}' is not an option of policy_loss {self.name}.{did_you_mean(key, self.options)} "
+                out.append(f"'{key}' is not an option of policy_loss {self.name}.{hint(key, self.options)} "
                            f"Its options: {own}")
                 continue
             problem = self.options[key].check(value)
@@ -121,15 +121,9 @@ def register_policy_loss(name: str, *, paper: str, summary: str, clipfrac: str,
 
 def get_policy_loss(name: str) -> PolicyLoss:
     if name not in POLICY_LOSSES:
-        raise ValueError(f"unknown policy loss {name!r}.{did_you_mean(name, POLICY_LOSSES)} "
+        raise ValueError(f"unknown policy loss {name!r}. "
                          f"Registered: {', '.join(POLICY_LOSSES)}")
     return POLICY_LOSSES[name]
-
-
-def did_you_mean(word: str, choices: Any) -> str:
-    """verl.utils.suggest's hint, rebuilt here with difflib (the same rule): this layer imports only torch."""
-    match = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
-    return f" Did you mean '{match[0]}'?" if match else ""
 
 
 # ---------------------------------------------------------------------- shared pieces

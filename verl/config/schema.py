@@ -340,7 +340,7 @@ class ActorConfig(OptimConfig):
     @model_validator(mode="after")
     def _loss_options(self) -> ActorConfig:
         loss = POLICY_LOSSES[self.policy_loss]
-        problems = loss.problems(self.loss_options)
+        problems = loss.problems(self.loss_options, did_you_mean)
         for key in ("clip_low", "clip_high", "dual_clip"):
             value = getattr(self, key)
             if value is None:
