@@ -198,7 +198,8 @@ class MultiTurnRollout:
             end = self._turn_end([len(records[i].tokens) for i in active], budget, why)
             decoded = engine.decode(state, params, params.max_new_tokens, generator, keep=True, end=end)
             # The environment answers every episode whose turn ended by a stop string or eos.
-            keep: list[int] = []
+            keep: list[int] = []  # the episodes that go on
+            kept_rows: list[int] = []  # their rows in the batch
             blocks: list[list[int]] = []  # per kept episode: the turn's last token, then the observation
             lengths = decoded.lengths.tolist()
             for r, (i, toks, lps, eos) in enumerate(zip(active, decoded.tokens.tolist(), decoded.logprobs.tolist(),
@@ -244,11 +245,12 @@ class MultiTurnRollout:
                 rec.loss_mask += [0] * len(obs)
                 rec.logprobs += [0.0] * len(obs)
                 keep.append(i)
+                kept_rows.append(r)
                 blocks.append(rec.turn_tokens[-1:] + obs)
             if not keep:
                 return
             # Episodes that ended leave the batch and the cache.
-            state.select(torch.tensor([active.index(i) for i in keep], dtype=torch.long, device=device))
+            state.select(torch.tensor(kept_rows, dtype=torch.long, device=device))
             active = keep
             # Each turn's last token and the observation after it, right-aligned behind holes: the block's
             # last column is every row's latest real token.
