@@ -20,6 +20,7 @@ LEGACY_FLAGS: dict[str, str] = {
     "critic_device_ids": "devices.critic",
     "ref_device_id": "devices.ref",
     "reward_device_id": "devices.reward",
+    "teacher_device_ids": "devices.teacher",
     "num_gpus_per_node": "devices.num_gpus_per_node",
     "save_interval": "checkpoint.save_interval",
     "async_save": "checkpoint.async_save",

@@ -168,6 +168,33 @@ class RolloutConfig(Section):
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings (rollout.engine=vllm).")
 
 
+class DistillConfig(Section):
+    """On-policy distillation (`verl.algorithms.distill`): the student samples, a teacher scores the
+    student's tokens, and the per-token reverse KL to the teacher is trained on, alone or with the task
+    reward."""
+
+    teacher_path: str | None = Field(None, description="The teacher (a causal LM with the student's tokenizer; "
+                                     "any size); None = no distillation. Placed by devices.teacher.")
+    _home = field_validator("teacher_path", mode="before")(_home)
+    mode: Literal["reward", "loss"] = Field(
+        "reward", description="reward: -coef x the reverse KL per token is added to the advantages (clipped and "
+        "corrected like them); loss: coef x 0.5 (log pi_s - log pi_t)^2 is added to the actor's loss (its "
+        "gradient on the student's samples is the reverse KL's).")
+    coef: float = Field(1.0, gt=0.0, description="Weight of the reverse KL.")
+    discount: float = Field(0.0, ge=0.0, le=1.0, description="mode=reward: a token's advantage also carries the "
+                            "KL of the tokens after it, discounted by this (0 = its own token only).")
+    task_reward: bool = Field(True, description="Train on the environment's reward too (its advantages plus the "
+                              "distillation term); false = distillation alone (the reward is still logged).")
+
+    @model_validator(mode="after")
+    def _discount_needs_reward_mode(self) -> DistillConfig:
+        if self.discount > 0 and self.mode != "reward":
+            raise ValueError(f"algorithm.distill.discount={self.discount} applies to mode=reward (the KL as a "
+                             "per-token reward); mode=loss trains on each token's own KL. Fix: set "
+                             "algorithm.distill.mode=reward or discount=0.")
+        return self
+
+
 class AlgorithmConfig(Section):
     adv_estimator: Literal[ESTIMATOR_NAMES] = "grpo"  # the names of verl.algorithms.estimators
     gamma: float = Field(1.0, ge=0.0, le=1.0)
@@ -197,6 +224,8 @@ class AlgorithmConfig(Section):
                                  "linearly (0 = off).")
     overlong_penalty: float = Field(1.0, ge=0.0, description="overlong_buffer: the penalty of a response that "
                                     "uses every token allowed.")
+    distill: DistillConfig = Field(default_factory=DistillConfig, description="On-policy distillation from a "
+                                   "teacher model (algorithm.distill.teacher_path).")
 
 
 class OptimConfig(Section):
@@ -465,11 +494,12 @@ class DevicesConfig(Section):
     critic: list[int] | None = None
     ref: list[int] | None = None
     reward: list[int] | None = None
+    teacher: list[int] | None = Field(None, description="Global ranks of the distillation teacher; None = every rank.")
     num_gpus_per_node: int | None = Field(None, gt=0)
     allow_mixed_dtype: bool = False
     timeout_s: float = Field(600.0, gt=0.0)
 
-    _split = field_validator("actor", "critic", "ref", "reward", mode="before")(_split_csv)
+    _split = field_validator("actor", "critic", "ref", "reward", "teacher", mode="before")(_split_csv)
 
 
 class CheckpointConfig(Section):
@@ -570,3 +600,8 @@ class RunConfig(Section):
     @property
     def needs_ref(self) -> bool:
         return self.algorithm.kl_in_reward or self.actor.kl_loss_coef > 0
+
+    @property
+    def needs_teacher(self) -> bool:
+        """Whether an RL run distils from a teacher (`algorithm.distill.teacher_path`)."""
+        return self.algorithm.distill.teacher_path is not None

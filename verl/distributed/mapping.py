@@ -1,4 +1,4 @@
-"""Roles (actor, critic, ref, reward) on device groups: validated before any model is loaded.
+"""Roles (actor, critic, ref, reward, teacher) on device groups: validated before any model is loaded.
 
 The failures this prevents are the ones users hit at step 0 after minutes of model loading: a rank id
 outside the world, `num_gpus_per_node 8` on a 4-GPU box ("invalid device ordinal"), a role with no
@@ -19,7 +19,7 @@ from verl.utils.dtype import canonical_dtype_name, dtype_aliases
 
 CRITIC_FREE = tuple(name for name, estimator in ESTIMATORS.items() if not estimator.needs_critic)
 
-ROLES: tuple[str, ...] = ("actor", "critic", "ref", "reward")
+ROLES: tuple[str, ...] = ("actor", "critic", "ref", "reward", "teacher")
 """Fixed role order: process groups are created and batches moved in this order on every rank."""
 
 
@@ -121,6 +121,7 @@ def validate_device_mapping(
     algorithm_needs_critic: bool,
     needs_ref: bool,
     needs_reward_model: bool,
+    needs_teacher: bool = False,
     role_dtypes: dict[str, str | None],
     visible_devices: int | None,
     cuda_visible_devices: str | None,
@@ -128,7 +129,7 @@ def validate_device_mapping(
 ) -> DeviceMapping:
     """Check the role placement against the launched world and the machine; collect every problem.
 
-    `devices` is the `devices` config section (object or dict) with actor/critic/ref/reward rank lists
+    `devices` is the `devices` config section (object or dict) with actor/critic/ref/reward/teacher rank lists
     (None = every rank), num_gpus_per_node, allow_mixed_dtype. `visible_devices` is the accelerator count
     on this node (None on CPU: no device limit). Raises one DeviceMappingError with the mapping table and
     a fix for each problem; returns the mapping otherwise.
@@ -140,6 +141,7 @@ def validate_device_mapping(
         "critic": algorithm_needs_critic,
         "ref": needs_ref,
         "reward": needs_reward_model,
+        "teacher": needs_teacher,
     }
     requested = {role: _get(devices, role) for role in ROLES}
     cvd = cuda_visible_devices if cuda_visible_devices not in (None, "") else "unset"

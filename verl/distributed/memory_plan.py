@@ -176,7 +176,7 @@ def plan_memory(x: PlanInputs, device_bytes: int | None) -> MemoryPlan:
         parts = x.resident.get(role)
         return 0 if parts is None or offload else sum(parts[k] for k in which)
 
-    roles = {"actor": "actor", "ref": "reference", "critic": "critic", "reward": "reward model"}
+    roles = {"actor": "actor", "ref": "reference", "teacher": "teacher", "critic": "critic", "reward": "reward model"}
     resident_update = [(f"{roles[r]} weights + grads + optimizer (sharded)" if r in ("actor", "critic") else
                         f"{roles[r]} weights (sharded)", state(r, (0, 1, 2))) for r in roles if r in x.resident]
     resident_rollout = [(f"{roles[r]} weights + optimizer (sharded; grads freed)" if r in ("actor", "critic") else

@@ -388,5 +388,25 @@ def _check_template_tokens(report: LoadReport, tokenizer: Any, renderer: Any, te
     return ok
 
 
+def vocabulary_difference(tokenizer: Any, reference: Any,
+                          names: tuple[str, str] = ("the tokenizer", "the model's")) -> str | None:
+    """How two tokenizers' vocabularies (token -> id, added tokens included) differ, or None if equal;
+    `names` say whose each is in the text."""
+    ours, theirs = tokenizer.get_vocab(), reference.get_vocab()
+    if ours == theirs:
+        return None
+    only_ours = sorted(set(ours) - set(theirs))
+    only_theirs = sorted(set(theirs) - set(ours))
+    moved = sorted(t for t in set(ours) & set(theirs) if ours[t] != theirs[t])
+    parts = [f"{len(ours)} vs {len(theirs)} tokens"]
+    if only_ours:
+        parts.append(f"{len(only_ours)} only in {names[0]} (e.g. {only_ours[:3]})")
+    if only_theirs:
+        parts.append(f"{len(only_theirs)} only in {names[1]} (e.g. {only_theirs[:3]})")
+    if moved:
+        parts.append(f"{len(moved)} with other ids (e.g. {moved[0]!r}: {ours[moved[0]]} vs {theirs[moved[0]]})")
+    return ", ".join(parts)
+
+
 __all__ = ["LoadReport", "SpecialToken", "check_model_and_tokenizer", "embedding_rows", "render_probe",
-           "PROBE_CONVERSATION", "PROBE_TEXTS"]
+           "vocabulary_difference", "PROBE_CONVERSATION", "PROBE_TEXTS"]

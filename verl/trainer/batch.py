@@ -33,10 +33,10 @@ WHOLE = "batch"  # belongs to the batch, not to a row (metrics)
 PAD_TOKEN = "pad_token_id"  # the policy tokenizer's pad id
 REWARD_PAD_TOKEN = "reward_pad_token_id"  # the reward model tokenizer's pad id
 
-# Roles that read fields on ranks of their own (what a split placement sends them): the reference and the
-# critic's value pass run on the sequences, the critic's update also on the values and returns, a reward
+# Roles that read fields on ranks of their own (what a split placement sends them): the reference, the
+# distillation teacher and the critic's value pass run on the sequences, the critic's update also on the values and returns, a reward
 # model on its own tokens.
-SEQUENCE_READERS = frozenset({"ref", "critic", "critic_update"})
+SEQUENCE_READERS = frozenset({"ref", "teacher", "critic", "critic_update"})
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,7 @@ LAYOUT: dict[str, FieldLayout] = {
     "token_rewards": FieldLayout(RESPONSE, 0.0),
     "old_logprobs": FieldLayout(RESPONSE, 0.0),
     "ref_logprobs": FieldLayout(RESPONSE, 0.0, writer="ref"),
+    "teacher_logprobs": FieldLayout(RESPONSE, 0.0, writer="teacher"),
     "values": FieldLayout(RESPONSE, 0.0, frozenset({"critic_update"}), writer="critic"),
     "advantages": FieldLayout(RESPONSE, 0.0),
     "returns": FieldLayout(RESPONSE, 0.0, frozenset({"critic_update"})),
@@ -131,6 +132,7 @@ class RolloutBatch:
     token_rewards: torch.Tensor | None = None  # [N, R]
     old_logprobs: torch.Tensor | None = None  # [N, R] actor before the update
     ref_logprobs: torch.Tensor | None = None  # [N, R]
+    teacher_logprobs: torch.Tensor | None = None  # [N, R] the distillation teacher's, of the sampled tokens
     values: torch.Tensor | None = None  # [N, R]
     advantages: torch.Tensor | None = None  # [N, R]
     returns: torch.Tensor | None = None  # [N, R]

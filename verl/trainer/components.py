@@ -8,7 +8,7 @@ Read `compose()` top to bottom to see a run's start-up (torchtune's recipes are 
 2. `setup_process`: join the process group, seed, take on this rank's roles;
 3. `setup_policy`: the policy with the tokenizer the checks loaded;
 4. RL only, each on the ranks whose roles need it: `setup_reward_model`, `setup_env`, `setup_reference`,
-   `setup_critic`, then FSDP2 sharding, `setup_optimizer` and `setup_engine`;
+   `setup_teacher`, `setup_critic`, then FSDP2 sharding, `setup_optimizer` and `setup_engine`;
 5. when the loop starts (`loop.fit`): `setup_checkpoints` (and the resume) and `setup_tracker`.
 
 `verl check` runs step 1, which builds the policy with `load_policy_with_report(weights=False)`: the same
@@ -38,7 +38,13 @@ from verl.models.reward_model import RewardModelScorer
 from verl.rollout import RolloutEngine, build_engine
 from verl.tracking import Tracker
 from verl.trainer.batch import RolloutBatch
-from verl.trainer.models import build_reference, given_policy, load_policy_with_report, with_cpu_matmul
+from verl.trainer.models import (
+    build_reference,
+    given_policy,
+    load_frozen,
+    load_policy_with_report,
+    with_cpu_matmul,
+)
 from verl.trainer.optim import build_optimizer
 from verl.trainer.preflight import Given, Preflight, preflight
 from verl.trainer.reward_model import RewardModelFunction
@@ -69,6 +75,7 @@ class Components:
     policy: torch.nn.Module | None
     env: Any = None  # RL: prompts + rewards
     reference: torch.nn.Module | None = None
+    teacher: torch.nn.Module | None = None  # on-policy distillation (algorithm.distill)
     critic: torch.nn.Module | None = None
     reward_scorer: RewardModelScorer | None = None  # a reward model on ranks of its own
     reward_tokenizer: Any = None  # ... and the tokenizer the actor ranks encode its inputs with
@@ -142,6 +149,15 @@ def setup_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any,
     actor computes in and, wherever the actor is sharded, sharded over the reference's ranks."""
     ref = build_reference(config, policy, tokenizer, device=process.device, dtype=process.frozen_dtype or process.dtype)
     return shard_frozen(ref, "ref", config, process)
+
+
+def setup_teacher(config: RunConfig, tokenizer: Any, process: ProcessSetup) -> torch.nn.Module:
+    """The distillation teacher (`algorithm.distill.teacher_path`), frozen, in the dtype a reference is held
+    in, sharded over the teacher's ranks wherever the actor is sharded."""
+    teacher = load_frozen(config, config.algorithm.distill.teacher_path, tokenizer,
+                          key="algorithm.distill.teacher_path", device=process.device,
+                          dtype=process.frozen_dtype or process.dtype)
+    return shard_frozen(teacher, "teacher", config, process)
 
 
 def setup_critic(config: RunConfig, policy: torch.nn.Module, process: ProcessSetup, base_path: str) -> torch.nn.Module:
@@ -258,6 +274,8 @@ def compose_rl(parts: Components, given: Given) -> None:
         raise problem
     if config.needs_ref and "ref" in roles:
         parts.reference = setup_reference(config, parts.policy, parts.tokenizer, process)
+    if config.needs_teacher and "teacher" in roles:
+        parts.teacher = setup_teacher(config, parts.tokenizer, process)
     if config.needs_critic and "critic" in roles:
         parts.critic = setup_critic(config, parts.policy, process, parts.checks.model_path)
     parts.placement = Placement.create(process.groups, rank=process.rank, world_size=process.world_size,
@@ -281,4 +299,4 @@ def compose_rl(parts: Components, given: Given) -> None:
 
 __all__ = ["Components", "Optimizer", "compose", "compose_rl", "setup_checks", "setup_critic",
            "setup_checkpoints", "setup_engine", "setup_env", "setup_optimizer", "setup_policy", "setup_reference",
-           "setup_reward_model", "setup_tracker", "shard", "shard_frozen"]
+           "setup_reward_model", "setup_teacher", "setup_tracker", "shard", "shard_frozen"]

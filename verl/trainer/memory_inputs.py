@@ -61,7 +61,7 @@ def plan_inputs(config: RunConfig, *, mapping: Any, shape: ModelShape, world_siz
     master = held["actor"] or "float32"
     mixed = config.fsdp.mixed_precision_dtypes("cuda", bf16_supported=True)
     compute = str(mixed[0]).removeprefix("torch.") if mixed else master
-    dtypes = {"actor": master, "critic": master, "ref": held["ref"] or compute, "reward": held["reward"] or compute}
+    dtypes = {"actor": master, "critic": master, **{role: held[role] or compute for role in ("ref", "reward", "teacher")}}
     if counts is None:
         counts = {role: shape.total_params for role in mapping.roles if role != "reward"}
     estimate = estimate_memory(counts, dtypes, mapping=mapping,

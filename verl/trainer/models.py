@@ -1,4 +1,4 @@
-"""Loading the models a trainer runs: the policy, and the frozen reference shared by RL and DPO.
+"""Loading the models a trainer runs: the policy, the frozen reference shared by RL and DPO, the teacher.
 
 One reference builder means one tokenizer check: a reference with another vocabulary scores tokens it
 does not share with the policy, which makes KL (RL) and the DPO margins meaningless without any error.
@@ -13,7 +13,7 @@ import torch
 
 from verl.config.schema import RunConfig
 from verl.errors import ModelError
-from verl.models.checks import LoadReport
+from verl.models.checks import LoadReport, vocabulary_difference
 from verl.models.hf_loader import CONFIG_KEYS, load_hf_model, load_hf_model_with_report
 from verl.models.lora import AdapterOff, apply_lora, is_peft_model
 from verl.models.tiny import build_from_spec, is_tiny_spec
@@ -92,24 +92,39 @@ def build_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any, 
     """The frozen reference in `dtype`: `given`, else `ref.path`, else the policy's initial weights: with LoRA
     the policy itself with its adapters off (no copy), otherwise a copy.
 
-    A `ref.path` model must share the policy's tokenizer vocabulary (ModelError otherwise).
+    A `ref.path` model must share the policy's tokenizer vocabulary (ModelError otherwise: `load_frozen`).
     """
     if given is not None:
         return frozen(with_cpu_matmul(config, given.to(device=device, dtype=dtype)))
     path = config.ref.path
     if not path:
         return AdapterOff(policy) if is_peft_model(policy) else frozen(copy_in(policy, dtype))
+    return load_frozen(config, path, tokenizer, key="ref.path", device=device, dtype=dtype)
+
+
+def load_frozen(config: RunConfig, path: str, tokenizer: Any, *, key: str, device: torch.device,
+                dtype: torch.dtype) -> torch.nn.Module:
+    """A frozen causal LM from `path` (`key` names it in errors: `ref.path`, `algorithm.distill.teacher_path`)
+    in `dtype`; it must share the policy's tokenizer vocabulary (the start-up checks compare the tokenizers
+    before any weight loads; this catches a model passed around them)."""
     cfg = config.model
-    ref, ref_tokenizer = load_hf_model(
-        resolve_model_path(path, key="ref.path"), attn_implementation=cfg.attn_implementation, torch_dtype=dtype,
+    model, own_tokenizer = load_hf_model(
+        resolve_model_path(path, key=key), attn_implementation=cfg.attn_implementation, torch_dtype=dtype,
         trust_remote_code=cfg.trust_remote_code, device=device, for_training=False)
-    if ref_tokenizer.get_vocab() != tokenizer.get_vocab():
-        raise ModelError(f"ref.path={path!r} has a different tokenizer from model.path={cfg.path!r}, so its "
-                         "log-probs of the policy's tokens would be meaningless; use a reference from the "
-                         "same model family (same tokenizer), or leave ref.path empty to use the "
-                         "actor's initial weights")
-    return frozen(with_cpu_matmul(config, ref.to(device)))
+    mismatch = vocabulary_difference(own_tokenizer, tokenizer, names=(key, "model.path"))
+    if mismatch is not None:
+        raise ModelError(tokenizer_mismatch_message(key, path, cfg.path, mismatch))
+    return frozen(with_cpu_matmul(config, model.to(device)))
 
 
-__all__ = ["build_reference", "copy_in", "frozen", "given_policy", "load_policy_with_report", "resolve_model_path",
-           "with_cpu_matmul", "with_lora"]
+def tokenizer_mismatch_message(key: str, path: str, policy_path: str, mismatch: str) -> str:
+    """Why a frozen model with another vocabulary is refused, both vocabularies named, and the fix."""
+    what = "its log-probs of the policy's tokens" + (" (the KL to the reference)" if key == "ref.path" else
+                                                      " (the distillation KL)")
+    fix = ("leave ref.path empty to use the actor's initial weights" if key == "ref.path"
+           else "distil from a teacher of the student's model family")
+    return (f"{key}={path!r} has a different tokenizer from model.path={policy_path!r} ({mismatch}), so {what} "
+            f"would score other tokens than the ones sampled. Fix: use a model with the same tokenizer, or {fix}.")
+
+__all__ = ["build_reference", "copy_in", "frozen", "given_policy", "load_frozen", "load_policy_with_report",
+           "resolve_model_path", "tokenizer_mismatch_message", "with_cpu_matmul", "with_lora"]

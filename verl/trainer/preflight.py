@@ -31,12 +31,13 @@ from verl.checkpoint.manager import stale_latest
 from verl.config.schema import RunConfig
 from verl.env import build_env
 from verl.errors import CheckpointError, ConfigError, DataError, ModelError, VerlError
+from verl.models.checks import vocabulary_difference
 from verl.models.hf_loader import load_tokenizer
 from verl.rewards import RewardManager
 from verl.trainer.data_split import DATA_KINDS, DataSplit, canonical_rows, split_train_val
-from verl.trainer.models import load_policy_with_report, resolve_model_path
+from verl.trainer.models import load_policy_with_report, resolve_model_path, tokenizer_mismatch_message
 from verl.trainer.setup import run_dtype
-from verl.trainer.source_checks import check_model_sources
+from verl.trainer.source_checks import check_model_sources, model_sources
 from verl.trainer.startup import VAL_ONLY_NEEDS_ROWS, StartupReport, check_env_options, check_startup
 
 
@@ -139,6 +140,7 @@ def preflight(config: RunConfig, *, world_size: int, device_type: str, kind: str
         pf.skipped["model"] = "the start-up problems come first: nothing was loaded"
     else:
         _tokenizer_pass(pf, given)
+        _frozen_tokenizers_pass(pf)
         if check_model and not pf.problems:
             _model_pass(pf, given, torch.device(device_type), run_dtype(config.model.dtype, device_type))
     _data_pass(pf, given)
@@ -200,22 +202,23 @@ def _tokenizer_pass(pf: Preflight, given: Given) -> None:
             "embeddings were trained for this tokenizer, set model.allow_tokenizer_mismatch=true."))
 
 
-def vocabulary_difference(tokenizer: Any, reference: Any) -> str | None:
-    """How two tokenizers' vocabularies (token -> id, added tokens included) differ, or None if equal."""
-    ours, theirs = tokenizer.get_vocab(), reference.get_vocab()
-    if ours == theirs:
-        return None
-    only_ours = sorted(set(ours) - set(theirs))
-    only_theirs = sorted(set(theirs) - set(ours))
-    moved = sorted(t for t in set(ours) & set(theirs) if ours[t] != theirs[t])
-    parts = [f"{len(ours)} vs {len(theirs)} tokens"]
-    if only_ours:
-        parts.append(f"{len(only_ours)} only in the tokenizer (e.g. {only_ours[:3]})")
-    if only_theirs:
-        parts.append(f"{len(only_theirs)} only in the model's (e.g. {only_theirs[:3]})")
-    if moved:
-        parts.append(f"{len(moved)} with other ids (e.g. {moved[0]!r}: {ours[moved[0]]} vs {theirs[moved[0]]})")
-    return ", ".join(parts)
+def _frozen_tokenizers_pass(pf: Preflight) -> None:
+    """A reference (`ref.path`) or distillation teacher with another vocabulary than the policy's scores
+    other tokens than the ones sampled: refused here, from the tokenizers alone, before any weight loads."""
+    config = pf.config
+    sources = {key: path for key, path in model_sources(config, pf.kind).items()
+               if key in ("ref.path", "algorithm.distill.teacher_path")}
+    if pf.tokenizer is None or not sources:
+        return
+    for key, path in sources.items():
+        try:
+            theirs = load_tokenizer(resolve_model_path(path, key=key), trust_remote_code=config.model.trust_remote_code)
+        except VerlError as exc:
+            pf.add("model", ModelError(f"{key}={path}: {exc}"))
+            continue
+        mismatch = vocabulary_difference(theirs, pf.tokenizer, names=(key, "model.path"))
+        if mismatch is not None:
+            pf.add("model", ModelError(tokenizer_mismatch_message(key, path, config.model.path, mismatch)))
 
 
 def _batch_pass(pf: Preflight) -> None:

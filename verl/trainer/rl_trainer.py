@@ -32,7 +32,6 @@ from verl.trainer.advantages import (
 from verl.trainer.batch import (
     PROMPT,
     RESPONSE,
-    REWARD_TOKENS,
     RolloutBatch,
     concat_batches,
     fields_of,
@@ -42,6 +41,7 @@ from verl.trainer.batch import (
 )
 from verl.trainer.batch_math import BatchPlan
 from verl.trainer.correction import CorrectionPlan, plan_correction
+from verl.trainer.distill import apply_distillation
 from verl.trainer.drift import DriftGuard, combined_moments, drift_moments, judge_drift
 from verl.trainer.dynamic_sampling import accuracy_of, filter_groups
 from verl.trainer.episodes import Episodes
@@ -49,7 +49,7 @@ from verl.trainer.evaluation import Answers, evaluate_rows
 from verl.trainer.forward import can_share_prompt, logprobs_of, values_of
 from verl.trainer.precision import compute_dtype
 from verl.trainer.python_api import RewardArg, python_run
-from verl.trainer.reward_model import reward_model_inputs
+from verl.trainer.reward_model import RemoteRewardModel
 from verl.trainer.runtime import TrainerRuntime
 from verl.trainer.step_metrics import batch_metrics, timed
 
@@ -77,8 +77,10 @@ class RLTrainer(TrainerRuntime):
         parts = self.parts
         self.plans: dict[str, BatchPlan] = self.checks.startup.plans
         self.env, self.ref_model, self.critic, self.engine = parts.env, parts.reference, parts.critic, parts.engine
-        self.placement, self.remote_reward_model = parts.placement, parts.remote_reward_model
-        self.reward_tokenizer, self.reward_scorer = parts.reward_tokenizer, parts.reward_scorer
+        self.teacher = parts.teacher
+        self.placement = parts.placement
+        self.remote_reward_model = (RemoteRewardModel(parts.reward_tokenizer, parts.reward_scorer, config.reward.model_weight)
+                                    if parts.remote_reward_model else None)  # a reward model on ranks of its own
         self.optimizer, self.scheduler = parts.actor_optim.pair() if parts.actor_optim else (None, None)
         self.critic_optimizer, self.critic_scheduler = parts.critic_optim.pair() if parts.critic_optim else (None, None)
         self._hf_assets = super().hf_assets()  # before a critic/ref-only rank drops the policy
@@ -131,7 +133,6 @@ class RLTrainer(TrainerRuntime):
     # ------------------------------------------------------------------ the RL step
     # What a split placement sends to a role's ranks (and back), from the batch's layout table.
     SEQUENCES = read_by("ref")  # the sequences (and a multi-turn episode's attention) a ref/critic forward reads
-    REWARD_MODEL_INPUTS = read_by("reward")
     CRITIC_UPDATE_INPUTS = read_by("critic_update")  # the sequences, values and returns
 
     def step(self) -> dict[str, float]:
@@ -150,18 +151,18 @@ class RLTrainer(TrainerRuntime):
         if self.config.algorithm.filter_groups:
             with timed(timing, "resample"):
                 batch = self.filter_groups(batch, metrics)
-        if self.remote_reward_model:
+        if self.remote_reward_model is not None:
             with timed(timing, "reward_model"):
-                batch = self.placement.align(run("actor", self.reward_model_inputs, batch), padding(
-                    fields_of(REWARD_TOKENS), reward_pad_token_id=self.reward_tokenizer.pad_token_id))
-                batch = run("reward", self.score_with_reward_model, batch, send=self.REWARD_MODEL_INPUTS,
-                            back=written_by("reward"))
-                batch = run("actor", self.add_reward_model_scores, batch)
+                batch = self.remote_reward_model.score(batch, self.placement)
         with timed(timing, "old_logprobs"):
             batch = run("actor", self.compute_log_probs, batch)
         if self.config.needs_ref:
             with timed(timing, "ref"):
                 batch = run("ref", self.compute_ref_log_probs, batch, send=self.SEQUENCES, back=written_by("ref"))
+        if self.config.needs_teacher:
+            with timed(timing, "teacher"):
+                batch = run("teacher", self.compute_teacher_log_probs, batch, send=self.SEQUENCES,
+                            back=written_by("teacher"))
         if self.config.needs_critic:
             with timed(timing, "critic"):
                 batch = run("critic", self.compute_values, batch, send=self.SEQUENCES, back=written_by("critic"))
@@ -248,24 +249,6 @@ class RLTrainer(TrainerRuntime):
         batch.token_rewards = place_score_on_last_token(batch.scores, batch.response_mask.float())
         return batch
 
-    def reward_model_inputs(self, batch: RolloutBatch) -> RolloutBatch:
-        """Prompt + response in the reward model's own tokens (for a reward model on ranks of its own)."""
-        batch.reward_input_ids, batch.reward_attention_mask = reward_model_inputs(
-            self.reward_tokenizer, [row["prompt"] for row in batch.rows], batch.responses)
-        return batch
-
-    def score_with_reward_model(self, batch: RolloutBatch) -> RolloutBatch:
-        batch.reward_model_scores = self.reward_scorer.score_ids(batch.reward_input_ids, batch.reward_attention_mask)
-        return batch
-
-    def add_reward_model_scores(self, batch: RolloutBatch) -> RolloutBatch:
-        """Add `reward.model_weight` x the reward model's scores, as the reward function would colocated."""
-        scores = batch.reward_model_scores.to(batch.scores.device, torch.float32)
-        batch.scores = batch.scores + self.config.reward.model_weight * scores
-        batch.token_rewards = place_score_on_last_token(batch.scores, batch.response_mask.float())
-        batch.metrics["reward/reward_model/score"] = float(scores.mean())
-        return batch
-
     def compute_log_probs(self, batch: RolloutBatch) -> RolloutBatch:
         """Log-probs of the sampled tokens under the actor before the update (when the update needs them),
         and the on-policy check of the sampler against them."""
@@ -311,6 +294,11 @@ class RLTrainer(TrainerRuntime):
         batch.ref_logprobs = self.sequence_logprobs(self.ref_model, batch)
         return batch
 
+    def compute_teacher_log_probs(self, batch: RolloutBatch) -> RolloutBatch:
+        """The distillation teacher's log-probs of the student's tokens (at the sampling temperature)."""
+        batch.teacher_logprobs = self.sequence_logprobs(self.teacher, batch)
+        return batch
+
     def sequence_logprobs(self, model: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
         """Log-probs of the sampled response tokens under `model` (no gradient, eval mode)."""
         temperature = self.config.rollout.temperature or 1.0
@@ -340,9 +328,11 @@ class RLTrainer(TrainerRuntime):
         return values_of(self.critic, mb, share=self.shares_prompt(self.critic))
 
     def compute_advantages(self, batch: RolloutBatch) -> RolloutBatch:
-        """KL in the reward (when configured), then the estimator; statistics over the global batch."""
+        """KL in the reward (when configured), the estimator, then the distillation term (`algorithm.distill`);
+        statistics over the global batch."""
         algo, reduce = self.config.algorithm, functools.partial(self.placement.all_reduce_sum, role="actor")
-        return estimate_advantages(apply_kl_in_reward(batch, algo, self.kl_ctrl, reduce), algo, reduce)
+        batch = estimate_advantages(apply_kl_in_reward(batch, algo, self.kl_ctrl, reduce), algo, reduce)
+        return apply_distillation(batch, algo.distill, reduce) if self.config.needs_teacher else batch
 
     def update_policy(self, batch: RolloutBatch) -> dict[str, float]:
         """PPO-clip epochs over shuffled mini-batches with gradient accumulation over micro-batches."""
@@ -358,7 +348,8 @@ class RLTrainer(TrainerRuntime):
             cfg, norm_len, lambda mb: self.policy_logprobs(self.model, mb, temperature=temperature, with_entropy=True,
                                                            entropy_grad=entropy_coef > 0),
             on_logprobs=None if drift is None else lambda logprobs, mb: drift.append(drift_moments(logprobs, mb)),
-            entropy_coef=entropy_coef, correction=self.correction)
+            entropy_coef=entropy_coef, correction=self.correction,
+            distill=self.config.algorithm.distill if self.config.needs_teacher else None)
 
         def check_drift() -> None:  # before the optimizer step: a failed check leaves the weights alone
             self.judge_drift(batch, *combined_moments(drift))
@@ -395,17 +386,19 @@ class RLTrainer(TrainerRuntime):
 
     @property
     def skips_zero_advantage(self) -> bool:
-        return update.skips_zero_advantage(self.config.actor)
+        distill = self.config.algorithm.distill  # its loss term trains sequences of zero advantage too
+        return update.skips_zero_advantage(self.config.actor) and not (self.config.needs_teacher and distill.mode == "loss")
 
     contributing_sequences = staticmethod(update.contributing_sequences)
 
     # ------------------------------------------------------------------ shared machinery
     @property
     def needs_old_logprobs(self) -> bool:
-        """Old log-probs need a separate pass unless the update is a single on-policy step."""
-        plan = self.plans["actor"]
-        return (self.config.algorithm.kl_in_reward or self.config.actor.ppo_epochs > 1
-                or plan.num_mini_batches > 1 or self.config.needs_ref)
+        """Old log-probs need a separate pass unless the update is a single on-policy step (distillation's
+        reverse KL reads them before the update)."""
+        plan, config = self.plans["actor"], self.config
+        return (config.algorithm.kl_in_reward or config.actor.ppo_epochs > 1 or plan.num_mini_batches > 1
+                or config.needs_ref or config.needs_teacher)
 
     def optimize(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
                  batch: RolloutBatch, cfg: OptimConfig, plan: BatchPlan, micro_loss: update.MicroLoss, *,

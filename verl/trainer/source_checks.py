@@ -35,6 +35,8 @@ def model_sources(config: Any, kind: str, *, policy_given: bool = False) -> dict
         out["critic.path"] = config.critic.path
     if kind == "rl" and config.reward.model_path:
         out["reward.model_path"] = config.reward.model_path
+    if kind == "rl" and config.needs_teacher:
+        out["algorithm.distill.teacher_path"] = config.algorithm.distill.teacher_path
     return out
 
 

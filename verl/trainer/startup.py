@@ -29,6 +29,7 @@ from verl.trainer.correction import plan_correction
 from verl.trainer.fsdp_launch import fsdp_launch
 from verl.trainer.lora_checks import check_lora, memory_counts, uses_lora
 from verl.trainer.memory_inputs import model_shape, plan_inputs, targets_gpu
+from verl.trainer.models import resolve_model_path
 from verl.trainer.precision import check_master_precision, resolve_precision
 from verl.utils.dtype import check_dtype_for_device
 
@@ -72,7 +73,8 @@ def role_dtype_names(config: RunConfig, device_type: str, *, held: bool = False,
         reference = name(precision.frozen)
         reward = reward_dtype if reward_dtype and reward_dtype != "auto" else reference
     return {"actor": trained, "critic": trained, "ref": reference,
-            "reward": reward if config.reward.model_path else None}
+            "reward": reward if config.reward.model_path else None,
+            "teacher": reference if config.needs_teacher else None}
 
 
 def count_parameters(path: str, *, trust_remote_code: bool = False, revision: str | None = None) -> int | None:
@@ -86,6 +88,15 @@ def count_parameters(path: str, *, trust_remote_code: bool = False, revision: st
     except Exception:  # an unreadable path is reported by the model check itself
         return None
     return sum(p.numel() for p in model.parameters())
+
+
+def teacher_parameters(config: RunConfig) -> int | None:
+    """Parameters of the distillation teacher (from its config; None when it cannot be read here)."""
+    try:
+        path = resolve_model_path(config.algorithm.distill.teacher_path, key="algorithm.distill.teacher_path")
+    except VerlError:
+        return None
+    return count_parameters(path, trust_remote_code=config.model.trust_remote_code)
 
 
 def plans_for(config: RunConfig, dp_size: int, critic_dp_size: int | None = None, *,
@@ -270,7 +281,8 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
         report.mapping = validate_device_mapping(
             config.devices, world_size=world_size, algorithm_needs_critic=config.needs_critic and kind == "rl",
             needs_ref=config.needs_ref or (kind == "dpo"), needs_reward_model=bool(config.reward.model_path),
-            role_dtypes=dtypes, visible_devices=torch.cuda.device_count() if device_type == "cuda" else None,
+            needs_teacher=config.needs_teacher and kind == "rl", role_dtypes=dtypes,
+            visible_devices=torch.cuda.device_count() if device_type == "cuda" else None,
             cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), nodes=nodes)
     except VerlError as exc:
         problems.append(exc)
@@ -323,6 +335,13 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
     counts, trainable = None, None
     if lora.counts is not None:
         counts, trainable = memory_counts(config, lora.counts, report.mapping)
+    count = lora.counts.total if lora.counts is not None else shape.total_params if shape is not None else (
+        count_parameters(model_path, trust_remote_code=config.model.trust_remote_code,
+                         revision=config.model.revision))
+    if counts is None and count is not None:
+        counts = {role: count for role in report.mapping.roles if role != "reward"}
+    if counts is not None and "teacher" in counts:  # a teacher of another size than the student
+        counts["teacher"] = teacher_parameters(config) or counts["teacher"]
     if shape is not None:
         try:
             report.plan_inputs = plan_inputs(config, mapping=report.mapping, shape=shape, world_size=world_size,
@@ -331,11 +350,7 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
             problems.append(exc)
     if problems:
         return report
-    count = lora.counts.total if lora.counts is not None else shape.total_params if shape is not None else (
-        count_parameters(model_path, trust_remote_code=config.model.trust_remote_code,
-                         revision=config.model.revision))
-    if count is not None:
-        counts = counts or {role: count for role in report.mapping.roles if role != "reward"}
+    if counts is not None:
         report.memory = estimate_memory(counts, role_dtype_names(config, device_type, held=True),
                                         mapping=report.mapping,
                                         sharding=config.fsdp.sharding_strategy if world_size > 1 else "NO_SHARD",

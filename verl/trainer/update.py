@@ -17,10 +17,11 @@ from typing import Any
 import torch
 
 from verl.algorithms import aggregate_loss, kl_penalty, masked_mean, value_loss
+from verl.algorithms.distill import reverse_kl_loss
 from verl.algorithms.entropy import AdaptiveEntropyController, masked_quantiles, top_entropy_mask
 from verl.algorithms.policy_losses import get_policy_loss
 from verl.algorithms.rollout_correction import Correction, rollout_correction
-from verl.config.schema import ActorConfig, CriticConfig, OptimConfig
+from verl.config.schema import ActorConfig, CriticConfig, DistillConfig, OptimConfig
 from verl.distributed.placement import Placement
 from verl.errors import RolloutError
 from verl.models.dropout import no_grad_eval
@@ -255,7 +256,8 @@ def correct_rollout(old_logprobs: torch.Tensor, mb: RolloutBatch, plan: Correcti
 
 def policy_loss(cfg: ActorConfig, norm_len: int, forward: Callable[[RolloutBatch], tuple[torch.Tensor, torch.Tensor]],
                 *, on_logprobs: Callable[[torch.Tensor, RolloutBatch], None] | None = None,
-                entropy_coef: float | None = None, correction: CorrectionPlan | None = None) -> MicroLoss:
+                entropy_coef: float | None = None, correction: CorrectionPlan | None = None,
+                distill: DistillConfig | None = None) -> MicroLoss:
     """The actor's micro-batch loss: `cfg.policy_loss` from the registry with its options and aggregation, each
     token weighted (or rejected) by the rollout `correction` (default: `cfg.rollout_correction` with auto = off;
     the trainer passes `plan_correction`'s), minus the entropy bonus, plus the KL loss; and its
@@ -265,7 +267,9 @@ def policy_loss(cfg: ActorConfig, norm_len: int, forward: Callable[[RolloutBatch
     batch is cut into micro-batches. `entropy_coef` is this step's bonus coefficient (the adaptive
     controller's; default `cfg.entropy_coef`). With `cfg.entropy_top_fraction` < 1 only the highest-entropy
     tokens of the micro-batch carry advantage (`top_entropy_mask`; the paper's batch is our micro-batch: one
-    micro-batch per mini-batch reproduces it)."""
+    micro-batch per mini-batch reproduces it). `distill` in mode=loss adds its coef x the reverse-KL loss to
+    the batch's teacher log-probs (`verl.algorithms.distill.reverse_kl_loss`)."""
+    distill_coef = distill.coef if distill is not None and distill.mode == "loss" else 0.0
     coef = cfg.entropy_coef if entropy_coef is None else entropy_coef
     plan = correction or explicit_plan(cfg.rollout_correction)
     pg_loss, pg_options = get_policy_loss(cfg.policy_loss), cfg.loss_kwargs()  # actor.policy_loss's function
@@ -300,6 +304,10 @@ def policy_loss(cfg: ActorConfig, norm_len: int, forward: Callable[[RolloutBatch
                                 norm_len=norm_len)
             loss = loss + cfg.kl_loss_coef * kl
             metrics["actor/kl_loss"] = kl.detach()
+        if distill_coef > 0:
+            kd = aggregate_loss(reverse_kl_loss(logprobs, mb.teacher_logprobs), mask, cfg.loss_agg, norm_len=norm_len)
+            loss = loss + distill_coef * kd
+            metrics["actor/distill_loss"] = kd.detach()
         return loss, metrics
 
     return micro_loss
