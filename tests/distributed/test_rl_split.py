@@ -1,5 +1,6 @@
 """The RL trainer with roles on different ranks: PPO on 4 gloo processes with the actor on [0, 1], the
-critic on [2, 3], the reference on [0] and a reward model on [3], then resumed with the same placement,
+critic on [2, 3], the reference on [0], a reward model on [3] and a distillation teacher of another size on
+[2], then resumed with the same placement,
 ending exactly where a straight run does.
 The first run is a subclass that replaces one stage: the one `step()` runs it on the critic's ranks."""
 
@@ -31,10 +32,11 @@ def _config(tmp_path, steps):
         "rollout": {"n": 2, "max_new_tokens": 3},
         "reward": {"functions": [{"name": f"{tmp_path / 'reward.py'}:digit_share"}],
                    "model_path": build_tiny_reward_model(), "model_weight": 0.5},
-        "algorithm": {"adv_estimator": "gae", "kl_in_reward": True, "kl_coef": 0.5},
+        "algorithm": {"adv_estimator": "gae", "kl_in_reward": True, "kl_coef": 0.5,
+                      "distill": {"teacher_path": "tiny:qwen2:48:1", "coef": 0.5}},
         "actor": {"lr": 1e-3, "micro_batch_size": 2, "entropy_coef": 0.01, "kl_loss_coef": 0.1},
         "critic": {"lr": 1e-3, "micro_batch_size": 2},
-        "devices": {"actor": [0, 1], "critic": [2, 3], "ref": [0], "reward": [3]},
+        "devices": {"actor": [0, 1], "critic": [2, 3], "ref": [0], "reward": [3], "teacher": [2]},
         "trainer": {"total_steps": steps, "device": "cpu", "run_dir": str(tmp_path / "run"),
                     "val_before_train": False, "cpu_threads": 1},
         "checkpoint": {"save_interval": 1},
@@ -61,6 +63,7 @@ def test_split_placement_trains_checkpoints_and_resumes_exactly(tmp_path):
         assert r["actor/grad_norm"] > 0 and r["critic/grad_norm"] > 0
         assert {"actor/kl_loss", "actor/ref_kl", "kl/in_reward", "critic/vf_loss", "critic/grad_norm"} <= set(r)
         assert "reward/reward_model/score" in r and "timing/reward_model" in r  # scored on rank 3
+        assert r["distill/reverse_kl"] != 0.0 and "timing/teacher" in r  # the teacher's log-probs from rank 2
     assert rows[0]["kl/in_reward"] == 0.0 and rows[1]["kl/in_reward"] != 0.0  # the ref anchors the actor
     assert "val/score" in rows[-1]
     step2 = tmp_path / "run" / "checkpoints" / "step_2"
