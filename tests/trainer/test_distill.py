@@ -131,3 +131,11 @@ def test_the_teacher_has_its_own_device_group():
     assert config.devices.teacher == [1]
     pf = preflight(config, world_size=2, device_type="cpu", check_model=False)
     assert pf.startup.mapping.ranks("teacher") == (1,) and pf.startup.mapping.ranks("actor") == (0, 1)
+
+
+def test_verl_check_says_what_the_distillation_does():
+    config = load_config(overrides=["algorithm.distill.teacher_path=tiny:qwen2:96:3", "algorithm.distill.mode=loss",
+                                    "algorithm.distill.task_reward=false"])
+    notes = preflight(config, world_size=1, device_type="cpu", check_model=False).startup.rl_notes
+    assert ("distillation from tiny:qwen2:96:3: 1.0 x 0.5 (log pi_s - log pi_t)^2 added to the actor's loss, alone "
+            "(algorithm.distill.task_reward=false)") in notes

@@ -15,6 +15,15 @@ from verl.trainer.advantages import Reduce, local_sum
 from verl.trainer.batch import RolloutBatch
 
 
+def describe(cfg: DistillConfig) -> str:
+    """What `verl check` says the run's distillation does."""
+    how = (f"-{cfg.coef} x the per-token reverse KL added to the advantages"
+           + (f" (future tokens' KL discounted by {cfg.discount})" if cfg.discount else "")
+           if cfg.mode == "reward" else f"{cfg.coef} x 0.5 (log pi_s - log pi_t)^2 added to the actor's loss")
+    task = "plus the task reward" if cfg.task_reward else "alone (algorithm.distill.task_reward=false)"
+    return f"distillation from {cfg.teacher_path}: {how}, {task}"
+
+
 def apply_distillation(batch: RolloutBatch, cfg: DistillConfig, reduce: Reduce = local_sum) -> RolloutBatch:
     """After the estimator: without `task_reward` the task's advantages are dropped; in mode=reward the
     reverse-KL advantages are added (mode=loss adds its term in the update instead)."""
@@ -32,4 +41,4 @@ def apply_distillation(batch: RolloutBatch, cfg: DistillConfig, reduce: Reduce =
     return batch
 
 
-__all__ = ["apply_distillation"]
+__all__ = ["apply_distillation", "describe"]

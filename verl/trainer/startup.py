@@ -26,6 +26,7 @@ from verl.rollout.engine_check import check_rollout_engine, check_vllm_placement
 from verl.tracking.tracker import backend_problems
 from verl.trainer.batch_math import plan_rl
 from verl.trainer.correction import plan_correction
+from verl.trainer.distill import describe as describe_distillation
 from verl.trainer.fsdp_launch import fsdp_launch
 from verl.trainer.lora_checks import check_lora, memory_counts, uses_lora
 from verl.trainer.memory_inputs import model_shape, plan_inputs, targets_gpu
@@ -292,6 +293,7 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
         precision = None  # an unknown spelling: the mapping check above reports it with its key
     if precision is not None and kind == "rl":
         report.rl_notes.append(plan_correction(config, precision.compute).describe())
+        report.rl_notes += [describe_distillation(config.algorithm.distill)] if config.needs_teacher else []
     if precision is not None:
         try:  # fp16 on CPU, bf16 on a GPU without it: refused before the weights are read
             check_dtype_for_device(precision.master, device_type, where="model.dtype")
