@@ -4,7 +4,6 @@ and the deprecated actor.tis_cap mapped onto it."""
 from __future__ import annotations
 
 import copy
-import types
 
 import pytest
 import torch
@@ -35,11 +34,13 @@ def test_auto_is_on_where_the_sampler_can_differ_and_off_where_it_cannot():
     assert explicit.mode == "seq_mask" and "set by actor.rollout_correction.mode=seq_mask" in explicit.describe()
 
 
-def test_auto_reads_max_staleness_where_an_async_rollout_has_it():
-    config = load_config(overrides=[])
-    stale = config.model_copy(update={"rollout": types.SimpleNamespace(**dict(config.rollout), max_staleness=2)})
+def test_auto_reads_max_staleness_of_an_async_rollout():
+    stale = load_config(overrides=["devices.rollout=[1]", "rollout.max_staleness=2"])
     plan = plan_correction(stale, torch.float32)
     assert plan.mode == "token_tis" and "max_staleness=2" in plan.reason
+    assert plan_correction(load_config(overrides=["devices.rollout=[1]", "rollout.max_staleness=0"]),
+                           torch.float32).mode == "off"  # k = 0: synchronous, the exact no-op
+    assert plan_correction(load_config(overrides=["rollout.max_staleness=2"]), torch.float32).mode == "off"  # no async
 
 
 def test_tis_cap_is_a_deprecated_alias_of_token_tis():

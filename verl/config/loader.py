@@ -21,6 +21,7 @@ LEGACY_FLAGS: dict[str, str] = {
     "ref_device_id": "devices.ref",
     "reward_device_id": "devices.reward",
     "teacher_device_ids": "devices.teacher",
+    "rollout_device_ids": "devices.rollout",
     "num_gpus_per_node": "devices.num_gpus_per_node",
     "save_interval": "checkpoint.save_interval",
     "async_save": "checkpoint.async_save",

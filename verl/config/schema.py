@@ -139,6 +139,10 @@ class VLLMConfig(Section):
 
 class RolloutConfig(Section):
     engine: Literal["hf", "vllm"] = "hf"
+    max_staleness: int = Field(1, ge=0, description="Asynchronous rollout (devices.rollout): the rollout ranks "
+                               "generate up to this many batches ahead, so a batch is trained at most this many "
+                               "updates after the weights that sampled it; 0 = synchronous on the split ranks, "
+                               "1 = one-step off-policy.")
     n: int = Field(4, gt=0, description="Responses sampled per prompt.")
     max_new_tokens: int = Field(256, gt=0)
     temperature: float = Field(1.0, ge=0.0)
@@ -495,11 +499,14 @@ class DevicesConfig(Section):
     ref: list[int] | None = None
     reward: list[int] | None = None
     teacher: list[int] | None = Field(None, description="Global ranks of the distillation teacher; None = every rank.")
+    rollout: list[int] | None = Field(None, description="Ranks that only generate (asynchronous RL, "
+                                      "rollout.max_staleness), apart from every training role; None = the actor "
+                                      "generates between its updates.")
     num_gpus_per_node: int | None = Field(None, gt=0)
     allow_mixed_dtype: bool = False
     timeout_s: float = Field(600.0, gt=0.0)
 
-    _split = field_validator("actor", "critic", "ref", "reward", "teacher", mode="before")(_split_csv)
+    _split = field_validator("actor", "critic", "ref", "reward", "teacher", "rollout", mode="before")(_split_csv)
 
 
 class CheckpointConfig(Section):
@@ -600,6 +607,11 @@ class RunConfig(Section):
     @property
     def needs_ref(self) -> bool:
         return self.algorithm.kl_in_reward or self.actor.kl_loss_coef > 0
+
+    @property
+    def is_async(self) -> bool:
+        """Whether rollout ranks of their own generate ahead of the trainer (`devices.rollout`)."""
+        return self.devices.rollout is not None and self.trainer.kind == "rl"
 
     @property
     def needs_teacher(self) -> bool:

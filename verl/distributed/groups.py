@@ -81,6 +81,8 @@ class RoleGroups:
         for i, a in enumerate(active):  # transfer groups: src ∪ dst for every role pair
             for b in active[i + 1 :]:
                 group_for(tuple(sorted(set(mapping.roles[a]) | set(mapping.roles[b]))))
+        if "rollout" in mapping.roles:  # weight delivery: the first actor rank to the rollout ranks
+            group_for(tuple(sorted({mapping.roles["actor"][0], *mapping.roles["rollout"]})))
         for role in ROLES:
             if role not in mapping.roles:
                 continue
@@ -204,6 +206,10 @@ class RoleGroups:
         if not in_dst:
             return None
         return shard_batch(full, dst_ranks.index(self.rank), len(dst_ranks))
+
+    def group_of(self, ranks: tuple[int, ...]) -> Any:
+        """The process group RoleGroups.create made for exactly these ranks (a DistributedError otherwise)."""
+        return self._union_group(ranks)
 
     def _union_group(self, ranks: tuple[int, ...]) -> Any:
         group = self._groups.get(ranks)

@@ -1,4 +1,4 @@
-"""Roles (actor, critic, ref, reward, teacher) on device groups: validated before any model is loaded.
+"""Roles (actor, critic, ref, reward, teacher, rollout) on device groups: validated before any model is loaded.
 
 The failures this prevents are the ones users hit at step 0 after minutes of model loading: a rank id
 outside the world, `num_gpus_per_node 8` on a 4-GPU box ("invalid device ordinal"), a role with no
@@ -19,7 +19,7 @@ from verl.utils.dtype import canonical_dtype_name, dtype_aliases
 
 CRITIC_FREE = tuple(name for name, estimator in ESTIMATORS.items() if not estimator.needs_critic)
 
-ROLES: tuple[str, ...] = ("actor", "critic", "ref", "reward", "teacher")
+ROLES: tuple[str, ...] = ("actor", "critic", "ref", "reward", "teacher", "rollout")
 """Fixed role order: process groups are created and batches moved in this order on every rank."""
 
 
@@ -122,6 +122,7 @@ def validate_device_mapping(
     needs_ref: bool,
     needs_reward_model: bool,
     needs_teacher: bool = False,
+    is_async: bool = False,
     role_dtypes: dict[str, str | None],
     visible_devices: int | None,
     cuda_visible_devices: str | None,
@@ -142,6 +143,7 @@ def validate_device_mapping(
         "ref": needs_ref,
         "reward": needs_reward_model,
         "teacher": needs_teacher,
+        "rollout": is_async,
     }
     requested = {role: _get(devices, role) for role in ROLES}
     cvd = cuda_visible_devices if cuda_visible_devices not in (None, "") else "unset"
@@ -215,6 +217,19 @@ def validate_device_mapping(
             problems.append(f"devices.{role} lists rank(s) {dupes} more than once. Fix: list each rank once.")
         if not bad and not dupes:
             resolved[role] = tuple(sorted(ranks))
+
+    # --- asynchronous rollout: its ranks only generate --------------------------------------------
+    if "rollout" in resolved:
+        rollout = set(resolved["rollout"])
+        for role, ranks in resolved.items():
+            shared = sorted(rollout & set(ranks)) if role != "rollout" else []
+            if shared:
+                rest = [r for r in range(world_size) if r not in rollout]
+                problems.append(
+                    f"devices.rollout={sorted(rollout)} overlaps devices.{role}={list(ranks)} on rank(s) {shared}: "
+                    f"rollout ranks generate while the trainer ranks train, so a rank cannot be both. Fix: give "
+                    f"{role} other ranks (e.g. devices.{role}={rest or [0]}), or remove devices.rollout to "
+                    "generate on the actor's ranks.")
 
     # --- dtypes ---------------------------------------------------------------------------------
     dtypes: dict[str, str | None] = {}

@@ -290,6 +290,8 @@ def compose_rl(parts: Components, given: Given) -> None:
         parts.critic = shard(parts.critic, "critic", config, process)
         parts.critic_optim = setup_optimizer(parts.critic, config.critic, total_steps=steps * config.critic.ppo_epochs
                                              * plans["critic"].num_mini_batches)
+    if "rollout" in roles:  # asynchronous RL: this rank only samples, from its full copy of the policy
+        parts.engine = setup_engine(config, parts.policy)
     if remote:  # scores on its own ranks; the actor ranks only tokenise for it
         parts.reward_tokenizer = load_tokenizer(config.reward.model_path,
                                                 trust_remote_code=config.model.trust_remote_code)

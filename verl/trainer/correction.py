@@ -35,12 +35,9 @@ class CorrectionPlan:
 
 
 def max_staleness(config: RunConfig) -> int:
-    """`max_staleness` of an asynchronous rollout (rollout.* or trainer.*), 0 where the key does not exist."""
-    for section in (config.rollout, config.trainer):
-        value = getattr(section, "max_staleness", None)
-        if isinstance(value, int | float) and value > 0:
-            return int(value)
-    return 0
+    """How many updates old a trained response may be: `rollout.max_staleness` of an asynchronous rollout
+    (`devices.rollout`), else 0."""
+    return config.rollout.max_staleness if config.is_async else 0
 
 
 def why_samplers_differ(config: RunConfig, compute: torch.dtype) -> str | None:

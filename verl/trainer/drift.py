@@ -69,18 +69,19 @@ class DriftGuard:
 
 
 def judge_drift(metrics: dict[str, float], moments: torch.Tensor, worst: torch.Tensor, *, rollout: RolloutConfig,
-                placement: Placement, step: int, guard: DriftGuard | None = None) -> None:
+                placement: Placement, step: int, guard: DriftGuard | None = None, log_only: bool = False) -> None:
     """Log the drift over the actor ranks into `metrics`; raise when it is over `rollout.max_logprob_drift`,
     or over the limits `guard` calibrated on this run's own noise.
 
     With top-k / top-p the sampler reports the renormalised distribution, which lifts every sampled log-prob:
-    the difference is logged but not held to the limits."""
+    the difference is logged but not held to the limits, as it is with `log_only` (samples of older weights,
+    asynchronous RL: the rollout correction weighs them)."""
     count, total, _ = placement.all_reduce_sum(moments, "actor").tolist()
     mean = total / max(count, 1.0)
     worst_value = float(placement.all_reduce_max(worst.reshape(1), "actor"))
     metrics["rollout/logprob_diff_mean"], metrics["rollout/logprob_diff_max"] = mean, worst_value
     processed = rollout.top_k > 0 or rollout.top_p < 1.0
-    if processed:
+    if processed or log_only:
         return
     if rollout.max_logprob_drift is not None and mean > rollout.max_logprob_drift:
         raise RolloutError(

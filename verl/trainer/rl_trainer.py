@@ -29,6 +29,7 @@ from verl.trainer.advantages import (
     estimate_advantages,
     kl_controller,
 )
+from verl.trainer.async_rollout import async_rollout_for
 from verl.trainer.batch import (
     PROMPT,
     RESPONSE,
@@ -40,7 +41,7 @@ from verl.trainer.batch import (
     written_by,
 )
 from verl.trainer.batch_math import BatchPlan
-from verl.trainer.correction import CorrectionPlan, plan_correction
+from verl.trainer.correction import CorrectionPlan, max_staleness, plan_correction
 from verl.trainer.distill import apply_distillation
 from verl.trainer.drift import DriftGuard, combined_moments, drift_moments, judge_drift
 from verl.trainer.dynamic_sampling import accuracy_of, filter_groups
@@ -85,7 +86,7 @@ class RLTrainer(TrainerRuntime):
         self.critic_optimizer, self.critic_scheduler = parts.critic_optim.pair() if parts.critic_optim else (None, None)
         self._hf_assets = super().hf_assets()  # before a critic/ref-only rank drops the policy
         self.sampling = self._sampling_params(config.rollout.temperature, config.rollout.n)
-        if "actor" not in self.roles:  # a critic/ref-only rank of a split placement drops the policy
+        if not {"actor", "rollout"} & self.roles:  # a critic/ref-only rank of a split placement drops the policy
             self.model = parts.policy = None
         # Multi-turn environments run episodes (model turns + observations) in `generate` and validation.
         self.multiturn = (Episodes.create(self.env, self.engine, self.prompts, config.rollout.stop, policy=self.model,
@@ -93,6 +94,7 @@ class RLTrainer(TrainerRuntime):
                           if is_multiturn(self.env) else None)
         self.kl_ctrl, self.drift_guard = kl_controller(config.algorithm), DriftGuard()  # the guard's calibration
         self.entropy_ctrl = update.entropy_controller(config.actor)  # None: the fixed actor.entropy_coef
+        self.async_rollout = async_rollout_for(config, parts, self.get_batch, self.generate, self.decode_responses)
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -143,9 +145,12 @@ class RLTrainer(TrainerRuntime):
         Every rank executes this same sequence of calls (the placement keeps the collectives in step).
         """
         run, timing, metrics = self.placement.run, {}, {}
-        with timed(timing, "generate"):
-            batch = self.get_batch()  # every rank draws, so the prompt order (saved in checkpoints) stays in step
-            batch = self.placement.align(run("actor", self.generate, batch), self.sequence_padding)
+        with timed(timing, "generate"):  # every rank draws, so the prompt order (saved in checkpoints) stays in step
+            if self.async_rollout is not None:  # rollout ranks of their own sample ahead (trainer.async_rollout)
+                batch, metrics = self.async_rollout.next_batch(
+                    self.step_count, None if self.async_rollout.generates else self.get_batch(), self.model)
+            else:
+                batch = self.placement.align(run("actor", self.generate, self.get_batch()), self.sequence_padding)
         with timed(timing, "reward"):
             batch = run("actor", self.compute_reward, batch)
         if self.config.algorithm.filter_groups:
@@ -175,6 +180,9 @@ class RLTrainer(TrainerRuntime):
         if self.updates_actor:
             with timed(timing, "update"):
                 metrics |= self.placement.run_for_metrics("actor", self.update_policy, batch)
+        if self.async_rollout is not None:  # the new weights to the rollout ranks
+            with timed(timing, "weight_delivery"):
+                metrics |= self.async_rollout.deliver(self.model, self.step_count + 1)
         metrics |= {f"timing/{k}": v for k, v in timing.items()}
         metrics["timing/step"] = sum(timing.values())
         if batch is not None:  # the actor ranks
@@ -287,8 +295,9 @@ class RLTrainer(TrainerRuntime):
         return self.step_count >= self.config.critic.warmup_steps_critic_only or not self.config.needs_critic
 
     def judge_drift(self, batch: RolloutBatch, moments: torch.Tensor, worst: torch.Tensor) -> None:
+        stale = batch.rollout_version is not None and float(batch.rollout_version.min()) < self.step_count
         judge_drift(batch.metrics, moments, worst, rollout=self.config.rollout, placement=self.placement,
-                    step=self.step_count + 1, guard=self.drift_guard)
+                    step=self.step_count + 1, guard=self.drift_guard, log_only=stale)
 
     def compute_ref_log_probs(self, batch: RolloutBatch) -> RolloutBatch:
         batch.ref_logprobs = self.sequence_logprobs(self.ref_model, batch)
@@ -398,7 +407,7 @@ class RLTrainer(TrainerRuntime):
         reverse KL reads them before the update)."""
         plan, config = self.plans["actor"], self.config
         return (config.algorithm.kl_in_reward or config.actor.ppo_epochs > 1 or plan.num_mini_batches > 1
-                or config.needs_ref or config.needs_teacher)
+                or config.needs_ref or config.needs_teacher or max_staleness(config) > 0)
 
     def optimize(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
                  batch: RolloutBatch, cfg: OptimConfig, plan: BatchPlan, micro_loss: update.MicroLoss, *,
@@ -480,10 +489,10 @@ class RLTrainer(TrainerRuntime):
         checkpoint is their union)."""
         actor = {"model": self.model, "optimizer": self.optimizer}
         critic = {"critic": self.critic, "critic_optimizer": self.critic_optimizer}
-        return (actor if self.model is not None else {}) | (critic if self.critic is not None else {})
+        return (actor if "actor" in self.roles else {}) | (critic if self.critic is not None else {})
 
     def schedulers(self) -> dict[str, Any]:
-        return (({"scheduler": self.scheduler} if self.model is not None else {})
+        return (({"scheduler": self.scheduler} if "actor" in self.roles else {})
                 | ({"critic_scheduler": self.critic_scheduler} if self.critic is not None else {}))
 
     def hf_assets(self) -> tuple[Any, ...]:

@@ -109,10 +109,10 @@ def setup_process(config: RunConfig, mapping: Any, identity: ProcessIdentity, de
     roles = set(mapping.roles_on(rank))
     split = world > 1 and not mapping.is_colocated()
     dp_rank, dp_size = rank, world
-    if split:
-        actor_ranks = mapping.ranks("actor")
-        dp_rank = actor_ranks.index(rank) if rank in actor_ranks else 0
-        dp_size = len(actor_ranks)
+    if split:  # a rollout rank's share of the prompts is among the rollout ranks (asynchronous RL)
+        samplers = mapping.ranks("rollout") if "rollout" in roles else mapping.ranks("actor")
+        dp_rank = samplers.index(rank) if rank in samplers else 0
+        dp_size = len(samplers)
     groups = None
     # Under torchrun even one process joins a group and shards with FSDP2 (over NCCL on a GPU); one process
     # without torchrun joins a 1-rank group of its own when an fsdp option needs FSDP2 (mixed precision, the
@@ -130,7 +130,8 @@ def setup_process(config: RunConfig, mapping: Any, identity: ProcessIdentity, de
     seed = config.trainer.seed
     seed_everything(seed)
     # Separate streams so that, e.g., validation sampling never shifts the training samples.
-    generator = torch.Generator(device=device).manual_seed(seed * 1000 + rank)
+    # A rollout rank samples what the actor rank of the same index would (k = 0 reproduces a synchronous run).
+    generator = torch.Generator(device=device).manual_seed(seed * 1000 + (dp_rank if "rollout" in roles else rank))
     shuffle_generator = torch.Generator().manual_seed(seed + 1)
     return ProcessSetup(rank=rank, world_size=world, local_rank=identity.local_rank, device=device,
                         dtype=run_dtype(config.model.dtype, device.type), roles=roles, split=split,

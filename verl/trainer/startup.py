@@ -24,6 +24,8 @@ from verl.env.registry import SELF_CONTAINED_ENVS
 from verl.errors import ConfigError, DeviceMappingError, VerlError
 from verl.rollout.engine_check import check_rollout_engine, check_vllm_placement
 from verl.tracking.tracker import backend_problems
+from verl.trainer.async_rollout import async_problems
+from verl.trainer.async_rollout import describe as describe_async
 from verl.trainer.batch_math import plan_rl
 from verl.trainer.correction import plan_correction
 from verl.trainer.distill import describe as describe_distillation
@@ -75,7 +77,7 @@ def role_dtype_names(config: RunConfig, device_type: str, *, held: bool = False,
         reward = reward_dtype if reward_dtype and reward_dtype != "auto" else reference
     return {"actor": trained, "critic": trained, "ref": reference,
             "reward": reward if config.reward.model_path else None,
-            "teacher": reference if config.needs_teacher else None}
+            "teacher": reference if config.needs_teacher else None, "rollout": actor if config.is_async else None}
 
 
 def count_parameters(path: str, *, trust_remote_code: bool = False, revision: str | None = None) -> int | None:
@@ -282,7 +284,8 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
         report.mapping = validate_device_mapping(
             config.devices, world_size=world_size, algorithm_needs_critic=config.needs_critic and kind == "rl",
             needs_ref=config.needs_ref or (kind == "dpo"), needs_reward_model=bool(config.reward.model_path),
-            needs_teacher=config.needs_teacher and kind == "rl", role_dtypes=dtypes,
+            needs_teacher=config.needs_teacher and kind == "rl", is_async=config.is_async and kind == "rl",
+            role_dtypes=dtypes,
             visible_devices=torch.cuda.device_count() if device_type == "cuda" else None,
             cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), nodes=nodes)
     except VerlError as exc:
@@ -294,6 +297,8 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
     if precision is not None and kind == "rl":
         report.rl_notes.append(plan_correction(config, precision.compute).describe())
         report.rl_notes += [describe_distillation(config.algorithm.distill)] if config.needs_teacher else []
+        if config.is_async and report.mapping is not None:
+            report.rl_notes.append(describe_async(config, report.mapping))
     if precision is not None:
         try:  # fp16 on CPU, bf16 on a GPU without it: refused before the weights are read
             check_dtype_for_device(precision.master, device_type, where="model.dtype")
@@ -301,6 +306,7 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
         except VerlError as exc:
             problems.append(exc)
     problems += check_rollout_engine(config.rollout.engine, device_type=device_type) if kind == "rl" else []
+    problems += async_problems(config) if kind == "rl" else []
     if report.mapping is not None:
         refusal = split_refusal(kind, report.mapping, world_size, runs_split)
         if refusal is not None:

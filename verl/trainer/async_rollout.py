@@ -1,0 +1,252 @@
+"""Asynchronous RL: rollout ranks of their own (`devices.rollout`) generate ahead while the trainer ranks
+train, at most `rollout.max_staleness` (k) updates ahead.
+
+Every rank runs the same step, as in any split placement; what overlaps is what the two groups do between
+two synchronisation points. In step i:
+
+1. the rollout ranks send batch i (generated earlier, or now when none is queued) to the actor ranks;
+2. the rollout ranks generate the batches up to i + k with the weights they hold (version i), while the
+   trainer ranks score, recompute the old log-probs and update on batch i;
+3. the new weights (version i + 1) go from the first actor rank to the rollout ranks (`deliver`).
+
+So batch i was sampled by weights at most k updates old: k = 0 is synchronous training on the split ranks
+(the same samples and updates as one process: `tests/distributed/test_async_rollout.py`), k = 1 is
+one-step off-policy. Each row carries the version that sampled it; the rollout correction (on by default
+when k > 0) weighs its tokens by the trainer's over the sampler's probability. The prompt stream stays in
+step because every rank draws the same batches in the same order (the rollout ranks k batches earlier), so a
+checkpoint's position is the trained batches' and a resume regenerates what was in flight: nothing is
+trained twice or lost.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from verl.distributed.groups import RoleGroups
+from verl.distributed.guard import role_key
+from verl.errors import ConfigError, DistributedError
+from verl.trainer.batch import RolloutBatch
+
+BUCKET_BYTES = 64 * 2**20  # weights are broadcast in buckets of at most this size (one tensor may exceed it)
+# What the rollout ranks send: the prompts as sampled, the responses, the sampler's log-probs, the versions.
+SAMPLED = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "response_attention_mask", "finished",
+           "rollout_logprobs", "rollout_version")
+
+
+def delivery_ranks(groups: RoleGroups) -> tuple[int, ...]:
+    """The first actor rank (which holds the gathered weights) and the rollout ranks."""
+    return tuple(sorted({groups.ranks("actor")[0], *groups.ranks("rollout")}))
+
+
+def trainable(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """What an update changes, so what is delivered: every trained parameter (a LoRA policy: its adapters)."""
+    return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+
+
+def buckets(params: list[tuple[str, torch.nn.Parameter]], limit: int = BUCKET_BYTES) -> Iterator[list[int]]:
+    """Indices of `params` grouped into buckets of one dtype and at most `limit` bytes (the same grouping on
+    every rank: it depends only on the shapes and dtypes, which the rollout ranks' copy shares)."""
+    current: list[int] = []
+    size, dtype = 0, None
+    for i, (_, p) in enumerate(params):
+        nbytes = p.numel() * p.element_size()
+        if current and (p.dtype != dtype or size + nbytes > limit):
+            yield current
+            current, size = [], 0
+        current.append(i)
+        size += nbytes
+        dtype = p.dtype
+    if current:
+        yield current
+
+
+@dataclass
+class AsyncRollout:
+    """The rollout side and the trainer side of an asynchronous step (see the module docstring).
+
+    `draw` and `generate` are the trainer's stages (`RLTrainer.get_batch` / `generate`), run on the rollout
+    ranks; `model` is this rank's policy (a rollout rank's full copy, or the actor's shard)."""
+
+    groups: RoleGroups
+    max_staleness: int
+    draw: Callable[[], RolloutBatch]
+    generate: Callable[[RolloutBatch], RolloutBatch]
+    decode: Callable[[torch.Tensor, torch.Tensor], list[str]]  # the responses' text, on the actor ranks
+    device: torch.device
+    queue: deque[RolloutBatch] = field(default_factory=deque)
+    version: int | None = None  # the weights this rollout rank holds (updates applied); None before the first
+    drawn: int = 0  # batches generated so far (their index in the prompt stream)
+    _last: float | None = None  # when the previous step's next_batch began (for the idle fractions)
+    _busy: float = 0.0
+
+    @property
+    def generates(self) -> bool:
+        return self.groups.has("rollout")
+
+    # ------------------------------------------------------------------ batches
+    def next_batch(self, step: int, batch: RolloutBatch | None, model: torch.nn.Module | None
+                   ) -> tuple[RolloutBatch | None, dict[str, float]]:
+        """Batch `step`: on the actor ranks `batch` (this rank's prompts, as every trainer rank drew them)
+        with the rollout ranks' responses, and the step's async metrics; None elsewhere."""
+        now = time.perf_counter()
+        metrics = self._idle_metrics(now)
+        if self.version is None:  # the first step (or the first after a resume): the rollout ranks get the
+            metrics |= self.deliver(model, step)  # trainer's weights, then regenerate what was in flight
+            self.drawn = step
+        sent = None
+        if self.generates:
+            while self.drawn <= step:  # k = 0, or nothing queued yet: generate batch `step` now
+                self._generate_one()
+            sent = self.queue.popleft()
+        received = self.groups.move_batch(_fields(sent) if sent is not None else None, "rollout", "actor",
+                                          stage="rollout:batch")
+        if self.generates:
+            start = time.perf_counter()
+            while self.drawn <= step + self.max_staleness:  # run ahead while the trainer trains batch `step`
+                self._generate_one()
+            self._busy += time.perf_counter() - start
+            metrics["async/queue_depth"] = float(len(self.queue))
+        if received is None:
+            return None, metrics
+        batch = merge(batch, received, step)
+        batch.responses = self.decode(batch.response_ids, batch.response_mask)
+        return batch, metrics | staleness_metrics(received, step)
+
+    def _generate_one(self) -> None:
+        start = time.perf_counter()
+        out = self.generate(self.draw())
+        out.rollout_version = torch.full((len(out),), float(self.version))
+        self.queue.append(out)
+        self.drawn += 1
+        self._busy += time.perf_counter() - start
+
+    def _idle_metrics(self, now: float) -> dict[str, float]:
+        """The rollout ranks' idle share of the last step (time not generating)."""
+        out = {}
+        if self._last is not None and self.generates:
+            out["async/rollout_idle_frac"] = max(0.0, 1.0 - self._busy / max(now - self._last, 1e-9))
+        self._last, self._busy = now, 0.0
+        return out
+
+    # ------------------------------------------------------------------ weights
+    def deliver(self, model: torch.nn.Module | None, version: int) -> dict[str, float]:
+        """Version `version` of the trained parameters, from the first actor rank to the rollout ranks, in
+        bucketed broadcasts (the actor ranks gather each FSDP2 shard first). Every actor and rollout rank
+        calls this; the others return at once."""
+        if not (self.generates or self.groups.has("actor")):
+            return {}
+        start = time.perf_counter()
+        ranks = delivery_ranks(self.groups)
+        source, member = self.groups.ranks("actor")[0], self.groups.rank in ranks
+        params = trainable(model)
+        group = self.groups.group_of(ranks)
+        for index in buckets(params):
+            full = [_full(params[i][1]) for i in index] if self.groups.has("actor") else None  # actor collective
+            if not member:
+                continue
+            flat = (torch.cat([t.reshape(-1) for t in full]) if full is not None else
+                    torch.empty(sum(params[i][1].numel() for i in index), dtype=params[index[0]][1].dtype))
+            flat = flat.to(self.device)
+            self.groups.guard.run("rollout:weights", ranks,
+                                  lambda flat=flat: dist.broadcast(flat, src=source, group=group),
+                                  group_name=role_key(ranks))
+            if self.generates:
+                _unpack(flat, [params[i][1] for i in index])
+        self.version = version  # every side tracks it: the first-step delivery happens once
+        return {"async/weight_delivery_s": time.perf_counter() - start}
+
+
+def _full(p: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+    return full.detach()
+
+
+def _unpack(flat: torch.Tensor, params: list[torch.nn.Parameter]) -> None:
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            p.copy_(flat[offset: offset + n].view_as(p).to(p.device))
+            offset += n
+
+
+def _fields(batch: RolloutBatch) -> dict[str, torch.Tensor]:
+    return {name: getattr(batch, name) for name in SAMPLED if getattr(batch, name) is not None}
+
+
+def _prompt_signature(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per row: the number of prompt tokens and the sum of their ids (padding and its side ignored)."""
+    mask = mask.long()
+    return torch.stack([mask.sum(-1), (ids.long() * mask).sum(-1)], dim=-1)
+
+
+def merge(batch: RolloutBatch, received: dict[str, torch.Tensor], step: int) -> RolloutBatch:
+    """The trainer's drawn batch with the sampled fields; its prompts must be the ones that were sampled."""
+    drawn = _prompt_signature(batch.prompt_ids, batch.prompt_mask)
+    sampled = _prompt_signature(received["prompt_ids"], received["prompt_mask"])
+    if drawn.shape != sampled.shape or not torch.equal(drawn, sampled.to(drawn.device)):
+        raise DistributedError(
+            f"step {step + 1}: the rollout ranks sampled other prompts than the trainer ranks drew for this batch "
+            "(the prompt streams went out of step). Fix: every rank must build the environment with the same "
+            "seed and data; resume only from checkpoints of this run.")
+    for name, value in received.items():
+        setattr(batch, name, value)
+    return batch
+
+
+def staleness_metrics(received: dict[str, torch.Tensor], step: int) -> dict[str, float]:
+    """How many updates old this batch's samples are."""
+    versions = received["rollout_version"].double()
+    return {"async/staleness": float(step - versions.min()), "async/version": float(versions.max())}
+
+
+__all__ = ["AsyncRollout", "async_problems", "async_rollout_for", "describe", "BUCKET_BYTES", "buckets", "delivery_ranks", "merge", "staleness_metrics", "trainable"]
+
+
+def async_problems(config: Any) -> list[ConfigError]:
+    """What an asynchronous run (`devices.rollout`) refuses before anything loads, each with its fix."""
+    if not config.is_async:
+        return []
+    problems = []
+    if config.algorithm.filter_groups:
+        problems.append(ConfigError("algorithm.filter_groups (DAPO dynamic sampling) draws extra batches on the "
+                                    "actor's ranks, which an asynchronous rollout (devices.rollout) does not do yet. "
+                                    "Fix: turn one of them off."))
+    if config.rollout.engine != "hf":
+        problems.append(ConfigError(f"rollout.engine={config.rollout.engine} on rollout ranks of their own "
+                                    "(devices.rollout) cannot receive the delivered weights yet. Fix: "
+                                    "rollout.engine=hf, or remove devices.rollout."))
+    return problems
+
+
+def describe(config: Any, mapping: Any) -> str:
+    """`verl check`'s line for the asynchronous plan."""
+    k = config.rollout.max_staleness
+    mode = {0: "synchronous on the split ranks", 1: "one-step off-policy"}.get(k, f"up to {k} updates stale")
+    return (f"asynchronous rollout: rank(s) {list(mapping.ranks('rollout'))} generate, rank(s) "
+            f"{list(mapping.ranks('actor'))} train; rollout.max_staleness={k} ({mode}), a queue of at most {k} "
+            "batch(es) ahead; the new weights go to the rollout ranks after every update")
+
+
+def async_rollout_for(config: Any, parts: Any, draw: Callable[[], RolloutBatch],
+                      generate: Callable[[RolloutBatch], RolloutBatch],
+                      decode: Callable[[torch.Tensor, torch.Tensor], list[str]]) -> AsyncRollout | None:
+    """The run's asynchronous rollout (`devices.rollout`), or None for a synchronous run. What it does not
+    support yet is refused here, with the way out."""
+    if not config.is_async:
+        return None
+    from verl.env.multiturn import is_multiturn
+
+    if is_multiturn(parts.env):
+        raise ConfigError("devices.rollout (asynchronous RL) with a multi-turn environment is not supported yet: "
+                          "episodes run on the actor's ranks. Fix: remove devices.rollout.")
+    return AsyncRollout(parts.process.groups, config.rollout.max_staleness, draw, generate, decode,
+                        parts.process.device)
