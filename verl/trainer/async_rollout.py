@@ -79,6 +79,7 @@ class AsyncRollout:
     draw: Callable[[], RolloutBatch]
     generate: Callable[[RolloutBatch], RolloutBatch]
     decode: Callable[[torch.Tensor, torch.Tensor], list[str]]  # the responses' text, on the actor ranks
+    env: Any  # the prompt stream (its position is saved by the trainer ranks, who draw as they train)
     device: torch.device
     queue: deque[RolloutBatch] = field(default_factory=deque)
     version: int | None = None  # the weights this rollout rank holds (updates applied); None before the first
@@ -91,15 +92,16 @@ class AsyncRollout:
         return self.groups.has("rollout")
 
     # ------------------------------------------------------------------ batches
-    def next_batch(self, step: int, batch: RolloutBatch | None, model: torch.nn.Module | None
-                   ) -> tuple[RolloutBatch | None, dict[str, float]]:
-        """Batch `step`: on the actor ranks `batch` (this rank's prompts, as every trainer rank drew them)
-        with the rollout ranks' responses, and the step's async metrics; None elsewhere."""
+    def next_batch(self, step: int, model: torch.nn.Module | None) -> tuple[RolloutBatch | None, dict[str, float]]:
+        """Batch `step` and the step's async metrics: on the actor ranks the prompts they draw (every trainer
+        rank draws, as in a synchronous step) with the rollout ranks' responses; None elsewhere."""
         now = time.perf_counter()
         metrics = self._idle_metrics(now)
         if self.version is None:  # the first step (or the first after a resume): the rollout ranks get the
-            metrics |= self.deliver(model, step)  # trainer's weights, then regenerate what was in flight
+            metrics |= self.deliver(model, step)  # trainer's weights and prompt position, then regenerate
+            self._sync_prompt_stream()  # what was in flight
             self.drawn = step
+        batch = None if self.generates else self.draw()
         sent = None
         if self.generates:
             while self.drawn <= step:  # k = 0, or nothing queued yet: generate batch `step` now
@@ -118,6 +120,19 @@ class AsyncRollout:
         batch = merge(batch, received, step)
         batch.responses = self.decode(batch.response_ids, batch.response_mask)
         return batch, metrics | staleness_metrics(received, step)
+
+    def _sync_prompt_stream(self) -> None:
+        """The rollout ranks' environment at the first actor rank's position: the batches trained so far (a
+        resumed rollout rank would otherwise continue from the batches it had drawn ahead)."""
+        ranks = delivery_ranks(self.groups)
+        if self.groups.rank not in ranks:
+            return
+        source = self.groups.ranks("actor")[0]
+        state = [self.env.state_dict() if self.groups.rank == source else None]
+        self.groups.guard.run("rollout:prompt_position", ranks, lambda: dist.broadcast_object_list(
+            state, src=source, group=self.groups.group_of(ranks)), group_name=role_key(ranks))
+        if self.generates:
+            self.env.load_state_dict(state[0])
 
     def _generate_one(self) -> None:
         start = time.perf_counter()
@@ -248,5 +263,5 @@ def async_rollout_for(config: Any, parts: Any, draw: Callable[[], RolloutBatch],
     if is_multiturn(parts.env):
         raise ConfigError("devices.rollout (asynchronous RL) with a multi-turn environment is not supported yet: "
                           "episodes run on the actor's ranks. Fix: remove devices.rollout.")
-    return AsyncRollout(parts.process.groups, config.rollout.max_staleness, draw, generate, decode,
+    return AsyncRollout(parts.process.groups, config.rollout.max_staleness, draw, generate, decode, parts.env,
                         parts.process.device)

@@ -38,6 +38,7 @@ from verl.models.reward_model import RewardModelScorer
 from verl.rollout import RolloutEngine, build_engine
 from verl.tracking import Tracker
 from verl.trainer.batch import RolloutBatch
+from verl.trainer.fsdp_launch import fsdp_launch
 from verl.trainer.models import (
     build_reference,
     given_policy,
@@ -182,7 +183,7 @@ def setup_critic(config: RunConfig, policy: torch.nn.Module, process: ProcessSet
 def shard(module: torch.nn.Module, role: str, config: RunConfig, process: ProcessSetup) -> torch.nn.Module:
     """FSDP2-shard a trainable model over its role's ranks. One process without a group (`fsdp_launch`: no
     option needs FSDP2) applies `fsdp.activation_checkpointing` directly, the only option that applies."""
-    if process.groups is None:
+    if process.groups is None or not needs_fsdp2(role, config, process):
         if config.fsdp.activation_checkpointing:
             checkpoint_decoder_layers(base_of(module))
         return module
@@ -195,11 +196,22 @@ def shard(module: torch.nn.Module, role: str, config: RunConfig, process: Proces
     return module
 
 
+def needs_fsdp2(role: str, config: RunConfig, process: ProcessSetup) -> bool:
+    """A role on several ranks is sharded; on one rank FSDP2 only changes kernels (its optimizer runs
+    unfused on DTensors), so it runs the plain module, as one process does, unless an option needs FSDP2
+    there (`fsdp_launch`: mixed precision, CPU offload). A 1-rank role of a split placement then trains
+    exactly as one process would."""
+    if len(process.groups.ranks(role)) > 1:
+        return True
+    return fsdp_launch(config, world_size=1, device_type=process.device.type, torchrun=False).own_group
+
+
 def shard_frozen(module: torch.nn.Module, role: str, config: RunConfig, process: ProcessSetup) -> torch.nn.Module:
     """FSDP2-shard a frozen model (the reference) over its role's ranks, in the dtype it is held in: each rank
     keeps 1/N of it, gathered one layer at a time in the forward. Unsharded where the actor is not (one
     process), and left alone when it is the policy itself (LoRA: the policy with its adapters off)."""
-    if process.groups is None or isinstance(module, AdapterOff) or isinstance(base_of(module), FSDPModule):
+    if (process.groups is None or isinstance(module, AdapterOff) or isinstance(base_of(module), FSDPModule)
+            or not needs_fsdp2(role, config, process)):
         return module
     cfg = config.fsdp.model_copy(update={"mixed_precision": False, "activation_checkpointing": False,
                                          "sharding_strategy": frozen_strategy(config.fsdp.sharding_strategy)})

@@ -147,8 +147,7 @@ class RLTrainer(TrainerRuntime):
         run, timing, metrics = self.placement.run, {}, {}
         with timed(timing, "generate"):  # every rank draws, so the prompt order (saved in checkpoints) stays in step
             if self.async_rollout is not None:  # rollout ranks of their own sample ahead (trainer.async_rollout)
-                batch, metrics = self.async_rollout.next_batch(
-                    self.step_count, None if self.async_rollout.generates else self.get_batch(), self.model)
+                batch, metrics = self.async_rollout.next_batch(self.step_count, self.model)
             else:
                 batch = self.placement.align(run("actor", self.generate, self.get_batch()), self.sequence_padding)
         with timed(timing, "reward"):
