@@ -78,8 +78,7 @@ class RLTrainer(TrainerRuntime):
         parts = self.parts
         self.plans: dict[str, BatchPlan] = self.checks.startup.plans
         self.env, self.ref_model, self.critic, self.engine = parts.env, parts.reference, parts.critic, parts.engine
-        self.teacher = parts.teacher
-        self.placement = parts.placement
+        self.teacher, self.placement = parts.teacher, parts.placement
         self.remote_reward_model = (RemoteRewardModel(parts.reward_tokenizer, parts.reward_scorer, config.reward.model_weight)
                                     if parts.remote_reward_model else None)  # a reward model on ranks of its own
         self.optimizer, self.scheduler = parts.actor_optim.pair() if parts.actor_optim else (None, None)
