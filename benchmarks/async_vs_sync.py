@@ -1,0 +1,106 @@
+"""Asynchronous RL against synchronous, on 2 processes of one thread each: response tokens trained per second.
+
+Three runs of the same RL config (the tiny model, the same prompts and number of samples per step), each a
+`verl train --nproc 2` in its own processes, in interleaved rounds:
+- `sync-split`: rank 1 generates, then rank 0 trains, each waiting for the other (devices.rollout=[1],
+  rollout.max_staleness=0: synchronous on the split ranks);
+- `async`: the same two ranks with rollout.max_staleness=1 (rank 1 samples batch i+1 while rank 0 trains on i);
+- `sync-dp`: both ranks generate and train their half of every batch (data parallel, colocated: what a user
+  would otherwise run on two devices).
+Throughput is the response tokens of the steps after the first `--warmup` over the wall time rank 0 spent
+in them (`timing/step`, which for `async` includes its wait for the batch and the weight delivery). The
+ratio lines give the median and min-max over the rounds of the per-round ratio.
+Run by hand: ``python benchmarks/async_vs_sync.py [--rounds 3] [--steps 10] [--write-docs]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+REWARD = ROOT / "tests" / "trainer" / "rl_support.py"
+VARIANTS = {
+    "sync-split": {"devices": {"actor": [0], "rollout": [1]}, "rollout": {"max_staleness": 0}},
+    "async": {"devices": {"actor": [0], "rollout": [1]}, "rollout": {"max_staleness": 1}},
+    "sync-dp": {},
+}
+
+
+def config(run_dir: Path, steps: int, tokens: int, batch: int, variant: dict) -> dict:
+    cfg = {
+        "model": {"path": "tiny", "dtype": "float32"},
+        "env": {"name": "arithmetic", "kwargs": {"max_operand": 99, "num_val": 8}},
+        "data": {"train_batch_size": batch, "max_prompt_length": 16},
+        "rollout": {"n": 4, "max_new_tokens": tokens, "temperature": 1.0},
+        "reward": {"functions": [{"name": f"{REWARD}:digit_reward"}]},
+        "actor": {"lr": 1e-4, "micro_batch_size": 16, "ppo_epochs": 2},
+        "trainer": {"total_steps": steps, "device": "cpu", "val_before_train": False, "cpu_threads": 1,
+                    "run_dir": str(run_dir), "resume": "never"},
+        "checkpoint": {"save_interval": 0},
+        "logging": {"backends": ["jsonl"]},
+    }
+    for section, values in variant.items():
+        cfg[section] = {**cfg.get(section, {}), **values}
+    return cfg
+
+
+def run(name: str, root: Path, args: argparse.Namespace) -> tuple[float, dict[str, float]]:
+    """(response tokens per second of rank 0's steps after the warm-up, mean stage seconds)."""
+    run_dir = root / name
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    path = run_dir / "config.yaml"
+    path.write_text(yaml.safe_dump(config(run_dir, args.steps, args.tokens, args.batch, VARIANTS[name])))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run([sys.executable, "-m", "verl.cli.main", "train", str(path), "--nproc", "2"], cwd=ROOT,
+                          env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{name}: failed with exit code {proc.returncode}:\n{proc.stderr[-3000:] or proc.stdout[-3000:]}")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "timing/step" in r and r["step"] > args.warmup]
+    tokens = sum(r["response/length_mean"] * args.batch * 4 for r in steps)
+    seconds = sum(r["timing/step"] for r in steps)
+    stages = {k.split("/", 1)[1]: statistics.mean(r.get(k, 0.0) for r in steps)
+              for k in sorted({k for r in steps for k in r if k.startswith("timing/") and k != "timing/step"})}
+    return tokens / seconds, stages
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2, help="steps left out of the throughput")
+    parser.add_argument("--tokens", type=int, default=32, help="rollout.max_new_tokens")
+    parser.add_argument("--batch", type=int, default=16, help="prompts per step (x 4 samples)")
+    parser.add_argument("--run-root", type=Path, default=ROOT / "runs" / "async-vs-sync")
+    args = parser.parse_args(argv)
+    rates: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    for r in range(args.rounds):
+        for name in VARIANTS:
+            rate, stages = run(name, args.run_root, args)
+            rates[name].append(rate)
+            print(f"round {r + 1} {name}: {rate:.0f} response tokens/s; mean s per step: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()), flush=True)
+    for base in ("sync-split", "sync-dp"):
+        ratios = [a / b for a, b in zip(rates["async"], rates[base], strict=True)]
+        print(f"ratio async (max_staleness=1) vs {base}: median {statistics.median(ratios):.2f}x "
+              f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x) over {len(ratios)} rounds; "
+              f"{statistics.median(rates['async']):.0f} vs {statistics.median(rates[base]):.0f} tokens/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import doc_table
+
+    raise SystemExit(doc_table.run(main))

@@ -1,0 +1,71 @@
+"""The asynchronous rollout's checks and pieces that need no processes: the placement rules, what `verl check`
+says, the weight buckets, the prompt-stream guard and the staleness metrics."""
+
+import pytest
+import torch
+
+from verl.config import load_config, split_legacy_flags
+from verl.errors import DistributedError
+from verl.trainer.async_rollout import buckets, merge, staleness_metrics
+from verl.trainer.batch import RolloutBatch
+from verl.trainer.preflight import preflight
+
+
+def _check(*overrides, world=2):
+    config = load_config(overrides=["env.name=arithmetic", *overrides])
+    return preflight(config, world_size=world, device_type="cpu", check_model=False)
+
+
+def test_rollout_ranks_may_not_overlap_a_training_role():
+    [problem] = _check("devices.rollout=[1]").messages
+    assert "devices.rollout=[1] overlaps devices.actor=[0, 1] on rank(s) [1]" in problem
+    assert "Fix: give actor other ranks (e.g. devices.actor=[0])" in problem
+    overrides, _ = split_legacy_flags(["--rollout_device_ids", "1", "--actor_device_ids", "0"])
+    assert _check(*overrides).messages == []
+
+
+def test_verl_check_prints_the_async_plan():
+    notes = _check("devices.actor=[0]", "devices.rollout=[1]").startup.rl_notes
+    assert ("asynchronous rollout: rank(s) [1] generate, rank(s) [0] train; rollout.max_staleness=1 (one-step "
+            "off-policy), a queue of at most 1 batch(es) ahead; the new weights go to the rollout ranks after "
+            "every update") in notes
+    assert any(n.startswith("rollout correction: token_tis") and "max_staleness=1" in n for n in notes)
+    sync = _check("devices.actor=[0]", "devices.rollout=[1]", "rollout.max_staleness=0").startup.rl_notes
+    assert any("(synchronous on the split ranks)" in n for n in sync)
+    assert any(n.startswith("rollout correction: off") for n in sync)  # k = 0: the exact no-op
+
+
+@pytest.mark.parametrize("override, words", [
+    ("algorithm.filter_groups=true", "algorithm.filter_groups (DAPO dynamic sampling)"),
+    ("rollout.engine=vllm", "rollout.engine=vllm on rollout ranks of their own"),
+])
+def test_what_async_does_not_support_yet_is_refused_with_the_way_out(override, words):
+    messages = _check("devices.actor=[0]", "devices.rollout=[1]", override).messages
+    assert any(words in m and "Fix:" in m for m in messages), messages
+
+
+def test_buckets_group_by_dtype_and_size():
+    params = [(f"p{i}", torch.nn.Parameter(torch.zeros(n, dtype=d))) for i, (n, d) in
+              enumerate([(10, torch.float32), (10, torch.float32), (100, torch.float32), (4, torch.bfloat16),
+                         (4, torch.float32)])]
+    assert list(buckets(params, limit=100)) == [[0, 1], [2], [3], [4]]  # 80 bytes fit, 400 alone, dtype breaks
+    assert list(buckets(params, limit=10**6)) == [[0, 1, 2], [3], [4]]
+
+
+def _drawn(ids):
+    ids = torch.tensor(ids)
+    return RolloutBatch(rows=[{}] * len(ids), group_ids=torch.arange(len(ids)), prompt_ids=ids,
+                        prompt_mask=(ids != 0).long())
+
+
+def test_the_sampled_prompts_must_be_the_drawn_ones():
+    drawn = _drawn([[0, 5, 6], [7, 8, 9]])
+    sampled = {"prompt_ids": torch.tensor([[5, 6], [7, 8]]), "prompt_mask": torch.ones(2, 2, dtype=torch.long),
+               "response_ids": torch.ones(2, 3, dtype=torch.long), "rollout_version": torch.tensor([3.0, 3.0])}
+    with pytest.raises(DistributedError, match="step 5: the rollout ranks sampled other prompts"):
+        merge(drawn, sampled, step=4)
+    sampled["prompt_ids"] = torch.tensor([[5, 6, 0], [7, 8, 9]])  # the same tokens, padded on the other side
+    sampled["prompt_mask"] = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    merged = merge(_drawn([[0, 5, 6], [7, 8, 9]]), sampled, step=4)
+    assert torch.equal(merged.response_ids, sampled["response_ids"])
+    assert staleness_metrics(sampled, step=4) == {"async/staleness": 1.0, "async/version": 3.0}
