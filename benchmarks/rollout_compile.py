@@ -195,4 +195,5 @@ def main(argv: list[str] | None = None) -> float:
 if __name__ == "__main__":
     import doc_table
 
-    raise SystemExit(doc_table.run(main, doc_table.prefixed("first call", "same tokens", "ratio")))
+    raise SystemExit(doc_table.run(main, doc_table.prefixed("first call", "same tokens", "ratio"),
+                                   doc=doc_table.ROOT / "docs" / "optimizations.md"))
