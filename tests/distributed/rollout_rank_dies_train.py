@@ -1,0 +1,26 @@
+"""`verl train` whose rollout rank (rank 1) is killed with SIGKILL during step 2 (run by test_async_rollout.py):
+the trainer rank must stop with an error naming it, not wait for ever."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from verl.config import load_config
+from verl.distributed.process import shutdown_distributed
+from verl.trainer.rl_trainer import RLTrainer
+
+
+class RolloutRankDies(RLTrainer):
+    def step(self):
+        if self.rank == 1 and self.step_count == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().step()
+
+
+if __name__ == "__main__":
+    try:
+        RolloutRankDies(load_config(sys.argv[1])).fit()
+    finally:
+        shutdown_distributed()
