@@ -57,7 +57,8 @@ def test_one_step_off_policy_trains_corrects_and_resumes(tmp_path):
     assert [r["async/staleness"] for r in rows] == [0.0, 1.0]  # the first batch: nothing to run ahead of
     assert rows[1]["rollout/logprob_diff_mean"] > 0  # sampled by the weights before the last update ...
     assert rows[1]["rollout_corr/ratio_mean"] != 1.0  # ... and weighed by the correction (auto: token_tis)
-    assert {"async/queue_depth", "async/weight_delivery_s", "async/rollout_idle_frac"} <= set(rows[1])
+    assert {"async/queue_depth", "async/weight_delivery_s", "async/rollout_idle_frac",
+            "async/trainer_idle_frac"} <= set(rows[1])
     manifest = json.loads((tmp_path / "run" / "checkpoints" / "step_2" / "manifest.json").read_text())
     assert manifest["world_size"] == 2
 

@@ -85,7 +85,7 @@ class AsyncRollout:
     version: int | None = None  # the weights this rollout rank holds (updates applied); None before the first
     drawn: int = 0  # batches generated so far (their index in the prompt stream)
     _last: float | None = None  # when the previous step's next_batch began (for the idle fractions)
-    _busy: float = 0.0
+    _busy: float = 0.0  # since then: a rollout rank's time generating, a trainer rank's time waiting for a batch
 
     @property
     def generates(self) -> bool:
@@ -107,14 +107,15 @@ class AsyncRollout:
             while self.drawn <= step:  # k = 0, or nothing queued yet: generate batch `step` now
                 self._generate_one()
             sent = self.queue.popleft()
+        start = time.perf_counter()
         received = self.groups.move_batch(_fields(sent) if sent is not None else None, "rollout", "actor",
                                           stage="rollout:batch")
         if self.generates:
-            start = time.perf_counter()
             while self.drawn <= step + self.max_staleness:  # run ahead while the trainer trains batch `step`
                 self._generate_one()
-            self._busy += time.perf_counter() - start
             metrics["async/queue_depth"] = float(len(self.queue))
+        else:
+            self._busy += time.perf_counter() - start
         if received is None:
             return None, metrics
         batch = merge(batch, received, step)
@@ -143,10 +144,13 @@ class AsyncRollout:
         self._busy += time.perf_counter() - start
 
     def _idle_metrics(self, now: float) -> dict[str, float]:
-        """The rollout ranks' idle share of the last step (time not generating)."""
+        """The idle share of the last step: a rollout rank's time not generating, a trainer rank's time
+        waiting for its batch."""
         out = {}
-        if self._last is not None and self.generates:
-            out["async/rollout_idle_frac"] = max(0.0, 1.0 - self._busy / max(now - self._last, 1e-9))
+        if self._last is not None and (self.generates or self.groups.has("actor")):
+            share = self._busy / max(now - self._last, 1e-9)
+            out["async/rollout_idle_frac" if self.generates else "async/trainer_idle_frac"] = (
+                max(0.0, 1.0 - share) if self.generates else min(1.0, share))
         self._last, self._busy = now, 0.0
         return out
 
