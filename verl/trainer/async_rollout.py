@@ -179,7 +179,8 @@ class AsyncRollout:
             if self.generates:
                 _unpack(flat, [params[i][1] for i in index])
         self.version = version  # every side tracks it: the first-step delivery happens once
-        return {"async/weight_delivery_s": time.perf_counter() - start}
+        sent = sum(p.numel() * p.element_size() for _, p in params) / 2**20
+        return {"async/weight_delivery_s": time.perf_counter() - start, "async/weight_delivery_mb": sent}
 
 
 def _full(p: torch.Tensor) -> torch.Tensor:
