@@ -1,5 +1,6 @@
-"""`verl train` whose rollout rank (rank 1) is killed with SIGKILL during step 2 (run by test_async_rollout.py):
-the trainer rank must stop with an error naming it, not wait for ever."""
+"""`verl train` one of whose ranks (DYING_RANK: 1, the rollout rank, by default; 0, the trainer) is killed with
+SIGKILL during step 2 (run by test_async_rollout.py): the other must stop with an error saying so, not wait for
+ever."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from verl.trainer.rl_trainer import RLTrainer
 
 class RolloutRankDies(RLTrainer):
     def step(self):
-        if self.rank == 1 and self.step_count == 1:
+        if self.rank == int(os.environ.get("DYING_RANK", "1")) and self.step_count == 1:
             os.kill(os.getpid(), signal.SIGKILL)
         return super().step()
 

@@ -44,8 +44,7 @@ def _numbers(row: dict) -> dict:
 
 
 def test_staleness_zero_is_synchronous_training_exactly(tmp_path):
-    # under torchrun one process shards its policy with FSDP2 too, as the actor rank of the async run does
-    verl_train(_config(tmp_path, "sync", 3, rollout_rank=False), tmp_path, nproc=1, launcher="torchrun")
+    verl_train(_config(tmp_path, "sync", 3, rollout_rank=False), tmp_path, nproc=1)
     verl_train(_config(tmp_path, "async", 3, rollout_rank=True, k=0), tmp_path, nproc=2)
     sync, async_ = metrics(tmp_path / "sync"), metrics(tmp_path / "async")
     assert [_numbers(r) for r in async_] == [_numbers(r) for r in sync]
@@ -73,17 +72,22 @@ def test_one_step_off_policy_trains_corrects_and_resumes(tmp_path):
     assert resumed[-1]["async/staleness"] == 0.0 and resumed[-1]["actor/grad_norm"] > 0
 
 
-def test_a_rollout_rank_that_dies_stops_the_trainer_naming_it(tmp_path, capfd):
+@pytest.mark.parametrize("dying, says", [
+    (1, ["stage 'rollout:batch:send[rollout->actor]'", "rank(s) [1] did not arrive within 20s"]),
+    (0, ["the rendezvous store stopped answering", "rank 0"]),  # the trainer rank, which hosts the store
+])
+def test_a_rank_that_dies_stops_the_other_saying_so(tmp_path, capfd, monkeypatch, dying, says):
     from launch_support import _forked  # the ranks as forked children: no launcher kills the survivor
+
+    from verl.checkpoint import verify
 
     path = _config(tmp_path, "run", 4, rollout_rank=True, k=1)
     cfg = yaml.safe_load(path.read_text())
-    cfg["devices"]["timeout_s"] = 15
+    cfg["devices"]["timeout_s"] = 20  # long enough for a loaded CI machine
     path.write_text(yaml.safe_dump(cfg))
+    monkeypatch.setenv("DYING_RANK", str(dying))
     out = _forked(path, tmp_path, 2, Path(__file__).with_name("rollout_rank_dies_train.py"))
     log = out.stdout + capfd.readouterr().err  # a forked rank's traceback goes to this process's stderr
     assert out.returncode != 0
-    assert "stage 'rollout:batch:send[rollout->actor]'" in log and "rank(s) [1] did not arrive within 15s" in log
-    from verl.checkpoint import verify
-
+    assert all(text in log for text in says), log[-3000:]
     assert verify(tmp_path / "run" / "checkpoints" / "step_1") == []  # the last checkpoint stays valid

@@ -58,8 +58,15 @@ class CollectiveGuard:
         try:
             store.wait(list(keys.values()), datetime.timedelta(seconds=self.timeout_s))
         except Exception as err:  # DistStoreError / RuntimeError depending on the store
-            missing = [r for r, k in keys.items() if not store.check([k])]
-            elsewhere = self._stages(store, keys, stage)
+            try:
+                missing = [r for r, k in keys.items() if not store.check([k])]
+                elsewhere = self._stages(store, keys, stage)
+            except Exception:  # noqa: BLE001 - the store itself is gone with the process that hosted it
+                raise DistributedError(
+                    f"collective at stage {stage!r} (group {list(ranks)}, call #{seq}) on rank {me}: the "
+                    f"rendezvous store stopped answering ({type(err).__name__}), so the process hosting it (rank "
+                    "0, or the torchrun agent) has died. Fix: look at rank 0's log; checkpoints written before "
+                    "are unaffected (verl ckpt verify).") from err
             detail = f"; ranks at a different stage: {elsewhere}" if elsewhere else ""
             raise DistributedError(
                 f"collective timeout at stage {stage!r} (group {list(ranks)}, call #{seq}) on rank {me}: "
