@@ -42,7 +42,7 @@ def config(run_dir: Path, steps: int, tokens: int, batch: int, variant: dict) ->
         "data": {"train_batch_size": batch, "max_prompt_length": 16},
         "rollout": {"n": 4, "max_new_tokens": tokens, "temperature": 1.0},
         "reward": {"functions": [{"name": f"{REWARD}:digit_reward"}]},
-        "actor": {"lr": 1e-4, "micro_batch_size": 16, "ppo_epochs": 2},
+        "actor": {"lr": 1e-4, "micro_batch_size": 64},
         "trainer": {"total_steps": steps, "device": "cpu", "val_before_train": False, "cpu_threads": 1,
                     "run_dir": str(run_dir), "resume": "never"},
         "checkpoint": {"save_interval": 0},
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2, help="steps left out of the throughput")
-    parser.add_argument("--tokens", type=int, default=32, help="rollout.max_new_tokens")
+    parser.add_argument("--tokens", type=int, default=64, help="rollout.max_new_tokens")
     parser.add_argument("--batch", type=int, default=16, help="prompts per step (x 4 samples)")
     parser.add_argument("--run-root", type=Path, default=ROOT / "runs" / "async-vs-sync")
     args = parser.parse_args(argv)

@@ -179,6 +179,8 @@ class AsyncRollout:
             if self.generates:
                 _unpack(flat, [params[i][1] for i in index])
         self.version = version  # every side tracks it: the first-step delivery happens once
+        if self.groups.rank != source:  # a rollout rank's time here is mostly its wait for the update
+            return {}
         sent = sum(p.numel() * p.element_size() for _, p in params) / 2**20
         return {"async/weight_delivery_s": time.perf_counter() - start, "async/weight_delivery_mb": sent}
 

@@ -41,7 +41,7 @@ from verl.trainer.batch import (
     written_by,
 )
 from verl.trainer.batch_math import BatchPlan
-from verl.trainer.correction import CorrectionPlan, max_staleness, plan_correction
+from verl.trainer.correction import CorrectionPlan, plan_correction
 from verl.trainer.distill import apply_distillation
 from verl.trainer.drift import DriftGuard, combined_moments, drift_moments, judge_drift
 from verl.trainer.dynamic_sampling import accuracy_of, filter_groups
@@ -181,8 +181,8 @@ class RLTrainer(TrainerRuntime):
         if self.async_rollout is not None:  # the new weights to the rollout ranks
             with timed(timing, "weight_delivery"):
                 metrics |= self.async_rollout.deliver(self.model, self.step_count + 1)
-        metrics |= {f"timing/{k}": v for k, v in timing.items()}
-        metrics["timing/step"] = sum(timing.values())
+        own = "async/rollout_" if self.async_rollout is not None and self.async_rollout.generates else "timing/"
+        metrics |= {f"{own}{k}": v for k, v in timing.items()} | {f"{own}step": sum(timing.values())}
         if batch is not None:  # the actor ranks
             metrics |= batch_metrics(batch, self.placement)
             metrics["perf/tokens_per_s"] = (float(batch.attention_mask.sum()) * self.dp_size
@@ -405,7 +405,7 @@ class RLTrainer(TrainerRuntime):
         reverse KL reads them before the update)."""
         plan, config = self.plans["actor"], self.config
         return (config.algorithm.kl_in_reward or config.actor.ppo_epochs > 1 or plan.num_mini_batches > 1
-                or config.needs_ref or config.needs_teacher or max_staleness(config) > 0)
+                or config.needs_ref or config.needs_teacher)
 
     def optimize(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
                  batch: RolloutBatch, cfg: OptimConfig, plan: BatchPlan, micro_loss: update.MicroLoss, *,
