@@ -40,7 +40,8 @@ def test_auto_on_a_cuda_device_is_float32_masters_with_bfloat16_compute():
     # what `verl check` and the memory estimate see: computes in bf16 everywhere, holds float32 masters
     computes, holds = (role_dtype_names(config, "cuda", held=held, bf16_supported=True) for held in (False, True))
     assert computes["actor"] == computes["ref"] == "bfloat16"
-    assert holds == {"actor": "float32", "critic": "float32", "ref": "bfloat16", "reward": None}
+    assert holds == {"actor": "float32", "critic": "float32", "ref": "bfloat16", "reward": None, "teacher": None,
+                     "rollout": None}  # no reward model, teacher or rollout ranks in this run
     # CPU keeps today's float32 throughout, and a GPU without bfloat16 computes in float32
     assert resolve_precision(config, "cpu") == Precision(torch.float32, torch.float32, None)
     assert resolve_precision(config, "cuda", bf16_supported=False) == Precision(torch.float32, torch.float32, None)

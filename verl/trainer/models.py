@@ -121,10 +121,11 @@ def tokenizer_mismatch_message(key: str, path: str, policy_path: str, mismatch: 
     """Why a frozen model with another vocabulary is refused, both vocabularies named, and the fix."""
     what = "its log-probs of the policy's tokens" + (" (the KL to the reference)" if key == "ref.path" else
                                                       " (the distillation KL)")
-    fix = ("leave ref.path empty to use the actor's initial weights" if key == "ref.path"
-           else "distil from a teacher of the student's model family")
+    fix = ("use a reference from the same model family (same tokenizer), or leave ref.path empty to use the "
+           "actor's initial weights" if key == "ref.path" else
+           "use a teacher from the student's model family (same tokenizer; any size)")
     return (f"{key}={path!r} has a different tokenizer from model.path={policy_path!r} ({mismatch}), so {what} "
-            f"would score other tokens than the ones sampled. Fix: use a model with the same tokenizer, or {fix}.")
+            f"would score other tokens than the ones sampled. Fix: {fix}.")
 
 __all__ = ["build_reference", "copy_in", "frozen", "given_policy", "load_frozen", "load_policy_with_report",
            "resolve_model_path", "tokenizer_mismatch_message", "with_cpu_matmul", "with_lora"]
