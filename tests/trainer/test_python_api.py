@@ -4,6 +4,7 @@ of reward functions mixing callables and spec names, TRL's `reward_funcs`."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from verl.errors import ConfigError
 from verl.models.lora import is_peft_model
@@ -61,3 +62,13 @@ def test_argument_mistakes_say_what_to_pass(tmp_path):
         python_run("tiny", reward_fn=3, dataset=None, peft_config=None, overrides={})
     with pytest.raises(ConfigError, match=r"model=3 \(int\): pass a path or hub id"):
         python_run(3, reward_fn=None, dataset=None, peft_config=None, overrides={})
+
+
+def test_teacher_model_distils_as_in_trls_gkd(tmp_path):
+    trainer = RLTrainer.from_pretrained("tiny", reward_fn=digit_reward, dataset=ROWS, teacher_model="tiny:qwen2:96:3",
+                                        **_common(tmp_path))
+    assert trainer.config.algorithm.distill.teacher_path == "tiny:qwen2:96:3" and trainer.teacher is not None
+    assert trainer.step()["distill/reverse_kl"] != 0.0
+    with pytest.raises(ConfigError, match=r"teacher_model=Linear: pass the teacher as a path or hub id"):
+        python_run("tiny", reward_fn=None, dataset=None, peft_config=None, overrides={},
+                   teacher_model=torch.nn.Linear(2, 2))

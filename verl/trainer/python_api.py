@@ -61,7 +61,7 @@ def _reward_specs(reward_fn: RewardArg) -> tuple[list[Any] | None, list[Any] | N
 
 
 def python_run(model: str | torch.nn.Module | Mapping[str, Any], *, reward_fn: RewardArg, dataset: Any,
-               peft_config: Any, overrides: Mapping[str, Any]) -> PythonRun:
+               peft_config: Any, overrides: Mapping[str, Any], teacher_model: Any = None) -> PythonRun:
     """See `RLTrainer.from_pretrained`."""
     tree: dict[str, Any] = {}
     for key, value in overrides.items():  # a section dict is its dotted keys: both forms merge
@@ -78,6 +78,12 @@ def python_run(model: str | torch.nn.Module | Mapping[str, Any], *, reward_fn: R
     if peft_config is not None:
         for sub, item in lora_section(peft_config).items():
             set_dotted(tree, f"model.lora.{sub}", item)
+    if teacher_model is not None:
+        if not isinstance(teacher_model, str):
+            raise ConfigError(f"teacher_model={type(teacher_model).__name__}: pass the teacher as a path or hub id "
+                              "(it is loaded on the teacher's own ranks, devices.teacher), e.g. "
+                              "teacher_model='Qwen/Qwen2.5-7B-Instruct'")
+        set_dotted(tree, "algorithm.distill.teacher_path", teacher_model)
     rows = None
     if isinstance(dataset, str) or (isinstance(dataset, Sequence) and dataset and isinstance(dataset[0], str)):
         set_dotted(tree, "data.train_files", [dataset] if isinstance(dataset, str) else list(dataset))

@@ -107,21 +107,20 @@ class RLTrainer(TrainerRuntime):
         env: Any = None,
         peft_config: Any = None,
         reward_funcs: RewardArg = None,
+        teacher_model: str | None = None,
         **overrides: Any,
     ) -> RLTrainer:
         """Python entry point without YAML, in TRL's terms (`python_api.python_run` builds the config).
-
         `model`: a path or hub id, a loaded model (with `tokenizer=`), or the model section as a dict
         (`{"path": "tiny", "lora": {"rank": 8}}`); `peft_config`: a peft `LoraConfig` (TRL's argument).
         `reward_fn` (or TRL's `reward_funcs`): a spec name (`"numeric_match"`, `"path.py:fn"`), a callable
-        `fn(prompt, response, ground_truth, **meta)`, or a list mixing them. `dataset`: a file path (or
-        list of paths) or a list of prompt rows. `overrides` are sections as dicts (`actor={"lr": 1e-6}`) or
-        dotted keys (`**{"actor.lr": 1e-6}`).
-        """
+        `fn(prompt, response, ground_truth, **meta)`, or a list mixing them. `dataset`: a file path (or list of
+        paths) or a list of prompt rows. `teacher_model`: a path or hub id to distil from (TRL's GKD argument;
+        `algorithm.distill`). `overrides`: sections as dicts (`actor={"lr": 1e-6}`) or dotted keys."""
         if reward_fn is not None and reward_funcs is not None:
             raise ConfigError("from_pretrained got both reward_fn and reward_funcs (TRL's name for it); pass one")
         run = python_run(model, reward_fn=reward_fn if reward_funcs is None else reward_funcs, dataset=dataset,
-                         peft_config=peft_config, overrides=overrides)
+                         peft_config=peft_config, teacher_model=teacher_model, overrides=overrides)
         return cls(run.config, model=run.model, tokenizer=tokenizer, env=env, rows=run.rows,
                    reward_functions=run.reward_functions)
 
