@@ -13,17 +13,16 @@ Run by hand: ``python benchmarks/async_demo_seeds.py [--seeds 1 2 3] [--steps 20
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from verl_runs import ROOT, run_verl, validations  # noqa: E402
+
 sys.path.insert(0, str(ROOT))
 TARGET = 0.65
 
@@ -59,28 +58,14 @@ def rl_config(seed: int, model: Path, run_dir: Path, steps: int, val_every: int,
     return cfg
 
 
-def curve(run_dir: Path) -> list[tuple[int, float]]:
-    out = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if "val/accuracy" in row:
-            out.append((int(row.get("step", 0)), float(row["val/accuracy"])))
-    return out
-
-
 def run(name: str, seed: int, model: Path, root: Path, args: argparse.Namespace) -> list[tuple[int, float]]:
     run_dir = root / f"{name}-seed-{seed}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     path = run_dir / "config.yaml"
     path.write_text(yaml.safe_dump(rl_config(seed, model, run_dir, args.steps, args.val_every, name == "async")))
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    cmd = [sys.executable, "-m", "verl.cli.main", "train", str(path), *(["--nproc", "2"] if name == "async" else [])]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{name} seed {seed} failed:\n{proc.stderr[-3000:] or proc.stdout[-3000:]}")
-    return curve(run_dir)
+    run_verl("train", str(path), *(["--nproc", "2"] if name == "async" else []), what=f"{name} seed {seed}")
+    return validations(run_dir)
 
 
 def first_at(points: list[tuple[int, float]], target: float) -> int | None:

@@ -16,17 +16,16 @@ Run by hand: ``python benchmarks/async_vs_sync.py [--rounds 3] [--steps 10] [--w
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from verl_runs import ROOT, metric_rows, run_verl  # noqa: E402
+
 REWARD = ROOT / "tests" / "trainer" / "rl_support.py"
 VARIANTS = {
     "sync-split": {"devices": {"actor": [0], "rollout": [1]}, "rollout": {"max_staleness": 0}},
@@ -60,13 +59,8 @@ def run(name: str, root: Path, args: argparse.Namespace) -> tuple[float, dict[st
     run_dir.mkdir(parents=True)
     path = run_dir / "config.yaml"
     path.write_text(yaml.safe_dump(config(run_dir, args.steps, args.tokens, args.batch, VARIANTS[name])))
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.run([sys.executable, "-m", "verl.cli.main", "train", str(path), "--nproc", "2"], cwd=ROOT,
-                          env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{name}: failed with exit code {proc.returncode}:\n{proc.stderr[-3000:] or proc.stdout[-3000:]}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    run_verl("train", str(path), "--nproc", "2", what=name)
+    rows = metric_rows(run_dir)
     steps = [r for r in rows if "timing/step" in r and r["step"] > args.warmup]
     tokens = sum(r["response/length_mean"] * args.batch * 4 for r in steps)
     seconds = sum(r["timing/step"] for r in steps)

@@ -16,13 +16,13 @@ import datetime
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ab import cpu_model  # noqa: E402
+from verl_runs import run_verl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- demo-seeds:begin -->", "<!-- demo-seeds:end -->"
@@ -75,14 +75,8 @@ def run_seed(seed: int, run_root: Path, overrides: list[str]) -> dict[str, Any]:
     run_dir = run_root / f"seed-{seed}"
     if run_dir.exists():
         shutil.rmtree(run_dir)  # a fresh run each time: resume: auto would otherwise continue the old one
-    cmd = [sys.executable, "-m", "verl.cli.main", "train", f"trainer.seed={seed}", f"trainer.run_dir={run_dir}",
-           "logging.backends=[jsonl]", *overrides]
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"seed {seed}: `{' '.join(cmd)}` failed with exit code {proc.returncode}:\n"
-                         f"{proc.stderr[-3000:] or proc.stdout[-3000:]}")
+    run_verl("train", f"trainer.seed={seed}", f"trainer.run_dir={run_dir}", "logging.backends=[jsonl]", *overrides,
+             what=f"seed {seed}")
     return json.loads((run_dir / "summary.json").read_text())
 
 

@@ -17,29 +17,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from verl_runs import ROOT, metric_rows, run_verl  # noqa: E402
+
 VARIANTS: dict[str, list[str]] = {
     "grpo": [],
     "distill": ["algorithm.distill.task_reward=false"],
     "distill+task": [],
 }
-
-
-def verl(*args: str) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    cmd = [sys.executable, "-m", "verl.cli.main", *args]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"`{' '.join(cmd)}` failed with exit code {proc.returncode}:\n"
-                         f"{proc.stderr[-3000:] or proc.stdout[-3000:]}")
 
 
 def train_teacher(root: Path, seed: int) -> Path:
@@ -49,9 +39,9 @@ def train_teacher(root: Path, seed: int) -> Path:
         return out
     run_dir = root / f"teacher-run-{seed}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    verl("train", f"trainer.seed={seed}", f"trainer.run_dir={run_dir}", "logging.backends=[jsonl]")
+    run_verl("train", f"trainer.seed={seed}", f"trainer.run_dir={run_dir}", "logging.backends=[jsonl]")
     latest = (run_dir / "checkpoints" / "latest").read_text().strip()
-    verl("ckpt", "export", str(run_dir / "checkpoints" / Path(latest).name), "--out", str(out))
+    run_verl("ckpt", "export", str(run_dir / "checkpoints" / Path(latest).name), "--out", str(out))
     summary = json.loads((run_dir / "summary.json").read_text())
     print(f"teacher (seed {seed}): held-out {summary['accuracy_after_rl']:.1%} after GRPO", flush=True)
     return out
@@ -60,8 +50,7 @@ def train_teacher(root: Path, seed: int) -> Path:
 def curve(run_dir: Path) -> list[tuple[int, float, float]]:
     """(step, RL seconds until then, held-out accuracy) at every validation."""
     seconds, out = 0.0, []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
+    for row in metric_rows(run_dir):
         seconds += float(row.get("timing/step", 0.0))
         if "val/accuracy" in row:
             out.append((int(row.get("step", 0)), seconds, float(row["val/accuracy"])))
@@ -78,8 +67,9 @@ def run_variant(name: str, seed: int, teacher: Path, steps: int, val_every: int,
     run_dir = root / f"{name}-seed-{seed}"
     shutil.rmtree(run_dir, ignore_errors=True)
     distill = [f"algorithm.distill.teacher_path={teacher}"] if name.startswith("distill") else []
-    verl("train", f"trainer.seed={seed}", f"trainer.run_dir={run_dir}", f"trainer.total_steps={steps}",
-         f"trainer.val_every={val_every}", "logging.backends=[jsonl]", *distill, *VARIANTS[name], *overrides)
+    run_verl("train", f"trainer.seed={seed}", f"trainer.run_dir={run_dir}", f"trainer.total_steps={steps}",
+             f"trainer.val_every={val_every}", "logging.backends=[jsonl]", *distill, *VARIANTS[name], *overrides,
+             what=f"{name} seed {seed}")
     return curve(run_dir)
 
 

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,6 +24,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from verl.algorithms.policy_losses import POLICY_LOSS_NAMES  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from verl_runs import run_verl, validations  # noqa: E402
 
 TARGET = 0.8
 # what each loss's paper pairs it with, beyond its own options (the table names them)
@@ -38,21 +39,11 @@ def run_one(loss: str, seed: int, steps: int | None, val_every: int, run_root: P
     run_dir = run_root / f"{loss}-seed-{seed}"
     if run_dir.exists():
         shutil.rmtree(run_dir)  # a fresh run: resume: auto would otherwise continue the old one
-    cmd = [sys.executable, "-m", "verl.cli.main", "train", f"actor.policy_loss={loss}", *PAIRED.get(loss, []),
-           f"trainer.seed={seed}", f"trainer.run_dir={run_dir}", f"trainer.val_every={val_every}",
-           "logging.backends=[jsonl]", *([f"trainer.total_steps={steps}"] if steps else []), *overrides]
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{loss} seed {seed}: `{' '.join(cmd)}` failed with exit code {proc.returncode}:\n"
-                         f"{proc.stderr[-3000:] or proc.stdout[-3000:]}")
+    run_verl("train", f"actor.policy_loss={loss}", *PAIRED.get(loss, []), f"trainer.seed={seed}",
+             f"trainer.run_dir={run_dir}", f"trainer.val_every={val_every}", "logging.backends=[jsonl]",
+             *([f"trainer.total_steps={steps}"] if steps else []), *overrides, what=f"{loss} seed {seed}")
     summary = json.loads((run_dir / "summary.json").read_text())
-    curve = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if "val/accuracy" in row:
-            curve.append((int(row.get("step", 0)), float(row["val/accuracy"])))
+    curve = validations(run_dir)
     reached = [step for step, acc in curve if acc >= TARGET and step > 0]
     summary["steps_to_target"] = reached[0] if reached else None
     summary["curve"] = curve
