@@ -24,15 +24,21 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
+from verl.config.schema import RunConfig
 from verl.distributed.groups import RoleGroups
 from verl.distributed.guard import role_key
+from verl.distributed.mapping import DeviceMapping
+from verl.env.multiturn import is_multiturn
 from verl.errors import ConfigError, DistributedError
 from verl.trainer.batch import RolloutBatch
+
+if TYPE_CHECKING:  # components imports the start-up checks, which import this module
+    from verl.trainer.components import Components
 
 BUCKET_BYTES = 64 * 2**20  # weights are broadcast in buckets of at most this size (one tensor may exceed it)
 # What the rollout ranks send: the prompts as sampled, the responses, the sampler's log-probs, the versions.
@@ -233,7 +239,7 @@ def staleness_metrics(received: dict[str, torch.Tensor], step: int) -> dict[str,
 __all__ = ["AsyncRollout", "async_problems", "async_rollout_for", "describe", "BUCKET_BYTES", "buckets", "delivery_ranks", "merge", "staleness_metrics", "trainable"]
 
 
-def async_problems(config: Any) -> list[ConfigError]:
+def async_problems(config: RunConfig) -> list[ConfigError]:
     """What an asynchronous run (`devices.rollout`) refuses before anything loads, each with its fix."""
     if not config.is_async:
         return []
@@ -249,7 +255,7 @@ def async_problems(config: Any) -> list[ConfigError]:
     return problems
 
 
-def describe(config: Any, mapping: Any) -> str:
+def describe(config: RunConfig, mapping: DeviceMapping) -> str:
     """`verl check`'s line for the asynchronous plan."""
     k = config.rollout.max_staleness
     mode = {0: "synchronous on the split ranks", 1: "one-step off-policy"}.get(k, f"up to {k} updates stale")
@@ -258,15 +264,13 @@ def describe(config: Any, mapping: Any) -> str:
             "batch(es) ahead; the new weights go to the rollout ranks after every update")
 
 
-def async_rollout_for(config: Any, parts: Any, draw: Callable[[], RolloutBatch],
+def async_rollout_for(config: RunConfig, parts: Components, draw: Callable[[], RolloutBatch],
                       generate: Callable[[RolloutBatch], RolloutBatch],
                       decode: Callable[[torch.Tensor, torch.Tensor], list[str]]) -> AsyncRollout | None:
     """The run's asynchronous rollout (`devices.rollout`), or None for a synchronous run. What it does not
     support yet is refused here, with the way out."""
     if not config.is_async:
         return None
-    from verl.env.multiturn import is_multiturn
-
     if is_multiturn(parts.env):
         raise ConfigError("devices.rollout (asynchronous RL) with a multi-turn environment is not supported yet: "
                           "episodes run on the actor's ranks. Fix: remove devices.rollout.")
