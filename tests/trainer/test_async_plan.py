@@ -69,3 +69,9 @@ def test_the_sampled_prompts_must_be_the_drawn_ones():
     merged = merge(_drawn([[0, 5, 6], [7, 8, 9]]), sampled, step=4)
     assert torch.equal(merged.response_ids, sampled["response_ids"])
     assert staleness_metrics(sampled, step=4) == {"async/staleness": 1.0, "async/version": 3.0}
+
+
+def test_max_staleness_without_rollout_ranks_is_said_to_do_nothing():
+    notes = _check("rollout.max_staleness=2", world=1).startup.rl_notes
+    assert any(n.startswith("rollout.max_staleness=2 has no effect") and "devices.rollout" in n for n in notes)
+    assert not any("max_staleness" in n for n in _check(world=1).startup.rl_notes)

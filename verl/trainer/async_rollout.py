@@ -258,6 +258,9 @@ def async_problems(config: RunConfig) -> list[ConfigError]:
 def describe(config: RunConfig, mapping: DeviceMapping) -> str:
     """`verl check`'s line for the asynchronous plan."""
     k = config.rollout.max_staleness
+    if not config.is_async:
+        return (f"rollout.max_staleness={k} has no effect: the actor ranks generate between their updates "
+                "(synchronous). Give generation ranks of their own with devices.rollout to run ahead.")
     mode = {0: "synchronous on the split ranks", 1: "one-step off-policy"}.get(k, f"up to {k} updates stale")
     return (f"asynchronous rollout: rank(s) {list(mapping.ranks('rollout'))} generate, rank(s) "
             f"{list(mapping.ranks('actor'))} train; rollout.max_staleness={k} ({mode}), a queue of at most {k} "

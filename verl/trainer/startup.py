@@ -297,7 +297,7 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
     if precision is not None and kind == "rl":
         report.rl_notes.append(plan_correction(config, precision.compute).describe())
         report.rl_notes += [describe_distillation(config.algorithm.distill)] if config.needs_teacher else []
-        if config.is_async and report.mapping is not None:
+        if report.mapping is not None and (config.is_async or "max_staleness" in config.rollout.model_fields_set):
             report.rl_notes.append(describe_async(config, report.mapping))
     if precision is not None:
         try:  # fp16 on CPU, bf16 on a GPU without it: refused before the weights are read
