@@ -72,6 +72,22 @@ def test_one_step_off_policy_trains_corrects_and_resumes(tmp_path):
     assert resumed[-1]["async/staleness"] == 0.0 and resumed[-1]["actor/grad_norm"] > 0
 
 
+def test_a_partial_rollout_finishes_its_responses_under_the_new_weights(tmp_path):
+    """The rollout rank takes version 1 after token 2 of batch 2 (held there until the actor posts it): the
+    batch's later tokens are version 1, so only its first two tokens are an update old, and the correction
+    sees the newer tokens as (nearly) on-policy."""
+    path = _config(tmp_path, "run", 2, rollout_rank=True, k=1)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["rollout"]["max_new_tokens"] = 6
+    cfg["checkpoint"]["save_interval"] = 0
+    path.write_text(yaml.safe_dump(cfg))
+    verl_train(path, tmp_path, nproc=2, script=Path(__file__).with_name("partial_rollout_train.py"))
+    batch2 = metrics(tmp_path / "run")[1]
+    assert batch2["async/staleness"] == 1.0 and batch2["async/version"] == 1.0
+    assert batch2["async/partial_frac"] > 0.5  # every response still writing after token 2
+    assert 0 < batch2["async/staleness_tokens_1"] < 0.5 < batch2["async/staleness_tokens_0"]
+
+
 @pytest.mark.parametrize("dying, says", [
     (1, ["stage 'rollout:batch:send[rollout->actor]'", "rank(s) [1] did not arrive within 20s"]),
     (0, ["the rendezvous store stopped answering", "rank 0"]),  # the trainer rank, which hosts the store

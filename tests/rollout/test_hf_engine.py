@@ -336,3 +336,33 @@ def test_shared_prefill_samples_the_same_tokens_as_prefilling_every_copy(qwen2):
     assert torch.equal(shared.response_ids, copies.response_ids)
     assert torch.equal(shared.response_mask, copies.response_mask)
     assert torch.allclose(shared.logprobs, copies.logprobs, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("fast_decode", [True, False])
+def test_weights_changed_between_tokens_sample_the_rest(fast_decode):
+    """A partial rollout: `between_tokens` swaps in other weights after token 2. Tokens 0-2 are the old
+    weights' greedy tokens; from token 3 on, each is the new weights' argmax over a cache the old weights
+    wrote for the prompt and tokens 0-1 (transformers' own cached forward is the reference)."""
+    old, new = make_model(seed=0), make_model(seed=1)
+    engine = HFKVCacheEngine(make_model(seed=0), fast_decode=fast_decode)
+    ids = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(ids)
+    params = SamplingParams(temperature=0.0, max_new_tokens=8)
+    unchanged = engine.generate(ids, mask, params)
+
+    def swap(step: int) -> bool:
+        if step != 2:
+            return False
+        engine.model.load_state_dict(new.state_dict())
+        return True
+
+    engine.between_tokens = swap
+    out = engine.generate(ids, mask, params)
+    assert torch.equal(out.response_ids[:, :3], unchanged.response_ids[:, :3])
+    assert not torch.equal(out.response_ids[:, 3:], unchanged.response_ids[:, 3:])
+    with torch.no_grad():
+        cache = old(input_ids=torch.cat([ids, out.response_ids[:, :2]], 1), use_cache=True).past_key_values
+        logits = new(input_ids=out.response_ids[:, 2:-1], cache=cache).logits.double()
+    assert torch.equal(logits.argmax(-1), out.response_ids[:, 3:])
+    assert torch.allclose(logits.log_softmax(-1).gather(-1, out.response_ids[:, 3:, None])[..., 0],
+                          out.logprobs[:, 3:].double(), atol=2e-4)

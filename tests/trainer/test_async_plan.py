@@ -61,14 +61,28 @@ def _drawn(ids):
 def test_the_sampled_prompts_must_be_the_drawn_ones():
     drawn = _drawn([[0, 5, 6], [7, 8, 9]])
     sampled = {"prompt_ids": torch.tensor([[5, 6], [7, 8]]), "prompt_mask": torch.ones(2, 2, dtype=torch.long),
-               "response_ids": torch.ones(2, 3, dtype=torch.long), "rollout_version": torch.tensor([3.0, 3.0])}
+               "response_ids": torch.ones(2, 3, dtype=torch.long), "response_mask": torch.ones(2, 3, dtype=torch.long),
+               "rollout_version": torch.full((2, 3), 3.0)}
     with pytest.raises(DistributedError, match="step 5: the rollout ranks sampled other prompts"):
         merge(drawn, sampled, step=4)
     sampled["prompt_ids"] = torch.tensor([[5, 6, 0], [7, 8, 9]])  # the same tokens, padded on the other side
     sampled["prompt_mask"] = torch.tensor([[1, 1, 0], [1, 1, 1]])
     merged = merge(_drawn([[0, 5, 6], [7, 8, 9]]), sampled, step=4)
     assert torch.equal(merged.response_ids, sampled["response_ids"])
-    assert staleness_metrics(sampled, step=4) == {"async/staleness": 1.0, "async/version": 3.0}
+    assert staleness_metrics(sampled, step=4) == {"async/staleness": 1.0, "async/version": 3.0,
+                                                  "async/staleness_tokens_0": 0.0, "async/staleness_tokens_1": 1.0,
+                                                  "async/partial_frac": 0.0}
+
+
+def test_staleness_of_a_partial_rollout_is_counted_per_token():
+    """Row 0 took version 4 after its second token; row 1 ended (padding) before the switch."""
+    sampled = {"response_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]]),
+               "rollout_version": torch.tensor([[3.0, 3.0, 4.0, 4.0], [3.0, 3.0, 4.0, 4.0]])}
+    metrics = staleness_metrics(sampled, step=4)
+    assert metrics["async/staleness"] == 1.0 and metrics["async/version"] == 4.0
+    assert metrics["async/staleness_tokens_0"] == pytest.approx(2 / 6)
+    assert metrics["async/staleness_tokens_1"] == pytest.approx(4 / 6)
+    assert metrics["async/partial_frac"] == 0.5
 
 
 def test_max_staleness_without_rollout_ranks_is_said_to_do_nothing():

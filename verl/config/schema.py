@@ -143,6 +143,10 @@ class RolloutConfig(Section):
                                "generate up to this many batches ahead, so a batch is trained at most this many "
                                "updates after the weights that sampled it; 0 = synchronous on the split ranks, "
                                "1 = one-step off-policy.")
+    partial_rollout: bool = Field(True, description="Asynchronous rollout: a rollout rank takes the new weights "
+                                  "between two tokens of the responses it is writing (the rest of them is sampled "
+                                  "by the new weights, each token's version and log-prob recorded) instead of "
+                                  "after its batch. False = a batch is sampled by one version.")
     n: int = Field(4, gt=0, description="Responses sampled per prompt.")
     max_new_tokens: int = Field(256, gt=0)
     temperature: float = Field(1.0, ge=0.0)

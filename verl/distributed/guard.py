@@ -97,6 +97,14 @@ class CollectiveGuard:
                     out[r] = seen
         return out
 
+    def signal(self, name: str) -> None:
+        """Post `name` for any rank to see with `signalled` (a one-sided flag, not a collective)."""
+        self._get_store().set(f"{self.namespace}/signal/{name}", "1")
+
+    def signalled(self, name: str) -> bool:
+        """Whether some rank posted `name`; never waits."""
+        return bool(self._get_store().check([f"{self.namespace}/signal/{name}"]))
+
     def run(
         self,
         stage: str,

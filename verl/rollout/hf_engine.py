@@ -117,6 +117,10 @@ class HFKVCacheEngine(RolloutEngine):
             raise ConfigError(f"eos_check_every must be a positive number of tokens, got {eos_check_every!r}.")
         self.eos_check_every = eos_check_every
         self._decode_step: LlamaStyleDecodeStep | None = None  # kept: its weight layout serves many rollouts
+        # Called after each sampled token, before the next forward, with the token's step; True when the
+        # weights changed under the decode (an asynchronous rollout's delivery: a partial rollout), so the
+        # tokens from the next one on are sampled by the new weights.
+        self.between_tokens: Callable[[int], bool] | None = None
 
     @property
     def fast_decode_reason(self) -> str:
@@ -230,7 +234,8 @@ class HFKVCacheEngine(RolloutEngine):
         eos = torch.tensor(params.eos_token_ids, dtype=torch.long, device=device) if params.eos_token_ids else None
         parks = keep and hasattr(cache, "park")
         holes = keep and not parks  # a model-layout cache cannot set rows aside: ended rows feed masked holes
-        fast = None if holes else self._fast_step(int(next_pos.max()) + steps)
+        max_positions = int(next_pos.max()) + steps
+        fast = None if holes else self._fast_step(max_positions)
         mask = self._decode_mask(torch.cat([state.mask, state.mask.new_ones(rows, steps)], dim=1),
                                  fast is not None, holes)
         live = torch.arange(rows, device=device)  # the row of `tokens` each cache row belongs to
@@ -298,6 +303,8 @@ class HFKVCacheEngine(RolloutEngine):
                 stopped = stopped[go] if stopped is not None else None
                 compacted = True
             step_mask = mask[..., : width + step + 1]
+            if self.between_tokens is not None and self.between_tokens(step) and fast is not None:
+                fast = self._fast_step(max_positions)  # the decode layout of the new weights
             if fast is not None:
                 logits = fast(tok, next_pos, step_mask, cache)
             else:

@@ -11,8 +11,12 @@ two synchronisation points. In step i:
 
 So batch i was sampled by weights at most k updates old: k = 0 is synchronous training on the split ranks
 (the same samples and updates as one process: `tests/distributed/test_async_rollout.py`), k = 1 is
-one-step off-policy. Each row carries the version that sampled it; the rollout correction (on by default
-when k > 0) weighs its tokens by the trainer's over the sampler's probability. The prompt stream stays in
+one-step off-policy. With `rollout.partial_rollout` a rollout rank takes version i + 1 as soon as the actor
+posts it, between two tokens of the responses it is writing, instead of after the batch: the rest of those
+responses is sampled by the new weights (their KV cache so far stays as the old weights wrote it). Each
+token carries the version that sampled it, and its log-probability under the weights that sampled it is the
+behaviour log-prob of the rollout correction (on by default when k > 0), which weighs the token by the
+trainer's over the sampler's probability. The prompt stream stays in
 step because every rank draws the same batches in the same order (the rollout ranks k batches earlier), so a
 checkpoint's position is the trained batches' and a resume regenerates what was in flight: nothing is
 trained twice or lost.
@@ -87,7 +91,10 @@ class AsyncRollout:
     decode: Callable[[torch.Tensor, torch.Tensor], list[str]]  # the responses' text, on the actor ranks
     env: Any  # the prompt stream (its position is saved by the trainer ranks, who draw as they train)
     device: torch.device
+    engine: Any = None  # the sampler whose `between_tokens` takes a delivery mid-batch (a partial rollout)
+    partial: bool = False  # rollout.partial_rollout
     queue: deque[RolloutBatch] = field(default_factory=deque)
+    model: torch.nn.Module | None = None  # this rank's policy (next_batch's; a partial rollout's delivery target)
     version: int | None = None  # the weights this rollout rank holds (updates applied); None before the first
     drawn: int = 0  # batches generated so far (their index in the prompt stream)
     _last: float | None = None  # when the previous step's next_batch began (for the idle fractions)
@@ -101,7 +108,7 @@ class AsyncRollout:
     def next_batch(self, step: int, model: torch.nn.Module | None) -> tuple[RolloutBatch | None, dict[str, float]]:
         """Batch `step` and the step's async metrics: on the actor ranks the prompts they draw (every trainer
         rank draws, as in a synchronous step) with the rollout ranks' responses; None elsewhere."""
-        now = time.perf_counter()
+        now, self.model = time.perf_counter(), model
         metrics = self._idle_metrics(now)
         if self.version is None:  # the first step (or the first after a resume): the rollout ranks get the
             metrics |= self.deliver(model, step)  # trainer's weights and prompt position, then regenerate
@@ -142,12 +149,32 @@ class AsyncRollout:
             self.env.load_state_dict(state[0])
 
     def _generate_one(self) -> None:
-        start = time.perf_counter()
-        out = self.generate(self.draw())
-        out.rollout_version = torch.full((len(out),), float(self.version))
+        start, version = time.perf_counter(), self.version
+        switches: list[tuple[int, int]] = []  # (first token sampled by it, version) per mid-batch delivery
+        hook = self.partial and self.engine is not None and hasattr(self.engine, "between_tokens")
+        if hook:
+            self.engine.between_tokens = lambda step: self._take_delivery(step, switches)
+        try:
+            out = self.generate(self.draw())
+        finally:
+            if hook:
+                self.engine.between_tokens = None
+        out.rollout_version = torch.full(out.response_ids.shape, float(version))
+        for first, new in switches:
+            out.rollout_version[:, first:] = float(new)
         self.queue.append(out)
         self.drawn += 1
         self._busy += time.perf_counter() - start
+
+    def _take_delivery(self, step: int, switches: list[tuple[int, int]]) -> bool:
+        """Between two tokens: receive the next version if the actor posted it (a partial rollout)."""
+        if self.version is None or not self.groups.guard.signalled(_posted(self.version + 1)):
+            return False
+        start = time.perf_counter()
+        self.deliver(self.model, self.version + 1)
+        self._busy -= time.perf_counter() - start  # a wait for the actor's broadcast, not generation
+        switches.append((step + 1, self.version))
+        return True
 
     def _idle_metrics(self, now: float) -> dict[str, float]:
         """The idle share of the last step: a rollout rank's time not generating, a trainer rank's time
@@ -165,11 +192,13 @@ class AsyncRollout:
         """Version `version` of the trained parameters, from the first actor rank to the rollout ranks, in
         bucketed broadcasts (the actor ranks gather each FSDP2 shard first). Every actor and rollout rank
         calls this; the others return at once."""
-        if not (self.generates or self.groups.has("actor")):
-            return {}
+        if not (self.generates or self.groups.has("actor")) or (self.generates and self.version == version):
+            return {}  # a rollout rank that took this version between two tokens already has it
         start = time.perf_counter()
         ranks = delivery_ranks(self.groups)
         source, member = self.groups.ranks("actor")[0], self.groups.rank in ranks
+        if self.groups.rank == source:
+            self.groups.guard.signal(_posted(version))  # generating rollout ranks join between two tokens
         params = trainable(model)
         group = self.groups.group_of(ranks)
         for index in buckets(params):
@@ -189,6 +218,10 @@ class AsyncRollout:
             return {}
         sent = sum(p.numel() * p.element_size() for _, p in params) / 2**20
         return {"async/weight_delivery_s": time.perf_counter() - start, "async/weight_delivery_mb": sent}
+
+
+def _posted(version: int) -> str:
+    return f"async/weights/{version}"
 
 
 def _full(p: torch.Tensor) -> torch.Tensor:
@@ -231,9 +264,19 @@ def merge(batch: RolloutBatch, received: dict[str, torch.Tensor], step: int) -> 
 
 
 def staleness_metrics(received: dict[str, torch.Tensor], step: int) -> dict[str, float]:
-    """How many updates old this batch's samples are."""
-    versions = received["rollout_version"].double()
-    return {"async/staleness": float(step - versions.min()), "async/version": float(versions.max())}
+    """How many updates old this batch's tokens are: the oldest, a histogram over the response tokens
+    (`async/staleness_tokens_<s>`: the share sampled s updates before this one) and the share of responses
+    that a partial rollout finished under newer weights than it began."""
+    mask = received["response_mask"].bool()
+    versions = received["rollout_version"].double().masked_fill(~mask, float("inf"))
+    oldest, newest = versions.amin(), received["rollout_version"].double().masked_fill(~mask, -1).amax()
+    out = {"async/staleness": float(step - oldest), "async/version": float(newest)}
+    stale = (step - versions[mask]).round().long()
+    for s, count in enumerate(torch.bincount(stale.clamp(min=0), minlength=1).tolist()):
+        out[f"async/staleness_tokens_{s}"] = count / max(stale.numel(), 1)
+    rows = versions.masked_fill(~mask, float("-inf")).amax(-1) > versions.amin(-1)
+    out["async/partial_frac"] = float(rows.double().mean())
+    return out
 
 
 __all__ = ["AsyncRollout", "async_problems", "async_rollout_for", "describe", "BUCKET_BYTES", "buckets", "delivery_ranks", "merge", "staleness_metrics", "trainable"]
@@ -278,4 +321,4 @@ def async_rollout_for(config: RunConfig, parts: Components, draw: Callable[[], R
         raise ConfigError("devices.rollout (asynchronous RL) with a multi-turn environment is not supported yet: "
                           "episodes run on the actor's ranks. Fix: remove devices.rollout.")
     return AsyncRollout(parts.process.groups, config.rollout.max_staleness, draw, generate, decode, parts.env,
-                        parts.process.device)
+                        parts.process.device, parts.engine, config.rollout.partial_rollout)

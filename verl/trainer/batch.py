@@ -61,7 +61,7 @@ LAYOUT: dict[str, FieldLayout] = {
     "response_attention_mask": FieldLayout(RESPONSE, 0, SEQUENCE_READERS),
     "finished": FieldLayout(ROW),
     "rollout_logprobs": FieldLayout(RESPONSE, 0.0),
-    "rollout_version": FieldLayout(ROW),
+    "rollout_version": FieldLayout(RESPONSE, 0.0),
     "responses": FieldLayout(ROW_LIST),
     "scores": FieldLayout(ROW),
     "accuracy": FieldLayout(ROW),
@@ -124,7 +124,7 @@ class RolloutBatch:
     response_attention_mask: torch.Tensor | None = None
     finished: torch.Tensor | None = None  # [N] stopped at eos (not truncated)
     rollout_logprobs: torch.Tensor | None = None  # [N, R] the sampler's log-prob of each response token
-    rollout_version: torch.Tensor | None = None  # [N] the weights version (updates applied) that sampled each row
+    rollout_version: torch.Tensor | None = None  # [N, R] the weights version (updates applied) that sampled each token
     responses: list[str] = field(default_factory=list)
     scores: torch.Tensor | None = None  # [N] sequence-level reward
     # [N] what dynamic sampling filters on: the reward's `acc` extra, else the score before shaping (overlong
