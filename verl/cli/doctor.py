@@ -35,19 +35,12 @@ def _version(dist: str) -> str | None:
 
 
 def _cpu_matmul_row() -> tuple[str, str, str]:
-    """What `trainer.cpu_matmul=auto` picks here, and a measured hint where the other library is clearly faster."""
-    from verl.utils.cpu_matmul import LIBRARY_NAMES, cpu_vendor, measured_speedup, onednn_available, resolve
+    """What `trainer.cpu_matmul=auto` picks here and why (measured once per host, `verl.utils.cpu_matmul`)."""
+    from verl.utils.cpu_matmul import LIBRARY_NAMES, cpu_model, cpu_vendor, resolve
 
     library, why = resolve("auto")
-    note = f"{cpu_vendor() or 'unknown vendor'}: trainer.cpu_matmul=auto uses {LIBRARY_NAMES[library]} ({why})"
-    if not onednn_available():
-        return "cpu matmul", "ok", note
-    speedup = measured_speedup()
-    note += f"; measured here: oneDNN {speedup:.2f}x ATen on a [512, 256] x [256, 1024] float32 product"
-    other = "aten" if library == "onednn" else "onednn"
-    if (speedup if other == "onednn" else 1 / speedup) >= 1.3:
-        return "cpu matmul", "warn", f"{note}. Consider trainer.cpu_matmul={other} (benchmarks/cpu_matmul.py times a model's layers)"
-    return "cpu matmul", "ok", note
+    where = cpu_model() or cpu_vendor() or "unknown processor"
+    return "cpu matmul", "ok", f"{where}: trainer.cpu_matmul=auto uses {LIBRARY_NAMES[library]} ({why})"
 
 
 def collect() -> list[tuple[str, str, str]]:

@@ -536,9 +536,9 @@ class TrainerConfig(Section):
                              "TensorBoard/wandb/MLflow) per validation; 0 = none.")
     cpu_threads: int | None = Field(None, gt=0, description="torch CPU threads; 1 is fastest for tiny models.")
     cpu_matmul: CpuMatmul = Field(
-        "auto", description="Library for float32 linear layers on CPU: auto = oneDNN on AMD processors (where "
-        "MKL takes a generic path, ~2x slower), ATen's MKL elsewhere; aten | onednn force one "
-        "(verl.utils.cpu_matmul; benchmarks/cpu_matmul.py measures both).")
+        "auto", description="Library for float32 linear layers on CPU: auto = the faster of the two on this host, "
+        "measured once and kept in $VERL_CACHE_DIR/cpu_matmul (oneDNN on AMD, where MKL takes a generic path, "
+        "~2x slower); aten | onednn force one (verl.utils.cpu_matmul; benchmarks/cpu_matmul.py times both).")
     demo: Literal["arithmetic", "tool"] | None = Field(
         None, description="`verl train` runs this config as a demo: a supervised warm start, then RL, held-out "
         "accuracy before and after, summary.json. arithmetic = the built-in demo (env arithmetic), tool = the "

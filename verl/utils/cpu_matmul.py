@@ -2,25 +2,32 @@
 
 Both ship inside the torch wheel. MKL takes a generic code path on AMD processors, so there it runs float32
 products at about half the speed oneDNN reaches on the same core (AMD EPYC with AVX-512: 85-89 against
-188-192 GFLOP/s on a 10M model's largest layers, forward and backward; `benchmarks/cpu_matmul.py`). On
-Intel processors MKL was as fast or faster on the decode step's shapes, so ATen stays.
+188-192 GFLOP/s on a 10M model's largest layers, forward and backward; `benchmarks/cpu_matmul.py`). Which
+one wins elsewhere depends on the processor and the torch build, so nothing is assumed: `trainer.cpu_matmul`
+`auto` times both on this host (:func:`measured_speedup`: an update's products forward and backward and a
+decode step's) and takes oneDNN where it is at least :data:`AUTO_MARGIN` times faster. The measurement is
+made once per host, torch version and thread count and kept in ``$VERL_CACHE_DIR/cpu_matmul/`` (first
+writer wins), so every later run and every rank on the host makes the same choice and runs are
+reproducible; `aten` or `onednn` force one.
 
-`trainer.cpu_matmul` picks: `auto` (oneDNN on AMD processors where torch has MKL and oneDNN, ATen
-elsewhere), `aten` or `onednn`. With oneDNN, every plain `nn.Linear` of a model becomes a
-:class:`OneDNNLinear` (same parameters, same state dict, still an `nn.Linear`), whose float32 CPU products
-of at least :data:`MIN_MACS` multiply-adds, forward and backward, run in oneDNN; smaller ones, other
-dtypes and other devices take `F.linear` as before, since oneDNN's fixed cost per call exceeds their
-arithmetic. The sums are ordered differently, so results differ from MKL's by float32 rounding, as
-between batch sizes; the choice depends only on the processor and the shapes, so a run is reproducible.
+With oneDNN, every plain `nn.Linear` of a model becomes a :class:`OneDNNLinear` (same parameters, same state
+dict, still an `nn.Linear`), whose float32 CPU products of at least :data:`MIN_MACS` multiply-adds, forward
+and backward, run in oneDNN; smaller ones, other dtypes and other devices take `F.linear` as before, since
+oneDNN's fixed cost per call exceeds their arithmetic. The sums are ordered differently, so results differ
+from MKL's by float32 rounding, as between batch sizes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
 import platform
-import statistics
+import tempfile
 import time
 from functools import cache
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -32,6 +39,10 @@ CpuMatmul = Literal["auto", "aten", "onednn"]
 LIBRARY_NAMES = {"aten": "ATen (MKL)", "onednn": "oneDNN"}  # how `verl check` and `verl doctor` name them
 # Below this many multiply-adds (rows x in x out) a product takes F.linear: oneDNN's per-call cost is larger.
 MIN_MACS = 2**21
+AUTO_MARGIN = 1.1  # auto takes oneDNN only when it is this many times faster (a near tie keeps ATen)
+# What auto times: (rows, in, out, with the two backward products): an update's micro-batch of tokens through a
+# 10M model's largest layers, and a decode step of 4 prompts x 4 samples.
+TIMED_PRODUCTS = ((512, 256, 1024, True), (512, 1024, 256, True), (16, 256, 1024, False))
 
 
 @cache
@@ -46,6 +57,15 @@ def cpu_vendor() -> str:
         pass
     text = platform.processor()
     return next((v for v in ("AuthenticAMD", "GenuineIntel") if v in text), "")
+
+
+def cpu_model() -> str:
+    """The processor's model name, or '' when it cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return platform.processor()
 
 
 @cache
@@ -72,26 +92,62 @@ def resolve(setting: CpuMatmul) -> tuple[Literal["aten", "onednn"], str]:
         return "aten", why
     if setting == "onednn":
         return "onednn", "as set"
-    vendor = cpu_vendor()
-    if vendor == "AuthenticAMD" and torch.backends.mkl.is_available():
-        return "onednn", "AMD processor: MKL takes a generic path there, oneDNN does not"
-    return "aten", f"{vendor or 'this'} processor: ATen's BLAS is as fast as oneDNN"
+    speedup = host_speedup()
+    library = "onednn" if speedup >= AUTO_MARGIN else "aten"
+    return library, f"measured on this host: oneDNN {speedup:.2f}x ATen's speed"
 
 
-def measured_speedup(rows: int = 512, fan_in: int = 256, fan_out: int = 1024, repeats: int = 15) -> float:
-    """How many times faster oneDNN multiplies a [rows, in] x [in, out] float32 product than `F.linear` on
-    this machine (median of interleaved pairs of calls): a hint for `verl doctor`, never a run's choice."""
+def measured_speedup(repeats: int = 7) -> float:
+    """How many times faster oneDNN runs :data:`TIMED_PRODUCTS` than ATen on this machine: the ratio of the
+    two libraries' sums of per-product best times over `repeats` interleaved rounds."""
     generator = torch.Generator().manual_seed(0)
-    x, weight = torch.randn(rows, fan_in, generator=generator), torch.randn(fan_out, fan_in, generator=generator)
-    ratios = []
+    cases = []
+    for rows, fan_in, fan_out, backward in TIMED_PRODUCTS:
+        x, w = torch.randn(rows, fan_in, generator=generator), torch.randn(fan_out, fan_in, generator=generator)
+        grad = torch.randn(rows, fan_out, generator=generator)
+        cases.append([(x, w)] + ([(grad, w.t()), (grad.t(), x.t())] if backward else []))
+    best = {"aten": [math.inf] * len(cases), "onednn": [math.inf] * len(cases)}
     with torch.no_grad():
-        for _ in range(repeats + 1):
-            start = time.perf_counter()
-            F.linear(x, weight)
-            middle = time.perf_counter()
-            _onednn(x, weight)
-            ratios.append((middle - start) / max(time.perf_counter() - middle, 1e-9))
-    return statistics.median(ratios[1:])
+        for _ in range(repeats + 1):  # the first round warms both up (oneDNN builds its primitives)
+            for library, product in (("aten", F.linear), ("onednn", _onednn)):
+                for i, case in enumerate(cases):
+                    start = time.perf_counter()
+                    for a, b in case:
+                        product(a, b)
+                    best[library][i] = min(best[library][i], time.perf_counter() - start)
+    return sum(best["aten"]) / max(sum(best["onednn"]), 1e-12)
+
+
+def _speedup_file() -> Path:
+    key = f"{cpu_vendor()}|{cpu_model()}|torch {torch.__version__}|threads {torch.get_num_threads()}|{TIMED_PRODUCTS}"
+    root = Path(os.environ.get("VERL_CACHE_DIR") or Path.home() / ".cache" / "verl") / "cpu_matmul"
+    return root / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+@cache
+def host_speedup() -> float:
+    """:func:`measured_speedup` of this host, measured once and kept on disk: the first process to finish
+    measuring writes it, every other process (other ranks, later runs) reads that value."""
+    path = _speedup_file()
+    try:
+        return float(json.loads(path.read_text())["onednn_speedup"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    record = {"onednn_speedup": measured_speedup(), "cpu": cpu_model(), "torch": torch.__version__,
+              "threads": torch.get_num_threads(), "products": TIMED_PRODUCTS}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+            json.dump(record, f)
+        try:
+            os.link(f.name, path)  # fails if another process wrote it first: theirs is the host's value
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(f.name)
+        return float(json.loads(path.read_text())["onednn_speedup"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return record["onednn_speedup"]  # an unwritable cache: this process's own measurement
 
 
 def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -154,5 +210,5 @@ def use_cpu_matmul(model: torch.nn.Module, library: Literal["aten", "onednn"]) -
     return model
 
 
-__all__ = ["LIBRARY_NAMES", "MIN_MACS", "OneDNNLinear", "cpu_vendor", "measured_speedup", "onednn_available", "onednn_linear",
-           "resolve", "use_cpu_matmul"]
+__all__ = ["AUTO_MARGIN", "LIBRARY_NAMES", "MIN_MACS", "OneDNNLinear", "cpu_model", "cpu_vendor", "host_speedup",
+           "measured_speedup", "onednn_available", "onednn_linear", "resolve", "use_cpu_matmul"]
