@@ -52,6 +52,47 @@ def test_staleness_zero_is_synchronous_training_exactly(tmp_path):
     assert all(r["actor/grad_norm"] > 0 for r in async_)
 
 
+def _with_dynamic_sampling(path: Path) -> Path:
+    """DAPO's dynamic sampling on a reward that gives half the groups equal rewards: extra rounds every step."""
+    cfg = yaml.safe_load(path.read_text())
+    cfg["algorithm"] = {"filter_groups": True, "max_resample_rounds": 2}
+    cfg["reward"] = {"functions": [{"name": f"{REWARD.parent / 'test_rl_dynamic_sampling.py'}:half_constant"}]}
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_dynamic_sampling_draws_its_extra_rounds_from_the_rollout_ranks(tmp_path):
+    """k = 0: the same extra rounds, samples and updates as one process; k = 1: the rounds come from the queue."""
+    verl_train(_with_dynamic_sampling(_config(tmp_path, "sync", 2, rollout_rank=False)), tmp_path, nproc=1)
+    verl_train(_with_dynamic_sampling(_config(tmp_path, "async", 2, rollout_rank=True, k=0)), tmp_path, nproc=2)
+    sync, async_ = metrics(tmp_path / "sync"), metrics(tmp_path / "async")
+    assert [_numbers(r) for r in async_] == [_numbers(r) for r in sync]
+    assert all(r["dynamic_sampling/rounds"] >= 1 for r in sync)
+    verl_train(_with_dynamic_sampling(_config(tmp_path, "ahead", 2, rollout_rank=True, k=1)), tmp_path, nproc=2)
+    ahead = metrics(tmp_path / "ahead")
+    assert all(r["dynamic_sampling/rounds"] >= 1 and r["async/staleness"] <= 1 for r in ahead)
+    assert ahead[-1]["async/staleness"] == 1.0
+
+
+def test_multi_turn_episodes_run_on_the_rollout_ranks(tmp_path):
+    """The calculator environment's episodes (model turns, tool observations) on the rollout rank: with k = 0
+    the same episodes, scores, metrics and updates as one process."""
+    def calculator(path: Path) -> Path:
+        cfg = yaml.safe_load(path.read_text())
+        cfg["env"] = {"name": "calculator", "kwargs": {"digits_a": 2, "digits_b": 1, "num_train": 64, "num_val": 8,
+                                                       "max_turns": 2, "max_episode_tokens": 24}}
+        cfg["rollout"] |= {"stop": ["</calc>"], "max_new_tokens": 8}
+        del cfg["reward"]
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+    verl_train(calculator(_config(tmp_path, "sync", 2, rollout_rank=False)), tmp_path, nproc=1)
+    verl_train(calculator(_config(tmp_path, "async", 2, rollout_rank=True, k=0)), tmp_path, nproc=2)
+    sync, async_ = metrics(tmp_path / "sync"), metrics(tmp_path / "async")
+    assert [_numbers(r) for r in async_] == [_numbers(r) for r in sync]
+    assert "episode/turns_mean" in async_[0] and "episode/tool_calls_mean" in async_[0]
+
+
 def test_one_step_off_policy_trains_corrects_and_resumes(tmp_path):
     """With a LoRA policy: only the adapters travel to the rollout rank."""
     verl_train(_config(tmp_path, "run", 2, rollout_rank=True, k=1, lora=True), tmp_path, nproc=2)

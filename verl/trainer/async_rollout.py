@@ -46,8 +46,9 @@ if TYPE_CHECKING:  # components imports the start-up checks, which import this m
 
 BUCKET_BYTES = 64 * 2**20  # weights are broadcast in buckets of at most this size (one tensor may exceed it)
 # What the rollout ranks send: the prompts as sampled, the responses, the sampler's log-probs, the versions.
+# A multi-turn episode adds its attention (observations included) and the environment's score.
 SAMPLED = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "response_attention_mask", "finished",
-           "rollout_logprobs", "rollout_version")
+           "rollout_logprobs", "rollout_version", "env_scores")
 
 
 def delivery_ranks(groups: RoleGroups) -> tuple[int, ...]:
@@ -96,7 +97,7 @@ class AsyncRollout:
     queue: deque[RolloutBatch] = field(default_factory=deque)
     model: torch.nn.Module | None = None  # this rank's policy (next_batch's; a partial rollout's delivery target)
     version: int | None = None  # the weights this rollout rank holds (updates applied); None before the first
-    drawn: int = 0  # batches generated so far (their index in the prompt stream)
+    drawn: int = 0  # batches this rank generated so far
     _last: float | None = None  # when the previous step's next_batch began (for the idle fractions)
     _busy: float = 0.0  # since then: a rollout rank's time generating, a trainer rank's time waiting for a batch
 
@@ -113,18 +114,24 @@ class AsyncRollout:
         if self.version is None:  # the first step (or the first after a resume): the rollout ranks get the
             metrics |= self.deliver(model, step)  # trainer's weights and prompt position, then regenerate
             self._sync_prompt_stream()  # what was in flight
-            self.drawn = step
+        batch, more = self.exchange(step)
+        return batch, metrics | more
+
+    def exchange(self, step: int) -> tuple[RolloutBatch | None, dict[str, float]]:
+        """The next batch of the prompt stream from the rollout ranks to the actor ranks (a step's, or an extra
+        round of dynamic sampling's); then the rollout ranks generate until k batches are queued again."""
         batch = None if self.generates else self.draw()
-        sent = None
+        sent, metrics = None, {}
         if self.generates:
-            while self.drawn <= step:  # k = 0, or nothing queued yet: generate batch `step` now
+            if not self.queue:  # k = 0, or nothing queued yet: generate it now
                 self._generate_one()
             sent = self.queue.popleft()
+            metrics |= sent.metrics  # what generating measured (a multi-turn episode's), averaged with the actor's
         start = time.perf_counter()
         received = self.groups.move_batch(_fields(sent) if sent is not None else None, "rollout", "actor",
                                           stage="rollout:batch")
         if self.generates:
-            while self.drawn <= step + self.max_staleness:  # run ahead while the trainer trains batch `step`
+            while len(self.queue) < self.max_staleness:  # run ahead while the trainer trains this batch
                 self._generate_one()
             metrics["async/queue_depth"] = float(len(self.queue))
         else:
@@ -132,7 +139,7 @@ class AsyncRollout:
         if received is None:
             return None, metrics
         batch = merge(batch, received, step)
-        batch.responses = self.decode(batch.response_ids, batch.response_mask)
+        batch.responses = self.decode(batch.response_ids, received.get("response_attention_mask", batch.response_mask))
         return batch, metrics | staleness_metrics(received, step)
 
     def _sync_prompt_stream(self) -> None:
@@ -287,10 +294,6 @@ def async_problems(config: RunConfig) -> list[ConfigError]:
     if not config.is_async:
         return []
     problems = []
-    if config.algorithm.filter_groups:
-        problems.append(ConfigError("algorithm.filter_groups (DAPO dynamic sampling) draws extra batches on the "
-                                    "actor's ranks, which an asynchronous rollout (devices.rollout) does not do yet. "
-                                    "Fix: turn one of them off."))
     if config.rollout.engine != "hf":
         problems.append(ConfigError(f"rollout.engine={config.rollout.engine} on rollout ranks of their own "
                                     "(devices.rollout) cannot receive the delivered weights yet. Fix: "
@@ -313,12 +316,11 @@ def describe(config: RunConfig, mapping: DeviceMapping) -> str:
 def async_rollout_for(config: RunConfig, parts: Components, draw: Callable[[], RolloutBatch],
                       generate: Callable[[RolloutBatch], RolloutBatch],
                       decode: Callable[[torch.Tensor, torch.Tensor], list[str]]) -> AsyncRollout | None:
-    """The run's asynchronous rollout (`devices.rollout`), or None for a synchronous run. What it does not
-    support yet is refused here, with the way out."""
+    """The run's asynchronous rollout (`devices.rollout`), or None for a synchronous run."""
     if not config.is_async:
         return None
-    if is_multiturn(parts.env):
-        raise ConfigError("devices.rollout (asynchronous RL) with a multi-turn environment is not supported yet: "
-                          "episodes run on the actor's ranks. Fix: remove devices.rollout.")
+    # A multi-turn episode decodes turn by turn, so a token's decode step is not its response column: its
+    # responses are sampled by one version.
+    partial = config.rollout.partial_rollout and not is_multiturn(parts.env)
     return AsyncRollout(parts.process.groups, config.rollout.max_staleness, draw, generate, decode, parts.env,
-                        parts.process.device, parts.engine, config.rollout.partial_rollout)
+                        parts.process.device, parts.engine, partial)

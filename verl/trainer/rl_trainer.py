@@ -193,10 +193,11 @@ class RLTrainer(TrainerRuntime):
         scores with this trainer's stages."""
         run = self.placement.run
 
-        def draw(round_: int) -> RolloutBatch | None:
-            more = self.get_batch()
-            more.group_ids = more.group_ids + round_ * self.config.data.train_batch_size  # unique over rounds
-            more = self.placement.align(run("actor", self.generate, more), self.sequence_padding)
+        def draw(round_: int) -> RolloutBatch | None:  # the rollout ranks' next batch, or one generated here
+            more = (self.async_rollout.exchange(self.step_count)[0] if self.async_rollout is not None else
+                    self.placement.align(run("actor", self.generate, self.get_batch()), self.sequence_padding))
+            if more is not None:
+                more.group_ids = more.group_ids + round_ * self.config.data.train_batch_size  # unique over rounds
             return run("actor", self.compute_reward, more)
 
         return filter_groups(batch, draw, placement=self.placement, max_rounds=self.config.algorithm.max_resample_rounds,
