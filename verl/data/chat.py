@@ -37,15 +37,17 @@ def _where(row: dict[str, Any] | None) -> str:
 def render(
     tokenizer: Any, messages: Messages, add_generation_prompt: bool, row: dict[str, Any] | None = None
 ) -> str:
-    """The chat template applied as text (tokenised separately so offsets are available)."""
+    """The chat template applied as text (tokenised separately so offsets are available), with the row's
+    `tools` (JSON schemas, the OpenAI function format) when it has them."""
     if not getattr(tokenizer, "chat_template", None):
         raise ModelError(
             f"{_where(row)}the row has chat messages but the tokenizer has no chat_template; use an instruct "
             "model's tokenizer, set tokenizer.chat_template, or give plain string prompts"
         )
     try:
+        tools = (row or {}).get("tools")
         return tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **({"tools": tools} if tools else {})
         )
     except Exception as e:  # jinja errors (e.g. templates that reject a role order) are data problems
         raise DataError(f"{_where(row)}the chat template rejected these messages: {e}") from None

@@ -6,6 +6,8 @@ from verl.env.calculator import CalculatorEnv
 from verl.env.dataset import DatasetEnv
 from verl.env.multiturn import Done, MultiTurnEnv, MultiTurnEnvironment, Observation, is_multiturn
 from verl.env.registry import EnvBuildContext, available_envs, build_env, register_env
+from verl.env.tool_env import ToolEnv
+from verl.env.tools import Tool
 
 __all__ = [
     "ArithmeticEnv",
@@ -15,6 +17,8 @@ __all__ = [
     "MultiTurnEnv",
     "MultiTurnEnvironment",
     "Observation",
+    "Tool",
+    "ToolEnv",
     "is_multiturn",
     "EnvBuildContext",
     "Environment",

@@ -40,6 +40,8 @@ class Episodes:
                device: torch.device) -> Episodes | None:
         """The episode runner of an actor rank (None elsewhere), after checking the environment's limits."""
         check_multiturn_env(env)
+        if callable(getattr(env, "bind_tokenizer", None)):  # a chat-template tool environment (ToolEnv)
+            env.bind_tokenizer(prompts.tokenizer)
         if engine is None:
             return None
         return cls(MultiTurnRollout(engine, prompts.tokenizer, stop), env, prompts, policy, gathered, device)
@@ -51,7 +53,9 @@ class Episodes:
             generator: torch.Generator | None) -> MultiTurnOutput:
         """n episodes of each row (a row's together), on the policy (gathered when sharded)."""
         prompts, records = self.runner.start(self.env, rows, n)
-        ids, mask = self.prompts.encode([{**dict(r.row), "prompt": p} for r, p in zip(records, prompts, strict=True)])
+        tools = {"tools": self.env.tool_schemas} if getattr(self.env, "tool_schemas", None) else {}
+        ids, mask = self.prompts.encode([{**dict(r.row), "prompt": p, **tools} for r, p in zip(records, prompts,
+                                                                                              strict=True)])
         with self.gathered(self.policy):
             return self.runner.run(self.env, records, ids.to(self.device), mask.to(self.device),
                                    replace(params, n=1), generator=generator)
