@@ -147,3 +147,18 @@ def test_episodes_append_the_template_tool_turn_as_tokens_and_keep_one_forward_l
     assert observed > 0 and out.metrics()["episode/tool_calls_mean"] > 0
     assert tok.convert_tokens_to_ids("<|im_start|>") in sum((e.tokens for e in out.episodes), [])
     assert_one_forward_logprobs(model, out)
+
+
+def test_a_trainer_refuses_a_template_without_tools_and_trains_episodes_with_one(tmp_path, tiny):
+    from tests.trainer.rl_support import rl_config
+    from verl.trainer.rl_trainer import RLTrainer
+
+    config = rl_config(tmp_path, "rollout.max_new_tokens=6", "rollout.stop=[e]", reward=None)
+    with pytest.raises(ConfigError, match="the chat template has no tool section"):
+        RLTrainer(config, env=_env())  # the tiny model's own ChatML template lists no tools
+    trainer = RLTrainer(config, env=_env(tool_call_format="test_e_calls"), tokenizer=tiny[1])
+    metrics = trainer.step()
+    assert metrics["episode/tool_calls_mean"] > 0 and "actor/pg_loss" in metrics
+    first = trainer.tokenizer.decode(trainer.multiturn.run(trainer.env.get_batch(1), 1, trainer.sampling,
+                                                           trainer.generator).prompt_ids[0])
+    assert "<tools>" in first and '"name": "calculator"' in first  # the prompt lists the tools

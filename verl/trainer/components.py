@@ -282,7 +282,7 @@ def compose_rl(parts: Components, given: Given) -> None:
     reward_functions = ([RewardModelFunction(setup_reward_model(config, process), config.reward.model_weight)]
                         if local_reward_model else [])
     parts.env = setup_env(config, parts.checks, given, reward_functions)
-    for problem in check_env_options(config, parts.env):  # an environment passed in, or one with a reward model
+    for problem in check_env_options(config, parts.env, parts.tokenizer):  # an environment passed in, or one with a reward model
         raise problem
     if config.needs_ref and "ref" in roles:
         parts.reference = setup_reference(config, parts.policy, parts.tokenizer, process)

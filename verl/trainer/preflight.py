@@ -312,7 +312,7 @@ def _env_pass(pf: Preflight, given: Given) -> None:
             pf.env = build_env(config.env, reward_functions=functions, **common)
         except VerlError as exc:
             pf.add("environment", exc)
-        for exc in check_env_options(config, pf.env) if pf.env is not None else []:
+        for exc in check_env_options(config, pf.env, pf.tokenizer) if pf.env is not None else []:
             pf.add("environment", exc)
         return
     if given.reward_functions is None and (config.reward.functions or not config.reward.model_path):

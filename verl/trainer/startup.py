@@ -189,14 +189,22 @@ def check_filter_groups_placement(config: RunConfig, mapping: Any) -> list[VerlE
                         "the reward model (remove devices.reward) or set algorithm.filter_groups=false")]
 
 
-def check_env_options(config: RunConfig, env: Any) -> list[VerlError]:
-    """Options that a built environment rules out: the overlong penalty shapes single-turn rewards."""
+def check_env_options(config: RunConfig, env: Any, tokenizer: Any = None) -> list[VerlError]:
+    """Options that a built environment rules out (the overlong penalty shapes single-turn rewards), and a
+    tool environment's tools against the policy's chat template (`ToolEnv.bind_tokenizer`)."""
     from verl.env.multiturn import is_multiturn
 
-    if not (config.algorithm.overlong_buffer and is_multiturn(env)):
-        return []
-    return [ConfigError("algorithm.overlong_buffer shapes single-turn rewards by response length; a multi-turn "
-                        "episode's length is its turns'. Fix: set algorithm.overlong_buffer=0 for this env")]
+    problems: list[VerlError] = []
+    if config.algorithm.overlong_buffer and is_multiturn(env):
+        problems.append(ConfigError("algorithm.overlong_buffer shapes single-turn rewards by response length; a "
+                                    "multi-turn episode's length is its turns'. Fix: set algorithm.overlong_buffer=0 "
+                                    "for this env"))
+    if tokenizer is not None and callable(getattr(env, "bind_tokenizer", None)):
+        try:
+            env.bind_tokenizer(tokenizer)
+        except ConfigError as exc:
+            problems.append(exc)
+    return problems
 
 
 def check_offline_options(config: RunConfig, kind: str) -> list[VerlError]:
