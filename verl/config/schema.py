@@ -121,6 +121,16 @@ class EnvConfig(Section):
     name: str | None = Field(None, description="Built-in environment (e.g. 'arithmetic') or your class as "
                                                 "'path/to/file.py:Class' / 'pkg.module:Class'; None = data files.")
     kwargs: dict[str, Any] = Field(default_factory=dict)
+    agent: str | None = Field(None, description="Agent code as 'path/to/agent.py:function': an async function(row, "
+                              "base_url) that calls the policy through an OpenAI-compatible endpoint and returns the "
+                              "episode's reward (None: the environment's reward over the last reply). Needs "
+                              "pip install 'verl[agent]'.")
+    agent_timeout_s: float = Field(60.0, gt=0.0, description="An agent episode running longer ends with reward 0.")
+    agent_call_budget: int = Field(32, gt=0, description="Calls an agent episode may make; more are refused (429).")
+    agent_concurrency: int = Field(64, gt=0, description="Agent episodes running at once.")
+    tool_call_format: str = Field("hermes", description="How the policy writes tool calls (hermes: Qwen2.5/Qwen3/"
+                                  "Hermes <tool_call> tags, llama3_json: Llama 3.x): the endpoint returns them as "
+                                  "OpenAI tool_calls.")
 
 
 class VLLMConfig(Section):

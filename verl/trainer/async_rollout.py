@@ -319,8 +319,8 @@ def async_rollout_for(config: RunConfig, parts: Components, draw: Callable[[], R
     """The run's asynchronous rollout (`devices.rollout`), or None for a synchronous run."""
     if not config.is_async:
         return None
-    # A multi-turn episode decodes turn by turn, so a token's decode step is not its response column: its
-    # responses are sampled by one version.
-    partial = config.rollout.partial_rollout and not is_multiturn(parts.env)
+    # A multi-turn or agent episode decodes turn by turn, so a token's decode step is not its response column:
+    # its responses are sampled by one version.
+    partial = config.rollout.partial_rollout and not is_multiturn(parts.env) and config.env.agent is None
     return AsyncRollout(parts.process.groups, config.rollout.max_staleness, draw, generate, decode, parts.env,
                         parts.process.device, parts.engine, partial)

@@ -16,7 +16,6 @@ import torch
 
 from verl.algorithms import explained_variance, masked_mean, place_score_on_last_token
 from verl.config.schema import OptimConfig, RunConfig
-from verl.env.multiturn import is_multiturn
 from verl.errors import ConfigError
 from verl.rewards import RewardResult, TrainingProgress
 from verl.rewards.manager import report_progress, takes_parameter
@@ -29,6 +28,7 @@ from verl.trainer.advantages import (
     estimate_advantages,
     kl_controller,
 )
+from verl.trainer.agent_episodes import episodes_for
 from verl.trainer.async_rollout import async_rollout_for
 from verl.trainer.batch import (
     PROMPT,
@@ -45,7 +45,6 @@ from verl.trainer.correction import CorrectionPlan, plan_correction
 from verl.trainer.distill import apply_distillation
 from verl.trainer.drift import DriftGuard, combined_moments, drift_moments, judge_drift
 from verl.trainer.dynamic_sampling import accuracy_of, filter_groups
-from verl.trainer.episodes import Episodes
 from verl.trainer.evaluation import Answers, evaluate_rows
 from verl.trainer.forward import can_share_prompt, logprobs_of, values_of
 from verl.trainer.precision import compute_dtype
@@ -88,9 +87,8 @@ class RLTrainer(TrainerRuntime):
         if not {"actor", "rollout"} & self.roles:  # a critic/ref-only rank of a split placement drops the policy
             self.model = parts.policy = None
         # Multi-turn environments run episodes (model turns + observations) in `generate` and validation.
-        self.multiturn = (Episodes.create(self.env, self.engine, self.prompts, config.rollout.stop, policy=self.model,
-                                          gathered=self.gathered, device=self.device)
-                          if is_multiturn(self.env) else None)
+        self.multiturn = episodes_for(config, self.env, self.engine, self.prompts, policy=self.model,
+                                      gathered=self.gathered, device=self.device)  # multi-turn or agent episodes
         self.kl_ctrl, self.drift_guard = kl_controller(config.algorithm), DriftGuard()  # the guard's calibration
         self.entropy_ctrl = update.entropy_controller(config.actor)  # None: the fixed actor.entropy_coef
         self.async_rollout = async_rollout_for(config, parts, self.get_batch, self.generate, self.decode_responses)

@@ -1,0 +1,80 @@
+"""`env.agent`: agent code calls the policy through the OpenAI endpoint; its episodes train like any others, an
+agent that raises or runs out of time fails its episode only, and a bad agent spec is refused at start-up."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("openai")
+
+from tests.trainer.rl_support import rl_config  # noqa: E402
+from verl.errors import ConfigError  # noqa: E402
+from verl.trainer.agent_episodes import agent_problems  # noqa: E402
+from verl.trainer.rl_trainer import RLTrainer  # noqa: E402
+
+AGENT = '''
+import asyncio
+from openai import AsyncOpenAI
+
+
+async def run(row, base_url):
+    client = AsyncOpenAI(base_url=base_url, api_key="verl", max_retries=0)
+    messages = [{"role": "user", "content": row["prompt"]}]
+    first = await client.chat.completions.create(model="policy", messages=messages)
+    if row["prompt"].startswith("1"):
+        raise RuntimeError("the agent broke on " + row["prompt"])
+    if row["prompt"].startswith("2"):
+        await asyncio.sleep(30)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "Sure?"}]
+    second = await client.chat.completions.create(model="policy", messages=messages)
+    return float(any(c.isdigit() for c in second.choices[0].message.content))
+
+
+def not_async(row, base_url):
+    return 0.0
+
+
+async def one_argument(row):
+    return 0.0
+'''
+
+
+def _config(tmp_path, agent="agent.py:run", *more):
+    (tmp_path / "agent.py").write_text(AGENT)
+    return rl_config(tmp_path / "run", f"env.agent={tmp_path / agent}", "env.agent_timeout_s=3",
+                     "env.kwargs.max_operand=29", "data.train_batch_size=8", "rollout.max_new_tokens=6", *more,
+                     reward=None)
+
+
+def test_agent_episodes_train_and_failures_stay_in_their_episode(tmp_path):
+    trainer = RLTrainer(_config(tmp_path))
+    metrics = trainer.step()
+    assert metrics["episode/agent_calls"] > 1  # two calls per healthy episode
+    assert metrics["episode/agent_restarted_calls"] == 0.0  # each continued its episode's sequence
+    batch = trainer.multiturn.run(trainer.env.val_rows()[:8], 4, trainer.sampling, trainer.generator)
+    failed = [e for e in batch.episodes if e.info["agent_failed"]]
+    timed_out = [e for e in batch.episodes if e.info["agent_timeout"]]
+    for e in failed:
+        assert e.row["prompt"].startswith("1") and not any(e.loss_mask) and e.reward == 0.0
+    for e in timed_out:
+        assert e.row["prompt"].startswith("2") and e.reward == 0.0 and any(e.loss_mask)  # trained on, reward 0
+    texts = trainer.multiturn.texts(batch)
+    assert all("RuntimeError: the agent broke on 1" in texts[batch.episodes.index(e)] for e in failed)
+    assert failed and timed_out
+    healthy = [e for e in batch.episodes if e.finished]
+    assert healthy and all(e.turns == 2 and e.reward in (0.0, 1.0) for e in healthy)
+
+
+@pytest.mark.parametrize("agent, says", [
+    ("missing.py:run", "agent file"),
+    ("agent.py:nothing", "has no function 'nothing' (its async functions: ['run', 'one_argument'])"),
+    ("agent.py:not_async", "must be an async function"),
+    ("agent.py:one_argument", "must take (row, base_url)"),
+])
+def test_a_bad_agent_is_refused_at_start_up(tmp_path, agent, says):
+    problems = agent_problems(_config(tmp_path, agent))
+    assert any(says in str(p) for p in problems), problems
+    with pytest.raises(ConfigError, match="env.agent="):
+        RLTrainer(_config(tmp_path, agent))
