@@ -8,6 +8,7 @@ import sys
 
 from verl.checkpoint import TrainingInterrupted
 from verl.config.schema import RunConfig
+from verl.demos.agent import run_agent_demo
 from verl.demos.arithmetic import run_demo
 from verl.demos.tool import run_tool_demo
 from verl.distributed.process import shutdown_distributed
@@ -20,8 +21,8 @@ def run_training(config: RunConfig, *, demo: bool = False) -> int:
         if recipe == "arithmetic":
             run_demo(config)
             return 0
-        if recipe == "tool":
-            run_tool_demo(config)
+        if recipe in ("tool", "agent"):
+            (run_tool_demo if recipe == "tool" else run_agent_demo)(config)
             return 0
         trainer = build_trainer(config)
         trainer.fit()

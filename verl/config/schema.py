@@ -82,6 +82,9 @@ class ModelConfig(Section):
     path: str = Field("tiny", description="HF model id or local dir; 'tiny' builds the local tiny model.")
     _home = field_validator("path", "tokenizer_path", mode="before")(_home)
     tokenizer_path: str | None = Field(None, description="Defaults to model.path (they must match).")
+    chat_template: str | None = Field(None, description="Replace the tokenizer's chat template: 'hermes' (ChatML "
+                                      "with the Hermes tool-call format, verl.data.tool_template.HERMES_TEMPLATE) or "
+                                      "a path to a .jinja file. None = the tokenizer's own.")
     allow_tokenizer_mismatch: bool = Field(False, description="Accept a tokenizer_path whose vocabulary differs "
                                            "from model.path's own tokenizer (a warning instead of an error).")
     dtype: str = Field("auto", description="Dtype the weights are held in. auto = float32 master weights for "
@@ -549,10 +552,11 @@ class TrainerConfig(Section):
         "auto", description="Library for float32 linear layers on CPU: auto = the faster of the two on this host, "
         "measured once and kept in $VERL_CACHE_DIR/cpu_matmul (oneDNN on AMD, where MKL takes a generic path, "
         "~2x slower); aten | onednn force one (verl.utils.cpu_matmul; benchmarks/cpu_matmul.py times both).")
-    demo: Literal["arithmetic", "tool"] | None = Field(
+    demo: Literal["arithmetic", "tool", "agent"] | None = Field(
         None, description="`verl train` runs this config as a demo: a supervised warm start, then RL, held-out "
         "accuracy before and after, summary.json. arithmetic = the built-in demo (env arithmetic), tool = the "
-        "calculator tool demo (env calculator).")
+        "calculator tool demo (env calculator), agent = OpenAI-client agent code calling a calculator through "
+        "the trainer's endpoint (env calculator + env.agent).")
 
 
 class LoggingConfig(Section):

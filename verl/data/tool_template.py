@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from verl.errors import ConfigError
+from verl.utils.chat_render import render_chat
 
 HERMES_TEMPLATE = (  # no whitespace control: every newline is written out, none follows a block tag
     "{% if tools %}<|im_start|>system\n"
@@ -46,15 +47,25 @@ HERMES_TEMPLATE = (  # no whitespace control: every newline is written out, none
     "{% if add_generation_prompt %}<|im_start|>assistant{{ '\n' }}{% endif %}"
 )
 
+BUILTIN_TEMPLATES = {"hermes": HERMES_TEMPLATE}
+
+
+def chat_template_text(setting: str, base_dir: str | None) -> str:
+    """`model.chat_template`: a built-in template's name or a .jinja file's text."""
+    from verl.utils.user_code import resolve_user_path
+
+    if setting in BUILTIN_TEMPLATES:
+        return BUILTIN_TEMPLATES[setting]
+
+    def fail(message: str) -> ConfigError:
+        return ConfigError(f"model.chat_template={setting!r}: {message} (or use a built-in template: "
+                           f"{', '.join(BUILTIN_TEMPLATES)})")
+
+    return resolve_user_path(setting, base_dir, what="chat template file", fail=fail).read_text(encoding="utf-8")
+
+
 _PROBE_USER = "What is 2+3?"
 _PROBE_ANSWER = "Let me check."
-
-
-def render_chat(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None,
-                add_generation_prompt: bool) -> str:
-    kwargs = {"tools": list(tools)} if tools else {}
-    return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt,
-                                         **kwargs)
 
 
 def _end_of_turn(tokenizer: Any) -> list[str]:
@@ -137,4 +148,4 @@ def prefix_preserving(tokenizer: Any, tools: Sequence[Mapping[str, Any]] | None 
     return True, f"prefix-preserving over a {len(conversation)}-turn probe with a tool call"
 
 
-__all__ = ["HERMES_TEMPLATE", "ToolTurns", "prefix_preserving", "probe_conversation", "render_chat"]
+__all__ = ["BUILTIN_TEMPLATES", "HERMES_TEMPLATE", "ToolTurns", "chat_template_text", "prefix_preserving", "probe_conversation"]

@@ -31,10 +31,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl.data.tool_template import render_chat
 from verl.errors import ConfigError
 from verl.rollout.base import SamplingParams
 from verl.rollout.tool_parsers import ToolCallFormat
+from verl.utils.chat_render import render_chat
 
 INSTALL_HINT = "pip install 'verl[agent]' (fastapi, uvicorn and the openai client)"
 

@@ -29,6 +29,7 @@ import torch
 
 from verl.checkpoint.manager import stale_latest
 from verl.config.schema import RunConfig
+from verl.data.tool_template import chat_template_text
 from verl.env import build_env
 from verl.errors import CheckpointError, ConfigError, DataError, ModelError, VerlError
 from verl.models.checks import vocabulary_difference
@@ -183,6 +184,12 @@ def _tokenizer_pass(pf: Preflight, given: Given) -> None:
         pf.add("model", ModelError(f"model.tokenizer_path={source}: {exc}" if cfg.tokenizer_path
                                    else f"model.path={source}: {exc}"))
         return
+    if cfg.chat_template is not None:
+        try:
+            pf.tokenizer.chat_template = chat_template_text(cfg.chat_template, pf.config._source_dir)
+        except VerlError as exc:
+            pf.add("model", exc)
+            return
     if cfg.tokenizer_path is None or Path(cfg.tokenizer_path).expanduser() == Path(path).expanduser():
         return
     try:

@@ -1,0 +1,40 @@
+"""The agent of examples/agent_tools.yaml: plain OpenAI-client code, trained unchanged through the trainer's
+endpoint. It offers the model a calculator tool, runs the calls the model makes, and rewards an answer equal
+to the product."""
+
+import json
+
+from openai import AsyncOpenAI
+
+from verl.env.calculator import evaluate_expression
+from verl.rewards.builtin import extract_number
+
+TOOLS = [{"type": "function", "function": {
+    "name": "calculator", "description": "Multiply integers: a*b.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
+MAX_CALLS = 2
+
+
+def calculate(arguments: str) -> str:
+    try:
+        value = evaluate_expression(str(json.loads(arguments).get("expression", "")))
+    except (json.JSONDecodeError, AttributeError):
+        value = None
+    return "error" if value is None else str(value)
+
+
+async def run(row, base_url):
+    messages = [{"role": "user", "content": row["prompt"]}]
+    async with AsyncOpenAI(base_url=base_url, api_key="verl", max_retries=0) as client:
+        for _ in range(MAX_CALLS + 1):
+            reply = (await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)).choices[0]
+            message = reply.message
+            if not message.tool_calls:
+                break
+            messages.append({"role": "assistant", "content": message.content,
+                             "tool_calls": [call.model_dump() for call in message.tool_calls]})
+            messages += [{"role": "tool", "tool_call_id": call.id, "content": calculate(call.function.arguments)}
+                         for call in message.tool_calls]
+        else:
+            return 0.0  # still calling tools after MAX_CALLS
+    return float(extract_number(message.content or "") == int(row["ground_truth"]))
