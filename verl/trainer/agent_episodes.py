@@ -26,7 +26,7 @@ import math
 import threading
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -148,17 +148,31 @@ class AgentEpisodes(Episodes):
         await asyncio.gather(*(one(i) for i in range(len(episodes))))
 
     def _sampler(self, generator: torch.Generator | None) -> Callable[[list[list[int]], SamplingParams], list[Sampled]]:
+        """Samples a batch of prompts on the engine. The n episodes of a row open with the same prompt: when
+        every prompt of the batch comes equally often, each is prefilled once and sampled that many times."""
         def sample(prompts: list[list[int]], params: SamplingParams) -> list[Sampled]:
-            width = max(len(p) for p in prompts)
-            pad = self.prompts.tokenizer.pad_token_id
-            ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
-            out = self.engine.generate(ids, mask, params, generator=generator)
-            lengths = out.response_mask.sum(-1).tolist()
-            return [Sampled(out.response_ids[r, :k].tolist(), out.logprobs[r, :k].tolist(), bool(out.finished[r]))
-                    for r, k in enumerate(lengths)]
+            where: dict[tuple[int, ...], list[int]] = {}
+            for i, p in enumerate(prompts):
+                where.setdefault(tuple(p), []).append(i)
+            copies = {len(rows) for rows in where.values()}
+            if len(copies) == 1 and (n := copies.pop()) > 1:
+                out = self._generate([list(p) for p in where], replace(params, n=n), generator)
+                order = [i for rows in where.values() for i in rows]  # the engine's rows: each prompt n times
+                return [out[order.index(i)] for i in range(len(prompts))]
+            return self._generate(prompts, params, generator)
 
         return sample
+
+    def _generate(self, prompts: list[list[int]], params: SamplingParams,
+                  generator: torch.Generator | None) -> list[Sampled]:
+        width = max(len(p) for p in prompts)
+        pad = self.prompts.tokenizer.pad_token_id
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        out = self.engine.generate(ids, mask, params, generator=generator)
+        lengths = out.response_mask.sum(-1).tolist()
+        return [Sampled(out.response_ids[r, :k].tolist(), out.logprobs[r, :k].tolist(), bool(out.finished[r]))
+                for r, k in enumerate(lengths)]
 
     def _output(self, episodes: list[tuple[int, Mapping[str, Any], str]], tokens: list[EpisodeTokens],
                 outcomes: list[_Outcome], params: SamplingParams) -> MultiTurnOutput:
