@@ -162,3 +162,11 @@ def test_a_trainer_refuses_a_template_without_tools_and_trains_episodes_with_one
     first = trainer.tokenizer.decode(trainer.multiturn.run(trainer.env.get_batch(1), 1, trainer.sampling,
                                                            trainer.generator).prompt_ids[0])
     assert "<tools>" in first and '"name": "calculator"' in first  # the prompt lists the tools
+
+
+def test_the_default_score_compares_the_answers_last_number_with_the_ground_truth(tiny):
+    env = ToolEnv([{"prompt": "12*3=", "ground_truth": "36"}], tools=[CALCULATOR])
+    env.bind_tokenizer(tiny[1])
+    state = env.start(env.get_batch(1)[0])[1]
+    assert env.step(state, "It is 36").reward == 1.0 and env.step(state, "It is 35").reward == 0.0
+    assert env.step(state, "no number").reward == 0.0

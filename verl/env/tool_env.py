@@ -25,11 +25,13 @@ from verl.data.tool_template import ToolTurns
 from verl.env.multiturn import Done, MultiTurnEnv, Observation
 from verl.env.tools import Tool, ToolResult, check_tools, run_tool
 from verl.errors import ConfigError
+from verl.rewards.builtin import extract_number
 from verl.rollout.tool_parsers import tool_call_format as format_named
 
 
 class ToolEnv(MultiTurnEnv):
-    """Base for chat-template tool environments over fixed rows: give it tools and write `score`."""
+    """Base for chat-template tool environments over fixed rows: give it tools (and a `score` for answers that
+    are not a number to compare with the row's `ground_truth`)."""
 
     def __init__(self, train_rows: Sequence[Mapping[str, Any]], *, tools: Sequence[Tool],
                  tool_call_format: str = "hermes", val_rows: Sequence[Mapping[str, Any]] = (),
@@ -81,8 +83,10 @@ class ToolEnv(MultiTurnEnv):
         return {"calls": state["tool_calls"], "call_errors": state["tool_errors"]}
 
     def score(self, row: Mapping[str, Any], answer: str) -> float:
-        """The final answer's reward (the model's last turn, its tool calls removed)."""
-        raise NotImplementedError(f"{type(self).__name__} must define score(row, answer) -> float")
+        """The final answer's reward (the model's last turn, its tool calls removed): by default 1 when its last
+        number equals the row's `ground_truth`, else 0; override it for other tasks."""
+        want = extract_number(str(row.get("ground_truth", "")))
+        return float(want is not None and extract_number(answer) == want)
 
 
 __all__ = ["ToolEnv"]
