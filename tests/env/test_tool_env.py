@@ -170,3 +170,14 @@ def test_the_default_score_compares_the_answers_last_number_with_the_ground_trut
     state = env.start(env.get_batch(1)[0])[1]
     assert env.step(state, "It is 36").reward == 1.0 and env.step(state, "It is 35").reward == 0.0
     assert env.step(state, "no number").reward == 0.0
+
+
+def test_model_chat_template_takes_a_builtin_name_or_a_jinja_file(tmp_path):
+    from verl.data.tool_template import chat_template_text
+
+    assert chat_template_text("hermes", None) == HERMES_TEMPLATE
+    (tmp_path / "mine.jinja").write_text("{{ messages[0].content }}")
+    assert chat_template_text("mine.jinja", str(tmp_path)) == "{{ messages[0].content }}"
+    with pytest.raises(ConfigError, match="model.chat_template='nope.jinja': chat template file nope.jinja does "
+                                          "not exist.*built-in template: hermes"):
+        chat_template_text("nope.jinja", str(tmp_path))

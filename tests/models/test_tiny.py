@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from verl.errors import ModelError
+from verl.errors import ConfigError, ModelError
 from verl.models import tiny
 from verl.models.tiny import SAMPLE_STRINGS, build_tiny_model
 
@@ -151,3 +151,23 @@ def test_existing_foreign_directory_is_refused(tmp_path):
 def test_invalid_parameters(kwargs, message, tmp_path):
     with pytest.raises(ModelError, match=message):
         build_tiny_model(tmp_path / "x", **kwargs)
+
+
+def test_the_tools_variant_writes_tool_calls_in_few_tokens_and_keeps_their_tags():
+    """`tiny:...:tools`: the Hermes template and tags (kept in decoded text, for the parser), JSON merges."""
+    from transformers import AutoTokenizer
+
+    from verl.models.tiny import TOOL_TAGS, build_from_spec
+    from verl.rollout.tool_parsers import ToolCall, format_hermes, parse_hermes
+    from verl.utils.chat_render import HERMES_TEMPLATE
+
+    tok = AutoTokenizer.from_pretrained(build_from_spec("tiny:qwen2:64:2:tools"))
+    assert tok.chat_template == HERMES_TEMPLATE and tok.eos_token == "<|im_end|>"
+    call = format_hermes([ToolCall("calculator", {"expression": "347*29"})])
+    ids = tok(call, add_special_tokens=False)["input_ids"]
+    assert len(ids) < 30 and tok.convert_ids_to_tokens(ids[0]) == "<tool_call>"
+    assert parse_hermes(tok.decode(ids, skip_special_tokens=True)).calls == [ToolCall("calculator",
+                                                                                       {"expression": "347*29"})]
+    assert all(len(tok(t, add_special_tokens=False)["input_ids"]) == 1 for t in TOOL_TAGS)
+    with pytest.raises(ConfigError, match="variant 'tool' is not one of instruct, base, tools"):
+        build_from_spec("tiny:qwen2:64:2:tool")

@@ -7,11 +7,9 @@ tool messages after it and the generation prompt; what the second adds after the
 token (the model's eos, where its turn stopped) is the tool turn, up to and including the next assistant
 header. Nothing in an episode is rendered again, so a template that rewrites earlier turns when a new one
 arrives (thinking templates drop earlier `<think>` blocks) changes nothing here: :func:`prefix_preserving`
-reports it (`verl check`), as a warning for whoever renders whole conversations (SFT data, an OpenAI server).
+reports it, a warning for whoever renders whole conversations (SFT data, the agent endpoint).
 
-:data:`HERMES_TEMPLATE` is a ChatML template with the Hermes tool format (as Qwen2.5 writes it: the tools as
-JSON in the system turn, calls in `<tool_call>` tags, results in `<tool_response>` tags of a user turn), for
-tiny local models whose own template has no tool section.
+`model.chat_template: hermes` is `verl.utils.chat_render.HERMES_TEMPLATE`, ChatML with the Hermes tool format.
 """
 
 from __future__ import annotations
@@ -20,32 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from verl.errors import ConfigError
-from verl.utils.chat_render import render_chat
-
-HERMES_TEMPLATE = (  # no whitespace control: every newline is written out, none follows a block tag
-    "{% if tools %}<|im_start|>system\n"
-    "{% if messages[0].role == 'system' %}{{ messages[0].content + '\n\n' }}{% endif %}"
-    "You can call these tools. Their signatures are in <tools></tools>:\n<tools>"
-    "{% for tool in tools %}{{ '\n' + (tool | tojson) }}{% endfor %}{{ '\n' }}</tools>\n"
-    "Call one by writing <tool_call>\n{\"name\": <name>, \"arguments\": <arguments as a JSON object>}\n"
-    "</tool_call><|im_end|>\n"
-    "{% elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>{{ '\n' }}"
-    "{% endif %}"
-    "{% for message in messages %}"
-    "{% if message.role == 'user' %}<|im_start|>user\n{{ message.content }}<|im_end|>{{ '\n' }}"
-    "{% elif message.role == 'assistant' %}<|im_start|>assistant\n{{ message.content or '' }}"
-    "{% for call in message.tool_calls or [] %}{% set f = call.function or call %}"
-    "{% if message.content or not loop.first %}{{ '\n' }}{% endif %}"
-    "<tool_call>\n{\"name\": \"{{ f.name }}\", \"arguments\": "
-    "{{ f.arguments if f.arguments is string else f.arguments | tojson }}}\n</tool_call>"
-    "{% endfor %}<|im_end|>{{ '\n' }}"
-    "{% elif message.role == 'tool' %}"
-    "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
-    "{{ '\n' }}<tool_response>\n{{ message.content }}\n</tool_response>"
-    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>{{ '\n' }}{% endif %}"
-    "{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant{{ '\n' }}{% endif %}"
-)
+from verl.utils.chat_render import HERMES_TEMPLATE, render_chat
 
 BUILTIN_TEMPLATES = {"hermes": HERMES_TEMPLATE}
 

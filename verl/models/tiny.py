@@ -5,7 +5,8 @@ byte-level BPE tokenizer locally, deterministically from a seed, in well under a
 trained on arithmetic and plain English ("What is 12+7? The answer is 19."): every digit is its own token
 (numbers are split into single digits, as Qwen does), so the arithmetic demo can learn digit by digit.
 
-Two variants reproduce the classic instruct/base mix-up: ``"instruct"`` has the ChatML special tokens
+A third, ``"tools"``, is instruct with the Hermes tool format (`TOOL_TAGS`, `HERMES_TEMPLATE`) for the
+tool and agent demos. Two variants reproduce the classic instruct/base mix-up: ``"instruct"`` has the ChatML special tokens
 ``<|im_start|>``/``<|im_end|>`` and a chat template, ``"base"`` has neither. Both share the same ids for
 ordinary text, as a real base/instruct pair does.
 
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 
 from verl.errors import ModelError
+from verl.utils.chat_render import HERMES_TEMPLATE
 
 # Bump when anything that changes the files on disk changes; it is part of the cache key.
 TINY_FORMAT_VERSION = 2
@@ -56,7 +58,11 @@ CHATML_TEMPLATE = (
 )
 
 ARCHS = ("qwen2", "llama")
-VARIANTS = ("instruct", "base")
+VARIANTS = ("instruct", "base", "tools")
+# The `tools` variant: instruct, plus the Hermes tool tags as tokens (kept in decoded text, as Qwen2.5 keeps
+# them) and BPE merges for the OpenAI function format's JSON, so that a tool schema and a call are a few
+# dozen tokens instead of one per character; its chat template is HERMES_TEMPLATE.
+TOOL_TAGS = ["<tools>", "</tools>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 
 _WORDS = """
 what is the answer plus minus times divided by equals equal sum difference product of and to a an in
@@ -82,9 +88,23 @@ _SENTENCES = [
 ]
 
 
-def _training_corpus() -> list[str]:
-    """A fixed corpus: arithmetic questions in several phrasings plus common words and sentences."""
-    lines: list[str] = []
+def _tool_corpus() -> list[str]:
+    """Tool schemas and calls in the OpenAI function format, as the Hermes template renders them."""
+    lines = []
+    for name, arg, desc in (("calculator", "expression", "Multiply integers: a*b."), ("search", "query", "Search."),
+                            ("python", "code", "Run code."), ("weather", "city", "The weather in a city.")):
+        schema = {"type": "function", "function": {"name": name, "description": desc, "parameters": {
+            "type": "object", "properties": {arg: {"type": "string"}}, "required": [arg]}}}
+        lines += [json.dumps(schema)] * 8
+        for a in range(10, 400, 7):
+            lines.append(json.dumps({"name": name, "arguments": {arg: f"{a}*{a % 90 + 10}"}}))
+    return lines
+
+
+def _training_corpus(variant: str = "instruct") -> list[str]:
+    """A fixed corpus: arithmetic questions in several phrasings plus common words and sentences (and, for the
+    `tools` variant, tool schemas and calls)."""
+    lines: list[str] = _tool_corpus() if variant == "tools" else []
     for a in range(0, 40, 3):
         for b in range(0, 30, 4):
             lines.append(f"What is {a}+{b}? The answer is {a + b}.")
@@ -180,7 +200,7 @@ def _divisor_hint(n: int) -> int:
     return 1
 
 
-def _train_backend(bpe_size: int, special_tokens: list[str]):
+def _train_backend(bpe_size: int, special_tokens: list[str], variant: str = "instruct"):
     """Train the byte-level BPE with Qwen2's exact pipeline; special tokens get the ids after the merges."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -198,8 +218,10 @@ def _train_backend(bpe_size: int, special_tokens: list[str]):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_training_corpus(), trainer)
+    tok.train_from_iterator(_training_corpus(variant), trainer)
     tok.add_special_tokens(special_tokens)
+    if variant == "tools":
+        tok.add_tokens(TOOL_TAGS)  # ordinary added tokens: decoded text keeps them, as the parser needs
     return tok
 
 
@@ -208,7 +230,7 @@ def _special_tokens(arch: str, variant: str) -> list[str]:
     tokens = [ENDOFTEXT]
     if arch == "llama":
         tokens.append(BEGIN_OF_TEXT)
-    if variant == "instruct":
+    if variant in ("instruct", "tools"):
         tokens += [IM_START, IM_END]
     return tokens
 
@@ -218,11 +240,12 @@ def _build_tokenizer(arch: str, variant: str, vocab_size: int):
 
     # Both variants train the same BPE (sized for the instruct specials), so the base vocabulary is an exact
     # prefix of the instruct one, as with a real base/instruct pair.
-    bpe_size = vocab_size - len(_special_tokens(arch, "instruct"))
-    backend = _train_backend(bpe_size, _special_tokens(arch, variant))
+    bpe_size = vocab_size - len(_special_tokens(arch, "instruct")) - (len(TOOL_TAGS) if variant == "tools" else 0)
+    backend = _train_backend(bpe_size, _special_tokens(arch, variant), variant)
+    chat = variant in ("instruct", "tools")
     kwargs: dict[str, Any] = {
         "tokenizer_object": backend,
-        "eos_token": IM_END if variant == "instruct" else ENDOFTEXT,
+        "eos_token": IM_END if chat else ENDOFTEXT,
         "pad_token": ENDOFTEXT,
         "unk_token": None,
         "bos_token": BEGIN_OF_TEXT if arch == "llama" else None,
@@ -230,11 +253,11 @@ def _build_tokenizer(arch: str, variant: str, vocab_size: int):
         "padding_side": "right",
         "clean_up_tokenization_spaces": False,
     }
-    if variant == "instruct":
+    if chat:
         kwargs["additional_special_tokens"] = [IM_START, IM_END]
     tokenizer = PreTrainedTokenizerFast(**kwargs)
-    if variant == "instruct":
-        tokenizer.chat_template = CHATML_TEMPLATE
+    if chat:
+        tokenizer.chat_template = HERMES_TEMPLATE if variant == "tools" else CHATML_TEMPLATE
     return tokenizer
 
 
@@ -298,7 +321,7 @@ def _model_config(params: dict[str, Any], tokenizer):
 
 
 def _generation_eos(tokenizer, variant: str) -> int | list[int]:
-    if variant == "instruct":
+    if variant in ("instruct", "tools"):
         # Like Qwen2.5-Instruct: the chat turn end and the document end both stop generation.
         return [tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(ENDOFTEXT)]
     return tokenizer.convert_tokens_to_ids(ENDOFTEXT)
@@ -427,18 +450,22 @@ def is_tiny_spec(path: str | os.PathLike | None) -> bool:
 
 
 def build_from_spec(spec: str, *, key: str = "model.path", reward: bool = False) -> str:
-    """The folder of the tiny model `tiny[:arch[:hidden[:layers]]]` names, so every config key that takes a
-    model path (policy, reference, critic, reward model) accepts the same offline stand-in; `reward=True`
-    builds it with a one-label sequence-classification head, which a reward model needs."""
+    """The folder of the tiny model `tiny[:arch[:hidden[:layers[:variant]]]]` names, so every config key that
+    takes a model path (policy, reference, critic, reward model) accepts the same offline stand-in;
+    `reward=True` builds it with a one-label sequence-classification head, which a reward model needs."""
     from verl.errors import ConfigError
 
     parts = spec.split(":")[1:]
     try:
         sizes = [int(p) for p in parts[1:3]]
     except ValueError:
-        raise ConfigError(f"{key}={spec!r}: expected tiny[:arch[:hidden_size[:num_layers]]], e.g. "
-                          "tiny:qwen2:128:2") from None
-    kwargs = dict(zip(("hidden_size", "num_layers"), sizes, strict=False))
+        raise ConfigError(f"{key}={spec!r}: expected tiny[:arch[:hidden_size[:num_layers[:variant]]]], e.g. "
+                          "tiny:qwen2:128:2 or tiny:qwen2:64:2:tools") from None
+    kwargs: dict[str, Any] = dict(zip(("hidden_size", "num_layers"), sizes, strict=False))
+    if len(parts) > 3:
+        if parts[3] not in VARIANTS:
+            raise ConfigError(f"{key}={spec!r}: variant {parts[3]!r} is not one of {', '.join(VARIANTS)}")
+        kwargs["variant"] = parts[3]
     build = build_tiny_reward_model if reward else build_tiny_model
     return build(arch=parts[0] if parts else "qwen2", seed=0, **kwargs)
 
