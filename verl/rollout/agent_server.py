@@ -113,7 +113,7 @@ class AgentServer:
 
     def __init__(self, tokenizer: Any, sample: SampleFn, *, eos_token_ids: Sequence[int], max_tokens: int,
                  temperature: float, tool_format: ToolCallFormat | None = None, call_budget: int = 32,
-                 max_batch: int = 64, model_name: str = "verl-policy") -> None:
+                 max_batch: int = 256, model_name: str = "verl-policy") -> None:
         require_server_libraries()
         self.tokenizer, self.sample, self.eos = tokenizer, sample, list(eos_token_ids)
         self.max_tokens, self.temperature, self.tool_format = max_tokens, temperature, tool_format
@@ -149,18 +149,20 @@ class AgentServer:
         return f"http://127.0.0.1:{self.port}/episodes/{episode_id}/v1"
 
     # ------------------------------------------------------------------ sampling (the trainer's thread)
-    def serve_until(self, finished: Callable[[], bool], poll_s: float = 0.002) -> None:
-        """Sample what the agents ask for, in batches, until `finished()`."""
+    def serve_until(self, finished: Callable[[], bool], running: Callable[[], int] | None = None,
+                    poll_s: float = 0.002, wait_s: float = 0.05) -> None:
+        """Sample what the agents ask for, in batches, until `finished()`. A batch waits for the next requests
+        until every episode still `running()` has one pending, at most `wait_s`: the episodes of a step ask at
+        about the same moment, and one batch of them costs about what one request alone does."""
         while not finished():
             try:
                 first = self.pending.get(timeout=poll_s)
             except queue.Empty:
                 continue
-            time.sleep(poll_s)  # let the requests sent at the same moment join the batch
-            batch = [first]
-            while len(batch) < self.max_batch:
+            batch, deadline = [first], time.monotonic() + wait_s
+            while len(batch) < self.max_batch and (running is None or len(batch) < running()):
                 try:
-                    batch.append(self.pending.get_nowait())
+                    batch.append(self.pending.get(timeout=max(deadline - time.monotonic(), 0.0)))
                 except queue.Empty:
                     break
             self.largest_batch = max(self.largest_batch, len(batch))

@@ -93,6 +93,7 @@ class _Outcome:
     reward: float | None = None
     failed: str = ""  # the agent's traceback
     timed_out: bool = False
+    running: bool = False  # the agent is between its start and its return
 
 
 class AgentEpisodes(Episodes):
@@ -124,7 +125,8 @@ class AgentEpisodes(Episodes):
         try:
             with self.gathered(self.policy):
                 worker.start()
-                server.serve_until(lambda: not worker.is_alive())
+                server.serve_until(lambda: not worker.is_alive(),
+                                   running=lambda: sum(o.running for o in outcomes))
             worker.join()
         finally:
             server.close()
@@ -137,6 +139,7 @@ class AgentEpisodes(Episodes):
 
         async def one(i: int) -> None:
             async with gate:
+                outcomes[i].running = True
                 try:
                     reward = await asyncio.wait_for(self.agent(dict(episodes[i][1]), urls[i]), e.agent_timeout_s)
                     outcomes[i].reward = None if reward is None else float(reward)
@@ -144,6 +147,8 @@ class AgentEpisodes(Episodes):
                     outcomes[i].timed_out = True
                 except Exception:  # noqa: BLE001 - the agent's failure fails its episode, not the run
                     outcomes[i].failed = traceback.format_exc(limit=8)
+                finally:
+                    outcomes[i].running = False
 
         await asyncio.gather(*(one(i) for i in range(len(episodes))))
 
