@@ -114,6 +114,8 @@ def test_prefix_preservation_probe_on_two_templates(tiny):
     ok, why = prefix_preserving(thinking, tools)
     assert not ok and "turn 5 (user)" in why and "token-level" in why
     ToolTurns(thinking, tools)  # the tool turn itself is still found: episodes do not re-render
+    with pytest.warns(UserWarning, match="Products: the chat template is not prefix-preserving: adding turn 5"):
+        _env().bind_tokenizer(thinking)
 
 
 register_tool_call_format(  # a random model never writes <tool_call>: any turn with an "e" calls the tool

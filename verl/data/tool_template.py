@@ -112,7 +112,10 @@ def prefix_preserving(tokenizer: Any, tools: Sequence[Mapping[str, Any]] | None 
     conversation = probe_conversation()
     previous = None
     for k in range(1, len(conversation) + 1):
-        text = render_chat(tokenizer, conversation[:k], tools=tools, add_generation_prompt=False)
+        try:
+            text = render_chat(tokenizer, conversation[:k], tools=tools, add_generation_prompt=False)
+        except Exception as e:  # noqa: BLE001 - a template that rejects tool turns: say so, do not stop
+            return False, f"the template cannot render turn {k} of the probe ({type(e).__name__}: {e})"
         if previous is not None and not text.startswith(previous):
             role = conversation[k - 1]["role"]
             return False, (f"adding turn {k} ({role}) rewrites the earlier turns (e.g. earlier <think> blocks "

@@ -18,10 +18,11 @@ that do not fit the schema, or whose function raises is answered with an error r
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from verl.data.tool_template import ToolTurns
+from verl.data.tool_template import ToolTurns, prefix_preserving
 from verl.env.multiturn import Done, MultiTurnEnv, Observation
 from verl.env.tools import Tool, ToolResult, check_tools, run_tool
 from verl.errors import ConfigError
@@ -50,8 +51,13 @@ class ToolEnv(MultiTurnEnv):
         self.turns: ToolTurns | None = None
 
     def bind_tokenizer(self, tokenizer: Any) -> None:
-        """Learn the tool turn from the policy's chat template (refused here when it has no tool section)."""
+        """Learn the tool turn from the policy's chat template (refused here when it has no tool section); say
+        when the template is not prefix-preserving (episodes are token-level, so they do not depend on it)."""
         self.turns = ToolTurns(tokenizer, self.tool_schemas, where=f"environment {type(self).__name__}")
+        preserving, why = prefix_preserving(tokenizer, self.tool_schemas)
+        if not preserving:
+            warnings.warn(f"environment {type(self).__name__}: the chat template is not prefix-preserving: {why}",
+                          stacklevel=2)
 
     def start(self, row: Mapping[str, Any]) -> tuple[Any, Any]:
         prompt = row["prompt"]

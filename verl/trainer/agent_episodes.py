@@ -25,6 +25,7 @@ import inspect
 import math
 import threading
 import traceback
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 
 from verl.config.schema import RunConfig
+from verl.data.tool_template import prefix_preserving
 from verl.env.multiturn import is_multiturn
 from verl.errors import ConfigError
 from verl.rollout import SamplingParams
@@ -109,6 +111,10 @@ class AgentEpisodes(Episodes):
             return None
         out = cls(None, env, prompts, policy, gathered, device)
         out.agent, out.config, out.engine = load_agent(config.env.agent, config._source_dir), config, engine
+        preserving, why = prefix_preserving(prompts.tokenizer)
+        if not preserving:  # the endpoint continues an episode's sequence only where the history renders the same
+            warnings.warn(f"env.agent: the chat template is not prefix-preserving: {why}; an agent's calls after "
+                          "such a turn start new sequences (episode/agent_restarted_calls)", stacklevel=2)
         return out
 
     def run(self, rows: Sequence[Mapping[str, Any]], n: int, params: SamplingParams,
