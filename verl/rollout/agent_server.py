@@ -121,6 +121,7 @@ class AgentServer:
         self.episodes: dict[str, EpisodeTokens] = {}
         self.pending: queue.Queue[_Pending] = queue.Queue()
         self.largest_batch = 0  # the most requests sampled together
+        self.failure: Exception | None = None  # the first sampling error (raised by the rollout once it ends)
         self.port = _free_port()
         self._server, self._thread = self._start()
 
@@ -173,7 +174,8 @@ class AgentServer:
                 try:
                     results: list[Sampled | BaseException] = list(
                         self.sample([p.prompt for p in group], group[0].params))
-                except Exception as e:  # noqa: BLE001 - the agents see the failure; the trainer raises it too
+                except Exception as e:  # noqa: BLE001 - the agents get an error; the rollout raises it after
+                    self.failure = self.failure or e
                     results = [e] * len(group)
                 for p, result in zip(group, results, strict=True):
                     p.done(result)

@@ -136,6 +136,8 @@ class AgentEpisodes(Episodes):
             worker.join()
         finally:
             server.close()
+        if server.failure is not None:  # not the agents' fault: the engine could not sample what they asked
+            raise server.failure
         return self._output(episodes, [server.episodes[eid] for _, _, eid in episodes], outcomes, params)
 
     async def _agents(self, episodes: list[tuple[int, Mapping[str, Any], str]], urls: list[str],
