@@ -35,7 +35,7 @@ def main() -> int:
         rows.append(json.loads((run_dir / "summary.json").read_text()))
         loads.append(load_average())
     print(f"{cpu_model()}, {datetime.date.today()}, `python benchmarks/agent_demo_seeds.py {' '.join(sys.argv[1:])}`")
-    print("| seed | accuracy after SFT | accuracy after GRPO | gain | tool calls per episode after GRPO | "
+    print("| seed | accuracy after SFT | accuracy after GRPO | gain | endpoint calls per episode after GRPO | "
           "SFT steps | wall time | load (1/5/15 min, at the end) |")
     print("|---|---|---|---|---|---|---|---|")
     for s, load in zip(rows, loads, strict=True):

@@ -14,7 +14,7 @@ TOOLS = [{"type": "function", "function": {
     "name": "calculator", "description": "Multiply integers: a*b.",
     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
 MAX_CALLS = 2
-_HTTP = {}  # one HTTP client per event loop, shared by its episodes: a new one loads the certificates (~40 ms)
+_HTTP = {}  # one HTTP client per event loop, shared by its episodes: a new one loads the certificates
 
 
 def http_client():
