@@ -101,12 +101,6 @@ class _Pending:
     done: Callable[[Sampled | BaseException], None]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class AgentServer:
     """The endpoint for one rollout: `episode_url(id)` per episode, `serve_until(finished)` on the trainer's
     thread, `close()` after (see the module docstring)."""
@@ -122,7 +116,9 @@ class AgentServer:
         self.pending: queue.Queue[_Pending] = queue.Queue()
         self.largest_batch = 0  # the most requests sampled together
         self.failure: Exception | None = None  # the first sampling error (raised by the rollout once it ends)
-        self.port = _free_port()
+        self._socket = socket.socket()
+        self._socket.bind(("127.0.0.1", 0))  # a free port, held from here on (no other process can take it)
+        self.port = self._socket.getsockname()[1]
         self._server, self._thread = self._start()
 
     # ------------------------------------------------------------------ lifecycle
@@ -132,7 +128,8 @@ class AgentServer:
         config = uvicorn.Config(self._app(), host="127.0.0.1", port=self.port, log_level="warning",
                                 lifespan="off")
         server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, name="verl-agent-server", daemon=True)
+        thread = threading.Thread(target=lambda: server.run(sockets=[self._socket]), name="verl-agent-server",
+                                  daemon=True)
         thread.start()
         deadline = time.monotonic() + 30
         while not server.started:
@@ -144,6 +141,7 @@ class AgentServer:
     def close(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=10)
+        self._socket.close()
 
     def episode_url(self, episode_id: str) -> str:
         self.episodes.setdefault(episode_id, EpisodeTokens())
