@@ -287,27 +287,33 @@ class MultiTurnRollout:
 
     def _output(self, records: list[EpisodeRecord], input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 params: SamplingParams) -> MultiTurnOutput:
-        device = next(self.model.parameters()).device
-        width = max(max((len(r.tokens) for r in records), default=1), 1)
-        e = len(records)
-        pad = params.resolved_pad_token_id
-        response = torch.full((e, width), pad, dtype=torch.long)
-        loss_mask = torch.zeros((e, width), dtype=torch.long)
-        attn = torch.zeros((e, width), dtype=torch.long)
-        logprobs = torch.zeros((e, width), dtype=torch.float32)
-        for i, r in enumerate(records):
-            k = len(r.tokens)
-            response[i, :k] = torch.tensor(r.tokens, dtype=torch.long)
-            loss_mask[i, :k] = torch.tensor(r.loss_mask, dtype=torch.long)
-            attn[i, :k] = 1
-            logprobs[i, :k] = torch.tensor(r.logprobs, dtype=torch.float32)
-        rewards = torch.tensor([r.reward for r in records], dtype=torch.float32)
-        return MultiTurnOutput(
-            prompt_ids=input_ids.to(device=device, dtype=torch.long), prompt_mask=attention_mask.to(device).long(),
-            response_ids=response.to(device), response_mask=loss_mask.to(device),
-            response_attention_mask=attn.to(device), logprobs=logprobs.to(device),
-            finished=torch.tensor([r.finished for r in records], dtype=torch.bool, device=device),
-            rewards=rewards.to(device), episodes=records)
+        return layout_episodes(records, input_ids, attention_mask, params.resolved_pad_token_id,
+                               next(self.model.parameters()).device)
 
 
-__all__ = ["EpisodeRecord", "MultiTurnOutput", "MultiTurnRollout"]
+def layout_episodes(records: list[EpisodeRecord], prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, pad: int,
+                    device: torch.device) -> MultiTurnOutput:
+    """The episodes as a rollout batch: their (left-padded) prompts and, right-padded after them, the tokens each
+    wrote and read, with the loss mask, the attention and the sampler's log-probs."""
+    width = max(max((len(r.tokens) for r in records), default=1), 1)
+    e = len(records)
+    response = torch.full((e, width), pad, dtype=torch.long)
+    loss_mask = torch.zeros((e, width), dtype=torch.long)
+    attn = torch.zeros((e, width), dtype=torch.long)
+    logprobs = torch.zeros((e, width), dtype=torch.float32)
+    for i, r in enumerate(records):
+        k = len(r.tokens)
+        response[i, :k] = torch.tensor(r.tokens, dtype=torch.long)
+        loss_mask[i, :k] = torch.tensor(r.loss_mask, dtype=torch.long)
+        attn[i, :k] = 1
+        logprobs[i, :k] = torch.tensor(r.logprobs, dtype=torch.float32)
+    rewards = torch.tensor([r.reward for r in records], dtype=torch.float32)
+    return MultiTurnOutput(
+        prompt_ids=prompt_ids.to(device=device, dtype=torch.long), prompt_mask=prompt_mask.to(device).long(),
+        response_ids=response.to(device), response_mask=loss_mask.to(device),
+        response_attention_mask=attn.to(device), logprobs=logprobs.to(device),
+        finished=torch.tensor([r.finished for r in records], dtype=torch.bool, device=device),
+        rewards=rewards.to(device), episodes=records)
+
+
+__all__ = ["EpisodeRecord", "MultiTurnOutput", "MultiTurnRollout", "layout_episodes"]

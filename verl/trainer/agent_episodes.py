@@ -38,7 +38,7 @@ from verl.env.multiturn import is_multiturn
 from verl.errors import ConfigError
 from verl.rollout import SamplingParams
 from verl.rollout.agent_server import AgentServer, EpisodeTokens, Sampled, require_server_libraries
-from verl.rollout.multiturn import EpisodeRecord, MultiTurnOutput
+from verl.rollout.multiturn import EpisodeRecord, MultiTurnOutput, layout_episodes
 from verl.rollout.tool_parsers import tool_call_format
 from verl.trainer.episodes import Episodes
 from verl.utils.user_code import exec_user_file, resolve_user_path
@@ -220,28 +220,12 @@ class AgentEpisodes(Episodes):
 
 def _layout(records: list[tuple[list[int], EpisodeRecord]], params: SamplingParams,
             device: torch.device) -> MultiTurnOutput:
-    """Left-padded prompts and right-padded responses, as a multi-turn rollout lays them out."""
+    """The episodes' prompts (each its first call's, left-padded) and everything after them."""
+    width = max(len(p) for p, _ in records)
     pad = params.resolved_pad_token_id
-    width_p = max(len(p) for p, _ in records)
-    width_r = max(max((len(r.tokens) for _, r in records), default=1), 1)
-    e = len(records)
-    prompt = torch.full((e, width_p), pad, dtype=torch.long)
-    prompt_mask = torch.zeros((e, width_p), dtype=torch.long)
-    response = torch.full((e, width_r), pad, dtype=torch.long)
-    loss_mask, attn = torch.zeros((e, width_r), dtype=torch.long), torch.zeros((e, width_r), dtype=torch.long)
-    logprobs = torch.zeros((e, width_r), dtype=torch.float32)
-    for i, (p, r) in enumerate(records):
-        prompt[i, width_p - len(p):], prompt_mask[i, width_p - len(p):] = torch.tensor(p), 1
-        k = len(r.tokens)
-        if k:
-            response[i, :k], loss_mask[i, :k], attn[i, :k] = torch.tensor(r.tokens), torch.tensor(r.loss_mask), 1
-            logprobs[i, :k] = torch.tensor(r.logprobs)
-    episodes = [r for _, r in records]
-    return MultiTurnOutput(
-        prompt_ids=prompt.to(device), prompt_mask=prompt_mask.to(device), response_ids=response.to(device),
-        response_mask=loss_mask.to(device), response_attention_mask=attn.to(device), logprobs=logprobs.to(device),
-        finished=torch.tensor([r.finished for r in episodes], dtype=torch.bool, device=device),
-        rewards=torch.tensor([r.reward for r in episodes], dtype=torch.float32, device=device), episodes=episodes)
+    prompt_ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in records], dtype=torch.long)
+    prompt_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in records], dtype=torch.long)
+    return layout_episodes([r for _, r in records], prompt_ids, prompt_mask, pad, device)
 
 
 def episodes_for(config: RunConfig, env: Any, engine: Any, prompts: Any, **parts: Any) -> Episodes | None:
