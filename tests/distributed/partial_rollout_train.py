@@ -23,6 +23,7 @@ class HeldRollout(RLTrainer):
                 deadline = time.monotonic() + 60
                 while not rollout.groups.guard.signalled("async/weights/1") and time.monotonic() < deadline:
                     time.sleep(0.01)
+                rollout._next_poll = 0.0  # ask the store now, whenever it was last asked
             return take(step, switches)
 
         rollout._take_delivery = held

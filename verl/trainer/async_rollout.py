@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # components imports the start-up checks, which import this m
     from verl.trainer.components import Components
 
 BUCKET_BYTES = 64 * 2**20  # weights are broadcast in buckets of at most this size (one tensor may exceed it)
+POLL_S = 0.005  # a generating rollout rank asks the store for new weights at most this often (a round trip each)
 # What the rollout ranks send: the prompts as sampled, the responses, the sampler's log-probs, the versions.
 # A multi-turn episode adds its attention (observations included) and the environment's score.
 SAMPLED = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "response_attention_mask", "finished",
@@ -100,6 +101,7 @@ class AsyncRollout:
     drawn: int = 0  # batches this rank generated so far
     _last: float | None = None  # when the previous step's next_batch began (for the idle fractions)
     _busy: float = 0.0  # since then: a rollout rank's time generating, a trainer rank's time waiting for a batch
+    _next_poll: float = 0.0  # when a generating rollout rank may next ask whether new weights are posted
 
     @property
     def generates(self) -> bool:
@@ -175,9 +177,12 @@ class AsyncRollout:
 
     def _take_delivery(self, step: int, switches: list[tuple[int, int]]) -> bool:
         """Between two tokens: receive the next version if the actor posted it (a partial rollout)."""
-        if self.version is None or not self.groups.guard.signalled(_posted(self.version + 1)):
-            return False
         start = time.perf_counter()
+        if self.version is None or start < self._next_poll:
+            return False
+        self._next_poll = start + POLL_S
+        if not self.groups.guard.signalled(_posted(self.version + 1)):
+            return False
         self.deliver(self.model, self.version + 1)
         self._busy -= time.perf_counter() - start  # a wait for the actor's broadcast, not generation
         switches.append((step + 1, self.version))
