@@ -15,17 +15,21 @@ from verl.trainer.rl_trainer import RLTrainer  # noqa: E402
 
 AGENT = '''
 import asyncio
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+
+HTTP = {}
 
 
 async def run(row, base_url):
-    client = AsyncOpenAI(base_url=base_url, api_key="verl", max_retries=0)
+    loop = asyncio.get_running_loop()
+    http = HTTP.setdefault(loop, DefaultAsyncHttpxClient())  # one per rollout: a new one loads the certificates
+    client = AsyncOpenAI(base_url=base_url, api_key="verl", max_retries=0, http_client=http)
     messages = [{"role": "user", "content": row["prompt"]}]
     first = await client.chat.completions.create(model="policy", messages=messages)
     if row["prompt"].startswith("1"):
         raise RuntimeError("the agent broke on " + row["prompt"])
     if row["prompt"].startswith("2"):
-        await asyncio.sleep(30)
+        await asyncio.sleep(120)
     messages += [{"role": "assistant", "content": first.choices[0].message.content},
                  {"role": "user", "content": "Sure?"}]
     second = await client.chat.completions.create(model="policy", messages=messages)
@@ -43,7 +47,7 @@ async def one_argument(row):
 
 def _config(tmp_path, agent="agent.py:run", *more):
     (tmp_path / "agent.py").write_text(AGENT)
-    return rl_config(tmp_path / "run", f"env.agent={tmp_path / agent}", "env.agent_timeout_s=3",
+    return rl_config(tmp_path / "run", f"env.agent={tmp_path / agent}", "env.agent_timeout_s=8",
                      "env.kwargs.max_operand=29", "data.train_batch_size=8", "rollout.max_new_tokens=6", *more,
                      reward=None)
 
