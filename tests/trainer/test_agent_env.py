@@ -47,7 +47,7 @@ async def one_argument(row):
 
 def _config(tmp_path, agent="agent.py:run", *more):
     (tmp_path / "agent.py").write_text(AGENT)
-    return rl_config(tmp_path / "run", f"env.agent={tmp_path / agent}", "env.agent_timeout_s=8",
+    return rl_config(tmp_path / "run", f"env.agent={tmp_path / agent}", "env.agent_timeout_s=12",
                      "env.kwargs.max_operand=29", "data.train_batch_size=8", "rollout.max_new_tokens=6", *more,
                      reward=None)
 
@@ -55,19 +55,19 @@ def _config(tmp_path, agent="agent.py:run", *more):
 def test_agent_episodes_train_and_failures_stay_in_their_episode(tmp_path):
     trainer = RLTrainer(_config(tmp_path))
     metrics = trainer.step()
-    assert metrics["episode/agent_calls"] > 1  # two calls per healthy episode
+    assert metrics["episode/agent_calls"] >= 1  # two calls per healthy episode, one for the others
     assert metrics["episode/agent_restarted_calls"] == 0.0  # each continued its episode's sequence
     batch = trainer.multiturn.run(trainer.env.val_rows()[:8], 4, trainer.sampling, trainer.generator)
-    failed = [e for e in batch.episodes if e.info["agent_failed"]]
-    timed_out = [e for e in batch.episodes if e.info["agent_timeout"]]
-    for e in failed:
-        assert e.row["prompt"].startswith("1") and not any(e.loss_mask) and e.reward == 0.0
-    for e in timed_out:
-        assert e.row["prompt"].startswith("2") and e.reward == 0.0 and any(e.loss_mask)  # trained on, reward 0
+    failed = [e for e in batch.episodes if e.row["prompt"].startswith("1")]
+    sleeping = [e for e in batch.episodes if e.row["prompt"].startswith("2")]
+    assert failed and sleeping
+    for e in failed:  # not trained on, reward 0, the traceback in its sample
+        assert e.info["agent_failed"] and not any(e.loss_mask) and e.reward == 0.0
+    for e in sleeping:  # trained on what it wrote, reward 0
+        assert e.info["agent_timeout"] and e.reward == 0.0 and any(e.loss_mask)
     texts = trainer.multiturn.texts(batch)
     assert all("RuntimeError: the agent broke on 1" in texts[batch.episodes.index(e)] for e in failed)
-    assert failed and timed_out
-    healthy = [e for e in batch.episodes if e.finished]
+    healthy = [e for e in batch.episodes if e.finished]  # (a loaded machine may time some of the others out)
     assert healthy and all(e.turns == 2 and e.reward in (0.0, 1.0) for e in healthy)
 
 
