@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from verl.errors import ConfigError
-from verl.utils.chat_render import HERMES_TEMPLATE, render_chat
+from verl.utils.chat_render import HERMES_TEMPLATE, render_chat, turn_end
 
 BUILTIN_TEMPLATES = {"hermes": HERMES_TEMPLATE}
 
@@ -73,14 +73,13 @@ class ToolTurns:
                              {"role": "assistant", "content": _PROBE_ANSWER}]
         base = render_chat(tokenizer, self.conversation, tools=self.tools, add_generation_prompt=False)
         after = base.rfind(_PROBE_ANSWER) + len(_PROBE_ANSWER)
-        ends = [(base.find(e, after), e) for e in _end_of_turn(tokenizer) if e and base.find(e, after) >= 0]
-        if after < len(_PROBE_ANSWER) or not ends:
+        end = turn_end(base, after, _end_of_turn(tokenizer))
+        if after < len(_PROBE_ANSWER) or end is None:
             raise ConfigError(f"{where}: the template does not end an assistant turn with the model's eos "
                               f"({_end_of_turn(tokenizer)}), so a tool turn cannot follow the tokens the model wrote. "
                               "Fix: set the generation eos (generation_config.eos_token_id) to the template's "
                               "end-of-turn token")
-        at, end = min(ends)
-        self.head = base[: at + len(end)]  # everything up to the end of the model's turn
+        self.head = base[:end]  # everything up to the end of the model's turn
         self.render([("probe", "5")])  # a template that cannot render a tool turn fails here, at start-up
 
     def render(self, results: Sequence[tuple[str, str]]) -> str:

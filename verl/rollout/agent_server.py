@@ -34,7 +34,7 @@ from typing import Any
 from verl.errors import ConfigError
 from verl.rollout.base import SamplingParams
 from verl.rollout.tool_parsers import ToolCallFormat
-from verl.utils.chat_render import render_chat
+from verl.utils.chat_render import render_chat, turn_end
 
 INSTALL_HINT = "pip install 'verl[agent]' (fastapi, uvicorn and the openai client)"
 
@@ -204,8 +204,8 @@ class AgentServer:
             try:
                 params = self._params(body)
                 prompt, text = self._chat_prompt(episode, body) if chat else self._completion_prompt(episode, body)
-            except (ValueError, TypeError, KeyError) as e:
-                return error(400, str(e))
+            except Exception as e:  # noqa: BLE001 - a malformed request or messages the chat template rejects
+                return error(400, f"the request could not be turned into a prompt: {type(e).__name__}: {e}")
             loop = asyncio.get_running_loop()
             future: asyncio.Future = loop.create_future()
 
@@ -250,7 +250,7 @@ class AgentServer:
         if episode.last_prompt_text is not None and last is not None:
             before = render_chat(self.tokenizer, messages[:last], tools=tools, add_generation_prompt=True)
             through = render_chat(self.tokenizer, messages[: last + 1], tools=tools, add_generation_prompt=False)
-            end = self._turn_end(through, len(before))
+            end = turn_end(through, len(before), self.tokenizer.convert_ids_to_tokens(self.eos))
             if before == episode.last_prompt_text and end is not None and text.startswith(through[:end]):
                 between = ([] if episode.last_eos else self.eos[:1]) + self._encode(text[end:])
                 episode.extend(between)
@@ -258,15 +258,6 @@ class AgentServer:
         prompt = self._encode(text)
         episode.begin(prompt)
         return prompt, text
-
-    def _turn_end(self, text: str, start: int) -> int | None:
-        """Where the assistant turn that begins at `start` ends: just after its end-of-turn (eos) token."""
-        ends = []
-        for token in self.tokenizer.convert_ids_to_tokens(self.eos):
-            at = text.find(token, start) if token else -1
-            if at >= 0:
-                ends.append(at + len(token))
-        return min(ends, default=None)
 
     def _completion_prompt(self, episode: EpisodeTokens, body: Mapping[str, Any]) -> tuple[list[int], str]:
         prompt = body["prompt"]

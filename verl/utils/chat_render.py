@@ -44,4 +44,11 @@ def render_chat(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, tools:
                                          **kwargs)
 
 
-__all__ = ["HERMES_TEMPLATE", "render_chat"]
+def turn_end(text: str, start: int, end_tokens: Sequence[str]) -> int | None:
+    """Where the model's turn that begins at `start` of a rendered conversation ends: just after the first of
+    its end-of-turn tokens (`end_tokens`, the eos strings), or None when none follows."""
+    ends = [at + len(token) for token in end_tokens if token and (at := text.find(token, start)) >= 0]
+    return min(ends, default=None)
+
+
+__all__ = ["HERMES_TEMPLATE", "render_chat", "turn_end"]
