@@ -21,6 +21,7 @@ PACKAGE = ROOT / "verl"
 # Layer of each top-level package (or module) of verl. Lower layers never import higher ones.
 LAYERS: dict[str, int] = {
     "errors": 0,
+    "sandbox": 1,        # running model-written code: standard library and errors only
     "utils": 1,          # dtype spellings, position ids: torch only
     "algorithms": 1,     # pure tensor math (further restricted below)
     "config": 2,         # the typed schema; reads the estimator table and the dtype table

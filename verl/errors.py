@@ -47,6 +47,10 @@ class EnvError(VerlError):
     """A (multi-turn) environment raised or answered something unusable during an episode."""
 
 
+class SandboxError(VerlError):
+    """Model-written code cannot be run with the isolation asked for (the host lacks it, or bad limits)."""
+
+
 def install_hint(package: str, extra: str | None = None) -> str:
     """How to install an optional dependency, in a form that works.
 
@@ -69,4 +73,5 @@ __all__ = [
     "DistributedError",
     "RolloutError",
     "EnvError",
+    "SandboxError",
 ]
