@@ -21,8 +21,18 @@ import time
 PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 MS_NOSUID, MS_NODEV = 2, 4
 PR_SET_CHILD_SUBREAPER = 36
-LOADER = ("import sys; sys.argv = [%(main)r]; exec(compile(open(%(main)r).read(), %(main)r, 'exec'), "
-          "{'__name__': '__main__', '__file__': %(main)r, '__builtins__': __builtins__})")
+# Runs main.py as __main__; a traceback starts at the program's own frame, not this loader's.
+LOADER = """import sys
+sys.argv = [%(main)r]
+try:
+    exec(compile(open(%(main)r).read(), %(main)r, 'exec'), {'__name__': '__main__', '__file__': %(main)r})
+except SystemExit:
+    raise
+except BaseException as e:
+    import traceback
+    traceback.print_exception(type(e), e, e.__traceback__.tb_next)
+    sys.exit(1)
+"""
 
 
 def _mount_tmpfs(path, size_mb):
