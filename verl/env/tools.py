@@ -97,4 +97,27 @@ def run_tool(tools: Mapping[str, Tool], call: ToolCall) -> ToolResult:
     return ToolResult(result if isinstance(result, str) else json.dumps(result, default=str))
 
 
-__all__ = ["Tool", "ToolResult", "check_tools", "run_tool"]
+def python_tool(*, timeout_s: float = 10.0, memory_mb: int = 512, max_output_chars: int = 2000,
+                name: str = "python") -> Tool:
+    """A tool that runs the model's Python in verl.sandbox and answers with what it printed (stdout, then
+    stderr), cut to `max_output_chars`; a timeout, memory limit or kill is said in the answer, for the model
+    to read, as an error result."""
+    from verl.sandbox import run_code
+
+    def run(code: str) -> str:
+        result = run_code(code, timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max(1 << 16, 4 * max_output_chars))
+        text = (result.stdout + ("\n" + result.stderr if result.stderr else "")).strip()
+        if len(text) > max_output_chars:
+            text = text[:max_output_chars] + f"... ({len(text) - max_output_chars} more characters)"
+        if result.status in ("ok", "error"):  # an exception's traceback is the model's to read
+            return text or "(no output)"
+        raise RuntimeError(f"the code {result.reason}" + (f"; output before that: {text}" if text else ""))
+
+    return Tool(name=name, description="Run a Python program (standard library only) and see what it prints.",
+                parameters={"type": "object", "properties": {"code": {"type": "string",
+                                                                      "description": "The Python source to run."}},
+                            "required": ["code"]},
+                function=run)
+
+
+__all__ = ["Tool", "ToolResult", "check_tools", "python_tool", "run_tool"]

@@ -3,7 +3,8 @@
 Each takes `(prompt, response, ground_truth, **metadata)` like a user function and returns 1.0 or 0.0, so
 the reward manager treats built-ins and user functions the same way. Extra metadata keys are accepted and
 ignored, because datasets carry per-row metadata the built-ins do not use. `remote` (a reward server,
-`verl.rewards.remote`) is the batched exception.
+`verl.rewards.remote`) is the batched exception; `code_exec` (verl.rewards.code_exec) runs the response's
+code against the row's tests in verl.sandbox.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from typing import Any, Literal
 
+from verl.rewards.code_exec import check_code_exec_kwargs, code_exec
 from verl.rewards.math_answer import check_math_verify_kwargs, math_verify_reward
 from verl.rewards.remote import check_remote_kwargs, remote_reward
 
@@ -195,6 +197,7 @@ BUILTIN_REWARDS: dict[str, Callable[..., Any]] = {
     "math_verify": math_verify_reward,
     "format": format_reward,
     "remote": remote_reward,
+    "code_exec": code_exec,
 }
 # Built-ins that score a whole batch per call (one HTTP request per batch, not per sample).
 BATCHED_BUILTINS = frozenset({"remote"})
@@ -205,6 +208,7 @@ BUILTIN_KWARG_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "format": _check_format_kwargs,
     "math_verify": check_math_verify_kwargs,
     "remote": check_remote_kwargs,
+    "code_exec": check_code_exec_kwargs,
 }
 
 __all__ = [

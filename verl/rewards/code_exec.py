@@ -1,0 +1,181 @@
+"""`code_exec`: the share of a row's tests that the response's code passes, each run in verl.sandbox.
+
+The tests are the row's ground truth, in the layouts code datasets use (a JSON string of them works too):
+  - stdin/stdout pairs: {"inputs": ["1 2\\n", ...], "outputs": ["3\\n", ...]} (APPS, TACO, PRIME, DeepCoder);
+    outputs compare line by line, trailing whitespace and blank lines ignored;
+  - assert-style tests: a list of "assert f(1) == 2" strings, or {"asserts": [...], "setup": "import math"}
+    (MBPP's test_list and test_setup_code);
+  - a plain string or number: what the program must print, with no input (a single test).
+The code is the response's last fenced ``` block (any language tag, or none), else the whole response
+(`extract: fenced` demands a block). `program` wraps it before it runs: "print({code})" makes the response
+an expression. Every test is a fresh sandbox run (a program cannot forge another test's result);
+`cache_size: N` keeps the last N results of programs that ended on their own (ok or error), so a program
+seen before with the same input is not run again (for deterministic programs only).
+
+The score is passed / tests; `acc` is 1 when every test passes. A failure's status and reason (timeout,
+memory, killed, error with its last line) go with the sample into samples.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from verl.sandbox import SandboxResult, run_code
+
+_CACHE: OrderedDict[tuple, SandboxResult] = OrderedDict()  # (code, stdin, limits) -> result, most recent last
+_CACHE_LOCK = threading.Lock()
+_FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
+CODE_MARK = "{code}"
+
+
+@dataclass(frozen=True)
+class CodeTest:
+    """One run: its stdin and, for a stdin/stdout test, the output it must print (None: exit 0 passes)."""
+
+    code: str
+    stdin: str = ""
+    expected: str | None = None
+
+
+def extract_code(response: str, extract: Literal["auto", "fenced", "all"] = "auto") -> str | None:
+    """The code in a response: its last fenced block, or (auto/all) the whole text; None when there is none."""
+    blocks = _FENCE.findall(response) if extract != "all" else []
+    if blocks:
+        return blocks[-1]
+    return None if extract == "fenced" else response.strip()
+
+
+def _same_output(got: str, expected: str) -> bool:
+    def lines(text: str) -> list[str]:
+        out = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
+        while out and not out[-1]:
+            out.pop()
+        return out
+
+    return lines(got) == lines(expected)
+
+
+def cases_of(code: str, ground_truth: Any) -> list[CodeTest]:
+    """The runs that test `code` against a row's ground truth (see the module docstring for the layouts)."""
+    tests = ground_truth
+    if isinstance(tests, str):
+        try:
+            parsed = json.loads(tests)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, (dict, list)):
+            tests = parsed
+    if isinstance(tests, Mapping) and ("inputs" in tests or "outputs" in tests):
+        inputs, outputs = tests.get("inputs"), tests.get("outputs")
+        if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs) or not inputs:
+            raise ValueError("stdin/stdout tests need lists 'inputs' and 'outputs' of the same, non-zero length; "
+                             f"got {len(inputs or [])} inputs and {len(outputs or [])} outputs")
+        return [CodeTest(code, str(i), str(o)) for i, o in zip(inputs, outputs, strict=True)]
+    if isinstance(tests, Mapping) and "asserts" in tests:
+        setup, tests = str(tests.get("setup") or ""), tests["asserts"]
+    else:
+        setup = ""
+    if isinstance(tests, list):
+        if not tests or not all(isinstance(t, str) for t in tests):
+            raise ValueError("assert-style tests must be a non-empty list of strings like 'assert f(1) == 2'")
+        return [CodeTest("\n".join(filter(None, [setup, code, t]))) for t in tests]
+    if isinstance(tests, (str, int, float)) and not isinstance(tests, bool):
+        return [CodeTest(code, "", str(tests))]
+    raise ValueError(f"code_exec cannot read tests from a ground truth of type {type(tests).__name__}: give "
+                     "{'inputs': [...], 'outputs': [...]}, a list of assert strings, or the expected output")
+
+
+def _run(case: CodeTest, timeout_s: float, memory_mb: int, cache_size: int) -> SandboxResult:
+    """A fresh run; with `cache_size`, an identical program with the same input and limits that ran before
+    gives its result again (for deterministic programs, as the demo's expressions are)."""
+    key = (case.code, case.stdin, timeout_s, memory_mb)
+    if cache_size:
+        with _CACHE_LOCK:
+            if key in _CACHE:
+                _CACHE.move_to_end(key)
+                return _CACHE[key]
+    result = run_code(case.code, case.stdin, timeout_s=timeout_s, memory_mb=memory_mb)
+    if cache_size and result.status in ("ok", "error"):  # a timeout or a kill may depend on the machine's load
+        with _CACHE_LOCK:
+            _CACHE[key] = result
+            while len(_CACHE) > cache_size:
+                _CACHE.popitem(last=False)
+    return result
+
+
+def _passed(case: CodeTest, result: SandboxResult) -> bool:
+    if not result.ok:
+        return False
+    return case.expected is None or _same_output(result.stdout, case.expected)
+
+
+def _why(case: CodeTest, result: SandboxResult) -> tuple[str, str]:
+    if not result.ok:
+        return result.status, result.reason
+    return "wrong_answer", f"printed {result.stdout.strip()[:80]!r}, expected {str(case.expected).strip()[:80]!r}"
+
+
+def code_exec(
+    prompt: Any,
+    response: str,
+    ground_truth: Any,
+    *,
+    extract: Literal["auto", "fenced", "all"] = "auto",
+    program: str | None = None,
+    timeout_s: float = 10.0,
+    memory_mb: int = 512,
+    stop_at_first_failure: bool = False,
+    cache_size: int = 0,
+    **_metadata: Any,
+) -> dict[str, Any]:
+    """{score: passed / tests, acc, passed, tests, status, reason}; see the module docstring."""
+    code = extract_code(response, extract)
+    if code is None:
+        return {"score": 0.0, "acc": 0.0, "passed": 0, "tests": len(cases_of("", ground_truth)), "status": "no_code",
+                "reason": "no fenced ``` code block"}
+    if program is not None:
+        code = program.replace(CODE_MARK, code)
+    cases = cases_of(code, ground_truth)
+    passed, failure = 0, None
+    for i, case in enumerate(cases):
+        result = _run(case, timeout_s, memory_mb, cache_size)
+        if _passed(case, result):
+            passed += 1
+            continue
+        if failure is None:
+            status, reason = _why(case, result)
+            failure = (status, f"test {i + 1} of {len(cases)}: {reason}")
+        if stop_at_first_failure:
+            break
+    status, reason = failure or ("ok", "")
+    return {"score": passed / len(cases), "acc": float(passed == len(cases)), "passed": passed,
+            "tests": len(cases), "status": status, "reason": reason}
+
+
+code_exec.needs_ground_truth = True  # the tests are the ground truth (see verl.rewards.builtin.needs_ground_truth)
+
+
+def check_code_exec_kwargs(kwargs: Mapping[str, Any]) -> None:
+    """Bad options fail when the reward functions are built, not at the first batch."""
+    if kwargs.get("extract", "auto") not in ("auto", "fenced", "all"):
+        raise ValueError(f"kwargs.extract must be 'auto', 'fenced' or 'all', got {kwargs['extract']!r}")
+    program = kwargs.get("program")
+    if program is not None and (not isinstance(program, str) or CODE_MARK not in program):
+        raise ValueError(f"kwargs.program must be a string containing {CODE_MARK} (where the response's code goes), "
+                         f"got {program!r}")
+    for key in ("timeout_s", "memory_mb"):
+        value = kwargs.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ValueError(f"kwargs.{key} must be a positive number, got {value!r}")
+    size = kwargs.get("cache_size", 0)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ValueError(f"kwargs.cache_size must be an int >= 0 (0: run every program), got {size!r}")
+
+
+__all__ = ["CodeTest", "check_code_exec_kwargs", "code_exec", "extract_code", "cases_of"]
