@@ -11,7 +11,7 @@ import pytest
 from verl.env.tools import check_tools, python_tool, run_tool
 from verl.errors import RewardError
 from verl.rewards import code_exec as code_exec_module
-from verl.rewards.code_exec import code_exec, extract_code, cases_of
+from verl.rewards.code_exec import cases_of, code_exec, extract_code
 from verl.rewards.manager import RewardManager
 from verl.rollout.tool_parsers import ToolCall
 
