@@ -508,6 +508,24 @@ class RewardConfig(Section):
     _home = field_validator("model_path", mode="before")(_home)
     model_dtype: str | None = None
     model_weight: float = 1.0
+    workers: int = Field(4, ge=1, description="Reward calls running at once, on threads (a per-sample function is one "
+                         "call per sample; a batched or TRL-style function, a reward model or `remote` one call per "
+                         "batch): slow rewards (code execution, HTTP) overlap instead of running one after another.")
+    timeout_s: float = Field(60.0, gt=0.0, description="A reward call running longer is given up: its sample(s) score "
+                             "0, counted in reward/timeouts, with the reason in samples.jsonl. Never retried: only "
+                             "`remote` retries (its kwargs.retries, on connection errors and 5xx), within this same "
+                             "limit, so keep it above kwargs.timeout_s x (retries + 1) plus back-off.")
+    overlap: bool = Field(True, description="Start each response's per-sample reward calls as soon as it finishes "
+                          "generating, while the rest of the batch is still sampled (single-turn rollouts on verl's "
+                          "own engine); the scores are the same as with false (score after generation).")
+
+
+class SandboxConfig(Section):
+    require: list[str] = Field(default_factory=list, description="Isolation that model-written code (the code_exec "
+                               "reward, the python tool) must have: any of network, pid, tmp, user "
+                               "(verl.sandbox.FEATURES). A host that cannot give one refuses to start, naming the fix.")
+    python: str | None = Field(None, description="The interpreter model-written code runs in; None = this one, or "
+                               "the system's python3 when this one is not readable by an unprivileged uid.")
 
 
 class DevicesConfig(Section):
@@ -599,6 +617,7 @@ class RunConfig(Section):
     critic: CriticConfig = CriticConfig()
     ref: RefConfig = RefConfig()
     reward: RewardConfig = RewardConfig()
+    sandbox: SandboxConfig = SandboxConfig()
     devices: DevicesConfig = DevicesConfig()
     fsdp: FSDPConfig = FSDPConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from verl.errors import ConfigError, RewardError
 from verl.rewards.builtin import BATCHED_BUILTINS, BUILTIN_KWARG_CHECKS
 from verl.rewards.loader import display_name, load_reward_function
+from verl.rewards.pool import RewardCall, RewardPool
 from verl.rewards.spec import RewardFunctionSpec
 from verl.utils.user_code import raised_at
 
@@ -201,7 +202,11 @@ class RewardManager:
         specs: Sequence[RewardFunctionSpec | Mapping[str, Any] | Callable[..., Any]],
         *,
         base_dir: str | Path | None = None,
+        workers: int = 4,
+        timeout_s: float = 60.0,
     ) -> None:
+        """`workers` and `timeout_s` are the pool's (`reward.workers`, `reward.timeout_s`; see `configure`)."""
+        self.pool = RewardPool(workers, timeout_s)
         if isinstance(specs, (str, bytes, Mapping)) or not isinstance(specs, Sequence):
             raise ConfigError(
                 f"reward.functions must be a list of specs, got {type(specs).__name__}; "
@@ -303,48 +308,95 @@ class RewardManager:
         """Score N samples; every list has one entry per sample (metadata/data_sources may be None).
 
         `response_ids` (each response's token ids, up to and including its eos) reach TRL-style functions
-        as `completion_ids`."""
+        as `completion_ids`. The calls run on the pool (`start`, then `Scoring.finish`): the one path,
+        whether the responses come all at once, as here, or one by one as they finish generating."""
         n = len(responses)
-        metadata = [None] * n if metadata is None else metadata
-        data_sources = [None] * n if data_sources is None else data_sources
         lengths = {
             "prompts": len(prompts),
             "responses": n,
             "ground_truths": len(ground_truths),
-            "metadata": len(metadata),
-            "data_sources": len(data_sources),
+            "metadata": n if metadata is None else len(metadata),
+            "data_sources": n if data_sources is None else len(data_sources),
         } | ({} if response_ids is None else {"response_ids": len(response_ids)})
         if len(set(lengths.values())) != 1:
             raise RewardError(
                 f"RewardManager.score got lists of different lengths {lengths}; pass one entry "
                 "per sample in each (repeat the prompt's fields for every response)."
             )
-        metas = [dict(m) if m is not None else {} for m in metadata]
-        self.check_data_sources(data_sources)
-        batch = _Samples(prompts, responses, ground_truths, metas, data_sources, response_ids)
+        return self.start(prompts, ground_truths, metadata, data_sources).finish(responses, response_ids)
 
+    def start(
+        self,
+        prompts: Sequence[Any],
+        ground_truths: Sequence[Any],
+        metadata: Sequence[Mapping[str, Any] | None] | None = None,
+        data_sources: Sequence[str | None] | None = None,
+    ) -> Scoring:
+        """The scoring of N samples whose responses are still to come: hand them to `Scoring.add` as they
+        are written (their per-sample calls start at once) and all of them to `Scoring.finish`."""
+        n = len(prompts)
+        metadata = [None] * n if metadata is None else metadata
+        data_sources = [None] * n if data_sources is None else data_sources
+        lengths = {"prompts": n, "ground_truths": len(ground_truths), "metadata": len(metadata),
+                   "data_sources": len(data_sources)}
+        if len(set(lengths.values())) != 1:
+            raise RewardError(
+                f"RewardManager.start got lists of different lengths {lengths}; pass one entry "
+                "per sample in each (repeat the prompt's fields for every response)."
+            )
+        self.check_data_sources(data_sources)
+        metas = [dict(m) if m is not None else {} for m in metadata]
+        return Scoring(self, list(prompts), list(ground_truths), metas, list(data_sources))
+
+    def configure(self, *, workers: int | None = None, timeout_s: float | None = None) -> None:
+        """Set `reward.workers` / `reward.timeout_s` (the trainer passes the run's config here)."""
+        pool = RewardPool(self.pool.workers if workers is None else workers,
+                          self.pool.timeout_s if timeout_s is None else timeout_s)
+        self.pool = pool  # a scoring already started finishes on the pool it started on
+
+    def _assemble(self, batch: _Samples, calls: list[list[RewardCall] | RewardCall | None],
+                  logged: list[dict[str, list[float]]], pool: RewardPool) -> RewardResult:
+        """The result of the finished calls (one list per function, per sample, or one batch call), put
+        together in a fixed order, whichever call finished first: the first error in (function, sample)
+        order is the one raised, as when the calls ran one after another."""
+        n = len(batch.responses)
+        data_sources = batch.data_sources
+        timeout_s = pool.timeout_s
         total = torch.zeros(n, dtype=torch.float64)
         per_function: dict[str, torch.Tensor] = {}
         applied: dict[str, torch.Tensor] = {}
         metrics: dict[str, float] = {}
         sample_extras: list[dict[str, dict[str, Any]]] = [{} for _ in range(n)]
         accuracy: list[float | None] = [None] * n  # the `acc` extras (weighted sum), for dynamic sampling
-        for ld in self._loaded:
+        timeouts = 0
+
+        def late(c: RewardCall) -> bool:  # waits for the call: True when it timed out; raises what it raised
+            if pool.wait(c).error is not None:
+                raise c.error
+            return c.timed_out
+
+        for ld, call, extras in zip(self._loaded, calls, logged, strict=True):
             idx = [i for i in range(n) if ld.applies(data_sources[i])]
             raw_list, mask_list = [0.0] * n, [False] * n  # filled as Python lists: one tensor each, not n writes
-            extras: dict[str, list[float]] = {}
-            if ld.trl_style:
-                results = self._call_trl(ld, idx, batch, extras)
-            elif ld.spec.batched:
-                results = self._call_batched(ld, idx, batch)
+            timed_out: list[int] = []
+            if isinstance(call, list):  # one call per sample
+                results = []
+                for i, c in zip(idx, call, strict=True):
+                    if late(c):
+                        timed_out.append(i)
+                    results.append(c.value)
+            elif call is not None and late(call):  # one call over the batch
+                timed_out, results, extras = idx, [None] * len(idx), {}  # what it logged so far is dropped
             else:
-                results = [
-                    self._call_one(
-                        ld, i, prompts[i], responses[i], ground_truths[i], metas[i], data_sources[i]
-                    )
-                    for i in idx
-                ]
+                results = [] if call is None else call.value
+            given_up = set(timed_out)
             for i, value in zip(idx, results, strict=True):
+                if i in given_up:  # scored 0, with the reason next to the sample
+                    mask_list[i] = True
+                    sample_extras[i][ld.label] = {"status": "timeout", "reason": (
+                        f"reward function '{ld.label}' took longer than reward.timeout_s={timeout_s:g} s "
+                        "and was given up (scored 0)")}
+                    continue
                 if value is None and ld.trl_style:  # TRL's "does not apply to this sample"
                     continue
                 s, extra, other = self._parse(ld, i, value, data_sources[i])
@@ -365,6 +417,9 @@ class RewardManager:
                 metrics[f"reward/{ld.label}/score"] = float(raw[mask].mean())
             for k, vals in extras.items():
                 metrics[f"reward/{ld.label}/{k}"] = math.fsum(vals) / len(vals)
+            if timed_out:
+                metrics[f"reward/{ld.label}/timeouts"] = float(len(timed_out))
+                timeouts += len(timed_out)
         if applied:
             unscored = ~torch.stack(list(applied.values())).any(0)
             if bool(unscored.any()):
@@ -377,6 +432,7 @@ class RewardManager:
                     "scored 0 silently.")
         if n:
             metrics["reward/mean"] = float(total.mean())
+        metrics["reward/timeouts"] = float(timeouts)
         acc = (None if all(a is None for a in accuracy)
                else torch.tensor([math.nan if a is None else a for a in accuracy], dtype=torch.float32))
         return RewardResult(total.float(), metrics, per_function, applied, sample_extras, acc)
@@ -408,7 +464,7 @@ class RewardManager:
                 " If a parameter is missing, add that key to every row's metadata; if the function "
                 "takes whole lists, set batched: true in its spec."
                 if isinstance(e, TypeError)
-                else ""
+                else _thread_hint(e)
             )
             raise RewardError(
                 f"reward function '{ld.label}' ({ld.where}) raised {type(e).__name__}: {e} on sample {i} "
@@ -435,7 +491,7 @@ class RewardManager:
         except Exception as e:
             raise RewardError(
                 f"batched reward function '{ld.label}' ({ld.where}) raised {type(e).__name__}: {e} on the "
-                f"call over {span}{_at(e)}. Fix the function."
+                f"call over {span}{_at(e)}. Fix the function.{_thread_hint(e)}"
             ) from e
         if isinstance(out, torch.Tensor):
             out = out.reshape(-1).tolist() if out.dim() <= 1 else out
@@ -548,6 +604,64 @@ class RewardManager:
         return f"RewardManager({', '.join(parts)})"
 
 
+class Scoring:
+    """One batch's scoring in flight (`RewardManager.start`): each response's per-sample calls go to the pool
+    when it is `add`ed; `finish` adds the rest, submits the calls over the whole batch (batched and
+    TRL-style functions), waits for everything and puts the result together in a fixed order, so the
+    scores and metrics do not depend on which call finished first."""
+
+    def __init__(self, manager: RewardManager, prompts: list[Any], ground_truths: list[Any],
+                 metas: list[dict[str, Any]], data_sources: list[str | None]) -> None:
+        self.manager, self.pool = manager, manager.pool
+        self.prompts, self.ground_truths, self.metas, self.data_sources = prompts, ground_truths, metas, data_sources
+        self._responses: list[str | None] = [None] * len(prompts)
+        self._calls: dict[tuple[int, int], RewardCall] = {}  # (function, sample) -> its per-sample call
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def add(self, indices: Sequence[int], responses: Sequence[str]) -> None:
+        """Samples `indices` have these responses: start their per-sample calls."""
+        fns, keys = [], []
+        for i, response in zip(indices, responses, strict=True):
+            i = int(i)
+            self._responses[i] = response
+            for f, ld in enumerate(self.manager._loaded):
+                if ld.trl_style or ld.spec.batched or not ld.applies(self.data_sources[i]):
+                    continue
+                keys.append((f, i))
+                fns.append(functools.partial(self.manager._call_one, ld, i, self.prompts[i], response,
+                                             self.ground_truths[i], self.metas[i], self.data_sources[i]))
+        self._calls.update(zip(keys, self.pool.submit(fns), strict=True))
+
+    def finish(self, responses: Sequence[str], response_ids: Sequence[Sequence[int]] | None = None) -> RewardResult:
+        """Every sample's response (those `add`ed before must be the same; one that is not is scored again):
+        the batch's result, once every call has finished or timed out."""
+        n = len(self.prompts)
+        if len(responses) != n or (response_ids is not None and len(response_ids) != n):
+            got = {"responses": len(responses)} | ({} if response_ids is None else {"response_ids": len(response_ids)})
+            raise RewardError(f"Scoring.finish got {got} for the {n} samples it was started with; pass one "
+                              "response per sample, in the order of the rows.")
+        batch = _Samples(self.prompts, list(responses), self.ground_truths, self.metas, self.data_sources,
+                         response_ids)
+        manager, loaded = self.manager, self.manager._loaded
+        calls: list[list[RewardCall] | RewardCall | None] = [None] * len(loaded)
+        logged: list[dict[str, list[float]]] = [{} for _ in loaded]
+        applies = [[i for i in range(n) if ld.applies(self.data_sources[i])] for ld in loaded]
+        whole = {f: (functools.partial(manager._call_trl, ld, idx, batch, logged[f]) if ld.trl_style
+                     else functools.partial(manager._call_batched, ld, idx, batch))
+                 for f, (ld, idx) in enumerate(zip(loaded, applies, strict=True))
+                 if (ld.trl_style or ld.spec.batched) and idx}  # one call over the batch: queued first, the longest
+        for f, call in zip(whole, self.pool.submit(list(whole.values())), strict=True):
+            calls[f] = call
+        todo = [i for i in range(n) if self._responses[i] != responses[i]]
+        self.add(todo, [responses[i] for i in todo])
+        for f, (ld, idx) in enumerate(zip(loaded, applies, strict=True)):
+            if not (ld.trl_style or ld.spec.batched):
+                calls[f] = [self._calls[f, i] for i in idx]
+        return manager._assemble(batch, calls, logged, self.pool)
+
+
 def _at(exc: BaseException) -> str:
     """`, at File "r.py", line 3, in fn: <its text>`: the user's own line, so the message replaces the
     traceback (still chained, for a debugger)."""
@@ -555,10 +669,26 @@ def _at(exc: BaseException) -> str:
     return f",\n  at {where}" if where else ""
 
 
+def _thread_hint(exc: BaseException) -> str:
+    """Reward calls run on worker threads (`RewardPool`), where `signal` (a SIGALRM timeout) is refused."""
+    if isinstance(exc, ValueError) and "main thread" in str(exc):
+        return (" Reward functions run on worker threads (reward.workers), where signal handlers cannot be set: "
+                "drop the function's own signal-based timeout (reward.timeout_s already bounds every call).")
+    return ""
+
+
 def _short(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
+
+
+def configure_rewards(env: Any, *, workers: int, timeout_s: float) -> None:
+    """Give `env`'s reward manager the run's `reward.workers` and `reward.timeout_s` (environments without
+    one score their own way)."""
+    manager = getattr(env, "reward_manager", None)
+    if isinstance(manager, RewardManager):
+        manager.configure(workers=workers, timeout_s=timeout_s)
 
 
 def report_progress(env: Any, progress: TrainingProgress) -> None:
@@ -568,4 +698,4 @@ def report_progress(env: Any, progress: TrainingProgress) -> None:
     if manager is not None:
         manager.progress = progress
 
-__all__ = ["report_progress", "RewardManager", "RewardResult", "TrainingProgress"]
+__all__ = ["configure_rewards", "report_progress", "RewardManager", "RewardResult", "Scoring", "TrainingProgress"]

@@ -14,6 +14,7 @@ the install command.
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 from verl.errors import RewardError, install_hint
@@ -33,10 +34,16 @@ def _library() -> Any:
     return math_verify
 
 
+def _own_timeout() -> int | None:
+    """Math-Verify's own 5 s timeout is a SIGALRM, which only the main thread may set: on a reward worker
+    thread (verl.rewards.pool) it is off, and reward.timeout_s bounds the whole call instead."""
+    return 5 if threading.current_thread() is threading.main_thread() else None
+
+
 @functools.lru_cache(maxsize=4096)  # a GRPO group's n responses share one ground truth
 def _parsed_ground_truth(text: str) -> Any:
     parse = _library().parse
-    parsed = parse(text) or parse(f"${text}$")
+    parsed = parse(text, parsing_timeout=_own_timeout()) or parse(f"${text}$", parsing_timeout=_own_timeout())
     if not parsed:
         raise RewardError(f"math_verify: the ground truth {text!r} has no answer Math-Verify can read. Fix: store "
                           "the final answer (LaTeX such as \\frac{1}{2}, or a number) in the ground truth, or "
@@ -51,11 +58,12 @@ def math_verify_reward(prompt: Any, response: str, ground_truth: Any, *, float_r
     `float_rounding`, `numeric_precision` and `strict` are Math-Verify's `verify` options (digits compared
     after rounding, digits of numeric evaluation, and whether symbols must match exactly)."""
     gold = _parsed_ground_truth(str(ground_truth).strip())
-    answer = _library().parse(response)
+    answer = _library().parse(response, parsing_timeout=_own_timeout())
     if not answer:
         return 0.0
     return 1.0 if _library().verify(gold, answer, float_rounding=float_rounding,
-                                   numeric_precision=numeric_precision, strict=strict) else 0.0
+                                   numeric_precision=numeric_precision, strict=strict,
+                                   timeout_seconds=_own_timeout()) else 0.0
 
 
 math_verify_reward.needs_ground_truth = True  # type: ignore[attr-defined]  # (builtin.needs_ground_truth's mark)

@@ -35,6 +35,7 @@ from verl.models.dropout import disable_dropout
 from verl.models.hf_loader import load_tokenizer
 from verl.models.lora import AdapterOff, base_of
 from verl.models.reward_model import RewardModelScorer
+from verl.rewards.manager import configure_rewards
 from verl.rollout import RolloutEngine, build_engine
 from verl.tracking import Tracker
 from verl.trainer.batch import RolloutBatch
@@ -282,6 +283,7 @@ def compose_rl(parts: Components, given: Given) -> None:
     reward_functions = ([RewardModelFunction(setup_reward_model(config, process), config.reward.model_weight)]
                         if local_reward_model else [])
     parts.env = setup_env(config, parts.checks, given, reward_functions)
+    configure_rewards(parts.env, workers=config.reward.workers, timeout_s=config.reward.timeout_s)  # the pool
     for problem in check_env_options(config, parts.env, parts.tokenizer):  # an environment passed in, or one with a reward model
         raise problem
     if config.needs_ref and "ref" in roles:
