@@ -275,6 +275,31 @@ def test_checking_for_ended_rows_every_few_tokens_gives_the_same_rollout(qwen2, 
         HFKVCacheEngine(qwen2, eos_check_every=0)
 
 
+@pytest.mark.parametrize("every", [1, 5])
+def test_rows_are_told_once_as_they_finish_with_their_final_tokens(qwen2, every):
+    """`on_rows_finished` (the trainer scores a response while the others are still sampled): every row is
+    told exactly once, with tokens that are already its response's, early enders before the rows that run
+    to the length limit; the rollout is the same with or without the hook."""
+    ids, mask = left_padded(LENGTHS, seed=2)
+    eos = frequent_tokens(qwen2, ids, mask, 12)
+    params = SamplingParams(temperature=1.0, top_k=2, max_new_tokens=12, n=2, eos_token_ids=eos, pad_token_id=299)
+    engine = HFKVCacheEngine(qwen2, eos_check_every=every)
+    told: list[list[tuple[int, list[int]]]] = []
+    engine.on_rows_finished = lambda rows, tokens, lengths: told.append(
+        [(int(r), tokens[r, : int(lengths[r])].tolist()) for r in rows])
+    out = engine.generate(ids, mask, params, torch.Generator().manual_seed(3))
+    rows = [r for call in told for r, _ in call]
+    assert sorted(rows) == list(range(out.response_ids.shape[0]))
+    for r, tokens in (item for call in told for item in call):
+        assert tokens == out.response_ids[r, : int(out.response_mask[r].sum())].tolist()
+    ran_to_limit = set((~out.finished).nonzero().flatten().tolist())
+    assert 0 < len(ran_to_limit) < len(rows) and len(told) > 1
+    assert {r for r, _ in told[-1]} >= ran_to_limit and not ran_to_limit & {r for call in told[:-1] for r, _ in call}
+    engine.on_rows_finished = None
+    plain = engine.generate(ids, mask, params, torch.Generator().manual_seed(3))
+    assert torch.equal(plain.response_ids, out.response_ids) and torch.equal(plain.logprobs, out.logprobs)
+
+
 def test_restores_training_mode():
     model = make_model("qwen2", seed=2).train()
     ids, mask = left_padded([3, 2])

@@ -68,6 +68,8 @@ class Decoded:
 
 # Asked which of some rows (indices into the batch) end at a step, given the [B, steps] tokens so far.
 EndCheck = Callable[[torch.Tensor, int, torch.Tensor], torch.Tensor]
+# Told which rows (indices into the batch) finished, with the [B, steps] tokens and [B] lengths so far.
+RowsFinished = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
 def _full_attention_only(config: Any) -> bool:
@@ -121,6 +123,11 @@ class HFKVCacheEngine(RolloutEngine):
         # weights changed under the decode (an asynchronous rollout's delivery: a partial rollout), so the
         # tokens from the next one on are sampled by the new weights.
         self.between_tokens: Callable[[int], bool] | None = None
+        # Called by `generate` as rows finish, with the newly finished rows (indices into its output, a [k]
+        # tensor), the [B, max_new_tokens] token buffer and the [B] lengths, final for those rows: after the
+        # step where they sampled an eos (on an accelerator, at the next eos check) and, for rows that ran to
+        # max_new_tokens, at the end. The caller can start on a response (score it) before the batch is done.
+        self.on_rows_finished: RowsFinished | None = None
 
     @property
     def fast_decode_reason(self) -> str:
@@ -213,7 +220,7 @@ class HFKVCacheEngine(RolloutEngine):
         state.next_pos = state.next_pos + mask.long().sum(1)
 
     def decode(self, state: Decoding, params: SamplingParams, steps: int, generator: torch.Generator | None = None,
-               *, keep: bool = False, end: EndCheck | None = None) -> Decoded:
+               *, keep: bool = False, end: EndCheck | None = None, finished: RowsFinished | None = None) -> Decoded:
         """Sample up to `steps` tokens per row of `state`. A row ends at an eos id, when `end` says so, or
         after `steps` tokens; ended rows leave the decode batch, so they cost nothing.
 
@@ -221,7 +228,8 @@ class HFKVCacheEngine(RolloutEngine):
         other than eos at `step`; `tokens` is the [B, steps] buffer so far. With ``keep``, the ended rows'
         cache rows are set aside and every row is back in `state` afterwards, in its place, with the
         tokens it wrote on the cache except its last one (the caller feeds it, with what follows it);
-        without, `state` is used up. Call inside ``torch.inference_mode()``.
+        without, `state` is used up. `finished(rows, tokens, lengths)` is told of each row once, when its
+        tokens are final (see `on_rows_finished`). Call inside ``torch.inference_mode()``.
         """
         cache, logits, next_pos = state.cache, state.logits, state.next_pos
         device, rows, width = logits.device, logits.shape[0], state.mask.shape[1]
@@ -247,6 +255,7 @@ class HFKVCacheEngine(RolloutEngine):
         # computed until then, their tokens masked), except where `end` or holes need every token.
         every = (self.eos_check_every or (1 if device.type == "cpu" else 8)) if end is None and not holes else 1
         stopped = torch.zeros(rows, dtype=torch.bool, device=device) if every > 1 else None
+        told = torch.zeros(rows, dtype=torch.bool, device=device) if finished is not None else None
 
         for step in range(steps):
             sampling = writing.nonzero().flatten() if holes else None
@@ -279,6 +288,9 @@ class HFKVCacheEngine(RolloutEngine):
                     lengths[at[done]] = step + 1
                 else:
                     done = None
+            if told is not None and done is not None:
+                told[at[done]] = True
+                finished(at[done], tokens, lengths)
             if step == steps - 1:
                 break
             if holes:  # every row feeds a column: a masked hole (pad) for one that stopped writing
@@ -311,6 +323,8 @@ class HFKVCacheEngine(RolloutEngine):
                 logits = self._forward(tok.unsqueeze(-1), step_mask, next_pos.unsqueeze(-1), cache)
             next_pos = next_pos + (writing.long() if holes else 1)
 
+        if told is not None and not bool(told.all()):  # the rows that ran to the limit (or ended unchecked)
+            finished((~told).nonzero().flatten(), tokens, lengths)
         if keep:
             if parked:  # every row back in its place
                 where = torch.empty(rows, dtype=torch.long, device=device)
@@ -362,7 +376,7 @@ class HFKVCacheEngine(RolloutEngine):
                 # Prefill each prompt once; the cache is repeated for the n samples afterwards.
                 state = self.prefill(input_ids, attention_mask, input_ids.shape[1] + params.max_new_tokens)
                 state.repeat(params.n)
-                out = self.decode(state, params, params.max_new_tokens, generator)
+                out = self.decode(state, params, params.max_new_tokens, generator, finished=self.on_rows_finished)
         finally:
             self.model.train(was_training)
         prompt_ids = input_ids.to(device=out.tokens.device, dtype=torch.long).repeat_interleave(params.n, dim=0)
@@ -378,4 +392,4 @@ class HFKVCacheEngine(RolloutEngine):
         )
 
 
-__all__ = ["Decoded", "Decoding", "HFKVCacheEngine"]
+__all__ = ["Decoded", "Decoding", "HFKVCacheEngine", "RowsFinished"]
