@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 from verl.data.report import location
 from verl.data.sampler import ResumableOrder
 from verl.errors import ConfigError, DataError, RewardError
-from verl.rewards.manager import RewardManager, RewardResult
+from verl.rewards.manager import RewardManager, RewardResult, Scoring
 
 
 @runtime_checkable
@@ -147,6 +147,15 @@ class PromptEnv:
             [r.get("data_source") for r in rows],
             response_ids,
         )
+
+    def start_scoring(self, rows: Sequence[Mapping[str, Any]]) -> Scoring | None:
+        """What `compute_reward(rows, responses)` computes, started before the responses exist: `add` them as
+        they are written, `finish` with all of them. None where that would not be the same: no reward
+        manager, or a subclass that scores in its own `compute_reward`."""
+        if self.reward_manager is None or type(self).compute_reward is not PromptEnv.compute_reward:
+            return None
+        return self.reward_manager.start([r.get("prompt") for r in rows], [r.get("ground_truth") for r in rows],
+                                         [r.get("metadata") or {} for r in rows], [r.get("data_source") for r in rows])
 
     def state_dict(self) -> dict[str, Any]:
         return self._order.state_dict()

@@ -50,6 +50,7 @@ from verl.trainer.forward import can_share_prompt, logprobs_of, values_of
 from verl.trainer.precision import compute_dtype
 from verl.trainer.python_api import RewardArg, python_run
 from verl.trainer.reward_model import RemoteRewardModel
+from verl.trainer.reward_overlap import RewardOverlap, response_id_lists
 from verl.trainer.runtime import TrainerRuntime
 from verl.trainer.step_metrics import batch_metrics, timed
 
@@ -92,6 +93,8 @@ class RLTrainer(TrainerRuntime):
         self.kl_ctrl, self.drift_guard = kl_controller(config.algorithm), DriftGuard()  # the guard's calibration
         self.entropy_ctrl = update.entropy_controller(config.actor)  # None: the fixed actor.entropy_coef
         self.async_rollout = async_rollout_for(config, parts, self.get_batch, self.generate, self.decode_responses)
+        self.reward_overlap = RewardOverlap(config.reward.overlap and self.multiturn is None and not config.is_async,
+                                            self.env, self.engine, self.decode_responses)  # scoring while generating
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -218,7 +221,7 @@ class RLTrainer(TrainerRuntime):
         if self.multiturn is not None:
             return self.multiturn.generate(batch, self.config.rollout.n, self.sampling, self.generator)
         n = self.config.rollout.n
-        with ready_to_sample(self.engine, self.model, self.gathered):  # gathered, or pushed into vLLM
+        with ready_to_sample(self.engine, self.model, self.gathered), self.reward_overlap.generating(batch):
             out = self.engine.generate(batch.prompt_ids[::n].to(self.device), batch.prompt_mask[::n].to(self.device),
                                        self.sampling, generator=self.generator)
         batch.prompt_ids, batch.prompt_mask = out.prompt_ids, out.prompt_mask.long()
@@ -234,9 +237,7 @@ class RLTrainer(TrainerRuntime):
         token ids too (TRL's `completion_ids`), eos included."""
         if not takes_parameter(self.env.compute_reward, "response_ids"):
             return self.env.compute_reward(rows, responses)
-        lengths = response_mask.sum(dim=1).tolist()
-        ids = [row[: int(length)].tolist() for row, length in zip(response_ids.cpu(), lengths, strict=True)]
-        return self.env.compute_reward(rows, responses, response_ids=ids)
+        return self.env.compute_reward(rows, responses, response_ids=response_id_lists(response_ids, response_mask))
 
     def compute_reward(self, batch: RolloutBatch) -> RolloutBatch:
         """Sequence scores from the environment, placed on each response's last (model-written) token."""
@@ -245,7 +246,8 @@ class RLTrainer(TrainerRuntime):
         else:
             report_progress(self.env, TrainingProgress(self.step_count, self.config.trainer.total_steps,
                                                        getattr(self.env, "epoch", 0)))
-            result = self.score_responses(batch.rows, batch.responses, batch.response_ids, batch.response_mask)
+            result = self.reward_overlap.finish(batch) or self.score_responses(  # started in `generate`, or here
+                batch.rows, batch.responses, batch.response_ids, batch.response_mask)
             batch.scores = result.scores.to(self.device, torch.float32)
             batch.metrics = dict(result.metrics)
             batch.accuracy = accuracy_of(result, batch.scores)
