@@ -9,7 +9,7 @@ a private working folder removed afterwards and an empty environment; where the 
 network, its own PID namespace and private /tmp (`isolation().describe()` says what this host gives).
 """
 
-from verl.sandbox.isolation import FEATURES, Isolation, isolation
+from verl.sandbox.isolation import FEATURES, Isolation, configure, isolation
 from verl.sandbox.runner import SandboxResult, run_code
 
-__all__ = ["FEATURES", "Isolation", "SandboxResult", "isolation", "run_code"]
+__all__ = ["FEATURES", "Isolation", "SandboxResult", "configure", "isolation", "run_code"]

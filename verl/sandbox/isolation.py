@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from verl.errors import SandboxError
 
@@ -68,6 +69,19 @@ class Isolation:
                                f"not give ({self.describe()}). Fix: {FIX}.")
 
 
+# Set once from the run's `sandbox` config section (verl.trainer.startup); run_code's own arguments win.
+DEFAULTS: dict[str, Any] = {"python": None, "require": ()}
+
+
+def configure(*, python: str | None = None, require: Iterable[str] = ()) -> Isolation:
+    """Make `python` and `require` the defaults of every run_code of this process; returns the isolation they
+    give, refusing (SandboxError, with the fix) when this host cannot give what `require` asks."""
+    found = isolation(python)
+    found.require(require, "sandbox.require")
+    DEFAULTS.update(python=python, require=tuple(require))
+    return found
+
+
 def _works(cmd: list[str], uid: int | None = None) -> bool:
     def drop() -> None:  # the probe runs as the sandbox would: under an unprivileged uid
         os.setgroups([])
@@ -115,4 +129,4 @@ def isolation(python: str | None = None, namespaces: bool = True) -> Isolation:
     return Isolation(own_user=root, unshare=prefix, python=found)
 
 
-__all__ = ["FEATURES", "Isolation", "isolation"]
+__all__ = ["DEFAULTS", "FEATURES", "Isolation", "configure", "isolation"]

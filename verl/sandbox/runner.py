@@ -25,7 +25,7 @@ from typing import IO, Literal
 
 from verl.errors import SandboxError
 from verl.sandbox._init import sweep
-from verl.sandbox.isolation import SANDBOX_UID_BASE, isolation
+from verl.sandbox.isolation import DEFAULTS, SANDBOX_UID_BASE, isolation
 
 Status = Literal["ok", "timeout", "memory", "killed", "error"]
 INIT = str(Path(__file__).with_name("_init.py"))
@@ -128,7 +128,7 @@ def run_code(
     max_file_mb: int = 16,
     max_output_bytes: int = 1 << 16,
     files: Mapping[str, str | bytes] | None = None,
-    require: Iterable[str] = (),
+    require: Iterable[str] | None = None,
     python: str | None = None,
     namespaces: bool = True,
 ) -> SandboxResult:
@@ -138,12 +138,13 @@ def run_code(
     timeout), `memory_mb` address space, `max_processes`, `max_open_files`, `max_file_mb` per file written,
     `max_output_bytes` per stream (past it the run is killed). `files` are written into the private working
     folder first (e.g. test inputs). `require`: isolation features the run must have (verl.sandbox.FEATURES);
-    a host without one raises SandboxError naming the fix. `namespaces=False` leaves out the namespaces (the
+    a host without one raises SandboxError naming the fix. `python` runs the code. Both default to what
+    `verl.sandbox.configure` set (the run's `sandbox` config section). `namespaces=False` leaves out the namespaces (the
     fallback every POSIX host has)."""
     _check_limits(timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=cpu_s or timeout_s, max_processes=max_processes,
                   max_open_files=max_open_files, max_file_mb=max_file_mb, max_output_bytes=max_output_bytes)
-    iso = isolation(python, namespaces)
-    iso.require(require, "run_code(require=...)")
+    iso = isolation(python or DEFAULTS["python"], namespaces)
+    iso.require(DEFAULTS["require"] if require is None else require, "run_code(require=...)")
     base = tempfile.mkdtemp(prefix="verl-sandbox-")
     try:
         work = Path(base) / "work"

@@ -28,7 +28,7 @@ from verl.config.loader import config_to_yaml
 from verl.config.schema import RunConfig
 from verl.errors import CheckpointError, ConfigError
 from verl.trainer.components import Components, setup_checkpoints, setup_tracker
-from verl.trainer.startup import VAL_ONLY_NEEDS_ROWS
+from verl.trainer.startup import VAL_ONLY_NEEDS_ROWS, check_sandbox
 
 
 class Trainer(Protocol):
@@ -151,6 +151,8 @@ def banner_lines(trainer: Trainer, resume_from: Path | None, saved_yaml: str | N
     if rows:
         lines.append(f"data: {rows}")
     lines.append(f"run directory: {trainer.run_dir}")
+    sandbox = check_sandbox(cfg)[1]  # the isolation model-written code gets on this host
+    lines += [sandbox] if sandbox else []
     if resume_from is None:
         why = "trainer.resume=never" if cfg.trainer.resume == "never" else "no checkpoint to resume"
         lines.append(f"{'validating the model as loaded' if cfg.trainer.val_only else 'starting from scratch'} ({why})")

@@ -245,6 +245,24 @@ def check_response_length(config: RunConfig, kind: str) -> list[VerlError]:
                         "remove data.max_response_length")]
 
 
+def runs_model_code(config: RunConfig) -> bool:
+    """Whether this run executes model-written code in verl.sandbox (a code_exec reward, or isolation asked)."""
+    return bool(config.sandbox.require) or any(f.get("name") == "code_exec" for f in config.reward.functions)
+
+
+def check_sandbox(config: RunConfig) -> tuple[list[VerlError], str | None]:
+    """Make the `sandbox` section this process's default and say what isolation the host gives (None when the
+    run executes no model-written code); a demanded feature the host lacks is a problem naming the fix."""
+    if not runs_model_code(config):
+        return [], None
+    from verl.sandbox import configure
+
+    try:
+        return [], configure(python=config.sandbox.python, require=config.sandbox.require).describe()
+    except VerlError as exc:
+        return [exc], None
+
+
 def check_run_dir(config: RunConfig) -> list[VerlError]:
     """The run folder must be creatable and writable: found here, not as a traceback from the first write
     after the model loaded (or once per rank). Only a temporary folder is created, and removed, so a check
@@ -341,6 +359,9 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
     problems += check_offline_options(config, kind)
     problems += check_overlong_buffer(config) + check_val_n(config) if kind == "rl" else []
     problems += backend_problems(config.logging.backends) + check_run_dir(config)
+    sandbox_problems, sandbox_note = check_sandbox(config)
+    problems += sandbox_problems
+    report.rl_notes += [sandbox_note] if sandbox_note else []
     lora = check_lora(config, model_path=model_path, mapping=report.mapping, kind=kind)
     problems += lora.problems
     report.parameters = lora.counts
