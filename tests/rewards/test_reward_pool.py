@@ -4,6 +4,7 @@ results independent of which call finished first, and the strict errors of seria
 from __future__ import annotations
 
 import random
+import select
 import signal
 import threading
 import time
@@ -204,3 +205,26 @@ def test_a_copied_manager_gets_a_fresh_pool_with_the_same_settings():
     for other in (copy.deepcopy(manager), pickle.loads(pickle.dumps(manager))):
         assert other.pool is not manager.pool and (other.pool.workers, other.pool.timeout_s) == (3, 7.0)
         assert other.score(["p"], ["a"], ["b"]).scores.tolist() == [0.0]
+
+
+def test_a_forked_child_scores_on_threads_of_its_own():
+    import os
+
+    manager = RewardManager([{"name": "exact_match"}])
+    assert manager.score(["p"], ["a"], ["a"]).scores.tolist() == [1.0]  # the parent's workers exist now
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child inherits the pool's state but none of its threads
+        ok = False
+        try:
+            ok = manager.score(["p", "p"], ["a", "b"], ["a", "a"]).scores.tolist() == [1.0, 0.0]
+        finally:
+            os.write(write, b"1" if ok else b"0")
+            os._exit(0)
+    os.close(write)
+    ready, _, _ = select.select([read], [], [], 20)  # a child waiting on threads it does not have would hang
+    got = os.read(read, 1) if ready else b"hung"
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    assert got == b"1"

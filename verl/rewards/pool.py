@@ -19,6 +19,7 @@ threads; a supervisor thread runs only while calls do, to enforce their deadline
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -52,7 +53,15 @@ class RewardPool:
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
             raise ConfigError(f"reward.timeout_s must be a number of seconds > 0, got {timeout_s!r}.")
         self.workers, self.timeout_s, self.idle_s = workers, float(timeout_s), idle_s
-        self._cond = threading.Condition()
+        self._reset()
+
+    def _reset(self) -> None:
+        """No threads, no calls: at start, and in a forked child (which inherits the state, not the threads)."""
+        self._pid = os.getpid()
+        lock = threading.Lock()
+        # One lock, three wake-up lists, so that a state change wakes only the threads it concerns: idle
+        # workers (new work), waiters (a call is done), the supervisor (a deadline to keep).
+        self._work, self._done, self._watch = (threading.Condition(lock) for _ in range(3))
         self._queue: collections.deque[RewardCall] = collections.deque()
         self._running: set[RewardCall] = set()
         self._alive = 0  # worker threads that count toward `workers` (abandoned ones do not)
@@ -68,17 +77,19 @@ class RewardPool:
     def submit(self, fns: Sequence[Callable[[], Any]]) -> list[RewardCall]:
         """Queue the calls (in this order); they start as workers free up."""
         calls = [RewardCall(fn) for fn in fns]
+        if self._pid != os.getpid():
+            self._reset()
         if calls:
-            with self._cond:
+            with self._work:
                 self._queue.extend(calls)
                 self._spawn()
-                self._cond.notify_all()
+                self._work.notify(len(calls))
         return calls
 
     def wait(self, call: RewardCall) -> RewardCall:
         """Block until `call` has finished or timed out (at most `timeout_s` after it started)."""
-        with self._cond:
-            self._cond.wait_for(lambda: call.done)
+        with self._done:
+            self._done.wait_for(lambda: call.done)
         return call
 
     # -- the threads -------------------------------------------------------------------------------
@@ -86,40 +97,41 @@ class RewardPool:
         """Start workers (holding the lock) while there is queued work no idle worker will take."""
         while self._alive < self.workers and len(self._queue) > self._idle:
             self._alive += 1
-            threading.Thread(target=self._work, name="verl-reward-worker", daemon=True).start()
+            threading.Thread(target=self._worker, name="verl-reward-worker", daemon=True).start()
 
-    def _work(self) -> None:
+    def _worker(self) -> None:
         while True:
-            with self._cond:
+            with self._work:
                 if not self._queue:
                     self._idle += 1
-                    self._cond.wait_for(lambda: self._queue, timeout=self.idle_s)
+                    self._work.wait_for(lambda: self._queue, timeout=self.idle_s)
                     self._idle -= 1
                     if not self._queue:
                         self._alive -= 1
                         return
                 call = self._queue.popleft()
                 call.started = time.monotonic()
-                self._running.add(call)
+                self._running.add(call)  # its deadline is after every running call's: the supervisor need not know
                 if not self._supervised:
                     self._supervised = True
                     threading.Thread(target=self._supervise, name="verl-reward-timeouts", daemon=True).start()
-                self._cond.notify_all()  # the supervisor: a new deadline
             value, error = None, None
             try:
                 value = call.fn()
             except BaseException as e:  # noqa: BLE001 - handed to the waiter, which decides
                 error = e
-            with self._cond:
+            with self._done:
                 if call.timed_out:  # given up on: this thread was replaced, so it ends here
                     return
                 self._running.discard(call)
                 call.value, call.error, call.done = value, error, True
-                self._cond.notify_all()
+                self._done.notify_all()
+                if not self._running:
+                    self._watch.notify()  # nothing left to watch: the supervisor ends
 
     def _supervise(self) -> None:
         """Time out the calls past their deadline, replacing their threads, until none runs."""
-        with self._cond:
+        with self._watch:
             while self._running:
                 now = time.monotonic()
                 overdue = [c for c in self._running if c.started + self.timeout_s <= now]
@@ -130,10 +142,10 @@ class RewardPool:
                     self.abandoned += 1
                 if overdue:
                     self._spawn()
-                    self._cond.notify_all()
-                if self._running:
-                    deadline = min(c.started for c in self._running) + self.timeout_s
-                    self._cond.wait(max(deadline - now, 0.0))
+                    self._work.notify(len(self._queue))
+                    self._done.notify_all()
+                if self._running:  # until the earliest deadline (calls that end before it are just gone)
+                    self._watch.wait(min(c.started for c in self._running) + self.timeout_s - now)
             self._supervised = False
 
 
