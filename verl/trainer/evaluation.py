@@ -111,9 +111,8 @@ def stat_metrics(sums: Sequence[float], rows: int, n: int, ks: Sequence[int]) ->
         metrics["accuracy"] = metrics["score"]
     for i, k in enumerate(ks):
         metrics[f"{'pass' if not_binary == 0 else 'best'}@{k}"] = sums[2 + 2 * i] / rows
-        metrics[f"maj@{k}"] = sums[3 + 2 * i] / rows
-        metrics[f"mean@{k}"] = metrics["score"]
-    return metrics
+    metrics |= {f"maj@{k}": sums[3 + 2 * i] / rows for i, k in enumerate(ks)}
+    return metrics | {f"mean@{k}": metrics["score"] for k in ks}
 
 
 def evaluate_rows(rows: Sequence[Mapping[str, Any]], answer: Callable[[list[Mapping[str, Any]]], Answers], *,
