@@ -28,7 +28,6 @@ from .estimators import ESTIMATOR_NAMES, ESTIMATORS, AdvantageEstimator, Estimat
 from .kl import K3_CLAMP, KL_KINDS, AdaptiveKLController, FixedKLController, kl_penalty, sequence_kl_sums
 from .logits import entropy_from_logits, token_logprobs, token_logprobs_and_entropy
 from .losses import ppo_policy_loss, value_loss
-from .pass_at_k import best_at_k, maj_at_k, pass_at_k, pass_at_k_rows
 
 __all__ = [
     "AGG_MODES",
@@ -44,7 +43,6 @@ __all__ = [
     "AdaptiveKLController",
     "FixedKLController",
     "aggregate_loss",
-    "best_at_k",
     "compute_gae",
     "compute_grpo_advantages",
     "compute_reinforce_pp_returns",
@@ -53,15 +51,12 @@ __all__ = [
     "entropy_from_logits",
     "explained_variance",
     "kl_penalty",
-    "maj_at_k",
     "masked_mean",
     "masked_moments",
     "masked_quantiles",
     "masked_var",
     "masked_whiten",
     "overlong_penalty",
-    "pass_at_k",
-    "pass_at_k_rows",
     "place_score_on_last_token",
     "ppo_policy_loss",
     "sequence_kl_sums",

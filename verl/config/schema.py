@@ -552,8 +552,7 @@ class DevicesConfig(Section):
 
 class CheckpointConfig(Section):
     save_interval: int = Field(0, ge=0, description="Steps between saves; 0 = only at the end.")
-    save_total_limit: int | None = Field(None, gt=0, description="Keep the newest N checkpoints (and the "
-                                         "keep_best one); None = keep all.")
+    save_total_limit: int | None = Field(None, gt=0)
     async_save: bool = False
     keep_best: str | None = Field(None, description="A validation metric (val/pass@1, val/score, val/<source>/maj@4, "
                                   "...): the checkpoint of the best value so far is kept apart from the "
