@@ -130,3 +130,17 @@ def test_progress_reports_the_rows_answered():
     done: list[int] = []
     run(scripted_rows(), [1], progress=done.append)
     assert done == [2, 4, 5]
+
+
+def test_ranks_answering_shares_reduce_to_the_one_rank_numbers():
+    """Two data-parallel ranks (simulated: the reduction is a sum) each answer their share; the reduced
+    metric@k, per source too, equal one rank answering every row."""
+    rows = scripted_rows()
+    whole = run(rows, [1, 2, 3])
+    sums = []
+    for rank in range(2):
+        evaluate_rows(rows, scripted_answer, n=4, ks=[1, 2, 3], chunk_size=2, dp_rank=rank, dp_size=2,
+                      all_reduce_sum=lambda t: sums.append(t) or t)
+    reduced = evaluate_rows(rows, scripted_answer, n=4, ks=[1, 2, 3], chunk_size=2, dp_rank=0, dp_size=2,
+                            all_reduce_sum=lambda t: sums[0] + sums[1])
+    assert reduced == pytest.approx(whole, abs=1e-12) and set(reduced) == set(whole)

@@ -106,3 +106,27 @@ def test_validation_logs_pass_maj_and_mean_at_k(tmp_path):
     assert row["val/pass@1"] == pytest.approx(row["val/score"]) == row["val/mean@3"]
     assert row["val/pass@1"] <= row["val/pass@3"]
     json.dumps(row)
+
+
+def test_async_saves_mark_the_best_once_committed(tmp_path):
+    run_dir = tmp_path / "run"
+    config = rl_config(run_dir, *KEEP, "trainer.total_steps=3", "checkpoint.async_save=true")
+    scripted(RLTrainer(config), {1: 0.3, 2: 0.7, 3: 0.1}).fit()
+    assert steps(run_dir) == [2, 3] and read_best(run_dir / "checkpoints").step == 2
+
+
+def test_sft_keeps_the_smallest_validation_loss(tmp_path):
+    from verl.trainer.sft_trainer import SFTTrainer
+
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(json.dumps({"input": f"{i}+1=", "output": str(i + 1)}) + "\n" for i in range(8)))
+    run_dir = tmp_path / "run"
+    config = rl_config(run_dir, "trainer.kind=sft", "data.kind=sft", f"data.train_files=[{data}]", "env.name=null",
+                       "data.val_size=2", "sft.batch_size=2", "trainer.total_steps=3", "trainer.val_every=1",
+                       "checkpoint.save_total_limit=1", "checkpoint.keep_best=val/loss",
+                       "checkpoint.keep_best_mode=min", reward=None)
+    trainer = SFTTrainer(config)
+    losses = {1: 2.0, 2: 1.0, 3: 1.5}
+    trainer.validate = lambda: {"val/loss": losses[trainer.step_count]}
+    trainer.fit()
+    assert steps(run_dir) == [2, 3] and read_best(run_dir / "checkpoints") == BestRecord(2, "val/loss", 1.0, "min")
