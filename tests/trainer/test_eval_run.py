@@ -106,3 +106,19 @@ def test_a_checkpoint_that_does_not_verify_is_refused(tmp_path):
 @pytest.fixture(autouse=True)
 def _empty_run(tmp_path):
     (tmp_path / "empty_run" / "checkpoints").mkdir(parents=True)
+
+
+def test_a_checkpoint_without_its_run_config_and_a_config_without_held_out_rows_are_explained(tmp_path, data):
+    import torch
+
+    from verl.checkpoint import CheckpointManager
+
+    CheckpointManager(tmp_path / "bare", save_interval=1).save(1, app_state={"model": torch.nn.Linear(2, 2)},
+                                                                extra={})
+    with pytest.raises(CheckpointError, match=r"holds no config_yaml, so the model it was trained from is unknown. "
+                       "Fix: `verl ckpt export` it"):
+        resolve_source(str(tmp_path / "bare" / "checkpoints" / "step_1"))
+    config, _ = eval_config(resolve_source("tiny"), None, ["env.name=null", f"data.train_files=[{data}]",
+                                                           f"reward.functions=[{REWARD}]", *FAST])
+    with pytest.raises(ConfigError, match=r"tiny: its config has no validation rows .* Fix: pass a DATA file"):
+        run_eval(config, resolve_source("tiny"))

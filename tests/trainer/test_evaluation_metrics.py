@@ -144,3 +144,22 @@ def test_ranks_answering_shares_reduce_to_the_one_rank_numbers():
     reduced = evaluate_rows(rows, scripted_answer, n=4, ks=[1, 2, 3], chunk_size=2, dp_rank=0, dp_size=2,
                             all_reduce_sum=lambda t: sums[0] + sums[1])
     assert reduced == pytest.approx(whole, abs=1e-12) and set(reduced) == set(whole)
+
+
+def test_bad_k_values_and_misplaced_keys_are_explained():
+    from verl.config import load_config
+    from verl.errors import RewardError
+    from verl.trainer.evaluation import check_ks
+
+    with pytest.raises(ConfigError, match=r"rollout.val_k=\[0, 2\]: \[0\] must be positive"):
+        check_ks(4, [0, 2])
+    with pytest.raises(ConfigError, match=r"trainer.val_k: unknown key .* It is rollout.val_k here"):
+        load_config(overrides=["trainer.val_k=[1,4]"])
+
+    def mine(prompt, response, ground_truth, **metadata):
+        return 1.0
+
+    mine.extract_answer = lambda response, **kwargs: 1 / 0
+    with pytest.raises(RewardError, match=r"its extract_answer raised ZeroDivisionError: .* remove its "
+                       "extract_answer attribute to vote on the text"):
+        RewardManager([mine]).extracted_answers(["x"])
