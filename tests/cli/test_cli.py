@@ -6,7 +6,7 @@ import yaml
 
 from verl.cli.main import build_parser, main
 
-SUBCOMMANDS = ["train", "check", "doctor", "data", "ckpt", "plot"]
+SUBCOMMANDS = ["train", "check", "eval", "doctor", "data", "ckpt", "plot"]
 
 
 def test_top_level_help_lists_subcommands(capsys):

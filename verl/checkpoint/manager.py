@@ -4,6 +4,7 @@ Layout (one folder per committed step; the DCP keys are the ``app_state`` keys):
 
     <run_dir>/checkpoints/
       latest                      text file "step_<N>", replaced atomically after each commit
+      best.json                   checkpoint.keep_best: the step of the best validation value (verl.checkpoint.best)
       step_<N>/
         manifest.json             every file with size + sha256, format version, step, world size,
                                   library versions, creation time, app_state keys, own checksum
@@ -61,6 +62,7 @@ from verl.checkpoint._fs import (
     sha256_file,
     write_bytes_durable,
 )
+from verl.checkpoint.best import BestRecord, read_best, write_best
 from verl.checkpoint.dcp_io import (
     SafeFileSystemReader,
     apply_state_dict,
@@ -87,7 +89,7 @@ HF_DIR = "hf"
 _STEP_RE = re.compile(r"^step_(\d+)$")
 # Leftovers of an interrupted save: a step folder being written, deleted or swapped, or the `latest`
 # pointer's temporary file (killed between its write and the rename).
-_TRASH_RE = re.compile(r"^(step_\d+\.(tmp|deleting|old)-[0-9a-f]+|latest\.tmp-\d+)$")
+_TRASH_RE = re.compile(r"^(step_\d+\.(tmp|deleting|old)-[0-9a-f]+|(latest|best\.json)\.tmp-\d+)$")
 
 
 def extra_file(rank: int) -> str:
@@ -168,6 +170,7 @@ class CheckpointInfo:
     created: str | None
     is_latest: bool
     problems: list[str] | None  # None: not verified (verify=False)
+    best: BestRecord | None = None  # the checkpoint.keep_best record, on the checkpoint it names
 
     @property
     def verified(self) -> bool:
@@ -251,6 +254,7 @@ def list_checkpoints(run_dir: str | Path, *, verify_files: bool = True) -> list[
     run_dir = Path(run_dir)
     root = run_dir if run_dir.name == CHECKPOINTS_DIR else _checkpoints_root(run_dir)
     latest = read_latest(root)
+    best = read_best(root)
     infos = []
     for step, path in _committed_steps(root):
         size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
@@ -267,6 +271,7 @@ def list_checkpoints(run_dir: str | Path, *, verify_files: bool = True) -> list[
                 created=created,
                 is_latest=path.name == latest,
                 problems=verify(path) if verify_files else None,
+                best=best if best is not None and best.folder == path.name else None,
             )
         )
     return infos
@@ -390,13 +395,15 @@ class CheckpointManager:
         app_state: dict[str, object],
         extra: dict[str, object],
         hf_assets: Sequence[object] = (),
+        best: BestRecord | None = None,
     ) -> CheckpointHandle:
         """Write checkpoint ``step``; returns when committed (sync) or when the state is snapshot (async).
 
         ``app_state``: modules, optimizers (paired with their module, see ``verl.checkpoint.dcp_io``),
         objects with ``state_dict()``, or plain dicts of tensors -> DCP. ``extra``: this rank's small
         states -> ``torch.save``. ``hf_assets``: objects with ``save_pretrained(dir)`` (HF config,
-        generation config, tokenizer) written by rank 0 into ``hf/`` for ``verl ckpt export``.
+        generation config, tokenizer) written by rank 0 into ``hf/`` for ``verl ckpt export``. ``best``: this
+        checkpoint becomes the run's best (``best.json``, spared by the rotation) once it is committed.
         """
         self.wait()  # one save in flight at a time; raises if the previous one failed
         token = f"{self._broadcast_int(secrets.randbits(62)):016x}"
@@ -417,12 +424,12 @@ class CheckpointManager:
                         )
                     asset.save_pretrained(str(tmp / HF_DIR))  # type: ignore[attr-defined]
         self._barrier()  # the folder exists before any rank writes into it
-        job_args = (step, tmp, final, state_dict, extra_bytes, sorted(state_dict))
+        job_args = (step, tmp, final, state_dict, extra_bytes, sorted(state_dict), best)
         if not self.async_save:
             self._write_and_commit(*job_args)
             return CheckpointHandle(step, final)
         state_dict = self._stage(state_dict)
-        job_args = (step, tmp, final, state_dict, extra_bytes, sorted(state_dict))
+        job_args = (step, tmp, final, state_dict, extra_bytes, sorted(state_dict), best)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verl-ckpt")
         future = self._executor.submit(self._write_and_commit_logged, *job_args)
@@ -458,6 +465,7 @@ class CheckpointManager:
         state_dict: dict[str, Any],
         extra_bytes: bytes,
         keys: list[str],
+        best: BestRecord | None = None,
     ) -> None:
         error: BaseException | None = None
         hashes: dict[str, str] = {}
@@ -473,7 +481,7 @@ class CheckpointManager:
         if rank0_commits := (self.rank == 0 and not any_failed):
             try:
                 known = {rel: sha for part in gathered for rel, sha in part.items()}
-                self._commit(step, tmp, final, known, keys)
+                self._commit(step, tmp, final, known, keys, best)
             except Exception as exc:
                 error = exc
         committed = self._broadcast_int(1 if rank0_commits and error is None else 0)
@@ -494,7 +502,8 @@ class CheckpointManager:
             "permissions of the run directory."
         ) from error
 
-    def _commit(self, step: int, tmp: Path, final: Path, known_hashes: dict[str, str], keys: list[str]) -> None:
+    def _commit(self, step: int, tmp: Path, final: Path, known_hashes: dict[str, str], keys: list[str],
+                best: BestRecord | None = None) -> None:
         for r in range(self.world_size):
             if not (tmp / extra_file(r)).is_file():
                 raise CheckpointError(f"{tmp / extra_file(r)}: rank {r} did not write its extra state.")
@@ -516,6 +525,8 @@ class CheckpointManager:
         os.rename(tmp, final)
         fsync_dir(self.root)
         atomic_write_text(self.root / LATEST_NAME, final.name + "\n")
+        if best is not None:
+            write_best(self.root, best)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         logger.info("checkpoint step %d committed at %s", step, final)
@@ -528,12 +539,19 @@ class CheckpointManager:
         committed = [p for _, p in _committed_steps(self.root)]
         others = [p for p in reversed(committed) if p.name not in protected]
         keep = max(self.save_total_limit - sum(1 for p in committed if p.name in protected), 0)
-        for victim in others[keep:]:
+        best = read_best(self.root)  # kept apart from the newest save_total_limit, not counted among them
+        for victim in [p for p in others[keep:] if best is None or p.name != best.folder]:
             trash = victim.with_name(f"{victim.name}.deleting-{secrets.token_hex(4)}")
             os.rename(victim, trash)  # atomic: a crash mid-delete never leaves a half step_<N>
             shutil.rmtree(trash, ignore_errors=True)
             logger.info("save_total_limit=%d: deleted %s", self.save_total_limit, victim)
         fsync_dir(self.root)
+
+    def set_best(self, record: BestRecord | None) -> None:
+        """Make `record` the run's best (None: no best, its folder rotates like the others); rank 0 writes.
+        The trainer calls it at start-up with the best as of the checkpoint it resumes from."""
+        if self.rank == 0 and (record is not None or read_best(self.root) is not None):
+            write_best(self.root, record)
 
     def _clean_leftovers(self) -> None:
         for p in self.root.iterdir():

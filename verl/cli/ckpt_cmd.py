@@ -34,10 +34,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not infos:
         print(f"no checkpoints under {run_dir}")
         return 0
-    rows = [("step", "verified", "size", "created", "latest", "path")]
+    rows = [("step", "verified", "size", "created", "latest", "best", "path")]
     for i in infos:
         status = "-" if i.problems is None else ("yes" if i.verified else "NO")
-        rows.append((str(i.step), status, _human(i.size_bytes), i.created or "?", "*" if i.is_latest else "",
+        best = f"* {i.best.describe()}" if i.best is not None else ""
+        rows.append((str(i.step), status, _human(i.size_bytes), i.created or "?", "*" if i.is_latest else "", best,
                      str(i.path)))
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     for r in rows:
@@ -84,7 +85,8 @@ def register(subparsers: Any) -> None:
         description="List, verify (re-hash) or export (to a Hugging Face folder) verl checkpoints.",
     )
     sub = ckpt.add_subparsers(dest="ckpt_command", metavar="ACTION", required=True)
-    p = sub.add_parser("list", help="Table of a run's checkpoints: step, verified?, size, time, latest.")
+    p = sub.add_parser("list", help="Table of a run's checkpoints: step, verified?, size, time, latest, best "
+                       "(checkpoint.keep_best, with its metric's value).")
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--no-verify", action="store_true", help="skip re-hashing (fast listing)")
     p.set_defaults(func=cmd_list)

@@ -1,4 +1,4 @@
-"""`verl`: train, check, doctor, data, ckpt, plot.
+"""`verl`: train, check, eval, doctor, data, ckpt, plot.
 
 Every subcommand turns a `VerlError` into a short red message and a non-zero exit code instead of a
 traceback: user mistakes are explained, not dumped. The message is printed verbatim (no rich markup), so
@@ -24,6 +24,7 @@ EPILOG = """examples:
   verl check cfg.yaml                           every start-up check, no training
   verl data check train.jsonl --kind prompt     validate a dataset
   verl ckpt verify runs/x/checkpoints/step_10   re-hash a checkpoint
+  verl eval runs/x/checkpoints/step_10 test.jsonl --n 8 --k 1 4 8 --out eval.json
 """
 
 
@@ -246,12 +247,13 @@ def build_parser() -> argparse.ArgumentParser:
                        "H100 80GB); default: this machine's GPU")
     check.set_defaults(func=cmd_check)
 
-    from verl.cli import ckpt_cmd, compat_cmd, data_cmd, doctor
+    from verl.cli import ckpt_cmd, compat_cmd, data_cmd, doctor, eval_cmd
 
     compat_cmd.register(sub)
     doctor.register(sub)
     data_cmd.register(sub)
     ckpt_cmd.register(sub)
+    eval_cmd.register(sub)
     from verl.tracking import plot
 
     plot.register(sub)
@@ -267,6 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command in {"train", "check"}:
         args.items, args.legacy = in_typed_order(argv, args.items, unknown)
+    elif args.command == "eval" and unknown and not any(u.startswith("-") for u in unknown):
+        args.items = [*args.items, *unknown]  # key=value overrides typed after a flag
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:

@@ -106,6 +106,11 @@ def apply_overrides(tree: dict, overrides: Sequence[str]) -> list[str]:
     return problems
 
 
+# Keys people look for in another section than ours (the issue tracker's and other frameworks' names).
+ELSEWHERE = {"trainer.val_n": "rollout.val_n", "trainer.val_k": "rollout.val_k",
+             "trainer.val_temperature": "rollout.val_temperature"}
+
+
 def _fields_at(path: Sequence[str | int]) -> list[str]:
     """Names of the valid keys of the section that `path` points into (for "did you mean")."""
     model: type[BaseModel] | None = RunConfig
@@ -138,7 +143,9 @@ def _describe(error: Mapping[str, Any], origins: Mapping[str, str], tree: Mappin
     if error["type"] == "extra_forbidden":
         known = _fields_at(loc[:-1])
         section = "".join(f"{part}." for part in loc[:-1])
-        hint = verl_key_hint(tree, loc) or did_you_mean(str(loc[-1]), known, cutoff=0.5, prefix=section)
+        moved = ELSEWHERE.get(dotted)
+        hint = (f" It is {moved} here (validation's sampling keys sit with the rollout's)." if moved else
+                verl_key_hint(tree, loc) or did_you_mean(str(loc[-1]), known, cutoff=0.5, prefix=section))
         return f"{dotted}: unknown key{where}.{hint} Valid keys here: {', '.join(known)}"
     value = error.get("input")
     shown = f" (got {value!r})" if not isinstance(value, (dict, list)) else ""

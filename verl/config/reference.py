@@ -111,7 +111,8 @@ NOTES: dict[str, str] = {
     "fsdp.limit_all_gathers": "FSDP1 key, accepted; fully_shard bounds its all-gathers itself.",
     "fsdp.use_orig_params": "FSDP1 key; must stay true with LoRA (checked).",
     "fsdp.hybrid_shard_size": "HYBRID_SHARD: ranks per shard group; None = ranks per node.",
-    "checkpoint.save_total_limit": "Keep at most this many checkpoints (oldest deleted); None = all.",
+    "checkpoint.save_total_limit": "Keep at most this many checkpoints (oldest deleted; the checkpoint.keep_best "
+                                   "one is kept apart, not counted); None = all.",
     "checkpoint.async_save": "Write checkpoints in the background; commit only after the write verifies.",
     "trainer.kind": "rl (PPO/GRPO/...), dpo or sft.",
     "trainer.total_steps": "Training steps (RL: batches of prompts; SFT/DPO: optimizer steps).",

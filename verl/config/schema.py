@@ -167,7 +167,13 @@ class RolloutConfig(Section):
     top_k: int = Field(0, ge=0, description="0 = off.")
     val_temperature: float = Field(0.0, ge=0.0, description="0 = greedy validation.")
     val_n: int = Field(1, gt=0, description="Answers sampled per held-out prompt (needs val_temperature > 0): "
-                       "val/score is their mean, val/pass@N (0/1 rewards) or val/best@N the mean best answer.")
+                       "val/score is their mean; see val_k for val/pass@k, val/maj@k and val/mean@k.")
+    val_k: list[int] = Field(default_factory=list, description="The k of the metric@k validation logs (and `verl "
+                             "eval` prints), each at most val_n: val/pass@k (the unbiased estimator of Chen et al. "
+                             "2021; val/best@k, the expected best score of k answers, when scores are not 0/1), "
+                             "val/maj@k (majority vote over the reward functions' extracted answers) and val/mean@k, "
+                             "each also per data_source when the rows mix several. Empty = [val_n] when val_n > 1.")
+    _split_k = field_validator("val_k", mode="before")(_split_csv)
     max_logprob_drift: float | None = Field(
         0.1, gt=0.0, description="Stop when the sampler's log-probs differ from the trainer's on the same tokens "
         "by more than this (mean |difference| per token over the batch): the engine samples from other weights "
@@ -548,6 +554,13 @@ class CheckpointConfig(Section):
     save_interval: int = Field(0, ge=0, description="Steps between saves; 0 = only at the end.")
     save_total_limit: int | None = Field(None, gt=0)
     async_save: bool = False
+    keep_best: str | None = Field(None, description="A validation metric (val/pass@1, val/score, val/<source>/maj@4, "
+                                  "...): the checkpoint of the best value so far is kept apart from the "
+                                  "save_total_limit rotation, marked in `verl ckpt list` and checkpoints/best.json. "
+                                  "A validation that improves it saves that step's checkpoint even off "
+                                  "save_interval; the validation before training does not count. None = off.")
+    keep_best_mode: Literal["max", "min"] = Field("max", description="Whether keep_best's best is its largest "
+                                                  "(accuracy, pass@k) or smallest (a loss) value.")
 
 
 class TrainerConfig(Section):

@@ -108,6 +108,16 @@ def numeric_match(
     return 1.0 if got == expected else 0.0
 
 
+def _numeric_answer(response: str, *, mode: Literal["flexible", "strict"] = "flexible", **_kwargs: Any) -> str | None:
+    """The number numeric_match reads in `response`, written canonically ("3.50" and "3.5" agree)."""
+    got = extract_number(response, mode)
+    return None if got is None else format(got.normalize(), "f")
+
+
+# What maj@k votes on (`RewardManager.extracted_answers`): the answer this function compares, not the text.
+numeric_match.extract_answer = _numeric_answer  # type: ignore[attr-defined]
+
+
 @needs_ground_truth
 def exact_match(
     prompt: Any,
@@ -131,6 +141,15 @@ def exact_match(
 
     got = norm(response)
     return 1.0 if any(got == norm(a) for a in accepted) else 0.0
+
+
+def _exact_answer(response: str, *, strip: bool = True, case_sensitive: bool = True, **_kwargs: Any) -> str:
+    """The response as exact_match compares it."""
+    response = response.strip() if strip else response
+    return response if case_sensitive else response.casefold()
+
+
+exact_match.extract_answer = _exact_answer  # type: ignore[attr-defined]
 
 
 _FLAG_LETTERS = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL, "x": re.VERBOSE}

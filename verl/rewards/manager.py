@@ -274,6 +274,25 @@ class RewardManager:
         return [ld.label for ld in self._loaded
                 if ld.applies(data_source) and getattr(ld.fn, "needs_ground_truth", False)]
 
+    def extracted_answers(self, responses: Sequence[str], data_sources: Sequence[str | None] | None = None) -> list[Any]:
+        """Per response, what the first function that applies to it and has an `extract_answer(response,
+        **kwargs)` attribute (numeric_match, exact_match, or a user function that sets one) reads as its answer
+        (None where no function does): what maj@k votes on instead of the whole text."""
+        data_sources = [None] * len(responses) if data_sources is None else data_sources
+        out: list[Any] = []
+        for response, data_source in zip(responses, data_sources, strict=True):
+            ld = next((ld for ld in self._loaded if ld.applies(data_source)
+                       and callable(getattr(ld.fn, "extract_answer", None))), None)
+            if ld is None:
+                out.append(None)
+                continue
+            try:
+                out.append(ld.fn.extract_answer(response, **ld.spec.kwargs))
+            except Exception as exc:
+                raise RewardError(f"{ld.where}: its extract_answer raised {type(exc).__name__}: {exc}; fix the "
+                                  "function, or remove its extract_answer attribute to vote on the text") from exc
+        return out
+
     def check_data_sources(self, data_sources: Iterable[str | None]) -> None:
         """Raise RewardError when some sample has no function to score it (instead of scoring it 0)."""
         known = self.known_data_sources

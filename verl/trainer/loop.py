@@ -28,6 +28,7 @@ from verl.config.loader import config_to_yaml
 from verl.config.schema import RunConfig
 from verl.errors import CheckpointError, ConfigError
 from verl.trainer.components import Components, setup_checkpoints, setup_tracker
+from verl.trainer.keep_best import KeepBest
 from verl.trainer.startup import VAL_ONLY_NEEDS_ROWS, check_sandbox
 
 
@@ -176,10 +177,15 @@ def fit(trainer: Trainer) -> list[dict[str, float]]:
     ckpt = setup_checkpoints(cfg, trainer.run_dir, trainer.parts.process)
     resume_from = ckpt.find_resume(cfg.trainer.resume)
     saved_yaml = None
+    keep_best = KeepBest.from_config(cfg)  # checkpoint.keep_best: the best validation's checkpoint is kept
     if resume_from is not None:
         extra = ckpt.load(resume_from, app_state=trainer.app_state())
         saved_yaml = extra.get("config_yaml")
         trainer._restore_extra(extra)
+        if keep_best is not None:
+            keep_best.load_state_dict(extra.get("keep_best"), ckpt.root)
+    if not cfg.trainer.val_only:  # best.json names this run's best as of where it starts (or nothing)
+        ckpt.set_best(keep_best.record if keep_best is not None else None)
     if trainer.rank == 0:
         trainer.run_dir.mkdir(parents=True, exist_ok=True)
         (trainer.run_dir / "config.yaml").write_text(config_to_yaml(cfg), encoding="utf-8")
@@ -201,7 +207,10 @@ def fit(trainer: Trainer) -> list[dict[str, float]]:
                 return trainer.history
             tracker.start_progress(trainer.step_count)
             if trainer.step_count == 0 and cfg.trainer.val_before_train:
-                trainer._log(tracker, trainer.validate(), 0)
+                metrics = trainer.validate()
+                if keep_best is not None:  # the model as loaded is no checkpoint: only the name is checked
+                    keep_best.check(metrics)
+                trainer._log(tracker, metrics, 0)
                 log_validation_samples(trainer, tracker, 0)
             while trainer.step_count < cfg.trainer.total_steps:
                 metrics = trainer.step()
@@ -211,15 +220,19 @@ def fit(trainer: Trainer) -> list[dict[str, float]]:
                 validated = last or bool(every and trainer.step_count % every == 0)
                 if validated:
                     metrics |= trainer.validate()
+                best = keep_best.offer(trainer.step_count, metrics) if validated and keep_best is not None else None
                 tracker.progress(trainer.step_count)
                 trainer._log(tracker, metrics, trainer.step_count)
                 if validated:
                     log_validation_samples(trainer, tracker, trainer.step_count)
                 stopping = stop.agree(trainer.parts.process.device)  # every rank, or none, stops here
-                if ckpt.should_save(trainer.step_count, last) or stopping:
-                    ckpt.save(trainer.step_count, app_state=trainer.app_state(), extra=trainer._extra_state(),
-                              hf_assets=trainer.hf_assets())
+                if ckpt.should_save(trainer.step_count, last) or stopping or best is not None:
+                    extra = trainer._extra_state() | ({} if keep_best is None else {"keep_best": keep_best.state_dict()})
+                    ckpt.save(trainer.step_count, app_state=trainer.app_state(), extra=extra,
+                              hf_assets=trainer.hf_assets(), best=best)
                     saved = ckpt.root / f"step_{trainer.step_count}"
+                if best is not None and trainer.rank == 0:
+                    tracker.print(f"step {best.step}: best {best.describe()} so far; keeping {saved}")
                 if stopping:
                     break
         ckpt.wait()

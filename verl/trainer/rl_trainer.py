@@ -11,7 +11,6 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from verl.algorithms import explained_variance, masked_mean, place_score_on_last_token
@@ -45,7 +44,7 @@ from verl.trainer.correction import CorrectionPlan, plan_correction
 from verl.trainer.distill import apply_distillation
 from verl.trainer.drift import DriftGuard, combined_moments, drift_moments, judge_drift
 from verl.trainer.dynamic_sampling import accuracy_of, filter_groups
-from verl.trainer.evaluation import Answers, evaluate_rows
+from verl.trainer.evaluation import Answers, answer_extractor, evaluate_rows, validation_generator
 from verl.trainer.forward import can_share_prompt, logprobs_of, values_of
 from verl.trainer.precision import compute_dtype
 from verl.trainer.python_api import RewardArg, python_run
@@ -436,18 +435,18 @@ class RLTrainer(TrainerRuntime):
         return metrics
 
     def evaluate(self, rows: Sequence[Mapping[str, Any]], prefix: str = "val",
-                 samples: list[dict[str, Any]] | None = None) -> dict[str, float]:
-        """Mean score (and accuracy, for 0/1 rewards) of `rollout.val_n` answers per row, sampled as validation
-        samples them (`evaluation.evaluate_rows`: every actor rank calls this with the same rows). With
-        `samples`, up to `trainer.log_samples` of {prompt, response, score, ground_truth} go into it."""
+                 samples: list[dict[str, Any]] | None = None, **report: Any) -> dict[str, float]:
+        """Score and metric@k of `rollout.val_n` answers per row (`rollout.val_k`), sampled as validation samples
+        them (`evaluation.evaluate_rows`, which `verl eval` runs too: every actor rank calls this with the same
+        rows). With `samples`, up to `trainer.log_samples` of {prompt, response, score, ground_truth} go into
+        it; `report` (progress, report) goes to evaluate_rows."""
         if not rows:
             return {}
-        n = self.config.rollout.val_n
-        params = self._sampling_params(self.config.rollout.val_temperature, n)
+        r = self.config.rollout
+        params = self._sampling_params(r.val_temperature, r.val_n)
         # Its own stream, derived from (seed, step, rank): sampled validation is reproducible, survives a
         # resume, and never shifts the training samples (which `self.generator` alone decides).
-        entropy = np.random.SeedSequence([self.config.trainer.seed, self.step_count, self.rank, 1])
-        generator = torch.Generator(device=self.device).manual_seed(int(entropy.generate_state(1)[0]))
+        generator = validation_generator(self.config.trainer.seed, self.step_count, self.rank, self.device)
 
         def answer(chunk: list[Mapping[str, Any]]) -> Answers:
             if self.multiturn is not None:
@@ -457,14 +456,15 @@ class RLTrainer(TrainerRuntime):
             with ready_to_sample(self.engine, self.model, self.gathered):
                 out = self.engine.generate(ids.to(self.device), mask.to(self.device), params, generator=generator)
             responses = self.decode_responses(out.response_ids, out.response_mask)
-            result = self.score_responses([row for row in chunk for _ in range(n)], responses, out.response_ids,
-                                          out.response_mask)
+            result = self.score_responses([row for row in chunk for _ in range(r.val_n)], responses,
+                                          out.response_ids, out.response_mask)
             return Answers(result.scores, responses, extras=list(result.extras))
 
-        return evaluate_rows(rows, answer, n=n, chunk_size=self.config.data.val_batch_size, dp_rank=self.dp_rank,
-                             dp_size=self.dp_size, all_reduce_sum=functools.partial(self.placement.all_reduce_sum,
-                                                                                    role="actor"),
-                             prefix=prefix, samples=samples, max_samples=self.config.trainer.log_samples)
+        return evaluate_rows(rows, answer, n=r.val_n, ks=r.val_k, chunk_size=self.config.data.val_batch_size,
+                             dp_rank=self.dp_rank, dp_size=self.dp_size, prefix=prefix, samples=samples,
+                             all_reduce_sum=functools.partial(self.placement.all_reduce_sum, role="actor"),
+                             max_samples=self.config.trainer.log_samples, extract_answers=answer_extractor(self.env),
+                             **report)
 
     def row_counts(self) -> tuple[int, int]:
         return len(self.env), len(self.env.val_rows())

@@ -8,6 +8,7 @@ device). A run that cannot work fails in seconds with every problem listed, not 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from verl.trainer.async_rollout import describe as describe_async
 from verl.trainer.batch_math import plan_rl
 from verl.trainer.correction import plan_correction
 from verl.trainer.distill import describe as describe_distillation
+from verl.trainer.evaluation import check_ks, validation_ks
 from verl.trainer.fsdp_launch import fsdp_launch
 from verl.trainer.lora_checks import check_lora, memory_counts, uses_lora
 from verl.trainer.memory_inputs import model_shape, plan_inputs, targets_gpu
@@ -222,12 +224,41 @@ def check_offline_options(config: RunConfig, kind: str) -> list[VerlError]:
 
 
 def check_val_n(config: RunConfig) -> list[VerlError]:
-    """Several answers per held-out prompt only differ when validation samples."""
+    """Several answers per held-out prompt only differ when validation samples; metric@k needs k <= val_n."""
+    r = config.rollout
+    try:
+        check_ks(r.val_n, r.val_k)
+    except ConfigError as exc:
+        return [exc]
     if config.rollout.val_n == 1 or config.rollout.val_temperature > 0:
         return []
     return [ConfigError(f"rollout.val_n={config.rollout.val_n} answers per held-out prompt would all be the same "
                         "greedy answer (rollout.val_temperature=0). Fix: set rollout.val_temperature (e.g. 0.6 or 1.0) "
                         "or rollout.val_n=1")]
+
+
+_AT_K = re.compile(r"^val/(?:.+/)?(?P<family>pass|best|maj|mean)@(?P<k>\d+)$")
+
+
+def check_keep_best(config: RunConfig, kind: str) -> list[VerlError]:
+    """`checkpoint.keep_best` compares a validation metric: one validation never logs is refused here (a name
+    the metric@k rule rules out), the rest when the first validation shows the names (`KeepBest.check`)."""
+    name = config.checkpoint.keep_best
+    if name is None:
+        return []
+    if not name.startswith("val/"):
+        return [ConfigError(f"checkpoint.keep_best={name}: only validation metrics (val/...) are compared, at the "
+                            "steps that validate. Fix: e.g. checkpoint.keep_best=val/score (or val/pass@1), and "
+                            "checkpoint.keep_best_mode=min for a loss")]
+    at_k = _AT_K.match(name)
+    ks = validation_ks(config.rollout.val_n, config.rollout.val_k)
+    if kind != "rl" or at_k is None or int(at_k["k"]) in ks:
+        return []
+    k = int(at_k["k"])
+    logged = ", ".join(f"@{x}" for x in ks) or "none (rollout.val_n=1 and rollout.val_k empty)"
+    return [ConfigError(f"checkpoint.keep_best={name}: validation never logs it; its metric@k are {logged}. Fix: "
+                        f"add {k} to rollout.val_k (with rollout.val_n >= {k} and rollout.val_temperature > 0), "
+                        "or keep another metric")]
 
 
 def check_response_length(config: RunConfig, kind: str) -> list[VerlError]:
@@ -358,6 +389,7 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
     problems += check_demo_env(config) + check_env_data(config, kind) + check_response_length(config, kind)
     problems += check_offline_options(config, kind)
     problems += check_overlong_buffer(config) + check_val_n(config) if kind == "rl" else []
+    problems += check_keep_best(config, kind)
     problems += backend_problems(config.logging.backends) + check_run_dir(config)
     sandbox_problems, sandbox_note = check_sandbox(config)
     problems += sandbox_problems

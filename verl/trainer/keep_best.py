@@ -1,0 +1,64 @@
+"""`checkpoint.keep_best`: which validation made the best checkpoint so far, for the training loop.
+
+The loop offers each validation's metrics (after training steps; the validation before training only
+checks the metric's name, since the model as loaded is `model.path` already). A value that beats the record
+makes that step's checkpoint the best: the loop saves it (even off `save_interval`) and the checkpoint
+manager marks and keeps it (verl.checkpoint.best). The record travels in every checkpoint's extra state, so a
+resume continues with the best as of the step it resumes from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from verl.checkpoint.best import BestRecord, improves
+from verl.config.schema import RunConfig
+from verl.errors import ConfigError
+from verl.utils.suggest import did_you_mean
+
+
+class KeepBest:
+    """The best value of one validation metric so far, and the checkpoint that holds it."""
+
+    def __init__(self, metric: str, mode: str) -> None:
+        self.metric, self.mode = metric, mode
+        self.record: BestRecord | None = None
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> KeepBest | None:
+        c = config.checkpoint
+        return None if c.keep_best is None else cls(c.keep_best, c.keep_best_mode)
+
+    def check(self, metrics: Mapping[str, float]) -> None:
+        """Refuse a metric name this run's validation does not log, naming the ones it does."""
+        if self.metric in metrics:
+            return
+        logged = sorted(k for k in metrics if k.startswith("val/"))
+        raise ConfigError(f"checkpoint.keep_best={self.metric}: validation logged no such metric."
+                          f"{did_you_mean(self.metric, logged)} It logs: {', '.join(logged) or 'nothing'}. Fix: "
+                          "set checkpoint.keep_best to one of them")
+
+    def offer(self, step: int, metrics: Mapping[str, float]) -> BestRecord | None:
+        """The new record when this validation's value beats the best so far (None otherwise)."""
+        self.check(metrics)
+        value = float(metrics[self.metric])
+        if not improves(value, self.record, self.mode):
+            return None
+        self.record = BestRecord(step, self.metric, value, self.mode)  # type: ignore[arg-type]
+        return self.record
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"record": None if self.record is None else self.record.to_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any] | None, checkpoints: Path) -> None:
+        """The record a checkpoint saved, unless it is for another metric or mode, or its folder is gone (a
+        resume into an older step after the run went on): then the next validation sets a new one."""
+        record = BestRecord.from_dict((state or {}).get("record"))
+        keep = (record is not None and (record.metric, record.mode) == (self.metric, self.mode)
+                and (checkpoints / record.folder).is_dir())
+        self.record = record if keep else None
+
+
+__all__ = ["KeepBest"]
