@@ -84,6 +84,11 @@ class ResumableOrder:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume; refuses a state from another seed, shuffle setting or dataset size, or a corrupt one."""
+        if "mixture" in state:
+            raise CheckpointError(f"{self.what} state was written by a run with data.mixture "
+                                  f"({', '.join(map(str, state['mixture'].get('names', [])))}), and this run reads "
+                                  "one dataset; resuming would not reproduce the same order. Resume with the same "
+                                  "data.mixture, or start a fresh run.")
         check_resume_state(self.what, state, {k: getattr(self, k) for k in _IDENTITY_KEYS})
         epoch, position = int(state["epoch"]), int(state["position"])
         if epoch < 0 or not 0 <= position <= self.num_rows:
@@ -182,7 +187,7 @@ class MixtureOrder:
         if not isinstance(sources, list) or len(sources) != len(self._parts):
             raise CheckpointError(f"{self.what} state has {len(sources) if isinstance(sources, list) else 'no'} "
                                   f"mixture source states for {len(self._parts)} sources; the checkpoint is corrupt")
-        self._slots.load_state_dict(state)
+        self._slots.load_state_dict({k: v for k, v in state.items() if k != "mixture"})
         for part, part_state in zip(self._parts, sources, strict=True):
             part.load_state_dict(part_state)
 
