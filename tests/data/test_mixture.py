@@ -97,7 +97,7 @@ def test_rows_are_tagged_and_held_out_per_source(tmp_path: Path) -> None:
         {"name": "code", "files": [str(_jsonl(tmp_path / "c.jsonl", 4, "c"))], "weight": 0.3}]}})
     split = split_train_val(config, "prompt")
     train, val = split.rows()
-    assert sorted(split.reports) == ["train:code", "train:math"]
+    assert sorted(split.reports) == ["train (mixture code)", "train (mixture math)"]
     assert isinstance(train, MixtureRows) and (len(train), len(val)) == (7, 3)
     assert train.mixture.names == ["math", "code"] and sum(train.mixture.sizes) == 7
     tags = {r["prompt"][0]: r["mixture"] for r in [*train, *val]}
@@ -120,3 +120,11 @@ def test_the_environment_draws_the_mixture_and_resumes(tmp_path: Path) -> None:
     again = DatasetEnv(train, manager, seed=7)
     again.load_state_dict(state)
     assert [r["prompt"] for r in again.get_batch(9)] == later
+
+
+def test_the_offline_trainers_refuse_a_mixture(tmp_path: Path) -> None:
+    config = build_config({"data": {"mixture": [{"files": [str(_jsonl(tmp_path / "a.jsonl", 3, "a"))]}]}})
+    with pytest.raises(ConfigError, match=r"data.mixture weights the prompts RL draws; the sft trainer reads every row "
+                                          r"each epoch, so the weights would be ignored. Fix: list the files in "
+                                          r"data.train_files \(.*a.jsonl\)"):
+        split_train_val(config, "sft").rows()

@@ -153,16 +153,22 @@ class _ParquetSource(_Source):
 class _ArrowSource(_Source):
     fmt = "arrow"
 
-    def _table(self) -> Any:
-        table = getattr(self, "_cache_table", None)
-        if table is None:  # batches are views of the memory map: only the pages of the rows taken are read
-            import pyarrow as pa
-
-            table = self._cache_table = pa.Table.from_batches(list(arrow_batches(open_arrow(self.name, True))))
-        return table
+    def _batches(self) -> tuple[list[Any], np.ndarray]:
+        cached = getattr(self, "_cache_batches", None)
+        if cached is None:  # batches are views of the memory map: only the pages of the rows taken are read
+            batches = list(arrow_batches(open_arrow(self.name, True)))
+            cached = self._cache_batches = (batches, np.cumsum([0] + [b.num_rows for b in batches]))
+        return cached
 
     def read(self, positions: Sequence[int]) -> list[Any]:
-        return self._table().take(list(positions)).to_pylist()
+        # Row by row within its record batch: a take over the whole table would first concatenate every
+        # batch (reading, and copying, the whole file).
+        batches, starts = self._batches()
+        out = []
+        for pos in positions:
+            b = int(np.searchsorted(starts, pos, side="right")) - 1
+            out.append(batches[b].slice(int(pos - starts[b]), 1).to_pylist()[0])
+        return out
 
 
 class _DatasetSource(_Source):

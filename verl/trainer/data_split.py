@@ -86,9 +86,15 @@ def split_train_val(config: RunConfig, kind: str, tokenizer: Any = None,
             out.problems.append(type(exc)(f"{name} data: {exc}"))
             return None
 
+    if d.mixture and kind != "prompt":
+        out.problems.append(ConfigError(
+            f"data.mixture weights the prompts RL draws; the {kind} trainer reads every row each epoch, so the "
+            f"weights would be ignored. Fix: list the files in data.train_files "
+            f"({', '.join(f for m in d.mixture for f in m.files)})"))
+        return out
     if train is None:
         if d.mixture:
-            parts = [read(f"train:{m.name}", m.files, "train") for m in d.mixture]
+            parts = [read(f"train (mixture {m.name})", m.files, "train") for m in d.mixture]
             if all(p is not None for p in parts):
                 out.train = MixtureRows(parts, [m.name for m in d.mixture], [m.weight for m in d.mixture])
         elif d.train_files:
