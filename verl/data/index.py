@@ -15,6 +15,7 @@ environment checks every row for them at start-up and must not read the files a 
 from __future__ import annotations
 
 import csv
+import mmap
 import os
 from array import array
 from collections.abc import Iterator, Sequence
@@ -153,21 +154,31 @@ class _ParquetSource(_Source):
 class _ArrowSource(_Source):
     fmt = "arrow"
 
-    def _batches(self) -> tuple[list[Any], np.ndarray]:
+    def _batches(self) -> tuple[list[Any], np.ndarray, mmap.mmap]:
         cached = getattr(self, "_cache_batches", None)
         if cached is None:  # batches are views of the memory map: only the pages of the rows taken are read
-            batches = list(arrow_batches(open_arrow(self.name, True)))
-            cached = self._cache_batches = (batches, np.cumsum([0] + [b.num_rows for b in batches]))
+            with open(self.name, "rb") as f:
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+                mapped.madvise(mmap.MADV_RANDOM)  # rows are read at random: no read-ahead around each one
+            batches = list(arrow_batches(open_arrow(self.name, mapped)))
+            cached = self._cache_batches = (batches, np.cumsum([0] + [b.num_rows for b in batches]), mapped)
         return cached
 
     def read(self, positions: Sequence[int]) -> list[Any]:
         # Row by row within its record batch: a take over the whole table would first concatenate every
         # batch (reading, and copying, the whole file).
-        batches, starts = self._batches()
+        batches, starts, mapped = self._batches()
+        release = hasattr(mapped, "madvise") and hasattr(mmap, "MADV_DONTNEED")
         out = []
-        for pos in positions:
+        for j, pos in enumerate(positions, 1):
             b = int(np.searchsorted(starts, pos, side="right")) - 1
             out.append(batches[b].slice(int(pos - starts[b]), 1).to_pylist()[0])
+            if release and (j % 16 == 0 or j == len(positions)):
+                # The rows are Python objects now: unmap the pages read (they stay in the page cache), so the
+                # process's memory does not grow toward the file size as an epoch touches every page (the
+                # kernel maps 64 KB around each page a row is read from).
+                mapped.madvise(mmap.MADV_DONTNEED)
         return out
 
 

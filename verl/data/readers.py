@@ -343,16 +343,17 @@ def _iter_parquet(path: str) -> Iterator[Record]:
 ARROW_FILE_MAGIC = b"ARROW1"
 
 
-def open_arrow(path: str, memory_map: bool) -> Any:
+def open_arrow(path: str, mapped: Any = None) -> Any:
     """A record-batch reader of an Arrow IPC file: the stream format (what `datasets` writes) or the file
-    format (magic ARROW1). Memory-mapped: batches are views of the mapping (pages read as rows are used);
-    else read batch by batch into memory, for one pass that keeps only the current batch."""
+    format (magic ARROW1). Over `mapped` (an `mmap` of the file) batches are views of the mapping, whose
+    pages are read only as rows are used; else batches are read one by one into memory, for a single pass
+    that holds only the current batch."""
     import pyarrow as pa
 
     try:
         with open(path, "rb") as f:
             head = f.read(6)
-        source = pa.memory_map(path) if memory_map else pa.OSFile(path)
+        source = pa.BufferReader(pa.py_buffer(mapped)) if mapped is not None else pa.OSFile(path)
         if head == ARROW_FILE_MAGIC:
             return pa.ipc.open_file(source)
         return pa.ipc.open_stream(source)
@@ -375,7 +376,7 @@ def arrow_batches(reader: Any) -> Iterator[Any]:
 def _iter_arrow(path: str) -> Iterator[Record]:
     import pyarrow as pa
 
-    reader = open_arrow(path, memory_map=False)
+    reader = open_arrow(path)
     row = 0
     try:
         for batch in arrow_batches(reader):
