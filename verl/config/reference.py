@@ -43,9 +43,10 @@ NOTES: dict[str, str] = {
     "model.revision": "Hub revision (branch, tag or commit) of model.path; None = the default branch.",
     "model.gradient_checkpointing": "Recompute activations in the backward to save memory (turns off the "
                                     "shared-prompt forward).",
-    "data.train_files": "Training files (.jsonl, .json, .parquet, .csv or a folder of them); a comma-separated "
-                        "string is accepted.",
-    "data.val_files": "Held-out files, read like train_files.",
+    "data.train_files": "Training files (.jsonl, .json, .parquet, .csv, .arrow or a folder of them), or a Hugging "
+                        "Face save_to_disk folder (a DatasetDict's split: FOLDER:SPLIT, default train); a "
+                        "comma-separated string is accepted.",
+    "data.val_files": "Held-out files, read like train_files (a DatasetDict folder gives its validation/test split).",
     "data.kind": "prompt (RL), sft (input/output or messages) or preference (DPO: prompt, chosen, rejected).",
     "data.max_prompt_length": "Prompt tokens at most (after the chat template); longer rows follow "
                               "data.truncation.",

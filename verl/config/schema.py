@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import warnings
 from typing import Any, Literal
 
@@ -101,6 +102,40 @@ class ModelConfig(Section):
     lora: LoraConfig = LoraConfig()
 
 
+class MixtureSource(Section):
+    """One source of `data.mixture`: files read like data.train_files, drawn with a relative weight."""
+
+    name: str | None = Field(None, description="The source's name in metrics (reward/mean/<name>) and in each "
+                             "row's `mixture` key; None = the first file's name without its extension.")
+    files: list[str] = Field(default_factory=list, description="Files or folders, read like data.train_files "
+                             "(each source has its own data report).")
+    weight: float = Field(1.0, description="Relative share of each epoch's prompts (>= 0; the weights are "
+                          "normalised, so 0.7/0.3 and 7/3 are the same mixture).")
+
+    _split = field_validator("files", mode="before")(lambda v: _home(_split_csv(v)))
+
+    @field_validator("weight")
+    @classmethod
+    def _weight(cls, v: float) -> float:
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"the weight is {v}; a mixture weight is a relative share, a number >= 0 (0 leaves the "
+                             "source out)")
+        return v
+
+    @model_validator(mode="after")
+    def _name(self) -> MixtureSource:
+        if not self.files:
+            raise ValueError("a mixture source needs files: [PATH, ...] (files or folders, read like "
+                             "data.train_files)")
+        if self.name is None:
+            stem = os.path.basename(self.files[0].rstrip("/")).split(":")[0]
+            self.__dict__["name"] = stem.split(".")[0] or stem
+        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.name):
+            raise ValueError(f"name={self.name!r}: a mixture source name is used in metric names; use letters, "
+                             "digits, '_', '-' or '.'")
+        return self
+
+
 class DataConfig(Section):
     train_files: list[str] = Field(default_factory=list)
     val_files: list[str] = Field(default_factory=list)
@@ -116,8 +151,33 @@ class DataConfig(Section):
     shuffle: bool = True
     apply_chat_template: Literal["auto", "always", "never"] = "auto"
     val_size: int = Field(0, ge=0, description="Rows held out from train_files when val_files is empty.")
+    mixture: list[MixtureSource] = Field(
+        default_factory=list, description="Training prompts from several sources with weights, instead of "
+        "train_files: [{name, files, weight}, ...]; each epoch holds every source's share of prompts exactly "
+        "(seeded, resumable), and the step logs reward/mean/<name> per source.")
 
     _split = field_validator("train_files", "val_files", mode="before")(lambda v: _home(_split_csv(v)))
+
+    @model_validator(mode="after")
+    def _mixture(self) -> DataConfig:
+        if not self.mixture:
+            return self
+        problems = []
+        if self.train_files:
+            problems.append(f"data.mixture and data.train_files ({', '.join(self.train_files)}) are both set; the "
+                            "mixture is the training data. Move the files into a mixture source "
+                            "({files: [...], weight: ...}) or remove data.mixture")
+        if sum(m.weight for m in self.mixture) <= 0:
+            problems.append(f"data.mixture weights sum to 0 ({', '.join(f'{m.name}: {m.weight}' for m in self.mixture)}"
+                            "); give at least one source a weight > 0")
+        names = [m.name for m in self.mixture]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            problems.append(f"data.mixture names {', '.join(twice)} more than one source; give each source its "
+                            "own name")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 class EnvConfig(Section):

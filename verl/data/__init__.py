@@ -1,4 +1,5 @@
-"""Data loading for verl: readers, field aliases, the data report, datasets, collators and the sampler.
+"""Data loading for verl: readers (files, Hugging Face folders and Dataset objects), field aliases, the data
+report, the row index (rows read on demand), mixtures, datasets, collators and the sampler.
 
 The torch-based datasets are imported lazily so that `verl data check|normalize` (which never needs
 torch) stays fast to start and small in memory.
@@ -9,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from verl.data.fields import KINDS, normalize_key
-from verl.data.load import canonical_record, iter_rows, load_rows, normalize_files
+from verl.data.index import RowIndex
+from verl.data.load import canonical_record, index_dataset, index_rows, iter_rows, load_rows, normalize_files
 from verl.data.readers import expand_paths, iter_records
 from verl.data.report import DataReport, TokenStats
 
@@ -20,6 +22,8 @@ _LAZY = {
     "IGNORE_INDEX": "verl.data.datasets",
     "ResumableOrder": "verl.data.sampler",
     "ResumableSampler": "verl.data.sampler",
+    "MixtureOrder": "verl.data.sampler",
+    "MixtureRows": "verl.data.mixture",
 }
 
 
@@ -38,6 +42,8 @@ __all__ = [
     "canonical_record",
     "expand_paths",
     "iter_records",
+    "index_dataset",
+    "index_rows",
     "iter_rows",
     "load_rows",
     "normalize_files",
@@ -48,4 +54,7 @@ __all__ = [
     "IGNORE_INDEX",
     "ResumableOrder",
     "ResumableSampler",
+    "MixtureOrder",
+    "MixtureRows",
+    "RowIndex",
 ]

@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import Dataset
 
 from verl.data.chat import encode_conversation, encode_pair, encode_prompt, template_mode
+from verl.data.report import location
 from verl.errors import ConfigError, DataError, ModelError
 from verl.utils.positions import position_ids_from_mask
 
@@ -33,6 +34,8 @@ def pad_token_id(tokenizer: Any) -> int:
 
 
 def _where(row: dict[str, Any]) -> str:
+    if "file" in row and "line" in row and isinstance(row["file"], str) and isinstance(row["line"], int):
+        return location(row["file"], row["line"])  # file:line, file.parquet row N, dataset[i]
     if "file" in row or "line" in row:
         return f"{row.get('file', '?')}:{row.get('line', '?')}"
     return f"prompt {str(row.get('prompt'))[:40]!r}"  # a row from an environment or from Python, not a file

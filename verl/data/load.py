@@ -1,7 +1,9 @@
 """Reading data files into canonical rows, with a report of every row that was not kept.
 
-`iter_rows` streams (it is what `verl data normalize` uses on multi-GB files); `load_rows` is what the
-trainer calls: it materialises the rows and turns the report into a DataError when the policy says so.
+`iter_rows` streams (it is what `verl data normalize` uses on multi-GB files); `index_rows` is what the
+trainers call: it streams the same checks and keeps only where each good row is (`verl.data.index`), then
+turns the report into a DataError when the policy says so. `load_rows` does the same holding the rows in
+memory; `index_dataset` takes a Python `datasets.Dataset` instead of files.
 """
 
 from __future__ import annotations
@@ -9,13 +11,16 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from array import array
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from verl.data import hf
 from verl.data.chat import encode_prompt, template_mode
 from verl.data.fields import RowError, RowNormalizer, check_kind
-from verl.data.readers import expand_paths, iter_records
+from verl.data.index import RowIndex
+from verl.data.readers import Record, expand_paths, iter_records
 from verl.data.report import DataReport, TokenStats
 from verl.errors import ConfigError, DataError
 
@@ -50,96 +55,114 @@ def iter_rows(
     max_prompt_length: int | None = None,
     truncation: str = "error",
     apply_chat_template: bool | str = True,
+    purpose: str = "train",
 ) -> Iterator[dict[str, Any]]:
     """Yield the good canonical rows one by one, counting every other row in `report`.
 
     Rows longer than max_prompt_length are never yielded under truncation 'error' or 'drop' (they are
     counted as `too_long`); under 'truncate_left' they are yielded and counted as truncated. Unreadable
     files raise DataError. The report's token statistics are filled in when the iterator is exhausted.
+    `purpose` picks a DatasetDict folder's split when the path does not name one (`verl.data.hf`).
     """
+    report = report if report is not None else DataReport(kind)
+    for _, row in _checked(_file_records(paths, kind, report, purpose), kind, report, fields, tokenizer,
+                           max_prompt_length, truncation, apply_chat_template):
+        yield row
+
+
+def _file_records(paths: PathsLike, kind: str, report: DataReport, purpose: str) -> Iterator[Record]:
+    check_kind(kind)
+    files, ignored = expand_paths(paths, purpose)
+    report.files.extend(files)
+    report.ignored_files.extend(ignored)
+    blank = [0]
+    for file in files:
+        yield from iter_records(file, report.notes, blank)
+    report.blank_lines += blank[0]
+
+
+def _dataset_records(dataset: Any, name: str, report: DataReport) -> Iterator[Record]:
+    """The rows of a Python dataset (a `datasets.Dataset`, or anything with len() and rows by index),
+    named `<name>` with their 0-based index."""
+    report.files.append(name)
+    batches = getattr(dataset, "iter", None)
+    i = 0
+    if callable(batches):  # a datasets.Dataset: columns a batch at a time, much faster than row by row
+        for batch in batches(batch_size=1024):
+            keys = list(batch)
+            for values in zip(*(batch[k] for k in keys), strict=True):
+                yield Record(name, i, value=dict(zip(keys, values, strict=True)), pos=i)
+                i += 1
+        return
+    for i in range(len(dataset)):
+        value = dataset[i]
+        if isinstance(value, Mapping):
+            yield Record(name, i, value=dict(value), pos=i)
+        else:
+            yield Record(name, i, error=("not_an_object", f"the row is a {type(value).__name__}, not a dict"),
+                         pos=i)
+
+
+def _checked(
+    records: Iterator[Record],
+    kind: str,
+    report: DataReport,
+    fields: dict[str, str] | None,
+    tokenizer: Any,
+    max_prompt_length: int | None,
+    truncation: str,
+    apply_chat_template: bool | str,
+) -> Iterator[tuple[Record, dict[str, Any]]]:
+    """Every record through the row checks: (record, canonical row) for the good ones, the rest in `report`."""
     check_kind(kind)
     _check_choice("truncation", truncation, TRUNCATION)
     mode = template_mode(apply_chat_template)
     norm = RowNormalizer(kind, fields)
-    report = report if report is not None else DataReport(kind)
-    files, ignored = expand_paths(paths)
-    report.files.extend(files)
-    report.ignored_files.extend(ignored)
-    lengths: list[int] = []
+    lengths = array("l")  # one int per row: stays small while millions of rows stream through
     truncated = dropped = 0
-    blank = [0]
-    for file in files:
-        for rec in iter_records(file, report.notes, blank):
-            report.total_rows += 1
-            if rec.error is not None:
-                report.add_issue(rec.error[0], None, rec.file, rec.line, rec.error[1])
-                continue
-            try:
-                row, sources = norm.normalize(rec.value)
-            except RowError as e:
-                report.add_issue(e.code, e.field, rec.file, rec.line, e.detail)
-                continue
-            row["line"], row["file"] = rec.line, rec.file
-            if tokenizer is not None:
-                n = _length(tokenizer, kind, row, mode)
-                lengths.append(n)
-                if max_prompt_length is not None and n > max_prompt_length:
-                    if truncation == "truncate_left":
-                        truncated += 1
-                    else:
-                        dropped += truncation == "drop"
-                        report.add_issue(
-                            "too_long",
-                            None,
-                            rec.file,
-                            rec.line,
-                            f"{n} prompt tokens > max_prompt_length={max_prompt_length}",
-                        )
-                        continue
-            for fld, src in sources.items():
-                report.add_mapping(fld, src)
-            report.kept_rows += 1
-            yield row
-    report.blank_lines += blank[0]
+    for rec in records:
+        report.total_rows += 1
+        if rec.error is not None:
+            report.add_issue(rec.error[0], None, rec.file, rec.line, rec.error[1])
+            continue
+        try:
+            row, sources = norm.normalize(rec.value)
+        except RowError as e:
+            report.add_issue(e.code, e.field, rec.file, rec.line, e.detail)
+            continue
+        row["line"], row["file"] = rec.line, rec.file
+        if tokenizer is not None:
+            n = _length(tokenizer, kind, row, mode)
+            lengths.append(n)
+            if max_prompt_length is not None and n > max_prompt_length:
+                if truncation == "truncate_left":
+                    truncated += 1
+                else:
+                    dropped += truncation == "drop"
+                    report.add_issue(
+                        "too_long",
+                        None,
+                        rec.file,
+                        rec.line,
+                        f"{n} prompt tokens > max_prompt_length={max_prompt_length}",
+                    )
+                    continue
+        for fld, src in sources.items():
+            report.add_mapping(fld, src)
+        report.kept_rows += 1
+        yield rec, row
     if tokenizer is not None:
         report.token_stats = TokenStats.from_lengths(
             lengths, max_prompt_length, truncation, truncated, dropped
         )
 
 
-def load_rows(
-    paths: PathsLike,
-    kind: str,
-    *,
-    fields: dict[str, str] | None = None,
-    on_bad_row: str = "error",
-    tokenizer: Any = None,
-    max_prompt_length: int | None = None,
-    truncation: str = "error",
-    apply_chat_template: bool | str = True,
-) -> tuple[list[dict[str, Any]], DataReport]:
-    """All canonical rows of `paths` and the report; DataError when the row policy is violated.
-
-    Raises when on_bad_row='error' and any row is bad, when truncation='error' and a prompt is too
-    long, and always when no row survives -- a run must never start on an empty dataset.
-    """
-    _check_choice("on_bad_row", on_bad_row, ON_BAD_ROW)
-    report = DataReport(kind)
-    rows = list(
-        iter_rows(
-            paths,
-            kind,
-            report=report,
-            fields=fields,
-            tokenizer=tokenizer,
-            max_prompt_length=max_prompt_length,
-            truncation=truncation,
-            apply_chat_template=apply_chat_template,
-        )
-    )
+def _enforce(report: DataReport, kept: int, on_bad_row: str, truncation: str,
+             max_prompt_length: int | None) -> None:
+    """The row policy: no rows, bad rows under on_bad_row=error, too-long rows under truncation=error."""
     too_long = report.reasons.get("too_long")
     n_bad = report.dropped_rows - (too_long.count if too_long else 0)
-    if not rows:
+    if not kept:
         raise DataError(
             f"no usable rows in {', '.join(report.files)}: every row was dropped or the file is empty.\n"
             f"{report.render()}"
@@ -155,7 +178,84 @@ def load_rows(
             f"{too_long.count} rows have prompts longer than max_prompt_length={max_prompt_length} "
             f"(data.truncation=error).\n{report.render()}"
         )
+
+
+def load_rows(
+    paths: PathsLike,
+    kind: str,
+    *,
+    fields: dict[str, str] | None = None,
+    on_bad_row: str = "error",
+    tokenizer: Any = None,
+    max_prompt_length: int | None = None,
+    truncation: str = "error",
+    apply_chat_template: bool | str = True,
+    purpose: str = "train",
+) -> tuple[list[dict[str, Any]], DataReport]:
+    """All canonical rows of `paths` in memory, and the report; DataError when the row policy is violated.
+
+    Raises when on_bad_row='error' and any row is bad, when truncation='error' and a prompt is too
+    long, and always when no row survives -- a run must never start on an empty dataset. `index_rows`
+    is the same with the rows left in their files.
+    """
+    _check_choice("on_bad_row", on_bad_row, ON_BAD_ROW)
+    report = DataReport(kind)
+    rows = [row for _, row in _checked(_file_records(paths, kind, report, purpose), kind, report, fields,
+                                       tokenizer, max_prompt_length, truncation, apply_chat_template)]
+    _enforce(report, len(rows), on_bad_row, truncation, max_prompt_length)
     return rows, report
+
+
+def index_rows(
+    paths: PathsLike,
+    kind: str,
+    *,
+    fields: dict[str, str] | None = None,
+    on_bad_row: str = "error",
+    tokenizer: Any = None,
+    max_prompt_length: int | None = None,
+    truncation: str = "error",
+    apply_chat_template: bool | str = True,
+    purpose: str = "train",
+) -> tuple[RowIndex, DataReport]:
+    """`load_rows`, but the good rows stay in their files: a `RowIndex` reads them back on demand, so
+    memory does not grow with the data (what the trainers use; see `verl.data.index`)."""
+    _check_choice("on_bad_row", on_bad_row, ON_BAD_ROW)
+    report = DataReport(kind)
+    index = RowIndex(kind, fields)
+    for rec, row in _checked(_file_records(paths, kind, report, purpose), kind, report, fields, tokenizer,
+                             max_prompt_length, truncation, apply_chat_template):
+        index.add(rec.file, rec.pos, rec.line, rec.value, row)
+    _enforce(report, len(index.finish()), on_bad_row, truncation, max_prompt_length)
+    return index, report
+
+
+def index_dataset(
+    dataset: Any,
+    kind: str,
+    *,
+    name: str = "dataset",
+    purpose: str = "train",
+    fields: dict[str, str] | None = None,
+    on_bad_row: str = "error",
+    tokenizer: Any = None,
+    max_prompt_length: int | None = None,
+    truncation: str = "error",
+    apply_chat_template: bool | str = True,
+) -> tuple[RowIndex, DataReport]:
+    """A Python `datasets.Dataset` / `DatasetDict` (duck-typed: `verl.data.hf`) through the same checks and
+    report as files; a bad row is named `name[i]`. The rows are read from the object on demand."""
+    _check_choice("on_bad_row", on_bad_row, ON_BAD_ROW)
+    dataset, shown = hf.python_dataset(dataset, name, purpose)
+    source = f"<{shown}>"
+    report = DataReport(kind)
+    index = RowIndex(kind, fields)
+    index.add_dataset(source, dataset)
+    for rec, row in _checked(_dataset_records(dataset, source, report), kind, report, fields, tokenizer,
+                             max_prompt_length, truncation, apply_chat_template):
+        index.add(rec.file, rec.pos, rec.line, rec.value, row)
+    _enforce(report, len(index.finish()), on_bad_row, truncation, max_prompt_length)
+    return index, report
 
 
 def canonical_record(kind: str, row: dict[str, Any]) -> dict[str, Any]:
@@ -238,4 +338,5 @@ def normalize_files(
     return report
 
 
-__all__ = ["iter_rows", "load_rows", "normalize_files", "canonical_record", "TRUNCATION", "ON_BAD_ROW"]
+__all__ = ["iter_rows", "load_rows", "index_rows", "index_dataset", "normalize_files", "canonical_record",
+           "TRUNCATION", "ON_BAD_ROW"]

@@ -1,9 +1,12 @@
-"""Readers for .jsonl/.ndjson, .json, .parquet and .csv files (and directories of them).
+"""Readers for .jsonl/.ndjson, .json, .parquet, .csv and .arrow files (and folders of them).
 
 Each reader yields `Record`s: one per row, carrying either the parsed object or the reason it could not
-be parsed, plus the 1-based line (row for Parquet) so a report can point at it. Problems that make a
+be parsed, plus the 1-based line (row for Parquet and Arrow) so a report can point at it, and where the
+row starts in its file (`pos`) so it can be read again on demand (`verl.data.index`). Problems that make a
 whole file unusable (missing file, UTF-16, a broken JSON array, a corrupt Parquet footer) raise
-DataError at once. JSONL, CSV and Parquet stream; a .json array is read whole, as it must be parsed whole.
+DataError at once. JSONL, CSV, Parquet and Arrow stream; a .json array is read whole, as it must be
+parsed whole. A folder is either a folder of such files or a Hugging Face `save_to_disk` folder
+(`verl.data.hf`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from verl.data import hf
 from verl.errors import DataError
 
 EXTENSIONS: dict[str, str] = {
@@ -25,20 +29,25 @@ EXTENSIONS: dict[str, str] = {
     ".json": "json",
     ".parquet": "parquet",
     ".csv": "csv",
+    ".arrow": "arrow",
 }
 UTF8_BOM = b"\xef\xbb\xbf"
 _WS = re.compile(r"[ \t\n\r]*")
-_CSV_FIELD_LIMIT = 1 << 30
+CSV_FIELD_LIMIT = 1 << 30
 
 
 @dataclass
 class Record:
-    """One row as read: `value` when it parsed, else `error` = (reason code, detail)."""
+    """One row as read: `value` when it parsed, else `error` = (reason code, detail).
+
+    `pos` is where the row can be read again: the byte offset of its line (JSONL, CSV), its 0-based row
+    (Parquet, Arrow, a Python dataset); -1 when it cannot be addressed (a .json list, parsed whole)."""
 
     file: str
     line: int
     value: Any = None
     error: tuple[str, str] | None = None
+    pos: int = -1
 
 
 class _DuplicateKey(ValueError):
@@ -80,40 +89,81 @@ def _check_not_utf16(head: bytes, path: str) -> None:
         )
 
 
-def expand_paths(paths: str | os.PathLike[str] | list[str | os.PathLike[str]]) -> tuple[list[str], list[str]]:
-    """Files to read (directories expanded recursively, sorted) and files skipped for their extension."""
+def expand_paths(
+    paths: str | os.PathLike[str] | list[str | os.PathLike[str]], purpose: str = "train"
+) -> tuple[list[str], list[str]]:
+    """Files to read (folders expanded recursively, sorted) and files skipped for their extension.
+
+    A Hugging Face `save_to_disk` folder gives its arrow shards; `folder:split` picks a DatasetDict's
+    split, else the split named for `purpose` ('train', or 'val': validation/valid/val/test/eval)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     if not paths:
         raise DataError(
-            "no data files given; set data.train_files to a list of .jsonl/.json/.parquet/.csv paths"
+            "no data files given; set data.train_files to a list of .jsonl/.json/.parquet/.csv/.arrow paths "
+            "or save_to_disk folders"
         )
     files: list[str] = []
     ignored: list[str] = []
     for p in paths:
-        path = Path(p)
-        if path.is_dir():
-            found = []
-            for sub in sorted(path.rglob("*")):
-                if not sub.is_file() or any(part.startswith(".") for part in sub.relative_to(path).parts):
-                    continue
-                (found if sub.suffix.lower() in EXTENSIONS else ignored).append(str(sub))
+        base, split = hf.split_suffix(str(p))
+        path = Path(base)
+        if split is not None:
+            if not path.is_dir():
+                raise DataError(f"data file {p} does not exist (nor does the folder {path}); check the path in "
+                                "data.train_files/val_files")
+            files.extend(hf.folder_files(path, split, purpose))
+        elif path.is_dir():
+            found = _expand_dir(path, path, purpose, ignored)
             if not found:
                 raise DataError(
-                    f"directory {path} holds no data files (looked for {', '.join(EXTENSIONS)}); "
-                    "point data.train_files at the files or put them in the directory"
+                    f"folder {path} holds no data files (found: {hf.found_listing(path)}). Expected "
+                    f"{', '.join(e for e in EXTENSIONS if e != '.arrow')} files (in it or its subfolders), or "
+                    f"{hf.LAYOUT_HELP}. Point data.train_files at the files or at such a folder"
                 )
             files.extend(found)
         elif path.is_file():
             if path.suffix.lower() not in EXTENSIONS:
                 raise DataError(
                     f"{path}: unsupported file type {path.suffix or '(no extension)'!r}; verl reads "
-                    f"{', '.join(EXTENSIONS)}. Rename or convert the file."
+                    f"{', '.join(EXTENSIONS)} files and Hugging Face save_to_disk folders. Rename or convert "
+                    "the file."
                 )
             files.append(str(path))
         else:
             raise DataError(f"data file {path} does not exist; check the path in data.train_files/val_files")
     return files, ignored
+
+
+def _expand_dir(folder: Path, top: Path, purpose: str, ignored: list[str]) -> list[str]:
+    """Data files under `folder` in path order; a save_to_disk folder counts as its shards. Loose .arrow
+    files outside such a folder are refused: a `datasets` cache folder holds shards of several tables
+    (and cache-*.arrow files of .map() results) that must not be read as one dataset."""
+    kind = hf.layout(folder)
+    if kind is not None:
+        return hf.folder_files(folder, None, purpose)
+    if (folder / hf.INFO).is_file():
+        raise DataError(f"{folder} holds {hf.INFO} but no {hf.STATE} or {hf.DICT} (found: "
+                        f"{hf.found_listing(folder)}): an incomplete Hugging Face dataset folder; {hf.LAYOUT_HELP}. "
+                        "Copy the whole folder again or re-save it with save_to_disk")
+    out: list[str] = []
+    arrows: list[str] = []
+    for sub in sorted(folder.iterdir()):
+        if sub.name.startswith("."):
+            continue
+        if sub.is_dir():
+            out.extend(_expand_dir(sub, top, purpose, ignored))
+        elif sub.is_file():
+            ext = sub.suffix.lower()
+            if ext == ".arrow":
+                arrows.append(sub.name)
+            (out if ext in EXTENSIONS else ignored).append(str(sub))
+    if arrows:
+        raise DataError(f"{folder} holds Arrow files ({', '.join(arrows[:4])}{' ...' if len(arrows) > 4 else ''}) "
+                        f"but no {hf.STATE}: an unknown layout (found: {hf.found_listing(folder)}). Expected "
+                        f"{hf.LAYOUT_HELP}. Point data.train_files at the save_to_disk folder, or at the .arrow "
+                        "files themselves if each is a table to read")
+    return out
 
 
 def iter_records(
@@ -131,6 +181,8 @@ def iter_records(
         return _iter_json(path, notes, blank)
     if fmt == "parquet":
         return _iter_parquet(path)
+    if fmt == "arrow":
+        return _iter_arrow(path)
     return _iter_csv(path, blank)
 
 
@@ -146,7 +198,9 @@ def _iter_jsonl(path: str, blank: list[int]) -> Iterator[Record]:
 
 
 def _jsonl_lines(lines: Any, path: str, blank: list[int], first_line: int = 1) -> Iterator[Record]:
+    offset = 0  # byte offset of the line (binary lines only: text lines come from a .json read whole)
     for lineno, raw in enumerate(lines, first_line):
+        pos, offset = (offset, offset + len(raw)) if isinstance(raw, bytes) else (-1, offset)
         if isinstance(raw, bytes):
             if lineno == first_line and raw.startswith(UTF8_BOM):
                 raw = raw[3:]
@@ -157,6 +211,7 @@ def _jsonl_lines(lines: Any, path: str, blank: list[int], first_line: int = 1) -
                     path,
                     lineno,
                     error=("not_utf8", f"byte {e.start + 1} of the line (0x{raw[e.start]:02x}) is not UTF-8"),
+                    pos=pos,
                 )
                 continue
         else:
@@ -168,7 +223,7 @@ def _jsonl_lines(lines: Any, path: str, blank: list[int], first_line: int = 1) -
         value, err = parse_json_line(text)
         if err is None and not isinstance(value, dict):
             err = ("not_an_object", f"the line holds a JSON {type(value).__name__}, not an object")
-        yield Record(path, lineno, value=value if err is None else None, error=err)
+        yield Record(path, lineno, value=value if err is None else None, error=err, pos=pos)
 
 
 def _iter_json(path: str, notes: list[str], blank: list[int]) -> Iterator[Record]:
@@ -278,20 +333,71 @@ def _iter_parquet(path: str) -> Iterator[Record]:
         for batch in pf.iter_batches(batch_size=1024):
             for value in batch.to_pylist():
                 row += 1
-                yield Record(path, row, value=value)
+                yield Record(path, row, value=value, pos=row - 1)
     except (pa.ArrowException, OSError, ValueError) as e:
         raise DataError(
             f"{path} row {row + 1}: Parquet data cannot be decoded ({e}); re-export the file"
         ) from None
 
 
+ARROW_FILE_MAGIC = b"ARROW1"
+
+
+def open_arrow(path: str, mapped: Any = None) -> Any:
+    """A record-batch reader of an Arrow IPC file: the stream format (what `datasets` writes) or the file
+    format (magic ARROW1). Over `mapped` (an `mmap` of the file) batches are views of the mapping, whose
+    pages are read only as rows are used; else batches are read one by one into memory, for a single pass
+    that holds only the current batch."""
+    import pyarrow as pa
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+        source = pa.BufferReader(pa.py_buffer(mapped)) if mapped is not None else pa.OSFile(path)
+        if head == ARROW_FILE_MAGIC:
+            return pa.ipc.open_file(source)
+        return pa.ipc.open_stream(source)
+    except OSError as e:
+        raise DataError(f"{path}: cannot open ({e}); check the path and permissions") from None
+    except (pa.ArrowException, ValueError) as e:
+        raise DataError(f"{path}: not a readable Arrow IPC file ({e}); re-save the dataset (save_to_disk) "
+                        "or re-export the file") from None
+
+
+def arrow_batches(reader: Any) -> Iterator[Any]:
+    """Record batches of a reader from `open_arrow`, whichever format it reads."""
+    if hasattr(reader, "num_record_batches"):
+        for i in range(reader.num_record_batches):
+            yield reader.get_batch(i)
+    else:
+        yield from reader
+
+
+def _iter_arrow(path: str) -> Iterator[Record]:
+    import pyarrow as pa
+
+    reader = open_arrow(path)
+    row = 0
+    try:
+        for batch in arrow_batches(reader):
+            for start in range(0, batch.num_rows, 1024):
+                for value in batch.slice(start, 1024).to_pylist():
+                    row += 1
+                    yield Record(path, row, value=value, pos=row - 1)
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise DataError(f"{path} row {row + 1}: Arrow data cannot be decoded ({e}); re-save the dataset") from None
+
+
 def _iter_csv(path: str, blank: list[int]) -> Iterator[Record]:
-    if csv.field_size_limit() < _CSV_FIELD_LIMIT:
-        csv.field_size_limit(_CSV_FIELD_LIMIT)  # allow very long cells (a 10 MB prompt is legitimate)
+    if csv.field_size_limit() < CSV_FIELD_LIMIT:
+        csv.field_size_limit(CSV_FIELD_LIMIT)  # allow very long cells (a 10 MB prompt is legitimate)
     bad_lines: list[int] = []
+    line_at: dict[int, int] = {}  # line number -> byte offset, for the lines of the record being parsed
 
     def lines(f: Any) -> Iterator[str]:
+        offset = 0
         for i, raw in enumerate(f, 1):
+            line_at[i], offset = offset, offset + len(raw)
             if i == 1 and raw.startswith(UTF8_BOM):
                 raw = raw[3:]
             try:
@@ -320,6 +426,9 @@ def _iter_csv(path: str, blank: list[int]) -> Iterator[Record]:
                     f"{path}:{reader.line_num}: CSV cannot be parsed ({e}); check the quoting"
                 ) from None
             start, prev = prev + 1, reader.line_num
+            pos = line_at.get(start, -1)
+            for ln in [ln for ln in line_at if ln <= prev]:
+                del line_at[ln]
             if not cells:
                 blank[0] += 1
                 continue
@@ -342,16 +451,17 @@ def _iter_csv(path: str, blank: list[int]) -> Iterator[Record]:
                 continue
             if bad:
                 yield Record(
-                    path, start, error=("not_utf8", f"line {bad[0]} of the record is not valid UTF-8")
+                    path, start, error=("not_utf8", f"line {bad[0]} of the record is not valid UTF-8"), pos=pos
                 )
             elif len(cells) != len(header):
                 yield Record(
                     path,
                     start,
                     error=("csv_columns", f"the row has {len(cells)} cells but the header has {len(header)}"),
+                    pos=pos,
                 )
             else:
-                yield Record(path, start, value=dict(zip(header, cells, strict=False)))
+                yield Record(path, start, value=dict(zip(header, cells, strict=False)), pos=pos)
 
 
-__all__ = ["Record", "EXTENSIONS", "expand_paths", "iter_records", "parse_json_line"]
+__all__ = ["Record", "EXTENSIONS", "arrow_batches", "expand_paths", "iter_records", "open_arrow", "parse_json_line"]

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 MAX_EXAMPLES = 20
 
 # What to do about each reason; the field name (if any) is substituted for {field}.
@@ -58,21 +60,24 @@ class TokenStats:
 
     @classmethod
     def from_lengths(
-        cls, lengths: list[int], limit: int | None, truncation: str, truncated: int, dropped: int
+        cls, lengths: Any, limit: int | None, truncation: str, truncated: int, dropped: int
     ) -> TokenStats | None:
-        if not lengths:
+        if not len(lengths):
             return None
-        s = sorted(lengths)
+        s = np.sort(np.asarray(lengths, dtype=np.int64))  # a compact array: millions of rows stream through
         n = len(s)
-        median = float(s[n // 2]) if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2.0
-        p95 = s[max(0, math.ceil(0.95 * n) - 1)]
-        over = sum(1 for x in s if limit is not None and x > limit)
-        return cls(n, s[0], median, p95, s[-1], limit, over, truncation, truncated, dropped)
+        median = float(s[n // 2]) if n % 2 else (int(s[n // 2 - 1]) + int(s[n // 2])) / 2.0
+        p95 = int(s[max(0, math.ceil(0.95 * n) - 1)])
+        over = int((s > limit).sum()) if limit is not None else 0
+        return cls(n, int(s[0]), median, p95, int(s[-1]), limit, over, truncation, truncated, dropped)
 
 
 def location(file: str, line: int) -> str:
-    """`file:line` for text formats, `file row N` for Parquet (which has no lines)."""
-    if file.endswith(".parquet"):
+    """`file:line` for text formats, `file row N` for Parquet and Arrow (which have no lines), `dataset[i]`
+    for a Python dataset (its rows are named `<dataset>` with their 0-based index, as `dataset[i]` reads them)."""
+    if file.startswith("<") and file.endswith(">"):
+        return f"{file[1:-1]}[{line}]"
+    if file.endswith((".parquet", ".arrow")):
         return f"{file} row {line}"
     return f"{file}:{line}"
 

@@ -8,12 +8,13 @@ the batch sampler all walk a `ResumableOrder`, so there is one state format and 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import math
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from verl.errors import CheckpointError, DataError
+from verl.errors import CheckpointError, ConfigError, DataError
 
 _SEED_MASK = 0xFFFFFFFFFFFFFFFF  # numpy seeds must be non-negative; a negative config seed still works
 _IDENTITY_KEYS = ("seed", "shuffle", "num_rows")
@@ -83,6 +84,11 @@ class ResumableOrder:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume; refuses a state from another seed, shuffle setting or dataset size, or a corrupt one."""
+        if "mixture" in state:
+            raise CheckpointError(f"{self.what} state was written by a run with data.mixture "
+                                  f"({', '.join(map(str, state['mixture'].get('names', [])))}), and this run reads "
+                                  "one dataset; resuming would not reproduce the same order. Resume with the same "
+                                  "data.mixture, or start a fresh run.")
         check_resume_state(self.what, state, {k: getattr(self, k) for k in _IDENTITY_KEYS})
         epoch, position = int(state["epoch"]), int(state["position"])
         if epoch < 0 or not 0 <= position <= self.num_rows:
@@ -90,6 +96,111 @@ class ResumableOrder:
                                   f"[0, {self.num_rows}]; the checkpoint is corrupt. Resume from another "
                                   "checkpoint or start a fresh run.")
         self._epoch, self._position = epoch, position
+
+
+def quotas(weights: Sequence[float], total: int) -> list[int]:
+    """Slots per source in an epoch of `total` rows: shares of `weights`, rounded by largest remainder so they
+    sum to `total` exactly (ties to the earlier source)."""
+    s = float(sum(weights))
+    exact = [w / s * total for w in weights]
+    out = [int(math.floor(x)) for x in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda k: (-(exact[k] - out[k]), k))
+    for k in by_remainder[: total - sum(out)]:
+        out[k] += 1
+    return out
+
+
+class MixtureOrder:
+    """Rows of several sources drawn with fixed weights, in a seeded, resumable order.
+
+    An epoch has as many slots as all sources have rows; source k owns `quotas(weights)[k]` of them, so the
+    shares are exact within every epoch, not only on average. The slots are shuffled (a `ResumableOrder`),
+    and a slot of source k takes that source's next row from its own `ResumableOrder`: a small source given
+    a large weight cycles through its rows (each pass freshly shuffled), a large one given a small weight
+    continues where it stopped, so every row is seen before any repeats. Indices are into the sources'
+    rows laid end to end. With shuffle off the slots interleave the sources evenly and each source is read
+    in order.
+    """
+
+    def __init__(self, sizes: Sequence[int], weights: Sequence[float], seed: int, shuffle: bool = True, *,
+                 names: Sequence[str] | None = None, stream: tuple[int, ...] = (), what: str = "sampler") -> None:
+        if len(sizes) != len(weights) or not sizes:
+            raise ConfigError(f"a mixture needs one weight per source, got {len(sizes)} sources and "
+                              f"{len(weights)} weights")
+        bad = [f"{w!r}" for w in weights if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0)]
+        if bad or sum(weights) <= 0:
+            raise ConfigError(f"data.mixture weights {list(weights)}: each must be a number >= 0 and their sum > 0 "
+                              "(they are relative shares: 0.7 and 0.3, or 7 and 3)")
+        empty = [str(names[k] if names else k) for k, (n, w) in enumerate(zip(sizes, weights, strict=True))
+                 if n <= 0 and w > 0]
+        if empty:
+            raise DataError(f"mixture source(s) {', '.join(empty)} have no rows but a weight > 0; check their files "
+                            "and data reports, or give them weight 0")
+        self.sizes, self.weights = [int(n) for n in sizes], [float(w) for w in weights]
+        self.names = list(names) if names is not None else [str(k) for k in range(len(sizes))]
+        self.what, self.seed, self.shuffle = what, int(seed), bool(shuffle)
+        self.offsets = [0, *np.cumsum(self.sizes).tolist()]
+        self.num_rows = self.offsets[-1]
+        self.quotas = quotas(self.weights, self.num_rows)
+        self._slots = ResumableOrder(self.num_rows, seed, shuffle, stream=(*stream, 0), what=what)
+        self._parts = [ResumableOrder(n, seed, shuffle, stream=(*stream, 1, k), what=f"{what} (mixture {name})")
+                       for k, (n, name) in enumerate(zip(self.sizes, self.names, strict=True))]
+        layout = [(k, j) for k, q in enumerate(self.quotas) for j in range(q)]
+        if not shuffle:  # spread each source's slots evenly over the epoch
+            layout.sort(key=lambda kj: ((kj[1] + 0.5) / self.quotas[kj[0]], kj[0]))
+        self._slot_source = np.asarray([k for k, _ in layout], dtype=np.int64)
+
+    @property
+    def epoch(self) -> int:
+        return self._slots.epoch
+
+    @property
+    def position(self) -> int:
+        return self._slots.position
+
+    def source_of(self, index: int) -> int:
+        """Which source a row index (into the sources laid end to end) belongs to."""
+        return int(np.searchsorted(np.asarray(self.offsets[1:]), index, side="right"))
+
+    def take(self, count: int) -> list[int]:
+        """The next `count` row indices; like `ResumableOrder.take`, a take continues across epoch ends."""
+        out = []
+        for slot in self._slots.take(count):
+            k = int(self._slot_source[slot])
+            out.append(self.offsets[k] + self._parts[k].take(1)[0])
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self._slots.state_dict(), "mixture": {
+            "names": list(self.names), "sizes": list(self.sizes), "weights": list(self.weights),
+            "sources": [p.state_dict() for p in self._parts]}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume; refuses a state of another mixture (names, sizes or weights) as well as `ResumableOrder`'s."""
+        mix = state.get("mixture")
+        if not isinstance(mix, Mapping):
+            raise CheckpointError(f"{self.what} state has no mixture part; it was written by a run without "
+                                  "data.mixture. Resume with that run's data settings, or start a fresh run.")
+        check_resume_state(self.what, {**mix, "epoch": 0, "position": 0},
+                           {"names": self.names, "sizes": self.sizes, "weights": self.weights})
+        sources = mix.get("sources")
+        if not isinstance(sources, list) or len(sources) != len(self._parts):
+            raise CheckpointError(f"{self.what} state has {len(sources) if isinstance(sources, list) else 'no'} "
+                                  f"mixture source states for {len(self._parts)} sources; the checkpoint is corrupt")
+        self._slots.load_state_dict({k: v for k, v in state.items() if k != "mixture"})
+        for part, part_state in zip(self._parts, sources, strict=True):
+            part.load_state_dict(part_state)
+
+
+def order_for(rows: Any, seed: int, shuffle: bool = True, *, stream: tuple[int, ...] = (),
+              what: str = "sampler") -> ResumableOrder | MixtureOrder:
+    """The order rows are drawn in: a `MixtureOrder` over a mixture's sources (rows with `.mixture`), else a
+    `ResumableOrder` over all of them."""
+    mixture = getattr(rows, "mixture", None)
+    if mixture is not None:
+        return MixtureOrder(mixture.sizes, mixture.weights, seed, shuffle, names=mixture.names, stream=stream,
+                            what=what)
+    return ResumableOrder(len(rows), seed, shuffle, stream=stream, what=what)
 
 
 def check_resume_state(what: str, state: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
@@ -178,4 +289,4 @@ class ResumableSampler:
         self.order.load_state_dict({**state, "position": rows})
 
 
-__all__ = ["ResumableOrder", "ResumableSampler", "check_resume_state"]
+__all__ = ["MixtureOrder", "ResumableOrder", "ResumableSampler", "check_resume_state", "order_for", "quotas"]

@@ -11,8 +11,10 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from verl.data.index import is_lazy, row_facts, rows_at
+from verl.data.mixture import MIXTURE_KEY
 from verl.data.report import location
-from verl.data.sampler import ResumableOrder
+from verl.data.sampler import order_for
 from verl.errors import ConfigError, DataError, RewardError
 from verl.rewards.manager import RewardManager, RewardResult, Scoring
 
@@ -49,20 +51,26 @@ def check_ground_truths(reward_manager: RewardManager, rows: Sequence[Mapping[st
     """Raise DataError naming file:line of every row (the first few) that has no ground truth although a
     reward function that applies to it declares `needs_ground_truth`: found at start-up, not at step N."""
     missing: list[str] = []
+    count = 0
     needed: set[str] = set()
-    for i, row in enumerate(rows):
-        if row.get("ground_truth") is not None:
+    needs: dict[str | None, list[str]] = {}  # per data_source (a few), not per row (maybe millions)
+    for i, facts in enumerate(row_facts(rows)):
+        if facts.has_ground_truth:
             continue
-        names = reward_manager.needing_ground_truth(row.get("data_source"))
+        names = needs.get(facts.data_source)
+        if names is None:
+            names = needs[facts.data_source] = reward_manager.needing_ground_truth(facts.data_source)
         if names:
             needed.update(names)
-            file, line = row.get("file"), row.get("line")
-            missing.append(location(file, line) if file is not None and line is not None else f"{split} row {i}")
+            count += 1
+            if len(missing) < 5:
+                file, line = facts.file, facts.line
+                missing.append(location(file, line) if file is not None and line is not None else f"{split} row {i}")
     if not missing:
         return
-    shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    shown = ", ".join(missing) + (f" and {count - 5} more" if count > 5 else "")
     raise DataError(
-        f"{split} data: {len(missing)} row(s) have no ground truth, but reward function(s) "
+        f"{split} data: {count} row(s) have no ground truth, but reward function(s) "
         f"{', '.join(sorted(needed))} need one to score them: {shown}. Fix: add the answer to those rows "
         "(field 'ground_truth', or map your field with data.fields.ground_truth=KEY), drop the rows, or use "
         "a reward function that needs no ground truth.")
@@ -78,7 +86,8 @@ class PromptEnv:
 
     The order depends only on (seed, epoch), never on global RNG state, so it is identical across runs
     and across a resume from `state_dict()`. A batch that crosses the end of an epoch continues into the
-    next epoch's permutation, so every batch is full.
+    next epoch's permutation, so every batch is full. Rows may be read on demand (`verl.data.index`: only
+    the batch drawn is read) and may be a mixture of sources (`verl.data.mixture`: drawn with its weights).
     """
 
     def __init__(
@@ -92,13 +101,13 @@ class PromptEnv:
     ) -> None:
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise ConfigError(f"seed must be an int, got {seed!r}")
-        self._train = list(train_rows)
-        self._val = list(val_rows)
+        self._train = train_rows if is_lazy(train_rows) else list(train_rows)
+        self._val = val_rows if is_lazy(val_rows) else list(val_rows)
         # Fail at start-up, not at step 500, when some row's data_source has no reward function. (None: the
         # environment scores episodes itself, as a multi-turn environment does in `step`.)
         for split, rows in (("train", self._train), ("val", self._val)) if reward_manager is not None else ():
             try:
-                reward_manager.check_data_sources([r.get("data_source") for r in rows])
+                reward_manager.check_data_sources(f.data_source for f in row_facts(rows))
             except RewardError as e:
                 raise RewardError(f"{split} data: {e}") from None
             check_ground_truths(reward_manager, rows, split)
@@ -106,7 +115,13 @@ class PromptEnv:
         self.seed = seed
         self.shuffle = shuffle
         # Stream (0,) keeps this order apart from other consumers of the same seed.
-        self._order = ResumableOrder(len(self._train), seed, shuffle, stream=(0,), what="environment")
+        self._order = order_for(self._train, seed, shuffle, stream=(0,), what="environment")
+        mixture = getattr(self._train, "mixture", None)
+        if mixture is not None:
+            self.metric_sources: tuple[str, list[str]] | None = (MIXTURE_KEY, list(mixture.names))
+        else:
+            found = {f.data_source for f in row_facts(self._train)}
+            self.metric_sources = ("data_source", sorted(found, key=str)) if len(found) > 1 else None
 
     def __len__(self) -> int:
         return len(self._train)
@@ -128,10 +143,11 @@ class PromptEnv:
                 f"data.train_batch_size={batch_size} is larger than the {n} training prompts, "
                 "so a batch would repeat prompts; lower data.train_batch_size or add data."
             )
-        return [_copy_row(self._train[i]) for i in self._order.take(batch_size)]
+        rows = rows_at(self._train, self._order.take(batch_size))
+        return rows if is_lazy(self._train) else [_copy_row(r) for r in rows]  # lazy rows are fresh dicts
 
     def val_rows(self) -> list[dict[str, Any]]:
-        return [_copy_row(r) for r in self._val]
+        return list(self._val) if is_lazy(self._val) else [_copy_row(r) for r in self._val]
 
     def compute_reward(self, rows: Sequence[Mapping[str, Any]], responses: Sequence[str], *,
                        response_ids: Sequence[Sequence[int]] | None = None) -> RewardResult:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from verl.data.index import is_lazy
 from verl.env.base import PromptEnv
 from verl.errors import DataError
 from verl.rewards.manager import RewardManager
@@ -70,8 +71,9 @@ class DatasetEnv(PromptEnv):
                 "the training data has no rows; check data.train_files (and data.on_bad_row: "
                 "skip may have dropped every row)."
             )
-        _check_rows(rows, "train")
-        _check_rows(val_rows, "val")
+        for split, checked in (("train", rows), ("val", val_rows)):
+            if not is_lazy(checked):  # rows read on demand were checked by the data layer as they were indexed
+                _check_rows(checked, split)
         super().__init__(rows, reward_manager, val_rows=val_rows, seed=seed, shuffle=shuffle)
 
 

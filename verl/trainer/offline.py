@@ -13,9 +13,10 @@ from typing import Any
 import torch
 
 from verl.data.fields import RowError, RowNormalizer
+from verl.data.hf import is_hf
 from verl.data.sampler import ResumableOrder
 from verl.errors import ConfigError, DataError
-from verl.trainer.data_split import split_train_val
+from verl.trainer.data_split import python_rows, split_train_val
 from verl.trainer.runtime import TrainerRuntime
 
 Rows = Sequence[Mapping[str, Any]]
@@ -30,8 +31,12 @@ class OfflineTrainer(TrainerRuntime):
     val_data: Any = None
 
     # ------------------------------------------------------------------ rows
-    def normalize_rows(self, rows: Rows, name: str) -> list[dict[str, Any]]:
-        """In-memory rows through the same field aliases and checks as rows read from files."""
+    def normalize_rows(self, rows: Rows | Any, name: str, purpose: str = "train") -> Sequence[dict[str, Any]]:
+        """Rows from Python through the same field aliases and checks as rows read from files: a list of
+        dicts, or a `datasets.Dataset` / `DatasetDict` (the split named for `purpose`), which is checked with
+        the files' report and read on demand."""
+        if is_hf(rows):
+            return python_rows(rows, self.config, self.data_kind, name, purpose)
         norm = RowNormalizer(self.data_kind, self.config.data.fields or None)
         out = []
         for i, row in enumerate(rows):
@@ -53,7 +58,7 @@ class OfflineTrainer(TrainerRuntime):
             return '{"prompt": "...", "chosen": "...", "rejected": "..."}'
         return '{"input": "...", "output": "..."} or {"messages": [...]}'
 
-    def train_val_rows(self, train_rows: Rows | None, val_rows: Rows | None) -> tuple[list[dict], list[dict]]:
+    def train_val_rows(self, train_rows: Rows | None, val_rows: Rows | None) -> tuple[Sequence[dict], Sequence[dict]]:
         """Rows given in Python take precedence over data.train_files / data.val_files; either way the
         validation rows come from `data_split.split_train_val` (val files, else `data.val_size` held out)."""
         if train_rows is None:
@@ -65,7 +70,7 @@ class OfflineTrainer(TrainerRuntime):
             if val_rows is None:
                 train, val = split_train_val(self.config, self.data_kind, self.tokenizer, train=train).rows()
         if val_rows is not None:
-            val = self.normalize_rows(val_rows, "val_rows")
+            val = self.normalize_rows(val_rows, "val_rows", "val")
         return train, val
 
     @property

@@ -83,7 +83,7 @@ class Preflight:
     tokenizer: Any = None
     model_report: Any = None  # the meta-device model check (`check_model`)
     data: DataSplit | None = None
-    given_rows: list[dict[str, Any]] | None = None  # RL prompt rows passed in, in canonical form
+    given_rows: Sequence[dict[str, Any]] | None = None  # RL prompt rows passed in, in canonical form
     env: Any = None
     reward_names: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # section -> why it did not run
@@ -243,7 +243,9 @@ def _batch_pass(pf: Preflight) -> None:
     if rows >= size:
         return
     what = {"rl": "prompts", "sft": "examples", "dpo": "preference pairs"}[pf.kind]
-    files = ", ".join(config.data.train_files) or "the training rows"
+    files = (", ".join(config.data.train_files) or
+             (f"data.mixture ({', '.join(str(m.name) for m in config.data.mixture)})" if config.data.mixture else "")
+             or "the training rows")
     text = (f"{key}={size} {what} per step, but {files} has only {rows} training {what} after the data checks"
             f"{' and data.val_size' if config.data.val_size and not config.data.val_files else ''}")
     if pf.kind == "rl":
@@ -288,7 +290,7 @@ def _data_pass(pf: Preflight, given: Given) -> None:
     config = pf.config
     if pf.kind == "rl" and given.rows is not None and given.env is None:
         try:
-            pf.given_rows = canonical_rows(given.rows, config)
+            pf.given_rows = canonical_rows(given.rows, config, pf.tokenizer)
         except VerlError as exc:
             pf.add("data", exc)
         pf.skipped["data"] = "the training prompts were passed in from Python"

@@ -15,6 +15,7 @@ import torch
 
 from verl.config.loader import build_config, set_dotted
 from verl.config.schema import RunConfig
+from verl.data.hf import is_hf
 from verl.errors import ConfigError
 
 RewardArg = str | Callable[..., Any] | Mapping[str, Any] | Sequence[Any] | None
@@ -24,7 +25,7 @@ RewardArg = str | Callable[..., Any] | Mapping[str, Any] | Sequence[Any] | None
 class PythonRun:
     config: RunConfig
     model: torch.nn.Module | None  # a model object passed in (else config.model.path is loaded)
-    rows: list[Mapping[str, Any]] | None  # prompt rows passed in
+    rows: Any  # prompt rows passed in: a list of dicts, or a datasets.Dataset / DatasetDict (duck-typed)
     reward_functions: list[Any] | None  # Python callables (with any specs beside them)
 
 
@@ -87,6 +88,8 @@ def python_run(model: str | torch.nn.Module | Mapping[str, Any], *, reward_fn: R
     rows = None
     if isinstance(dataset, str) or (isinstance(dataset, Sequence) and dataset and isinstance(dataset[0], str)):
         set_dotted(tree, "data.train_files", [dataset] if isinstance(dataset, str) else list(dataset))
+    elif is_hf(dataset):
+        rows = dataset  # a datasets.Dataset / DatasetDict: checked like a file, its rows read on demand
     elif dataset is not None:
         rows = list(dataset)
     specs, functions = _reward_specs(reward_fn)

@@ -103,7 +103,7 @@ class RLTrainer(TrainerRuntime):
         *,
         tokenizer: Any = None,
         reward_fn: RewardArg = None,
-        dataset: str | Sequence[str] | Sequence[Mapping[str, Any]] | None = None,
+        dataset: str | Sequence[str] | Sequence[Mapping[str, Any]] | Any | None = None,
         env: Any = None,
         peft_config: Any = None,
         reward_funcs: RewardArg = None,
@@ -114,9 +114,9 @@ class RLTrainer(TrainerRuntime):
         `model`: a path or hub id, a loaded model (with `tokenizer=`), or the model section as a dict
         (`{"path": "tiny", "lora": {"rank": 8}}`); `peft_config`: a peft `LoraConfig` (TRL's argument).
         `reward_fn` (or TRL's `reward_funcs`): a spec name (`"numeric_match"`, `"path.py:fn"`), a callable
-        `fn(prompt, response, ground_truth, **meta)`, or a list mixing them. `dataset`: a file path (or list of
-        paths) or a list of prompt rows. `teacher_model`: a path or hub id to distil from (TRL's GKD argument;
-        `algorithm.distill`). `overrides`: sections as dicts (`actor={"lr": 1e-6}`) or dotted keys."""
+        `fn(prompt, response, ground_truth, **meta)`, or a list mixing them. `dataset`: file path(s) (a
+        save_to_disk folder too), prompt rows, or a `datasets.Dataset` / `DatasetDict` (its train split), checked
+        like a file. `teacher_model`: a path or hub id to distil from (TRL's GKD argument; `algorithm.distill`). `overrides`: sections as dicts (`actor={"lr": 1e-6}`) or dotted keys."""
         if reward_fn is not None and reward_funcs is not None:
             raise ConfigError("from_pretrained got both reward_fn and reward_funcs (TRL's name for it); pass one")
         run = python_run(model, reward_fn=reward_fn if reward_funcs is None else reward_funcs, dataset=dataset,
@@ -183,7 +183,7 @@ class RLTrainer(TrainerRuntime):
         own = "async/rollout_" if self.async_rollout is not None and self.async_rollout.generates else "timing/"
         metrics |= {f"{own}{k}": v for k, v in timing.items()} | {f"{own}step": sum(timing.values())}
         if batch is not None:  # the actor ranks
-            metrics |= batch_metrics(batch, self.placement)
+            metrics |= batch_metrics(batch, self.placement, getattr(self.env, "metric_sources", None))
             metrics["perf/tokens_per_s"] = (float(batch.attention_mask.sum()) * self.dp_size
                                             / max(metrics["timing/step"], 1e-9))
         return self.placement.mean_over_owners(metrics)  # ranks may differ in which metrics they have

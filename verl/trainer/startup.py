@@ -160,14 +160,14 @@ def check_demo_env(config: RunConfig) -> list[VerlError]:
 def check_env_data(config: RunConfig, kind: str) -> list[VerlError]:
     """Data files next to a built-in environment that makes its own prompts would never be read: refused,
     not silently dropped."""
-    files = [*config.data.train_files, *config.data.val_files]
+    files = [*config.data.train_files, *config.data.val_files, *(f for m in config.data.mixture for f in m.files)]
     if kind != "rl" or config.env.name not in SELF_CONTAINED_ENVS or not files:
         return []
     demo = (f" and trainer.demo=null (trainer.demo={config.trainer.demo} runs a built-in demo)"
             if config.trainer.demo else "")
-    return [ConfigError(f"env.name={config.env.name} makes its own prompts, so data.train_files/val_files "
+    return [ConfigError(f"env.name={config.env.name} makes its own prompts, so data.train_files/val_files/mixture "
                         f"({', '.join(files)}) would not be read. Fix: set env.name=null{demo} to train on the "
-                        "files, or remove data.train_files/val_files")]
+                        "files, or remove data.train_files/val_files/mixture")]
 
 
 def check_overlong_buffer(config: RunConfig) -> list[VerlError]:

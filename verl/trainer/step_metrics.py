@@ -14,9 +14,31 @@ from verl.distributed.placement import Placement
 from verl.trainer.batch import RolloutBatch
 
 
-def batch_metrics(batch: RolloutBatch, placement: Placement) -> dict[str, float]:
+def source_metrics(batch: RolloutBatch, placement: Placement, sources: tuple[str, list[str]]) -> dict[str, float]:
+    """`reward/mean/<source>` per training source, over the global batch: `sources` is (the row key, the
+    names), the same on every rank (the mixture's sources, or the data_sources of the training rows). With a
+    mixture, `mixture/<name>/share` is the share of the step's responses drawn from each source. A source
+    no row of this step came from has no metric this step."""
+    key, names = sources
+    index = {name: i for i, name in enumerate(names)}
+    of = torch.tensor([index.get(row.get(key), -1) for row in batch.rows], dtype=torch.long)
+    scores = batch.scores.detach().double().cpu()
+    sums = torch.zeros(2, len(names), dtype=torch.float64)
+    known = of >= 0
+    sums[0].index_add_(0, of[known], scores[known])
+    sums[1].index_add_(0, of[known], torch.ones(int(known.sum()), dtype=torch.float64))
+    total, count = placement.all_reduce_sum(sums.flatten(), role="actor").view(2, -1).tolist()
+    metrics = {f"reward/mean/{name}": total[i] / count[i] for i, name in enumerate(names) if count[i] > 0}
+    if key != "data_source":
+        metrics |= {f"mixture/{name}/share": count[i] / max(sum(count), 1.0) for i, name in enumerate(names)}
+    return metrics
+
+
+def batch_metrics(batch: RolloutBatch, placement: Placement,
+                  sources: tuple[str, list[str]] | None = None) -> dict[str, float]:
     """Rewards, lengths, truncation and advantages of a scored batch: means and spreads from sums over the
-    actor ranks, maxima by max; the stages' own measurements (`batch.metrics`) are added as they are."""
+    actor ranks, maxima by max; the stages' own measurements (`batch.metrics`) are added as they are; per
+    training source with `sources` (`source_metrics`)."""
     scores, mask = batch.scores, batch.response_mask.float()
     lengths = mask.sum(-1)
 
@@ -39,6 +61,8 @@ def batch_metrics(batch: RolloutBatch, placement: Placement) -> dict[str, float]
     g_min = torch.full_like(g_max, float("inf")).scatter_reduce(0, inverse, scores, "amin")
     metrics["reward/zero_std_group_frac"] = float((g_max == g_min).float().mean())
     metrics |= batch.metrics
+    if sources is not None:
+        metrics |= source_metrics(batch, placement, sources)
     adv_count, adv_sum, _ = reduce(masked_moments(batch.advantages, mask)).tolist()
     metrics["advantages/mean"] = adv_sum / max(adv_count, 1.0)  # token-weighted over the global batch
     return metrics
