@@ -6,7 +6,7 @@ takes about as long as generating it (calibrated on this host: `--reward-share` 
 split over the batch's calls). The responses have long-tailed lengths, as real ones do, so rows finish at
 different steps: the tiny model is edited so that every token ends the response with probability
 `--stop-prob` (`async_vs_sync.long_tailed_model`). The step is generation-bound, as long-response RL is
-(8 responses of up to 256 tokens): overlap can hide the reward only behind generation, so the gain is at most
+(a group of 8 responses of up to 256 tokens): overlap can hide the reward only behind generation, so the gain is at most
 (2 x generation + rest) / (generation + rest), and with the update as long as generation (the tiny model's
 at `--batch 4 --tokens 128`) that cap is 1.5x.
 - baseline: `reward.overlap=false, reward.workers=1`: scoring after generation, one call at a time;
@@ -73,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3, help="RL steps of each side per round")
-    parser.add_argument("--batch", type=int, default=2, help="prompts per step")
-    parser.add_argument("--n", type=int, default=4, help="responses per prompt")
+    parser.add_argument("--batch", type=int, default=1, help="prompts per step")
+    parser.add_argument("--n", type=int, default=8, help="responses per prompt")
     parser.add_argument("--tokens", type=int, default=256, help="rollout.max_new_tokens")
     parser.add_argument("--stop-prob", type=float, default=0.01, help="each token ends the response with this")
     parser.add_argument("--calibrate", type=int, default=5, help="steps (after 2 warm-up steps) timing generation")
