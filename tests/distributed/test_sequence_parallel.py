@@ -1,0 +1,96 @@
+"""Sequence parallelism (`actor.sequence_parallel_size`) on 2 gloo ranks against one rank, float32: the split
+forward's log-probs, entropy, loss and summed gradients; the optimize loop with FSDP2 and pooled rows;
+pooling uneven shards."""
+
+import _dist_workers as W  # noqa: E402 - pytest puts tests/distributed on sys.path
+import _sp_workers as SP  # noqa: E402
+import pytest
+import torch
+
+pytestmark = pytest.mark.dist
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, what: str, tol: float = 1e-5) -> None:
+    """Within `tol` relative to the tensor's scale (entries that are mathematically 0, such as the key bias's
+    gradient, hold rounding noise in both)."""
+    scale = max(float(want.abs().max()), 1e-12)
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol * scale, msg=lambda m: f"{what}: {m}")
+
+
+def test_split_forward_equals_one_rank_loss_gradients_logprobs_and_padding_changes_nothing(tmp_path):
+    W.launch(SP.forward_worker, 2, str(tmp_path))
+    ranks = [torch.load(tmp_path / f"forward{r}.pt", weights_only=False) for r in range(2)]
+    mask = SP.rollout_batch().response_mask.bool()
+    for res in ranks:
+        for name in ("sdpa_kv2", "eager_kv1", "sdpa_kv2_ckpt"):
+            case = res[name]
+            loss, ref_loss = case["loss"]
+            assert abs(loss - ref_loss) <= 1e-5 * abs(ref_loss), name
+            for key in ("logprobs", "entropy"):
+                got, want = case[key]
+                _close(got[mask], want[mask], f"{name} {key}")
+                assert (got[~mask] == 0).all(), f"{name}: padded {key} are 0"
+            summed, want = case["grads"]
+            assert sum(float(g.abs().sum()) for g in want.values()) > 0
+            for param, g in want.items():
+                _close(summed[param], g, f"{name} grad {param}")
+            metrics, ref_metrics = case["metrics"]
+            for key, value in ref_metrics.items():
+                assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (name, key)
+        narrow, wide = res["padding"]
+        _close(wide[:, : narrow.shape[1]], narrow, "wider padding")
+        assert (wide[:, narrow.shape[1]:] == 0).all()
+        plain, before = res["fallback"]
+        assert torch.equal(plain, before), "without the keyword the attention is the original"
+
+
+def test_optimize_with_fsdp_and_pooled_rows_equals_one_process(tmp_path):
+    W.launch(SP.optimize_worker, 2, str(tmp_path))
+    for r in range(2):
+        record = torch.load(tmp_path / f"optimize{r}.pt", weights_only=False)
+        assert record["sp_ranks"] == (0, 1)
+        for name in ("micro", "budget", "seq_mean"):
+            case = record[name]
+            assert case["pooled_rows"] == 8 and case["own"] == (4 * r, 4)
+            state, ref = case["state"]
+            moved = sum(float((ref[k] - SP.tiny().state_dict()[k]).abs().sum()) for k in ref)
+            assert moved > 0
+            for key, value in ref.items() if r == 0 else ():  # the full state dict is gathered on rank 0
+                _close(state[key], value, f"{name} {key}")
+            metrics, ref_metrics = case["metrics"]
+            for key, value in ref_metrics.items():
+                assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (name, key)
+
+
+@pytest.mark.slow
+def test_sequence_and_data_parallel_on_four_ranks_equal_one_process(tmp_path):
+    """Two sequence-parallel groups of 2 (ranks 0,1 and 2,3), FSDP over all 4."""
+    W.launch(SP.optimize_worker, 4, str(tmp_path))
+    for r in (0, 3):
+        record = torch.load(tmp_path / f"optimize{r}.pt", weights_only=False)
+        assert record["sp_ranks"] == ((0, 1) if r == 0 else (2, 3))
+        for name in ("micro", "budget", "seq_mean"):
+            case = record[name]
+            assert case["pooled_rows"] == 4 and case["own"] == (2 * (r % 2), 2)
+            state, ref = case["state"]
+            for key, value in ref.items() if r == 0 else ():  # the full state dict is gathered on rank 0
+                _close(state[key], value, f"{name} {key}")
+
+
+def test_pooling_uneven_shards_gives_every_rank_the_same_rows_and_its_own_back(tmp_path):
+    W.launch(SP.pool_worker, 2, str(tmp_path))
+    ranks = [torch.load(tmp_path / f"pool{r}.pt", weights_only=False) for r in range(2)]
+    first, second = ranks[0]["mine"], ranks[1]["mine"]
+    for res in ranks:
+        pooled = res["pooled"]
+        assert pooled["prompt_ids"].shape == (5, SP.PROMPT) and pooled["response_ids"].shape == (5, SP.RESPONSE)
+        assert torch.equal(pooled["prompt_ids"][:3, 2:], first["prompt_ids"])  # left-padded back to 6
+        assert (pooled["prompt_ids"][:3, :2] == 0).all() and (pooled["prompt_mask"][:3, :2] == 0).all()
+        assert torch.equal(pooled["response_mask"][:3, :8], first["response_mask"])  # right-padded back to 10
+        assert (pooled["advantages"][:3, 8:] == 0).all()
+        for key in ("prompt_ids", "response_ids", "advantages", "group_ids", "finished"):
+            assert torch.equal(pooled[key][3:], second[key]), key
+        assert pooled["finished"].dtype == torch.bool
+        for key in pooled:
+            assert torch.equal(pooled[key], ranks[0]["pooled"][key])
+    assert torch.equal(ranks[0]["own"], first["advantages"]) and torch.equal(ranks[1]["own"], second["advantages"])
