@@ -91,6 +91,22 @@ def sequence_parallel_problems(size: int, *, actor_ranks: int | None = None, mod
     return problems
 
 
+def describe_sequence_parallel(size: int, actor_ranks: int, num_heads: int | None = None,
+                               num_kv_heads: int | None = None) -> str:
+    """What `verl check` says the setting does (`size` > 1, checked)."""
+    text = (f"sequence parallelism: actor.sequence_parallel_size={size}: {actor_ranks // size} group(s) of {size} "
+            f"consecutive actor ranks; each group pools its ranks' rows and splits every sequence {size} ways for "
+            "the actor's log-prob and update forwards (all-to-all over attention heads); a micro-batch is "
+            "actor.micro_batch_size rows of the pool")
+    if num_heads is not None and num_kv_heads is not None:
+        sent = kv_heads_sent(num_heads, num_kv_heads, size)
+        text += f"; {num_heads // size} query head(s) per rank"
+        if sent != num_kv_heads:
+            text += (f", the {num_kv_heads} key/value head(s) repeated to {sent} so that each rank gets its "
+                     f"{sent // size}")
+    return text
+
+
 def kv_heads_sent(num_heads: int, num_kv_heads: int, size: int) -> int:
     """Key/value heads after repetition, so that every rank's query heads find theirs among its KV/S."""
     return num_kv_heads if num_kv_heads % size == 0 else math.lcm(num_kv_heads, size)
@@ -250,6 +266,7 @@ def enable_sequence_parallel(model: torch.nn.Module, size: int) -> int:
     return len(modules)
 
 
-__all__ = ["ATTENTION_NAME", "KWARG", "SUPPORTED_MODEL_TYPES", "SequenceParallel", "enable_sequence_parallel",
+__all__ = ["ATTENTION_NAME", "KWARG", "SUPPORTED_MODEL_TYPES", "SequenceParallel", "describe_sequence_parallel",
+           "enable_sequence_parallel",
            "gather_sequence", "heads_to_seq", "kv_heads_sent", "model_facts", "seq_to_heads",
            "sequence_parallel_layout", "sequence_parallel_problems", "ulysses_attention"]
