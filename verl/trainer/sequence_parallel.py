@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from verl.config.schema import OptimConfig
-from verl.distributed.guard import CollectiveGuard
+from verl.distributed.guard import CollectiveGuard, role_key
 from verl.distributed.sequence_parallel import SequenceParallel
 from verl.distributed.transfer import all_gather_batch, pad_to_group_width
 from verl.trainer.batch import LAYOUT, PROMPT, RESPONSE, ROW, RolloutBatch, padding
@@ -49,8 +49,9 @@ def pool_rows(batch: RolloutBatch, sp: SequenceParallel, guard: CollectiveGuard,
               if f.kind in _POOLED_KINDS and isinstance(getattr(batch, name), torch.Tensor)}
     sides = padding([k for k in fields if LAYOUT[k].kind != ROW], pad_token_id)
 
-    def widest(t: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=sp.group)
+    def widest(t: torch.Tensor) -> torch.Tensor:  # behind the arrival check, as every collective between stages
+        guard.run(f"{stage}:width", sp.ranks, lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX, group=sp.group),
+                  group_name=role_key(sp.ranks))
         return t
 
     fields |= pad_to_group_width({k: fields[k] for k in sides}, sides, all_reduce_max=widest, device=device)
