@@ -86,6 +86,10 @@ def forward_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     sp = _sp(rank, world)
     out = {}
     batch = rollout_batch()
+    # a multi-turn episode's observation inside the first response: attended, not in the loss
+    batch.response_attention_mask = batch.response_mask.clone()
+    batch.response_mask[0, 3:6] = 0
+    out["masks"] = (batch.response_mask, batch.response_attention_mask)
     for name, kv, attn, ckpt in [("sdpa_kv2", 2, "sdpa", False), ("eager_kv1", 1, "eager", False),
                                  ("sdpa_kv2_ckpt", 2, "sdpa", True)]:
         reference, split = tiny(kv, attn), tiny(kv, attn)

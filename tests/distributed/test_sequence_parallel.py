@@ -22,8 +22,10 @@ def _close(got: torch.Tensor, want: torch.Tensor, what: str, tol: float = 1e-5) 
 def test_split_forward_equals_one_rank_loss_gradients_logprobs_and_padding_changes_nothing(tmp_path):
     W.launch(SP.forward_worker, 2, str(tmp_path))
     ranks = [torch.load(tmp_path / f"forward{r}.pt", weights_only=False) for r in range(2)]
-    mask = SP.rollout_batch().response_mask.bool()
     for res in ranks:
+        loss_mask, attended = (m.bool() for m in res["masks"])
+        assert (attended & ~loss_mask).any()  # an observation inside a response
+        mask = attended
         for name in ("sdpa_kv2", "eager_kv1", "sdpa_kv2_ckpt"):
             case = res[name]
             loss, ref_loss = case["loss"]

@@ -104,8 +104,9 @@ def sequence_parallel_logprobs(
     group (Ulysses: `verl.distributed.sequence_parallel`): [B, R] on every rank.
 
     Each row's attended tokens are packed to the left in order, with the positions they have in the padded
-    sequence (0, 1, ...), so the sequence is right-padded only and the attention needs no mask: causal
-    attention gives every real token exactly what the masked forward gives it. The packed sequence (less
+    sequence (0, 1, ...: `position_ids_from_mask`), so the sequence is right-padded only and the attention
+    needs no mask: causal attention gives every real token exactly what the masked forward gives it (a
+    multi-turn episode's observations are attended tokens like any other). The packed sequence (less
     its last token, which predicts nothing) is padded to a multiple of the group size; rank i runs the
     model on its i-th slice and the head on the positions of it that predict response tokens. The per-token
     log-probs (not logits) are then gathered, so every rank computes the same loss of the same rows and
@@ -122,9 +123,12 @@ def sequence_parallel_logprobs(
     positions = torch.arange(width, device=ids.device).expand(rows, width)
     chunk = width // sp.size
     start = sp.index * chunk
-    # Response token k of row b sits at packed index p_b + k and is predicted by position p_b + k - 1.
-    prompt_len = mb.prompt_mask.sum(-1)
-    first, last = int(prompt_len.min()) - 1, int(prompt_len.max()) + response_len - 1
+    # An attended response token's packed index is the number of attended tokens before it; the position
+    # before that predicts it (the positions of unattended ones are cut off: their values are set to 0).
+    attended = mb.response_attention.bool()
+    where = (mask.long().cumsum(1)[:, length - response_len :] - 2).clamp(0, width - 1)
+    used = where[attended] if bool(attended.any()) else where.new_zeros(1)
+    first, last = int(used.min()), int(used.max()) + 1
     lo, hi = max(first - start, 0), min(last - start, chunk)
     empty = lo >= hi  # none of this rank's positions predicts a response token: run the head on one
     head, cut = _head_positions(model, chunk, *((0, 1) if empty else (lo, hi)), ids.device)
@@ -142,8 +146,7 @@ def sequence_parallel_logprobs(
         local = torch.cat([values.new_zeros(rows, before), values,
                            values.new_zeros(rows, chunk - before - values.shape[1])], dim=1)
         full = gather_sequence(local, sp)
-        where = (prompt_len[:, None] - 1 + torch.arange(response_len, device=ids.device)).clamp(0, width - 1)
-        return torch.where(mb.response_attention.bool(), full.gather(1, where), 0.0)
+        return torch.where(attended, full.gather(1, where), 0.0)
 
     return spread(logprobs), spread(entropy) if entropy is not None else None
 
