@@ -45,7 +45,7 @@ def test_problems_name_the_key_the_numbers_and_the_fix():
     assert "sliding-window attention" in window and "use_sliding_window: false" in window
     # key/value heads need not divide: they are repeated up to lcm(KV, S)
     assert sequence_parallel_problems(4, num_heads=8, num_kv_heads=2) == []
-    assert [kv_heads_sent(8, 2, 4), kv_heads_sent(4, 1, 2), kv_heads_sent(8, 4, 2), kv_heads_sent(12, 3, 2)] == [4, 2, 4, 6]
+    assert [kv_heads_sent(2, 4), kv_heads_sent(1, 2), kv_heads_sent(4, 2), kv_heads_sent(3, 2)] == [4, 2, 4, 6]
 
 
 def test_groups_are_consecutive_actor_ranks():

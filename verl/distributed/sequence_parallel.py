@@ -99,7 +99,7 @@ def describe_sequence_parallel(size: int, actor_ranks: int, num_heads: int | Non
             "the actor's log-prob and update forwards (all-to-all over attention heads); a micro-batch is "
             "actor.micro_batch_size rows of the pool")
     if num_heads is not None and num_kv_heads is not None:
-        sent = kv_heads_sent(num_heads, num_kv_heads, size)
+        sent = kv_heads_sent(num_kv_heads, size)
         text += f"; {num_heads // size} query head(s) per rank"
         if sent != num_kv_heads:
             text += (f", the {num_kv_heads} key/value head(s) repeated to {sent} so that each rank gets its "
@@ -107,7 +107,7 @@ def describe_sequence_parallel(size: int, actor_ranks: int, num_heads: int | Non
     return text
 
 
-def kv_heads_sent(num_heads: int, num_kv_heads: int, size: int) -> int:
+def kv_heads_sent(num_kv_heads: int, size: int) -> int:
     """Key/value heads after repetition, so that every rank's query heads find theirs among its KV/S."""
     return num_kv_heads if num_kv_heads % size == 0 else math.lcm(num_kv_heads, size)
 
@@ -217,8 +217,8 @@ def ulysses_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         raise ConfigError(f"{type(module).__name__} layer {getattr(module, 'layer_idx', '?')} uses sliding-window "
                           "attention, which the sequence-parallel attention does not implement. Fix: set "
                           "actor.sequence_parallel_size=1 for this model")
-    heads, kv = query.shape[1], key.shape[1]
-    sent = kv_heads_sent(heads, kv, sp.size)
+    kv = key.shape[1]
+    sent = kv_heads_sent(kv, sp.size)
     if sent != kv:  # GQA with fewer (or indivisible) key/value heads: repeat each up to lcm(KV, S)
         key, value = (t.repeat_interleave(sent // kv, dim=1) for t in (key, value))
     q, k, v = (seq_to_heads(t, sp) for t in (query, key, value))
