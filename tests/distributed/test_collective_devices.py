@@ -47,3 +47,28 @@ def test_a_split_placement_ppo_run_gives_collectives_the_roles_device(tmp_path):
     for rank in (0, 1):
         record = json.loads((tmp_path / f"collectives_rank{rank}.json").read_text())
         assert record["checked"] > 0 and record["violations"] == [], record
+
+
+@pytest.mark.slow
+def test_sequence_parallel_collectives_get_the_actors_device(tmp_path):
+    """`actor.sequence_parallel_size=2`: pooling the group's rows is checked. The attention's all-to-alls and
+    the log-prob gather move the model's activations, which are where the model is (here made from FSDP2's
+    gathered weights, which the check cannot mark): they are the only ones allowed through."""
+    cfg = {
+        "model": {"path": "tiny", "dtype": "float32"},
+        "env": {"name": "arithmetic", "kwargs": {"max_operand": 9, "num_val": 2}},
+        "data": {"train_batch_size": 2, "max_prompt_length": 16},
+        "rollout": {"n": 2, "max_new_tokens": 3},
+        "actor": {"micro_batch_size": 2, "kl_loss_coef": 0.1, "sequence_parallel_size": 2},
+        "trainer": {"total_steps": 1, "run_dir": str(tmp_path / "run"), "val_before_train": False,
+                    "cpu_threads": 1},
+        "logging": {"backends": ["jsonl"]},
+    }
+    config = tmp_path / "cfg.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    verl_train(config, tmp_path, nproc=2, script=Path(__file__).with_name("checked_train.py"))
+    for rank in (0, 1):
+        record = json.loads((tmp_path / f"collectives_rank{rank}.json").read_text())
+        assert record["checked"] > 0, record
+        others = [v for v in record["violations"] if " at verl.distributed.sequence_parallel:" not in v]
+        assert others == [], record

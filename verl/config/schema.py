@@ -534,6 +534,12 @@ class ActorConfig(OptimConfig):
     skip_zero_advantage: bool = Field(True, description="Without a KL loss or an entropy bonus, a sequence whose "
                                       "advantages are all 0 adds exactly nothing to the gradient: skip its forward "
                                       "and backward (the loss normaliser still counts it). Metric actor/skipped_frac.")
+    sequence_parallel_size: int = Field(1, ge=1, description="Ulysses sequence parallelism: each of the actor's "
+                                        "sequences is split along its tokens over this many consecutive actor ranks "
+                                        "(all-to-all over attention heads), so one rank holds 1/S of every layer's "
+                                        "activations. Must divide the actor's ranks and the model's attention heads; "
+                                        "the actor's log-prob and update forwards only (reference and critic run "
+                                        "whole sequences). 1 = off. See docs/multigpu.md.")
 
 
 class CriticConfig(OptimConfig):

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from verl.config.fsdp import FSDPConfig
 from verl.distributed.guard import CollectiveGuard, role_key
 from verl.distributed.mapping import ROLES, DeviceMapping
+from verl.distributed.sequence_parallel import SequenceParallel, sequence_parallel_layout
 from verl.distributed.transfer import Batch, broadcast_batch, gather_batch, shard_batch
 from verl.errors import DeviceMappingError, DistributedError
 
@@ -35,6 +36,7 @@ class RoleGroups:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     _groups: dict[tuple[int, ...], Any] = field(default_factory=dict)
     _mesh_groups: dict[str, tuple[tuple[int, int], Any, Any]] = field(default_factory=dict)
+    _sequence_parallel: SequenceParallel | None = None
 
     @classmethod
     def create(
@@ -45,12 +47,14 @@ class RoleGroups:
         fsdp: FSDPConfig | Mapping[str, FSDPConfig] | None = None,
         num_gpus_per_node: int | None = None,
         device: torch.device | None = None,
+        sequence_parallel: int = 1,
     ) -> RoleGroups:
         """Create the groups; must be called by every rank with the same arguments.
 
         Groups are keyed by their rank set, so colocated roles share one communicator. For roles whose
         FSDP strategy needs a 2-D mesh (HYBRID_SHARD, NO_SHARD) the shard and replicate sub-groups are
-        created here too, so apply_fsdp never creates groups behind the back of non-member ranks.
+        created here too, so apply_fsdp never creates groups behind the back of non-member ranks, and so are
+        the actor's sequence-parallel groups (`sequence_parallel` consecutive actor ranks each).
         """
         initialized = dist.is_initialized()
         rank = dist.get_rank() if initialized else 0
@@ -105,7 +109,16 @@ class RoleGroups:
                 if rank in members:
                     mine_rep = g
             self._mesh_groups[role] = ((replicas, shard), mine_rep, mine_shard)
+        if sequence_parallel > 1:
+            for members in sequence_parallel_layout(mapping.roles["actor"], sequence_parallel):
+                g = group_for(members)
+                if rank in members:
+                    self._sequence_parallel = SequenceParallel(g, members, members.index(rank))
         return self
+
+    def sequence_parallel(self) -> SequenceParallel | None:
+        """This actor rank's sequence-parallel group (None without sequence parallelism, or off the actor)."""
+        return self._sequence_parallel
 
     def group(self, role: str) -> Any:
         """The ProcessGroup of `role` (None when not running distributed)."""

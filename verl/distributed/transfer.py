@@ -106,6 +106,47 @@ def gather_batch(
     return guard.run(stage, ranks, run, group_name=role_key(ranks))
 
 
+def all_gather_batch(
+    batch: Batch,
+    *,
+    group: Any,
+    ranks: tuple[int, ...],
+    guard: CollectiveGuard,
+    stage: str,
+    device: torch.device | None = None,
+) -> tuple[Batch, list[int]]:
+    """Every member's shard concatenated in rank order, on every member, and each member's row count.
+
+    Shards may differ in rows, not in anything else (pad widths first: `pad_to_group_width`); the field
+    names, dtypes and trailing shapes are checked against every member's before any tensor moves."""
+    device = device or torch.device("cpu")
+    n = next(iter(batch.values())).shape[0] if batch else 0
+    if len(ranks) == 1:
+        return batch, [n]
+
+    def run() -> tuple[Batch, list[int]]:
+        schema = [[k, d, s[1:]] for k, d, s in _schema(batch)]
+        layouts = _all_gather_json(schema, group=group, members=len(ranks), device=device)
+        if any(other != schema for other in layouts):
+            raise DistributedError(f"stage {stage!r}: the ranks {list(ranks)} hold different batch fields "
+                                   f"({layouts}). Fix: every rank of a group must produce the same fields, padded to "
+                                   "one width")
+        counts = [torch.zeros(1, dtype=torch.long, device=device) for _ in ranks]
+        dist.all_gather(counts, torch.tensor([n], dtype=torch.long, device=device), group=group)
+        sizes = [int(c) for c in counts]
+        out: Batch = {}
+        for key, _dtype, _shape in schema:
+            t = batch[key].to(device)
+            padded = torch.zeros((max(sizes), *t.shape[1:]), dtype=t.dtype, device=device)
+            padded[:n] = t
+            parts = [torch.empty_like(padded) for _ in ranks]
+            dist.all_gather(parts, padded, group=group)
+            out[key] = torch.cat([p[:c] for p, c in zip(parts, sizes, strict=True)])
+        return out, sizes
+
+    return guard.run(stage, ranks, run, group_name=role_key(ranks))
+
+
 def broadcast_batch(
     batch: Batch | None,
     *,

@@ -30,6 +30,7 @@ from verl.checkpoint import CheckpointManager
 from verl.config.schema import OptimConfig, RunConfig
 from verl.distributed.fsdp import apply_fsdp, checkpoint_decoder_layers
 from verl.distributed.placement import Placement
+from verl.distributed.sequence_parallel import enable_sequence_parallel
 from verl.env import build_env
 from verl.models.dropout import disable_dropout
 from verl.models.hf_loader import load_tokenizer
@@ -296,6 +297,8 @@ def compose_rl(parts: Components, given: Given) -> None:
                                        device=process.device, receive=RolloutBatch.from_fields)
     plans, steps = parts.checks.startup.plans, config.trainer.total_steps
     if "actor" in roles:
+        if config.actor.sequence_parallel_size > 1:  # after the reference/critic copies: they run whole sequences
+            enable_sequence_parallel(base_of(parts.policy), config.actor.sequence_parallel_size)
         parts.policy = shard(parts.policy, "actor", config, process)
         parts.actor_optim = setup_optimizer(parts.policy, config.actor, total_steps=steps * config.actor.ppo_epochs
                                             * plans["actor"].num_mini_batches)

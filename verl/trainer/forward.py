@@ -13,6 +13,7 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 
 from verl.algorithms import entropy_from_logits, token_logprobs, token_logprobs_and_entropy
+from verl.distributed.sequence_parallel import KWARG, SequenceParallel, gather_sequence
 from verl.models.lora import base_of
 from verl.models.signature import (
     cache_argument,
@@ -88,6 +89,66 @@ def _logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float, wi
         return token_logprobs_and_entropy(logits, labels, temperature=t)
     logprobs = token_logprobs(logits, labels, temperature=t)
     return logprobs, entropy_from_logits(logits, temperature=t) if with_entropy else None
+
+
+def sequence_parallel_logprobs(
+    model: torch.nn.Module,
+    mb: Any,
+    sp: SequenceParallel,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`response_logprobs` of `mb` (the same rows on every rank of `sp`) with each sequence split over the
+    group (Ulysses: `verl.distributed.sequence_parallel`): [B, R] on every rank.
+
+    Each row's attended tokens are packed to the left in order, with the positions they have in the padded
+    sequence (0, 1, ...: `position_ids_from_mask`), so the sequence is right-padded only and the attention
+    needs no mask: causal attention gives every real token exactly what the masked forward gives it (a
+    multi-turn episode's observations are attended tokens like any other). The packed sequence (less
+    its last token, which predicts nothing) is padded to a multiple of the group size; rank i runs the
+    model on its i-th slice and the head on the positions of it that predict response tokens. The per-token
+    log-probs (not logits) are then gathered, so every rank computes the same loss of the same rows and
+    each rank's backward runs through its own tokens (`gather_sequence`); padded response positions are 0.
+    """
+    ids, mask = mb.input_ids, mb.attention_mask
+    rows, length = ids.shape
+    response_len = mb.response_ids.shape[1]
+    order = torch.argsort((mask == 0).to(torch.int8), dim=1, stable=True)  # real tokens first, in order
+    packed = ids.gather(1, order)
+    width = -(-(length - 1) // sp.size) * sp.size  # forward positions, a multiple of the group size
+    inputs = torch.nn.functional.pad(packed[:, :-1], (0, width - (length - 1)))
+    labels = torch.nn.functional.pad(packed[:, 1:], (0, width - (length - 1)))
+    positions = torch.arange(width, device=ids.device).expand(rows, width)
+    chunk = width // sp.size
+    start = sp.index * chunk
+    # An attended response token's packed index is the number of attended tokens before it; the position
+    # before that predicts it (the positions of unattended ones are cut off: their values are set to 0).
+    attended = mb.response_attention.bool()
+    where = (mask.long().cumsum(1)[:, length - response_len :] - 2).clamp(0, width - 1)
+    used = where[attended] if bool(attended.any()) else where.new_zeros(1)
+    first, last = int(used.min()), int(used.max()) + 1
+    lo, hi = max(first - start, 0), min(last - start, chunk)
+    empty = lo >= hi  # none of this rank's positions predicts a response token: run the head on one
+    head, cut = _head_positions(model, chunk, *((0, 1) if empty else (lo, hi)), ids.device)
+    # A 4-D mask is taken as given (no mask is built); the sequence-parallel attention does not read it.
+    placeholder = torch.ones((rows, 1, 1, 1), dtype=torch.bool, device=ids.device)
+    logits = model(input_ids=inputs[:, start : start + chunk], attention_mask=placeholder,
+                   position_ids=positions[:, start : start + chunk], use_cache=False, **{KWARG: sp}, **head).logits
+    logits = logits[:, cut, :]
+    local_labels = labels[:, start : start + chunk][:, (0 if empty else lo) : (1 if empty else hi)]
+    logprobs, entropy = _logprobs(logits, local_labels, temperature, with_entropy, entropy_grad)
+
+    def spread(values: torch.Tensor) -> torch.Tensor:  # this rank's [B, hi - lo] -> the whole [B, R]
+        values = values[:, :0] if empty else values
+        before = 0 if empty else lo
+        local = torch.cat([values.new_zeros(rows, before), values,
+                           values.new_zeros(rows, chunk - before - values.shape[1])], dim=1)
+        full = gather_sequence(local, sp)
+        return torch.where(attended, full.gather(1, where), 0.0)
+
+    return spread(logprobs), spread(entropy) if entropy is not None else None
 
 
 def can_share_prompt(model: torch.nn.Module) -> bool:
@@ -209,9 +270,14 @@ def response_values(
 
 
 def logprobs_of(model: torch.nn.Module, mb: Any, *, share: bool, temperature: float, with_entropy: bool = False,
-                entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropy) of a batch's response tokens under `model`; with `share`, each group's prompt
-    runs once (`shared_prompt_logprobs`), else every sequence whole."""
+                entropy_grad: bool = True, sp: SequenceParallel | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropy) of a batch's response tokens under `model`; with `sp` (a group of more than one
+    rank), each sequence split over it (`sequence_parallel_logprobs`); with `share`, each group's prompt runs
+    once (`shared_prompt_logprobs`), else every sequence whole."""
+    if sp is not None and sp.size > 1:
+        return sequence_parallel_logprobs(model, mb, sp, temperature=temperature, with_entropy=with_entropy,
+                                          entropy_grad=entropy_grad)
     if share:
         return shared_prompt_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_attention,
                                       temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)

@@ -51,6 +51,7 @@ from verl.trainer.python_api import RewardArg, python_run
 from verl.trainer.reward_model import RemoteRewardModel
 from verl.trainer.reward_overlap import RewardOverlap, response_id_lists
 from verl.trainer.runtime import TrainerRuntime
+from verl.trainer.sequence_parallel import Pooled, group_plan, pool_rows
 from verl.trainer.step_metrics import batch_metrics, timed
 
 
@@ -76,6 +77,9 @@ class RLTrainer(TrainerRuntime):
         super().__init__(config, model=model, tokenizer=tokenizer, rows=rows, env=env, reward_functions=reward_functions)
         parts = self.parts
         self.plans: dict[str, BatchPlan] = self.checks.startup.plans
+        # The actor's sequence-parallel group (actor.sequence_parallel_size > 1): its ranks pool their rows for
+        # the actor's forwards and split every sequence (`verl.trainer.sequence_parallel`).
+        self.sp = self.groups.sequence_parallel() if self.groups is not None and "actor" in self.roles else None
         self.env, self.ref_model, self.critic, self.engine = parts.env, parts.reference, parts.critic, parts.engine
         self.teacher, self.placement = parts.teacher, parts.placement
         self.remote_reward_model = (RemoteRewardModel(parts.reward_tokenizer, parts.reward_scorer, config.reward.model_weight)
@@ -306,24 +310,45 @@ class RLTrainer(TrainerRuntime):
         return batch
 
     def sequence_logprobs(self, model: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
-        """Log-probs of the sampled response tokens under `model` (no gradient, eval mode)."""
+        """Log-probs of the sampled response tokens under `model` (no gradient, eval mode); the policy's over
+        its sequence-parallel group's pooled rows, when it has one."""
         temperature = self.config.rollout.temperature or 1.0
-        return self.forward_in_micro_batches(
-            model, batch, lambda mb: self.policy_logprobs(model, mb, temperature=temperature)[0],
+        pooled = self.pool_rows(batch, "old_logprobs") if self.splits_sequences(model) else None
+        out = self.forward_in_micro_batches(
+            model, batch if pooled is None else pooled.batch,
+            lambda mb: self.policy_logprobs(model, mb, temperature=temperature)[0],
             self.config.actor.max_tokens_per_micro_batch)
+        return out if pooled is None else pooled.own_rows(out)
+
+    def splits_sequences(self, model: torch.nn.Module | None) -> bool:
+        """Whether `model`'s forwards split each sequence over a sequence-parallel group (the policy's only)."""
+        return self.sp is not None and self.sp.size > 1 and model is not None and model is self.model
+
+    def pool_rows(self, batch: RolloutBatch, stage: str) -> Pooled:
+        """The rows of every rank of this rank's sequence-parallel group (`sequence_parallel.pool_rows`)."""
+        return pool_rows(batch, self.sp, self.groups.guard, pad_token_id=self.tokenizer.pad_token_id,
+                         device=self.placement.device, stage=f"sequence_parallel:{stage}")
+
+    @property
+    def actor_plan(self) -> BatchPlan:
+        """The actor's mini/micro-batch plan: per rank, or per sequence-parallel group over its pooled rows."""
+        size = self.sp.size if self.sp is not None else 1
+        return group_plan(self.plans["actor"], self.config.actor, size)
 
     def shares_prompt(self, model: torch.nn.Module) -> bool:
         """Whether `model`'s forwards run each group's prompt once (`critic.share_prompt_forward` for the
         critic, `actor.share_prompt_forward` for the policy and the reference)."""
         cfg = self.config.critic if model is not None and model is self.critic else self.config.actor
-        return cfg.share_prompt_forward and self.config.rollout.n > 1 and can_share_prompt(model)
+        return (cfg.share_prompt_forward and self.config.rollout.n > 1 and can_share_prompt(model)
+                and not self.splits_sequences(model))
 
     def policy_logprobs(self, model: torch.nn.Module, mb: RolloutBatch, *, temperature: float,
                         with_entropy: bool = False, entropy_grad: bool = True
                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropy) of `mb`'s response tokens under `model`, sharing prompts when it can."""
         return logprobs_of(model, mb, share=self.shares_prompt(model), temperature=temperature,
-                           with_entropy=with_entropy, entropy_grad=entropy_grad)
+                           with_entropy=with_entropy, entropy_grad=entropy_grad,
+                           sp=self.sp if self.splits_sequences(model) else None)
 
     def compute_values(self, batch: RolloutBatch) -> RolloutBatch:
         batch.values = self.forward_in_micro_batches(self.critic, batch, self.critic_values,
@@ -345,6 +370,9 @@ class RLTrainer(TrainerRuntime):
         cfg, temperature = self.config.actor, self.config.rollout.temperature or 1.0
         if cfg.mask_truncated:
             batch = update.without_truncated(batch)
+        replicas = 1
+        if self.splits_sequences(self.model):  # the group's rows, each split over its ranks
+            batch, replicas = self.pool_rows(batch, "update").batch, self.sp.size
         norm_len = update.norm_length(batch, self.config.rollout.max_new_tokens)
         # The drift check on this forward (see update_checks_drift): the rows of every micro-batch run
         drift = [] if batch.rollout_logprobs is not None and self.update_checks_drift else None
@@ -360,8 +388,8 @@ class RLTrainer(TrainerRuntime):
         def check_drift() -> None:  # before the optimizer step: a failed check leaves the weights alone
             self.judge_drift(batch, *combined_moments(drift))
 
-        metrics = self.optimize(self.model, self.optimizer, self.scheduler, batch, cfg, self.plans["actor"],
-                                micro_loss, prefix="actor",
+        metrics = self.optimize(self.model, self.optimizer, self.scheduler, batch, cfg, self.actor_plan,
+                                micro_loss, prefix="actor", replicas=replicas,
                                 contributes=self.contributing_sequences if self.skips_zero_advantage else None,
                                 keep_groups=self.shares_prompt(self.model),
                                 before_step=None if drift is None else check_drift,
@@ -420,8 +448,8 @@ class RLTrainer(TrainerRuntime):
                                  max_tokens: int | None = None) -> torch.Tensor:
         """`fn` over micro-batches of the update's size of `model`'s role (the critic's plan for the critic,
         the actor's for the policy and the reference), without gradient: see update.forward_in_micro_batches."""
-        role = "critic" if model is not None and model is self.critic else "actor"
-        return update.forward_in_micro_batches(model, batch, fn, self.plans[role].micro_batch_size, max_tokens)
+        plan = self.plans["critic"] if model is not None and model is self.critic else self.actor_plan
+        return update.forward_in_micro_batches(model, batch, fn, plan.micro_batch_size, max_tokens)
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:

@@ -126,7 +126,8 @@ def setup_process(config: RunConfig, mapping: Any, identity: ProcessIdentity, de
                                    cpu_collectives=config.fsdp.cpu_offload)
             device = env.device if config.trainer.device != "cpu" else torch.device("cpu")
         groups = RoleGroups.create(mapping, timeout_s=config.devices.timeout_s, fsdp=config.fsdp,
-                                   num_gpus_per_node=config.devices.num_gpus_per_node, device=device)
+                                   num_gpus_per_node=config.devices.num_gpus_per_node, device=device,
+                                   sequence_parallel=config.actor.sequence_parallel_size)
     seed = config.trainer.seed
     seed_everything(seed)
     # Separate streams so that, e.g., validation sampling never shifts the training samples.

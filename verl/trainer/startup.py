@@ -21,6 +21,11 @@ from verl.config.schema import RunConfig
 from verl.distributed.mapping import validate_device_mapping
 from verl.distributed.memory import estimate_memory
 from verl.distributed.memory_plan import plan_memory, suggestions
+from verl.distributed.sequence_parallel import (
+    describe_sequence_parallel,
+    model_facts,
+    sequence_parallel_problems,
+)
 from verl.env.registry import SELF_CONTAINED_ENVS
 from verl.errors import ConfigError, DeviceMappingError, VerlError
 from verl.rollout.engine_check import check_rollout_engine, check_vllm_placement
@@ -210,6 +215,29 @@ def check_env_options(config: RunConfig, env: Any, tokenizer: Any = None) -> lis
     return problems
 
 
+def check_sequence_parallel(config: RunConfig, kind: str, actor_ranks: int,
+                            model_path: str | None) -> tuple[list[VerlError], str | None]:
+    """`actor.sequence_parallel_size` against the actor's ranks and the model's attention (heads, sliding
+    window, architecture), read off its config (no weights); and what it does, for `verl check`. The
+    trainer's start-up repeats the model part on the loaded model (`enable_sequence_parallel`), for a model
+    passed in Python. Only the RL actor splits sequences; other trainers (and the demo's SFT warm start) run
+    whole ones."""
+    size = config.actor.sequence_parallel_size
+    if size == 1 or kind != "rl":
+        return [], None
+    facts: dict[str, Any] = {}
+    if model_path is not None and Path(model_path).expanduser().exists():
+        try:
+            facts = model_facts(AutoConfig.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code,
+                                                           revision=config.model.revision))
+        except Exception:  # an unreadable model is reported by the model check itself
+            facts = {}
+    problems = [ConfigError(p) for p in sequence_parallel_problems(size, actor_ranks=actor_ranks, **facts)]
+    note = None if problems else describe_sequence_parallel(size, actor_ranks, facts.get("num_heads"),
+                                                             facts.get("num_kv_heads"))
+    return problems, note
+
+
 def check_offline_options(config: RunConfig, kind: str) -> list[VerlError]:
     """SFT/DPO options that contradict each other, refused before the model loads."""
     problems: list[VerlError] = []
@@ -388,6 +416,9 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
         problems.append(exc)
     problems += check_demo_env(config) + check_env_data(config, kind) + check_response_length(config, kind)
     problems += check_offline_options(config, kind)
+    sp_problems, sp_note = check_sequence_parallel(config, kind, actor_ranks, model_path)
+    problems += sp_problems
+    report.rl_notes += [sp_note] if sp_note else []
     problems += check_overlong_buffer(config) + check_val_n(config) if kind == "rl" else []
     problems += check_keep_best(config, kind)
     problems += backend_problems(config.logging.backends) + check_run_dir(config)

@@ -122,16 +122,18 @@ def micro_batch_rounds(count: int, placement: Placement, role: str) -> int:
 
 
 def micro_weights(mini: RolloutBatch, groups: Sequence[torch.Tensor], agg: str, placement: Placement,
-                  role: str = "actor") -> list[float]:
+                  role: str = "actor", replicas: int = 1) -> list[float]:
     """Each micro-batch's share of the global mini-batch (tokens for token-mean, else sequences).
 
     Shares are of the total over the role's data-parallel ranks, times the number of ranks because FSDP
     averages gradients: the accumulated gradient is that of one big batch, however it is split. Rows
-    left out of every group (skipped) still count in the total.
+    left out of every group (skipped) still count in the total. `replicas` ranks hold the same rows (a
+    sequence-parallel group): the sum over ranks counts each row that many times, and FSDP's average over
+    all ranks must sum their gradients (each the part through its own tokens), not average them.
     """
     mask = mini.response_mask
     units = (mask.sum(-1) if agg == "token-mean" else (mask.sum(-1) > 0).long()).cpu()
-    total = max(float(placement.all_reduce_sum(units.sum().double().reshape(1), role)), 1.0)
+    total = max(float(placement.all_reduce_sum(units.sum().double().reshape(1), role)) / replicas, 1.0)
     ranks = placement.role_size(role)
     return [float(units[g].sum()) * ranks / total for g in groups]
 
@@ -345,6 +347,7 @@ def optimize(
     keep_groups: bool = False,
     before_step: Callable[[], None] | None = None,
     metric_kinds: MetricKinds = MetricKinds(),
+    replicas: int = 1,
 ) -> dict[str, float]:
     """Epochs x shuffled mini-batches x micro-batches; each micro loss is weighted by its share of the
     mini-batch (tokens for token-mean, sequences otherwise) so accumulation equals one big batch.
@@ -357,6 +360,8 @@ def optimize(
     forward finds them in one micro-batch). `before_step()` runs after each mini-batch's backward passes,
     before its optimizer step; `clip_and_step(module, optimizer, grad_clip)` steps and returns the
     gradient norm. The metrics are combined as `metric_kinds` says, then averaged over the optimizer steps.
+    `replicas` ranks hold the same `batch` and each computes the gradient through its share of every
+    sequence's tokens (sequence parallelism: `micro_weights`).
     """
     module.train()
     sums = _MetricSums(metric_kinds)
@@ -372,9 +377,9 @@ def optimize(
             mini = batch.select(order[start : start + plan.mini_batch_sequences])
             keep = contributes(mini).to("cpu", torch.bool) if contributes is not None else None
             groups = micro_batch_groups(mini, plan.micro_batch_size, budget, keep=keep, by_group=keep_groups)
-            weights = micro_weights(mini, groups, cfg.loss_agg, placement, prefix)
+            weights = micro_weights(mini, groups, cfg.loss_agg, placement, prefix, replicas)
             token_weights = (weights if cfg.loss_agg == "token-mean" or not metric_kinds.per_token
-                             else micro_weights(mini, groups, "token-mean", placement, prefix))
+                             else micro_weights(mini, groups, "token-mean", placement, prefix, replicas))
             rounds = micro_batch_rounds(len(groups), placement, prefix) if varies else len(groups)
             optimizer.zero_grad(set_to_none=True)
             ran: list[tuple[dict[str, Any], float, float]] = []
@@ -385,8 +390,8 @@ def optimize(
                     mb, weight = micro_batch(mini, torch.zeros(1, dtype=torch.long), trim=True), 0.0
                 loss, stats = micro_loss(mb)
                 (loss * weight).backward()
-                if i < len(groups):
-                    ran.append((stats, weight, token_weights[i]))
+                if i < len(groups):  # a metric counts each row once, though `replicas` ranks computed it
+                    ran.append((stats, weight / replicas, token_weights[i] / replicas))
                 elif not pad_stats:  # its row-mean metrics are reported if nothing else ran
                     pad_stats = stats
             sums.add_step(ran)

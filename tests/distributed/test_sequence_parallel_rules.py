@@ -1,0 +1,149 @@
+"""Sequence parallelism without processes: what is refused (and said) at start-up and by `verl check`, the
+model hook leaving every other forward alone, and the batch arithmetic of the sequence-parallel groups."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verl.config import load_config
+from verl.distributed.sequence_parallel import (
+    enable_sequence_parallel,
+    kv_heads_sent,
+    sequence_parallel_layout,
+    sequence_parallel_problems,
+)
+from verl.errors import ConfigError
+from verl.trainer.batch import RolloutBatch
+from verl.trainer.batch_math import plan_batches
+from verl.trainer.preflight import preflight
+from verl.trainer.sequence_parallel import group_plan
+from verl.trainer.update import micro_weights
+
+
+def _tiny(heads: int = 4, kv: int = 2, **extra):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=64, hidden_size=8 * heads, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=64,
+                      tie_word_embeddings=False, use_cache=False, **extra)
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(cfg).float()
+
+
+def test_problems_name_the_key_the_numbers_and_the_fix():
+    assert sequence_parallel_problems(1, actor_ranks=3, num_heads=5) == []
+    [ranks] = sequence_parallel_problems(4, actor_ranks=6)
+    assert ranks == ("actor.sequence_parallel_size=4 does not divide the actor's 6 rank(s): each sequence-parallel "
+                     "group is 4 actor ranks. Fix: launch a multiple of 4 actor ranks, or use a divisor of 6")
+    [heads] = sequence_parallel_problems(3, num_heads=4, num_kv_heads=2)
+    assert heads == ("actor.sequence_parallel_size=3 does not divide the model's 4 attention heads: each rank "
+                     "attends with whole heads. Fix: use one of [1, 2, 4]")
+    [arch] = sequence_parallel_problems(2, model_type="gemma2")
+    assert "not model_type='gemma2'" in arch and "qwen2, llama" in arch and "Fix: set actor.sequence_parallel_size=1" in arch
+    [window] = sequence_parallel_problems(2, sliding_window=True)
+    assert "sliding-window attention" in window and "use_sliding_window: false" in window
+    # key/value heads need not divide: they are repeated up to lcm(KV, S)
+    assert sequence_parallel_problems(4, num_heads=8, num_kv_heads=2) == []
+    assert [kv_heads_sent(2, 4), kv_heads_sent(1, 2), kv_heads_sent(4, 2), kv_heads_sent(3, 2)] == [4, 2, 4, 6]
+
+
+def test_groups_are_consecutive_actor_ranks():
+    assert sequence_parallel_layout((0, 1, 2, 3), 2) == [(0, 1), (2, 3)]
+    assert sequence_parallel_layout((2, 3, 4, 5, 6, 7), 3) == [(2, 3, 4), (5, 6, 7)]
+    with pytest.raises(ConfigError, match="does not divide the actor's 3 rank"):
+        sequence_parallel_layout((0, 1, 2), 2)
+
+
+def _check(*overrides, world=2):
+    config = load_config(overrides=["env.name=arithmetic", "trainer.device=cpu", *overrides])
+    return preflight(config, world_size=world, device_type="cpu", check_model=False)
+
+
+def test_verl_check_refuses_what_cannot_split_and_says_what_can():
+    # the tiny model has 4 attention heads and 2 key/value heads
+    assert _check("actor.sequence_parallel_size=3", "data.train_batch_size=6", world=6).messages == [
+        "[start-up] actor.sequence_parallel_size=3 does not divide the model's 4 attention heads: each rank attends with whole "
+        "heads. Fix: use one of [1, 2, 4]"]
+    [ranks] = _check("actor.sequence_parallel_size=2", world=1).messages
+    assert "does not divide the actor's 1 rank(s)" in ranks
+    [placed] = _check("actor.sequence_parallel_size=2", "devices.actor=[0,1,2]", "data.train_batch_size=6",
+                      world=4).messages
+    assert "does not divide the actor's 3 rank(s)" in placed
+    ok = _check("actor.sequence_parallel_size=4", world=8)
+    assert ok.messages == []
+    [note] = [n for n in ok.startup.rl_notes if n.startswith("sequence parallelism")]
+    assert "2 group(s) of 4 consecutive actor ranks" in note
+    assert "1 query head(s) per rank, the 2 key/value head(s) repeated to 4 so that each rank gets its 1" in note
+    # the SFT warm start of a demo (and any other trainer) runs whole sequences: nothing to refuse there
+    config = load_config(overrides=["env.name=arithmetic", "trainer.device=cpu", "actor.sequence_parallel_size=3"])
+    sft = preflight(config, world_size=1, device_type="cpu", kind="sft", check_model=False).messages
+    assert not [m for m in sft if "sequence_parallel" in m]
+
+
+def test_the_model_hook_refuses_what_cannot_split():
+    with pytest.raises(ConfigError) as info:
+        enable_sequence_parallel(_tiny(heads=3, kv=1), 2)
+    assert "does not divide the model's 3 attention heads" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        enable_sequence_parallel(_tiny(use_sliding_window=True, sliding_window=4, max_window_layers=0), 2)
+    assert "sliding-window attention" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        enable_sequence_parallel(torch.nn.Linear(2, 2), 2)
+    assert "Linear has no attention modules with q_proj/k_proj/v_proj to split" in str(info.value)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_the_hook_leaves_other_forwards_and_the_model_config_alone(attn):
+    model, before = _tiny(), _tiny()
+    for m in (model, before):
+        m.config._attn_implementation = attn
+    ids = torch.randint(1, 64, (2, 7))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[0, :3] = 0
+    assert enable_sequence_parallel(model, 2) == 2
+    assert enable_sequence_parallel(model, 2) == 2  # idempotent
+    assert model.config._attn_implementation == attn  # masks and the rollout engine see the original
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids, attention_mask=mask).logits,
+                           before(input_ids=ids, attention_mask=mask).logits)
+        generated = model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
+        assert torch.equal(generated, before.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False))
+
+
+class _Ranks:
+    """A placement whose all-reduce sums over `ranks` ranks holding the same rows."""
+
+    def __init__(self, ranks: int) -> None:
+        self.ranks = ranks
+
+    def all_reduce_sum(self, values, role="actor"):
+        return values * self.ranks
+
+    def role_size(self, role="actor"):
+        return self.ranks
+
+
+def test_replicas_count_each_row_once_and_sum_their_gradients():
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0]])
+    batch = RolloutBatch(rows=[{}] * 3, group_ids=torch.arange(3), prompt_ids=torch.ones(3, 1, dtype=torch.long),
+                         prompt_mask=torch.ones(3, 1, dtype=torch.long), response_ids=mask, response_mask=mask)
+    groups = [torch.tensor([0]), torch.tensor([1, 2])]
+    one = micro_weights(batch, groups, "token-mean", _Ranks(1))
+    assert one == [0.5, 0.5]
+    # 2 ranks of one sequence-parallel group: the rows are counted once, and the weight is doubled so that FSDP's
+    # average over the 2 ranks is the sum of their gradients (each through its own half of the tokens)
+    assert micro_weights(batch, groups, "token-mean", _Ranks(2), replicas=2) == [1.0, 1.0]
+    # 4 ranks in 2 groups of 2, the other group holding the same number of tokens
+    assert micro_weights(batch, groups, "seq-mean-token-mean", _Ranks(4), replicas=2) == pytest.approx(
+        [4 / 6, 8 / 6])
+
+
+def test_a_group_plans_the_pooled_rows_of_its_ranks():
+    cfg = load_config(overrides=["actor.micro_batch_size=4", "actor.mini_batch_size=4"]).actor
+    plan = plan_batches(8, 2, cfg, 4)
+    assert (plan.mini_batch_sequences, plan.micro_batch_size, plan.num_mini_batches) == (2, 2, 2)
+    pooled = group_plan(plan, cfg, 2)
+    assert (pooled.dp_size, pooled.mini_batch_sequences, pooled.micro_batch_size, pooled.grad_accum_steps,
+            pooled.num_mini_batches) == (2, 4, 4, 1, 2)
+    assert group_plan(plan, cfg, 1) is plan

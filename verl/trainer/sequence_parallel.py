@@ -1,0 +1,76 @@
+"""The actor's sequence-parallel group (`actor.sequence_parallel_size`) as one data-parallel replica.
+
+The rest of the step is untouched: every actor rank samples, scores and holds its own rows. Only the actor's
+forwards change. Before the old log-prob pass and the update, the S ranks of a group pool their rows
+(`pool_rows`: every member gets the same rows in the same order), so each sequence can be split over them
+(`forward.sequence_parallel_logprobs`); the old log-probs of a rank's own rows are cut back out
+(`own_rows`). The update runs over the pooled rows with the batch plan of W/S data-parallel replicas
+(`group_plan`) and with `replicas=S`, which makes FSDP's average over all W ranks the sum over each group's
+partial gradients (`update.micro_weights`). The shuffle stream is seeded the same on every rank, so the
+members of a group cut the same mini- and micro-batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from verl.config.schema import OptimConfig
+from verl.distributed.guard import CollectiveGuard, role_key
+from verl.distributed.sequence_parallel import SequenceParallel
+from verl.distributed.transfer import all_gather_batch, pad_to_group_width
+from verl.trainer.batch import LAYOUT, PROMPT, RESPONSE, ROW, RolloutBatch, padding
+from verl.trainer.batch_math import BatchPlan, plan_batches
+
+_POOLED_KINDS = (ROW, PROMPT, RESPONSE)
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """A group's pooled rows and where this rank's own rows sit in them."""
+
+    batch: RolloutBatch
+    start: int
+    count: int
+    response_width: int  # this rank's batch's, to cut results back to
+
+    def own_rows(self, values: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of a [pooled rows, R, ...] result, at its own batch's response width."""
+        return values[self.start : self.start + self.count, : self.response_width]
+
+
+def pool_rows(batch: RolloutBatch, sp: SequenceParallel, guard: CollectiveGuard, *, pad_token_id: int | None,
+              device: torch.device, stage: str) -> Pooled:
+    """The rows of every rank of `sp`, in rank order, on each of them (the per-row tensor fields; the
+    prompt rows, texts and metrics stay with their rank). Widths are padded to the group's widest first."""
+    fields = {name: getattr(batch, name) for name, f in LAYOUT.items()
+              if f.kind in _POOLED_KINDS and isinstance(getattr(batch, name), torch.Tensor)}
+    sides = padding([k for k in fields if LAYOUT[k].kind != ROW], pad_token_id)
+
+    def widest(t: torch.Tensor) -> torch.Tensor:  # behind the arrival check, as every collective between stages
+        guard.run(f"{stage}:width", sp.ranks, lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX, group=sp.group),
+                  group_name=role_key(sp.ranks))
+        return t
+
+    fields |= pad_to_group_width({k: fields[k] for k in sides}, sides, all_reduce_max=widest, device=device)
+    bools = {k for k, t in fields.items() if t.dtype == torch.bool}  # sent as bytes: not every backend has bool
+    sent = {k: t.to(torch.uint8) if k in bools else t for k, t in fields.items()}
+    pooled, sizes = all_gather_batch(sent, group=sp.group, ranks=sp.ranks, guard=guard, stage=stage, device=device)
+    pooled = {k: t.to(batch.prompt_ids.device) for k, t in pooled.items()}
+    pooled = {k: t.bool() if k in bools else t for k, t in pooled.items()}
+    return Pooled(RolloutBatch.from_fields(pooled), sum(sizes[: sp.index]), sizes[sp.index],
+                  batch.response_ids.shape[1])
+
+
+def group_plan(plan: BatchPlan, cfg: OptimConfig, size: int) -> BatchPlan:
+    """`plan` (per actor rank) for the pooled rows of `size`-rank groups: W/S replicas, each with S ranks'
+    rows per mini-batch; `micro_batch_size` rows per micro-batch, each row split over the group."""
+    if size == 1:
+        return plan
+    n = plan.sequences_per_step // plan.prompts_per_step
+    return plan_batches(plan.prompts_per_step, n, cfg, plan.dp_size // size)
+
+
+__all__ = ["Pooled", "group_plan", "pool_rows"]
