@@ -50,12 +50,13 @@ from verl.trainer.precision import compute_dtype
 from verl.trainer.python_api import RewardArg, python_run
 from verl.trainer.reward_model import RemoteRewardModel
 from verl.trainer.reward_overlap import RewardOverlap, response_id_lists
+from verl.trainer.rl_state import RLCheckpointState
 from verl.trainer.runtime import TrainerRuntime
-from verl.trainer.sequence_parallel import Pooled, group_plan, pool_rows
+from verl.trainer.sequence_parallel import ActorSequenceParallel
 from verl.trainer.step_metrics import batch_metrics, timed
 
 
-class RLTrainer(TrainerRuntime):
+class RLTrainer(RLCheckpointState, TrainerRuntime):
     """Online RL trainer. `RLTrainer(config).fit()`; see `from_pretrained` for use without YAML."""
 
     kind = "rl"
@@ -79,14 +80,16 @@ class RLTrainer(TrainerRuntime):
         self.plans: dict[str, BatchPlan] = self.checks.startup.plans
         # The actor's sequence-parallel group (actor.sequence_parallel_size > 1): its ranks pool their rows for
         # the actor's forwards and split every sequence (`verl.trainer.sequence_parallel`).
-        self.sp = self.groups.sequence_parallel() if self.groups is not None and "actor" in self.roles else None
+        self.sp = ActorSequenceParallel(
+            self.groups.sequence_parallel() if self.groups is not None and "actor" in self.roles else None,
+            getattr(self.groups, "guard", None), self.tokenizer.pad_token_id, parts.placement.device)
         self.env, self.ref_model, self.critic, self.engine = parts.env, parts.reference, parts.critic, parts.engine
         self.teacher, self.placement = parts.teacher, parts.placement
         self.remote_reward_model = (RemoteRewardModel(parts.reward_tokenizer, parts.reward_scorer, config.reward.model_weight)
                                     if parts.remote_reward_model else None)  # a reward model on ranks of its own
         self.optimizer, self.scheduler = parts.actor_optim.pair() if parts.actor_optim else (None, None)
         self.critic_optimizer, self.critic_scheduler = parts.critic_optim.pair() if parts.critic_optim else (None, None)
-        self._hf_assets = super().hf_assets()  # before a critic/ref-only rank drops the policy
+        self._hf_assets = TrainerRuntime.hf_assets(self)  # before a critic/ref-only rank drops the policy
         self.sampling = self._sampling_params(config.rollout.temperature, config.rollout.n)
         if not {"actor", "rollout"} & self.roles:  # a critic/ref-only rank of a split placement drops the policy
             self.model = parts.policy = None
@@ -313,34 +316,24 @@ class RLTrainer(TrainerRuntime):
         """Log-probs of the sampled response tokens under `model` (no gradient, eval mode); the policy's over
         its sequence-parallel group's pooled rows, when it has one."""
         temperature = self.config.rollout.temperature or 1.0
-        pooled = self.pool_rows(batch, "old_logprobs") if self.splits_sequences(model) else None
+        pooled = self.sp.pool(batch, "old_logprobs") if self.sp.splits(model, self.model) else None
         out = self.forward_in_micro_batches(
             model, batch if pooled is None else pooled.batch,
             lambda mb: self.policy_logprobs(model, mb, temperature=temperature)[0],
             self.config.actor.max_tokens_per_micro_batch)
         return out if pooled is None else pooled.own_rows(out)
 
-    def splits_sequences(self, model: torch.nn.Module | None) -> bool:
-        """Whether `model`'s forwards split each sequence over a sequence-parallel group (the policy's only)."""
-        return self.sp is not None and self.sp.size > 1 and model is not None and model is self.model
-
-    def pool_rows(self, batch: RolloutBatch, stage: str) -> Pooled:
-        """The rows of every rank of this rank's sequence-parallel group (`sequence_parallel.pool_rows`)."""
-        return pool_rows(batch, self.sp, self.groups.guard, pad_token_id=self.tokenizer.pad_token_id,
-                         device=self.placement.device, stage=f"sequence_parallel:{stage}")
-
     @property
     def actor_plan(self) -> BatchPlan:
         """The actor's mini/micro-batch plan: per rank, or per sequence-parallel group over its pooled rows."""
-        size = self.sp.size if self.sp is not None else 1
-        return group_plan(self.plans["actor"], self.config.actor, size)
+        return self.sp.plan(self.plans["actor"], self.config.actor)
 
     def shares_prompt(self, model: torch.nn.Module) -> bool:
         """Whether `model`'s forwards run each group's prompt once (`critic.share_prompt_forward` for the
         critic, `actor.share_prompt_forward` for the policy and the reference)."""
         cfg = self.config.critic if model is not None and model is self.critic else self.config.actor
         return (cfg.share_prompt_forward and self.config.rollout.n > 1 and can_share_prompt(model)
-                and not self.splits_sequences(model))
+                and not self.sp.splits(model, self.model))
 
     def policy_logprobs(self, model: torch.nn.Module, mb: RolloutBatch, *, temperature: float,
                         with_entropy: bool = False, entropy_grad: bool = True
@@ -348,7 +341,7 @@ class RLTrainer(TrainerRuntime):
         """Log-probs (and entropy) of `mb`'s response tokens under `model`, sharing prompts when it can."""
         return logprobs_of(model, mb, share=self.shares_prompt(model), temperature=temperature,
                            with_entropy=with_entropy, entropy_grad=entropy_grad,
-                           sp=self.sp if self.splits_sequences(model) else None)
+                           sp=self.sp.sp if self.sp.splits(model, self.model) else None)
 
     def compute_values(self, batch: RolloutBatch) -> RolloutBatch:
         batch.values = self.forward_in_micro_batches(self.critic, batch, self.critic_values,
@@ -370,9 +363,8 @@ class RLTrainer(TrainerRuntime):
         cfg, temperature = self.config.actor, self.config.rollout.temperature or 1.0
         if cfg.mask_truncated:
             batch = update.without_truncated(batch)
-        replicas = 1
-        if self.splits_sequences(self.model):  # the group's rows, each split over its ranks
-            batch, replicas = self.pool_rows(batch, "update").batch, self.sp.size
+        replicas = self.sp.size  # the group's rows, each split over its ranks
+        batch = self.sp.pool(batch, "update").batch if replicas > 1 else batch
         norm_len = update.norm_length(batch, self.config.rollout.max_new_tokens)
         # The drift check on this forward (see update_checks_drift): the rows of every micro-batch run
         drift = [] if batch.rollout_logprobs is not None and self.update_checks_drift else None
@@ -496,33 +488,6 @@ class RLTrainer(TrainerRuntime):
 
     def row_counts(self) -> tuple[int, int]:
         return len(self.env), len(self.env.val_rows())
-
-    # ------------------------------------------------------------------ state for checkpoints
-    def _stateful(self) -> dict[str, Any]:
-        parts = {"kl_ctrl": self.kl_ctrl, "env": self.env, "drift_guard": self.drift_guard}
-        return parts if self.entropy_ctrl is None else {**parts, "entropy_ctrl": self.entropy_ctrl}
-
-    def trainer_state(self) -> dict[str, Any]:
-        return {name: part.state_dict() for name, part in self._stateful().items()}
-
-    def load_trainer_state(self, state: Mapping[str, Any]) -> None:
-        for name, part in self._stateful().items():
-            if name in state:  # a checkpoint from before the drift guard, or of a run without the controller
-                part.load_state_dict(state[name])
-
-    def app_state(self) -> dict[str, Any]:
-        """What this rank holds (split placements: actor ranks the policy, critic ranks the critic; the
-        checkpoint is their union)."""
-        actor = {"model": self.model, "optimizer": self.optimizer}
-        critic = {"critic": self.critic, "critic_optimizer": self.critic_optimizer}
-        return (actor if "actor" in self.roles else {}) | (critic if self.critic is not None else {})
-
-    def schedulers(self) -> dict[str, Any]:
-        return (({"scheduler": self.scheduler} if "actor" in self.roles else {})
-                | ({"critic_scheduler": self.critic_scheduler} if self.critic is not None else {}))
-
-    def hf_assets(self) -> tuple[Any, ...]:
-        return self._hf_assets  # captured at start-up: a critic-only rank (maybe rank 0) holds no policy
 
 
 __all__ = ["RLTrainer", "concat_batches"]

@@ -73,4 +73,29 @@ def group_plan(plan: BatchPlan, cfg: OptimConfig, size: int) -> BatchPlan:
     return plan_batches(plan.prompts_per_step, n, cfg, plan.dp_size // size)
 
 
-__all__ = ["Pooled", "group_plan", "pool_rows"]
+@dataclass(frozen=True)
+class ActorSequenceParallel:
+    """What the RL trainer asks of the actor's group: whether a model's forwards split sequences (the
+    policy's only), the pooled rows of a stage, and the actor's batch plan over them."""
+
+    sp: SequenceParallel | None  # None: no group (a single process, or not an actor rank)
+    guard: CollectiveGuard | None
+    pad_token_id: int | None
+    device: torch.device
+
+    @property
+    def size(self) -> int:
+        return self.sp.size if self.sp is not None else 1
+
+    def splits(self, model: torch.nn.Module | None, policy: torch.nn.Module | None) -> bool:
+        return self.size > 1 and model is not None and model is policy
+
+    def pool(self, batch: RolloutBatch, stage: str) -> Pooled:
+        return pool_rows(batch, self.sp, self.guard, pad_token_id=self.pad_token_id, device=self.device,
+                         stage=f"sequence_parallel:{stage}")
+
+    def plan(self, plan: BatchPlan, cfg: OptimConfig) -> BatchPlan:
+        return group_plan(plan, cfg, self.size)
+
+
+__all__ = ["ActorSequenceParallel", "Pooled", "group_plan", "pool_rows"]
