@@ -29,6 +29,20 @@ VLLM_ASLEEP_BYTES = 1 * GIB
 released (assumed)."""
 
 
+CHUNKED_AUTO_LOGITS = 1 << 28
+"""`actor.chunked_logprobs: auto` turns on where a micro-batch's response logits reach this many elements
+(1 GiB in float32; 1,767 tokens at Qwen2.5's vocabulary): below it the logits cost less than the extra head
+projection is worth."""
+
+
+def chunks_logits(setting: bool | str, response_tokens: int, vocab: int) -> bool:
+    """Whether `actor.chunked_logprobs` computes the log-probs without the logits, for a micro-batch of
+    `response_tokens` (the plan and the trainer decide by this one rule)."""
+    if setting == "auto":
+        return response_tokens * vocab >= CHUNKED_AUTO_LOGITS
+    return bool(setting)
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What the plan needs of a decoder-only LM: its sizes and where its parameters sit."""
@@ -157,13 +171,19 @@ class MemoryPlan:
         return f"  of {self.device_bytes / GIB:.1f} ({'fits' if peak <= self.device_bytes else 'DOES NOT FIT'})"
 
 
+def micro_batch_tokens(micro_batch: int, tokens_per_micro_batch: int | None, prompt_len: int,
+                       response_len: int) -> tuple[int, int]:
+    """(tokens, response tokens) of one update micro-batch at full length: `micro_batch` sequences, or a
+    token budget (`actor.max_tokens_per_micro_batch`) filled with sequences of that shape."""
+    seq = prompt_len + response_len
+    if tokens_per_micro_batch is not None:
+        return tokens_per_micro_batch, tokens_per_micro_batch * response_len // seq
+    return micro_batch * seq, micro_batch * response_len
+
+
 def _mb_tokens(x: PlanInputs) -> tuple[int, int]:
     """(tokens, response tokens) of one micro-batch."""
-    seq = x.prompt_len + x.response_len
-    if x.tokens_per_micro_batch is not None:
-        tokens = x.tokens_per_micro_batch
-        return tokens, tokens * x.response_len // seq
-    return x.micro_batch * seq, x.micro_batch * x.response_len
+    return micro_batch_tokens(x.micro_batch, x.tokens_per_micro_batch, x.prompt_len, x.response_len)
 
 
 def plan_memory(x: PlanInputs, device_bytes: int | None) -> MemoryPlan:

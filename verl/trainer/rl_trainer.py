@@ -45,7 +45,7 @@ from verl.trainer.distill import apply_distillation
 from verl.trainer.drift import DriftGuard, combined_moments, drift_moments, judge_drift
 from verl.trainer.dynamic_sampling import accuracy_of, filter_groups
 from verl.trainer.evaluation import Answers, answer_extractor, evaluate_rows, validation_generator
-from verl.trainer.forward import can_share_prompt, logprobs_of, values_of
+from verl.trainer.forward import can_share_prompt, logprobs_of, use_chunked_logprobs, values_of
 from verl.trainer.precision import compute_dtype
 from verl.trainer.python_api import RewardArg, python_run
 from verl.trainer.reward_model import RemoteRewardModel
@@ -94,6 +94,8 @@ class RLTrainer(TrainerRuntime):
         self.async_rollout = async_rollout_for(config, parts, self.get_batch, self.generate, self.decode_responses)
         self.reward_overlap = RewardOverlap(config.reward.overlap and self.multiturn is None and not config.is_async,
                                             self.env, self.engine, self.decode_responses)  # scoring while generating
+        if self.model is not None:  # actor.chunked_logprobs=true on a head it cannot take: refused now
+            self.chunks_logprobs(self.model)
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -323,7 +325,15 @@ class RLTrainer(TrainerRuntime):
                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropy) of `mb`'s response tokens under `model`, sharing prompts when it can."""
         return logprobs_of(model, mb, share=self.shares_prompt(model), temperature=temperature,
-                           with_entropy=with_entropy, entropy_grad=entropy_grad)
+                           with_entropy=with_entropy, entropy_grad=entropy_grad, chunked=self.chunks_logprobs(model))
+
+    def chunks_logprobs(self, model: torch.nn.Module) -> bool:
+        """Whether `model`'s log-probs skip its [B, R, V] logits (`actor.chunked_logprobs`), decided once per
+        model for the whole run: every pass over the same tokens takes the same arithmetic."""
+        decided = self.__dict__.setdefault("_chunked_logprobs", {})
+        if model not in decided:
+            decided[model] = use_chunked_logprobs(self.config, model)
+        return decided[model]
 
     def compute_values(self, batch: RolloutBatch) -> RolloutBatch:
         batch.values = self.forward_in_micro_batches(self.critic, batch, self.critic_values,
