@@ -341,3 +341,80 @@ def critic_grad_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     torch.save(result, Path(out_dir) / f"critic{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------------------------------
+def chunked_batch() -> dict[str, torch.Tensor]:
+    """2 prompts x 2 samples (left-padded prompts, right-padded responses) and per-token loss weights."""
+    g = torch.Generator().manual_seed(4)
+    prompt_mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]).repeat_interleave(2, 0)
+    prompt_ids = torch.randint(1, 64, (2, 4), generator=g).repeat_interleave(2, 0) * prompt_mask
+    response_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    response_ids = torch.randint(1, 64, (4, 5), generator=g) * response_mask
+    weights = torch.randn(4, 5, generator=g) * response_mask
+    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "response_ids": response_ids,
+            "response_mask": response_mask, "weights": weights}
+
+
+def chunked_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, chunked: bool, shared: bool,
+                 scale: float) -> None:
+    """A policy-gradient-shaped loss (weighted log-probs, an entropy bonus) at temperature 0.8, backward."""
+    from verl.trainer.forward import response_logprobs, shared_prompt_logprobs
+    from verl.utils.positions import position_ids_from_mask
+
+    kwargs = dict(temperature=0.8, with_entropy=True, chunked=chunked)
+    if shared:
+        lp, ent = shared_prompt_logprobs(model, batch["prompt_ids"], batch["prompt_mask"], batch["response_ids"],
+                                         batch["response_mask"], **kwargs)
+    else:
+        ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], 1)
+        mask = torch.cat([batch["prompt_mask"], batch["response_mask"]], 1)
+        lp, ent = response_logprobs(model, ids, mask, position_ids_from_mask(mask), ids.shape[1] - 4, **kwargs)
+    loss = (batch["weights"] * lp).sum() - 0.1 * (batch["response_mask"] * ent).sum()
+    (loss * scale).backward()
+
+
+def chunked_logprob_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """The chunked log-probs of an FSDP2-sharded, tied-embedding policy on `world` ranks (each its rows) vs
+    the plain log-probs of one unsharded process on all rows: full gradients per parameter."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from verl.config.fsdp import FSDPConfig
+    from verl.distributed.fsdp import apply_fsdp
+
+    setup(rank, world, port)
+
+    def model() -> torch.nn.Module:
+        cfg = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+                          tie_word_embeddings=True)
+        torch.manual_seed(0)
+        return Qwen2ForCausalLM(cfg).float()
+
+    batch = chunked_batch()
+    result: dict[str, object] = {}
+    for shared in (False, True):
+        if rank == 0:
+            reference = model()
+            chunked_loss(reference, batch, chunked=False, shared=shared, scale=1.0)
+            result[f"reference{shared}"] = critic_grads(reference)
+        sharded = apply_fsdp(model(), FSDPConfig())
+        local = {k: v.chunk(world)[rank] for k, v in batch.items()}
+        chunked_loss(sharded, local, chunked=True, shared=shared, scale=float(world))  # FSDP2 averages
+        result[f"chunked{shared}"] = critic_grads(sharded)
+        result[f"gathered_after_backward{shared}"] = sharded._get_fsdp_state()._fsdp_param_group.is_unsharded
+    from verl.trainer.forward import response_logprobs
+    from verl.utils.positions import position_ids_from_mask
+
+    ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["response_mask"]], 1)
+    rows = slice(rank * 4 // world, (rank + 1) * 4 // world)
+    with torch.no_grad():  # a reference's pass: no backward reshards the head, the capture does
+        got, _ = response_logprobs(sharded, ids[rows], mask[rows], position_ids_from_mask(mask)[rows], 5, chunked=True)
+        result["gathered_after_no_grad"] = sharded._get_fsdp_state()._fsdp_param_group.is_unsharded
+        if rank == 0:
+            want, _ = response_logprobs(model(), ids, mask, position_ids_from_mask(mask), 5)
+            result["no_grad"] = (got, want[rows])
+    torch.save(result, Path(out_dir) / f"chunked{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()

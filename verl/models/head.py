@@ -5,9 +5,13 @@ hidden states) and its weight, and what were they in a given forward?
 usual) and takes the head over: a pre-hook records the hidden states the head receives and hands the head
 only their last position, so the model makes one position's logits instead of [B, T, V]. The weight is
 read from the projection that actually runs (a peft `modules_to_save` copy of the head, or the original
-under `disable_adapter()`), at the moment it runs, which under FSDP2 is the gathered, unsharded parameter:
-its gradient then reaches FSDP's reduce-scatter like the plain head's would. That one position's logits also
-check, on every forward, that the model adds nothing after the projection (softcapping, a logit scale).
+under `disable_adapter()`), at the moment it runs, which under FSDP2 is the gathered, unsharded parameter.
+FSDP2 would free that parameter after the forward and gather it again only when a gradient reaches the
+model's outputs, which the chunked loss bypasses; so while a capture is open the FSDP unit holding the head
+stays gathered after its forward, and keeps so until its backward ends (FSDP2's end-of-backward callback
+reduce-scatters the head's gradient and reshards it; without gradients the capture reshards it on exit). That
+one position's logits also check, on every forward, that the model adds nothing after the projection
+(softcapping, a logit scale).
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ class HeadCapture:
             raise ModelError(f"chunked log-probs need a plain linear output head: {why}. "
                              "Fix: set actor.chunked_logprobs=false (or auto, which falls back by itself)")
         self.head = output_head(model)
+        self._unit = _fsdp_unit_of(base_of(model), self.head)
         self._hooks: list[Any] = []
         self._hidden: list[torch.Tensor] = []
         self._used: list[tuple[torch.Tensor, torch.Tensor | None]] = []
@@ -84,12 +89,19 @@ class HeadCapture:
     def __enter__(self) -> HeadCapture:
         self._hooks.append(self.head.register_forward_pre_hook(self._take_input))
         self._hooks += [m.register_forward_pre_hook(self._record_projection) for m in _projections(self.head)]
+        if self._unit is not None:
+            self._reshard = self._unit._get_fsdp_state()._fsdp_param_group.post_forward_mesh_info is not None
+            self._unit.set_reshard_after_forward(False, recurse=False)
         return self
 
     def __exit__(self, *exc: object) -> None:
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
+        if self._unit is not None:
+            self._unit.set_reshard_after_forward(self._reshard, recurse=False)
+            if not torch.is_grad_enabled():  # no backward will reshard it
+                self._unit.reshard()
 
     def _take_input(self, module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         hidden = args[0]
@@ -116,6 +128,14 @@ class HeadCapture:
                                      "hidden states (the model transforms them after the head): chunked log-probs "
                                      "would differ. Fix: set actor.chunked_logprobs=false")
         return HeadOutput(hidden, weight, bias)
+
+
+def _fsdp_unit_of(model: nn.Module, head: nn.Module) -> Any:
+    """The innermost FSDP2 module whose subtree holds `head` (it gathers the head's weight), or None."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule) and any(x is head for x in m.modules())]
+    return min(units, key=lambda m: sum(1 for _ in m.modules())) if units else None
 
 
 __all__ = ["HeadCapture", "HeadOutput", "head_unsupported", "output_head"]

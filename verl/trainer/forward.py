@@ -108,9 +108,9 @@ def response_logprobs(
     `entropy_grad=False` computes the entropy for logging only, without adding it to the autograd graph.
     `chunked` computes both from the head's input in token chunks: the model makes no [B, R, V] logits.
     """
-    with _capture(model, chunked) as capture:
+    with _capture(model, chunked) as capture:  # open until the log-probs are made (FSDP2 keeps the head gathered)
         output = _sequence_output(model, capture, input_ids, attention_mask, position_ids, response_len)
-    return _logprobs(output, input_ids[:, -response_len:], temperature, with_entropy, entropy_grad)
+        return _logprobs(output, input_ids[:, -response_len:], temperature, with_entropy, entropy_grad)
 
 
 def _capture(model: torch.nn.Module, chunked: bool) -> Any:
@@ -258,7 +258,7 @@ def shared_prompt_logprobs(
     with _capture(model, chunked) as capture:
         output = _shared_prompt_output(model, "logits", prompt_ids, prompt_mask, response_ids, response_attention,
                                        capture)
-    return _logprobs(output, response_ids, temperature, with_entropy, entropy_grad)
+        return _logprobs(output, response_ids, temperature, with_entropy, entropy_grad)
 
 
 def response_values(
