@@ -418,3 +418,27 @@ def chunked_logprob_worker(rank: int, world: int, port: int, out_dir: str) -> No
     torch.save(result, Path(out_dir) / f"chunked{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
+
+
+def offload_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """FSDP2 with and without CPUOffloadPolicy (`*.cpu_offload`), each rank its rows: the same gradients and
+    the same weights after one AdamW step (on a CPU device the policy moves nothing but takes its own path:
+    the optimizer steps on the offloaded shards)."""
+    from verl.config.fsdp import FSDPConfig
+    from verl.distributed.fsdp import apply_fsdp
+
+    setup(rank, world, port)
+    ids = global_batch().chunk(world)[rank]
+    result: dict[str, object] = {}
+    for offload in (False, True):
+        model = apply_fsdp(tiny_qwen2(), FSDPConfig(cpu_offload=offload))
+        opt = torch.optim.AdamW(model.parameters(), lr=LR)
+        sft_loss(model, ids).backward()
+        grads = critic_grads(model)
+        opt.step()
+        weights = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.state_dict().items()}
+        result[offload] = {"grads": grads, "weights": weights,
+                           "offloads": model._get_fsdp_state()._fsdp_param_group.fsdp_params[0].offload_to_cpu}
+    torch.save(result, Path(out_dir) / f"offload{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()

@@ -674,6 +674,12 @@ class RunConfig(Section):
         """Whether the advantage estimator reads a learned critic's values (from the estimator table)."""
         return ESTIMATORS[self.algorithm.adv_estimator].needs_critic
 
+    def offloads(self, role: str) -> bool:
+        """Whether FSDP2 CPU offload applies to `role`'s model: `actor.cpu_offload` / `critic.cpu_offload` where
+        set, else `fsdp.cpu_offload` (the reference, teacher and reward model follow `fsdp.cpu_offload`)."""
+        own = getattr(getattr(self, role, None), "cpu_offload", None) if role in ("actor", "critic") else None
+        return self.fsdp.cpu_offload if own is None else own
+
     @property
     def needs_ref(self) -> bool:
         return self.algorithm.kl_in_reward or self.actor.kl_loss_coef > 0

@@ -276,6 +276,18 @@ def check_response_length(config: RunConfig, kind: str) -> list[VerlError]:
                         "remove data.max_response_length")]
 
 
+def check_sequence_parallel(config: RunConfig) -> list[VerlError]:
+    """`actor.sequence_parallel_size` is planned (the memory plan divides activations and logits by it) but the
+    training forward does not split sequences yet: refused instead of silently ignored."""
+    size = config.actor.sequence_parallel_size
+    if size == 1:
+        return []
+    return [ConfigError(f"actor.sequence_parallel_size={size}: this build plans sequence parallelism (`verl check` "
+                        "prints the per-rank memory) but does not train with it yet. Fix: set "
+                        "actor.sequence_parallel_size=1 and fit long responses with actor.chunked_logprobs=true, "
+                        "fsdp.activation_checkpointing=true or actor.activation_offload=true")]
+
+
 def runs_model_code(config: RunConfig) -> bool:
     """Whether this run executes model-written code in verl.sandbox (a code_exec reward, or isolation asked)."""
     return bool(config.sandbox.require) or any(f.get("name") == "code_exec" for f in config.reward.functions)
@@ -389,7 +401,7 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
     problems += check_demo_env(config) + check_env_data(config, kind) + check_response_length(config, kind)
     problems += check_offline_options(config, kind)
     problems += check_overlong_buffer(config) + check_val_n(config) if kind == "rl" else []
-    problems += check_keep_best(config, kind)
+    problems += check_keep_best(config, kind) + check_sequence_parallel(config)
     problems += backend_problems(config.logging.backends) + check_run_dir(config)
     sandbox_problems, sandbox_note = check_sandbox(config)
     problems += sandbox_problems
