@@ -176,32 +176,45 @@ def _part(plan, start: str) -> int:
 
 def test_long_responses_chunked_logprobs_sequence_parallel_and_offload(qwen7b):
     """A 16k-token response, one per micro-batch, checkpointed: each long-response setting changes the terms
-    it should, by the amounts written out here."""
+    it should, by the amounts written out here (bf16 compute, FSDP2)."""
     base = ("fsdp.activation_checkpointing=true", "actor.micro_batch_size=1", "rollout.max_new_tokens=16384")
     tokens, response = PROMPT_LEN + 16384, 16384
+    per_token = 2 * (4 * H + 2 * H) + 2 * (4 * H + 2 * KV) + 4 * HEADS + 2 * (H + 4 * FFN)  # one layer, bf16
+    layer = per_token + 2 * 2 * FFN  # its activations and the gradients of the MLP's two widest tensors
+    final = (4 + 2 * 2) * H  # final norm (float32 input, bf16 output), the head's input
     plain = plan_memory(_inputs(qwen7b, *base), None)
-    assert _part(plain, "logits + their gradient") == 2 * 2 * response * V + 3 * 2**26 * 4
+    assert _part(plain, "attention mask (sdpa, 1 padded rows") == tokens * tokens * 4
+    assert _part(plain, "activations (17408 tokens, checkpointed") == tokens * L * 2 * H
+    logits = 2 * 2 * response * V + 3 * 2**26 * 4  # bf16 logits + gradient, three float32 chunks
+    assert _part(plain, "backward: logits + their gradient") == tokens * final + logits
+
     chunked_inputs = _inputs(qwen7b, *base, "actor.chunked_logprobs=auto")
     assert chunked_inputs.chunked_logprobs  # 16k x 152k logits: auto turns it on
     chunked = plan_memory(chunked_inputs, None)
-    assert _part(chunked, "logits, chunked: 441 of 16384") == 441 * V * (2 + 12) + V * H * 4
-    assert plain.update_peak - chunked.update_peak > 7 * GIB  # the bf16 logits and their gradient
+    # 441 tokens x V at a time (bf16 projection, three float32 copies) + the float32 head gradient: less than
+    # one layer's backward, which is now the largest working set
+    assert tokens * final + 441 * V * (2 + 12) + V * H * 4 < tokens * layer
+    assert _part(chunked, "backward: one layer (17408 tokens)") == tokens * layer
+    assert plain.update_peak - chunked.update_peak > 4 * GIB
 
-    per_token = 2 * (4 * H + 2 * H) + 2 * (4 * H + 2 * KV) + 4 * HEADS + 2 * (H + 4 * FFN)
-    final = (4 + 2 * 2) * H
-    acts = _part(chunked, "activations")
-    assert acts == tokens * (L * 2 * H + per_token + final)
     sp2 = plan_memory(chunked_inputs.with_(sequence_parallel=2), None)
-    assert any("per rank of 2" in name for name, _ in sp2.update)
-    assert _part(sp2, "activations") == -(-tokens // 2) * (L * 2 * H + per_token + final)
+    assert _part(sp2, "activations (8704 tokens per rank of 2") == tokens // 2 * L * 2 * H
+    # half the tokens: now the chunked log-probs' working set (its head gradient does not shrink) is the larger
+    assert _part(sp2, "backward: chunked log-probs (441 of 8192") == tokens // 2 * final + 441 * V * 14 + V * H * 4
+    assert tokens // 2 * layer < tokens // 2 * final + 441 * V * 14 + V * H * 4
+    assert _part(sp2, "attention mask") == tokens * tokens * 4  # each rank attends over the whole sequence
     halved = plan_memory(_inputs(qwen7b, *base).with_(sequence_parallel=2), None)
-    assert _part(halved, "logits + their gradient") == 2 * 2 * (response // 2) * V + 3 * 2**26 * 4
+    assert _part(halved, "backward: logits + their gradient") == tokens // 2 * final + 2 * 2 * (response // 2) * V \
+        + 3 * 2**26 * 4
 
     offloaded = plan_memory(_inputs(qwen7b, *base, "actor.chunked_logprobs=true", "actor.activation_offload=true"),
                             None)
-    assert _part(offloaded, "activations") == tokens * (per_token + final)
+    assert _part(offloaded, "activations (17408 tokens): offloaded") == 0
+    assert _part(offloaded, "backward: one layer") == tokens * layer
     host = tokens * (L * 2 * H + final) / GIB
     assert f"actor.activation_offload: {host:.1f} GiB of saved activations" in " ".join(offloaded.notes)
+    flash = plan_memory(_inputs(qwen7b, *base, "model.attn_implementation=flash_attention_2"), None)
+    assert not any(name.startswith("attention mask") for name, _ in flash.update)  # varlen kernels take no mask
 
 
 def test_cpu_offload_per_role(qwen7b):

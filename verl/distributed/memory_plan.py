@@ -127,6 +127,7 @@ class PlanInputs:
     head_trained: bool = True  # the output head gets a gradient (not under LoRA)
     sequence_parallel: int = 1  # actor.sequence_parallel_size: one sequence's tokens split over this many ranks
     sharded: bool = True  # FSDP2 wraps the actor (gathered layers, unsharded gradients); False: one plain process
+    padded_mask: bool = True  # rows of a micro-batch differ in padding: sdpa gets a 4-D mask (not flash-attn)
     engine: str = "hf"  # "vllm" (colocated on the actor's ranks) or "hf"
     gpu_memory_utilization: float = 0.5
     rows_per_rank: int = 1  # sequences one actor rank samples per step
@@ -255,43 +256,63 @@ def plan_memory(x: PlanInputs, device_bytes: int | None) -> MemoryPlan:
 
 
 def forward_backward_parts(x: PlanInputs, notes: list[str] | None = None) -> list[tuple[str, int]]:
-    """What one micro-batch's forward and backward hold beyond the model state: activations and logits.
+    """What one micro-batch's forward and backward hold beyond the model state, as parts whose sum is its peak.
 
-    Sequence parallelism splits a micro-batch's tokens over `sequence_parallel` ranks, so both shrink by it.
-    Activation offload leaves one layer's activations (and the head's input) on the device, the rest in host
-    memory. The logits: without chunking, the logits of the response tokens kept for backward and their
-    gradient (each the size of the logits, in the compute dtype), plus three float32 row chunks at a time;
-    chunked, one chunk of tokens x vocabulary at a time (its projection, the float32 log-softmax and
-    softmax, and the gradient written over one of them), plus a float32 accumulator for the head's gradient.
+    What stays from the forward to the backward: the activations saved for backward (every layer's, or with
+    checkpointing each layer's input; with activation offload only what is in flight), and with padded rows
+    the 4-D attention mask sdpa is given (float32 [B, 1, T, T], kept by every layer). On top of it, the
+    backward's largest working set, which is one of three at different times:
+    * the log-probs' backward, while the final norm's and head's inputs still exist: without chunking, the
+      response logits kept for backward and their gradient (each logits-sized, in the compute dtype) and the
+      float32 row chunks of the log-softmax (one in float32, three upcast from bf16); chunked, one chunk of
+      tokens x vocabulary at a time (its projection, the float32 log-softmax and softmax, the gradient written
+      over one of them) and the float32 accumulator of the head's gradient;
+    * one layer's backward: its activations (recomputed under checkpointing) and the gradients of its MLP's
+      two widest tensors; one process holds a tied head's gradient meanwhile (autograd adds it to the
+      embeddings' gradient at the very end);
+    * unsharded with tied embeddings, the end: that held gradient, the embeddings' own and their sum.
+    Sequence parallelism splits a micro-batch's tokens over `sequence_parallel` ranks, so the activations and
+    logits shrink by it (the mask does not: each rank attends over the whole sequence).
     """
-    s, c, sp = x.shape, x.compute_bytes, max(x.sequence_parallel, 1)
+    s, c, m, sp = x.shape, x.compute_bytes, x.master_bytes, max(x.sequence_parallel, 1)
     tokens, response_tokens = _mb_tokens(x)
+    rows = max(1, tokens // max(x.prompt_len + x.response_len, 1))
+    seq = tokens // rows
     tokens, response_tokens = -(-tokens // sp), -(-response_tokens // sp)
     where = f"{tokens} tokens" + (f" per rank of {sp}" if sp > 1 else "")
     per_token = activation_bytes_per_token(s, c)
     final = (4 + 2 * c) * s.hidden  # final norm (float32 input, output) and the head's input
+    parts: list[tuple[str, int]] = []
+    if x.padded_mask:
+        parts.append((f"attention mask (sdpa, {rows} padded rows x {seq}^2, float32)", rows * seq * seq * 4))
     if x.activation_offload:
-        acts = tokens * (per_token + final)
-        acts_name = f"activations ({where}, offloaded: one layer on the device)"
+        kept, kept_name = 0, f"activations ({where}): offloaded to host memory"
         if notes is not None:
             notes.append(f"actor.activation_offload: {offloaded_activation_bytes(x) / GIB:.1f} GiB of saved "
                          "activations per micro-batch wait in pinned host memory")
     elif x.activation_checkpointing:
-        acts = tokens * (s.layers * c * s.hidden + per_token + final)
-        acts_name = f"activations ({where}, checkpointed: layer inputs + one layer)"
+        kept, kept_name = tokens * s.layers * c * s.hidden, f"activations ({where}, checkpointed: layer inputs)"
     else:
-        acts = tokens * (s.layers * per_token + final)
-        acts_name = f"activations ({where}, all {s.layers} layers)"
+        kept, kept_name = tokens * s.layers * per_token, f"activations ({where}, all {s.layers} layers)"
+    parts.append((kept_name, kept))
+    tied_held = s.vocab * s.hidden * m if not x.sharded and s.head_params == 0 and x.head_trained else 0
+    layer = tokens * ((per_token if x.activation_checkpointing or x.activation_offload else 0) + 2 * c * s.intermediate)
+    chunk_rows = min(chunk_tokens(s.vocab), response_tokens)
     if x.chunked_logprobs:
-        chunk = min(chunk_tokens(s.vocab), response_tokens) * s.vocab
-        logits = chunk * (3 * 4 + (c if c != 4 else 0)) + (s.vocab * s.hidden * 4 if x.head_trained else 0)
-        logits_name = (f"logits, chunked: {min(chunk_tokens(s.vocab), response_tokens)} of {response_tokens} "
-                       f"response tokens x {s.vocab} at a time" + (" + head gradient (float32)" if x.head_trained
-                                                                    else ""))
+        logprobs = (chunk_rows * s.vocab * (3 * 4 + (c if c != 4 else 0))
+                    + (s.vocab * s.hidden * 4 if x.head_trained else 0))
+        logprobs_name = f"chunked log-probs ({chunk_rows} of {response_tokens} response tokens x {s.vocab} at a time)"
     else:
-        logits = 2 * response_tokens * s.vocab * c + 3 * min(LOGPROB_CHUNK_ELEMENTS, response_tokens * s.vocab) * 4
-        logits_name = f"logits + their gradient ({response_tokens} response tokens x {s.vocab})"
-    return [(acts_name, acts), (logits_name, logits)]
+        upcast = 1 if c == 4 else 3
+        logprobs = (2 * response_tokens * s.vocab * c
+                    + upcast * min(LOGPROB_CHUNK_ELEMENTS, response_tokens * s.vocab) * 4)
+        logprobs_name = f"logits + their gradient ({response_tokens} response tokens x {s.vocab})"
+    phases = [(f"backward: {logprobs_name}", tokens * final + logprobs),
+              (f"backward: one layer ({where})" + (" + the tied head's gradient" if tied_held else ""),
+               layer + tied_held),
+              ("backward: the tied embeddings' gradients (held, own, sum)", 3 * tied_held - kept)]
+    parts.append(max(phases, key=lambda part: part[1]))
+    return parts
 
 
 def offloaded_activation_bytes(x: PlanInputs) -> int:

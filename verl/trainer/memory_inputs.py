@@ -88,6 +88,7 @@ def plan_inputs(config: RunConfig, *, mapping: Any, shape: ModelShape, world_siz
         activation_offload=a.activation_offload, sequence_parallel=a.sequence_parallel_size,
         chunked_logprobs=chunks_logits(a.chunked_logprobs, response_tokens, shape.vocab),
         head_trained=not lora.enabled or "lm_head" in (lora.modules_to_save or []), sharded=launch.sharded,
+        padded_mask=config.model.attn_implementation != "flash_attention_2",
         gpu_memory_utilization=vllm_memory_utilization(config), rows_per_rank=-(-rows // len(actor_ranks)))
 
 
