@@ -183,7 +183,7 @@ def test_long_responses_chunked_logprobs_sequence_parallel_and_offload(qwen7b):
     layer = per_token + 2 * 2 * FFN  # its activations and the gradients of the MLP's two widest tensors
     final = (4 + 2 * 2) * H  # final norm (float32 input, bf16 output), the head's input
     plain = plan_memory(_inputs(qwen7b, *base), None)
-    assert _part(plain, "attention mask (sdpa, 1 padded rows") == tokens * tokens * 4
+    assert _part(plain, "attention mask (sdpa, 1 padded rows") == tokens * tokens * (2 + 1)  # bf16 + bool
     assert _part(plain, "activations (17408 tokens, checkpointed") == tokens * L * 2 * H
     logits = 2 * 2 * response * V + 3 * 2**26 * 4  # bf16 logits + gradient, three float32 chunks
     assert _part(plain, "backward: logits + their gradient") == tokens * final + logits
@@ -202,7 +202,7 @@ def test_long_responses_chunked_logprobs_sequence_parallel_and_offload(qwen7b):
     # half the tokens: now the chunked log-probs' working set (its head gradient does not shrink) is the larger
     assert _part(sp2, "backward: chunked log-probs (441 of 8192") == tokens // 2 * final + 441 * V * 14 + V * H * 4
     assert tokens // 2 * layer < tokens // 2 * final + 441 * V * 14 + V * H * 4
-    assert _part(sp2, "attention mask") == tokens * tokens * 4  # each rank attends over the whole sequence
+    assert _part(sp2, "attention mask") == tokens * tokens * 3  # each rank attends over the whole sequence
     halved = plan_memory(_inputs(qwen7b, *base).with_(sequence_parallel=2), None)
     assert _part(halved, "backward: logits + their gradient") == tokens // 2 * final + 2 * 2 * (response // 2) * V \
         + 3 * 2**26 * 4

@@ -1,7 +1,8 @@
 """The memory plan's forward/backward terms against a measurement: the bytes of every tensor a GRPO micro-batch
 makes, alive at once at its peak (a TorchDispatchMode adds each storage when an operator returns it and
 subtracts it when Python frees it), beyond weights and gradients. A small Qwen2 with tied embeddings, float32,
-one unpadded response, plain and chunked log-probs, with and without checkpointing: within 20%.
+one response (unpadded, and left-padded: sdpa's 4-D mask), plain and chunked log-probs, with and without
+checkpointing: within 20%.
 benchmarks/long_response_memory.py measures the same at the Qwen2.5-0.5B shape for 2k-16k tokens."""
 
 from __future__ import annotations
@@ -61,16 +62,19 @@ def _model(checkpointing: bool):
     return model
 
 
-@pytest.mark.parametrize("checkpointing", [True, False])
-@pytest.mark.parametrize("chunked", [False, True])
-def test_the_plan_is_within_20_percent_of_the_measured_peak(monkeypatch, chunked, checkpointing):
+@pytest.mark.parametrize("chunked, checkpointing, padded", [(False, True, False), (True, True, False),
+                                                             (False, False, False), (True, False, False),
+                                                             (True, True, True)])
+def test_the_plan_is_within_20_percent_of_the_measured_peak(monkeypatch, chunked, checkpointing, padded):
     import verl.algorithms.head_logprobs as head_mod
 
     monkeypatch.setattr(head_mod, "CHUNK_ELEMENTS", 8192 * 64)  # 64 tokens per chunk: 16 chunks
     model = _model(checkpointing)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 8192, (1, PROMPT + RESPONSE), generator=g)
-    mask, positions = torch.ones_like(ids), torch.arange(PROMPT + RESPONSE)[None]
+    mask = torch.ones_like(ids)
+    mask[:, :3] = 0 if padded else 1  # a left-padded prompt: sdpa then gets a 4-D mask
+    positions = (mask.cumsum(1) - 1).clamp_min(0)
     state = [p.untyped_storage() for p in model.parameters()] + [p.grad.untyped_storage() for p in model.parameters()]
     with LiveBytes({id(s) for s in state}) as probe:
         logprobs, _ = response_logprobs(model, ids, mask, positions, RESPONSE, with_entropy=True, entropy_grad=False,
@@ -81,6 +85,6 @@ def test_the_plan_is_within_20_percent_of_the_measured_peak(monkeypatch, chunked
     shape = ModelShape.from_model(model, find_decoder_layers(model)[0])
     x = PlanInputs(shape=shape, resident={}, compute_bytes=4, master_bytes=4, micro_batch=1, prompt_len=PROMPT,
                    response_len=RESPONSE, activation_checkpointing=checkpointing, chunked_logprobs=chunked,
-                   sharded=False, padded_mask=False)
+                   sharded=False, padded_mask=padded)
     plan = plan_memory(x, None).update_peak - CUDA_RUNTIME_BYTES
     assert plan == pytest.approx(probe.peak, rel=0.2), (plan, probe.peak)

@@ -148,7 +148,7 @@ def apply_fsdp(
     )
     for block in blocks:
         fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)  # the rest: embeddings, final norm, head (FSDP2 keeps the root gathered)
+    fully_shard(model, **kwargs)  # the rest: embeddings, final norm, head (resharded after forward like the layers)
     return model
 
 

@@ -260,7 +260,8 @@ def forward_backward_parts(x: PlanInputs, notes: list[str] | None = None) -> lis
 
     What stays from the forward to the backward: the activations saved for backward (every layer's, or with
     checkpointing each layer's input; with activation offload only what is in flight), and with padded rows
-    the 4-D attention mask sdpa is given (float32 [B, 1, T, T], kept by every layer). On top of it, the
+    the 4-D attention mask sdpa is given ([B, 1, T, T], boolean and additive in the compute dtype, kept by
+    every layer). On top of it, the
     backward's largest working set, which is one of three at different times:
     * the log-probs' backward, while the final norm's and head's inputs still exist: without chunking, the
       response logits kept for backward and their gradient (each logits-sized, in the compute dtype) and the
@@ -284,7 +285,7 @@ def forward_backward_parts(x: PlanInputs, notes: list[str] | None = None) -> lis
     final = (4 + 2 * c) * s.hidden  # final norm (float32 input, output) and the head's input
     parts: list[tuple[str, int]] = []
     if x.padded_mask:
-        parts.append((f"attention mask (sdpa, {rows} padded rows x {seq}^2, float32)", rows * seq * seq * 4))
+        parts.append((f"attention mask (sdpa, {rows} padded rows x {seq}^2)", rows * seq * seq * (c + 1)))
     if x.activation_offload:
         kept, kept_name = 0, f"activations ({where}): offloaded to host memory"
         if notes is not None:
