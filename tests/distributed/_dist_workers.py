@@ -415,6 +415,28 @@ def chunked_logprob_worker(rank: int, world: int, port: int, out_dir: str) -> No
         if rank == 0:
             want, _ = response_logprobs(model(), ids, mask, position_ids_from_mask(mask), 5)
             result["no_grad"] = (got, want[rows])
+    # LoRA: the peft wrapper over the FSDP2-sharded model (its Hugging Face model is the root, as
+    # verl.trainer.components.shard does it); the adapters' gradients against one plain process
+    from verl.config.schema import LoraConfig
+    from verl.models.lora import apply_lora, base_of
+
+    def lora_model() -> torch.nn.Module:
+        wrapped = apply_lora(model(), LoraConfig(rank=4))
+        g = torch.Generator().manual_seed(5)
+        with torch.no_grad():
+            for name, p in wrapped.named_parameters():
+                if "lora_" in name:
+                    p.copy_(0.1 * torch.randn(p.shape, generator=g))
+        return wrapped
+
+    if rank == 0:
+        reference = lora_model()
+        chunked_loss(reference, batch, chunked=False, shared=False, scale=1.0)
+        result["lora_reference"] = {n: p.grad.clone() for n, p in reference.named_parameters() if p.grad is not None}
+    wrapped = lora_model()
+    apply_fsdp(base_of(wrapped), FSDPConfig())
+    chunked_loss(wrapped, local, chunked=True, shared=False, scale=float(world))
+    result["lora_chunked"] = {n: p.grad.full_tensor() for n, p in wrapped.named_parameters() if p.grad is not None}
     torch.save(result, Path(out_dir) / f"chunked{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
