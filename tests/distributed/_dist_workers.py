@@ -341,3 +341,126 @@ def critic_grad_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     torch.save(result, Path(out_dir) / f"critic{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------------------------------
+def chunked_batch() -> dict[str, torch.Tensor]:
+    """2 prompts x 2 samples (left-padded prompts, right-padded responses) and per-token loss weights."""
+    g = torch.Generator().manual_seed(4)
+    prompt_mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]).repeat_interleave(2, 0)
+    prompt_ids = torch.randint(1, 64, (2, 4), generator=g).repeat_interleave(2, 0) * prompt_mask
+    response_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    response_ids = torch.randint(1, 64, (4, 5), generator=g) * response_mask
+    weights = torch.randn(4, 5, generator=g) * response_mask
+    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "response_ids": response_ids,
+            "response_mask": response_mask, "weights": weights}
+
+
+def chunked_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, chunked: bool, shared: bool,
+                 scale: float) -> None:
+    """A policy-gradient-shaped loss (weighted log-probs, an entropy bonus) at temperature 0.8, backward."""
+    from verl.trainer.forward import response_logprobs, shared_prompt_logprobs
+    from verl.utils.positions import position_ids_from_mask
+
+    kwargs = dict(temperature=0.8, with_entropy=True, chunked=chunked)
+    if shared:
+        lp, ent = shared_prompt_logprobs(model, batch["prompt_ids"], batch["prompt_mask"], batch["response_ids"],
+                                         batch["response_mask"], **kwargs)
+    else:
+        ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], 1)
+        mask = torch.cat([batch["prompt_mask"], batch["response_mask"]], 1)
+        lp, ent = response_logprobs(model, ids, mask, position_ids_from_mask(mask), ids.shape[1] - 4, **kwargs)
+    loss = (batch["weights"] * lp).sum() - 0.1 * (batch["response_mask"] * ent).sum()
+    (loss * scale).backward()
+
+
+def chunked_logprob_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """The chunked log-probs of an FSDP2-sharded, tied-embedding policy on `world` ranks (each its rows) vs
+    the plain log-probs of one unsharded process on all rows: full gradients per parameter."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from verl.config.fsdp import FSDPConfig
+    from verl.distributed.fsdp import apply_fsdp
+
+    setup(rank, world, port)
+
+    def model() -> torch.nn.Module:
+        cfg = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+                          tie_word_embeddings=True)
+        torch.manual_seed(0)
+        return Qwen2ForCausalLM(cfg).float()
+
+    batch = chunked_batch()
+    result: dict[str, object] = {}
+    for shared in (False, True):
+        if rank == 0:
+            reference = model()
+            chunked_loss(reference, batch, chunked=False, shared=shared, scale=1.0)
+            result[f"reference{shared}"] = critic_grads(reference)
+        sharded = apply_fsdp(model(), FSDPConfig())
+        local = {k: v.chunk(world)[rank] for k, v in batch.items()}
+        chunked_loss(sharded, local, chunked=True, shared=shared, scale=float(world))  # FSDP2 averages
+        result[f"chunked{shared}"] = critic_grads(sharded)
+        result[f"gathered_after_backward{shared}"] = sharded._get_fsdp_state()._fsdp_param_group.is_unsharded
+    from verl.trainer.forward import response_logprobs
+    from verl.utils.positions import position_ids_from_mask
+
+    ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["response_mask"]], 1)
+    rows = slice(rank * 4 // world, (rank + 1) * 4 // world)
+    with torch.no_grad():  # a reference's pass: no backward reshards the head, the capture does
+        got, _ = response_logprobs(sharded, ids[rows], mask[rows], position_ids_from_mask(mask)[rows], 5, chunked=True)
+        result["gathered_after_no_grad"] = sharded._get_fsdp_state()._fsdp_param_group.is_unsharded
+        if rank == 0:
+            want, _ = response_logprobs(model(), ids, mask, position_ids_from_mask(mask), 5)
+            result["no_grad"] = (got, want[rows])
+    # LoRA: the peft wrapper over the FSDP2-sharded model (its Hugging Face model is the root, as
+    # verl.trainer.components.shard does it); the adapters' gradients against one plain process
+    from verl.config.schema import LoraConfig
+    from verl.models.lora import apply_lora, base_of
+
+    def lora_model() -> torch.nn.Module:
+        wrapped = apply_lora(model(), LoraConfig(rank=4))
+        g = torch.Generator().manual_seed(5)
+        with torch.no_grad():
+            for name, p in wrapped.named_parameters():
+                if "lora_" in name:
+                    p.copy_(0.1 * torch.randn(p.shape, generator=g))
+        return wrapped
+
+    if rank == 0:
+        reference = lora_model()
+        chunked_loss(reference, batch, chunked=False, shared=False, scale=1.0)
+        result["lora_reference"] = {n: p.grad.clone() for n, p in reference.named_parameters() if p.grad is not None}
+    wrapped = lora_model()
+    apply_fsdp(base_of(wrapped), FSDPConfig())
+    chunked_loss(wrapped, local, chunked=True, shared=False, scale=float(world))
+    result["lora_chunked"] = {n: p.grad.full_tensor() for n, p in wrapped.named_parameters() if p.grad is not None}
+    torch.save(result, Path(out_dir) / f"chunked{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def offload_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """FSDP2 with and without CPUOffloadPolicy (`*.cpu_offload`), each rank its rows: the same gradients and
+    the same weights after one AdamW step (on a CPU device the policy moves nothing but takes its own path:
+    the optimizer steps on the offloaded shards)."""
+    from verl.config.fsdp import FSDPConfig
+    from verl.distributed.fsdp import apply_fsdp
+
+    setup(rank, world, port)
+    ids = global_batch().chunk(world)[rank]
+    result: dict[str, object] = {}
+    for offload in (False, True):
+        model = apply_fsdp(tiny_qwen2(), FSDPConfig(cpu_offload=offload))
+        opt = torch.optim.AdamW(model.parameters(), lr=LR)
+        sft_loss(model, ids).backward()
+        grads = critic_grads(model)
+        opt.step()
+        weights = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.state_dict().items()}
+        result[offload] = {"grads": grads, "weights": weights,
+                           "offloads": model._get_fsdp_state()._fsdp_param_group.fsdp_params[0].offload_to_cpu}
+    torch.save(result, Path(out_dir) / f"offload{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()

@@ -44,7 +44,7 @@ fsdp: {{mixed_precision: true}}
 env: {{name: arithmetic}}
 data: {{train_batch_size: {PROMPTS}, max_prompt_length: {PROMPT_LEN}}}
 rollout: {{engine: vllm, n: {SAMPLES}, max_new_tokens: {RESPONSE_LEN}}}
-actor: {{kl_loss_coef: 0.001}}
+actor: {{kl_loss_coef: 0.001, chunked_logprobs: false}}
 """)
     return cfg
 
@@ -56,7 +56,8 @@ def _inputs(cfg, *overrides):
     return report.plan_inputs
 
 
-def first_principles(*, checkpointing: bool, micro_batch: int, utilization: float) -> tuple[float, float]:
+def first_principles(*, checkpointing: bool, micro_batch: int, utilization: float,
+                     chunked: bool = False) -> tuple[float, float]:
     """(rollout, update) peak per GPU in bytes, from the model's shape and the run's settings alone."""
     layer = 2 * H * H + 2 * H * KV + H + 2 * KV + 3 * H * FFN + 2 * H  # q,o; k,v; q/k/v biases; MLP; 2 norms
     params = 2 * V * H + L * layer + H  # embeddings, untied head, layers, final norm
@@ -74,18 +75,22 @@ def first_principles(*, checkpointing: bool, micro_batch: int, utilization: floa
     tokens = micro_batch * (PROMPT_LEN + RESPONSE_LEN)
     acts = tokens * (L * 2 * H + per_token) if checkpointing else tokens * L * per_token
     logits = 2 * 2 * micro_batch * RESPONSE_LEN * V  # bf16 logits saved for backward + their gradient
+    if chunked:  # 2^26 logits at a time (441 tokens): bf16 projection, 3 float32 copies; fp32 head gradient
+        logits = (2**26 // V) * V * (2 + 3 * 4) + V * H * 4
     fsdp = 2 * (2 * V * H + 2 * layer) * 2  # gathered bf16 embeddings/head + 2 layers, and their gradients
     update = actor + ref + fsdp + acts + logits + 1 * GIB + runtime  # 1 GiB: vLLM asleep
     return rollout, update
 
 
-@pytest.mark.parametrize("checkpointing, micro_batch", [(False, 8), (True, 8), (True, 2), (False, 1)])
-def test_the_7b_plan_agrees_with_first_principles_within_20_percent(qwen7b, checkpointing, micro_batch):
+@pytest.mark.parametrize("checkpointing, micro_batch, chunked", [(False, 8, False), (True, 8, False), (True, 2, False),
+                                                                 (False, 1, False), (True, 8, True), (True, 1, True)])
+def test_the_7b_plan_agrees_with_first_principles_within_20_percent(qwen7b, checkpointing, micro_batch, chunked):
     x = _inputs(qwen7b, f"fsdp.activation_checkpointing={str(checkpointing).lower()}",
-                f"actor.micro_batch_size={micro_batch}")
+                f"actor.micro_batch_size={micro_batch}", f"actor.chunked_logprobs={str(chunked).lower()}")
+    assert x.chunked_logprobs is chunked
     plan = plan_memory(x, int(H100 * GIB))
     want_rollout, want_update = first_principles(checkpointing=checkpointing, micro_batch=micro_batch,
-                                                 utilization=x.gpu_memory_utilization)
+                                                 utilization=x.gpu_memory_utilization, chunked=chunked)
     assert plan.rollout_peak == pytest.approx(want_rollout, rel=0.2)
     assert plan.update_peak == pytest.approx(want_update, rel=0.2)
 
@@ -115,7 +120,10 @@ def test_the_settings_it_names_make_the_plan_fit(qwen7b):
     assert plan_memory(x, device).fits is False
     fixes = suggestions(x, device)
     fitting = [f for f in fixes if f.endswith("(fits)")]
-    assert fitting and fixes[0].startswith("fsdp.activation_checkpointing=true")
+    assert fitting and fixes[0].startswith("actor.chunked_logprobs=true")  # cheapest first, if not enough here
+    assert fixes[1].startswith("fsdp.activation_checkpointing=true")
+    [offload] = [f for f in fixes if f.startswith("actor.activation_offload=true")]
+    assert re.search(r"\(fits; [\d.]+ GiB of host memory\)$", offload)  # what it costs the host, too
     # each named setting, applied to the config, gives the plan it promised
     for fix in fitting:
         keys = [k.strip() for k in fix.removeprefix("together: ").split(":")[0].split(",")]
@@ -159,3 +167,92 @@ def test_model_shape_reads_the_config_only_folder(qwen7b):
     shape = model_shape(config, config.model.path)
     assert (shape.hidden, shape.layers, shape.kv_dim, shape.intermediate, shape.vocab) == (H, L, KV, FFN, V)
     assert shape.total_params == 7_615_616_512 and shape.head_params == shape.embed_params == V * H
+
+
+def _part(plan, start: str) -> int:
+    [value] = [b for name, b in plan.update if name.startswith(start)]
+    return value
+
+
+def test_long_responses_chunked_logprobs_sequence_parallel_and_offload(qwen7b):
+    """A 16k-token response, one per micro-batch, checkpointed: each long-response setting changes the terms
+    it should, by the amounts written out here (bf16 compute, FSDP2)."""
+    base = ("fsdp.activation_checkpointing=true", "actor.micro_batch_size=1", "rollout.max_new_tokens=16384")
+    tokens, response = PROMPT_LEN + 16384, 16384
+    per_token = 2 * (4 * H + 2 * H) + 2 * (4 * H + 2 * KV) + 4 * HEADS + 2 * (H + 4 * FFN)  # one layer, bf16
+    layer = per_token + 2 * 2 * FFN  # its activations and the gradients of the MLP's two widest tensors
+    final = (4 + 2 * 2) * H  # final norm (float32 input, bf16 output), the head's input
+    plain = plan_memory(_inputs(qwen7b, *base), None)
+    assert _part(plain, "attention mask (sdpa, 1 padded rows") == tokens * tokens * (2 + 1)  # bf16 + bool
+    assert _part(plain, "activations (17408 tokens, checkpointed") == tokens * L * 2 * H
+    logits = 2 * 2 * response * V + 3 * 2**26 * 4  # bf16 logits + gradient, three float32 chunks
+    assert _part(plain, "backward: logits + their gradient") == tokens * final + logits
+
+    chunked_inputs = _inputs(qwen7b, *base, "actor.chunked_logprobs=auto")
+    assert chunked_inputs.chunked_logprobs  # 16k x 152k logits: auto turns it on
+    chunked = plan_memory(chunked_inputs, None)
+    # 441 tokens x V at a time (bf16 projection, three float32 copies) + the float32 head gradient: less than
+    # one layer's backward, which is now the largest working set
+    assert tokens * final + 441 * V * (2 + 12) + V * H * 4 < tokens * layer
+    assert _part(chunked, "backward: one layer (17408 tokens)") == tokens * layer
+    assert plain.update_peak - chunked.update_peak > 4 * GIB
+
+    sp2 = plan_memory(chunked_inputs.with_(sequence_parallel=2), None)
+    assert _part(sp2, "activations (8704 tokens per rank of 2") == tokens // 2 * L * 2 * H
+    # half the tokens: now the chunked log-probs' working set (its head gradient does not shrink) is the larger
+    assert _part(sp2, "backward: chunked log-probs (441 of 8192") == tokens // 2 * final + 441 * V * 14 + V * H * 4
+    assert tokens // 2 * layer < tokens // 2 * final + 441 * V * 14 + V * H * 4
+    assert _part(sp2, "attention mask") == tokens * tokens * 3  # each rank attends over the whole sequence
+    halved = plan_memory(_inputs(qwen7b, *base).with_(sequence_parallel=2), None)
+    assert _part(halved, "backward: logits + their gradient") == tokens // 2 * final + 2 * 2 * (response // 2) * V \
+        + 3 * 2**26 * 4
+
+    offloaded = plan_memory(_inputs(qwen7b, *base, "actor.chunked_logprobs=true", "actor.activation_offload=true"),
+                            None)
+    assert _part(offloaded, "activations (17408 tokens): offloaded") == 0
+    assert _part(offloaded, "backward: one layer") == tokens * layer
+    host = tokens * (L * 2 * H + final) / GIB
+    assert f"actor.activation_offload: {host:.1f} GiB of saved activations" in " ".join(offloaded.notes)
+    flash = plan_memory(_inputs(qwen7b, *base, "model.attn_implementation=flash_attention_2"), None)
+    assert not any(name.startswith("attention mask") for name, _ in flash.update)  # varlen kernels take no mask
+
+
+def test_cpu_offload_per_role(qwen7b):
+    both = ("algorithm.adv_estimator=gae",)  # a critic on the actor's ranks too
+    x = _inputs(qwen7b, *both)
+    assert {"actor", "critic", "ref"} <= set(x.resident)
+    actor_only = plan_memory(_inputs(qwen7b, *both, "actor.cpu_offload=true"), None)
+    assert _part(actor_only, "actor weights") == 0 and _part(actor_only, "critic weights") > 0
+    assert _part(actor_only, "reference weights") > 0
+    everything = plan_memory(_inputs(qwen7b, *both, "fsdp.cpu_offload=true", "critic.cpu_offload=false"), None)
+    assert _part(everything, "actor weights") == 0 and _part(everything, "reference weights") == 0
+    assert _part(everything, "critic weights") > 0  # its own switch wins over fsdp.cpu_offload
+
+
+def test_one_plain_process_has_no_gathered_layers(qwen7b):
+    x = _inputs(qwen7b)
+    sharded, plain = plan_memory(x, None), plan_memory(x.with_(sharded=False), None)
+    assert any(name.startswith("gathered") for name, _ in sharded.update)
+    assert not any(name.startswith(("gathered", "unsharded")) for name, _ in plain.update)
+
+
+def test_the_chunked_rule():
+    from verl.distributed.memory_plan import CHUNKED_AUTO_LOGITS, chunks_logits
+
+    assert CHUNKED_AUTO_LOGITS == 2**28
+    assert chunks_logits("auto", 1767, 151_936) and not chunks_logits("auto", 1766, 151_936)
+    assert chunks_logits(True, 1, 10) and not chunks_logits(False, 10**6, 151_936)
+
+
+def test_sequence_parallel_size_is_validated():
+    from verl.errors import ConfigError
+
+    with pytest.raises((ConfigError, ValueError), match="sequence_parallel_size"):
+        load_config(None, ["actor.sequence_parallel_size=0"])
+
+
+def test_sequence_parallel_is_in_the_plan(qwen7b):
+    config = load_config(str(qwen7b), ["actor.sequence_parallel_size=2"])
+    report = check_startup(config, world_size=N, model_path=config.model.path, device_type="cpu")
+    assert report.plan_inputs is not None and report.plan_inputs.sequence_parallel == 2
+    assert not [str(p) for p in report.problems if "sequence_parallel_size" in str(p)]

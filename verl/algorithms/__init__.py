@@ -25,6 +25,7 @@ from .core import (
 from .dpo import DPO_LOSS_TYPES, dpo_loss
 from .entropy import AdaptiveEntropyController, masked_quantiles, top_entropy_mask
 from .estimators import ESTIMATOR_NAMES, ESTIMATORS, AdvantageEstimator, EstimatorParams, get_estimator
+from .head_logprobs import head_token_logprobs
 from .kl import K3_CLAMP, KL_KINDS, AdaptiveKLController, FixedKLController, kl_penalty, sequence_kl_sums
 from .logits import entropy_from_logits, token_logprobs, token_logprobs_and_entropy
 from .losses import ppo_policy_loss, value_loss
@@ -36,6 +37,7 @@ __all__ = [
     "AdvantageEstimator",
     "EstimatorParams",
     "get_estimator",
+    "head_token_logprobs",
     "DPO_LOSS_TYPES",
     "K3_CLAMP",
     "KL_KINDS",

@@ -37,7 +37,8 @@ def _by_row_chunks(
     temperature: float = 1.0,
 ) -> torch.Tensor:
     """Apply `fn(chunk_of_rows / temperature, slice)` over chunks of a [N, V] tensor (each chunk upcast to
-    `out_dtype` on its own) and concatenate the results."""
+    `out_dtype` on its own) and stack the results, each written into the output as it comes (a [N, V]
+    gradient would exist twice, its chunks and their concatenation, at the backward's peak)."""
     n, vocab = rows.shape
     step = max(1, _CHUNK_ELEMENTS // max(vocab, 1))
 
@@ -47,8 +48,15 @@ def _by_row_chunks(
 
     if n <= step:
         return fn(upcast(rows), slice(0, n))
-    parts = [fn(upcast(rows[i : i + step]), slice(i, i + step)) for i in range(0, n, step)]
-    return torch.cat(parts)
+    out: torch.Tensor | None = None
+    for i in range(0, n, step):
+        part = fn(upcast(rows[i : i + step]), slice(i, i + step))
+        if out is None:
+            out = part.new_empty((n, *part.shape[1:]))
+        out[i : i + step] = part
+        del part
+    assert out is not None
+    return out
 
 
 def _entropy_of_chunk(x: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
@@ -148,9 +156,17 @@ def _label_logprobs(logits: torch.Tensor, labels: torch.Tensor, with_entropy: bo
             f"labels has shape {tuple(labels.shape)} but logits has shape {tuple(logits.shape)}; "
             f"labels must have the logits' shape without the last (vocabulary) dimension"
         )
+    vocab = logits.shape[-1]
+    _check_labels(labels, vocab)
+    rows = logits.reshape(-1, vocab)
+    logprobs, entropy = _LabelLogprob.apply(rows, labels.reshape(-1, 1).long(), cd, with_entropy, temperature)
+    return logprobs.reshape(labels.shape), None if entropy is None else entropy.reshape(labels.shape)
+
+
+def _check_labels(labels: torch.Tensor, vocab: int) -> None:
+    """Integer ids inside [0, vocab): an ignore id such as -100 would index out of the row."""
     if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.dtype.is_complex:
         raise ValueError(f"labels have dtype {labels.dtype}; pass integer token ids (torch.long)")
-    vocab = logits.shape[-1]
     if labels.numel() > 0:
         bad = (labels < 0) | (labels >= vocab)
         if bool(bad.any()):
@@ -159,9 +175,6 @@ def _label_logprobs(logits: torch.Tensor, labels: torch.Tensor, with_entropy: bo
                 f"labels{list(where)} = {int(labels[where])} is outside the vocabulary [0, {vocab}); "
                 f"replace ignore ids such as -100 with a valid id and mask those positions out"
             )
-    rows = logits.reshape(-1, vocab)
-    logprobs, entropy = _LabelLogprob.apply(rows, labels.reshape(-1, 1).long(), cd, with_entropy, temperature)
-    return logprobs.reshape(labels.shape), None if entropy is None else entropy.reshape(labels.shape)
 
 
 def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:

@@ -339,6 +339,15 @@ class OptimConfig(Section):
     )
     disable_dropout: bool = Field(True, description="Zero every dropout in this model (RL, as TRL does): the "
                                   "PPO ratio then starts at exactly 1 and the update sees the sampling policy.")
+    cpu_offload: bool | None = Field(None, description="FSDP2 CPU offload of this model's sharded parameters, "
+                                     "gradients and optimizer states (torch's CPUOffloadPolicy: each layer is "
+                                     "copied to the GPU for its forward/backward, the optimizer steps on the CPU). "
+                                     "None = fsdp.cpu_offload. No effect when training on CPU.")
+    activation_offload: bool = Field(False, description="Keep the tensors this model's forward saves for backward in "
+                                     "pinned host memory (torch.autograd.graph.save_on_cpu) and copy them back in "
+                                     "the backward: GPU memory for activations drops to about one layer's, at the "
+                                     "cost of host-device copies; same gradients. With fsdp.activation_checkpointing "
+                                     "only the layer inputs are offloaded. No effect when training on CPU.")
 
 
 class RolloutCorrectionConfig(Section):
@@ -531,6 +540,14 @@ class ActorConfig(OptimConfig):
                                        "keys/values; same loss and gradients as the unshared forward. Mini-batches "
                                        "then shuffle whole groups. Off for models without a KV cache argument "
                                        "or with gradient checkpointing.")
+    chunked_logprobs: bool | Literal["auto"] = Field(
+        "auto", description="Compute the log-probs and entropy of the policy (and reference, teacher) from the "
+        "output head's input, one chunk of tokens at a time in forward and backward (the backward recomputes each "
+        "chunk's logits), so a micro-batch's [tokens, vocabulary] logits never exist: 9.7 GB in float32 for one "
+        "16k-token response at Qwen2.5's vocabulary. Same values and gradients up to float rounding; one more "
+        "head projection per backward. auto = on where a micro-batch's response logits (response tokens x "
+        "vocabulary, as the memory plan counts them) reach 2^28 and the head is one linear projection; true = on "
+        "(refused for other heads); false = off.")
     skip_zero_advantage: bool = Field(True, description="Without a KL loss or an entropy bonus, a sequence whose "
                                       "advantages are all 0 adds exactly nothing to the gradient: skip its forward "
                                       "and backward (the loss normaliser still counts it). Metric actor/skipped_frac.")
@@ -539,7 +556,7 @@ class ActorConfig(OptimConfig):
                                         "(all-to-all over attention heads), so one rank holds 1/S of every layer's "
                                         "activations. Must divide the actor's ranks and the model's attention heads; "
                                         "the actor's log-prob and update forwards only (reference and critic run "
-                                        "whole sequences). 1 = off. See docs/multigpu.md.")
+                                        "whole sequences); the memory plan divides activations and logits by it. 1 = off. See docs/multigpu.md.")
 
 
 class CriticConfig(OptimConfig):
@@ -719,6 +736,12 @@ class RunConfig(Section):
     def needs_critic(self) -> bool:
         """Whether the advantage estimator reads a learned critic's values (from the estimator table)."""
         return ESTIMATORS[self.algorithm.adv_estimator].needs_critic
+
+    def offloads(self, role: str) -> bool:
+        """Whether FSDP2 CPU offload applies to `role`'s model: `actor.cpu_offload` / `critic.cpu_offload` where
+        set, else `fsdp.cpu_offload` (the reference, teacher and reward model follow `fsdp.cpu_offload`)."""
+        own = getattr(getattr(self, role, None), "cpu_offload", None) if role in ("actor", "critic") else None
+        return self.fsdp.cpu_offload if own is None else own
 
     @property
     def needs_ref(self) -> bool:

@@ -2,8 +2,9 @@
 
 `verl.distributed.memory` counts model state (weights, gradients, optimizer moments) per rank; this adds
 what a step needs on top on a rank that holds the actor: FSDP2's gathered layers and unsharded gradients,
-activations (with and without activation checkpointing), the response logits and their gradient, and the
-rollout engine (colocated vLLM's `gpu_memory_utilization` share of the device, or our sampler's gathered
+activations (with and without activation checkpointing, kept on the device or offloaded to host memory, split
+over sequence-parallel ranks), the response logits and their gradient (or, with chunked log-probs, one chunk
+of them at a time), and the rollout engine (colocated vLLM's `gpu_memory_utilization` share of the device, or our sampler's gathered
 weights and KV cache). It is arithmetic on the model's shape and the config, so `verl check` prints it on a
 machine without a GPU, and it says which settings make a plan that does not fit fit.
 
@@ -19,6 +20,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from verl.algorithms.head_logprobs import chunk_tokens
 from verl.algorithms.logits import _CHUNK_ELEMENTS as LOGPROB_CHUNK_ELEMENTS
 
 GIB = 2**30
@@ -27,6 +29,20 @@ CUDA_RUNTIME_BYTES = 1 * GIB
 VLLM_ASLEEP_BYTES = 1 * GIB
 """What a sleeping colocated vLLM keeps (CUDA graphs, its own buffers) once its KV cache and weights are
 released (assumed)."""
+
+
+CHUNKED_AUTO_LOGITS = 1 << 28
+"""`actor.chunked_logprobs: auto` turns on where a micro-batch's response logits reach this many elements
+(1 GiB in float32; 1,767 tokens at Qwen2.5's vocabulary): below it the logits cost less than the extra head
+projection is worth."""
+
+
+def chunks_logits(setting: bool | str, response_tokens: int, vocab: int) -> bool:
+    """Whether `actor.chunked_logprobs` computes the log-probs without the logits, for a micro-batch of
+    `response_tokens` (the plan and the trainer decide by this one rule)."""
+    if setting == "auto":
+        return response_tokens * vocab >= CHUNKED_AUTO_LOGITS
+    return bool(setting)
 
 
 @dataclass(frozen=True)
@@ -103,7 +119,15 @@ class PlanInputs:
     response_len: int
     tokens_per_micro_batch: int | None = None  # actor.max_tokens_per_micro_batch (overrides micro_batch)
     activation_checkpointing: bool = False
-    cpu_offload: bool = False
+    cpu_offload: bool = False  # fsdp.cpu_offload: the roles' sharded state in host memory, but those in `kept`
+    offloaded: frozenset[str] = frozenset()  # roles offloaded by a switch of their own (actor/critic.cpu_offload)
+    kept: frozenset[str] = frozenset()  # roles whose own switch keeps them on the device (actor/critic.cpu_offload)
+    activation_offload: bool = False  # actor.activation_offload: saved tensors wait in host memory
+    chunked_logprobs: bool = False  # actor.chunked_logprobs in effect: no [tokens, V] logits
+    head_trained: bool = True  # the output head gets a gradient (not under LoRA)
+    sequence_parallel: int = 1  # actor.sequence_parallel_size: one sequence's tokens split over this many ranks
+    sharded: bool = True  # FSDP2 wraps the actor (gathered layers, unsharded gradients); False: one plain process
+    padded_mask: bool = True  # rows of a micro-batch differ in padding: sdpa gets a 4-D mask (not flash-attn)
     engine: str = "hf"  # "vllm" (colocated on the actor's ranks) or "hf"
     gpu_memory_utilization: float = 0.5
     rows_per_rank: int = 1  # sequences one actor rank samples per step
@@ -157,13 +181,19 @@ class MemoryPlan:
         return f"  of {self.device_bytes / GIB:.1f} ({'fits' if peak <= self.device_bytes else 'DOES NOT FIT'})"
 
 
+def micro_batch_tokens(micro_batch: int, tokens_per_micro_batch: int | None, prompt_len: int,
+                       response_len: int) -> tuple[int, int]:
+    """(tokens, response tokens) of one update micro-batch at full length: `micro_batch` sequences, or a
+    token budget (`actor.max_tokens_per_micro_batch`) filled with sequences of that shape."""
+    seq = prompt_len + response_len
+    if tokens_per_micro_batch is not None:
+        return tokens_per_micro_batch, tokens_per_micro_batch * response_len // seq
+    return micro_batch * seq, micro_batch * response_len
+
+
 def _mb_tokens(x: PlanInputs) -> tuple[int, int]:
     """(tokens, response tokens) of one micro-batch."""
-    seq = x.prompt_len + x.response_len
-    if x.tokens_per_micro_batch is not None:
-        tokens = x.tokens_per_micro_batch
-        return tokens, tokens * x.response_len // seq
-    return x.micro_batch * seq, x.micro_batch * x.response_len
+    return micro_batch_tokens(x.micro_batch, x.tokens_per_micro_batch, x.prompt_len, x.response_len)
 
 
 def plan_memory(x: PlanInputs, device_bytes: int | None) -> MemoryPlan:
@@ -174,7 +204,8 @@ def plan_memory(x: PlanInputs, device_bytes: int | None) -> MemoryPlan:
 
     def state(role: str, which: tuple[int, ...]) -> int:
         parts = x.resident.get(role)
-        return 0 if parts is None or offload else sum(parts[k] for k in which)
+        off = role in x.offloaded or (offload and role not in x.kept)
+        return 0 if parts is None or off else sum(parts[k] for k in which)
 
     roles = {"actor": "actor", "ref": "reference", "teacher": "teacher", "critic": "critic", "reward": "reward model"}
     resident_update = [(f"{roles[r]} weights + grads + optimizer (sharded)" if r in ("actor", "critic") else
@@ -183,25 +214,17 @@ def plan_memory(x: PlanInputs, device_bytes: int | None) -> MemoryPlan:
                          f"{roles[r]} weights (sharded)", state(r, (0, 2))) for r in roles if r in x.resident]
     if offload:
         notes.append("fsdp.cpu_offload: sharded weights, gradients and optimizer moments live in host memory")
+    elif x.offloaded & set(x.resident):
+        notes.append(f"{', '.join(sorted(x.offloaded & set(x.resident)))}.cpu_offload: that state lives in host "
+                     "memory")
 
-    tokens, response_tokens = _mb_tokens(x)
-    per_token = activation_bytes_per_token(s, c)
-    final = (4 + 2 * c) * s.hidden  # final norm (float32 input, output) and the head's input
-    if x.activation_checkpointing:
-        acts = tokens * (s.layers * c * s.hidden + per_token + final)
-        acts_name = f"activations ({tokens} tokens, checkpointed: layer inputs + one layer)"
-    else:
-        acts = tokens * (s.layers * per_token + final)
-        acts_name = f"activations ({tokens} tokens, all {s.layers} layers)"
-    # the bf16 logits kept for backward and their gradient; three float32 row chunks at a time
-    logits = 2 * response_tokens * s.vocab * c + 3 * LOGPROB_CHUNK_ELEMENTS * 4
-    # FSDP2 keeps its root unit (embeddings, final norm, head) gathered from forward to backward, and its
-    # gradient unsharded until the backward ends; each layer is gathered (with one prefetched) in turn
-    update = [*resident_update,
-              ("gathered: root (embeddings, head) + 2 layers", (s.root_params + 2 * s.layer_params) * c),
-              ("unsharded gradients: root + 1 layer", (s.root_params + s.layer_params) * c),
-              (acts_name, acts),
-              (f"logits + their gradient ({response_tokens} response tokens x {s.vocab})", logits)]
+    update = [*resident_update]
+    if x.sharded:
+        # FSDP2 keeps its root unit (embeddings, final norm, head) gathered from forward to backward, and its
+        # gradient unsharded until the backward ends; each layer is gathered (with one prefetched) in turn
+        update += [("gathered: root (embeddings, head) + 2 layers", (s.root_params + 2 * s.layer_params) * c),
+                   ("unsharded gradients: root + 1 layer", (s.root_params + s.layer_params) * c)]
+    update += forward_backward_parts(x, notes)
     rollout = list(resident_rollout)
     if x.engine == "vllm" and x.vllm_colocated:
         update.append(("vLLM asleep (KV cache and weights released)", VLLM_ASLEEP_BYTES))
@@ -232,6 +255,76 @@ def plan_memory(x: PlanInputs, device_bytes: int | None) -> MemoryPlan:
     return MemoryPlan(inputs=x, rollout=rollout, update=update, device_bytes=device_bytes, notes=notes)
 
 
+def forward_backward_parts(x: PlanInputs, notes: list[str] | None = None) -> list[tuple[str, int]]:
+    """What one micro-batch's forward and backward hold beyond the model state, as parts whose sum is its peak.
+
+    What stays from the forward to the backward: the activations saved for backward (every layer's, or with
+    checkpointing each layer's input; with activation offload only what is in flight), and with padded rows
+    the 4-D attention mask sdpa is given ([B, 1, T, T], boolean and additive in the compute dtype, kept by
+    every layer). On top of it, the
+    backward's largest working set, which is one of three at different times:
+    * the log-probs' backward, while the final norm's and head's inputs still exist: without chunking, the
+      response logits kept for backward and their gradient (each logits-sized, in the compute dtype) and the
+      float32 row chunks of the log-softmax (one in float32, three upcast from bf16); chunked, one chunk of
+      tokens x vocabulary at a time (its projection, the float32 log-softmax and softmax, the gradient written
+      over one of them) and the float32 accumulator of the head's gradient;
+    * one layer's backward: its activations (recomputed under checkpointing) and the gradients of its MLP's
+      two widest tensors; one process holds a tied head's gradient meanwhile (autograd adds it to the
+      embeddings' gradient at the very end);
+    * unsharded with tied embeddings, the end: that held gradient, the embeddings' own and their sum.
+    Sequence parallelism splits a micro-batch's tokens over `sequence_parallel` ranks, so the activations and
+    logits shrink by it (the mask does not: each rank attends over the whole sequence).
+    """
+    s, c, m, sp = x.shape, x.compute_bytes, x.master_bytes, max(x.sequence_parallel, 1)
+    tokens, response_tokens = _mb_tokens(x)
+    rows = max(1, tokens // max(x.prompt_len + x.response_len, 1))
+    seq = tokens // rows
+    tokens, response_tokens = -(-tokens // sp), -(-response_tokens // sp)
+    where = f"{tokens} tokens" + (f" per rank of {sp}" if sp > 1 else "")
+    per_token = activation_bytes_per_token(s, c)
+    final = (4 + 2 * c) * s.hidden  # final norm (float32 input, output) and the head's input
+    parts: list[tuple[str, int]] = []
+    if x.padded_mask:
+        parts.append((f"attention mask (sdpa, {rows} padded rows x {seq}^2)", rows * seq * seq * (c + 1)))
+    if x.activation_offload:
+        kept, kept_name = 0, f"activations ({where}): offloaded to host memory"
+        if notes is not None:
+            notes.append(f"actor.activation_offload: {offloaded_activation_bytes(x) / GIB:.1f} GiB of saved "
+                         "activations per micro-batch wait in pinned host memory")
+    elif x.activation_checkpointing:
+        kept, kept_name = tokens * s.layers * c * s.hidden, f"activations ({where}, checkpointed: layer inputs)"
+    else:
+        kept, kept_name = tokens * s.layers * per_token, f"activations ({where}, all {s.layers} layers)"
+    parts.append((kept_name, kept))
+    tied_held = s.vocab * s.hidden * m if not x.sharded and s.head_params == 0 and x.head_trained else 0
+    layer = tokens * ((per_token if x.activation_checkpointing or x.activation_offload else 0) + 2 * c * s.intermediate)
+    chunk_rows = min(chunk_tokens(s.vocab), response_tokens)
+    if x.chunked_logprobs:
+        logprobs = (chunk_rows * s.vocab * (3 * 4 + (c if c != 4 else 0))
+                    + (s.vocab * s.hidden * 4 if x.head_trained else 0))
+        logprobs_name = f"chunked log-probs ({chunk_rows} of {response_tokens} response tokens x {s.vocab} at a time)"
+    else:
+        upcast = 1 if c == 4 else 3
+        logprobs = (2 * response_tokens * s.vocab * c
+                    + upcast * min(LOGPROB_CHUNK_ELEMENTS, response_tokens * s.vocab) * 4)
+        logprobs_name = f"logits + their gradient ({response_tokens} response tokens x {s.vocab})"
+    phases = [(f"backward: {logprobs_name}", tokens * final + logprobs),
+              (f"backward: one layer ({where})" + (" + the tied head's gradient" if tied_held else ""),
+               layer + tied_held),
+              ("backward: the tied embeddings' gradients (held, own, sum)", 3 * tied_held - kept)]
+    parts.append(max(phases, key=lambda part: part[1]))
+    return parts
+
+
+def offloaded_activation_bytes(x: PlanInputs) -> int:
+    """Host memory that activation offload fills per micro-batch (per GPU): every layer's saved tensors, or
+    with checkpointing its input only."""
+    s, c = x.shape, x.compute_bytes
+    tokens = -(-_mb_tokens(x)[0] // max(x.sequence_parallel, 1))
+    layer = c * s.hidden if x.activation_checkpointing else activation_bytes_per_token(s, c)
+    return tokens * (s.layers * layer + (4 + 2 * c) * s.hidden)
+
+
 def _micro_batch_fit(x: PlanInputs, device_bytes: int) -> int | None:
     """The largest micro-batch (sequences) whose update phase fits, or None if not even one does."""
     best = None
@@ -252,11 +345,14 @@ def suggestions(x: PlanInputs, device_bytes: int) -> list[str]:
     def describe(keys: str, y: PlanInputs) -> str:
         p = plan_memory(y, device_bytes)
         verdict = "fits" if p.fits else "still does not fit"
+        host = f"; {offloaded_activation_bytes(y) / GIB:.1f} GiB of host memory" if y.activation_offload else ""
         return (f"{keys}: rollout {p.rollout_peak / GIB:.1f} GiB, update {p.update_peak / GIB:.1f} GiB "
-                f"({verdict})")
+                f"({verdict}{host})")
 
     fixes: list[tuple[str, dict[str, object]]] = []  # (keys, changes) in the order worth trying
     if plan.update_peak > device_bytes:
+        if not x.chunked_logprobs:
+            fixes.append(("actor.chunked_logprobs=true", {"chunked_logprobs": True}))
         if not x.activation_checkpointing:
             fixes.append(("fsdp.activation_checkpointing=true", {"activation_checkpointing": True}))
         for ckpt in sorted({x.activation_checkpointing, True}):
@@ -276,6 +372,8 @@ def suggestions(x: PlanInputs, device_bytes: int) -> list[str]:
         else:
             out.append(f"rollout.vllm.gpu_memory_utilization: the trainer's resident state leaves "
                        f"{(device_bytes - rest) / GIB:.1f} GiB, less than vLLM's weights ({weights / GIB:.1f} GiB)")
+    if plan.update_peak > device_bytes and not x.activation_offload:
+        fixes.append(("actor.activation_offload=true", {"activation_offload": True}))
     if not x.cpu_offload:
         fixes.append(("fsdp.cpu_offload=true", {"cpu_offload": True}))
     out += [describe(keys, x.with_(**changes)) for keys, changes in fixes]
@@ -292,5 +390,7 @@ def suggestions(x: PlanInputs, device_bytes: int) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-__all__ = ["CUDA_RUNTIME_BYTES", "MemoryPlan", "ModelShape", "PlanInputs", "VLLM_ASLEEP_BYTES",
-           "activation_bytes_per_token", "plan_memory", "suggestions"]
+__all__ = ["CHUNKED_AUTO_LOGITS", "CUDA_RUNTIME_BYTES", "MemoryPlan", "ModelShape", "PlanInputs", "VLLM_ASLEEP_BYTES",
+           "activation_bytes_per_token", "chunks_logits", "forward_backward_parts", "micro_batch_tokens",
+           "offloaded_activation_bytes",
+           "plan_memory", "suggestions"]

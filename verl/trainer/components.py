@@ -193,7 +193,8 @@ def shard(module: torch.nn.Module, role: str, config: RunConfig, process: Proces
         return module
     # A peft wrapper holds no parameters of its own: the Hugging Face model under it is the FSDP root, so
     # the rollout (which runs that model directly) and the peft forward both go through its hooks.
-    apply_fsdp(base_of(module), config.fsdp, mesh=process.groups.mesh(role, process.device.type),
+    cfg = config.fsdp.model_copy(update={"cpu_offload": config.offloads(role)})  # actor/critic.cpu_offload
+    apply_fsdp(base_of(module), cfg, mesh=process.groups.mesh(role, process.device.type),
                device_type=process.device.type)
     return module
 

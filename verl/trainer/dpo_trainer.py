@@ -21,6 +21,7 @@ import torch
 from verl.algorithms import dpo_loss, token_logprobs
 from verl.config.schema import RunConfig
 from verl.data.datasets import IGNORE_INDEX, PreferenceDataset, pad_token_id
+from verl.distributed.offload import activations_offloaded
 from verl.models.lora import is_peft_model
 from verl.trainer.components import shard_frozen
 from verl.trainer.forward import can_share_prompt, shared_prompt_logits
@@ -226,7 +227,8 @@ class DPOTrainer(OfflineTrainer):
         sums: dict[str, float] = {}
         for s in range(0, len(indices), self.pairs_per_micro):
             chunk = indices[s : s + self.pairs_per_micro]
-            losses, stats = self.pair_loss("train", self.train_data, chunk)
+            with activations_offloaded(self.config.actor.activation_offload, self.device):
+                losses, stats = self.pair_loss("train", self.train_data, chunk)
             (losses.sum() * weight).backward()
             for k, v in {"loss": losses.detach(), **stats}.items():
                 sums[k] = sums.get(k, 0.0) + float(v.double().sum())

@@ -3,17 +3,30 @@
 Only the response positions are turned into log-probs, and in float32, so a long prompt costs no
 vocabulary-sized memory. The logits stay in the model's dtype: the log-prob functions upcast one row chunk
 at a time (forward and backward), so a bf16 model never holds a float32 [B, R, V] copy for its backward.
+With `chunked` (actor.chunked_logprobs) the model does not make the [B, R, V] logits at all: its head's input
+is taken (`verl.models.head.HeadCapture`) and projected one chunk of tokens at a time, forward and backward
+(`verl.algorithms.head_token_logprobs`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from typing import Any
 
 import torch
 from torch.distributed.fsdp import FSDPModule
 
-from verl.algorithms import entropy_from_logits, token_logprobs, token_logprobs_and_entropy
+from verl.algorithms import (
+    entropy_from_logits,
+    head_token_logprobs,
+    token_logprobs,
+    token_logprobs_and_entropy,
+)
+from verl.distributed.memory_plan import chunks_logits, micro_batch_tokens
 from verl.distributed.sequence_parallel import KWARG, SequenceParallel, gather_sequence
+from verl.errors import ConfigError
+from verl.models.head import HeadCapture, HeadOutput, head_unsupported, output_head
 from verl.models.lora import base_of
 from verl.models.signature import (
     cache_argument,
@@ -51,15 +64,33 @@ def sequence_logits(
     position_ids: torch.Tensor,
     keep_last: int,
 ) -> torch.Tensor:
-    """Logits predicting the last `keep_last` tokens: [B, keep_last, V], in the model's output dtype.
+    """Logits predicting the last `keep_last` tokens: [B, keep_last, V], in the model's output dtype."""
+    return _sequence_output(model, None, input_ids, attention_mask, position_ids, keep_last)
+
+
+def _sequence_output(model: torch.nn.Module, capture: HeadCapture | None, input_ids: torch.Tensor,
+                     attention_mask: torch.Tensor, position_ids: torch.Tensor, keep_last: int) -> Any:
+    """The logits predicting the last `keep_last` tokens, or with `capture` the head's input there.
 
     The last token predicts nothing, so it is left out of the forward (causal attention: no other position's
     output depends on it)."""
     total = input_ids.shape[1] - 1
     head, cut = _head_positions(model, total, max(total - keep_last, 0), total, input_ids.device)
-    logits = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
-                   position_ids=position_ids[:, :-1], use_cache=False, **head).logits
-    return logits[:, cut, :]
+    out = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
+                position_ids=position_ids[:, :-1], use_cache=False, **head)
+    return _sliced(_output(out, "logits", capture), cut)
+
+
+def _output(out: Any, field: str, capture: HeadCapture | None) -> Any:
+    """A forward's `field` (logits or values), or with `capture` its head input and projection."""
+    return getattr(out, field) if capture is None else capture.take(out)
+
+
+def _sliced(output: Any, index: Any) -> Any:
+    """`output[:, index]` of logits/values or of a captured head input's hidden states."""
+    if isinstance(output, HeadOutput):
+        return HeadOutput(output.hidden[:, index], output.weight, output.bias)
+    return output[:, index]
 
 
 def response_logprobs(
@@ -72,19 +103,30 @@ def response_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = True,
+    chunked: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of each response token under `model` (logits / temperature, as sampled), optional entropy.
 
     `entropy_grad=False` computes the entropy for logging only, without adding it to the autograd graph.
+    `chunked` computes both from the head's input in token chunks: the model makes no [B, R, V] logits.
     """
-    logits = sequence_logits(model, input_ids, attention_mask, position_ids, response_len)
-    return _logprobs(logits, input_ids[:, -response_len:], temperature, with_entropy, entropy_grad)
+    with _capture(model, chunked) as capture:  # open until the log-probs are made (FSDP2 keeps the head gathered)
+        output = _sequence_output(model, capture, input_ids, attention_mask, position_ids, response_len)
+        return _logprobs(output, input_ids[:, -response_len:], temperature, with_entropy, entropy_grad)
 
 
-def _logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool,
+def _capture(model: torch.nn.Module, chunked: bool) -> Any:
+    return HeadCapture(model) if chunked else contextlib.nullcontext()
+
+
+def _logprobs(output: torch.Tensor | HeadOutput, labels: torch.Tensor, temperature: float, with_entropy: bool,
               entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     t = temperature if temperature > 0 else 1.0  # scaled chunk by chunk, after the upcast (not a [B, R, V] copy)
-    logits = logits.contiguous()  # one copy of a sliced view (if any), which the log-probs and entropy share
+    if isinstance(output, HeadOutput):
+        logprobs, entropy = head_token_logprobs(output.hidden, output.weight, labels, bias=output.bias,
+                                                temperature=t, with_entropy=with_entropy)
+        return logprobs, entropy if entropy is None or entropy_grad else entropy.detach()
+    logits = output.contiguous()  # one copy of a sliced view (if any), which the log-probs and entropy share
     if with_entropy and not entropy_grad:  # entropy for logging: from the log-softmax the log-probs take
         return token_logprobs_and_entropy(logits, labels, temperature=t)
     logprobs = token_logprobs(logits, labels, temperature=t)
@@ -151,6 +193,37 @@ def sequence_parallel_logprobs(
     return spread(logprobs), spread(entropy) if entropy is not None else None
 
 
+_CHUNKED: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, bool]] = weakref.WeakKeyDictionary()
+
+
+def use_chunked_logprobs(config: Any, model: torch.nn.Module) -> bool:
+    """Whether `model`'s log-probs are computed without its logits (`actor.chunked_logprobs`): `auto` by the
+    memory plan's rule (`chunks_logits`) where the head allows it; `true` refuses a head that does not.
+    Decided once per model (every pass over the same tokens takes the same arithmetic)."""
+    a, r, d = config.actor, config.rollout, config.data
+    key = (a.chunked_logprobs, a.micro_batch_size, a.max_tokens_per_micro_batch, d.max_prompt_length, r.max_new_tokens)
+    if model not in _CHUNKED or _CHUNKED[model][0] != key:
+        _CHUNKED[model] = key, _decide_chunked(config, model)
+    return _CHUNKED[model][1]
+
+
+def _decide_chunked(config: Any, model: torch.nn.Module) -> bool:
+    head = output_head(model)
+    weight = getattr(head, "weight", None)
+    vocab = int(weight.shape[0]) if isinstance(weight, torch.Tensor) else 0
+    setting = config.actor.chunked_logprobs
+    _, response_tokens = micro_batch_tokens(config.actor.micro_batch_size, config.actor.max_tokens_per_micro_batch,
+                                            config.data.max_prompt_length, config.rollout.max_new_tokens)
+    if not chunks_logits(setting, response_tokens, vocab):
+        return False
+    why = head_unsupported(model)
+    if why is not None and setting is True:
+        raise ConfigError(f"actor.chunked_logprobs=true, but {why}, so the log-probs cannot be computed from the "
+                          "head's input. Fix: set actor.chunked_logprobs=auto (the plain logits for this model) or "
+                          "false")
+    return why is None
+
+
 def can_share_prompt(model: torch.nn.Module) -> bool:
     """Whether the shared-prompt forwards apply to `model`: a causal LM or `ValueModel` that continues from
     a KV cache (under a peft wrapper or `AdapterOff` too), without gradient or activation checkpointing
@@ -172,9 +245,10 @@ def _shared_prompt_output(
     prompt_mask: torch.Tensor,
     response_ids: torch.Tensor,
     response_attention: torch.Tensor,
-) -> torch.Tensor:
+    capture: HeadCapture | None = None,
+) -> Any:
     """`model`'s output `field` (logits or values) at the positions that predict the responses, [B, R, ...],
-    running each distinct prompt once.
+    running each distinct prompt once; with `capture`, the head's input there instead of the logits.
 
     Rows with identical (left-padded) prompts, such as the n samples of a GRPO group, share one prompt
     forward; its keys/values (with their autograd graph) are indexed out to every row, and the responses
@@ -203,9 +277,11 @@ def _shared_prompt_output(
     cache.batch_select_indices(inverse)
     tail = torch.cat([prompt_ids[:, cut:], response_ids[:, : response_ids.shape[1] - drop]], dim=1)
     head, used = _head_positions(model, tail.shape[1], 0, tail.shape[1] - 1 + drop, tail.device)
-    result = getattr(model(input_ids=tail, attention_mask=mask, position_ids=positions[:, cut:], use_cache=True,
-                           **{cache_argument(model): cache}, **head), field)[:, used]
-    prompt_out = getattr(out, field)
+    prompt_out = _output(out, field, capture)
+    result = _sliced(_output(model(input_ids=tail, attention_mask=mask, position_ids=positions[:, cut:],
+                                   use_cache=True, **{cache_argument(model): cache}, **head), field, capture), used)
+    if isinstance(result, HeadOutput):  # the same projection both times: go on with the hidden states
+        result, prompt_out, projection = result.hidden, prompt_out.hidden, result
     if prompt_ids.shape[1] == 1:  # one-token prompts: their output came out of the prompt forward
         result = torch.cat([prompt_out[:, -1:][inverse], result], dim=1)
     elif torch.is_grad_enabled() and _sharded(model):
@@ -214,7 +290,7 @@ def _shared_prompt_output(
         # term on its output puts those outputs on the backward path (the values do not change). Unsharded,
         # nothing needs it, and it costs a pass over the [B, T, V] logits forward and backward.
         result = result + 0.0 * prompt_out.sum()
-    return result
+    return result if capture is None else HeadOutput(result, projection.weight, projection.bias)
 
 
 def shared_prompt_logits(
@@ -250,10 +326,13 @@ def shared_prompt_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = True,
+    chunked: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`response_logprobs` with each distinct prompt run once (see `shared_prompt_logits`)."""
-    logits = shared_prompt_logits(model, prompt_ids, prompt_mask, response_ids, response_attention)
-    return _logprobs(logits, response_ids, temperature, with_entropy, entropy_grad)
+    with _capture(model, chunked) as capture:
+        output = _shared_prompt_output(model, "logits", prompt_ids, prompt_mask, response_ids, response_attention,
+                                       capture)
+        return _logprobs(output, response_ids, temperature, with_entropy, entropy_grad)
 
 
 def response_values(
@@ -270,19 +349,21 @@ def response_values(
 
 
 def logprobs_of(model: torch.nn.Module, mb: Any, *, share: bool, temperature: float, with_entropy: bool = False,
-                entropy_grad: bool = True, sp: SequenceParallel | None = None,
+                entropy_grad: bool = True, chunked: bool = False, sp: SequenceParallel | None = None,
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropy) of a batch's response tokens under `model`; with `sp` (a group of more than one
-    rank), each sequence split over it (`sequence_parallel_logprobs`); with `share`, each group's prompt runs
-    once (`shared_prompt_logprobs`), else every sequence whole."""
+    rank), each sequence split over it (`sequence_parallel_logprobs`: the head runs on the rank's slice only,
+    so `chunked` is not needed there); with `share`, each group's prompt runs once (`shared_prompt_logprobs`),
+    else every sequence whole; `chunked` without [B, R, V] logits."""
     if sp is not None and sp.size > 1:
         return sequence_parallel_logprobs(model, mb, sp, temperature=temperature, with_entropy=with_entropy,
                                           entropy_grad=entropy_grad)
+    kwargs = dict(temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad, chunked=chunked)
     if share:
         return shared_prompt_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_attention,
-                                      temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
+                                      **kwargs)
     return response_logprobs(model, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_ids.shape[1],
-                             temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
+                             **kwargs)
 
 
 def values_of(critic: torch.nn.Module, mb: Any, *, share: bool) -> torch.Tensor:

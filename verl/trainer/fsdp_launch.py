@@ -22,6 +22,7 @@ class FsdpLaunch:
     sharded: bool  # FSDP2 wraps the trained models (and the reference) on this launch
     own_group: bool  # one process without torchrun: it joins a 1-rank process group of its own to do so
     lines: list[str] = field(default_factory=list)  # what each option does here, for `verl check`
+    offload: bool = False  # some role's FSDP2 CPU offload is on (its collectives then need a CPU backend too)
 
 
 def under_torchrun() -> bool:
@@ -37,7 +38,9 @@ def fsdp_launch(config: RunConfig, *, world_size: int, device_type: str, torchru
         precision = resolve_precision(config, device_type, bf16_supported=bf16_supported)
     except ConfigError:  # an unknown dtype spelling: reported by the dtype checks with its key
         precision = None
-    offload = f.cpu_offload and device_type != "cpu"
+    offloading = {role: config.offloads(role) for role in ("actor", "critic")}
+    any_offload = f.cpu_offload or any(offloading.values())
+    offload = any_offload and device_type != "cpu"
     own_group = not distributed and ((precision is not None and precision.mixed is not None) or offload)
     sharded = distributed or own_group
     lines: list[str] = []
@@ -58,7 +61,17 @@ def fsdp_launch(config: RunConfig, *, world_size: int, device_type: str, torchru
     if f.cpu_offload:
         lines.append("fsdp.cpu_offload=true: " + ("applied: sharded parameters, gradients and optimizer states live "
                                                   "on the CPU" if offload else "no effect on CPU"))
-    return FsdpLaunch(sharded=sharded, own_group=own_group, lines=lines)
+    for role, on in offloading.items():
+        if getattr(config, role).cpu_offload is not None and on != f.cpu_offload:
+            lines.append(f"{role}.cpu_offload={str(on).lower()}: " + (
+                "no effect on CPU" if device_type == "cpu" else
+                f"the {role}'s sharded parameters, gradients and optimizer states live on the "
+                f"{'CPU' if on else 'GPU'}"))
+        if getattr(config, role).activation_offload:
+            lines.append(f"{role}.activation_offload=true: " + (
+                "no effect on CPU (activations already live in host memory)" if device_type == "cpu" else
+                "applied: the tensors its forward saves for backward wait in pinned host memory"))
+    return FsdpLaunch(sharded=sharded, own_group=own_group, lines=lines, offload=any_offload)
 
 
 def _value(value: object) -> str:

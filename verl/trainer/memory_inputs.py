@@ -13,7 +13,8 @@ from typing import Any
 from verl.config.schema import RunConfig
 from verl.distributed.fsdp import find_decoder_layers
 from verl.distributed.memory import estimate_memory
-from verl.distributed.memory_plan import ModelShape, PlanInputs
+from verl.distributed.memory_plan import ModelShape, PlanInputs, chunks_logits, micro_batch_tokens
+from verl.trainer.fsdp_launch import fsdp_launch
 from verl.trainer.lora_checks import meta_causal_lm
 from verl.utils.dtype import bytes_per_element
 
@@ -69,6 +70,11 @@ def plan_inputs(config: RunConfig, *, mapping: Any, shape: ModelShape, world_siz
                                hybrid_shard_size=config.fsdp.hybrid_shard_size, trainable_counts=trainable)
     actor_ranks = mapping.ranks("actor")
     rows = config.data.train_batch_size * config.rollout.n
+    a = config.actor
+    _, response_tokens = micro_batch_tokens(a.micro_batch_size, a.max_tokens_per_micro_batch,
+                                            config.data.max_prompt_length, config.rollout.max_new_tokens)
+    lora = config.model.lora
+    launch = fsdp_launch(config, world_size=world_size, device_type="cuda", bf16_supported=True)
     return PlanInputs(
         shape=shape, resident=estimate.per_rank[actor_ranks[0]],
         compute_bytes=bytes_per_element(compute, where="fsdp.mixed_precision.param_dtype"),
@@ -77,6 +83,12 @@ def plan_inputs(config: RunConfig, *, mapping: Any, shape: ModelShape, world_siz
         response_len=config.rollout.max_new_tokens, tokens_per_micro_batch=config.actor.max_tokens_per_micro_batch,
         activation_checkpointing=config.fsdp.activation_checkpointing or config.model.gradient_checkpointing,
         cpu_offload=config.fsdp.cpu_offload, engine=config.rollout.engine,
+        offloaded=frozenset(role for role in ("actor", "critic") if getattr(config, role).cpu_offload is True),
+        kept=frozenset(role for role in ("actor", "critic") if getattr(config, role).cpu_offload is False),
+        activation_offload=a.activation_offload, sequence_parallel=a.sequence_parallel_size,
+        chunked_logprobs=chunks_logits(a.chunked_logprobs, response_tokens, shape.vocab),
+        head_trained=not lora.enabled or "lm_head" in (lora.modules_to_save or []), sharded=launch.sharded,
+        padded_mask=config.model.attn_implementation != "flash_attention_2",
         gpu_memory_utilization=vllm_memory_utilization(config), rows_per_rank=-(-rows // len(actor_ranks)))
 
 

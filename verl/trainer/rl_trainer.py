@@ -45,7 +45,7 @@ from verl.trainer.distill import apply_distillation
 from verl.trainer.drift import DriftGuard, combined_moments, drift_moments, judge_drift
 from verl.trainer.dynamic_sampling import accuracy_of, filter_groups
 from verl.trainer.evaluation import Answers, answer_extractor, evaluate_rows, validation_generator
-from verl.trainer.forward import can_share_prompt, logprobs_of, values_of
+from verl.trainer.forward import can_share_prompt, logprobs_of, use_chunked_logprobs, values_of
 from verl.trainer.precision import compute_dtype
 from verl.trainer.python_api import RewardArg, python_run
 from verl.trainer.reward_model import RemoteRewardModel
@@ -101,6 +101,8 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         self.async_rollout = async_rollout_for(config, parts, self.get_batch, self.generate, self.decode_responses)
         self.reward_overlap = RewardOverlap(config.reward.overlap and self.multiturn is None and not config.is_async,
                                             self.env, self.engine, self.decode_responses)  # scoring while generating
+        if self.model is not None:  # actor.chunked_logprobs=true on a head it cannot take: refused now
+            use_chunked_logprobs(config, self.model)
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -341,6 +343,7 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         """Log-probs (and entropy) of `mb`'s response tokens under `model`, sharing prompts when it can."""
         return logprobs_of(model, mb, share=self.shares_prompt(model), temperature=temperature,
                            with_entropy=with_entropy, entropy_grad=entropy_grad,
+                           chunked=use_chunked_logprobs(self.config, model),
                            sp=self.sp.sp if self.sp.splits(model, self.model) else None)
 
     def compute_values(self, batch: RolloutBatch) -> RolloutBatch:

@@ -120,10 +120,10 @@ def setup_process(config: RunConfig, mapping: Any, identity: ProcessIdentity, de
     launch = fsdp_launch(config, world_size=world, device_type=device.type)
     if world > 1 or os.environ.get("TORCHELASTIC_RUN_ID") or launch.own_group:
         if launch.own_group:
-            init_single_process_group(device, config.devices.timeout_s, cpu_collectives=config.fsdp.cpu_offload)
+            init_single_process_group(device, config.devices.timeout_s, cpu_collectives=launch.offload)
         else:
             env = init_distributed(config.devices.timeout_s, use_gpu=config.trainer.device != "cpu",
-                                   cpu_collectives=config.fsdp.cpu_offload)
+                                   cpu_collectives=launch.offload)
             device = env.device if config.trainer.device != "cpu" else torch.device("cpu")
         groups = RoleGroups.create(mapping, timeout_s=config.devices.timeout_s, fsdp=config.fsdp,
                                    num_gpus_per_node=config.devices.num_gpus_per_node, device=device,

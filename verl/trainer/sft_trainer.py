@@ -23,6 +23,7 @@ import torch
 from verl.algorithms import token_logprobs
 from verl.config.schema import RunConfig
 from verl.data.datasets import IGNORE_INDEX, SFTDataset, pad_token_id
+from verl.distributed.offload import activations_offloaded
 from verl.errors import ConfigError, DataError, ModelError
 from verl.models.signature import forward_accepts
 from verl.trainer.offline import OfflineTrainer, Rows
@@ -208,7 +209,8 @@ class SFTTrainer(OfflineTrainer):
         self.optimizer.zero_grad(set_to_none=True)
         nll_sum = 0.0
         for mb in micro:
-            logprobs, _ = target_logprobs(self.model, mb, self.device)
+            with activations_offloaded(cfg.activation_offload, self.device):
+                logprobs, _ = target_logprobs(self.model, mb, self.device)
             nll = -logprobs.sum()
             (nll * scale).backward()
             nll_sum += float(nll.detach())

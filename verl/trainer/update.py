@@ -22,6 +22,7 @@ from verl.algorithms.entropy import AdaptiveEntropyController, masked_quantiles,
 from verl.algorithms.policy_losses import get_policy_loss
 from verl.algorithms.rollout_correction import Correction, rollout_correction
 from verl.config.schema import ActorConfig, CriticConfig, DistillConfig, OptimConfig
+from verl.distributed.offload import activations_offloaded
 from verl.distributed.placement import Placement
 from verl.errors import RolloutError
 from verl.models.dropout import no_grad_eval
@@ -388,7 +389,8 @@ def optimize(
                     mb, weight = micro_batch(mini, groups[i], trim=budget is not None), weights[i]
                 else:  # a rank with fewer (or no) micro-batches: same collectives, zero gradient
                     mb, weight = micro_batch(mini, torch.zeros(1, dtype=torch.long), trim=True), 0.0
-                loss, stats = micro_loss(mb)
+                with activations_offloaded(cfg.activation_offload, placement.device):  # (*.activation_offload)
+                    loss, stats = micro_loss(mb)
                 (loss * weight).backward()
                 if i < len(groups):  # a metric counts each row once, though `replicas` ranks computed it
                     ran.append((stats, weight / replicas, token_weights[i] / replicas))
