@@ -28,6 +28,7 @@ from .estimators import ESTIMATOR_NAMES, ESTIMATORS, AdvantageEstimator, Estimat
 from .kl import K3_CLAMP, KL_KINDS, AdaptiveKLController, FixedKLController, kl_penalty, sequence_kl_sums
 from .logits import entropy_from_logits, token_logprobs, token_logprobs_and_entropy
 from .losses import ppo_policy_loss, value_loss
+from .reward_model import bradley_terry_loss
 
 __all__ = [
     "AGG_MODES",
@@ -43,6 +44,7 @@ __all__ = [
     "AdaptiveKLController",
     "FixedKLController",
     "aggregate_loss",
+    "bradley_terry_loss",
     "compute_gae",
     "compute_grpo_advantages",
     "compute_reinforce_pp_returns",

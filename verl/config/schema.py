@@ -515,6 +515,11 @@ class RewardConfig(Section):
                              "0, counted in reward/timeouts, with the reason in samples.jsonl. Never retried: only "
                              "`remote` retries (its kwargs.retries, on connection errors and 5xx), within this same "
                              "limit, so keep it above kwargs.timeout_s x (retries + 1) plus back-off.")
+    val_functions: list[dict[str, Any]] = Field(
+        default_factory=list, description="Reward functions validation scores with instead of the training reward "
+        "(reward.functions and reward.model_path), e.g. [numeric_match] to measure true held-out accuracy while a "
+        "learned reward model trains the policy. Empty = validation scores as training does. Single-turn only.")
+    _val_specs = field_validator("val_functions", mode="before")(_function_specs)
     overlap: bool = Field(True, description="Start each response's per-sample reward calls as soon as it finishes "
                           "generating, while the rest of the batch is still sampled (single-turn rollouts on verl's "
                           "own engine); the scores are the same as with false (score after generation).")
@@ -551,7 +556,7 @@ class CheckpointConfig(Section):
 
 
 class TrainerConfig(Section):
-    kind: Literal["rl", "dpo", "sft"] = "rl"
+    kind: Literal["rl", "dpo", "sft", "rm"] = "rl"
     total_steps: int = Field(100, gt=0)
     seed: int = 42
     run_dir: str | None = Field(None, description="None = runs/<kind>-<timestamp>.")
@@ -595,6 +600,19 @@ class DPOConfig(Section):
     lr: float = Field(5e-7, gt=0.0)
 
 
+class RMConfig(Section):
+    """`trainer.kind: rm`: a Bradley–Terry reward model on preference pairs (data.kind: preference)."""
+
+    lr: float = Field(1e-5, gt=0.0)
+    center_rewards_coefficient: float = Field(
+        0.0, ge=0.0, description="Adds c x mean((r_chosen + r_rejected)^2) to the loss (TRL's "
+        "center_rewards_coefficient, e.g. 0.01): keeps the rewards centred on 0, which the pairwise loss alone "
+        "leaves free. 0 = off.")
+    export: bool = Field(True, description="At the end of training write <run_dir>/reward_model: a Hugging Face "
+                         "AutoModelForSequenceClassification folder (num_labels=1, LoRA merged) that "
+                         "reward.model_path, TRL and OpenRLHF load.")
+
+
 class SFTConfig(Section):
     packing: bool = False
     lr: float = Field(1e-5, gt=0.0)
@@ -624,6 +642,7 @@ class RunConfig(Section):
     trainer: TrainerConfig = TrainerConfig()
     logging: LoggingConfig = LoggingConfig()
     dpo: DPOConfig = DPOConfig()
+    rm: RMConfig = RMConfig()
     sft: SFTConfig = SFTConfig()
 
     def resolve_path(self, path: str, what: str = "data file") -> str:

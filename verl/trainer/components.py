@@ -109,13 +109,14 @@ def setup_checks(config: RunConfig, identity: ProcessIdentity, device: torch.dev
 
 
 def setup_policy(config: RunConfig, checks: Preflight, *, device: torch.device, dtype: torch.dtype,
-                 given: Given = Given()) -> tuple[torch.nn.Module, Any]:
+                 given: Given = Given(), kind: str = "rl") -> tuple[torch.nn.Module, Any]:
     """The policy and its tokenizer: the one the checks loaded and compared with the model's own (the
-    checks ran this loader on the meta device already, so a problem here is one only weights show)."""
+    checks ran this loader on the meta device already, so a problem here is one only weights show). For
+    `kind="rm"` the model trained is the reward model: the policy's backbone with a score head."""
     if given.model is not None:
-        return given_policy(given.model, given.tokenizer, device, config)
+        return given_policy(given.model, given.tokenizer, device, config, reward_head=kind == "rm")
     model, tokenizer, report = load_policy_with_report(config, checks.model_path, device=device, dtype=dtype,
-                                                       tokenizer=checks.tokenizer)
+                                                       tokenizer=checks.tokenizer, reward_head=kind == "rm")
     report.raise_if_problems()
     return model, tokenizer
 
@@ -257,7 +258,7 @@ def setup_tracker(config: RunConfig, run_dir: Path, process: ProcessSetup, *, re
 
 # ---------------------------------------------------------------------------------------------- the recipe
 def compose(config: RunConfig, *, kind: str, runs_split: bool = False, given: Given = Given()) -> Components:
-    """Build every part of a `kind` run ("rl", "sft", "dpo"), in order; the offline trainers add their
+    """Build every part of a `kind` run ("rl", "sft", "dpo", "rm"), in order; the offline trainers add their
     datasets, reference and optimizer themselves (they depend on the rows, see `OfflineTrainer`)."""
     identity = ProcessIdentity.from_env()
     device = resolve_device(config.trainer.device, identity.local_rank)
@@ -265,7 +266,8 @@ def compose(config: RunConfig, *, kind: str, runs_split: bool = False, given: Gi
         torch.set_num_threads(config.trainer.cpu_threads)
     checks = setup_checks(config, identity, device, kind=kind, runs_split=runs_split, given=given)
     process = setup_process(config, checks.startup.mapping, identity, device)
-    policy, tokenizer = setup_policy(config, checks, device=process.device, dtype=process.dtype, given=given)
+    policy, tokenizer = setup_policy(config, checks, device=process.device, dtype=process.dtype, given=given,
+                                     kind=kind)
     parts = Components(config=config, checks=checks, process=process, tokenizer=tokenizer, policy=policy)
     if kind == "rl":
         compose_rl(parts, given)

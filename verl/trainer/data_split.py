@@ -17,7 +17,7 @@ from verl.data import DataReport, load_rows
 from verl.errors import ConfigError, DataError, VerlError
 
 # The row kind each trainer reads (`trainer.kind` -> data kind).
-DATA_KINDS = {"rl": "prompt", "sft": "sft", "dpo": "preference"}
+DATA_KINDS = {"rl": "prompt", "sft": "sft", "dpo": "preference", "rm": "preference"}
 
 
 def read_rows(config: RunConfig, files: Sequence[str], kind: str, tokenizer: Any = None) -> tuple[list[dict[str, Any]], DataReport]:

@@ -34,6 +34,8 @@ from verl.env import build_env
 from verl.errors import CheckpointError, ConfigError, DataError, ModelError, VerlError
 from verl.models.checks import vocabulary_difference
 from verl.models.hf_loader import load_tokenizer
+from verl.models.reward_model import saved_head_problem
+from verl.models.tiny import is_tiny_spec
 from verl.rewards import RewardManager
 from verl.trainer.data_split import DATA_KINDS, DataSplit, canonical_rows, split_train_val
 from verl.trainer.models import load_policy_with_report, resolve_model_path, tokenizer_mismatch_message
@@ -142,6 +144,7 @@ def preflight(config: RunConfig, *, world_size: int, device_type: str, kind: str
     else:
         _tokenizer_pass(pf, given)
         _frozen_tokenizers_pass(pf)
+        _reward_model_pass(pf)
         if check_model and not pf.problems:
             _model_pass(pf, given, torch.device(device_type), run_dtype(config.model.dtype, device_type))
     _data_pass(pf, given)
@@ -228,6 +231,17 @@ def _frozen_tokenizers_pass(pf: Preflight) -> None:
             pf.add("model", ModelError(tokenizer_mismatch_message(key, path, config.model.path, mismatch)))
 
 
+def _reward_model_pass(pf: Preflight) -> None:
+    """A `reward.model_path` folder whose weights hold no score head would score noise: refused from the
+    safetensors' names alone, before anything loads (the loader refuses it too, for other weight formats)."""
+    path = pf.config.reward.model_path
+    if pf.kind != "rl" or not path or is_tiny_spec(path):
+        return
+    problem = saved_head_problem(path)  # read as the scorer loads it: a folder here, else a hub id
+    if problem is not None:
+        pf.add("model", ModelError(problem))
+
+
 def _batch_pass(pf: Preflight) -> None:
     """At least one full batch of training rows: RL draws `data.train_batch_size` distinct prompts per
     step; SFT/DPO batches run across epoch ends, so a larger batch only repeats rows (a warning)."""
@@ -242,7 +256,7 @@ def _batch_pass(pf: Preflight) -> None:
         "data.train_batch_size", config.data.train_batch_size)
     if rows >= size:
         return
-    what = {"rl": "prompts", "sft": "examples", "dpo": "preference pairs"}[pf.kind]
+    what = {"rl": "prompts", "sft": "examples", "dpo": "preference pairs", "rm": "preference pairs"}[pf.kind]
     files = ", ".join(config.data.train_files) or "the training rows"
     text = (f"{key}={size} {what} per step, but {files} has only {rows} training {what} after the data checks"
             f"{' and data.val_size' if config.data.val_size and not config.data.val_files else ''}")
@@ -274,7 +288,8 @@ def _model_pass(pf: Preflight, given: Given, device: torch.device, dtype: torch.
         return  # a model object passed in is checked as it is handed over; no tokenizer: reported above
     try:
         _, _, pf.model_report = load_policy_with_report(pf.config, pf.model_path, device=device, dtype=dtype,
-                                                        tokenizer=pf.tokenizer, weights=False)
+                                                        tokenizer=pf.tokenizer, weights=False,
+                                                        reward_head=pf.kind == "rm")
     except VerlError as exc:
         pf.add("model", exc)
         return
