@@ -603,7 +603,8 @@ class DPOConfig(Section):
 class RMConfig(Section):
     """`trainer.kind: rm`: a Bradley–Terry reward model on preference pairs (data.kind: preference)."""
 
-    lr: float = Field(1e-5, gt=0.0)
+    lr: float = Field(1e-5, gt=0.0, description="Learning rate of the reward model (backbone and score head); "
+                      "schedule, warm-up, weight decay and grad clipping come from actor.*.")
     center_rewards_coefficient: float = Field(
         0.0, ge=0.0, description="Adds c x mean((r_chosen + r_rejected)^2) to the loss (TRL's "
         "center_rewards_coefficient, e.g. 0.01): keeps the rewards centred on 0, which the pairwise loss alone "

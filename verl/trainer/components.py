@@ -48,7 +48,7 @@ from verl.trainer.models import (
     with_cpu_matmul,
 )
 from verl.trainer.optim import build_optimizer
-from verl.trainer.preflight import Given, Preflight, preflight
+from verl.trainer.preflight import Given, Preflight, preflight, validation_rewards
 from verl.trainer.reward_model import RewardModelFunction
 from verl.trainer.setup import ProcessIdentity, ProcessSetup, frozen_dtype, resolve_device, setup_process
 from verl.trainer.startup import check_env_options
@@ -81,6 +81,7 @@ class Components:
     critic: torch.nn.Module | None = None
     reward_scorer: RewardModelScorer | None = None  # a reward model on ranks of its own
     reward_tokenizer: Any = None  # ... and the tokenizer the actor ranks encode its inputs with
+    val_rewards: Any = None  # `reward.val_functions`: what validation scores with instead of the training reward
     actor_optim: Optimizer | None = None
     critic_optim: Optimizer | None = None
     engine: RolloutEngine | None = None
@@ -288,6 +289,7 @@ def compose_rl(parts: Components, given: Given) -> None:
     configure_rewards(parts.env, workers=config.reward.workers, timeout_s=config.reward.timeout_s)  # the pool
     for problem in check_env_options(config, parts.env, parts.tokenizer):  # an environment passed in, or one with a reward model
         raise problem
+    parts.val_rewards = validation_rewards(config, parts.env)
     if config.needs_ref and "ref" in roles:
         parts.reference = setup_reference(config, parts.policy, parts.tokenizer, process)
     if config.needs_teacher and "teacher" in roles:

@@ -12,10 +12,10 @@ from typing import Any
 import torch
 
 from verl.config.schema import RunConfig
+from verl.data.datasets import pad_token_id
 from verl.errors import ModelError
 from verl.models.checks import LoadReport, vocabulary_difference
 from verl.models.hf_loader import CONFIG_KEYS, load_hf_model, load_hf_model_with_report
-from verl.data.datasets import pad_token_id
 from verl.models.lora import AdapterOff, apply_lora, is_peft_model
 from verl.models.reward_model import reward_model_from_causal_lm
 from verl.models.tiny import build_from_spec, is_tiny_spec

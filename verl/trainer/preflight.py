@@ -31,7 +31,8 @@ from verl.checkpoint.manager import stale_latest
 from verl.config.schema import RunConfig
 from verl.data.tool_template import chat_template_text
 from verl.env import build_env
-from verl.errors import CheckpointError, ConfigError, DataError, ModelError, VerlError
+from verl.env.base import check_ground_truths
+from verl.errors import CheckpointError, ConfigError, DataError, ModelError, RewardError, VerlError
 from verl.models.checks import vocabulary_difference
 from verl.models.hf_loader import load_tokenizer
 from verl.models.reward_model import saved_head_problem
@@ -321,12 +322,33 @@ def _data_pass(pf: Preflight, given: Given) -> None:
         pf.add("data", exc)
 
 
+def validation_rewards(config: RunConfig, env: Any) -> RewardManager | None:
+    """`reward.val_functions` as the reward manager validation scores with (None: as training scores), checked
+    against the environment's held-out rows (a function that needs a ground truth a row lacks, file:line)."""
+    if not config.reward.val_functions:
+        return None
+    r = config.reward
+    manager = RewardManager(r.val_functions, base_dir=config._source_dir, workers=r.workers, timeout_s=r.timeout_s)
+    if env is not None and callable(getattr(env, "val_rows", None)):
+        rows = env.val_rows()
+        try:
+            manager.check_data_sources([row.get("data_source") for row in rows])
+        except RewardError as exc:
+            raise RewardError(f"reward.val_functions: val data: {exc}") from None
+        check_ground_truths(manager, rows, "val")
+    return manager
+
+
 def _env_pass(pf: Preflight, given: Given) -> None:
     """Build the environment when no weights are needed for it (a local reward model is one more reward
     function: `components.setup_env` builds that environment once the model is loaded)."""
     config = pf.config
     if pf.kind != "rl" or given.env is not None:
         return
+    try:
+        validation_rewards(config, None)  # the functions load; the rows are checked once the env is built
+    except VerlError as exc:
+        pf.add("rewards", exc)
     common = {"base_dir": config._source_dir, "seed": config.trainer.seed, "shuffle": config.data.shuffle}
     functions = list(given.reward_functions) if given.reward_functions is not None else config.reward.functions
     if config.env.name is not None:
@@ -353,4 +375,4 @@ def _env_pass(pf: Preflight, given: Given) -> None:
         pf.add("environment", exc)
 
 
-__all__ = ["Given", "Preflight", "Problem", "preflight"]
+__all__ = ["Given", "Preflight", "Problem", "preflight", "validation_rewards"]

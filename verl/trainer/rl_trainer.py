@@ -93,6 +93,10 @@ class RLTrainer(TrainerRuntime):
         self.kl_ctrl, self.drift_guard = kl_controller(config.algorithm), DriftGuard()  # the guard's calibration
         self.entropy_ctrl = update.entropy_controller(config.actor)  # None: the fixed actor.entropy_coef
         self.async_rollout = async_rollout_for(config, parts, self.get_batch, self.generate, self.decode_responses)
+        self.val_rewards = parts.val_rewards  # `reward.val_functions`, or None: validation scores as training does
+        if self.val_rewards is not None and self.multiturn is not None:
+            raise ConfigError("reward.val_functions scores single responses, but this environment runs multi-turn "
+                              "episodes that it scores itself. Fix: remove reward.val_functions")
         self.reward_overlap = RewardOverlap(config.reward.overlap and self.multiturn is None and not config.is_async,
                                             self.env, self.engine, self.decode_responses)  # scoring while generating
 
@@ -438,7 +442,8 @@ class RLTrainer(TrainerRuntime):
     def evaluate(self, rows: Sequence[Mapping[str, Any]], prefix: str = "val",
                  samples: list[dict[str, Any]] | None = None) -> dict[str, float]:
         """Mean score (and accuracy, for 0/1 rewards) of `rollout.val_n` answers per row, sampled as validation
-        samples them (`evaluation.evaluate_rows`: every actor rank calls this with the same rows). With
+        samples them (`evaluation.evaluate_rows`: every actor rank calls this with the same rows), scored by
+        `reward.val_functions` when set, else as training scores. With
         `samples`, up to `trainer.log_samples` of {prompt, response, score, ground_truth} go into it."""
         if not rows:
             return {}
@@ -457,8 +462,11 @@ class RLTrainer(TrainerRuntime):
             with ready_to_sample(self.engine, self.model, self.gathered):
                 out = self.engine.generate(ids.to(self.device), mask.to(self.device), params, generator=generator)
             responses = self.decode_responses(out.response_ids, out.response_mask)
-            result = self.score_responses([row for row in chunk for _ in range(n)], responses, out.response_ids,
-                                          out.response_mask)
+            rows = [row for row in chunk for _ in range(n)]
+            result = (self.score_responses(rows, responses, out.response_ids, out.response_mask)
+                      if self.val_rewards is None else self.val_rewards.score(
+                          [r.get("prompt") for r in rows], responses, [r.get("ground_truth") for r in rows],
+                          [r.get("metadata") or {} for r in rows], [r.get("data_source") for r in rows]))
             return Answers(result.scores, responses, extras=list(result.extras))
 
         return evaluate_rows(rows, answer, n=n, chunk_size=self.config.data.val_batch_size, dp_rank=self.dp_rank,
