@@ -575,11 +575,12 @@ class TrainerConfig(Section):
         "auto", description="Library for float32 linear layers on CPU: auto = the faster of the two on this host, "
         "measured once and kept in $VERL_CACHE_DIR/cpu_matmul (oneDNN on AMD, where MKL takes a generic path, "
         "~2x slower); aten | onednn force one (verl.utils.cpu_matmul; benchmarks/cpu_matmul.py times both).")
-    demo: Literal["arithmetic", "tool", "agent"] | None = Field(
+    demo: Literal["arithmetic", "tool", "agent", "rlhf"] | None = Field(
         None, description="`verl train` runs this config as a demo: a supervised warm start, then RL, held-out "
         "accuracy before and after, summary.json. arithmetic = the built-in demo (env arithmetic), tool = the "
         "calculator tool demo (env calculator), agent = OpenAI-client agent code calling a calculator through "
-        "the trainer's endpoint (env calculator + env.agent).")
+        "the trainer's endpoint (env calculator + env.agent), rlhf = SFT, then a reward model on preferences "
+        "(trainer.kind: rm), then RL on that reward model alone (env arithmetic).")
 
 
 class LoggingConfig(Section):
