@@ -508,6 +508,8 @@ class RewardConfig(Section):
     _home = field_validator("model_path", mode="before")(_home)
     model_dtype: str | None = None
     model_weight: float = 1.0
+    model_batch_size: int = Field(16, gt=0, description="Sequences per reward-model forward (reward.model_path); "
+                                  "a small reward model scores a whole step's responses faster in one batch.")
     workers: int = Field(4, ge=1, description="Reward calls running at once, on threads (a per-sample function is one "
                          "call per sample; a batched or TRL-style function, a reward model or `remote` one call per "
                          "batch): slow rewards (code execution, HTTP) overlap instead of running one after another.")

@@ -39,9 +39,10 @@ from verl.tracking.console import ConsoleReporter, format_points
 # Answers the SFT policy samples per training problem (temperature 1) to find its wrong answers: the
 # rejected side of the preference pairs, so the reward model learns on the mistakes RL will meet.
 SAMPLES_PER_PROBLEM = 8
-# The reward model's budget: optimizer steps of RM_BATCH_SIZE pairs (learning rate: rm.lr).
-RM_STEPS = 800
-RM_BATCH_SIZE = 64
+# The reward model's budget: optimizer steps of RM_BATCH_SIZE pairs, each step one forward (learning rate
+# rm.lr, schedule and warm-up actor.*). Large batches at a high rate fit the pairs fastest on a CPU.
+RM_STEPS = 600
+RM_BATCH_SIZE = 256
 
 
 def policy_answers(trainer: RLTrainer, rows: list[dict[str, Any]], n: int, seed: int) -> list[list[str]]:
@@ -119,6 +120,7 @@ def run_rlhf_demo(config: RunConfig) -> dict[str, Any]:
                                                      "total_steps": RM_STEPS, "val_every": 0,
                                                      "val_before_train": True}),
         "data": config.data.model_copy(update={"train_batch_size": RM_BATCH_SIZE}),
+        "actor": config.actor.model_copy(update={"micro_batch_size": 2 * RM_BATCH_SIZE}),
         "reward": warm_reward})
     rm = RMTrainer(rm_config, model=_copy(trainer.model), tokenizer=trainer.tokenizer, train_rows=train_pairs,
                    val_rows=val_pairs)

@@ -126,7 +126,8 @@ def setup_reward_model(config: RunConfig, process: ProcessSetup) -> RewardModelS
     """`reward.model_path` as a scorer on this rank's device, in its own dtype."""
     r = config.reward
     scorer = RewardModelScorer(r.model_path, dtype=frozen_dtype(config, process.device.type, r.model_dtype),
-                               device=process.device, trust_remote_code=config.model.trust_remote_code)
+                               device=process.device, trust_remote_code=config.model.trust_remote_code,
+                               batch_size=r.model_batch_size)
     with_cpu_matmul(config, scorer.model)
     return scorer
 

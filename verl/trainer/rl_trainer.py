@@ -463,11 +463,18 @@ class RLTrainer(TrainerRuntime):
                 out = self.engine.generate(ids.to(self.device), mask.to(self.device), params, generator=generator)
             responses = self.decode_responses(out.response_ids, out.response_mask)
             rows = [row for row in chunk for _ in range(n)]
-            result = (self.score_responses(rows, responses, out.response_ids, out.response_mask)
-                      if self.val_rewards is None else self.val_rewards.score(
-                          [r.get("prompt") for r in rows], responses, [r.get("ground_truth") for r in rows],
-                          [r.get("metadata") or {} for r in rows], [r.get("data_source") for r in rows]))
-            return Answers(result.scores, responses, extras=list(result.extras))
+            result = self.score_responses(rows, responses, out.response_ids, out.response_mask)
+            if self.val_rewards is None:
+                return Answers(result.scores, responses, extras=list(result.extras))
+            # reward.val_functions score; the training reward is kept next to it (metric and each sample), so a
+            # policy that pleases its reward model without being right shows in the logs (reward hacking).
+            truth = self.val_rewards.score([r.get("prompt") for r in rows], responses,
+                                           [r.get("ground_truth") for r in rows],
+                                           [r.get("metadata") or {} for r in rows], [r.get("data_source") for r in rows])
+            trained = result.scores.float().cpu()
+            return Answers(truth.scores, responses, extras=[{**x, "training_reward": float(t)} for x, t in
+                                                            zip(truth.extras, trained.tolist(), strict=True)],
+                           episode_metrics={"training_reward": float(trained.mean())})
 
         return evaluate_rows(rows, answer, n=n, chunk_size=self.config.data.val_batch_size, dp_rank=self.dp_rank,
                              dp_size=self.dp_size, all_reduce_sum=functools.partial(self.placement.all_reduce_sum,
