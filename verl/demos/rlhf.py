@@ -22,7 +22,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
 import torch
 from rich.console import Console
 
@@ -32,13 +31,17 @@ from verl.errors import ConfigError
 from verl.rewards.builtin import extract_number
 from verl.rollout import SamplingParams
 from verl.rollout.weight_sync import ready_to_sample
+from verl.tracking.console import ConsoleReporter, format_points
 from verl.trainer.rl_trainer import RLTrainer
 from verl.trainer.rm_trainer import RMTrainer
-from verl.tracking.console import ConsoleReporter, format_points
 
 # Answers the SFT policy samples per training problem (temperature 1) to find its wrong answers: the
 # rejected side of the preference pairs, so the reward model learns on the mistakes RL will meet.
 SAMPLES_PER_PROBLEM = 8
+# Wrong answers every problem gets as well as the policy's own: a reward model that only saw the SFT policy's
+# mistakes (mostly the units digit) did not learn to check the tens digit, and GRPO then drifted to sums off
+# by ten that it scored as high as the right ones (docs/demos.md).
+NEAR_MISSES = (-10, -1, 1, 10)
 # The reward model's budget: optimizer steps of RM_BATCH_SIZE pairs, each step one forward (learning rate
 # rm.lr, schedule and warm-up actor.*). Large batches at a high rate fit the pairs fastest on a CPU.
 RM_STEPS = 600
@@ -62,23 +65,25 @@ def policy_answers(trainer: RLTrainer, rows: list[dict[str, Any]], n: int, seed:
     return out
 
 
-def preference_pairs(rows: list[dict[str, Any]], answers: list[list[str]], seed: int) -> list[dict[str, Any]]:
-    """(prompt, correct answer, wrong answer) pairs: every distinct wrong answer the policy gave, and for a
-    problem it always got right, one near miss (the sum +-1..3), so that every problem teaches the sum."""
-    rng = np.random.default_rng([seed, 31])
+def preference_pairs(rows: list[dict[str, Any]], answers: list[list[str]]) -> list[dict[str, Any]]:
+    """(prompt, correct answer, wrong answer) pairs: every distinct wrong answer the policy gave, and the near
+    misses `NEAR_MISSES` away from the sum (a wrong units digit, a wrong tens digit), so that the reward model
+    must check every digit and not only the ones the SFT policy tends to get wrong."""
     pairs = []
     for row, texts in zip(rows, answers, strict=True):
         truth = row["ground_truth"]
         value = extract_number(truth)
-        wrong = sorted({t for t in texts if t.strip() and extract_number(t) != value and t != truth})
-        if not wrong and value is not None:
-            miss = int(value) + int(rng.choice([-3, -2, -1, 1, 2, 3]))
-            wrong = [str(miss if miss >= 0 else int(value) + 1)]
-        pairs += [{"prompt": row["prompt"], "chosen": truth, "rejected": w} for w in wrong]
+        wrong = {t for t in texts if t.strip() and extract_number(t) != value}
+        if value is not None:
+            wrong |= {str(int(value) + d) for d in NEAR_MISSES if int(value) + d >= 0}
+        pairs += [{"prompt": row["prompt"], "chosen": truth, "rejected": w} for w in sorted(wrong)]
     return pairs
 
 
-def run_rlhf_demo(config: RunConfig) -> dict[str, Any]:
+def run_rlhf_demo(config: RunConfig, *, rm_steps: int = RM_STEPS, rm_batch_size: int = RM_BATCH_SIZE,
+                  samples_per_problem: int = SAMPLES_PER_PROBLEM, quiet: bool = False) -> dict[str, Any]:
+    """The three stages on `config` (`examples/rlhf_pipeline.yaml`); the keyword arguments shrink the reward
+    model's stage for tests. Returns (and writes to `<run_dir>/summary.json`) the before/after accuracies."""
     start = time.perf_counter()
     if config.reward.functions:
         raise ConfigError("the RLHF demo trains on the reward model alone, but reward.functions="
@@ -91,13 +96,13 @@ def run_rlhf_demo(config: RunConfig) -> dict[str, Any]:
     if not callable(getattr(env, "sft_pairs", None)):
         raise ConfigError(f"trainer.demo=rlhf builds its preferences from the arithmetic environment's problems; "
                           f"{type(env).__name__} has none. Use env.name: arithmetic")
-    console = Console(quiet=trainer.rank != 0)
+    console = Console(quiet=quiet or trainer.rank != 0)
     console.print(f"[bold]verl RLHF demo[/]: tiny {trainer.model.config.model_type} model, {len(env)} arithmetic "
                   f"problems, {len(env.val_rows())} held out: SFT -> reward model -> GRPO on the reward model")
     # 1. SFT warm start
     t0 = time.perf_counter()
     max_sft = config.sft.steps or 1500
-    warm = ConsoleReporter(max_sft, label="1/3 SFT step", enabled=trainer.rank == 0)
+    warm = ConsoleReporter(max_sft, label="1/3 SFT step", enabled=trainer.rank == 0 and not quiet)
     warm.start(0)
     try:
         sft_steps, train_acc, _ = warm_start_until(trainer, SFT_TARGET_ACCURACY, max_sft, progress=warm)
@@ -110,17 +115,16 @@ def run_rlhf_demo(config: RunConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     rows = [{"prompt": prompt, "ground_truth": answer} for prompt, answer in env.sft_pairs()]
     held_out = [{"prompt": r["prompt"], "ground_truth": r["ground_truth"]} for r in env.val_rows()]
-    train_pairs = preference_pairs(rows, policy_answers(trainer, rows, SAMPLES_PER_PROBLEM, config.trainer.seed),
-                                   config.trainer.seed)
+    train_pairs = preference_pairs(rows, policy_answers(trainer, rows, samples_per_problem, config.trainer.seed))
     # Pairs on the held-out problems only measure the reward model (nothing trains or stops on them).
-    val_pairs = preference_pairs(held_out, policy_answers(trainer, held_out, SAMPLES_PER_PROBLEM,
-                                                          config.trainer.seed + 1), config.trainer.seed)
+    val_pairs = preference_pairs(held_out, policy_answers(trainer, held_out, samples_per_problem,
+                                                          config.trainer.seed + 1))
     rm_config = config.model_copy(update={
         "trainer": config.trainer.model_copy(update={"kind": "rm", "demo": None, "run_dir": str(run_dir / "rm"),
-                                                     "total_steps": RM_STEPS, "val_every": 0,
+                                                     "total_steps": rm_steps, "val_every": 0,
                                                      "val_before_train": True}),
-        "data": config.data.model_copy(update={"train_batch_size": RM_BATCH_SIZE}),
-        "actor": config.actor.model_copy(update={"micro_batch_size": 2 * RM_BATCH_SIZE}),
+        "data": config.data.model_copy(update={"train_batch_size": rm_batch_size}),
+        "actor": config.actor.model_copy(update={"micro_batch_size": 2 * rm_batch_size}),
         "reward": warm_reward})
     rm = RMTrainer(rm_config, model=_copy(trainer.model), tokenizer=trainer.tokenizer, train_rows=train_pairs,
                    val_rows=val_pairs)
@@ -128,9 +132,8 @@ def run_rlhf_demo(config: RunConfig) -> dict[str, Any]:
     rm_path = rm.export_dir
     rm_val = [h for h in rm_history if "val/accuracy" in h]
     rm_seconds = time.perf_counter() - t0
-    console.print(f"2/3 reward model: {len(train_pairs)} pairs, held-out pair accuracy "
-                  f"{rm_val[0]['val/accuracy']:.0%} -> {rm_val[-1]['val/accuracy']:.0%} ({rm_seconds:.0f}s); "
-                  f"exported to {rm_path}")
+    console.print(f"2/3 reward model: {rm_steps} steps on {len(train_pairs)} pairs, accuracy on held-out problems' "
+                  f"pairs {rm_val[-1]['val/accuracy']:.1%} ({rm_seconds:.0f}s); exported to {rm_path}")
     del rm
     # 3. GRPO whose only reward is the reward model; validation measures the true accuracy
     t0 = time.perf_counter()

@@ -178,16 +178,21 @@ class RewardModelScorer:
         return sequence_scores(self.model, input_ids.to(self.device), attention_mask.to(self.device)).float().cpu()
 
     def score_texts(self, texts: list[str]) -> torch.Tensor:
-        """Scores ``[len(texts)]`` for full texts (prompt + response, already formatted)."""
+        """Scores ``[len(texts)]`` for full texts (prompt + response, already formatted). A text that occurs
+        several times (a group's samples often agree) is scored once."""
         if self.tokenizer is None:
             raise ModelError("score_texts needs a tokenizer: pass one to RewardModelScorer(model, tokenizer).")
+        unique = list(dict.fromkeys(texts))
         scores = []
-        for start in range(0, len(texts), self.batch_size):
-            batch = self.tokenizer(texts[start:start + self.batch_size], return_tensors="pt", padding=True,
+        for start in range(0, len(unique), self.batch_size):
+            batch = self.tokenizer(unique[start:start + self.batch_size], return_tensors="pt", padding=True,
                                    truncation=self.max_length is not None, max_length=self.max_length,
                                    add_special_tokens=False)
             scores.append(self.score_ids(batch["input_ids"], batch["attention_mask"]))
-        return torch.cat(scores) if scores else torch.zeros(0)
+        if not scores:
+            return torch.zeros(0)
+        of = {text: i for i, text in enumerate(unique)}
+        return torch.cat(scores)[torch.tensor([of[t] for t in texts], dtype=torch.long)]
 
     def __call__(self, texts: list[str]) -> torch.Tensor:
         return self.score_texts(texts)

@@ -328,7 +328,8 @@ def validation_rewards(config: RunConfig, env: Any) -> RewardManager | None:
     if not config.reward.val_functions:
         return None
     r = config.reward
-    manager = RewardManager(r.val_functions, base_dir=config._source_dir, workers=r.workers, timeout_s=r.timeout_s)
+    manager = RewardManager(r.val_functions, base_dir=config._source_dir, workers=r.workers, timeout_s=r.timeout_s,
+                            key="reward.val_functions")
     if env is not None and callable(getattr(env, "val_rows", None)):
         rows = env.val_rows()
         try:

@@ -109,8 +109,7 @@ class RMTrainer(PairTrainer):
         if self.rank == 0:
             if target.exists() and (target / "config.json").is_file() and out is None:
                 shutil.rmtree(target)  # our own earlier export (a resumed run, a second fit)
-            export_hf(root / name, target)
-            self.tokenizer.save_pretrained(str(target))  # with the pad token the score position is read by
+            export_hf(root / name, target)  # the checkpoint's hf/ holds the classifier's config and the tokenizer
         dist = torch.distributed
         if self.world_size > 1 and dist.is_available() and dist.is_initialized():
             dist.barrier()  # no rank goes on before the folder exists
