@@ -4,8 +4,8 @@ import pytest
 from rl_support import digit_reward, rl_config  # pytest puts this folder on sys.path
 
 from verl.errors import ModelError, VerlError
-from verl.rewards import RewardManager
 from verl.models.tiny import build_tiny_reward_model
+from verl.rewards import RewardManager
 from verl.trainer.rl_trainer import RLTrainer
 
 

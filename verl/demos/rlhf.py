@@ -7,14 +7,15 @@ built-in demo's (`47+8=` -> `55`). The three stages of classic RLHF, each with v
    does not train on reaches `SFT_TARGET_ACCURACY`, as in the arithmetic demo;
 2. a reward model (`RMTrainer`, `trainer.kind: rm`) started from the SFT model, on synthetic preferences
    built from the training problems: the correct sum preferred to answers the SFT policy itself samples
-   when they are wrong (the labeller is the ground truth here, a person in real RLHF), exported as an
-   `AutoModelForSequenceClassification` folder;
+   when they are wrong and to near misses (the labeller is the ground truth here, a person in real RLHF),
+   exported as an `AutoModelForSequenceClassification` folder;
 3. GRPO (`RLTrainer`) whose only reward is that folder (`reward.model_path`): no rule scores a training
    sample. Validation scores with `reward.val_functions` (numeric_match), so the held-out accuracy before
    and after RL is the true one, not the reward model's opinion.
 
-`summary.json` holds the accuracies, the reward model's held-out pair accuracy and the stage times;
-`samples.jsonl` the validation answers (with the KL term off, look there for reward hacking: docs/demos.md).
+`summary.json` holds the accuracies, the reward model's pair accuracy on held-out problems and the stage times;
+`samples.jsonl` the validation answers with the reward model's score of each (`training_reward`): with the KL
+term off, look there for reward hacking (docs/demos.md).
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ from verl.trainer.rl_trainer import RLTrainer
 from verl.trainer.rm_trainer import RMTrainer
 
 # Answers the SFT policy samples per training problem (temperature 1) to find its wrong answers: the
-# rejected side of the preference pairs, so the reward model learns on the mistakes RL will meet.
-SAMPLES_PER_PROBLEM = 8
+# rejected side of the preference pairs, so the reward model learns on the mistakes RL will meet. Many and
+# varied wrong answers per problem make it learn to check a sum rather than to recall a few: with 8 samples
+# it fitted its own training pairs far worse than with 32.
+SAMPLES_PER_PROBLEM = 32
 # Wrong answers every problem gets as well as the policy's own: a reward model that only saw the SFT policy's
 # mistakes (mostly the units digit) did not learn to check the tens digit, and GRPO then drifted to sums off
 # by ten that it scored as high as the right ones (docs/demos.md).

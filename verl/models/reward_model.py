@@ -58,17 +58,22 @@ def sequence_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
     output ``[B, T, 1]`` is taken from there, not transformers' pooled logits (see the module docstring).
     Positions count real tokens only, so left and right padding give the same scores."""
     last = last_token_index(attention_mask)
-    out: dict[str, torch.Tensor] = {}
-    with _captured(score_head(model), out):
-        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask),
-              use_cache=False)
-    per_token = out.get("output")
+    captured: dict[str, torch.Tensor] = {}
+    with _captured(score_head(model), captured):
+        out = model(input_ids=input_ids, attention_mask=attention_mask,
+                    position_ids=position_ids_from_mask(attention_mask), use_cache=False)
+    per_token = captured.get("output")
     if per_token is None or per_token.dim() != 3:
         shape = None if per_token is None else tuple(per_token.shape)
         raise ModelError(f"{type(model).__name__}: its score head gave {shape}, not one score per token [B, T, 1]; "
                          "a reward model must be a decoder *ForSequenceClassification model")
     rows = torch.arange(per_token.shape[0], device=per_token.device)
-    return per_token[rows, last.to(per_token.device), 0]
+    scores = per_token[rows, last.to(per_token.device), 0]
+    if scores.requires_grad:
+        # FSDP2 gathers the root module's weights (the head among them) for backward from a hook on the tensors the
+        # root returns; the scores come from inside the forward, so the returned logits join the graph, adding 0.
+        scores = scores + 0.0 * out.logits.sum()
+    return scores
 
 
 def reward_model_from_causal_lm(causal_lm: nn.Module, pad_token_id: int) -> nn.Module:
