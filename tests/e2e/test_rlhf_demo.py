@@ -15,7 +15,7 @@ def test_rlhf_demo_trains_on_the_reward_model_alone(tmp_path):
     config = load_config("examples/rlhf_pipeline.yaml", [
         f"trainer.run_dir={tmp_path}", "trainer.total_steps=2", "trainer.val_every=0", "sft.steps=20",
         "env.kwargs.max_operand=19", "env.kwargs.num_val=16", "data.train_batch_size=4", "rollout.n=4",
-        "data.val_batch_size=16", "logging.backends=[jsonl]"])
+        "data.val_batch_size=16", "actor.mini_batch_size=4", "logging.backends=[jsonl]"])
     summary = run_rlhf_demo(config, rm_steps=3, rm_batch_size=16, samples_per_problem=2, quiet=True)
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert saved == json.loads(json.dumps(summary))

@@ -20,12 +20,14 @@ term off, look there for reward hacking (docs/demos.md).
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
 import torch
 from rich.console import Console
 
+from verl.config import load_config
 from verl.config.schema import RunConfig
 from verl.demos.arithmetic import SFT_TARGET_ACCURACY, warm_start_until
 from verl.errors import ConfigError
@@ -68,9 +70,10 @@ def policy_answers(trainer: RLTrainer, rows: list[dict[str, Any]], n: int, seed:
     return out
 
 
-def preference_pairs(rows: list[dict[str, Any]], answers: list[list[str]]) -> list[dict[str, Any]]:
+def preference_pairs(rows: list[dict[str, Any]], answers: list[list[str]],
+                     near_misses: tuple[int, ...] = NEAR_MISSES) -> list[dict[str, Any]]:
     """(prompt, correct answer, wrong answer) pairs: every distinct wrong answer the policy gave, and the near
-    misses `NEAR_MISSES` away from the sum (a wrong units digit, a wrong tens digit), so that the reward model
+    misses `near_misses` away from the sum (a wrong units digit, a wrong tens digit), so that the reward model
     must check every digit and not only the ones the SFT policy tends to get wrong."""
     pairs = []
     for row, texts in zip(rows, answers, strict=True):
@@ -78,15 +81,18 @@ def preference_pairs(rows: list[dict[str, Any]], answers: list[list[str]]) -> li
         value = extract_number(truth)
         wrong = {t for t in texts if t.strip() and extract_number(t) != value}
         if value is not None:
-            wrong |= {str(int(value) + d) for d in NEAR_MISSES if int(value) + d >= 0}
+            wrong |= {str(int(value) + d) for d in near_misses if int(value) + d >= 0}
         pairs += [{"prompt": row["prompt"], "chosen": truth, "rejected": w} for w in sorted(wrong)]
     return pairs
 
 
 def run_rlhf_demo(config: RunConfig, *, rm_steps: int = RM_STEPS, rm_batch_size: int = RM_BATCH_SIZE,
-                  samples_per_problem: int = SAMPLES_PER_PROBLEM, quiet: bool = False) -> dict[str, Any]:
+                  samples_per_problem: int = SAMPLES_PER_PROBLEM, near_misses: tuple[int, ...] = NEAR_MISSES,
+                  quiet: bool = False) -> dict[str, Any]:
     """The three stages on `config` (`examples/rlhf_pipeline.yaml`); the keyword arguments shrink the reward
-    model's stage for tests. Returns (and writes to `<run_dir>/summary.json`) the before/after accuracies."""
+    model's stage for tests, or (`near_misses=()`) train it on the SFT policy's own mistakes only, the reward
+    model whose blind spot GRPO exploits (benchmarks/rlhf_seeds.py). Returns (and writes to
+    `<run_dir>/summary.json`) the before/after accuracies."""
     start = time.perf_counter()
     if config.reward.functions:
         raise ConfigError("the RLHF demo trains on the reward model alone, but reward.functions="
@@ -118,10 +124,11 @@ def run_rlhf_demo(config: RunConfig, *, rm_steps: int = RM_STEPS, rm_batch_size:
     t0 = time.perf_counter()
     rows = [{"prompt": prompt, "ground_truth": answer} for prompt, answer in env.sft_pairs()]
     held_out = [{"prompt": r["prompt"], "ground_truth": r["ground_truth"]} for r in env.val_rows()]
-    train_pairs = preference_pairs(rows, policy_answers(trainer, rows, samples_per_problem, config.trainer.seed))
+    train_pairs = preference_pairs(rows, policy_answers(trainer, rows, samples_per_problem, config.trainer.seed),
+                                   near_misses)
     # Pairs on the held-out problems only measure the reward model (nothing trains or stops on them).
     val_pairs = preference_pairs(held_out, policy_answers(trainer, held_out, samples_per_problem,
-                                                          config.trainer.seed + 1))
+                                                          config.trainer.seed + 1), NEAR_MISSES)
     rm_config = config.model_copy(update={
         "trainer": config.trainer.model_copy(update={"kind": "rm", "demo": None, "run_dir": str(run_dir / "rm"),
                                                      "total_steps": rm_steps, "val_every": 0,
@@ -154,7 +161,7 @@ def run_rlhf_demo(config: RunConfig, *, rm_steps: int = RM_STEPS, rm_batch_size:
         "accuracy_after_sft": before, "accuracy_after_rl": after, "accuracy_gain": after - before,
         "rm_pair_accuracy": rm_val[-1]["val/accuracy"], "rm_pairs": len(train_pairs),
         "rm_reward_first_step": rewards[0] if rewards else None, "rm_reward_last_step": rewards[-1] if rewards else None,
-        "kl_loss_coef": config.actor.kl_loss_coef, "steps": rl.step_count, "sft_steps": sft_steps,
+        "kl_loss_coef": config.actor.kl_loss_coef, "near_misses": list(near_misses), "steps": rl.step_count, "sft_steps": sft_steps,
         "seed": config.trainer.seed, "wall_seconds": time.perf_counter() - start, "sft_seconds": sft_seconds,
         "rm_seconds": rm_seconds, "rl_seconds": rl_seconds, "reward_model": str(rm_path), "run_dir": str(run_dir),
     }
@@ -173,4 +180,23 @@ def _copy(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model)
 
 
-__all__ = ["preference_pairs", "policy_answers", "run_rlhf_demo"]
+def main(argv: list[str] | None = None) -> int:
+    """`python -m verl.demos.rlhf CONFIG [--no-near-misses] [key=value ...]`: `verl train CONFIG`, or with a reward
+    model trained on the SFT policy's own mistakes only."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    plain = "--no-near-misses" in args
+    args = [a for a in args if a != "--no-near-misses"]
+    if not args or "=" in args[0]:
+        print("usage: python -m verl.demos.rlhf examples/rlhf_pipeline.yaml [--no-near-misses] [key=value ...]",
+              file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)
+    run_rlhf_demo(load_config(args[0], overrides=args[1:]), near_misses=() if plain else NEAR_MISSES)
+    return 0
+
+
+__all__ = ["NEAR_MISSES", "main", "preference_pairs", "policy_answers", "run_rlhf_demo"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
