@@ -25,6 +25,7 @@ _LAZY = {
     "RLTrainer": "verl.trainer.rl_trainer",
     "DPOTrainer": "verl.trainer.dpo_trainer",
     "SFTTrainer": "verl.trainer.sft_trainer",
+    "RMTrainer": "verl.trainer.rm_trainer",
     "load_hf_model": "verl.utils.hf_loader",  # the documented path (a re-export)
     "FSDPConfig": "verl.trainer.fsdp_config",
     "RunConfig": "verl.config.schema",

@@ -1,5 +1,6 @@
 """LoRA under FSDP2 (frozen base weights and trainable adapters in the same shards) on 2 gloo processes:
-SFT and DPO (whose reference is the policy with its adapters off) give what 1 process gives, within 1e-5;
+SFT, DPO (whose reference is the policy with its adapters off) and the reward model (adapters plus its score
+head) give what 1 process gives, within 1e-5;
 RL trains with the sampler, reference and update on the sharded peft model, and resumes on 1 process."""
 
 import json
@@ -31,6 +32,7 @@ def _offline_config(tmp_path, kind, data_kind, name):
                  "max_prompt_length": 16, "max_response_length": 8},
         "sft": {"batch_size": 4, "lr": 1e-2},
         "dpo": {"lr": 1e-2},
+        "rm": {"lr": 1e-2},
         "actor": {"micro_batch_size": 2},
         "trainer": {"kind": kind, "total_steps": 3, "device": "cpu", "run_dir": str(tmp_path / name),
                     "cpu_threads": 1},
@@ -42,7 +44,8 @@ def _offline_config(tmp_path, kind, data_kind, name):
 
 
 @pytest.mark.parametrize("kind,data_kind", [("sft", "sft"),
-                                            pytest.param("dpo", "preference", marks=pytest.mark.slow)])
+                                            pytest.param("dpo", "preference", marks=pytest.mark.slow),
+                                            pytest.param("rm", "preference", marks=pytest.mark.slow)])
 def test_two_ranks_equal_one_rank(tmp_path, kind, data_kind):
     verl_train(_offline_config(tmp_path, kind, data_kind, "one"), tmp_path, nproc=1)
     verl_train(_offline_config(tmp_path, kind, data_kind, "two"), tmp_path, nproc=2)
@@ -57,7 +60,10 @@ def test_two_ranks_equal_one_rank(tmp_path, kind, data_kind):
         assert verify(step) == []
         adapters.append(load_file(str(export_hf(step, tmp_path / f"{name}-adapter", adapter=True)
                                       / "adapter_model.safetensors")))
-    assert adapters[0].keys() == adapters[1].keys() and len(adapters[0]) == 28
+    # 28 LoRA matrices; the reward model's score head is saved with them (peft's modules_to_save)
+    assert adapters[0].keys() == adapters[1].keys() and len(adapters[0]) == 28 + (kind == "rm")
+    if kind == "rm":
+        assert any(k.startswith("score.") or ".score." in k for k in adapters[0])
     assert any(v.abs().max() > 0 for k, v in adapters[0].items() if "lora_B" in k)  # the adapters moved
     for key, value in adapters[0].items():
         assert torch.allclose(value, adapters[1][key], atol=1e-5), key

@@ -1,9 +1,10 @@
-"""SFT and DPO on 2 gloo processes: the policy is FSDP2-sharded like the RL actor and the run completes
-with a verified checkpoint."""
+"""SFT, DPO and the reward model on 2 gloo processes: the trained model is FSDP2-sharded like the RL actor and
+the run completes with a verified checkpoint (the reward model also with its exported Hugging Face folder)."""
 
 import json
 
 import pytest
+import torch
 import yaml
 from launch_support import metrics, verl_train  # pytest puts this folder on sys.path
 
@@ -18,7 +19,7 @@ ROWS = {
 }
 
 
-@pytest.mark.parametrize("kind,data_kind", [("sft", "sft"), ("dpo", "preference")])
+@pytest.mark.parametrize("kind,data_kind", [("sft", "sft"), ("dpo", "preference"), ("rm", "preference")])
 def test_two_ranks(tmp_path, kind, data_kind):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS[data_kind]))
@@ -28,6 +29,7 @@ def test_two_ranks(tmp_path, kind, data_kind):
                  "max_prompt_length": 16, "max_response_length": 8},
         "sft": {"batch_size": 4, "lr": 1e-3},
         "dpo": {"lr": 1e-3},
+        "rm": {"lr": 1e-3},
         "actor": {"micro_batch_size": 2},
         "trainer": {"kind": kind, "total_steps": 2, "device": "cpu", "run_dir": str(tmp_path / "run"),
                     "cpu_threads": 1},
@@ -39,3 +41,8 @@ def test_two_ranks(tmp_path, kind, data_kind):
     rows = metrics(tmp_path / "run")
     assert [r["step"] for r in rows if "loss" in r] == [1, 2]
     assert verify(tmp_path / "run" / "checkpoints" / "step_2") == []
+    if kind == "rm":  # rank 0 exported the sharded checkpoint; it scores as a one-label classifier
+        from verl.models.reward_model import RewardModelScorer
+
+        scores = RewardModelScorer(str(tmp_path / "run" / "reward_model"))(["1+2=3", "1+2=4"])
+        assert scores.shape == (2,) and bool(torch.isfinite(scores).all())

@@ -29,6 +29,7 @@ from .head_logprobs import head_token_logprobs
 from .kl import K3_CLAMP, KL_KINDS, AdaptiveKLController, FixedKLController, kl_penalty, sequence_kl_sums
 from .logits import entropy_from_logits, token_logprobs, token_logprobs_and_entropy
 from .losses import ppo_policy_loss, value_loss
+from .reward_model import bradley_terry_loss
 
 __all__ = [
     "AGG_MODES",
@@ -45,6 +46,7 @@ __all__ = [
     "AdaptiveKLController",
     "FixedKLController",
     "aggregate_loss",
+    "bradley_terry_loss",
     "compute_gae",
     "compute_grpo_advantages",
     "compute_reinforce_pp_returns",

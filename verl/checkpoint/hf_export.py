@@ -28,10 +28,19 @@ from verl.errors import CheckpointError
 from verl.utils.lora import ADAPTER_CONFIG, TRAINABLE_STATE_ONLY, require_peft
 
 
-def _default_factory(config: Any) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
+def is_reward_model_config(config: Any) -> bool:
+    """A checkpoint of `trainer.kind: rm`: its HF config names a sequence-classification architecture."""
+    return any(str(a).endswith("ForSequenceClassification") for a in getattr(config, "architectures", None) or ())
 
-    return AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+
+def _auto_class(config: Any) -> Any:
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification if is_reward_model_config(config) else AutoModelForCausalLM
+
+
+def _default_factory(config: Any) -> torch.nn.Module:
+    return _auto_class(config).from_config(config, trust_remote_code=False)
 
 
 def export_hf(
@@ -47,7 +56,8 @@ def export_hf(
     """Write ``out_dir`` as a HF model folder from the ``model_key`` state of a checkpoint.
 
     ``model_factory(config) -> nn.Module`` builds the empty model (default:
-    ``AutoModelForCausalLM.from_config``); use it for a critic or a custom head. ``dtype`` casts the
+    ``AutoModelForCausalLM.from_config``, or ``AutoModelForSequenceClassification`` for a reward model's
+    checkpoint, whose config names that architecture); use it for a critic or a custom head. ``dtype`` casts the
     weights before writing (default: as trained). For a LoRA checkpoint, ``adapter=True`` writes the peft
     adapter folder instead of merged weights, and ``base`` says where the base model is when it is no
     longer where training loaded it from.
@@ -107,7 +117,7 @@ def _write(out: Path, hf: Path, model: Any, *, skip: tuple[str, ...] = (ADAPTER_
 def _export_lora(ckpt: Path, out: Path, hf: Path, *, model_key: str, dtype: torch.dtype | None, adapter: bool,
                  base: str | Path | None) -> Path:
     """Base weights + the checkpoint's adapters -> merged weights, or (``adapter``) the peft adapter folder."""
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoConfig, GenerationConfig
 
     peft = require_peft("verl ckpt export (a LoRA checkpoint)")
     lora = peft.LoraConfig.from_pretrained(str(hf))
@@ -116,9 +126,13 @@ def _export_lora(ckpt: Path, out: Path, hf: Path, *, model_key: str, dtype: torc
     if not base_path:
         raise CheckpointError(f"{hf / ADAPTER_CONFIG}: names no base model; pass the model the adapters were "
                               "trained on with --base DIR")
-    trained_dtype = getattr(AutoConfig.from_pretrained(str(hf)), "dtype", None)
+    config = AutoConfig.from_pretrained(str(hf))
+    trained_dtype = getattr(config, "dtype", None)
+    # A reward model's base is the causal LM it was trained from: its backbone loads into the classifier
+    # (the trained score head comes from the checkpoint, with the adapters).
+    extra = {"config": config} if is_reward_model_config(config) else {}
     try:
-        model = AutoModelForCausalLM.from_pretrained(base_path, dtype=trained_dtype or torch.float32)
+        model = _auto_class(config).from_pretrained(base_path, dtype=trained_dtype or torch.float32, **extra)
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{ckpt}: the LoRA checkpoint's base model {base_path!r} cannot be loaded "
                               f"({type(exc).__name__}: {exc}). Fix: pass the base model's folder with --base DIR"

@@ -74,7 +74,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.adapter:
         print(f"exported the adapter of {args.path} -> {out} (load with PeftModel.from_pretrained(base_model, '{out}'))")
     else:
-        print(f"exported {args.path} -> {out} (load with AutoModelForCausalLM.from_pretrained('{out}'))")
+        import json
+
+        architectures = json.loads((out / "config.json").read_text(encoding="utf-8")).get("architectures") or []
+        auto = ("AutoModelForSequenceClassification" if any(a.endswith("ForSequenceClassification") for a in architectures)
+                else "AutoModelForCausalLM")
+        print(f"exported {args.path} -> {out} (load with {auto}.from_pretrained('{out}'))")
     return 0
 
 

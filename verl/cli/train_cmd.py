@@ -10,6 +10,7 @@ from verl.checkpoint import TrainingInterrupted
 from verl.config.schema import RunConfig
 from verl.demos.agent import run_agent_demo
 from verl.demos.arithmetic import run_demo
+from verl.demos.rlhf import run_rlhf_demo
 from verl.demos.tool import run_tool_demo
 from verl.distributed.process import shutdown_distributed
 from verl.trainer.entry import build_trainer
@@ -20,6 +21,9 @@ def run_training(config: RunConfig, *, demo: bool = False) -> int:
         recipe = config.trainer.demo or ("arithmetic" if demo else None)
         if recipe == "arithmetic":
             run_demo(config)
+            return 0
+        if recipe == "rlhf":
+            run_rlhf_demo(config)
             return 0
         if recipe in ("tool", "agent"):
             (run_tool_demo if recipe == "tool" else run_agent_demo)(config)

@@ -597,6 +597,8 @@ class RewardConfig(Section):
     _home = field_validator("model_path", mode="before")(_home)
     model_dtype: str | None = None
     model_weight: float = 1.0
+    model_batch_size: int = Field(16, gt=0, description="Sequences per reward-model forward (reward.model_path); "
+                                  "a small reward model scores a whole step's responses faster in one batch.")
     workers: int = Field(4, ge=1, description="Reward calls running at once, on threads (a per-sample function is one "
                          "call per sample; a batched or TRL-style function, a reward model or `remote` one call per "
                          "batch): slow rewards (code execution, HTTP) overlap instead of running one after another.")
@@ -604,6 +606,11 @@ class RewardConfig(Section):
                              "0, counted in reward/timeouts, with the reason in samples.jsonl. Never retried: only "
                              "`remote` retries (its kwargs.retries, on connection errors and 5xx), within this same "
                              "limit, so keep it above kwargs.timeout_s x (retries + 1) plus back-off.")
+    val_functions: list[dict[str, Any]] = Field(
+        default_factory=list, description="Reward functions validation scores with instead of the training reward "
+        "(reward.functions and reward.model_path), e.g. [numeric_match] to measure true held-out accuracy while a "
+        "learned reward model trains the policy. Empty = validation scores as training does. Single-turn only.")
+    _val_specs = field_validator("val_functions", mode="before")(_function_specs)
     overlap: bool = Field(True, description="Start each response's per-sample reward calls as soon as it finishes "
                           "generating, while the rest of the batch is still sampled (single-turn rollouts on verl's "
                           "own engine); the scores are the same as with false (score after generation).")
@@ -647,7 +654,7 @@ class CheckpointConfig(Section):
 
 
 class TrainerConfig(Section):
-    kind: Literal["rl", "dpo", "sft"] = "rl"
+    kind: Literal["rl", "dpo", "sft", "rm"] = "rl"
     total_steps: int = Field(100, gt=0)
     seed: int = 42
     run_dir: str | None = Field(None, description="None = runs/<kind>-<timestamp>.")
@@ -666,11 +673,12 @@ class TrainerConfig(Section):
         "auto", description="Library for float32 linear layers on CPU: auto = the faster of the two on this host, "
         "measured once and kept in $VERL_CACHE_DIR/cpu_matmul (oneDNN on AMD, where MKL takes a generic path, "
         "~2x slower); aten | onednn force one (verl.utils.cpu_matmul; benchmarks/cpu_matmul.py times both).")
-    demo: Literal["arithmetic", "tool", "agent"] | None = Field(
+    demo: Literal["arithmetic", "tool", "agent", "rlhf"] | None = Field(
         None, description="`verl train` runs this config as a demo: a supervised warm start, then RL, held-out "
         "accuracy before and after, summary.json. arithmetic = the built-in demo (env arithmetic), tool = the "
         "calculator tool demo (env calculator), agent = OpenAI-client agent code calling a calculator through "
-        "the trainer's endpoint (env calculator + env.agent).")
+        "the trainer's endpoint (env calculator + env.agent), rlhf = SFT, then a reward model on preferences "
+        "(trainer.kind: rm), then RL on that reward model alone (env arithmetic).")
 
 
 class LoggingConfig(Section):
@@ -689,6 +697,20 @@ class DPOConfig(Section):
     label_smoothing: float = Field(0.0, ge=0.0, lt=0.5)
     precompute_ref: bool = False
     lr: float = Field(5e-7, gt=0.0)
+
+
+class RMConfig(Section):
+    """`trainer.kind: rm`: a Bradley–Terry reward model on preference pairs (data.kind: preference)."""
+
+    lr: float = Field(1e-5, gt=0.0, description="Learning rate of the reward model (backbone and score head); "
+                      "schedule, warm-up, weight decay and grad clipping come from actor.*.")
+    center_rewards_coefficient: float = Field(
+        0.0, ge=0.0, description="Adds c x mean((r_chosen + r_rejected)^2) to the loss (TRL's "
+        "center_rewards_coefficient, e.g. 0.01): keeps the rewards centred on 0, which the pairwise loss alone "
+        "leaves free. 0 = off.")
+    export: bool = Field(True, description="At the end of training write <run_dir>/reward_model: a Hugging Face "
+                         "AutoModelForSequenceClassification folder (num_labels=1, LoRA merged) that "
+                         "reward.model_path, TRL and OpenRLHF load.")
 
 
 class SFTConfig(Section):
@@ -720,6 +742,7 @@ class RunConfig(Section):
     trainer: TrainerConfig = TrainerConfig()
     logging: LoggingConfig = LoggingConfig()
     dpo: DPOConfig = DPOConfig()
+    rm: RMConfig = RMConfig()
     sft: SFTConfig = SFTConfig()
 
     def resolve_path(self, path: str, what: str = "data file") -> str:

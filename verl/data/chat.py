@@ -127,6 +127,19 @@ def encode_pair(
     return full_ids, boundary, True
 
 
+def reward_text(tokenizer: Any, prompt: str | Messages, response: str | Messages,
+                row: dict[str, Any] | None = None) -> str:
+    """What a reward model reads: prompt + response as RL scores them (`reward.model_path`) and the reward-model
+    trainer trains on them, so the two never differ. Chat messages go through the tokenizer's chat template
+    (a string response as the assistant's turn); plain strings are concatenated as they are, with no special
+    tokens, since an RL response is decoded text without its eos."""
+    if isinstance(prompt, list) or isinstance(response, list):
+        pm = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        rm = response if isinstance(response, list) else [{"role": "assistant", "content": response}]
+        return render(tokenizer, pm + rm, False, row)
+    return f"{prompt}{response}"
+
+
 def encode_conversation(
     tokenizer: Any, messages: Messages, row: dict[str, Any] | None = None
 ) -> tuple[list[int], list[bool], bool]:
@@ -171,4 +184,5 @@ __all__ = [
     "encode_prompt",
     "encode_pair",
     "encode_conversation",
+    "reward_text",
 ]

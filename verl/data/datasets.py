@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from verl.data.chat import encode_conversation, encode_pair, encode_prompt, template_mode
+from verl.data.chat import encode, encode_conversation, encode_pair, encode_prompt, reward_text, template_mode
 from verl.data.report import location
 from verl.errors import ConfigError, DataError, ModelError
 from verl.utils.positions import position_ids_from_mask
@@ -289,8 +289,68 @@ class PreferenceDataset(Dataset):
         return out
 
 
+class RewardPairDataset(Dataset):
+    """Preference pairs for a reward model: each answer is prompt + answer exactly as RL scores it with
+    `reward.model_path` (`chat.reward_text`, tokenised without special tokens), so the model is trained on the
+    inputs it will score. Items are {"chosen_input_ids", "rejected_input_ids", "margin"} (margin 0 for rows
+    without one).
+
+    truncation: 'error' raises naming the row, 'drop' leaves the pair out (counted in `dropped`),
+    'truncate_left' keeps the last `max_length` tokens (the score is read at the last one; `truncated`).
+    """
+
+    TRUNCATION = ("error", "drop", "truncate_left")
+
+    def __init__(
+        self,
+        rows: Sequence[dict[str, Any]],
+        tokenizer: Any,
+        max_length: int,
+        truncation: str = "error",
+        apply_chat_template: bool | str = "auto",
+    ) -> None:
+        _check("truncation", truncation, self.TRUNCATION)
+        never = template_mode(apply_chat_template) == "never"
+        self.pad_id = pad_token_id(tokenizer)
+        self.rows: list[dict[str, Any]] = []
+        self.items: list[dict[str, Any]] = []
+        self.truncated = self.dropped = 0
+        for row in rows:
+            if never and any(isinstance(row[k], list) for k in ("prompt", "chosen", "rejected")):
+                raise DataError(f"{_where(row)}: the row has chat messages but data.apply_chat_template=never; "
+                                "use auto")
+            item: dict[str, Any] = {"margin": float(row.get("margin") or 0.0)}
+            for side in ("chosen", "rejected"):
+                ids = encode(tokenizer, reward_text(tokenizer, row["prompt"], row[side], row), False)
+                cut = _truncate(ids, ids, max_length, truncation, _where(row))
+                if cut is None:
+                    break
+                self.truncated += len(cut[0]) < len(ids)
+                item[f"{side}_input_ids"] = cut[0]
+            if "rejected_input_ids" not in item:
+                self.dropped += 1
+                continue
+            if item["chosen_input_ids"] == item["rejected_input_ids"]:
+                raise DataError(f"{_where(row)}: 'chosen' and 'rejected' are the same {len(item['chosen_input_ids'])} "
+                                "tokens (after data.truncation=truncate_left kept the last max_length tokens), so "
+                                "the pair prefers neither. Fix: raise data.max_prompt_length/max_response_length "
+                                "or set data.truncation=drop")
+            self.rows.append(row)
+            self.items.append(item)
+        if not self.items:
+            raise DataError(f"no preference pair is usable after tokenisation ({self.dropped} dropped as longer than "
+                            f"max_length={max_length}); raise data.max_prompt_length + data.max_response_length")
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.items[i]
+
+
 __all__ = [
     "PromptDataset",
+    "RewardPairDataset",
     "SFTDataset",
     "PreferenceDataset",
     "IGNORE_INDEX",

@@ -8,6 +8,7 @@ The plan for a given set of keys is cached, because almost every row of a file h
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,12 +66,13 @@ SPECS: dict[str, KindSpec] = {
         messages_ok=("input", "output", "messages"),
     ),
     "preference": KindSpec(
-        fields=("prompt", "chosen", "rejected"),
+        fields=("prompt", "chosen", "rejected", "margin"),
         required=("prompt", "chosen", "rejected"),
         aliases={
             "prompt": ("prompt", "input", "question", "query", "instruction"),
             "chosen": ("chosen", "preferred", "accepted"),
             "rejected": ("rejected", "dispreferred"),
+            "margin": ("margin",),  # read by the reward-model trainer (TRL's RewardTrainer convention)
         },
         fallbacks={},
         messages_ok=("prompt", "chosen", "rejected"),
@@ -262,7 +264,26 @@ class RowNormalizer:
         }
 
     def _row_preference(self, found: dict[str, Any], obj: dict[str, Any], used: set[str]) -> dict[str, Any]:
-        return {f: _text_or_messages(found, f, required=True) for f in ("prompt", "chosen", "rejected")}
+        row = {f: _text_or_messages(found, f, required=True) for f in ("prompt", "chosen", "rejected")}
+        if row["chosen"] == row["rejected"]:  # DPO and a reward model both learn nothing from it
+            raise RowError("same_answer", "rejected", "'chosen' and 'rejected' are the same answer, so the pair "
+                           "prefers neither")
+        if found.get("margin") is not None:
+            row["margin"] = _margin(found["margin"])
+        return row
+
+
+def _margin(v: Any) -> float:
+    """A pair's margin as a float: a number, or a numeric string (CSV cells are strings)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise RowError("bad_margin", "margin", f"'margin' is {_describe(v)}; expected a number")
+    try:
+        value = float(v)
+    except ValueError:
+        raise RowError("bad_margin", "margin", f"'margin' is {_describe(v)}; expected a number") from None
+    if not math.isfinite(value):
+        raise RowError("bad_margin", "margin", f"'margin' is {value}; expected a finite number")
+    return value
 
 
 def _describe(v: Any) -> str:

@@ -30,6 +30,8 @@ HINTS: dict[str, str] = {
     "bad_messages": '\'{field}\' must be a non-empty list of {"role": str, "content": str} objects',
     "no_assistant_turn": "a conversation for SFT needs at least one non-empty assistant message",
     "invalid_unicode": "'{field}' holds an unpaired UTF-16 surrogate (\\ud800-\\udfff escape); remove it",
+    "same_answer": "a preference pair needs two different answers; fix the rejected one or drop the row",
+    "bad_margin": "'margin' must be a finite number (how much the chosen answer should win by); fix or remove it",
     "too_long": "raise data.max_prompt_length, or set data.truncation=drop or truncate_left",
 }
 

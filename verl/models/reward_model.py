@@ -1,13 +1,17 @@
-"""Scoring sequences with a learned reward model (an `AutoModelForSequenceClassification` checkpoint).
+"""Reward models: one-label `AutoModelForSequenceClassification` models, scored and built for training.
 
 The score is read at the last real token, found from the attention mask. Transformers' own pooling looks for
 the last token that differs from ``pad_token_id``, which picks the wrong position when pad == eos and the
-response ends with eos (common), so we run the backbone and the score head ourselves.
+response ends with eos (common), so `sequence_scores` takes the head's per-token output and reads it there
+itself. Scoring (`RewardModelScorer`, RL's `reward.model_path`) and training (`trainer.kind: rm`) both go
+through `sequence_scores`, so a trained reward model scores in RL exactly as it was trained.
 """
 
 from __future__ import annotations
 
+import copy
 import os
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -26,6 +30,87 @@ def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
                          "Fix: drop empty samples before scoring.")
     positions = torch.arange(mask.shape[-1], device=mask.device)
     return (positions * mask).argmax(-1)
+
+
+def score_head(model: nn.Module) -> nn.Module:
+    """The `score` (or `classifier`) head of a sequence-classification model, under a peft wrapper too."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = getattr(base, "score", None) or getattr(base, "classifier", None)
+    if not isinstance(head, nn.Module):
+        raise ModelError(f"{type(base).__name__} has no `score`/`classifier` head. Fix: use a *ForSequenceClassification "
+                         "model of a decoder architecture (Llama, Qwen2, Mistral, ...).")
+    return head
+
+
+@contextmanager
+def _captured(module: nn.Module, out: dict[str, torch.Tensor]):
+    handle = module.register_forward_hook(lambda _m, _i, output: out.__setitem__("output", output))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def sequence_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """One score per row ``[B]`` (differentiable), read at each row's last non-pad token; any padding side.
+
+    The model runs its own forward (so FSDP2's and peft's hooks run as they should), and the head's per-token
+    output ``[B, T, 1]`` is taken from there, not transformers' pooled logits (see the module docstring).
+    Positions count real tokens only, so left and right padding give the same scores."""
+    last = last_token_index(attention_mask)
+    captured: dict[str, torch.Tensor] = {}
+    with _captured(score_head(model), captured):
+        out = model(input_ids=input_ids, attention_mask=attention_mask,
+                    position_ids=position_ids_from_mask(attention_mask), use_cache=False)
+    per_token = captured.get("output")
+    if per_token is None or per_token.dim() != 3:
+        shape = None if per_token is None else tuple(per_token.shape)
+        raise ModelError(f"{type(model).__name__}: its score head gave {shape}, not one score per token [B, T, 1]; "
+                         "a reward model must be a decoder *ForSequenceClassification model")
+    rows = torch.arange(per_token.shape[0], device=per_token.device)
+    scores = per_token[rows, last.to(per_token.device), 0]
+    if scores.requires_grad:
+        # FSDP2 gathers the root module's weights (the head among them) for backward from a hook on the tensors the
+        # root returns; the scores come from inside the forward, so the returned logits join the graph, adding 0.
+        scores = scores + 0.0 * out.logits.sum()
+    return scores
+
+
+def reward_model_from_causal_lm(causal_lm: nn.Module, pad_token_id: int) -> nn.Module:
+    """A one-label ``*ForSequenceClassification`` model on `causal_lm`'s own backbone (shared, not copied; the
+    LM head is left out) with a zero score head: what `trainer.kind: rm` trains, in the layout
+    `AutoModelForSequenceClassification.from_pretrained` loads (``model.*`` and ``score.weight``). The zero
+    head makes every first reward 0 (a first loss of exactly log 2) while its gradient, the hidden state, is not.
+    """
+    from transformers import AutoModelForSequenceClassification
+
+    prefix = getattr(causal_lm, "base_model_prefix", "model")
+    backbone = getattr(causal_lm, prefix, None)
+    if not isinstance(backbone, nn.Module):
+        raise ModelError(f"cannot find the backbone `{prefix}` of {type(causal_lm).__name__} to put a score head on. "
+                         "Fix: use a Hugging Face *ForCausalLM model")
+    config = copy.deepcopy(causal_lm.config)
+    config.num_labels, config.pad_token_id = 1, pad_token_id
+    try:
+        with torch.device("meta"):  # the classifier's own backbone is replaced below: never allocated
+            model = AutoModelForSequenceClassification.from_config(config)
+    except ValueError as exc:
+        raise ModelError(f"{type(causal_lm).__name__} has no sequence-classification version in transformers "
+                         f"({exc}), so it cannot be trained as a reward model") from None
+    setattr(model, model.base_model_prefix, backbone)
+    head = score_head(model)
+    if not isinstance(head, nn.Linear) or head.out_features != 1:
+        raise ModelError(f"{type(model).__name__}'s head is {type(head).__name__}, not a Linear(hidden, 1) read per "
+                         "token; a reward model needs a decoder *ForSequenceClassification architecture")
+    weight = next(backbone.parameters())
+    fresh = nn.Linear(head.in_features, 1, bias=head.bias is not None, device=weight.device, dtype=weight.dtype)
+    nn.init.zeros_(fresh.weight)
+    if fresh.bias is not None:
+        nn.init.zeros_(fresh.bias)
+    model.score = fresh
+    model.config.architectures = [type(model).__name__]
+    model.train(causal_lm.training)
+    return model
 
 
 class RewardModelScorer:
@@ -51,13 +136,14 @@ class RewardModelScorer:
             check_remote_code(source, trust_remote_code)
             try:
                 with quiet_hf_progress():
-                    model = AutoModelForSequenceClassification.from_pretrained(
+                    model, info = AutoModelForSequenceClassification.from_pretrained(
                         source, dtype=resolve_dtype(dtype, where="reward model dtype"),
-                        trust_remote_code=trust_remote_code)
+                        trust_remote_code=trust_remote_code, output_loading_info=True)
             except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
                 raise ModelError(f"could not load reward model {source!r} as a sequence-classification model: "
                                  f"{type(exc).__name__}: {exc}. Fix: point reward.model_path at a directory "
                                  "saved from AutoModelForSequenceClassification (num_labels=1).") from exc
+            check_head_loaded(source, model, info)
             if tokenizer is None:
                 tokenizer = load_tokenizer(source, trust_remote_code=trust_remote_code)
         num_labels = getattr(model.config, "num_labels", 1)
@@ -94,30 +180,75 @@ class RewardModelScorer:
         if input_ids.shape != attention_mask.shape:
             raise ModelError(f"score_ids: input_ids {tuple(input_ids.shape)} and attention_mask "
                              f"{tuple(attention_mask.shape)} must have the same shape.")
-        last = last_token_index(attention_mask)
-        input_ids = input_ids.to(self.device)
-        attention_mask = attention_mask.to(self.device)
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                            position_ids=position_ids_from_mask(attention_mask), use_cache=False)
-        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-        rows = torch.arange(hidden.shape[0], device=hidden.device)
-        picked = hidden[rows, last.to(hidden.device)]
-        return self.head(picked).squeeze(-1).float().cpu()
+        return sequence_scores(self.model, input_ids.to(self.device), attention_mask.to(self.device)).float().cpu()
 
     def score_texts(self, texts: list[str]) -> torch.Tensor:
-        """Scores ``[len(texts)]`` for full texts (prompt + response, already formatted)."""
+        """Scores ``[len(texts)]`` for full texts (prompt + response, already formatted). A text that occurs
+        several times (a group's samples often agree) is scored once."""
         if self.tokenizer is None:
             raise ModelError("score_texts needs a tokenizer: pass one to RewardModelScorer(model, tokenizer).")
+        unique = list(dict.fromkeys(texts))
         scores = []
-        for start in range(0, len(texts), self.batch_size):
-            batch = self.tokenizer(texts[start:start + self.batch_size], return_tensors="pt", padding=True,
+        for start in range(0, len(unique), self.batch_size):
+            batch = self.tokenizer(unique[start:start + self.batch_size], return_tensors="pt", padding=True,
                                    truncation=self.max_length is not None, max_length=self.max_length,
                                    add_special_tokens=False)
             scores.append(self.score_ids(batch["input_ids"], batch["attention_mask"]))
-        return torch.cat(scores) if scores else torch.zeros(0)
+        if not scores:
+            return torch.zeros(0)
+        of = {text: i for i, text in enumerate(unique)}
+        return torch.cat(scores)[torch.tensor([of[t] for t in texts], dtype=torch.long)]
 
     def __call__(self, texts: list[str]) -> torch.Tensor:
         return self.score_texts(texts)
 
 
-__all__ = ["RewardModelScorer", "last_token_index"]
+HEAD_PREFIXES = ("score.", "classifier.")
+
+
+def no_head_message(source: str, missing: list[str], architectures: list[str] | None) -> str:
+    held = "/".join(architectures or ["model without a score head"])
+    return (f"reward.model_path={source!r} has no trained score head: its weights lack {', '.join(missing)} (the "
+            f"folder holds a {held}), so transformers would start the head at random and every reward would be "
+            "noise. Fix: train a reward model (trainer.kind: rm writes <run_dir>/reward_model) or point "
+            "reward.model_path at a folder saved from AutoModelForSequenceClassification with num_labels=1")
+
+
+def check_head_loaded(source: str, model: nn.Module, info: dict[str, Any]) -> None:
+    """A folder without trained score weights (a causal LM, a base model) loads with a random head and scores
+    noise with no error from transformers: refused here, naming what the folder holds instead."""
+    head_keys = {name for name, _ in model.named_parameters() if name.startswith(HEAD_PREFIXES)}
+    missing = sorted(head_keys & set(info.get("missing_keys") or ()))
+    if missing:
+        raise ModelError(no_head_message(source, missing, getattr(model.config, "architectures", None)))
+
+
+def saved_head_problem(path: str | os.PathLike) -> str | None:
+    """The same refusal without loading anything (`verl check`, the start-up checks): a local folder whose
+    safetensors hold no `score.*`/`classifier.*` weight. None when there is no head problem or no safetensors
+    to tell from (the loader then checks)."""
+    import json
+    from pathlib import Path
+
+    folder = Path(path)
+    index, single = folder / "model.safetensors.index.json", folder / "model.safetensors"
+    try:
+        if index.is_file():
+            names = list(json.loads(index.read_text(encoding="utf-8"))["weight_map"])
+        elif single.is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(single), framework="pt") as f:
+                names = list(f.keys())
+        else:
+            return None
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, KeyError):
+        return None  # unreadable: the loader reports it with its own words
+    if any(n.startswith(HEAD_PREFIXES) for n in names):
+        return None
+    return no_head_message(os.fspath(path), ["score.weight"], config.get("architectures"))
+
+
+__all__ = ["RewardModelScorer", "check_head_loaded", "saved_head_problem", "last_token_index", "reward_model_from_causal_lm",
+           "score_head", "sequence_scores"]

@@ -114,19 +114,19 @@ class _Loaded:
         return sources is None or (data_source is not None and data_source in sources)
 
 
-def _as_spec(spec: RewardFunctionSpec | Mapping[str, Any], i: int) -> RewardFunctionSpec:
+def _as_spec(spec: RewardFunctionSpec | Mapping[str, Any], i: int, key: str = "reward.functions") -> RewardFunctionSpec:
     if isinstance(spec, RewardFunctionSpec):
         return spec
     if not isinstance(spec, Mapping):
         raise ConfigError(
-            f"reward.functions[{i}] is a {type(spec).__name__}; each entry must be a mapping "
+            f"{key}[{i}] is a {type(spec).__name__}; each entry must be a mapping "
             "like {name: numeric_match, weight: 1.0} (or, from Python, a function)."
         )
     try:
         return RewardFunctionSpec.model_validate(dict(spec))
     except ValidationError as e:
         problems = "; ".join(
-            f"reward.functions[{i}].{'.'.join(str(p) for p in err['loc']) or '<entry>'}: {err['msg']}"
+            f"{key}[{i}].{'.'.join(str(p) for p in err['loc']) or '<entry>'}: {err['msg']}"
             for err in e.errors()
         )
         raise ConfigError(
@@ -204,18 +204,20 @@ class RewardManager:
         base_dir: str | Path | None = None,
         workers: int = 4,
         timeout_s: float = 60.0,
+        key: str = "reward.functions",
     ) -> None:
-        """`workers` and `timeout_s` are the pool's (`reward.workers`, `reward.timeout_s`; see `configure`)."""
+        """`workers` and `timeout_s` are the pool's (`reward.workers`, `reward.timeout_s`; see `configure`);
+        `key` is the config key the specs came from, for the messages (`reward.val_functions`)."""
         self.pool = RewardPool(workers, timeout_s)
         if isinstance(specs, (str, bytes, Mapping)) or not isinstance(specs, Sequence):
             raise ConfigError(
-                f"reward.functions must be a list of specs, got {type(specs).__name__}; "
-                "write e.g. reward.functions: [{name: numeric_match}]."
+                f"{key} must be a list of specs, got {type(specs).__name__}; "
+                f"write e.g. {key}: [{{name: numeric_match}}]."
             )
         if not specs:
             raise ConfigError(
-                "reward.functions is empty, so every sample would score 0; add at least one "
-                "function, e.g. reward.functions: [{name: numeric_match}]."
+                f"{key} is empty, so every sample would score 0; add at least one "
+                f"function, e.g. {key}: [{{name: numeric_match}}]."
             )
         self._loaded: list[_Loaded] = []
         self.progress = TrainingProgress()  # set by the trainer before each batch is scored
@@ -227,13 +229,13 @@ class RewardManager:
                 # An object may carry its spec options (e.g. a reward model: weight, batched).
                 label_name = getattr(raw, "__name__", None) or type(raw).__name__
                 spec = RewardFunctionSpec(name=label_name, **getattr(raw, "reward_spec", {}))
-                where = f"reward.functions[{i}] (callable {label_name!r})"
+                where = f"{key}[{i}] (callable {label_name!r})"
                 fn = raw
             else:
-                spec = _as_spec(raw, i)
+                spec = _as_spec(raw, i, key)
                 if spec.name in BATCHED_BUILTINS:
                     spec = spec.model_copy(update={"batched": True})
-                where = f"reward.functions[{i}] (name={spec.name!r})"
+                where = f"{key}[{i}] (name={spec.name!r})"
                 fn = load_reward_function(spec.name, base_dir=base_dir, where=where)
             check = BUILTIN_KWARG_CHECKS.get(spec.name)
             if check is not None:

@@ -49,7 +49,7 @@ from verl.trainer.models import (
     with_cpu_matmul,
 )
 from verl.trainer.optim import build_optimizer
-from verl.trainer.preflight import Given, Preflight, preflight
+from verl.trainer.preflight import Given, Preflight, preflight, validation_rewards
 from verl.trainer.reward_model import RewardModelFunction
 from verl.trainer.setup import ProcessIdentity, ProcessSetup, frozen_dtype, resolve_device, setup_process
 from verl.trainer.startup import check_env_options
@@ -82,6 +82,7 @@ class Components:
     critic: torch.nn.Module | None = None
     reward_scorer: RewardModelScorer | None = None  # a reward model on ranks of its own
     reward_tokenizer: Any = None  # ... and the tokenizer the actor ranks encode its inputs with
+    val_rewards: Any = None  # `reward.val_functions`: what validation scores with instead of the training reward
     actor_optim: Optimizer | None = None
     critic_optim: Optimizer | None = None
     engine: RolloutEngine | None = None
@@ -110,13 +111,14 @@ def setup_checks(config: RunConfig, identity: ProcessIdentity, device: torch.dev
 
 
 def setup_policy(config: RunConfig, checks: Preflight, *, device: torch.device, dtype: torch.dtype,
-                 given: Given = Given()) -> tuple[torch.nn.Module, Any]:
+                 given: Given = Given(), kind: str = "rl") -> tuple[torch.nn.Module, Any]:
     """The policy and its tokenizer: the one the checks loaded and compared with the model's own (the
-    checks ran this loader on the meta device already, so a problem here is one only weights show)."""
+    checks ran this loader on the meta device already, so a problem here is one only weights show). For
+    `kind="rm"` the model trained is the reward model: the policy's backbone with a score head."""
     if given.model is not None:
-        return given_policy(given.model, given.tokenizer, device, config)
+        return given_policy(given.model, given.tokenizer, device, config, reward_head=kind == "rm")
     model, tokenizer, report = load_policy_with_report(config, checks.model_path, device=device, dtype=dtype,
-                                                       tokenizer=checks.tokenizer)
+                                                       tokenizer=checks.tokenizer, reward_head=kind == "rm")
     report.raise_if_problems()
     return model, tokenizer
 
@@ -125,7 +127,8 @@ def setup_reward_model(config: RunConfig, process: ProcessSetup) -> RewardModelS
     """`reward.model_path` as a scorer on this rank's device, in its own dtype."""
     r = config.reward
     scorer = RewardModelScorer(r.model_path, dtype=frozen_dtype(config, process.device.type, r.model_dtype),
-                               device=process.device, trust_remote_code=config.model.trust_remote_code)
+                               device=process.device, trust_remote_code=config.model.trust_remote_code,
+                               batch_size=r.model_batch_size)
     with_cpu_matmul(config, scorer.model)
     return scorer
 
@@ -259,7 +262,7 @@ def setup_tracker(config: RunConfig, run_dir: Path, process: ProcessSetup, *, re
 
 # ---------------------------------------------------------------------------------------------- the recipe
 def compose(config: RunConfig, *, kind: str, runs_split: bool = False, given: Given = Given()) -> Components:
-    """Build every part of a `kind` run ("rl", "sft", "dpo"), in order; the offline trainers add their
+    """Build every part of a `kind` run ("rl", "sft", "dpo", "rm"), in order; the offline trainers add their
     datasets, reference and optimizer themselves (they depend on the rows, see `OfflineTrainer`)."""
     identity = ProcessIdentity.from_env()
     device = resolve_device(config.trainer.device, identity.local_rank)
@@ -267,7 +270,8 @@ def compose(config: RunConfig, *, kind: str, runs_split: bool = False, given: Gi
         torch.set_num_threads(config.trainer.cpu_threads)
     checks = setup_checks(config, identity, device, kind=kind, runs_split=runs_split, given=given)
     process = setup_process(config, checks.startup.mapping, identity, device)
-    policy, tokenizer = setup_policy(config, checks, device=process.device, dtype=process.dtype, given=given)
+    policy, tokenizer = setup_policy(config, checks, device=process.device, dtype=process.dtype, given=given,
+                                     kind=kind)
     parts = Components(config=config, checks=checks, process=process, tokenizer=tokenizer, policy=policy)
     if kind == "rl":
         compose_rl(parts, given)
@@ -288,6 +292,7 @@ def compose_rl(parts: Components, given: Given) -> None:
     configure_rewards(parts.env, workers=config.reward.workers, timeout_s=config.reward.timeout_s)  # the pool
     for problem in check_env_options(config, parts.env, parts.tokenizer):  # an environment passed in, or one with a reward model
         raise problem
+    parts.val_rewards = validation_rewards(config, parts.env)
     if config.needs_ref and "ref" in roles:
         parts.reference = setup_reference(config, parts.policy, parts.tokenizer, process)
     if config.needs_teacher and "teacher" in roles:

@@ -21,7 +21,7 @@ from verl.data.mixture import MixtureRows
 from verl.errors import ConfigError, DataError, VerlError
 
 # The row kind each trainer reads (`trainer.kind` -> data kind).
-DATA_KINDS = {"rl": "prompt", "sft": "sft", "dpo": "preference"}
+DATA_KINDS = {"rl": "prompt", "sft": "sft", "dpo": "preference", "rm": "preference"}
 
 
 def _resolve(config: RunConfig, path: str) -> str:

@@ -12,7 +12,6 @@ model is freed. The loss formula is `verl.algorithms.dpo_loss`; this file only f
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,12 +20,11 @@ import torch
 from verl.algorithms import dpo_loss, token_logprobs
 from verl.config.schema import RunConfig
 from verl.data.datasets import IGNORE_INDEX, PreferenceDataset, pad_token_id
-from verl.distributed.offload import activations_offloaded
 from verl.models.lora import is_peft_model
 from verl.trainer.components import shard_frozen
 from verl.trainer.forward import can_share_prompt, shared_prompt_logits
 from verl.trainer.models import build_reference
-from verl.trainer.offline import OfflineTrainer, Rows
+from verl.trainer.offline import PairTrainer, Rows
 from verl.trainer.optim import build_optimizer
 from verl.trainer.sft_trainer import collate_sequences, shifted_targets, target_logprobs
 
@@ -93,7 +91,7 @@ class PairBatch:
         return shared_pair_layout(self.items, self.pad_id) if self.share else None
 
 
-class DPOTrainer(OfflineTrainer):
+class DPOTrainer(PairTrainer):
     """Offline DPO. `DPOTrainer(config).fit()`, or from Python with a loaded model:
     `DPOTrainer(config, model=m, tokenizer=t, train_rows=[{"prompt", "chosen", "rejected"}, ...])`.
 
@@ -102,7 +100,6 @@ class DPOTrainer(OfflineTrainer):
     """
 
     kind = "dpo"
-    data_kind = "preference"
 
     def __init__(
         self,
@@ -213,60 +210,6 @@ class DPOTrainer(OfflineTrainer):
                  "rewards/margins": chosen_r - rejected_r, "accuracy": (chosen_r > rejected_r).float(),
                  "logps/chosen": logps[:, 0].detach(), "logps/rejected": logps[:, 1].detach()}
         return losses, stats
-
-    # ------------------------------------------------------------------ the DPO step
-    def step(self) -> dict[str, float]:
-        """One optimizer step on the next `data.train_batch_size` pairs."""
-        start = time.perf_counter()
-        indices = self.next_indices()
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        # Each pair weighs 1 / (pairs on this rank); every rank holds as many pairs and gradients are
-        # averaged over ranks, so this is the mean over the global batch.
-        weight = 1.0 / len(indices)
-        sums: dict[str, float] = {}
-        for s in range(0, len(indices), self.pairs_per_micro):
-            chunk = indices[s : s + self.pairs_per_micro]
-            with activations_offloaded(self.config.actor.activation_offload, self.device):
-                losses, stats = self.pair_loss("train", self.train_data, chunk)
-            (losses.sum() * weight).backward()
-            for k, v in {"loss": losses.detach(), **stats}.items():
-                sums[k] = sums.get(k, 0.0) + float(v.double().sum())
-        grad_norm = self.clip_and_step(self.model, self.optimizer, self.config.actor.grad_clip)
-        self.scheduler.step()
-        seconds = time.perf_counter() - start
-        tokens = sum(len(self.train_data[i][f"{side}_input_ids"]) for i in indices for side in ("chosen", "rejected"))
-        # Logged as means over the global batch, like the gradient (not this rank's share).
-        names = list(sums)
-        totals, _ = self.global_sum([*(sums[k] for k in names), len(indices)])
-        metrics = {k: v / max(totals[-1], 1) for k, v in zip(names, totals[:-1], strict=True)}
-        metrics |= {"grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0], "timing/step": seconds,
-                    "perf/tokens_per_s": tokens * self.dp_size / max(seconds, 1e-9)}
-        return metrics
-
-    # ------------------------------------------------------------------ evaluation
-    def validate(self) -> dict[str, float]:
-        """DPO loss, reward accuracy and margins on the held-out pairs (summed over ranks)."""
-        if self.val_data is None:
-            return {}
-        return {f"val/{k}": v for k, v in self.evaluate_pairs("val", self.val_data).items()}
-
-    def evaluate_pairs(self, split: str, data: PreferenceDataset) -> dict[str, float]:
-        indices = list(range(self.dp_rank, len(data), self.dp_size))
-        keys = ("loss", "accuracy", "rewards/margins", "rewards/chosen", "rewards/rejected")
-        sums = [0.0] * len(keys)
-        was_training = self.model.training
-        self.model.eval()
-        with torch.no_grad():
-            for s in range(0, len(indices), self.pairs_per_micro * 2):
-                losses, stats = self.pair_loss(split, data, indices[s : s + self.pairs_per_micro * 2])
-                stats["loss"] = losses
-                for j, k in enumerate(keys):
-                    sums[j] += float(stats[k].double().sum())
-        self.model.train(was_training)
-        totals, _ = self.global_sum([*sums, len(indices)])
-        count = max(totals[-1], 1)
-        return {k: v / count for k, v in zip(keys, totals[:-1], strict=True)}
 
 
 __all__ = ["DPOTrainer"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from verl.config.schema import RunConfig
 from verl.trainer.dpo_trainer import DPOTrainer
 from verl.trainer.rl_trainer import RLTrainer
+from verl.trainer.rm_trainer import RMTrainer
 from verl.trainer.runtime import TrainerRuntime
 from verl.trainer.sft_trainer import SFTTrainer
 
@@ -15,6 +16,8 @@ def build_trainer(config: RunConfig) -> TrainerRuntime:
         return RLTrainer(config)
     if kind == "dpo":
         return DPOTrainer(config)
+    if kind == "rm":
+        return RMTrainer(config)
     return SFTTrainer(config)
 
 

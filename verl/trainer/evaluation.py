@@ -44,6 +44,21 @@ class Answers:
     episode_metrics: dict[str, float] = field(default_factory=dict)
 
 
+def validation_answers(result: Any, responses: Sequence[str], rows: Sequence[Mapping[str, Any]],
+                       val_rewards: Any = None) -> Answers:
+    """Validation's answers scored by the training reward (`result`), or by `reward.val_functions`
+    (`val_rewards`, a RewardManager) with the training reward kept next to it (a metric and each sample's
+    `training_reward`), so a policy that pleases its reward model without being right shows (reward hacking)."""
+    if val_rewards is None:
+        return Answers(result.scores, responses, extras=list(result.extras))
+    truth = val_rewards.score([x.get("prompt") for x in rows], responses, [x.get("ground_truth") for x in rows],
+                              [x.get("metadata") or {} for x in rows], [x.get("data_source") for x in rows])
+    trained = result.scores.float().cpu()
+    return Answers(truth.scores, responses, extras=[{**x, "training_reward": float(t)} for x, t in
+                                                    zip(truth.extras, trained.tolist(), strict=True)],
+                   episode_metrics={"training_reward": float(trained.mean())})
+
+
 def validation_generator(seed: int, step: int, rank: int, device: torch.device) -> torch.Generator:
     """The sampling stream of a validation: derived from (seed, step, rank) alone, so sampled validation is
     reproducible, survives a resume and never shifts the training samples."""

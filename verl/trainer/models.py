@@ -12,10 +12,12 @@ from typing import Any
 import torch
 
 from verl.config.schema import RunConfig
+from verl.data.datasets import pad_token_id
 from verl.errors import ModelError
 from verl.models.checks import LoadReport, vocabulary_difference
 from verl.models.hf_loader import CONFIG_KEYS, load_hf_model, load_hf_model_with_report
 from verl.models.lora import AdapterOff, apply_lora, is_peft_model
+from verl.models.reward_model import reward_model_from_causal_lm
 from verl.models.tiny import build_from_spec, is_tiny_spec
 from verl.utils.cpu_matmul import resolve, use_cpu_matmul
 
@@ -26,10 +28,13 @@ def resolve_model_path(path: str, *, key: str = "model.path", reward: bool = Fal
 
 
 def load_policy_with_report(config: RunConfig, model_path: str, *, device: torch.device, dtype: torch.dtype,
-                            tokenizer: Any = None, weights: bool = True) -> tuple[torch.nn.Module, Any, LoadReport]:
+                            tokenizer: Any = None, weights: bool = True,
+                            reward_head: bool = False) -> tuple[torch.nn.Module, Any, LoadReport]:
     """The policy and its tokenizer as training loads them, with the model/tokenizer problems in the report
     (not raised), so `verl check` and the trainer's start-up list the same ones. `tokenizer`: the one the
-    check pass loaded (not loaded again); `weights=False`: built on the meta device, nothing read."""
+    check pass loaded (not loaded again); `weights=False`: built on the meta device, nothing read;
+    `reward_head`: the reward model `trainer.kind: rm` trains (a score head on the causal LM's backbone),
+    with the LoRA adapters on that."""
     cfg = config.model
     model, tokenizer, report = load_hf_model_with_report(
         model_path, tokenizer_name=cfg.tokenizer_path, attn_implementation=cfg.attn_implementation,
@@ -37,7 +42,26 @@ def load_policy_with_report(config: RunConfig, model_path: str, *, device: torch
         for_training=True, names=CONFIG_KEYS, tokenizer=tokenizer, weights=weights)  # messages name config keys
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    return with_cpu_matmul(config, with_lora(config, model, model_path)).train(), tokenizer, report
+    if reward_head:
+        model = with_score_head(model, tokenizer)
+    model = with_lora(config, model, model_path, task_type="SEQ_CLS" if reward_head else "CAUSAL_LM")
+    return with_cpu_matmul(config, model).train(), tokenizer, report
+
+
+def with_score_head(model: torch.nn.Module, tokenizer: Any) -> torch.nn.Module:
+    """`model` as a reward model: a one-label sequence classifier as it is, a causal LM with a zero score head
+    on its own backbone (`verl.models.reward_model.reward_model_from_causal_lm`)."""
+    if is_peft_model(model):
+        raise ModelError("a reward model to train was given with LoRA adapters already on it; pass the plain "
+                         "model and set model.lora (the adapters then go on the backbone, the score head trains "
+                         "in full)")
+    if type(model).__name__.endswith("ForSequenceClassification"):
+        labels = getattr(model.config, "num_labels", None)
+        if labels != 1:
+            raise ModelError(f"the reward model to train ({type(model).__name__}) has num_labels={labels}; a reward "
+                             "model outputs one score. Fix: load it with num_labels=1, or pass the causal LM")
+        return model
+    return reward_model_from_causal_lm(model, pad_token_id(tokenizer))
 
 
 def with_cpu_matmul(config: RunConfig, model: torch.nn.Module) -> torch.nn.Module:
@@ -48,25 +72,32 @@ def with_cpu_matmul(config: RunConfig, model: torch.nn.Module) -> torch.nn.Modul
     return use_cpu_matmul(model, resolve(config.trainer.cpu_matmul)[0])
 
 
-def with_lora(config: RunConfig, model: torch.nn.Module, base_path: str | None = None) -> torch.nn.Module:
-    """The policy with `model.lora`'s adapters (base weights frozen), or unchanged when LoRA is off."""
+def with_lora(config: RunConfig, model: torch.nn.Module, base_path: str | None = None, *,
+              task_type: str = "CAUSAL_LM") -> torch.nn.Module:
+    """The policy with `model.lora`'s adapters (base weights frozen), or unchanged when LoRA is off. With
+    `task_type="SEQ_CLS"` (a reward model) peft trains the score head in full and saves it with the adapters."""
     lora = config.model.lora
     if not lora.enabled or is_peft_model(model):
         return model
     if config.model.gradient_checkpointing and hasattr(model, "enable_input_require_grads"):
         model.enable_input_require_grads()  # frozen embeddings: checkpointed layers still need a grad path
-    return apply_lora(model, lora, base_model_name_or_path=base_path)
+    return apply_lora(model, lora, base_model_name_or_path=base_path, task_type=task_type)
 
 
 def given_policy(model: torch.nn.Module, tokenizer: Any, device: torch.device,
-                 config: RunConfig | None = None) -> tuple[torch.nn.Module, Any]:
+                 config: RunConfig | None = None, *, reward_head: bool = False) -> tuple[torch.nn.Module, Any]:
     """A model object passed from Python, moved to the run's device; it must come with its tokenizer.
-    With `model.lora` on (and `config` given) it gets its adapters here, as a loaded policy does."""
+    With `model.lora` on (and `config` given) it gets its adapters here, as a loaded policy does;
+    `reward_head`: as `load_policy_with_report` (a causal LM gets a score head on its own backbone, so
+    training the reward model trains that backbone: pass a copy to keep the causal LM as it was)."""
     if tokenizer is None:
         raise ModelError("a model object was given without its tokenizer; pass tokenizer=... too "
                          "(they must come from the same source)")
+    if reward_head:
+        model = with_score_head(model, tokenizer)
     if config is not None:
-        model = with_cpu_matmul(config, with_lora(config, model).to(device))
+        model = with_lora(config, model, task_type="SEQ_CLS" if reward_head else "CAUSAL_LM")
+        model = with_cpu_matmul(config, model.to(device))
     return model.to(device).train(), tokenizer
 
 
@@ -128,4 +159,4 @@ def tokenizer_mismatch_message(key: str, path: str, policy_path: str, mismatch: 
             f"would score other tokens than the ones sampled. Fix: {fix}.")
 
 __all__ = ["build_reference", "copy_in", "frozen", "given_policy", "load_frozen", "load_policy_with_report",
-           "resolve_model_path", "tokenizer_mismatch_message", "with_cpu_matmul", "with_lora"]
+           "resolve_model_path", "tokenizer_mismatch_message", "with_cpu_matmul", "with_lora", "with_score_head"]

@@ -1,11 +1,14 @@
-"""`OfflineTrainer`: what the dataset trainers (SFT, DPO) share on top of the runtime.
+"""`OfflineTrainer`: what the dataset trainers (SFT, DPO, reward model) share on top of the runtime.
 
 Rows from files or Python (through the same field aliases and checks), a resumable sampler that picks
 each step's rows, data-parallel batch sharding, the optimizer state in checkpoints and `train_steps(n)`.
+`PairTrainer` adds what the preference trainers (DPO, reward model) share: the step and the held-out
+evaluation over pairs, around their own `pair_loss`.
 """
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -15,6 +18,7 @@ import torch
 from verl.data.fields import RowError, RowNormalizer
 from verl.data.hf import is_hf
 from verl.data.sampler import ResumableOrder
+from verl.distributed.offload import activations_offloaded
 from verl.errors import ConfigError, DataError
 from verl.trainer.data_split import python_rows, split_train_val
 from verl.trainer.runtime import TrainerRuntime
@@ -152,4 +156,68 @@ class OfflineTrainer(TrainerRuntime):
         return {"scheduler": self.scheduler}
 
 
-__all__ = ["OfflineTrainer", "Rows"]
+class PairTrainer(OfflineTrainer):
+    """A preference trainer: each step takes `data.train_batch_size` pairs in micro-batches of
+    `pairs_per_micro`, and `pair_loss` gives per-pair losses and statistics (chosen first: [m] tensors)."""
+
+    data_kind = "preference"
+    pairs_per_micro = 1
+    EVAL_KEYS = ("loss", "accuracy", "rewards/margins", "rewards/chosen", "rewards/rejected")
+
+    def pair_loss(self, split: str, data: Any, indices: Sequence[int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        raise TypeError(f"{type(self).__name__} must implement pair_loss()")  # pragma: no cover - abstract
+
+    def step(self) -> dict[str, float]:
+        """One optimizer step on the next `data.train_batch_size` pairs."""
+        start = time.perf_counter()
+        indices = self.next_indices()
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        # Each pair weighs 1 / (pairs on this rank); every rank holds as many pairs and gradients are
+        # averaged over ranks, so this is the mean over the global batch.
+        weight = 1.0 / len(indices)
+        sums: dict[str, float] = {}
+        for s in range(0, len(indices), self.pairs_per_micro):
+            chunk = indices[s : s + self.pairs_per_micro]
+            with activations_offloaded(self.config.actor.activation_offload, self.device):
+                losses, stats = self.pair_loss("train", self.train_data, chunk)
+            (losses.sum() * weight).backward()
+            for k, v in {"loss": losses.detach(), **stats}.items():
+                sums[k] = sums.get(k, 0.0) + float(v.double().sum())
+        grad_norm = self.clip_and_step(self.model, self.optimizer, self.config.actor.grad_clip)
+        self.scheduler.step()
+        seconds = time.perf_counter() - start
+        tokens = sum(len(self.train_data[i][f"{side}_input_ids"]) for i in indices for side in ("chosen", "rejected"))
+        # Logged as means over the global batch, like the gradient (not this rank's share).
+        names = list(sums)
+        totals, _ = self.global_sum([*(sums[k] for k in names), len(indices)])
+        metrics = {k: v / max(totals[-1], 1) for k, v in zip(names, totals[:-1], strict=True)}
+        metrics |= {"grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0], "timing/step": seconds,
+                    "perf/tokens_per_s": tokens * self.dp_size / max(seconds, 1e-9)}
+        return metrics
+
+    def validate(self) -> dict[str, float]:
+        """Loss, accuracy (chosen preferred) and reward margins on the held-out pairs (summed over ranks)."""
+        if self.val_data is None:
+            return {}
+        return {f"val/{k}": v for k, v in self.evaluate_pairs("val", self.val_data).items()}
+
+    def evaluate_pairs(self, split: str, data: Any) -> dict[str, float]:
+        indices = list(range(self.dp_rank, len(data), self.dp_size))
+        keys = self.EVAL_KEYS
+        sums = [0.0] * len(keys)
+        was_training = self.model.training
+        self.model.eval()
+        with torch.no_grad():
+            for s in range(0, len(indices), self.pairs_per_micro * 2):
+                losses, stats = self.pair_loss(split, data, indices[s : s + self.pairs_per_micro * 2])
+                stats["loss"] = losses
+                for j, k in enumerate(keys):
+                    sums[j] += float(stats[k].double().sum())
+        self.model.train(was_training)
+        totals, _ = self.global_sum([*sums, len(indices)])
+        count = max(totals[-1], 1)
+        return {k: v / count for k, v in zip(keys, totals[:-1], strict=True)}
+
+
+__all__ = ["OfflineTrainer", "PairTrainer", "Rows"]

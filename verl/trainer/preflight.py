@@ -31,9 +31,13 @@ from verl.checkpoint.manager import stale_latest
 from verl.config.schema import RunConfig
 from verl.data.tool_template import chat_template_text
 from verl.env import build_env
-from verl.errors import CheckpointError, ConfigError, DataError, ModelError, VerlError
+from verl.env.base import check_ground_truths
+from verl.env.multiturn import is_multiturn
+from verl.errors import CheckpointError, ConfigError, DataError, ModelError, RewardError, VerlError
 from verl.models.checks import vocabulary_difference
 from verl.models.hf_loader import load_tokenizer
+from verl.models.reward_model import saved_head_problem
+from verl.models.tiny import is_tiny_spec
 from verl.rewards import RewardManager
 from verl.trainer.data_split import DATA_KINDS, DataSplit, canonical_rows, split_train_val
 from verl.trainer.models import load_policy_with_report, resolve_model_path, tokenizer_mismatch_message
@@ -142,6 +146,7 @@ def preflight(config: RunConfig, *, world_size: int, device_type: str, kind: str
     else:
         _tokenizer_pass(pf, given)
         _frozen_tokenizers_pass(pf)
+        _reward_model_pass(pf)
         if check_model and not pf.problems:
             _model_pass(pf, given, torch.device(device_type), run_dtype(config.model.dtype, device_type))
     _data_pass(pf, given)
@@ -228,6 +233,17 @@ def _frozen_tokenizers_pass(pf: Preflight) -> None:
             pf.add("model", ModelError(tokenizer_mismatch_message(key, path, config.model.path, mismatch)))
 
 
+def _reward_model_pass(pf: Preflight) -> None:
+    """A `reward.model_path` folder whose weights hold no score head would score noise: refused from the
+    safetensors' names alone, before anything loads (the loader refuses it too, for other weight formats)."""
+    path = pf.config.reward.model_path
+    if pf.kind != "rl" or not path or is_tiny_spec(path):
+        return
+    problem = saved_head_problem(path)  # read as the scorer loads it: a folder here, else a hub id
+    if problem is not None:
+        pf.add("model", ModelError(problem))
+
+
 def _batch_pass(pf: Preflight) -> None:
     """At least one full batch of training rows: RL draws `data.train_batch_size` distinct prompts per
     step; SFT/DPO batches run across epoch ends, so a larger batch only repeats rows (a warning)."""
@@ -242,7 +258,7 @@ def _batch_pass(pf: Preflight) -> None:
         "data.train_batch_size", config.data.train_batch_size)
     if rows >= size:
         return
-    what = {"rl": "prompts", "sft": "examples", "dpo": "preference pairs"}[pf.kind]
+    what = {"rl": "prompts", "sft": "examples", "dpo": "preference pairs", "rm": "preference pairs"}[pf.kind]
     files = (", ".join(config.data.train_files) or
              (f"data.mixture ({', '.join(str(m.name) for m in config.data.mixture)})" if config.data.mixture else "")
              or "the training rows")
@@ -276,7 +292,8 @@ def _model_pass(pf: Preflight, given: Given, device: torch.device, dtype: torch.
         return  # a model object passed in is checked as it is handed over; no tokenizer: reported above
     try:
         _, _, pf.model_report = load_policy_with_report(pf.config, pf.model_path, device=device, dtype=dtype,
-                                                        tokenizer=pf.tokenizer, weights=False)
+                                                        tokenizer=pf.tokenizer, weights=False,
+                                                        reward_head=pf.kind == "rm")
     except VerlError as exc:
         pf.add("model", exc)
         return
@@ -308,12 +325,37 @@ def _data_pass(pf: Preflight, given: Given) -> None:
         pf.add("data", exc)
 
 
+def validation_rewards(config: RunConfig, env: Any) -> RewardManager | None:
+    """`reward.val_functions` as the reward manager validation scores with (None: as training scores), checked
+    against the environment's held-out rows (a function that needs a ground truth a row lacks, file:line)."""
+    if not config.reward.val_functions:
+        return None
+    if config.env.agent is not None or is_multiturn(env):
+        raise ConfigError("reward.val_functions scores single responses, but this environment runs multi-turn "
+                          "episodes that it scores itself. Fix: remove reward.val_functions")
+    r = config.reward
+    manager = RewardManager(r.val_functions, base_dir=config._source_dir, workers=r.workers, timeout_s=r.timeout_s,
+                            key="reward.val_functions")
+    if env is not None and callable(getattr(env, "val_rows", None)):
+        rows = env.val_rows()
+        try:
+            manager.check_data_sources([row.get("data_source") for row in rows])
+        except RewardError as exc:
+            raise RewardError(f"reward.val_functions: val data: {exc}") from None
+        check_ground_truths(manager, rows, "val")
+    return manager
+
+
 def _env_pass(pf: Preflight, given: Given) -> None:
     """Build the environment when no weights are needed for it (a local reward model is one more reward
     function: `components.setup_env` builds that environment once the model is loaded)."""
     config = pf.config
     if pf.kind != "rl" or given.env is not None:
         return
+    try:
+        validation_rewards(config, None)  # the functions load; the rows are checked once the env is built
+    except VerlError as exc:
+        pf.add("rewards", exc)
     common = {"base_dir": config._source_dir, "seed": config.trainer.seed, "shuffle": config.data.shuffle}
     functions = list(given.reward_functions) if given.reward_functions is not None else config.reward.functions
     if config.env.name is not None:
@@ -340,4 +382,4 @@ def _env_pass(pf: Preflight, given: Given) -> None:
         pf.add("environment", exc)
 
 
-__all__ = ["Given", "Preflight", "Problem", "preflight"]
+__all__ = ["Given", "Preflight", "Problem", "preflight", "validation_rewards"]

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from verl.algorithms import place_score_on_last_token
+from verl.data.chat import reward_text  # what the reward model reads: the same text it was trained on
 from verl.distributed.placement import Placement
 from verl.models.reward_model import RewardModelScorer
 from verl.trainer.batch import REWARD_TOKENS, RolloutBatch, fields_of, padding, read_by, written_by
@@ -31,14 +32,6 @@ class RewardModelFunction:
                  metadatas: Sequence[Mapping[str, Any]]) -> list[float]:
         texts = [reward_text(self.scorer.tokenizer, p, r) for p, r in zip(prompts, responses, strict=True)]
         return self.scorer.score_texts(texts).tolist()
-
-
-def reward_text(tokenizer: Any, prompt: Any, response: str) -> str:
-    """What the reward model reads: prompt + response, in the reward model's own chat format for messages."""
-    if isinstance(prompt, list):
-        messages = [*prompt, {"role": "assistant", "content": response}]
-        return tokenizer.apply_chat_template(messages, tokenize=False)
-    return f"{prompt}{response}"
 
 
 def reward_model_inputs(tokenizer: Any, prompts: Sequence[Any], responses: Sequence[str]) -> tuple[torch.Tensor,

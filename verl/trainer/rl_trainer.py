@@ -20,7 +20,7 @@ from verl.rewards import RewardResult, TrainingProgress
 from verl.rewards.manager import report_progress, takes_parameter
 from verl.rollout import SamplingParams
 from verl.rollout.weight_sync import ready_to_sample
-from verl.trainer import update
+from verl.trainer import evaluation, update
 from verl.trainer.advantages import (
     apply_kl_in_reward,
     apply_overlong_penalty,
@@ -44,7 +44,7 @@ from verl.trainer.correction import CorrectionPlan, plan_correction
 from verl.trainer.distill import apply_distillation
 from verl.trainer.drift import DriftGuard, combined_moments, drift_moments, judge_drift
 from verl.trainer.dynamic_sampling import accuracy_of, filter_groups
-from verl.trainer.evaluation import Answers, answer_extractor, evaluate_rows, validation_generator
+from verl.trainer.evaluation import Answers, evaluate_rows
 from verl.trainer.forward import can_share_prompt, logprobs_of, use_chunked_logprobs, values_of
 from verl.trainer.precision import compute_dtype
 from verl.trainer.python_api import RewardArg, python_run
@@ -99,6 +99,7 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         self.kl_ctrl, self.drift_guard = kl_controller(config.algorithm), DriftGuard()  # the guard's calibration
         self.entropy_ctrl = update.entropy_controller(config.actor)  # None: the fixed actor.entropy_coef
         self.async_rollout = async_rollout_for(config, parts, self.get_batch, self.generate, self.decode_responses)
+        self.val_rewards = parts.val_rewards  # `reward.val_functions`, or None: validation scores as training does
         self.reward_overlap = RewardOverlap(config.reward.overlap and self.multiturn is None and not config.is_async,
                                             self.env, self.engine, self.decode_responses)  # scoring while generating
         if self.model is not None:  # actor.chunked_logprobs=true on a head it cannot take: refused now
@@ -461,15 +462,17 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
                  samples: list[dict[str, Any]] | None = None, **report: Any) -> dict[str, float]:
         """Score and metric@k of `rollout.val_n` answers per row (`rollout.val_k`), sampled as validation samples
         them (`evaluation.evaluate_rows`, which `verl eval` runs too: every actor rank calls this with the same
-        rows). With `samples`, up to `trainer.log_samples` of {prompt, response, score, ground_truth} go into
-        it; `report` (progress, report) goes to evaluate_rows."""
+        rows), scored by `reward.val_functions` when set, else as training scores. With `samples`, up to
+        `trainer.log_samples` of {prompt, response, score, ground_truth} go into it; `report` (progress,
+        report) goes to evaluate_rows."""
         if not rows:
             return {}
         r = self.config.rollout
         params = self._sampling_params(r.val_temperature, r.val_n)
         # Its own stream, derived from (seed, step, rank): sampled validation is reproducible, survives a
         # resume, and never shifts the training samples (which `self.generator` alone decides).
-        generator = validation_generator(self.config.trainer.seed, self.step_count, self.rank, self.device)
+        generator = evaluation.validation_generator(self.config.trainer.seed, self.step_count, self.rank,
+                                                    self.device)
 
         def answer(chunk: list[Mapping[str, Any]]) -> Answers:
             if self.multiturn is not None:
@@ -479,14 +482,15 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
             with ready_to_sample(self.engine, self.model, self.gathered):
                 out = self.engine.generate(ids.to(self.device), mask.to(self.device), params, generator=generator)
             responses = self.decode_responses(out.response_ids, out.response_mask)
-            result = self.score_responses([row for row in chunk for _ in range(r.val_n)], responses,
-                                          out.response_ids, out.response_mask)
-            return Answers(result.scores, responses, extras=list(result.extras))
+            repeated = [row for row in chunk for _ in range(r.val_n)]
+            result = self.score_responses(repeated, responses, out.response_ids, out.response_mask)
+            return evaluation.validation_answers(result, responses, repeated, self.val_rewards)
 
         return evaluate_rows(rows, answer, n=r.val_n, ks=r.val_k, chunk_size=self.config.data.val_batch_size,
                              dp_rank=self.dp_rank, dp_size=self.dp_size, prefix=prefix, samples=samples,
                              all_reduce_sum=functools.partial(self.placement.all_reduce_sum, role="actor"),
-                             max_samples=self.config.trainer.log_samples, extract_answers=answer_extractor(self.env),
+                             max_samples=self.config.trainer.log_samples,
+                             extract_answers=evaluation.answer_extractor(self.env),
                              **report)
 
     def row_counts(self) -> tuple[int, int]:

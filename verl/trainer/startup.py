@@ -136,7 +136,7 @@ def split_refusal(kind: str, mapping: Any, world_size: int, runs_split: bool) ->
 
 
 # The environment each `trainer.demo` recipe is written for (its warm start reads that environment's data).
-DEMO_ENVS = {"arithmetic": "arithmetic", "tool": "calculator", "agent": "calculator"}
+DEMO_ENVS = {"arithmetic": "arithmetic", "tool": "calculator", "agent": "calculator", "rlhf": "arithmetic"}
 
 
 VAL_ONLY_NEEDS_ROWS = ("trainer.val_only=true validates on held-out rows, and this run has none. Fix: set "
