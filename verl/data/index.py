@@ -14,6 +14,7 @@ environment checks every row for them at start-up and must not read the files a 
 
 from __future__ import annotations
 
+import abc
 import csv
 import mmap
 import os
@@ -50,7 +51,7 @@ class RowFacts:
     line: int | None
 
 
-class _Source:
+class _Source(abc.ABC):
     """One file (or Python dataset) rows are read back from: `read(positions)` -> raw values, in order."""
 
     fmt = ""
@@ -76,8 +77,9 @@ class _Source:
                             "read from it during training, so it must stay as it was. Restart the run to check "
                             "it again, and write new data to a new file")
 
+    @abc.abstractmethod
     def read(self, positions: Sequence[int]) -> list[Any]:
-        raise NotImplementedError
+        """The raw rows at `positions` (the source's own row numbers), in that order."""
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_cache")}
