@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import subprocess
 import sys
 from pathlib import Path
 
-from ab import cpu_model, load_average
+from ab import cpu_model
+from verl_runs import example_summaries
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,19 +25,12 @@ def main() -> int:
     parser.add_argument("--run-root", default="runs/agent_tools_seeds")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    rows, loads = [], []
-    for seed in args.seeds:
-        run_dir = Path(args.run_root).resolve() / f"seed{seed}"
-        cmd = [sys.executable, "-m", "verl.cli.main", "train", str(ROOT / "examples" / "agent_tools.yaml"),
-               f"trainer.seed={seed}", f"trainer.run_dir={run_dir}", "trainer.resume=never", *args.overrides]
-        subprocess.run(cmd, check=True, cwd=ROOT)
-        rows.append(json.loads((run_dir / "summary.json").read_text()))
-        loads.append(load_average())
+    runs = example_summaries(ROOT / "examples" / "agent_tools.yaml", args.seeds, args.run_root, args.overrides)
     print(f"{cpu_model()}, {datetime.date.today()}, `python benchmarks/agent_demo_seeds.py {' '.join(sys.argv[1:])}`")
     print("| seed | accuracy after SFT | accuracy after GRPO | gain | endpoint calls per episode after GRPO | "
           "SFT steps | wall time | load (1/5/15 min, at the end) |")
     print("|---|---|---|---|---|---|---|---|")
-    for s, load in zip(rows, loads, strict=True):
+    for s, load in runs:
         print(f"| {s['seed']} | {s['accuracy_after_sft']:.1%} | {s['accuracy_after_rl']:.1%} | "
               f"{(s['accuracy_after_rl'] - s['accuracy_after_sft']) * 100:+.1f} pts | "
               f"{s['calls_per_episode_after_rl']:.2f} | {s['sft_steps']} | {s['wall_seconds']:.0f} s | {load} |")

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import subprocess
 import sys
 from pathlib import Path
 
-from ab import cpu_model, load_average
+from ab import cpu_model
+from verl_runs import example_summaries
 
 ROOT = Path(__file__).resolve().parents[1]
 MIN_GAIN_PTS, MAX_SECONDS = 25.0, 300.0
@@ -27,25 +26,18 @@ def main() -> int:
     parser.add_argument("--run-root", default="runs/code_demo_seeds")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    rows, loads = [], []
-    for seed in args.seeds:
-        run_dir = Path(args.run_root).resolve() / f"seed{seed}"
-        cmd = [sys.executable, "-m", "verl.cli.main", "train", str(ROOT / "examples" / "code_expression.yaml"),
-               f"trainer.seed={seed}", f"trainer.run_dir={run_dir}", "trainer.resume=never", *args.overrides]
-        subprocess.run(cmd, check=True, cwd=ROOT)
-        rows.append(json.loads((run_dir / "summary.json").read_text()))
-        loads.append(load_average())
+    runs = example_summaries(ROOT / "examples" / "code_expression.yaml", args.seeds, args.run_root, args.overrides)
     print(f"{cpu_model()}, {datetime.date.today()}, `python benchmarks/code_demo_seeds.py {' '.join(sys.argv[1:])}`")
     print("| seed | accuracy after SFT | accuracy after GRPO | gain | time in reward | SFT steps | wall time | "
           "load (1/5/15 min, at the end) |")
     print("|---|---|---|---|---|---|---|---|")
-    for s, load in zip(rows, loads, strict=True):
+    for s, load in runs:
         reward_s = s.get("seconds_per_stage", {}).get("reward")
         print(f"| {s['seed']} | {s['accuracy_after_sft']:.1%} | {s['accuracy_after_rl']:.1%} | "
               f"{s['accuracy_gain'] * 100:+.1f} pts | {'' if reward_s is None else f'{reward_s:.0f} s'} | "
               f"{s['sft_steps']} | {s['wall_seconds']:.0f} s | {load} |")
-    cleared = sum(100 * s["accuracy_gain"] >= MIN_GAIN_PTS and s["wall_seconds"] < MAX_SECONDS for s in rows)
-    print(f"\nseeds clearing the bar (>= +{MIN_GAIN_PTS:.0f} pts in under {MAX_SECONDS:.0f} s): {cleared}/{len(rows)}")
+    cleared = sum(100 * s["accuracy_gain"] >= MIN_GAIN_PTS and s["wall_seconds"] < MAX_SECONDS for s, _ in runs)
+    print(f"\nseeds clearing the bar (>= +{MIN_GAIN_PTS:.0f} pts in under {MAX_SECONDS:.0f} s): {cleared}/{len(runs)}")
     return 0
 
 

@@ -25,6 +25,22 @@ def run_verl(*args: str, what: str = "verl") -> subprocess.CompletedProcess:
     return proc
 
 
+def example_summaries(example: Path, seeds: list[int], run_root: str | Path,
+                      overrides: list[str]) -> list[tuple[dict[str, Any], str]]:
+    """`verl train EXAMPLE trainer.seed=S` for each seed, one after the other (its output shown as it runs), and
+    each run's summary.json with the load average at its end (the runs' times depend on it)."""
+    from ab import load_average
+
+    out = []
+    for seed in seeds:
+        run_dir = Path(run_root).resolve() / f"seed{seed}"
+        cmd = [sys.executable, "-m", "verl.cli.main", "train", str(example), f"trainer.seed={seed}",
+               f"trainer.run_dir={run_dir}", "trainer.resume=never", *overrides]
+        subprocess.run(cmd, check=True, cwd=ROOT)
+        out.append((json.loads((run_dir / "summary.json").read_text()), load_average()))
+    return out
+
+
 def metric_rows(run_dir: Path) -> list[dict[str, Any]]:
     """Every row of a run's metrics.jsonl."""
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
