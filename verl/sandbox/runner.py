@@ -15,17 +15,18 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal
 
 from verl.errors import SandboxError
 from verl.sandbox._init import sweep
-from verl.sandbox.isolation import DEFAULTS, SANDBOX_UID_BASE, isolation
+from verl.sandbox.isolation import DEFAULTS, SANDBOX_UID_BASE, Isolation, isolation
 
 Status = Literal["ok", "timeout", "memory", "killed", "error"]
 INIT = str(Path(__file__).with_name("_init.py"))
@@ -77,12 +78,12 @@ def _write_files(work: Path, files: Mapping[str, str | bytes]) -> None:
 class _Capped:
     """Reads a pipe to the end in a thread, keeping the first `cap` bytes; past that it calls `over`."""
 
-    def __init__(self, stream: IO[bytes], cap: int, over: callable) -> None:
+    def __init__(self, stream: IO[bytes], cap: int, over: Callable[[], object]) -> None:
         self.data, self.exceeded = bytearray(), False
         self._thread = threading.Thread(target=self._read, args=(stream, cap, over), daemon=True)
         self._thread.start()
 
-    def _read(self, stream: IO[bytes], cap: int, over: callable) -> None:
+    def _read(self, stream: IO[bytes], cap: int, over: Callable[[], object]) -> None:
         while chunk := stream.read1(65536):
             room = cap - len(self.data)
             self.data += chunk[:max(room, 0)]
@@ -162,7 +163,7 @@ def run_code(
         _remove(base)
 
 
-def _execute(iso, base: str, work: Path, uid: int | None, stdin: str, *, timeout_s: float, cpu_s: float,
+def _execute(iso: Isolation, base: str, work: Path, uid: int | None, stdin: str, *, timeout_s: float, cpu_s: float,
              memory_mb: int, max_processes: int, max_open_files: int, max_file_mb: int,
              max_output_bytes: int) -> SandboxResult:
     status_r, status_w = os.pipe()
@@ -171,8 +172,6 @@ def _execute(iso, base: str, work: Path, uid: int | None, stdin: str, *, timeout
             "pid_namespace": iso.namespaces, "cpu_s": max(1, int(-(-cpu_s // 1))), "memory_mb": int(memory_mb),
             "max_processes": int(max_processes), "max_open_files": int(max_open_files),
             "max_file_mb": int(max_file_mb)}
-    import sys
-
     start = time.monotonic()
     proc = subprocess.Popen([*iso.unshare, sys.executable, "-I", "-S", "-B", INIT, json.dumps(spec)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=base,
@@ -180,7 +179,7 @@ def _execute(iso, base: str, work: Path, uid: int | None, stdin: str, *, timeout
     os.close(status_w)
     flooded: list[str] = []
 
-    def over(stream: str) -> callable:
+    def over(stream: str) -> Callable[[], object]:
         return lambda: (flooded.append(stream), _kill_group(proc.pid))
 
     out, err = _Capped(proc.stdout, max_output_bytes, over("stdout")), _Capped(proc.stderr, max_output_bytes, over("stderr"))
