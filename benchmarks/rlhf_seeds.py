@@ -81,8 +81,9 @@ def main() -> int:
                 run_dir = Path(args.run_root).resolve() / name
                 how = (["-m", "verl.cli.main", "train", str(EXAMPLE)] if negatives == "all" else
                        ["-m", "verl.demos.rlhf", str(EXAMPLE), "--no-near-misses"])
-                cmd = [sys.executable, *how, f"trainer.seed={seed}", f"trainer.run_dir={run_dir}", "trainer.resume=never",
-                       "trainer.log_samples=128", *([] if kl is None else [f"actor.kl_loss_coef={kl}"]), *args.overrides]
+                cmd = [sys.executable, *how, f"trainer.seed={seed}", f"trainer.run_dir={run_dir}",
+                       "trainer.resume=never", "trainer.log_samples=128",
+                       *([] if kl is None else [f"actor.kl_loss_coef={kl}"]), *args.overrides]
                 subprocess.run(cmd, check=True, cwd=ROOT)
                 summary = json.loads((run_dir / "summary.json").read_text())
                 val = validations(run_dir)
@@ -108,4 +109,5 @@ def main() -> int:
 if __name__ == "__main__":
     import doc_table
 
-    raise SystemExit(doc_table.run(main, doc_table.table_and("seeds clearing"), doc=doc_table.ROOT / "docs" / "demos.md"))
+    raise SystemExit(doc_table.run(main, doc_table.table_and("seeds clearing"),
+                                   doc=doc_table.ROOT / "docs" / "demos.md"))
