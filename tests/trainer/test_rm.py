@@ -17,7 +17,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from verl.config.loader import build_config
 from verl.data.datasets import left_pad
-from verl.errors import DataError, ModelError
+from verl.errors import ConfigError, DataError, ModelError
 from verl.models.reward_model import RewardModelScorer, sequence_scores
 from verl.trainer.rm_trainer import EXPORT_DIR, RMTrainer
 
@@ -195,8 +195,35 @@ def test_bad_rows_are_data_errors_with_their_location(tiny, tmp_path):
         trainer(tiny, make_config(), rows=long)
     cut = trainer(tiny, make_config(data={"truncation": "truncate_left"}), rows=long)
     assert len(cut.train_data[0]["chosen_input_ids"]) == 24 and cut.train_data.truncated == 2
+    with pytest.raises(ConfigError, match="data.apply_chat_template=always with trainer.kind=rm"):
+        trainer(tiny, make_config(data={"apply_chat_template": "always"}))
     three = copy.deepcopy(tiny[0].config)
     three.num_labels = 3
     with pytest.raises(ModelError, match="num_labels=3; a reward model outputs one score"):
         RMTrainer(make_config(), model=AutoModelForSequenceClassification.from_config(three), tokenizer=tiny[1],
                   train_rows=ROWS)
+
+
+def test_chat_rows_are_read_as_reward_model_path_scores_them(tiny):
+    """Messages go through the chat template with the answer as the assistant turn, the same text RL's reward
+    model function builds for a chat prompt and its response, so training and scoring see the same tokens."""
+    from verl.trainer.reward_model import RewardModelFunction
+
+    model, tok = tiny
+    prompt = [{"role": "system", "content": "Add."}, {"role": "user", "content": "What is 2+3?"}]
+    rows = [{"prompt": prompt, "chosen": "5", "rejected": [{"role": "assistant", "content": "6"}]}]
+    tr = trainer(tiny, make_config(data={"train_batch_size": 1, "max_prompt_length": 64}), rows=rows)
+    item = tr.train_data[0]
+    captured = []
+
+    class Scorer:
+        tokenizer = tok
+
+        def score_texts(self, texts):
+            captured.extend(texts)
+            return torch.zeros(len(texts))
+
+    RewardModelFunction(Scorer(), 1.0)([prompt, prompt], ["5", "6"], [None, None], [{}, {}])
+    assert "<|im_start|>assistant\n5<|im_end|>" in captured[0]
+    assert [tok(t, add_special_tokens=False)["input_ids"] for t in captured] == [
+        item["chosen_input_ids"], item["rejected_input_ids"]]

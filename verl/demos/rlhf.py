@@ -20,6 +20,7 @@ term off, look there for reward hacking (docs/demos.md).
 
 from __future__ import annotations
 
+import copy
 import sys
 import time
 from typing import Any
@@ -120,7 +121,7 @@ def run_rlhf_demo(config: RunConfig, *, rm_steps: int = RM_STEPS, rm_batch_size:
     sft_seconds = time.perf_counter() - t0
     console.print(f"1/3 SFT: {sft_steps} steps, greedy accuracy on training problems {train_acc:.0%} "
                   f"({sft_seconds:.0f}s)")
-    # 2. the reward model, from the SFT model, on the policy's own mistakes
+    # 2. the reward model, from the SFT model, on the policy's own mistakes and the near misses
     t0 = time.perf_counter()
     rows = [{"prompt": prompt, "ground_truth": answer} for prompt, answer in env.sft_pairs()]
     held_out = [{"prompt": r["prompt"], "ground_truth": r["ground_truth"]} for r in env.val_rows()]
@@ -136,7 +137,8 @@ def run_rlhf_demo(config: RunConfig, *, rm_steps: int = RM_STEPS, rm_batch_size:
         "data": config.data.model_copy(update={"train_batch_size": rm_batch_size}),
         "actor": config.actor.model_copy(update={"micro_batch_size": 2 * rm_batch_size}),
         "reward": warm_reward})
-    rm = RMTrainer(rm_config, model=_copy(trainer.model), tokenizer=trainer.tokenizer, train_rows=train_pairs,
+    # A copy: the reward model starts from the SFT weights, and training it must not change the policy.
+    rm = RMTrainer(rm_config, model=copy.deepcopy(trainer.model), tokenizer=trainer.tokenizer, train_rows=train_pairs,
                    val_rows=val_pairs)
     rm_history = rm.fit()
     rm_path = rm.export_dir
@@ -160,10 +162,12 @@ def run_rlhf_demo(config: RunConfig, *, rm_steps: int = RM_STEPS, rm_batch_size:
     summary = {
         "accuracy_after_sft": before, "accuracy_after_rl": after, "accuracy_gain": after - before,
         "rm_pair_accuracy": rm_val[-1]["val/accuracy"], "rm_pairs": len(train_pairs),
-        "rm_reward_first_step": rewards[0] if rewards else None, "rm_reward_last_step": rewards[-1] if rewards else None,
-        "kl_loss_coef": config.actor.kl_loss_coef, "near_misses": list(near_misses), "steps": rl.step_count, "sft_steps": sft_steps,
-        "seed": config.trainer.seed, "wall_seconds": time.perf_counter() - start, "sft_seconds": sft_seconds,
-        "rm_seconds": rm_seconds, "rl_seconds": rl_seconds, "reward_model": str(rm_path), "run_dir": str(run_dir),
+        "rm_reward_first_step": rewards[0] if rewards else None,
+        "rm_reward_last_step": rewards[-1] if rewards else None,
+        "kl_loss_coef": config.actor.kl_loss_coef, "near_misses": list(near_misses), "steps": rl.step_count,
+        "sft_steps": sft_steps, "seed": config.trainer.seed, "wall_seconds": time.perf_counter() - start,
+        "sft_seconds": sft_seconds, "rm_seconds": rm_seconds, "rl_seconds": rl_seconds,
+        "reward_model": str(rm_path), "run_dir": str(run_dir),
     }
     path = rl.write_summary(summary)
     console.print(f"3/3 GRPO on the reward model: true held-out accuracy {before:.1%} -> {after:.1%} "
@@ -171,13 +175,6 @@ def run_rlhf_demo(config: RunConfig, *, rm_steps: int = RM_STEPS, rm_batch_size:
                   f"wall time {summary['wall_seconds']:.0f}s")
     console.print(f"run directory: {run_dir}  (summary: {path}, validation answers: samples.jsonl)", markup=False)
     return summary
-
-
-def _copy(model: torch.nn.Module) -> torch.nn.Module:
-    """The reward model starts from the SFT policy's weights but must not train the policy's own backbone."""
-    import copy
-
-    return copy.deepcopy(model)
 
 
 def main(argv: list[str] | None = None) -> int:

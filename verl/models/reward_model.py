@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from verl.errors import ModelError
+from verl.utils.lora import is_peft_model
 from verl.utils.positions import position_ids_from_mask
 
 
@@ -34,11 +35,11 @@ def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
 
 def score_head(model: nn.Module) -> nn.Module:
     """The `score` (or `classifier`) head of a sequence-classification model, under a peft wrapper too."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = model.get_base_model() if is_peft_model(model) else model
     head = getattr(base, "score", None) or getattr(base, "classifier", None)
     if not isinstance(head, nn.Module):
-        raise ModelError(f"{type(base).__name__} has no `score`/`classifier` head. Fix: use a *ForSequenceClassification "
-                         "model of a decoder architecture (Llama, Qwen2, Mistral, ...).")
+        raise ModelError(f"{type(base).__name__} has no `score`/`classifier` head. Fix: use a "
+                         "*ForSequenceClassification model of a decoder architecture (Llama, Qwen2, Mistral, ...).")
     return head
 
 
@@ -250,5 +251,5 @@ def saved_head_problem(path: str | os.PathLike) -> str | None:
     return no_head_message(os.fspath(path), ["score.weight"], config.get("architectures"))
 
 
-__all__ = ["RewardModelScorer", "check_head_loaded", "saved_head_problem", "last_token_index", "reward_model_from_causal_lm",
-           "score_head", "sequence_scores"]
+__all__ = ["RewardModelScorer", "check_head_loaded", "last_token_index", "reward_model_from_causal_lm",
+           "saved_head_problem", "score_head", "sequence_scores"]

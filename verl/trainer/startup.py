@@ -239,7 +239,7 @@ def check_sequence_parallel(config: RunConfig, kind: str, actor_ranks: int,
 
 
 def check_offline_options(config: RunConfig, kind: str) -> list[VerlError]:
-    """SFT/DPO options that contradict each other, refused before the model loads."""
+    """SFT/DPO/reward-model options that contradict each other, refused before the model loads."""
     problems: list[VerlError] = []
     s, p = config.sft, config.dpo
     if kind == "sft" and s.steps is not None and s.epochs is not None:
@@ -248,6 +248,12 @@ def check_offline_options(config: RunConfig, kind: str) -> list[VerlError]:
     if kind == "dpo" and p.label_smoothing and p.loss_type != "sigmoid":
         problems.append(ConfigError(f"dpo.label_smoothing={p.label_smoothing} only applies to dpo.loss_type=sigmoid, "
                                     f"not {p.loss_type!r}; set dpo.label_smoothing=0"))
+    if kind == "rm" and config.data.apply_chat_template == "always":
+        problems.append(ConfigError("data.apply_chat_template=always with trainer.kind=rm: the reward model reads prompt "
+                                    "+ answer as reward.model_path scores them in RL (chat messages through the chat "
+                                    "template, plain strings as they are), so templating string rows here would train "
+                                    "it on text it never scores. Fix: set data.apply_chat_template=auto, or give the "
+                                    "rows as chat messages"))
     return problems
 
 
