@@ -547,7 +547,8 @@ class ActorConfig(OptimConfig):
         "16k-token response at Qwen2.5's vocabulary. Same values and gradients up to float rounding; one more "
         "head projection per backward. auto = on where a micro-batch's response logits (response tokens x "
         "vocabulary, as the memory plan counts them) reach 2^28 and the head is one linear projection; true = on "
-        "(refused for other heads); false = off.")
+        "(refused for other heads); false = off. SFT and DPO take it for their target tokens (auto counting "
+        "actor.micro_batch_size x (max_prompt_length + max_response_length) positions).")
     skip_zero_advantage: bool = Field(True, description="Without a KL loss or an entropy bonus, a sequence whose "
                                       "advantages are all 0 adds exactly nothing to the gradient: skip its forward "
                                       "and backward (the loss normaliser still counts it). Metric actor/skipped_frac.")

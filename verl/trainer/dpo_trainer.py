@@ -17,12 +17,12 @@ from typing import Any
 
 import torch
 
-from verl.algorithms import dpo_loss, token_logprobs
+from verl.algorithms import dpo_loss
 from verl.config.schema import RunConfig
 from verl.data.datasets import IGNORE_INDEX, PreferenceDataset, pad_token_id
 from verl.models.lora import is_peft_model
 from verl.trainer.components import shard_frozen
-from verl.trainer.forward import can_share_prompt, shared_prompt_logits
+from verl.trainer.forward import can_share_prompt, head_capture, labelled_logprobs, shared_prompt_logits
 from verl.trainer.models import build_reference
 from verl.trainer.offline import PairTrainer, Rows
 from verl.trainer.optim import build_optimizer
@@ -60,15 +60,16 @@ def shared_pair_layout(items: Sequence[PairItem], pad_id: int) -> dict[str, torc
             "response_mask": response_mask, "targets": response_targets}
 
 
-def shared_sequence_logps(model: torch.nn.Module, layout: Mapping[str, torch.Tensor],
-                          device: torch.device) -> torch.Tensor:
-    """Per-row sums of target log-probs [2m] from `shared_pair_layout`, each prompt run once."""
+def shared_sequence_logps(model: torch.nn.Module, layout: Mapping[str, torch.Tensor], device: torch.device,
+                          chunked: bool = False) -> torch.Tensor:
+    """Per-row sums of target log-probs [2m] from `shared_pair_layout`, each prompt run once (`chunked`: from
+    the head's input, see `target_logprobs`)."""
     t = {k: v.to(device) for k, v in layout.items()}
-    logits = shared_prompt_logits(model, t["prompt_ids"], t["prompt_mask"], t["response_ids"], t["response_mask"])
-    has = t["targets"] != IGNORE_INDEX
-    logprobs = token_logprobs(logits[has], t["targets"][has])
-    rows = has.nonzero()[:, 0]
-    return torch.zeros(len(has), dtype=logprobs.dtype, device=logprobs.device).index_add(0, rows, logprobs)
+    with head_capture(model, chunked) as capture:
+        output = shared_prompt_logits(model, t["prompt_ids"], t["prompt_mask"], t["response_ids"],
+                                      t["response_mask"], capture)
+        logprobs, rows = labelled_logprobs(output, t["targets"])
+    return torch.zeros(len(t["targets"]), dtype=logprobs.dtype, device=logprobs.device).index_add(0, rows, logprobs)
 
 
 class PairBatch:
@@ -163,9 +164,10 @@ class DPOTrainer(PairTrainer):
 
         With `actor.share_prompt_forward` a pair's prompt runs once and both answers on its cached
         keys/values (same sums and gradients as the concatenated forward)."""
+        chunked = self.chunks_logprobs(model)
         if batch.share and can_share_prompt(model):
-            return shared_sequence_logps(model, batch.shared, self.device)
-        logprobs, rows = target_logprobs(model, batch.collated, self.device)
+            return shared_sequence_logps(model, batch.shared, self.device, chunked)
+        logprobs, rows = target_logprobs(model, batch.collated, self.device, chunked)
         n = batch.collated["input_ids"].shape[0]
         return torch.zeros(n, dtype=logprobs.dtype, device=logprobs.device).index_add(0, rows, logprobs)
 

@@ -5,7 +5,8 @@ vocabulary-sized memory. The logits stay in the model's dtype: the log-prob func
 at a time (forward and backward), so a bf16 model never holds a float32 [B, R, V] copy for its backward.
 With `chunked` (actor.chunked_logprobs) the model does not make the [B, R, V] logits at all: its head's input
 is taken (`verl.models.head.HeadCapture`) and projected one chunk of tokens at a time, forward and backward
-(`verl.algorithms.head_token_logprobs`).
+(`verl.algorithms.head_token_logprobs`). SFT and DPO take the same switch for their target tokens
+(`labelled_logprobs`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from verl.algorithms import (
     token_logprobs,
     token_logprobs_and_entropy,
 )
+from verl.data.datasets import IGNORE_INDEX
 from verl.distributed.memory_plan import chunks_logits, micro_batch_tokens
 from verl.distributed.sequence_parallel import KWARG, SequenceParallel, gather_sequence
 from verl.errors import ConfigError
@@ -110,13 +112,33 @@ def response_logprobs(
     `entropy_grad=False` computes the entropy for logging only, without adding it to the autograd graph.
     `chunked` computes both from the head's input in token chunks: the model makes no [B, R, V] logits.
     """
-    with _capture(model, chunked) as capture:  # open until the log-probs are made (FSDP2 keeps the head gathered)
+    with head_capture(model, chunked) as capture:  # open until the log-probs are made (FSDP2 keeps the head gathered)
         output = _sequence_output(model, capture, input_ids, attention_mask, position_ids, response_len)
         return _logprobs(output, input_ids[:, -response_len:], temperature, with_entropy, entropy_grad)
 
 
-def _capture(model: torch.nn.Module, chunked: bool) -> Any:
+def head_capture(model: torch.nn.Module, chunked: bool) -> Any:
+    """A `HeadCapture` of `model` when `chunked`, else a context that captures nothing (`forward_output`
+    then gives the logits)."""
     return HeadCapture(model) if chunked else contextlib.nullcontext()
+
+
+def forward_output(out: Any, capture: HeadCapture | None) -> torch.Tensor | HeadOutput:
+    """A causal LM forward's logits, or with `capture` the head input and projection that replace them."""
+    return _output(out, "logits", capture)
+
+
+def labelled_logprobs(output: torch.Tensor | HeadOutput,
+                      targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-prob of every target token [N], the row of each [N]) from logits [B, L, V] or a captured head
+    input [B, L, H] and `targets` [B, L] (`IGNORE_INDEX` where a position has none): only the N target
+    positions are upcast (logits) or projected in chunks (head input), never all B x L."""
+    has = targets != IGNORE_INDEX
+    if isinstance(output, HeadOutput):
+        logprobs, _ = head_token_logprobs(output.hidden[has], output.weight, targets[has], bias=output.bias)
+    else:
+        logprobs = token_logprobs(output[has], targets[has])
+    return logprobs, has.nonzero()[:, 0]
 
 
 def _logprobs(output: torch.Tensor | HeadOutput, labels: torch.Tensor, temperature: float, with_entropy: bool,
@@ -196,25 +218,28 @@ def sequence_parallel_logprobs(
 _CHUNKED: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, bool]] = weakref.WeakKeyDictionary()
 
 
-def use_chunked_logprobs(config: Any, model: torch.nn.Module) -> bool:
+def use_chunked_logprobs(config: Any, model: torch.nn.Module, tokens: int | None = None) -> bool:
     """Whether `model`'s log-probs are computed without its logits (`actor.chunked_logprobs`): `auto` by the
     memory plan's rule (`chunks_logits`) where the head allows it; `true` refuses a head that does not.
-    Decided once per model (every pass over the same tokens takes the same arithmetic)."""
-    a, r, d = config.actor, config.rollout, config.data
-    key = (a.chunked_logprobs, a.micro_batch_size, a.max_tokens_per_micro_batch, d.max_prompt_length, r.max_new_tokens)
+    `tokens`: the positions one micro-batch projects (default the RL actor's, from its micro-batch settings and
+    rollout.max_new_tokens; SFT and DPO pass theirs). Decided once per model (every pass over the same tokens
+    takes the same arithmetic)."""
+    if tokens is None:
+        a = config.actor
+        _, tokens = micro_batch_tokens(a.micro_batch_size, a.max_tokens_per_micro_batch,
+                                       config.data.max_prompt_length, config.rollout.max_new_tokens)
+    key = (config.actor.chunked_logprobs, tokens)
     if model not in _CHUNKED or _CHUNKED[model][0] != key:
-        _CHUNKED[model] = key, _decide_chunked(config, model)
+        _CHUNKED[model] = key, _decide_chunked(config, model, tokens)
     return _CHUNKED[model][1]
 
 
-def _decide_chunked(config: Any, model: torch.nn.Module) -> bool:
+def _decide_chunked(config: Any, model: torch.nn.Module, tokens: int) -> bool:
     head = output_head(model)
     weight = getattr(head, "weight", None)
     vocab = int(weight.shape[0]) if isinstance(weight, torch.Tensor) else 0
     setting = config.actor.chunked_logprobs
-    _, response_tokens = micro_batch_tokens(config.actor.micro_batch_size, config.actor.max_tokens_per_micro_batch,
-                                            config.data.max_prompt_length, config.rollout.max_new_tokens)
-    if not chunks_logits(setting, response_tokens, vocab):
+    if not chunks_logits(setting, tokens, vocab):
         return False
     why = head_unsupported(model)
     if why is not None and setting is True:
@@ -299,10 +324,11 @@ def shared_prompt_logits(
     prompt_mask: torch.Tensor,
     response_ids: torch.Tensor,
     response_attention: torch.Tensor,
-) -> torch.Tensor:
+    capture: HeadCapture | None = None,
+) -> torch.Tensor | HeadOutput:
     """The logits `sequence_logits` gives for the responses ([B, R, V], the model's dtype), running each
-    distinct prompt once (see `_shared_prompt_output`)."""
-    return _shared_prompt_output(model, "logits", prompt_ids, prompt_mask, response_ids, response_attention)
+    distinct prompt once (see `_shared_prompt_output`); with `capture`, the head's input there instead."""
+    return _shared_prompt_output(model, "logits", prompt_ids, prompt_mask, response_ids, response_attention, capture)
 
 
 def shared_prompt_values(
@@ -329,7 +355,7 @@ def shared_prompt_logprobs(
     chunked: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`response_logprobs` with each distinct prompt run once (see `shared_prompt_logits`)."""
-    with _capture(model, chunked) as capture:
+    with head_capture(model, chunked) as capture:
         output = _shared_prompt_output(model, "logits", prompt_ids, prompt_mask, response_ids, response_attention,
                                        capture)
         return _logprobs(output, response_ids, temperature, with_entropy, entropy_grad)

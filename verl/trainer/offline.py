@@ -21,6 +21,7 @@ from verl.data.sampler import ResumableOrder
 from verl.distributed.offload import activations_offloaded
 from verl.errors import ConfigError, DataError
 from verl.trainer.data_split import python_rows, split_train_val
+from verl.trainer.forward import use_chunked_logprobs
 from verl.trainer.runtime import TrainerRuntime
 
 Rows = Sequence[Mapping[str, Any]]
@@ -81,6 +82,15 @@ class OfflineTrainer(TrainerRuntime):
     def max_length(self) -> int:
         d = self.config.data
         return d.max_prompt_length + d.max_response_length
+
+    def chunks_logprobs(self, model: torch.nn.Module) -> bool:
+        """`actor.chunked_logprobs` for `model`'s passes here: micro-batches of `actor.micro_batch_size`
+        sequences of up to `max_length` tokens (the policy and a reference decide alike)."""
+        return use_chunked_logprobs(self.config, model, self.config.actor.micro_batch_size * self.max_length)
+
+    @property
+    def chunked_logprobs(self) -> bool:
+        return self.chunks_logprobs(self.model)
 
     def warn_boundary_mismatch(self, count: int, total: int, split: str) -> None:
         """Rows whose tokenised prompt is not a prefix of prompt+response train on a recomputed boundary."""

@@ -20,12 +20,13 @@ from typing import Any
 
 import torch
 
-from verl.algorithms import token_logprobs
 from verl.config.schema import RunConfig
 from verl.data.datasets import IGNORE_INDEX, SFTDataset, pad_token_id
 from verl.distributed.offload import activations_offloaded
 from verl.errors import ConfigError, DataError, ModelError
+from verl.models.head import HeadOutput
 from verl.models.signature import forward_accepts
+from verl.trainer.forward import forward_output, head_capture, labelled_logprobs
 from verl.trainer.offline import OfflineTrainer, Rows
 from verl.trainer.optim import build_optimizer
 
@@ -117,12 +118,14 @@ def collate_sequences(
             "keep_last": max(1, width - int(first.min()))}
 
 
-def target_logprobs(model: torch.nn.Module, batch: Mapping[str, Any],
-                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def target_logprobs(model: torch.nn.Module, batch: Mapping[str, Any], device: torch.device,
+                    chunked: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-prob of every target token [N], row index of each [N]) for the positions that have a target.
 
     Only the N target positions are turned into float32 log-probs, never the whole [B, L, V] logits,
     and with `logits_to_keep` the model projects only the last `keep_last` positions onto the vocabulary.
+    `chunked` (actor.chunked_logprobs) makes no [B, L, V] logits at all: the N targets' hidden states are
+    projected a chunk of tokens at a time, forward and backward (`forward.labelled_logprobs`).
     """
     mask = batch["attention_mask"]
     kwargs = {"input_ids": batch["input_ids"].to(device), "position_ids": batch["position_ids"].to(device),
@@ -130,11 +133,10 @@ def target_logprobs(model: torch.nn.Module, batch: Mapping[str, Any],
     width, keep = batch["input_ids"].shape[1], batch.get("keep_last", batch["input_ids"].shape[1])
     if keep < width and forward_accepts(model, "logits_to_keep"):
         kwargs["logits_to_keep"] = keep
-    logits = model(**kwargs).logits
-    targets = batch["targets"][:, width - logits.shape[1] :].to(device)
-    has = targets != IGNORE_INDEX
-    rows = has.nonzero()[:, 0]
-    return token_logprobs(logits[has], targets[has]), rows
+    with head_capture(model, chunked) as capture:
+        output = forward_output(model(**kwargs), capture)
+        kept = (output.hidden if isinstance(output, HeadOutput) else output).shape[1]
+        return labelled_logprobs(output, batch["targets"][:, width - kept :].to(device))
 
 
 class SFTTrainer(OfflineTrainer):
@@ -210,7 +212,7 @@ class SFTTrainer(OfflineTrainer):
         nll_sum = 0.0
         for mb in micro:
             with activations_offloaded(cfg.activation_offload, self.device):
-                logprobs, _ = target_logprobs(self.model, mb, self.device)
+                logprobs, _ = target_logprobs(self.model, mb, self.device, self.chunked_logprobs)
             nll = -logprobs.sum()
             (nll * scale).backward()
             nll_sum += float(nll.detach())
@@ -247,7 +249,7 @@ class SFTTrainer(OfflineTrainer):
         with torch.no_grad():
             for mb in self.micro_batches(items, packed=False,
                                          rows_per_micro=self.config.actor.micro_batch_size * 2):
-                logprobs, _ = target_logprobs(self.model, mb, self.device)
+                logprobs, _ = target_logprobs(self.model, mb, self.device, self.chunked_logprobs)
                 nll -= float(logprobs.double().sum())
                 count += logprobs.numel()
         self.model.train(was_training)
