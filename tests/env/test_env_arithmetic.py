@@ -42,6 +42,14 @@ def test_same_seed_same_problems_other_seed_differs() -> None:
     assert a.val_rows() != c.val_rows()
 
 
+def test_split_seed_fixes_the_held_out_problems_while_the_seed_orders_prompts() -> None:
+    a, b = (ArithmeticEnv(seed=s, split_seed=7, num_train=50, num_val=10) for s in (0, 1))
+    assert a.val_rows() == b.val_rows() == ArithmeticEnv(seed=7, num_train=50, num_val=10).val_rows()
+    first = [r["prompt"] for r in a.get_batch(50)]
+    second = [r["prompt"] for r in b.get_batch(50)]
+    assert sorted(first) == sorted(second) and first != second
+
+
 def test_allow_negative_and_num_train() -> None:
     env = ArithmeticEnv(num_train=20, num_val=10, max_operand=5, ops=["-"], allow_negative=True)
     rows = env.get_batch(20) + env.val_rows()
@@ -86,6 +94,7 @@ def test_sft_pairs_come_from_train_split_and_score_one() -> None:
         ({"ops": []}, r"unsupported operators"),
         ({"max_operand": 0}, r"env.kwargs.max_operand must be an int >= 1, got 0"),
         ({"num_train": 0}, r"num_train must be an int >= 1"),
+        ({"split_seed": -1}, r"env.kwargs.split_seed must be an int >= 0"),
         ({"prompt_template": "{x}+{b}"}, r"cannot be formatted"),
         ({"answer_template": "{answer} (checked 2 times)"}, r"last number is not the answer"),
     ],

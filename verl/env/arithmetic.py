@@ -35,6 +35,9 @@ class ArithmeticEnv(PromptEnv):
     max_operand) is a candidate; a seeded shuffle picks
     `num_val` validation problems first and then `num_train` training problems (None = all the rest).
     With allow_negative=False, subtraction only uses a >= b so answers stay non-negative.
+    `split_seed` seeds that pick instead of the run's seed (`trainer.seed`, which still orders the prompts):
+    RL runs with other seeds then validate on the same held-out problems, none of which a shared warm start
+    trained on.
     """
 
     def __init__(
@@ -50,8 +53,11 @@ class ArithmeticEnv(PromptEnv):
         answer_template: str = "{answer}",
         shuffle: bool = True,
         reward_manager: RewardManager | None = None,
+        split_seed: int | None = None,
     ) -> None:
         _check_int("max_operand", max_operand, 1)
+        if split_seed is not None:
+            _check_int("split_seed", split_seed, 0)
         if max_second_operand is None:
             max_second_operand = max_operand
         _check_int("max_second_operand", max_second_operand, 1)
@@ -91,7 +97,7 @@ class ArithmeticEnv(PromptEnv):
             for b in range(max_second_operand + 1)
             if allow_negative or op != "-" or a >= b
         ]
-        order = np.random.default_rng([seed, 1]).permutation(len(problems))
+        order = np.random.default_rng([seed if split_seed is None else split_seed, 1]).permutation(len(problems))
         wanted = num_val + (num_train if num_train is not None else 1)
         if wanted > len(problems):
             raise ConfigError(
