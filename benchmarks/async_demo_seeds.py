@@ -73,7 +73,7 @@ def run(name: str, seed: int, model: Path, root: Path, args: argparse.Namespace,
         repeat: int = 0) -> list[tuple[int, float]]:
     """One RL run from the warm start `model`; its RL seed is `seed + 1000 * repeat`."""
     run_dir = root / f"{name}-seed-{seed}" / f"repeat-{repeat}"
-    path = run_dir / "config.yaml"
+    path = run_dir / "input.yaml"  # the run writes its resolved config.yaml next to it
     config = yaml.safe_dump(rl_config(seed, model, run_dir, args.steps, args.val_every, name == "async",
                                       seed + 1000 * repeat))
     if args.reuse and path.exists() and path.read_text() == config and (run_dir / "metrics.jsonl").exists():
