@@ -12,6 +12,9 @@ while the policy stays sharded.
 engine loaded from disk. An FSDP2-sharded policy is gathered tensor by tensor (one full tensor alive at a
 time); a PEFT/LoRA policy is pushed merged (``W + B @ A * scale`` for the active adapters), since the engine
 serves the base architecture.
+
+On an asynchronous rollout rank (``devices.rollout``) the weights arrive by broadcast instead
+(:class:`DeliveryReceiver`): they go into the engine as they are received, and its rollouts push nothing.
 """
 
 from __future__ import annotations

@@ -20,6 +20,13 @@ trainer's over the sampler's probability. The prompt stream stays in
 step because every rank draws the same batches in the same order (the rollout ranks k batches earlier), so a
 checkpoint's position is the trained batches' and a resume regenerates what was in flight: nothing is
 trained twice or lost.
+
+With `rollout.engine=vllm` a rollout rank samples with vLLM, which holds its own weights: each delivery
+(the first step's and every update's) ends with them loaded into it (`weight_sync.DeliveryReceiver`: a full
+policy's buckets as they arrive, a LoRA policy's adapters merged on the rollout rank), the engine stays
+awake, and the rank's Hugging Face copy stays on the CPU. vLLM samples a batch in one call, so there is no
+partial rollout (`takes_partial_rollouts`): each batch is sampled by one version, with vLLM's log-probs as
+the behaviour log-probs.
 """
 
 from __future__ import annotations
