@@ -11,7 +11,8 @@
 # 2. `pytest -m gpu tests/gpu`: sampler == generate on CUDA in fp32/bf16; bf16 training; FSDP2 over NCCL
 #    with one rank, mixed precision, activation checkpointing; weights that move at lr 1e-6 in the default
 #    precision (and not with bf16 masters); CPU offload; the collective guard on NCCL; GRPO with a KL loss
-#    split over 2 GPUs and colocated vLLM on 2 ranks (each skips itself where it cannot run: 1 GPU, no vllm);
+#    split over 2 GPUs, colocated vLLM on 2 ranks and asynchronous RL with vLLM on a rollout rank of its own
+#    (2 GPUs) (each skips itself where it cannot run: 1 GPU, no vllm);
 # 3. benchmarks/gpu_check.py: GRPO steps of a random Qwen2.5-0.5B-shaped model in bf16 (64 prompts x 8
 #    samples, 256 new tokens): rollout tokens/s ours vs HF generate, update MFU, peak memory, s/stage;
 # 4. one table of every part and its status (benchmarks/gpu_check_table.py), also in $OUT/summary.txt.

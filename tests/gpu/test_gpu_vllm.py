@@ -1,8 +1,9 @@
 """Colocated vLLM on real GPUs: GRPO with rollout.engine=vllm under torchrun (2 ranks on 2 GPUs, else 1), each
 rank's engine on its own GPU (external_launcher), asleep at level 2 during the update, woken and re-loaded
 with the policy's weights before every rollout, returning the log-probs of the tempered distribution it
-sampled from. Marked `gpu`; skipped without CUDA or without vllm. The CPU tests of the same protocol run
-against a stand-in (tests/rollout/test_vllm_sync.py)."""
+sampled from. Asynchronous RL with vLLM on a rollout rank of its own (2 GPUs: actor on 0, rollout on 1), fed
+by the actor's weight deliveries. Marked `gpu`; skipped without CUDA or without vllm. The CPU tests of the same
+protocol run against a stand-in (tests/rollout/test_vllm_sync.py, tests/rollout/test_vllm_async.py)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _config(tmp_path: Path) -> Path:
+def _config(tmp_path: Path, **sections: dict) -> Path:
     # head_dim 64: a size every vLLM attention backend supports (the default tiny model has 16)
     model = build_tiny_model(tmp_path / "model", hidden_size=256, num_heads=4, num_kv_heads=2)
     cfg = {
@@ -42,6 +43,8 @@ def _config(tmp_path: Path) -> Path:
                     "val_before_train": False},
         "logging": {"backends": ["jsonl"]},
     }
+    for name, section in sections.items():
+        cfg[name] = {**cfg.get(name, {}), **section}
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -59,3 +62,21 @@ def test_colocated_vllm_grpo_follows_the_policy(tmp_path):
     for r in rows:  # bf16 vLLM vs the trainer's forward: processed (tempered) log-probs agree closely
         assert r["actor/grad_norm"] > 0
         assert r["rollout/logprob_diff_mean"] < 0.05, r
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (NCCL takes one GPU per rank)")
+def test_async_vllm_rollout_rank_takes_every_delivery(tmp_path):
+    """Rank 0 trains, rank 1 samples with vLLM one step ahead (max_staleness=1): the deliveries (bucketed NCCL
+    broadcasts) are loaded into the rollout rank's awake engine, which samples from the actor's weights."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    config = _config(tmp_path, devices={"actor": [0], "rollout": [1]}, trainer={"total_steps": 2},
+                     rollout={"max_staleness": 1})
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            "-m", "verl.cli.main", "train", str(config)]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=420, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["actor/grad_norm"] > 0 and r["async/weight_delivery_mb"] > 0 and r["async/staleness"] <= 1
+        assert r["rollout/logprob_diff_mean"] < 0.05, r  # lr 1e-4: one update old moves the log-probs little

@@ -395,6 +395,11 @@ def test_vllm_needs_the_actor_on_every_rank():
     assert check_vllm_placement("vllm", (0, 1), 2) == [] and check_vllm_placement("hf", (0,), 2) == []
     (problem,) = check_vllm_placement("vllm", (0,), 2)
     assert isinstance(problem, ConfigError) and "actor on ranks [0] of 2" in str(problem)
+    # asynchronous RL: the rollout ranks build engines too, so actor + rollout ranks on every rank is enough
+    assert check_vllm_placement("vllm", (0,), 2, rollout_ranks=(1,)) == []
+    (problem,) = check_vllm_placement("vllm", (0,), 3, rollout_ranks=(1,))
+    assert "the actor on ranks [0] and rollout ranks [1] of 3" in str(problem) and "rank(s) [2]" in str(problem)
+    assert "Fix:" in str(problem)
 
 
 def _two_rank_worker(rank: int, world: int, port: int, out_dir: str) -> None:

@@ -219,7 +219,8 @@ class RolloutConfig(Section):
     partial_rollout: bool = Field(True, description="Asynchronous rollout: a rollout rank takes the new weights "
                                   "between two tokens of the responses it is writing (the rest of them is sampled "
                                   "by the new weights, each token's version and log-prob recorded) instead of "
-                                  "after its batch. False = a batch is sampled by one version.")
+                                  "after its batch. False = a batch is sampled by one version. Our own sampler only: "
+                                  "off with rollout.engine=vllm, which samples a batch in one call.")
     n: int = Field(4, gt=0, description="Responses sampled per prompt.")
     max_new_tokens: int = Field(256, gt=0)
     temperature: float = Field(1.0, ge=0.0)

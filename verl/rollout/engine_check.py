@@ -33,16 +33,23 @@ def check_rollout_engine(engine: str, *, device_type: str) -> list[ConfigError]:
     return problems
 
 
-def check_vllm_placement(engine: str, actor_ranks: tuple[int, ...], world_size: int) -> list[ConfigError]:
+def check_vllm_placement(engine: str, actor_ranks: tuple[int, ...], world_size: int,
+                         rollout_ranks: tuple[int, ...] = ()) -> list[ConfigError]:
     """vLLM under torchrun (``external_launcher``) builds its process groups over every rank of the run, so
-    every rank must build the engine: the actor (which owns it) has to be on all ranks."""
-    if engine != "vllm" or world_size <= 1 or tuple(actor_ranks) == tuple(range(world_size)):
+    every rank must build an engine: the actor's ranks (which own one, for their rollouts or validation) and
+    an asynchronous run's rollout ranks (``devices.rollout``) together must be all of them."""
+    building = set(actor_ranks) | set(rollout_ranks)
+    if engine != "vllm" or world_size <= 1 or building == set(range(world_size)):
         return []
+    others = sorted(set(range(world_size)) - building)
+    where = f"the actor on ranks {list(actor_ranks)}" + (f" and rollout ranks {list(rollout_ranks)}"
+                                                         if rollout_ranks else "")
     return [ConfigError(
-        f"rollout.engine=vllm with the actor on ranks {list(actor_ranks)} of {world_size}: vLLM's external_launcher "
-        "executor creates its process groups over all ranks of the run, so ranks without the actor would leave "
-        "it waiting forever. Fix: place the actor on every rank (the default colocated placement, devices.*), "
-        "or use rollout.engine=hf with this split placement.")]
+        f"rollout.engine=vllm with {where} of {world_size}: vLLM's external_launcher executor creates its "
+        f"process groups over all ranks of the run, so rank(s) {others}, which build no engine, would leave it "
+        "waiting forever. Fix: place the actor on every rank (the default colocated placement, devices.*), or "
+        "on every rank that devices.rollout does not take (asynchronous RL), or use rollout.engine=hf with this "
+        "split placement.")]
 
 
 __all__ = ["check_rollout_engine", "check_vllm_placement"]

@@ -12,6 +12,9 @@ while the policy stays sharded.
 engine loaded from disk. An FSDP2-sharded policy is gathered tensor by tensor (one full tensor alive at a
 time); a PEFT/LoRA policy is pushed merged (``W + B @ A * scale`` for the active adapters), since the engine
 serves the base architecture.
+
+On an asynchronous rollout rank (``devices.rollout``) the weights arrive by broadcast instead
+(:class:`DeliveryReceiver`): they go into the engine as they are received, and its rollouts push nothing.
 """
 
 from __future__ import annotations
@@ -51,10 +54,12 @@ def _lora_delta(module: Any) -> torch.Tensor | None:
     return delta
 
 
-def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def policy_weights(model: torch.nn.Module, *, adapted_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """(Hugging Face name, full tensor) for every parameter and persistent buffer of the policy.
 
     Tied weights appear once (under the first name, as ``named_parameters`` gives them), as in the files.
+    ``adapted_only`` (a PEFT policy): only what training can change, the merged weights of the LoRA layers and
+    the ``modules_to_save`` copies; the frozen base weights the engine loaded from disk are left out.
     """
     base = _peft_base(model)
     if base is None:
@@ -71,18 +76,21 @@ def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
         if any(part in name for part in _LORA_PARTS):
             continue
         owner, _, leaf = name.rpartition(".")
-        if ".modules_to_save." in name:  # a fully trained copy replaces the original module
+        adapted = ".modules_to_save." in name
+        if adapted:  # a fully trained copy replaces the original module
             head, _, rest = name.partition(".modules_to_save.")
             name = f"{head}.{rest.split('.', 1)[1]}"
         elif owner.endswith(".base_layer"):
             layer = owner.removesuffix(".base_layer")
             name = f"{layer}.{leaf}"
-            if leaf == "weight":
+            adapted = leaf == "weight"
+            if adapted:
                 delta = _lora_delta(lora_modules[layer])
                 if delta is not None:
                     yield name, (_full(param) + _full(delta).to(param.dtype))
                     continue
-        yield name, _full(param)
+        if adapted or not adapted_only:
+            yield name, _full(param)
 
 
 @contextmanager
@@ -91,8 +99,8 @@ def synced(engine: Any, model: torch.nn.Module) -> Iterator[None]:
 
     A no-op for an engine that samples from the policy module itself (``holds_own_weights`` false).
     """
-    if not getattr(engine, "holds_own_weights", False):
-        yield
+    if not getattr(engine, "holds_own_weights", False) or getattr(engine, "fed_by_deliveries", False):
+        yield  # an asynchronous rollout rank's engine got the weights with the last delivery (DeliveryReceiver)
         return
     engine.load_policy_weights(policy_weights(model))
     try:
@@ -119,4 +127,44 @@ def ready_to_sample(engine: Any, model: torch.nn.Module,
             yield
 
 
-__all__ = ["policy_weights", "ready_to_sample", "synced"]
+class DeliveryReceiver:
+    """A rollout rank's end of an asynchronous weight delivery (`verl.trainer.async_rollout.AsyncRollout.deliver`):
+    where the broadcast buckets of the trained parameters go.
+
+    Our sampler runs the rollout rank's copy of the policy, so the buckets are unpacked into it. An engine with
+    its own weights (vLLM) must end each delivery holding them: a full policy's buckets are loaded into it as
+    they arrive, straight from the received (device) buffer under their Hugging Face names, and the copy is not
+    updated (on a vLLM rollout rank it stays on the CPU as the delivery's layout only, see
+    `verl.trainer.components.setup_engine`); a LoRA policy's buckets are its adapters, which need the base
+    weights to mean anything, so they are unpacked into the copy and, once all have arrived, the merged
+    weights of the adapted layers are loaded (`policy_weights(adapted_only=True)`: the frozen base weights
+    the engine loaded from disk never change)."""
+
+    def __init__(self, engine: Any, model: torch.nn.Module) -> None:
+        self.engine, self.model = engine, model
+        self.pushes = bool(getattr(engine, "holds_own_weights", False))
+        self.lora = _peft_base(model) is not None
+
+    def bucket(self, params: list[tuple[str, torch.nn.Parameter]], flat: torch.Tensor) -> None:
+        """One received bucket: `flat` holds `params`' new values, concatenated in order."""
+        if self.pushes and not self.lora:
+            self.engine.load_policy_weights(zip([name for name, _ in params], _views(flat, params), strict=True))
+            return
+        with torch.no_grad():
+            for (_, p), value in zip(params, _views(flat, params), strict=True):
+                p.copy_(value.to(p.device))
+
+    def done(self) -> None:
+        """Every bucket arrived: a LoRA policy's merged weights into the engine."""
+        if self.pushes and self.lora:
+            self.engine.load_policy_weights(policy_weights(self.model, adapted_only=True))
+
+
+def _views(flat: torch.Tensor, params: list[tuple[str, torch.nn.Parameter]]) -> Iterator[torch.Tensor]:
+    offset = 0
+    for _, p in params:
+        yield flat[offset: offset + p.numel()].view(p.shape)
+        offset += p.numel()
+
+
+__all__ = ["DeliveryReceiver", "policy_weights", "ready_to_sample", "synced"]

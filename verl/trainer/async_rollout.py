@@ -20,6 +20,13 @@ trainer's over the sampler's probability. The prompt stream stays in
 step because every rank draws the same batches in the same order (the rollout ranks k batches earlier), so a
 checkpoint's position is the trained batches' and a resume regenerates what was in flight: nothing is
 trained twice or lost.
+
+With `rollout.engine=vllm` a rollout rank samples with vLLM, which holds its own weights: each delivery
+(the first step's and every update's) ends with them loaded into it (`weight_sync.DeliveryReceiver`: a full
+policy's buckets as they arrive, a LoRA policy's adapters merged on the rollout rank), the engine stays
+awake, and the rank's Hugging Face copy stays on the CPU. vLLM samples a batch in one call, so there is no
+partial rollout (`takes_partial_rollouts`): each batch is sampled by one version, with vLLM's log-probs as
+the behaviour log-probs.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from verl.distributed.guard import role_key
 from verl.distributed.mapping import DeviceMapping
 from verl.env.multiturn import is_multiturn
 from verl.errors import ConfigError, DistributedError
+from verl.rollout.weight_sync import DeliveryReceiver
 from verl.trainer.batch import RolloutBatch
 
 if TYPE_CHECKING:  # components imports the start-up checks, which import this module
@@ -93,7 +101,7 @@ class AsyncRollout:
     decode: Callable[[torch.Tensor, torch.Tensor], list[str]]  # the responses' text, on the actor ranks
     env: Any  # the prompt stream (its position is saved by the trainer ranks, who draw as they train)
     device: torch.device
-    engine: Any = None  # the sampler whose `between_tokens` takes a delivery mid-batch (a partial rollout)
+    engine: Any = None  # this rank's sampler: a delivery's target (vLLM) or, via `between_tokens`, a partial rollout's
     partial: bool = False  # rollout.partial_rollout
     queue: deque[RolloutBatch] = field(default_factory=deque)
     model: torch.nn.Module | None = None  # this rank's policy (next_batch's; a partial rollout's delivery target)
@@ -213,6 +221,7 @@ class AsyncRollout:
             self.groups.guard.signal(_posted(version))  # generating rollout ranks join between two tokens
         params = trainable(model)
         group = self.groups.group_of(ranks)
+        receiver = DeliveryReceiver(self.engine, model) if self.generates else None
         for index in buckets(params):
             full = [_full(params[i][1]) for i in index] if self.groups.has("actor") else None  # actor collective
             if not member:
@@ -223,8 +232,10 @@ class AsyncRollout:
             self.groups.guard.run("rollout:weights", ranks,
                                   lambda flat=flat: dist.broadcast(flat, src=source, group=group),
                                   group_name=role_key(ranks))
-            if self.generates:
-                _unpack(flat, [params[i][1] for i in index])
+            if receiver is not None:  # into the copy our sampler runs, or into vLLM's own weights
+                receiver.bucket([params[i] for i in index], flat)
+        if receiver is not None:
+            receiver.done()
         self.version = version  # every side tracks it: the first-step delivery happens once
         if self.groups.rank != source:  # a rollout rank's time here is mostly its wait for the update
             return {}
@@ -240,15 +251,6 @@ def _full(p: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         full = p.full_tensor() if hasattr(p, "full_tensor") else p
     return full.detach()
-
-
-def _unpack(flat: torch.Tensor, params: list[torch.nn.Parameter]) -> None:
-    offset = 0
-    with torch.no_grad():
-        for p in params:
-            n = p.numel()
-            p.copy_(flat[offset: offset + n].view_as(p).to(p.device))
-            offset += n
 
 
 def _fields(batch: RolloutBatch) -> dict[str, torch.Tensor]:
@@ -291,19 +293,17 @@ def staleness_metrics(received: dict[str, torch.Tensor], step: int) -> dict[str,
     return out
 
 
-__all__ = ["AsyncRollout", "async_problems", "async_rollout_for", "describe", "BUCKET_BYTES", "buckets", "delivery_ranks", "merge", "staleness_metrics", "trainable"]
+__all__ = ["AsyncRollout", "async_problems", "async_rollout_for", "describe", "BUCKET_BYTES", "buckets", "delivery_ranks", "merge", "staleness_metrics",
+           "takes_partial_rollouts", "trainable"]
 
 
 def async_problems(config: RunConfig) -> list[ConfigError]:
     """What an asynchronous run (`devices.rollout`) refuses before anything loads, each with its fix."""
     if not config.is_async:
         return []
-    problems = []
-    if config.rollout.engine != "hf":
-        problems.append(ConfigError(f"rollout.engine={config.rollout.engine} on rollout ranks of their own "
-                                    "(devices.rollout) cannot receive the delivered weights yet. Fix: "
-                                    "rollout.engine=hf, or remove devices.rollout."))
-    return problems
+    # rollout.engine=vllm on rollout ranks: the deliveries load into its weights (DeliveryReceiver); that every
+    # rank can build its engine is engine_check.check_vllm_placement's.
+    return []
 
 
 def describe(config: RunConfig, mapping: DeviceMapping) -> str:
@@ -313,9 +313,26 @@ def describe(config: RunConfig, mapping: DeviceMapping) -> str:
         return (f"rollout.max_staleness={k} has no effect: the actor ranks generate between their updates "
                 "(synchronous). Give generation ranks of their own with devices.rollout to run ahead.")
     mode = {0: "synchronous on the split ranks", 1: "one-step off-policy"}.get(k, f"up to {k} updates stale")
-    return (f"asynchronous rollout: rank(s) {list(mapping.ranks('rollout'))} generate, rank(s) "
+    line = (f"asynchronous rollout: rank(s) {list(mapping.ranks('rollout'))} generate, rank(s) "
             f"{list(mapping.ranks('actor'))} train; rollout.max_staleness={k} ({mode}), a queue of at most {k} "
             "batch(es) ahead; the new weights go to the rollout ranks after every update")
+    if config.rollout.engine != "vllm":
+        return line
+    line += (" and are loaded into the rollout ranks' vLLM engines (kept awake; their Hugging Face copy of the "
+             "policy stays on the CPU)")
+    if config.rollout.partial_rollout:
+        line += ("; rollout.partial_rollout is off with rollout.engine=vllm (vLLM samples a batch in one call, so "
+                 "the new weights are taken between batches and each batch is sampled by one version)")
+    return line
+
+
+def takes_partial_rollouts(config: RunConfig, env: Any) -> bool:
+    """Whether rollout ranks take a delivery between two tokens (`rollout.partial_rollout`): only our own
+    sampler can (its `between_tokens` hook), and only where a token's decode step is its response column."""
+    # A multi-turn or agent episode decodes turn by turn, so a token's decode step is not its response column:
+    # its responses are sampled by one version. vLLM samples a whole batch in one call.
+    return (config.rollout.partial_rollout and config.rollout.engine == "hf" and not is_multiturn(env)
+            and config.env.agent is None)
 
 
 def async_rollout_for(config: RunConfig, parts: Components, draw: Callable[[], RolloutBatch],
@@ -324,8 +341,5 @@ def async_rollout_for(config: RunConfig, parts: Components, draw: Callable[[], R
     """The run's asynchronous rollout (`devices.rollout`), or None for a synchronous run."""
     if not config.is_async:
         return None
-    # A multi-turn or agent episode decodes turn by turn, so a token's decode step is not its response column:
-    # its responses are sampled by one version.
-    partial = config.rollout.partial_rollout and not is_multiturn(parts.env) and config.env.agent is None
     return AsyncRollout(parts.process.groups, config.rollout.max_staleness, draw, generate, decode, parts.env,
-                        parts.process.device, parts.engine, partial)
+                        parts.process.device, parts.engine, takes_partial_rollouts(config, parts.env))

@@ -235,13 +235,27 @@ def setup_optimizer(module: torch.nn.Module, cfg: OptimConfig, *, total_steps: i
     return Optimizer(*build_optimizer(module.parameters(), cfg, total_steps=total_steps, lr=lr))
 
 
-def setup_engine(config: RunConfig, policy: torch.nn.Module) -> RolloutEngine:
+def setup_engine(config: RunConfig, policy: torch.nn.Module, *, rollout_rank: bool = False) -> RolloutEngine:
     """With LoRA the engine runs the model under the peft wrapper: its LoRA layers apply the current
     adapters, so the sampler's log-probs are the training forward's. vLLM gets `rollout.vllm.*` and the run's
-    seed."""
-    options = ({**config.rollout.vllm.model_dump(), "seed": config.trainer.seed}
-               if config.rollout.engine == "vllm" else {})
-    return build_engine(config.rollout.engine, base_of(policy), **options)
+    seed.
+
+    vLLM on an asynchronous rollout rank (`rollout_rank`) has the GPU to itself: it stays awake (no sleep
+    mode: nothing else needs the memory between two batches) and takes every delivery into its own weights
+    (`weight_sync.DeliveryReceiver`), so rollouts push nothing (`fed_by_deliveries`). The rank's Hugging Face
+    copy of the policy moves to the CPU first, so the GPU does not hold the weights twice: it is only the
+    deliveries' layout (names, shapes, dtypes) and, with LoRA, the base weights the adapters merge into."""
+    if config.rollout.engine != "vllm":
+        return build_engine(config.rollout.engine, base_of(policy))
+    options = {**config.rollout.vllm.model_dump(), "seed": config.trainer.seed}
+    if rollout_rank:
+        policy.to("cpu")
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()  # vLLM sizes its KV cache from the free memory it sees
+        options["sleep_mode"] = False
+    engine = build_engine(config.rollout.engine, base_of(policy), **options)
+    engine.fed_by_deliveries = rollout_rank
+    return engine
 
 
 def setup_checkpoints(config: RunConfig, run_dir: Path, process: ProcessSetup) -> CheckpointManager:
@@ -314,7 +328,7 @@ def compose_rl(parts: Components, given: Given) -> None:
         parts.critic_optim = setup_optimizer(parts.critic, config.critic, total_steps=steps * config.critic.ppo_epochs
                                              * plans["critic"].num_mini_batches)
     if "rollout" in roles:  # asynchronous RL: this rank only samples, from its full copy of the policy
-        parts.engine = setup_engine(config, parts.policy)
+        parts.engine = setup_engine(config, parts.policy, rollout_rank=True)
     if remote:  # scores on its own ranks; the actor ranks only tokenise for it
         parts.reward_tokenizer = load_tokenizer(config.reward.model_path,
                                                 trust_remote_code=config.model.trust_remote_code)

@@ -404,7 +404,8 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
         if refusal is not None:
             problems.append(refusal)
         problems += check_filter_groups_placement(config, report.mapping) if kind == "rl" else []
-        problems += (check_vllm_placement(config.rollout.engine, report.mapping.ranks("actor"), world_size)
+        problems += (check_vllm_placement(config.rollout.engine, report.mapping.ranks("actor"), world_size,
+                                          report.mapping.ranks("rollout") if config.is_async else ())
                      if kind == "rl" else [])
     actor_ranks = len(report.mapping.ranks("actor")) if report.mapping is not None else world_size
     critic_ranks = (len(report.mapping.ranks("critic"))
