@@ -12,7 +12,9 @@ One RL run is a noisy measure of that: held-out accuracy swings by 5-8 points be
 and one unlucky early batch can set a run back by ten steps whichever side it is on. So each side runs
 `--repeats` times from the same warm start, with RL seeds `seed + 1000 r` (other samples and prompt order;
 the same held-out problems, `env.kwargs.split_seed`), and a side's steps to 65% are read on the mean of its
-repeats' curves; each repeat's own first step at 65% is printed too.
+repeats' curves; each repeat's own first step at 65% is printed too. (`verl train trainer.demo=arithmetic
+devices.actor=[0] devices.rollout=[1] rollout.max_staleness=1 --nproc 2` runs the same demo whole, its warm
+start on the actor's rank; here one warm start per seed serves every repeat of both sides.)
 Run by hand: ``python benchmarks/async_demo_seeds.py [--seeds 1 2 3] [--repeats 3] [--steps 200] [--reuse] [--write-docs]``.
 """
 

@@ -20,6 +20,7 @@ from verl.errors import ConfigError
 from verl.tracking.console import ConsoleReporter, format_points
 from verl.trainer.rl_trainer import RLTrainer
 from verl.trainer.sft_trainer import SFTTrainer
+from verl.trainer.warm_start import first_actor_rank, on_actor_ranks
 
 # The warm start stops once the model answers this share of its *training* problems (greedy).
 SFT_TARGET_ACCURACY = 0.4
@@ -57,11 +58,12 @@ def warm_start_until(trainer: RLTrainer, target: float, max_steps: int, chunk: i
 
 
 def constant_lr_sft(trainer: RLTrainer, **data: Any) -> SFTTrainer:
-    """An `SFTTrainer` on the RL trainer's model at a constant `sft.lr`: a warm start that stops on accuracy,
-    not on a budget, so the RL's warm-up and decay (actor.*) would only make where it stops depend on them."""
+    """An `SFTTrainer` on the RL trainer's model and ranks (its parts: on a split placement, the actor's ranks,
+    data-parallel over them) at a constant `sft.lr`: a warm start that stops on accuracy, not on a budget, so
+    the RL's warm-up and decay (actor.*) would only make where it stops depend on them."""
     actor = trainer.config.actor.model_copy(update={"lr_schedule": "constant", "warmup_steps": 0})
     config = trainer.config.model_copy(update={"actor": actor})
-    return SFTTrainer(config, model=trainer.model, tokenizer=trainer.tokenizer, **data)
+    return SFTTrainer(config, parts=trainer.parts, **data)
 
 
 def sft_until(sft: SFTTrainer, accuracy: Callable[[], float], target: float, max_steps: int, chunk: int = 10,
@@ -80,24 +82,35 @@ def sft_until(sft: SFTTrainer, accuracy: Callable[[], float], target: float, max
 
 
 def run_demo(config: RunConfig) -> dict[str, Any]:
+    """Warm start, GRPO, summary. Under torchrun the warm start runs on the actor's ranks (data-parallel over
+    them) while any other ranks wait (`on_actor_ranks`): rollout ranks of their own (`devices.rollout`) then
+    get the warmed weights by the first step's delivery and generate asynchronously."""
     start = time.perf_counter()
     trainer = RLTrainer(config)
     console = Console(quiet=trainer.rank != 0)  # under torchrun, one summary
-    console.print(f"[bold]verl demo[/]: tiny {trainer.model.config.model_type} model "
-                  f"({sum(p.numel() for p in trainer.model.parameters()):,} parameters) on "
-                  f"{len(trainer.env)} arithmetic problems, {len(trainer.env.val_rows())} held out")
+    model = trainer.model  # None on a rank holding only a reference or critic
+    about = f" {model.config.model_type} model ({sum(p.numel() for p in model.parameters()):,} parameters)" if (
+        model is not None) else " model"
+    console.print(f"[bold]verl demo[/]: tiny{about} on {len(trainer.env)} arithmetic problems, "
+                  f"{len(trainer.env.val_rows())} held out")
     t0 = time.perf_counter()
     max_sft = config.sft.steps or 1500
-    warm = ConsoleReporter(max_sft, label="warm start: SFT step", enabled=trainer.rank == 0)
+    warm = ConsoleReporter(max_sft, label="warm start: SFT step", enabled=trainer.rank == first_actor_rank(trainer))
     warm.print(f"warm start: SFT until greedy accuracy on training problems reaches {SFT_TARGET_ACCURACY:.0%} "
                f"(at most {max_sft} steps)")
-    warm.start(0)
-    try:
-        sft_steps, train_acc, sft = warm_start_until(trainer, SFT_TARGET_ACCURACY, max_sft, progress=warm)
-    finally:
-        warm.stop()
+
+    def warm_start() -> dict[str, float]:
+        warm.start(0)
+        try:
+            steps, accuracy, sft = warm_start_until(trainer, SFT_TARGET_ACCURACY, max_sft, progress=warm)
+        finally:
+            warm.stop()
+        return {"steps": steps, "accuracy": accuracy, "first_loss": sft[0]["loss"], "last_loss": sft[-1]["loss"]}
+
+    warmed = on_actor_ranks(trainer, warm_start)
+    sft_steps, train_acc = int(warmed["steps"]), warmed["accuracy"]
     sft_seconds = time.perf_counter() - t0
-    console.print(f"warm start: {sft_steps} SFT steps, loss {sft[0]['loss']:.3f} -> {sft[-1]['loss']:.3f}, "
+    console.print(f"warm start: {sft_steps} SFT steps, loss {warmed['first_loss']:.3f} -> {warmed['last_loss']:.3f}, "
                   f"greedy accuracy on training problems {train_acc:.0%} ({sft_seconds:.1f}s); now GRPO")
     t0 = time.perf_counter()
     history = trainer.fit()

@@ -127,11 +127,15 @@ class OfflineTrainer(TrainerRuntime):
         return idx[self.dp_rank * per_rank : (self.dp_rank + 1) * per_rank]
 
     def global_sum(self, values: Sequence[float]) -> tuple[list[float], bool]:
-        """Sum over data-parallel ranks (when a process group is up); returns (sums, whether reduced)."""
+        """Sum over data-parallel ranks (when a process group is up); returns (sums, whether reduced). On a
+        split placement (a warm start on an RL trainer's parts, `on_parts`) those are the actor's ranks."""
         dist = torch.distributed
         if self.dp_size > 1 and dist.is_available() and dist.is_initialized():
             t = torch.tensor(list(values), dtype=torch.float64, device=self.device)
-            dist.all_reduce(t)
+            if self.split:
+                self.groups.all_reduce(t, "actor", "offline:sum")
+            else:
+                dist.all_reduce(t)
             return t.tolist(), True
         return list(values), False
 

@@ -27,7 +27,7 @@ from verl.trainer import loop
 from verl.trainer.components import Components, compose, shard
 from verl.trainer.preflight import Given
 from verl.trainer.prompts import PromptCodec
-from verl.trainer.setup import resolve_run_dir
+from verl.trainer.setup import resolve_run_dir, seed_everything
 
 
 class TrainerRuntime:
@@ -35,20 +35,26 @@ class TrainerRuntime:
     runs_split_placements = False  # roles on different ranks (RLTrainer, through its Placement)
 
     def __init__(self, config: RunConfig, *, model: torch.nn.Module | None = None, tokenizer: Any = None,
-                 rows: Any = None, val_rows: Any = None, env: Any = None, reward_functions: Any = None) -> None:
+                 rows: Any = None, val_rows: Any = None, env: Any = None, reward_functions: Any = None,
+                 parts: Components | None = None) -> None:
         """`model`, `tokenizer`, `rows`, `val_rows`, `env` and `reward_functions` are what a Python caller
-        passes instead of the config; the checks use them and check only the rest."""
+        passes instead of the config; the checks use them and check only the rest. `parts`: another trainer's
+        composed parts to run on instead (`on_parts`)."""
         self.config = config
-        given = Given(model=model, tokenizer=tokenizer, rows=rows, val_rows=val_rows, env=env,
-                      reward_functions=reward_functions)
-        self.parts: Components = compose(config, kind=self.kind, runs_split=self.runs_split_placements, given=given)
+        if parts is None:
+            given = Given(model=model, tokenizer=tokenizer, rows=rows, val_rows=val_rows, env=env,
+                          reward_functions=reward_functions)
+            self.parts: Components = compose(config, kind=self.kind, runs_split=self.runs_split_placements,
+                                             given=given)
+        else:
+            self.parts = on_parts(parts, config, model)
         p = self.parts.process
         self.rank, self.world_size, self.local_rank = p.rank, p.world_size, p.local_rank
         self.device, self.dtype, self.groups, self.roles, self.split = p.device, p.dtype, p.groups, p.roles, p.split
         self.dp_rank, self.dp_size = p.dp_rank, p.dp_size
         self.generator, self.shuffle_generator = p.generator, p.shuffle_generator
         self.checks = self.parts.checks
-        if self.rank == 0:  # what `verl check` prints as warnings: the run starts, but says so once
+        if self.rank == 0 and parts is None:  # what `verl check` prints as warnings: the run starts, but says so once
             for warning in self.checks.warnings:
                 warnings.warn(warning.message, stacklevel=2)
         self.model, self.tokenizer = self.parts.policy, self.parts.tokenizer
@@ -150,4 +156,21 @@ class TrainerRuntime:
         return path
 
 
-__all__ = ["TrainerRuntime"]
+def on_parts(parts: Components, config: RunConfig, model: torch.nn.Module | None = None) -> Components:
+    """A trainer on another trainer's composed parts (an RL trainer's, for the demos' SFT warm start): its
+    process, role groups, tokenizer and policy, so nothing is checked, loaded or joined again and, on a split
+    placement, it can run on the actor's ranks alone while the other ranks wait (a second `compose` is a
+    collective of every rank, and the offline trainers refuse split placements). The RNGs are seeded as a
+    composed trainer's are, so it trains exactly as one composed for itself would."""
+    if "actor" not in parts.process.roles:
+        raise VerlError(f"rank {parts.process.rank} holds no actor (its roles: {sorted(parts.process.roles)}), so "
+                        "a trainer cannot run on its parts there. Fix: build it only on the actor's ranks "
+                        "(`placement.holds('actor')`)")
+    if model is not None and model is not parts.policy:
+        raise VerlError("a trainer on another trainer's parts trains that trainer's policy; pass model=None "
+                        "(or that policy)")
+    seed_everything(config.trainer.seed)
+    return parts
+
+
+__all__ = ["TrainerRuntime", "on_parts"]

@@ -26,6 +26,7 @@ from verl.distributed.offload import activations_offloaded
 from verl.errors import ConfigError, DataError, ModelError
 from verl.models.head import HeadOutput
 from verl.models.signature import forward_accepts
+from verl.trainer.components import Components
 from verl.trainer.forward import forward_output, head_capture, labelled_logprobs
 from verl.trainer.offline import OfflineTrainer, Rows
 from verl.trainer.optim import build_optimizer
@@ -144,6 +145,8 @@ class SFTTrainer(OfflineTrainer):
     `SFTTrainer(config, model=m, tokenizer=t, train_rows=[{"input": ..., "output": ...}]).train_steps(100)`.
     `train_examples=[(ids, labels), ...]` takes examples tokenised by the caller instead of rows, labels
     `IGNORE_INDEX` (-100) where there is no loss: an episode whose tool observations are read, never learned.
+    `parts=rl_trainer.parts` trains the RL trainer's policy on its ranks (`runtime.on_parts`; the demos' warm
+    start): on a split placement, on the actor's ranks only, data-parallel over them.
 
     Steps: `sft.steps` if set, else `sft.epochs` x batches per epoch, else `trainer.total_steps`. A step
     is `sft.batch_size` examples (across data-parallel ranks), in micro-batches of
@@ -163,9 +166,11 @@ class SFTTrainer(OfflineTrainer):
         train_rows: Rows | None = None,
         val_rows: Rows | None = None,
         train_examples: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
+        parts: Components | None = None,
     ) -> None:
         super().__init__(config, model=model, tokenizer=tokenizer,
-                         rows=train_examples if train_examples is not None else train_rows, val_rows=val_rows)
+                         rows=train_examples if train_examples is not None else train_rows, val_rows=val_rows,
+                         parts=parts)
         s, d = config.sft, config.data
         self.pad_id = pad_token_id(self.tokenizer)
         self.boundary_mismatch: dict[str, int] = {}

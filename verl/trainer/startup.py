@@ -162,6 +162,24 @@ def check_demo_env(config: RunConfig) -> list[VerlError]:
     return problems
 
 
+# The demos that run their warm start and evaluations on every rank (the arithmetic one runs them on the actor's
+# ranks, `verl.trainer.warm_start`, so it takes any placement the RL trainer does).
+COLOCATED_DEMOS = ("tool", "agent", "rlhf")
+
+
+def check_demo_placement(config: RunConfig, mapping: Any, world_size: int) -> list[VerlError]:
+    """A demo that needs every role on every rank is refused a split placement here, before anything loads."""
+    demo = config.trainer.demo
+    if demo not in COLOCATED_DEMOS or world_size <= 1 or mapping.is_colocated():
+        return []
+    return [DeviceMappingError(
+        f"trainer.demo={demo} runs its warm start and its evaluations on every rank, so it cannot place roles on "
+        "ranks of their own (devices.rollout/critic/ref/reward/teacher apart from devices.actor). Fix: remove "
+        "devices.* (and the --*_device_id(s) flags) to colocate every role on every rank; trainer.demo=arithmetic "
+        "(`verl train` without a config) runs split placements, asynchronous rollout ranks included.\n"
+        + mapping.render_table())]
+
+
 def check_env_data(config: RunConfig, kind: str) -> list[VerlError]:
     """Data files next to a built-in environment that makes its own prompts would never be read: refused,
     not silently dropped."""
@@ -404,6 +422,7 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
         if refusal is not None:
             problems.append(refusal)
         problems += check_filter_groups_placement(config, report.mapping) if kind == "rl" else []
+        problems += check_demo_placement(config, report.mapping, world_size)
         problems += (check_vllm_placement(config.rollout.engine, report.mapping.ranks("actor"), world_size,
                                           report.mapping.ranks("rollout") if config.is_async else ())
                      if kind == "rl" else [])
