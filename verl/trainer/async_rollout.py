@@ -58,6 +58,10 @@ POLL_S = 0.005  # a generating rollout rank asks the store for new weights at mo
 # A multi-turn episode adds its attention (observations included) and the environment's score.
 SAMPLED = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "response_attention_mask", "finished",
            "rollout_logprobs", "rollout_version", "env_scores")
+# Sent with them: each row's prompt as drawn (its signature: an episode's prompt may be another rendering of the
+# row, a tool environment's lists the tools, an agent's is its first call's) and, for agent episodes, the
+# responses' text as the rollout ranks wrote it (a failed agent's traceback follows its episode).
+DRAWN, TEXT = "drawn_prompts", "response_text"
 
 
 def delivery_ranks(groups: RoleGroups) -> tuple[int, ...]:
@@ -103,7 +107,8 @@ class AsyncRollout:
     device: torch.device
     engine: Any = None  # this rank's sampler: a delivery's target (vLLM) or, via `between_tokens`, a partial rollout's
     partial: bool = False  # rollout.partial_rollout
-    queue: deque[RolloutBatch] = field(default_factory=deque)
+    send_text: bool = False  # the responses' text travels (agent episodes), instead of being decoded on arrival
+    queue: deque[Generated] = field(default_factory=deque)
     model: torch.nn.Module | None = None  # this rank's policy (next_batch's; a partial rollout's delivery target)
     version: int | None = None  # the weights this rollout rank holds (updates applied); None before the first
     drawn: int = 0  # batches this rank generated so far
@@ -138,7 +143,7 @@ class AsyncRollout:
             sent = self.queue.popleft()
             metrics |= sent.metrics  # what generating measured (a multi-turn episode's), averaged with the actor's
         start = time.perf_counter()
-        received = self.groups.move_batch(_fields(sent) if sent is not None else None, "rollout", "actor",
+        received = self.groups.move_batch(sent.fields if sent is not None else None, "rollout", "actor",
                                           stage="rollout:batch")
         if self.generates:
             while len(self.queue) < self.max_staleness:  # run ahead while the trainer trains this batch
@@ -148,8 +153,10 @@ class AsyncRollout:
             self._busy += time.perf_counter() - start
         if received is None:
             return None, metrics
+        text = received.pop(TEXT, None)
         batch = merge(batch, received, step)
-        batch.responses = self.decode(batch.response_ids, received.get("response_attention_mask", batch.response_mask))
+        batch.responses = (texts_of(text) if text is not None else
+                           self.decode(batch.response_ids, received.get("response_attention_mask", batch.response_mask)))
         return batch, metrics | staleness_metrics(received, step)
 
     def _sync_prompt_stream(self) -> None:
@@ -172,14 +179,19 @@ class AsyncRollout:
         if hook:
             self.engine.between_tokens = lambda step: self._take_delivery(step, switches)
         try:
-            out = self.generate(self.draw())
+            drawn = self.draw()
+            signature = _prompt_signature(drawn.prompt_ids, drawn.prompt_mask)  # before generate replaces them
+            out = self.generate(drawn)
         finally:
             if hook:
                 self.engine.between_tokens = None
         out.rollout_version = torch.full(out.response_ids.shape, float(version))
         for first, new in switches:
             out.rollout_version[:, first:] = float(new)
-        self.queue.append(out)
+        fields = _fields(out) | {DRAWN: signature}
+        if self.send_text:
+            fields[TEXT] = text_tensor(out.responses)
+        self.queue.append(Generated(fields, dict(out.metrics)))
         self.drawn += 1
         self._busy += time.perf_counter() - start
 
@@ -243,6 +255,28 @@ class AsyncRollout:
         return {"async/weight_delivery_s": time.perf_counter() - start, "async/weight_delivery_mb": sent}
 
 
+@dataclass
+class Generated:
+    """A batch the rollout ranks generated and have not sent yet: the fields that travel, and what generating
+    measured (a multi-turn or agent episode's metrics)."""
+
+    fields: dict[str, torch.Tensor]
+    metrics: dict[str, float]
+
+
+def text_tensor(texts: list[str]) -> torch.Tensor:
+    """Texts as one row each of UTF-8 bytes, zero-padded (transfers move tensors only)."""
+    data = [t.encode("utf-8") for t in texts]
+    out = torch.zeros(len(data), max((len(b) for b in data), default=0), dtype=torch.uint8)
+    for i, b in enumerate(data):
+        out[i, : len(b)] = torch.tensor(list(b), dtype=torch.uint8)
+    return out
+
+
+def texts_of(tensor: torch.Tensor) -> list[str]:
+    return [bytes(row.tolist()).rstrip(b"\0").decode("utf-8", errors="replace") for row in tensor.cpu()]
+
+
 def _posted(version: int) -> str:
     return f"async/weights/{version}"
 
@@ -264,9 +298,12 @@ def _prompt_signature(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def merge(batch: RolloutBatch, received: dict[str, torch.Tensor], step: int) -> RolloutBatch:
-    """The trainer's drawn batch with the sampled fields; its prompts must be the ones that were sampled."""
+    """The trainer's drawn batch with the sampled fields; its prompts must be the ones that the rollout ranks drew
+    (`received[DRAWN]`, else the sampled prompts themselves)."""
     drawn = _prompt_signature(batch.prompt_ids, batch.prompt_mask)
-    sampled = _prompt_signature(received["prompt_ids"], received["prompt_mask"])
+    sampled = received.pop(DRAWN, None)
+    if sampled is None:
+        sampled = _prompt_signature(received["prompt_ids"], received["prompt_mask"])
     if drawn.shape != sampled.shape or not torch.equal(drawn, sampled.to(drawn.device)):
         raise DistributedError(
             f"step {step + 1}: the rollout ranks sampled other prompts than the trainer ranks drew for this batch "
@@ -341,5 +378,7 @@ def async_rollout_for(config: RunConfig, parts: Components, draw: Callable[[], R
     """The run's asynchronous rollout (`devices.rollout`), or None for a synchronous run."""
     if not config.is_async:
         return None
+    # An agent episode's text is more than its tokens decoded (a failed agent's traceback): it travels.
     return AsyncRollout(parts.process.groups, config.rollout.max_staleness, draw, generate, decode, parts.env,
-                        parts.process.device, parts.engine, takes_partial_rollouts(config, parts.env))
+                        parts.process.device, parts.engine, takes_partial_rollouts(config, parts.env),
+                        send_text=config.env.agent is not None)
