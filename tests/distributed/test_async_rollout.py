@@ -137,6 +137,52 @@ def test_tool_env_episodes_run_on_the_rollout_ranks(tmp_path):
     assert ahead[-1]["async/staleness_tokens_1"] == 1.0 and ahead[-1]["rollout_corr/ratio_mean"] != 1.0
 
 
+def _agent(path: Path, concurrency: int = 1) -> Path:
+    """Agent episodes (agent_letters.py: two chat calls each, some failing, some scored by the environment),
+    by default one at a time (env.agent_concurrency=1; see the test)."""
+    cfg = yaml.safe_load(path.read_text())
+    cfg["env"] |= {"agent": str(HERE / "agent_letters.py") + ":run", "agent_concurrency": concurrency}
+    cfg["data"] |= {"train_batch_size": 4, "max_prompt_length": 64}
+    cfg["rollout"] |= {"n": 2, "max_new_tokens": 5}
+    cfg["actor"]["micro_batch_size"] = 8
+    cfg["checkpoint"]["save_interval"] = 0
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.slow
+def test_agent_episodes_run_on_the_rollout_ranks(tmp_path):
+    """The agent's endpoint runs on the rollout rank; its episodes (stitched calls, log-probs, masks, the agent's
+    rewards and the environment's, failed agents' tracebacks, the episode metrics) reach the actor rank.
+
+    The agents' timing decides which of their calls the endpoint samples together, and so what the one random
+    stream gives each call: with concurrent agents two runs (on one process or two) sample differently. One agent
+    at a time (env.agent_concurrency=1) makes the calls' order, and so the samples, deterministic: then k = 0
+    equals one process exactly (the same batches, text included, metrics and weights)."""
+    script = HERE / "recording_train.py"
+    verl_train(_agent(_config(tmp_path, "sync", 2, rollout_rank=False)), tmp_path, nproc=1, script=script)
+    verl_train(_agent(_config(tmp_path, "async", 2, rollout_rank=True, k=0)), tmp_path, nproc=2, script=script)
+    sync, async_ = metrics(tmp_path / "sync"), metrics(tmp_path / "async")
+    assert [_numbers(r) for r in async_] == [_numbers(r) for r in sync]
+    batches = [[json.loads(line) for line in (tmp_path / f"{name}.batches.jsonl").read_text().splitlines()]
+               for name in ("sync", "async")]
+    assert batches[0] == batches[1] and [b["step"] for b in batches[1]] == [1, 2]
+    assert any("[agent failed]" in text and "the agent gives up" in text for b in batches[1] for text in b["responses"])
+    assert all(r["episode/agent_calls"] > 1 and r["actor/grad_norm"] > 0 for r in sync)
+    assert all(r["episode/agent_restarted_calls"] == 0 for r in sync)  # the calls were stitched into one sequence
+    assert sum(r["episode/agent_failed"] for r in sync) > 0
+    one, two = _weights(tmp_path / "sync", 2), _weights(tmp_path / "async", 2)
+    assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
+    # k = 1 with concurrent agents (their calls batched as they come): one update old from the second batch on
+    verl_train(_agent(_config(tmp_path, "ahead", 3, rollout_rank=True, k=1), concurrency=8), tmp_path, nproc=2)
+    ahead = metrics(tmp_path / "ahead")
+    assert [r["async/staleness"] for r in ahead] == [0.0, 1.0, 1.0]
+    assert [r["async/version"] for r in ahead] == [0.0, 0.0, 1.0]
+    assert [r["async/staleness_tokens_1"] for r in ahead[1:]] == [1.0, 1.0]
+    assert all(r["episode/agent_calls"] > 1 and r["episode/agent_restarted_calls"] == 0 for r in ahead)
+    assert ahead[-1]["rollout_corr/ratio_mean"] != 1.0 and ahead[-1]["actor/grad_norm"] > 0
+
+
 def test_one_step_off_policy_trains_corrects_and_resumes(tmp_path):
     """With a LoRA policy: only the adapters travel to the rollout rank."""
     verl_train(_config(tmp_path, "run", 2, rollout_rank=True, k=1, lora=True), tmp_path, nproc=2)

@@ -1,6 +1,8 @@
 """The asynchronous rollout's checks and pieces that need no processes: the placement rules, what `verl check`
 says, the weight buckets, the prompt-stream guard and the staleness metrics."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -28,8 +30,10 @@ def test_verl_check_prints_the_async_plan():
     notes = _check("devices.actor=[0]", "devices.rollout=[1]").startup.rl_notes
     assert ("asynchronous rollout: rank(s) [1] generate, rank(s) [0] train; rollout.max_staleness=1 (one-step "
             "off-policy), a queue of at most 1 batch(es) ahead; the new weights go to the rollout ranks after "
-            "every update") in notes
+            "every update") in [n.split("; partial rollouts")[0] for n in notes]
     assert any(n.startswith("rollout correction: token_tis") and "max_staleness=1" in n for n in notes)
+    assert any("partial rollouts: single-turn responses take new weights between two tokens (multi-turn and agent "
+               "episodes are sampled by one version each)" in n for n in notes)
     sync = _check("devices.actor=[0]", "devices.rollout=[1]", "rollout.max_staleness=0").startup.rl_notes
     assert any("(synchronous on the split ranks)" in n for n in sync)
     assert any(n.startswith("rollout correction: off") for n in sync)  # k = 0: the exact no-op
@@ -55,6 +59,18 @@ def test_partial_rollouts_only_on_our_sampler():
         return takes_partial_rollouts(load_config(overrides=["env.name=arithmetic", *overrides]), env=None)
 
     assert takes() and not takes("rollout.engine=vllm") and not takes("rollout.partial_rollout=false")
+
+
+def test_verl_check_says_where_agent_episodes_run():
+    agent = Path(__file__).resolve().parent.parent / "distributed" / "agent_letters.py"
+    report = _check("devices.actor=[0]", "devices.rollout=[1]", f"env.agent={agent}:run")
+    assert report.messages == []
+    assert any("env.agent: the agents' OpenAI endpoint runs on the rollout rank(s) and their stitched episodes "
+               "(tokens, log-probs, masks, rewards, text, episode metrics) go to the actor rank(s)" in n
+               for n in report.startup.rl_notes)
+    messages = _check("devices.actor=[0]", "devices.rollout=[1]", f"env.agent={agent}:run", "rollout.engine=vllm").messages
+    assert any("env.agent samples on the 'hf' rollout engine" in m and "Fix: rollout.engine=hf" in m
+               for m in messages), messages
 
 
 def test_buckets_group_by_dtype_and_size():

@@ -353,13 +353,18 @@ def describe(config: RunConfig, mapping: DeviceMapping) -> str:
     line = (f"asynchronous rollout: rank(s) {list(mapping.ranks('rollout'))} generate, rank(s) "
             f"{list(mapping.ranks('actor'))} train; rollout.max_staleness={k} ({mode}), a queue of at most {k} "
             "batch(es) ahead; the new weights go to the rollout ranks after every update")
-    if config.rollout.engine != "vllm":
-        return line
-    line += (" and are loaded into the rollout ranks' vLLM engines (kept awake; their Hugging Face copy of the "
-             "policy stays on the CPU)")
-    if config.rollout.partial_rollout:
-        line += ("; rollout.partial_rollout is off with rollout.engine=vllm (vLLM samples a batch in one call, so "
-                 "the new weights are taken between batches and each batch is sampled by one version)")
+    if config.rollout.engine == "vllm":
+        line += (" and are loaded into the rollout ranks' vLLM engines (kept awake; their Hugging Face copy of the "
+                 "policy stays on the CPU)")
+        if config.rollout.partial_rollout:
+            line += ("; rollout.partial_rollout is off with rollout.engine=vllm (vLLM samples a batch in one call, "
+                     "so the new weights are taken between batches and each batch is sampled by one version)")
+    elif config.rollout.partial_rollout and k > 0:
+        line += ("; partial rollouts: single-turn responses take new weights between two tokens (multi-turn and "
+                 "agent episodes are sampled by one version each)")
+    if config.env.agent is not None:
+        line += ("; env.agent: the agents' OpenAI endpoint runs on the rollout rank(s) and their stitched episodes "
+                 "(tokens, log-probs, masks, rewards, text, episode metrics) go to the actor rank(s)")
     return line
 
 
