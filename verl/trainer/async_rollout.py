@@ -19,7 +19,9 @@ behaviour log-prob of the rollout correction (on by default when k > 0), which w
 trainer's over the sampler's probability. The prompt stream stays in
 step because every rank draws the same batches in the same order (the rollout ranks k batches earlier), so a
 checkpoint's position is the trained batches' and a resume regenerates what was in flight: nothing is
-trained twice or lost.
+trained twice or lost. Multi-turn, tool and agent episodes run on the rollout ranks as `generate` runs them
+there (an agent's OpenAI endpoint too); what they add to the batch travels with it (`SAMPLED`, the episode
+metrics, an agent episode's text), so the actor ranks score and train them as one process does.
 
 With `rollout.engine=vllm` a rollout rank samples with vLLM, which holds its own weights: each delivery
 (the first step's and every update's) ends with them loaded into it (`weight_sync.DeliveryReceiver`: a full
