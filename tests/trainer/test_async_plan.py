@@ -8,7 +8,7 @@ import torch
 
 from verl.config import load_config, split_legacy_flags
 from verl.errors import DistributedError
-from verl.trainer.async_rollout import buckets, merge, staleness_metrics
+from verl.trainer.async_rollout import DRAWN, buckets, merge, staleness_metrics, text_tensor, texts_of
 from verl.trainer.batch import RolloutBatch
 from verl.trainer.preflight import preflight
 
@@ -101,6 +101,24 @@ def test_the_sampled_prompts_must_be_the_drawn_ones():
     assert staleness_metrics(sampled, step=4) == {"async/staleness": 1.0, "async/version": 3.0,
                                                   "async/staleness_tokens_0": 0.0, "async/staleness_tokens_1": 1.0,
                                                   "async/partial_frac": 0.0}
+
+
+def test_an_episode_prompt_is_checked_against_the_drawn_one():
+    """A tool environment's or an agent's episode prompt is another rendering of the row: the rollout ranks
+    send the prompts as they drew them (DRAWN), which the trainer's must equal."""
+    drawn = _drawn([[0, 5, 6], [7, 8, 9]])
+    episode = {"prompt_ids": torch.tensor([[1, 2, 5, 6], [1, 2, 7, 8]]), "prompt_mask": torch.ones(2, 4, dtype=torch.long),
+               DRAWN: torch.tensor([[2, 11], [3, 24]])}
+    merged = merge(drawn, dict(episode), step=0)
+    assert torch.equal(merged.prompt_ids, episode["prompt_ids"]) and not hasattr(merged, DRAWN)
+    with pytest.raises(DistributedError, match="step 1: the rollout ranks sampled other prompts"):
+        merge(_drawn([[0, 5, 6], [7, 8, 8]]), dict(episode), step=0)
+
+
+def test_response_text_travels_as_bytes():
+    texts = ["plain", "", "ünïcode → ok\n[agent failed]\nTraceback", "x"]
+    assert texts_of(text_tensor(texts)) == texts
+    assert text_tensor([]).shape == (0, 0)
 
 
 def test_staleness_of_a_partial_rollout_is_counted_per_token():
