@@ -136,3 +136,9 @@ def test_max_staleness_without_rollout_ranks_is_said_to_do_nothing():
     notes = _check("rollout.max_staleness=2", world=1).startup.rl_notes
     assert any(n.startswith("rollout.max_staleness=2 has no effect") and "devices.rollout" in n for n in notes)
     assert not any("max_staleness" in n for n in _check(world=1).startup.rl_notes)
+
+
+def test_multi_turn_episodes_on_vllm_rollout_ranks_are_refused():
+    messages = _check("env.name=calculator", "devices.actor=[0]", "devices.rollout=[1]", "rollout.engine=vllm").messages
+    assert any("environment CalculatorEnv runs multi-turn episodes, which sample on the 'hf' rollout engine" in m
+               and "Fix: rollout.engine=hf" in m for m in messages), messages
