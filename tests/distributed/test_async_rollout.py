@@ -9,12 +9,14 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from launch_support import metrics, verl_train  # pytest puts this folder on sys.path
 
 pytestmark = pytest.mark.dist
 
-REWARD = Path(__file__).resolve().parent.parent / "trainer" / "rl_support.py"
+HERE = Path(__file__).resolve().parent
+REWARD = HERE.parent / "trainer" / "rl_support.py"
 
 
 def _config(tmp_path: Path, name: str, steps: int, *, rollout_rank: bool, k: int = 0, lora: bool = False) -> Path:
@@ -91,6 +93,94 @@ def test_multi_turn_episodes_run_on_the_rollout_ranks(tmp_path):
     sync, async_ = metrics(tmp_path / "sync"), metrics(tmp_path / "async")
     assert [_numbers(r) for r in async_] == [_numbers(r) for r in sync]
     assert "episode/turns_mean" in async_[0] and "episode/tool_calls_mean" in async_[0]
+
+
+def _weights(run_dir: Path, step: int) -> dict:
+    """The policy's weights in the step's checkpoint, as one tensor each (`verl ckpt export`)."""
+    from safetensors.torch import load_file
+
+    from verl.checkpoint import export_hf
+
+    return load_file(str(export_hf(run_dir / "checkpoints" / f"step_{step}", run_dir / "export") / "model.safetensors"))
+
+
+def _tool_env(path: Path) -> Path:
+    """A ToolEnv (tool_env_letters.py: the tool's results as the Hermes template's tool turn) on the tools model."""
+    cfg = yaml.safe_load(path.read_text())
+    cfg["model"]["path"] = "tiny:qwen2:64:2:tools"
+    cfg["env"] = {"name": f"{HERE / 'tool_env_letters.py'}:Letters"}
+    cfg["data"] |= {"train_batch_size": 4, "max_prompt_length": 160}
+    cfg["rollout"] |= {"n": 2, "stop": ["e", "a"], "max_new_tokens": 6}
+    cfg["actor"]["micro_batch_size"] = 8
+    cfg["checkpoint"]["save_interval"] = 0  # the last step's only
+    del cfg["reward"]
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.slow
+def test_tool_env_episodes_run_on_the_rollout_ranks(tmp_path):
+    """ToolEnv episodes (calls parsed in the environment's format, results in the chat template's tool turn) on
+    the rollout rank: with k = 0 the same episodes, metrics and weights as one process; with k = 1 they are
+    one update old from the second step on."""
+    verl_train(_tool_env(_config(tmp_path, "sync", 2, rollout_rank=False)), tmp_path, nproc=1)
+    verl_train(_tool_env(_config(tmp_path, "async", 2, rollout_rank=True, k=0)), tmp_path, nproc=2)
+    sync, async_ = metrics(tmp_path / "sync"), metrics(tmp_path / "async")
+    assert [_numbers(r) for r in async_] == [_numbers(r) for r in sync]
+    assert all(r["episode/tool_calls_mean"] > 0 and r["actor/grad_norm"] > 0 for r in sync)
+    one, two = _weights(tmp_path / "sync", 2), _weights(tmp_path / "async", 2)
+    assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
+    verl_train(_tool_env(_config(tmp_path, "ahead", 3, rollout_rank=True, k=1)), tmp_path, nproc=2)
+    ahead = metrics(tmp_path / "ahead")
+    assert [r["async/staleness"] for r in ahead] == [0.0, 1.0, 1.0]
+    assert [r["async/version"] for r in ahead] == [0.0, 0.0, 1.0]
+    assert ahead[-1]["async/staleness_tokens_1"] == 1.0 and ahead[-1]["rollout_corr/ratio_mean"] != 1.0
+
+
+def _agent(path: Path, concurrency: int = 1) -> Path:
+    """Agent episodes (agent_letters.py: two chat calls each, some failing, some scored by the environment),
+    by default one at a time (env.agent_concurrency=1; see the test)."""
+    cfg = yaml.safe_load(path.read_text())
+    cfg["env"] |= {"agent": str(HERE / "agent_letters.py") + ":run", "agent_concurrency": concurrency}
+    cfg["data"] |= {"train_batch_size": 4, "max_prompt_length": 64}
+    cfg["rollout"] |= {"n": 2, "max_new_tokens": 5}
+    cfg["actor"]["micro_batch_size"] = 8
+    cfg["checkpoint"]["save_interval"] = 0
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.slow
+def test_agent_episodes_run_on_the_rollout_ranks(tmp_path):
+    """The agent's endpoint runs on the rollout rank; its episodes (stitched calls, log-probs, masks, the agent's
+    rewards and the environment's, failed agents' tracebacks, the episode metrics) reach the actor rank.
+
+    The agents' timing decides which of their calls the endpoint samples together, and so what the one random
+    stream gives each call: with concurrent agents two runs (on one process or two) sample differently. One agent
+    at a time (env.agent_concurrency=1) makes the calls' order, and so the samples, deterministic: then k = 0
+    equals one process exactly (the same batches, text included, metrics and weights)."""
+    script = HERE / "recording_train.py"
+    verl_train(_agent(_config(tmp_path, "sync", 2, rollout_rank=False)), tmp_path, nproc=1, script=script)
+    verl_train(_agent(_config(tmp_path, "async", 2, rollout_rank=True, k=0)), tmp_path, nproc=2, script=script)
+    sync, async_ = metrics(tmp_path / "sync"), metrics(tmp_path / "async")
+    assert [_numbers(r) for r in async_] == [_numbers(r) for r in sync]
+    batches = [[json.loads(line) for line in (tmp_path / f"{name}.batches.jsonl").read_text().splitlines()]
+               for name in ("sync", "async")]
+    assert batches[0] == batches[1] and [b["step"] for b in batches[1]] == [1, 2]
+    assert any("[agent failed]" in text and "the agent gives up" in text for b in batches[1] for text in b["responses"])
+    assert all(r["episode/agent_calls"] > 1 and r["actor/grad_norm"] > 0 for r in sync)
+    assert all(r["episode/agent_restarted_calls"] == 0 for r in sync)  # the calls were stitched into one sequence
+    assert sum(r["episode/agent_failed"] for r in sync) > 0
+    one, two = _weights(tmp_path / "sync", 2), _weights(tmp_path / "async", 2)
+    assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
+    # k = 1 with concurrent agents (their calls batched as they come): one update old from the second batch on
+    verl_train(_agent(_config(tmp_path, "ahead", 3, rollout_rank=True, k=1), concurrency=8), tmp_path, nproc=2)
+    ahead = metrics(tmp_path / "ahead")
+    assert [r["async/staleness"] for r in ahead] == [0.0, 1.0, 1.0]
+    assert [r["async/version"] for r in ahead] == [0.0, 0.0, 1.0]
+    assert [r["async/staleness_tokens_1"] for r in ahead[1:]] == [1.0, 1.0]
+    assert all(r["episode/agent_calls"] > 1 and r["episode/agent_restarted_calls"] == 0 for r in ahead)
+    assert ahead[-1]["rollout_corr/ratio_mean"] != 1.0 and ahead[-1]["actor/grad_norm"] > 0
 
 
 def test_one_step_off_policy_trains_corrects_and_resumes(tmp_path):

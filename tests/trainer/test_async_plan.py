@@ -1,12 +1,14 @@
 """The asynchronous rollout's checks and pieces that need no processes: the placement rules, what `verl check`
 says, the weight buckets, the prompt-stream guard and the staleness metrics."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from verl.config import load_config, split_legacy_flags
 from verl.errors import DistributedError
-from verl.trainer.async_rollout import buckets, merge, staleness_metrics
+from verl.trainer.async_rollout import DRAWN, buckets, merge, staleness_metrics, text_tensor, texts_of
 from verl.trainer.batch import RolloutBatch
 from verl.trainer.preflight import preflight
 
@@ -28,8 +30,10 @@ def test_verl_check_prints_the_async_plan():
     notes = _check("devices.actor=[0]", "devices.rollout=[1]").startup.rl_notes
     assert ("asynchronous rollout: rank(s) [1] generate, rank(s) [0] train; rollout.max_staleness=1 (one-step "
             "off-policy), a queue of at most 1 batch(es) ahead; the new weights go to the rollout ranks after "
-            "every update") in notes
+            "every update") in [n.split("; partial rollouts")[0] for n in notes]
     assert any(n.startswith("rollout correction: token_tis") and "max_staleness=1" in n for n in notes)
+    assert any("partial rollouts: single-turn responses take new weights between two tokens (multi-turn and agent "
+               "episodes are sampled by one version each)" in n for n in notes)
     sync = _check("devices.actor=[0]", "devices.rollout=[1]", "rollout.max_staleness=0").startup.rl_notes
     assert any("(synchronous on the split ranks)" in n for n in sync)
     assert any(n.startswith("rollout correction: off") for n in sync)  # k = 0: the exact no-op
@@ -55,6 +59,18 @@ def test_partial_rollouts_only_on_our_sampler():
         return takes_partial_rollouts(load_config(overrides=["env.name=arithmetic", *overrides]), env=None)
 
     assert takes() and not takes("rollout.engine=vllm") and not takes("rollout.partial_rollout=false")
+
+
+def test_verl_check_says_where_agent_episodes_run():
+    agent = Path(__file__).resolve().parent.parent / "distributed" / "agent_letters.py"
+    report = _check("devices.actor=[0]", "devices.rollout=[1]", f"env.agent={agent}:run")
+    assert report.messages == []
+    assert any("env.agent: the agents' OpenAI endpoint runs on the rollout rank(s) and their stitched episodes "
+               "(tokens, log-probs, masks, rewards, text, episode metrics) go to the actor rank(s)" in n
+               for n in report.startup.rl_notes)
+    messages = _check("devices.actor=[0]", "devices.rollout=[1]", f"env.agent={agent}:run", "rollout.engine=vllm").messages
+    assert any("env.agent samples on the 'hf' rollout engine" in m and "Fix: rollout.engine=hf" in m
+               for m in messages), messages
 
 
 def test_buckets_group_by_dtype_and_size():
@@ -87,6 +103,24 @@ def test_the_sampled_prompts_must_be_the_drawn_ones():
                                                   "async/partial_frac": 0.0}
 
 
+def test_an_episode_prompt_is_checked_against_the_drawn_one():
+    """A tool environment's or an agent's episode prompt is another rendering of the row: the rollout ranks
+    send the prompts as they drew them (DRAWN), which the trainer's must equal."""
+    drawn = _drawn([[0, 5, 6], [7, 8, 9]])
+    episode = {"prompt_ids": torch.tensor([[1, 2, 5, 6], [1, 2, 7, 8]]), "prompt_mask": torch.ones(2, 4, dtype=torch.long),
+               DRAWN: torch.tensor([[2, 11], [3, 24]])}
+    merged = merge(drawn, dict(episode), step=0)
+    assert torch.equal(merged.prompt_ids, episode["prompt_ids"]) and not hasattr(merged, DRAWN)
+    with pytest.raises(DistributedError, match="step 1: the rollout ranks sampled other prompts"):
+        merge(_drawn([[0, 5, 6], [7, 8, 8]]), dict(episode), step=0)
+
+
+def test_response_text_travels_as_bytes():
+    texts = ["plain", "", "ünïcode → ok\n[agent failed]\nTraceback", "x"]
+    assert texts_of(text_tensor(texts)) == texts
+    assert text_tensor([]).shape == (0, 0)
+
+
 def test_staleness_of_a_partial_rollout_is_counted_per_token():
     """Row 0 took version 4 after its second token; row 1 ended (padding) before the switch."""
     sampled = {"response_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]]),
@@ -102,3 +136,9 @@ def test_max_staleness_without_rollout_ranks_is_said_to_do_nothing():
     notes = _check("rollout.max_staleness=2", world=1).startup.rl_notes
     assert any(n.startswith("rollout.max_staleness=2 has no effect") and "devices.rollout" in n for n in notes)
     assert not any("max_staleness" in n for n in _check(world=1).startup.rl_notes)
+
+
+def test_multi_turn_episodes_on_vllm_rollout_ranks_are_refused():
+    messages = _check("env.name=calculator", "devices.actor=[0]", "devices.rollout=[1]", "rollout.engine=vllm").messages
+    assert any("environment CalculatorEnv runs multi-turn episodes, which sample on the 'hf' rollout engine" in m
+               and "Fix: rollout.engine=hf" in m for m in messages), messages

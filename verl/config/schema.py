@@ -190,7 +190,8 @@ class EnvConfig(Section):
                               "pip install 'verl[agent]'.")
     agent_timeout_s: float = Field(60.0, gt=0.0, description="An agent episode running longer ends with reward 0.")
     agent_call_budget: int = Field(32, gt=0, description="Calls an agent episode may make; more are refused (429).")
-    agent_concurrency: int = Field(64, gt=0, description="Agent episodes running at once.")
+    agent_concurrency: int = Field(64, gt=0, description="Agent episodes running at once; 1 makes a run reproducible "
+                                   "(concurrent agents' timing decides which calls are sampled together).")
     tool_call_format: str = Field("hermes", description="How the policy writes tool calls (hermes: Qwen2.5/Qwen3/"
                                   "Hermes <tool_call> tags, llama3_json: Llama 3.x): the endpoint returns them as "
                                   "OpenAI tool_calls.")

@@ -15,7 +15,10 @@ environment's reward over the last reply). The calls are sampled in batches on t
 stitched, token for token, into the episode's training sequence. An episode that runs past
 `env.agent_timeout_s` ends with reward 0 and is trained on what it wrote; one whose agent raises is not
 trained on (its tokens are masked), its traceback goes to the samples and `episode/agent_failed` counts it:
-neither stops the run.
+neither stops the run. Which calls share a batch depends on when the agents make them, so concurrent agents are
+not reproducible bit for bit; with `env.agent_concurrency: 1` the calls come in episode order and a run is.
+With rollout ranks of their own (asynchronous RL) all this runs there, next to the engine, and the episodes
+travel to the actor ranks (`verl.trainer.async_rollout`).
 """
 
 from __future__ import annotations

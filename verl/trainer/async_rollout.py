@@ -19,7 +19,9 @@ behaviour log-prob of the rollout correction (on by default when k > 0), which w
 trainer's over the sampler's probability. The prompt stream stays in
 step because every rank draws the same batches in the same order (the rollout ranks k batches earlier), so a
 checkpoint's position is the trained batches' and a resume regenerates what was in flight: nothing is
-trained twice or lost.
+trained twice or lost. Multi-turn, tool and agent episodes run on the rollout ranks as `generate` runs them
+there (an agent's OpenAI endpoint too); what they add to the batch travels with it (`SAMPLED`, the episode
+metrics, an agent episode's text), so the actor ranks score and train them as one process does.
 
 With `rollout.engine=vllm` a rollout rank samples with vLLM, which holds its own weights: each delivery
 (the first step's and every update's) ends with them loaded into it (`weight_sync.DeliveryReceiver`: a full
@@ -58,6 +60,10 @@ POLL_S = 0.005  # a generating rollout rank asks the store for new weights at mo
 # A multi-turn episode adds its attention (observations included) and the environment's score.
 SAMPLED = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "response_attention_mask", "finished",
            "rollout_logprobs", "rollout_version", "env_scores")
+# Sent with them: each row's prompt as drawn (its signature: an episode's prompt may be another rendering of the
+# row, a tool environment's lists the tools, an agent's is its first call's) and, for agent episodes, the
+# responses' text as the rollout ranks wrote it (a failed agent's traceback follows its episode).
+DRAWN, TEXT = "drawn_prompts", "response_text"
 
 
 def delivery_ranks(groups: RoleGroups) -> tuple[int, ...]:
@@ -103,7 +109,8 @@ class AsyncRollout:
     device: torch.device
     engine: Any = None  # this rank's sampler: a delivery's target (vLLM) or, via `between_tokens`, a partial rollout's
     partial: bool = False  # rollout.partial_rollout
-    queue: deque[RolloutBatch] = field(default_factory=deque)
+    send_text: bool = False  # the responses' text travels (agent episodes), instead of being decoded on arrival
+    queue: deque[Generated] = field(default_factory=deque)
     model: torch.nn.Module | None = None  # this rank's policy (next_batch's; a partial rollout's delivery target)
     version: int | None = None  # the weights this rollout rank holds (updates applied); None before the first
     drawn: int = 0  # batches this rank generated so far
@@ -138,7 +145,7 @@ class AsyncRollout:
             sent = self.queue.popleft()
             metrics |= sent.metrics  # what generating measured (a multi-turn episode's), averaged with the actor's
         start = time.perf_counter()
-        received = self.groups.move_batch(_fields(sent) if sent is not None else None, "rollout", "actor",
+        received = self.groups.move_batch(sent.fields if sent is not None else None, "rollout", "actor",
                                           stage="rollout:batch")
         if self.generates:
             while len(self.queue) < self.max_staleness:  # run ahead while the trainer trains this batch
@@ -148,8 +155,10 @@ class AsyncRollout:
             self._busy += time.perf_counter() - start
         if received is None:
             return None, metrics
+        text = received.pop(TEXT, None)
         batch = merge(batch, received, step)
-        batch.responses = self.decode(batch.response_ids, received.get("response_attention_mask", batch.response_mask))
+        batch.responses = (texts_of(text) if text is not None else
+                           self.decode(batch.response_ids, received.get("response_attention_mask", batch.response_mask)))
         return batch, metrics | staleness_metrics(received, step)
 
     def _sync_prompt_stream(self) -> None:
@@ -172,14 +181,19 @@ class AsyncRollout:
         if hook:
             self.engine.between_tokens = lambda step: self._take_delivery(step, switches)
         try:
-            out = self.generate(self.draw())
+            drawn = self.draw()
+            signature = _prompt_signature(drawn.prompt_ids, drawn.prompt_mask)  # before generate replaces them
+            out = self.generate(drawn)
         finally:
             if hook:
                 self.engine.between_tokens = None
         out.rollout_version = torch.full(out.response_ids.shape, float(version))
         for first, new in switches:
             out.rollout_version[:, first:] = float(new)
-        self.queue.append(out)
+        fields = _fields(out) | {DRAWN: signature}
+        if self.send_text:
+            fields[TEXT] = text_tensor(out.responses)
+        self.queue.append(Generated(fields, dict(out.metrics)))
         self.drawn += 1
         self._busy += time.perf_counter() - start
 
@@ -243,6 +257,28 @@ class AsyncRollout:
         return {"async/weight_delivery_s": time.perf_counter() - start, "async/weight_delivery_mb": sent}
 
 
+@dataclass
+class Generated:
+    """A batch the rollout ranks generated and have not sent yet: the fields that travel, and what generating
+    measured (a multi-turn or agent episode's metrics)."""
+
+    fields: dict[str, torch.Tensor]
+    metrics: dict[str, float]
+
+
+def text_tensor(texts: list[str]) -> torch.Tensor:
+    """Texts as one row each of UTF-8 bytes, zero-padded (transfers move tensors only)."""
+    data = [t.encode("utf-8") for t in texts]
+    out = torch.zeros(len(data), max((len(b) for b in data), default=0), dtype=torch.uint8)
+    for i, b in enumerate(data):
+        out[i, : len(b)] = torch.tensor(list(b), dtype=torch.uint8)
+    return out
+
+
+def texts_of(tensor: torch.Tensor) -> list[str]:
+    return [bytes(row.tolist()).rstrip(b"\0").decode("utf-8", errors="replace") for row in tensor.cpu()]
+
+
 def _posted(version: int) -> str:
     return f"async/weights/{version}"
 
@@ -264,9 +300,12 @@ def _prompt_signature(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def merge(batch: RolloutBatch, received: dict[str, torch.Tensor], step: int) -> RolloutBatch:
-    """The trainer's drawn batch with the sampled fields; its prompts must be the ones that were sampled."""
+    """The trainer's drawn batch with the sampled fields; its prompts must be the ones that the rollout ranks drew
+    (`received[DRAWN]`, else the sampled prompts themselves)."""
     drawn = _prompt_signature(batch.prompt_ids, batch.prompt_mask)
-    sampled = _prompt_signature(received["prompt_ids"], received["prompt_mask"])
+    sampled = received.pop(DRAWN, None)
+    if sampled is None:
+        sampled = _prompt_signature(received["prompt_ids"], received["prompt_mask"])
     if drawn.shape != sampled.shape or not torch.equal(drawn, sampled.to(drawn.device)):
         raise DistributedError(
             f"step {step + 1}: the rollout ranks sampled other prompts than the trainer ranks drew for this batch "
@@ -316,13 +355,18 @@ def describe(config: RunConfig, mapping: DeviceMapping) -> str:
     line = (f"asynchronous rollout: rank(s) {list(mapping.ranks('rollout'))} generate, rank(s) "
             f"{list(mapping.ranks('actor'))} train; rollout.max_staleness={k} ({mode}), a queue of at most {k} "
             "batch(es) ahead; the new weights go to the rollout ranks after every update")
-    if config.rollout.engine != "vllm":
-        return line
-    line += (" and are loaded into the rollout ranks' vLLM engines (kept awake; their Hugging Face copy of the "
-             "policy stays on the CPU)")
-    if config.rollout.partial_rollout:
-        line += ("; rollout.partial_rollout is off with rollout.engine=vllm (vLLM samples a batch in one call, so "
-                 "the new weights are taken between batches and each batch is sampled by one version)")
+    if config.rollout.engine == "vllm":
+        line += (" and are loaded into the rollout ranks' vLLM engines (kept awake; their Hugging Face copy of the "
+                 "policy stays on the CPU)")
+        if config.rollout.partial_rollout:
+            line += ("; rollout.partial_rollout is off with rollout.engine=vllm (vLLM samples a batch in one call, "
+                     "so the new weights are taken between batches and each batch is sampled by one version)")
+    elif config.rollout.partial_rollout and k > 0:
+        line += ("; partial rollouts: single-turn responses take new weights between two tokens (multi-turn and "
+                 "agent episodes are sampled by one version each)")
+    if config.env.agent is not None:
+        line += ("; env.agent: the agents' OpenAI endpoint runs on the rollout rank(s) and their stitched episodes "
+                 "(tokens, log-probs, masks, rewards, text, episode metrics) go to the actor rank(s)")
     return line
 
 
@@ -341,5 +385,7 @@ def async_rollout_for(config: RunConfig, parts: Components, draw: Callable[[], R
     """The run's asynchronous rollout (`devices.rollout`), or None for a synchronous run."""
     if not config.is_async:
         return None
+    # An agent episode's text is more than its tokens decoded (a failed agent's traceback): it travels.
     return AsyncRollout(parts.process.groups, config.rollout.max_staleness, draw, generate, decode, parts.env,
-                        parts.process.device, parts.engine, takes_partial_rollouts(config, parts.env))
+                        parts.process.device, parts.engine, takes_partial_rollouts(config, parts.env),
+                        send_text=config.env.agent is not None)

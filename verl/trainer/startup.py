@@ -225,6 +225,10 @@ def check_env_options(config: RunConfig, env: Any, tokenizer: Any = None) -> lis
         problems.append(ConfigError("algorithm.overlong_buffer shapes single-turn rewards by response length; a "
                                     "multi-turn episode's length is its turns'. Fix: set algorithm.overlong_buffer=0 "
                                     "for this env"))
+    if config.rollout.engine != "hf" and is_multiturn(env):  # on the actor's ranks or rollout ranks of their own
+        problems.append(ConfigError(f"environment {type(env).__name__} runs multi-turn episodes, which sample on the "
+                                    "'hf' rollout engine (each observation is prefilled on its KV cache); rollout."
+                                    f"engine={config.rollout.engine} cannot run them. Fix: rollout.engine=hf"))
     if tokenizer is not None and callable(getattr(env, "bind_tokenizer", None)):
         try:
             env.bind_tokenizer(tokenizer)
