@@ -54,6 +54,26 @@ def test_staleness_zero_is_synchronous_training_exactly(tmp_path):
     assert all(r["actor/grad_norm"] > 0 for r in async_)
 
 
+@pytest.mark.slow
+def test_two_rollout_ranks_send_one_batch_of_their_shards(tmp_path):
+    """Rollout ranks 1 and 2 each sample half of a batch, to their own longest response and prompt: padded to
+    one width they arrive as the batch two data-parallel ranks would have sampled (their generators are
+    seeded alike), so k = 0 scores what a 2-rank colocated run scores, step after step."""
+    dp = yaml.safe_load(_config(tmp_path, "dp", 2, rollout_rank=False).read_text())
+    dp["env"]["kwargs"]["max_operand"] = 10  # "3+4=" or "10+4=": the two halves' prompts differ in width
+    (tmp_path / "dp.yaml").write_text(yaml.safe_dump(dp))
+    verl_train(tmp_path / "dp.yaml", tmp_path, nproc=2)
+    split = dp | {"devices": {"actor": [0], "rollout": [1, 2]}}
+    split["trainer"] = dp["trainer"] | {"run_dir": str(tmp_path / "split")}
+    (tmp_path / "split.yaml").write_text(yaml.safe_dump(split))
+    verl_train(tmp_path / "split.yaml", tmp_path, nproc=3)
+    dp, rows = metrics(tmp_path / "dp"), metrics(tmp_path / "split")
+    for key in ("response/length_mean", "response/length_max"):
+        assert [r[key] for r in rows] == [r[key] for r in dp], key
+    for key, tol in (("reward/mean", 1e-12), ("actor/pg_loss", 1e-5)):  # summed in another order
+        assert [r[key] for r in rows] == pytest.approx([r[key] for r in dp], rel=tol, abs=tol), key
+
+
 def _with_dynamic_sampling(path: Path) -> Path:
     """DAPO's dynamic sampling on a reward that gives half the groups equal rewards: extra rounds every step."""
     cfg = yaml.safe_load(path.read_text())

@@ -43,13 +43,15 @@ import torch
 import torch.distributed as dist
 
 from verl.config.schema import RunConfig
+from verl.data.datasets import pad_token_id
 from verl.distributed.groups import RoleGroups
 from verl.distributed.guard import role_key
 from verl.distributed.mapping import DeviceMapping
+from verl.distributed.transfer import pad_to_group_width
 from verl.env.multiturn import is_multiturn
 from verl.errors import ConfigError, DistributedError
 from verl.rollout.weight_sync import DeliveryReceiver
-from verl.trainer.batch import RolloutBatch
+from verl.trainer.batch import LAYOUT, RolloutBatch, padding
 
 if TYPE_CHECKING:  # components imports the start-up checks, which import this module
     from verl.trainer.components import Components
@@ -110,6 +112,7 @@ class AsyncRollout:
     engine: Any = None  # this rank's sampler: a delivery's target (vLLM) or, via `between_tokens`, a partial rollout's
     partial: bool = False  # rollout.partial_rollout
     send_text: bool = False  # the responses' text travels (agent episodes), instead of being decoded on arrival
+    pad_token_id: int | None = None  # pads the rollout ranks' batches to one width before they are gathered
     queue: deque[Generated] = field(default_factory=deque)
     model: torch.nn.Module | None = None  # this rank's policy (next_batch's; a partial rollout's delivery target)
     version: int | None = None  # the weights this rollout rank holds (updates applied); None before the first
@@ -145,8 +148,8 @@ class AsyncRollout:
             sent = self.queue.popleft()
             metrics |= sent.metrics  # what generating measured (a multi-turn episode's), averaged with the actor's
         start = time.perf_counter()
-        received = self.groups.move_batch(sent.fields if sent is not None else None, "rollout", "actor",
-                                          stage="rollout:batch")
+        received = self.groups.move_batch(self._one_width(sent.fields) if sent is not None else None, "rollout",
+                                          "actor", stage="rollout:batch")
         if self.generates:
             while len(self.queue) < self.max_staleness:  # run ahead while the trainer trains this batch
                 self._generate_one()
@@ -160,6 +163,18 @@ class AsyncRollout:
         batch.responses = (texts_of(text) if text is not None else
                            self.decode(batch.response_ids, received.get("response_attention_mask", batch.response_mask)))
         return batch, metrics | staleness_metrics(received, step)
+
+    def _one_width(self, fields: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Several rollout ranks: each rank's prompts, responses and texts padded to the group's widest, so
+        their shards concatenate (each generated its own share of the batch, to its own longest response)."""
+        if len(self.groups.ranks("rollout")) == 1:
+            return fields
+        sides = padding([k for k in fields if k in LAYOUT], self.pad_token_id)
+        if TEXT in fields:
+            sides[TEXT] = ("right", 0)
+        widest = lambda t: self.groups.all_reduce(t, "rollout", "rollout:width", op=dist.ReduceOp.MAX)  # noqa: E731
+        return fields | pad_to_group_width({k: fields[k] for k in sides}, sides, all_reduce_max=widest,
+                                           device=self.device)
 
     def _sync_prompt_stream(self) -> None:
         """The rollout ranks' environment at the first actor rank's position: the batches trained so far (a
@@ -388,4 +403,4 @@ def async_rollout_for(config: RunConfig, parts: Components, draw: Callable[[], R
     # An agent episode's text is more than its tokens decoded (a failed agent's traceback): it travels.
     return AsyncRollout(parts.process.groups, config.rollout.max_staleness, draw, generate, decode, parts.env,
                         parts.process.device, parts.engine, takes_partial_rollouts(config, parts.env),
-                        send_text=config.env.agent is not None)
+                        send_text=config.env.agent is not None, pad_token_id=pad_token_id(parts.tokenizer))
