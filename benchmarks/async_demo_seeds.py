@@ -15,7 +15,7 @@ the same held-out problems, `env.kwargs.split_seed`), and a side's steps to 65% 
 repeats' curves; each repeat's own first step at 65% is printed too. (`verl train trainer.demo=arithmetic
 devices.actor=[0] devices.rollout=[1] rollout.max_staleness=1 --nproc 2` runs the same demo whole, its warm
 start on the actor's rank; here one warm start per seed serves every repeat of both sides.)
-Run by hand: ``python benchmarks/async_demo_seeds.py [--seeds 1 2 3] [--repeats 3] [--steps 200] [--reuse] [--write-docs]``.
+Run by hand: ``python benchmarks/async_demo_seeds.py [--seeds 1 2 3] [--repeats 5] [--steps 200] [--reuse] [--write-docs]``.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--val-every", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=3, help="RL runs per side and seed (curves averaged)")
+    parser.add_argument("--repeats", type=int, default=5, help="RL runs per side and seed (curves averaged)")
     parser.add_argument("--run-root", type=Path, default=ROOT / "runs" / "async-demo")
     parser.add_argument("--reuse", action="store_true",
                         help="keep warm starts and finished runs of the same config found under --run-root")
