@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from verl.config import load_config
 from verl.config.schema import RunConfig
@@ -126,3 +127,22 @@ def random_groups(groups=3, n=4, prompt=7, response=6, seed=0):
     response_ids = torch.randint(3, 700, (groups * n, response), generator=g) * response_mask
     weights = torch.randn(groups * n, response, generator=g, dtype=torch.float64) * response_mask
     return prompt_ids, prompt_mask, response_ids, response_mask, weights
+
+
+class LargestVocabTensor(TorchDispatchMode):
+    """Rows of the largest new tensor (not a view of an input, such as the head weight's transpose) with a
+    vocabulary-sized last dimension that any operation returns."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab, self.rows = vocab, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {a.untyped_storage().data_ptr() for a in torch.utils._pytree.tree_leaves((args, kwargs))
+                  if isinstance(a, torch.Tensor)}
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if (isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[-1] == self.vocab
+                    and t.untyped_storage().data_ptr() not in inputs):
+                self.rows = max(self.rows, t.numel() // self.vocab)
+        return out

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rl_support import captured_update, random_groups, rl_config
-from torch.utils._python_dispatch import TorchDispatchMode
+from rl_support import LargestVocabTensor, captured_update, random_groups, rl_config
 
 import verl.algorithms.head_logprobs as head_mod
 from verl.config.schema import LoraConfig
@@ -147,24 +146,6 @@ def test_a_trained_modules_to_save_head_and_its_original_under_adapters_off():
     assert torch.allclose(got[real], want[real], rtol=0, atol=TOL) and float((on - got)[real].abs().max()) > 1e-3
 
 
-class _LargestVocabTensor(TorchDispatchMode):
-    """Rows of the largest new tensor (not a view of an input, such as the head weight's transpose) with a
-    vocabulary-sized last dimension that any operation returns."""
-
-    def __init__(self, vocab: int) -> None:
-        super().__init__()
-        self.vocab, self.rows = vocab, 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {a.untyped_storage().data_ptr() for a in torch.utils._pytree.tree_leaves((args, kwargs))
-                  if isinstance(a, torch.Tensor)}
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if (isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[-1] == self.vocab
-                    and t.untyped_storage().data_ptr() not in inputs):
-                self.rows = max(self.rows, t.numel() // self.vocab)
-        return out
-
 
 @pytest.mark.parametrize("shared", [False, True])
 def test_no_logits_beyond_one_chunk_forward_or_backward(monkeypatch, shared):
@@ -172,7 +153,7 @@ def test_no_logits_beyond_one_chunk_forward_or_backward(monkeypatch, shared):
     vocab = model.config.vocab_size
     monkeypatch.setattr(head_mod, "CHUNK_ELEMENTS", vocab * 4)
     shared_args, unshared_args, weights = _inputs()
-    with _LargestVocabTensor(vocab) as probe:
+    with LargestVocabTensor(vocab) as probe:
         if shared:
             lp, ent = shared_prompt_logprobs(model, *shared_args, with_entropy=True, chunked=True)
         else:

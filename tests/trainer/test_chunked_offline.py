@@ -9,11 +9,11 @@ import copy
 
 import pytest
 import torch
+from rl_support import LargestVocabTensor
 from test_dpo import ROWS as PAIRS
 from test_dpo import make_config as dpo_config
 from test_sft import ROWS as SFT_ROWS
 from test_sft import make_config as sft_config
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import verl.algorithms.head_logprobs as head_mod
 from verl.data.datasets import IGNORE_INDEX
@@ -103,23 +103,6 @@ def test_dpo_sequence_logps_equal_the_plain_path_in_float64(shared):
     _assert_same(model, sums)
 
 
-class _LargestVocabTensor(TorchDispatchMode):
-    """Rows of the largest new tensor with a vocabulary-sized last dimension any operation returns."""
-
-    def __init__(self, vocab: int) -> None:
-        super().__init__()
-        self.vocab, self.rows = vocab, 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {a.untyped_storage().data_ptr() for a in torch.utils._pytree.tree_leaves((args, kwargs))
-                  if isinstance(a, torch.Tensor)}
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if (isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[-1] == self.vocab
-                    and t.untyped_storage().data_ptr() not in inputs):
-                self.rows = max(self.rows, t.numel() // self.vocab)
-        return out
-
 
 def test_sft_holds_no_logits_beyond_one_chunk(monkeypatch):
     model = _tiny(torch.float32)
@@ -127,7 +110,7 @@ def test_sft_holds_no_logits_beyond_one_chunk(monkeypatch):
     monkeypatch.setattr(head_mod, "CHUNK_ELEMENTS", vocab * 4)
     examples = _examples(vocab)
     batch = collate_sequences([[e] for e in examples], model.config.pad_token_id, packed=False)
-    with _LargestVocabTensor(vocab) as probe:
+    with LargestVocabTensor(vocab) as probe:
         logprobs, _ = target_logprobs(model, batch, CPU, chunked=True)
         logprobs.sum().backward()
     targets = sum(sum(t != IGNORE_INDEX for t in tgt) for _, tgt in examples)
