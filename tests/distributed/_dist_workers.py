@@ -238,6 +238,14 @@ def split_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     to_reward = groups.move_batch(critic_out, "critic", "reward", stage="reward_scores")
     back = groups.move_batch(to_reward, "reward", "actor", stage="advantages")
     record.update(to_ref=to_ref, to_critic=to_critic, to_reward=to_reward, back=back)
+    # shards of other widths cannot be concatenated: every actor rank refuses (none waits in the gather)
+    from verl.errors import DistributedError
+
+    try:
+        groups.move_batch({"input_ids": ids[:1, : SEQ_LEN - rank]} if groups.has("actor") else None,
+                          "actor", "ref", stage="ragged")
+    except DistributedError as e:
+        record["ragged"] = str(e)
 
     # each group trains its own FSDP model at the same time, on its own ranks only
     for role in ("actor", "critic"):

@@ -92,3 +92,7 @@ def test_split_mapping_moves_batches_between_groups(tmp_path):
     assert rec[0]["actor_losses"] == rec[1]["actor_losses"]
     assert rec[2]["critic_losses"] == rec[3]["critic_losses"]
     assert "critic_losses" not in rec[0] and "actor_losses" not in rec[3]
+    for r in (0, 1):  # both actor ranks refuse shards of other widths, with the same message
+        assert "stage 'ragged:gather[actor]': rank 1's batch fields" in rec[r]["ragged"], rec[r].get("ragged")
+        assert "padded to one width" in rec[r]["ragged"]
+    assert "ragged" not in rec[2] and "ragged" not in rec[3]

@@ -82,15 +82,16 @@ def gather_batch(
                 )
         counts[ranks.index(me)] = n
         dist.all_reduce(counts, group=group)
-        # every member must agree on the field layout before tensors of different shapes meet
-        leader_schema = _broadcast_schema(schema if me == leader else None, leader, group, device)
-        mine = [[k, d, s[1:]] for k, d, s in schema]
-        theirs = [[k, d, s[1:]] for k, d, s in leader_schema]
-        if mine != theirs:
-            raise DistributedError(
-                f"stage {stage!r}: rank {me}'s batch fields {mine} differ from rank {leader}'s {theirs}. "
-                f"Fix: every rank of a group must produce the same fields."
-            )
+        # every member must agree on the field layout before tensors of different shapes meet; all of them see
+        # every layout, so all of them refuse a mismatch (none is left waiting in the gather)
+        layouts = _all_gather_json([[k, d, s[1:]] for k, d, s in schema], group=group, members=len(ranks),
+                                   device=device)
+        for rank, theirs in zip(ranks, layouts, strict=True):
+            if theirs != layouts[0]:
+                raise DistributedError(
+                    f"stage {stage!r}: rank {rank}'s batch fields {theirs} differ from rank {leader}'s "
+                    f"{layouts[0]}. Fix: every rank of a group must produce the same fields, padded to one width."
+                )
         max_n = int(counts.max().item())
         out: Batch = {}
         for key, _dtype, shape in schema:
