@@ -49,7 +49,7 @@ from verl.distributed.guard import role_key
 from verl.distributed.mapping import DeviceMapping
 from verl.distributed.transfer import pad_to_group_width
 from verl.env.multiturn import is_multiturn
-from verl.errors import ConfigError, DistributedError
+from verl.errors import DistributedError
 from verl.rollout.weight_sync import DeliveryReceiver
 from verl.trainer.batch import LAYOUT, RolloutBatch, padding
 
@@ -347,17 +347,8 @@ def staleness_metrics(received: dict[str, torch.Tensor], step: int) -> dict[str,
     return out
 
 
-__all__ = ["AsyncRollout", "async_problems", "async_rollout_for", "describe", "BUCKET_BYTES", "buckets", "delivery_ranks", "merge", "staleness_metrics",
+__all__ = ["AsyncRollout", "async_rollout_for", "describe", "BUCKET_BYTES", "buckets", "delivery_ranks", "merge", "staleness_metrics",
            "takes_partial_rollouts", "trainable"]
-
-
-def async_problems(config: RunConfig) -> list[ConfigError]:
-    """What an asynchronous run (`devices.rollout`) refuses before anything loads, each with its fix."""
-    if not config.is_async:
-        return []
-    # rollout.engine=vllm on rollout ranks: the deliveries load into its weights (DeliveryReceiver); that every
-    # rank can build its engine is engine_check.check_vllm_placement's.
-    return []
 
 
 def describe(config: RunConfig, mapping: DeviceMapping) -> str:

@@ -31,7 +31,6 @@ from verl.errors import ConfigError, DeviceMappingError, VerlError
 from verl.rollout.engine_check import check_rollout_engine, check_vllm_placement
 from verl.tracking.tracker import backend_problems
 from verl.trainer.agent_episodes import agent_problems
-from verl.trainer.async_rollout import async_problems
 from verl.trainer.async_rollout import describe as describe_async
 from verl.trainer.batch_math import plan_rl
 from verl.trainer.correction import plan_correction
@@ -420,7 +419,7 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
         except VerlError as exc:
             problems.append(exc)
     problems += check_rollout_engine(config.rollout.engine, device_type=device_type) if kind == "rl" else []
-    problems += [*async_problems(config), *agent_problems(config)] if kind == "rl" else []
+    problems += agent_problems(config) if kind == "rl" else []
     if report.mapping is not None:
         refusal = split_refusal(kind, report.mapping, world_size, runs_split)
         if refusal is not None:
