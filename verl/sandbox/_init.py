@@ -81,10 +81,27 @@ def _stragglers(uid, pgid, keep):
     return found
 
 
+def kill_uid(uid):
+    """SIGKILL every process of the run's own `uid` at once: kill(-1) sent as that uid. The kernel applies it
+    atomically with respect to fork, so no process can fork past it (one can past a scan of /proc, which is
+    how a grandchild forked during the sweep escaped it). Only a root launcher gives runs a uid of their own."""
+    if uid is None or os.getuid() != 0 or uid == 0:
+        return
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setuid(uid)
+            os.kill(-1, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
 def sweep(uid, pgid, keep=None, reap=True):
     """Kill what a run left behind without a PID namespace (a child that outlived the program, one that left
     the process group: found by the run's own uid), and reap what was reparented here (`reap`: never in
     the trainer, whose other children are not ours to wait for)."""
+    kill_uid(uid)
     for _ in range(50):
         left = _stragglers(uid, pgid, keep)
         for pid in left:
