@@ -101,7 +101,6 @@ def sweep(uid, pgid, keep=None, reap=True):
     """Kill what a run left behind without a PID namespace (a child that outlived the program, one that left
     the process group: found by the run's own uid), and reap what was reparented here (`reap`: never in
     the trainer, whose other children are not ours to wait for)."""
-    kill_uid(uid)
     for _ in range(50):
         left = _stragglers(uid, pgid, keep)
         for pid in left:
@@ -150,7 +149,8 @@ def main():
             break
         if done == pid:
             break
-    if not spec["pid_namespace"]:
+    if not spec["pid_namespace"]:  # here, not in the trainer's timeout sweep: no fork of the trainer needed
+        kill_uid(spec["uid"])
         sweep(spec["uid"], os.getpgid(0))
     fate = {"signal": os.WTERMSIG(code)} if os.WIFSIGNALED(code) else {"exit": os.WEXITSTATUS(code)}
     status.write(json.dumps(fate) + "\n")
