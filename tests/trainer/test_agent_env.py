@@ -18,6 +18,7 @@ import asyncio
 from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
 HTTP = {}
+SLEEP = {"s": 120.0}  # set to 0 by the test for its cold first step
 
 
 async def run(row, base_url):
@@ -29,7 +30,7 @@ async def run(row, base_url):
     if row["prompt"].startswith("1"):
         raise RuntimeError("the agent broke on " + row["prompt"])
     if row["prompt"].startswith("2"):
-        await asyncio.sleep(120)
+        await asyncio.sleep(SLEEP["s"])
     messages += [{"role": "assistant", "content": first.choices[0].message.content},
                  {"role": "user", "content": "Sure?"}]
     second = await client.chat.completions.create(model="policy", messages=messages)
@@ -47,16 +48,20 @@ async def one_argument(row):
 
 def _config(tmp_path, agent="agent.py:run", *more):
     (tmp_path / "agent.py").write_text(AGENT)
-    return rl_config(tmp_path / "run", f"env.agent={tmp_path / agent}", "env.agent_timeout_s=12",
+    return rl_config(tmp_path / "run", f"env.agent={tmp_path / agent}", "env.agent_timeout_s=120",
                      "env.kwargs.max_operand=29", "data.train_batch_size=8", "rollout.max_new_tokens=6", *more,
                      reward=None)
 
 
 def test_agent_episodes_train_and_failures_stay_in_their_episode(tmp_path):
     trainer = RLTrainer(_config(tmp_path))
+    sleep = trainer.multiturn.agent.__globals__["SLEEP"]
+    sleep["s"] = 0.0  # the cold step (first calls import the client's types): no episode sleeps, none times out
     metrics = trainer.step()
-    assert metrics["episode/agent_calls"] >= 1  # two calls per healthy episode, one for the others
+    assert metrics["episode/agent_timeout"] == 0.0
+    assert metrics["episode/agent_calls"] > 1  # two calls per healthy episode, one for the raising ones
     assert metrics["episode/agent_restarted_calls"] == 0.0  # each continued its episode's sequence
+    sleep["s"], trainer.config.env.agent_timeout_s = 120.0, 15.0  # now warm: the sleepers time out
     batch = trainer.multiturn.run(trainer.env.val_rows()[:8], 4, trainer.sampling, trainer.generator)
     failed = [e for e in batch.episodes if e.row["prompt"].startswith("1")]
     sleeping = [e for e in batch.episodes if e.row["prompt"].startswith("2")]
