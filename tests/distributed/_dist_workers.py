@@ -364,14 +364,23 @@ def chunked_batch() -> dict[str, torch.Tensor]:
             "response_mask": response_mask, "weights": weights}
 
 
-def chunked_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, chunked: bool, shared: bool,
+def chunked_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, chunked: bool, shared: bool | str,
                  scale: float) -> None:
-    """A policy-gradient-shaped loss (weighted log-probs, an entropy bonus) at temperature 0.8, backward."""
-    from verl.trainer.forward import response_logprobs, shared_prompt_logprobs
+    """A policy-gradient-shaped loss (weighted log-probs, an entropy bonus) at temperature 0.8, backward;
+    `shared="packed"`: the rows packed into one (actor.remove_padding)."""
+    from types import SimpleNamespace
+
+    from verl.trainer.forward import packed_logprobs, response_logprobs, shared_prompt_logprobs
     from verl.utils.positions import position_ids_from_mask
 
     kwargs = dict(temperature=0.8, with_entropy=True, chunked=chunked)
-    if shared:
+    if shared == "packed":
+        mask = torch.cat([batch["prompt_mask"], batch["response_mask"]], 1)
+        mb = SimpleNamespace(input_ids=torch.cat([batch["prompt_ids"], batch["response_ids"]], 1),
+                             attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                             response_ids=batch["response_ids"], response_attention=batch["response_mask"])
+        lp, ent = packed_logprobs(model, mb, **kwargs)
+    elif shared:
         lp, ent = shared_prompt_logprobs(model, batch["prompt_ids"], batch["prompt_mask"], batch["response_ids"],
                                          batch["response_mask"], **kwargs)
     else:
@@ -401,10 +410,10 @@ def chunked_logprob_worker(rank: int, world: int, port: int, out_dir: str) -> No
 
     batch = chunked_batch()
     result: dict[str, object] = {}
-    for shared in (False, True):
+    for shared in (False, True, "packed"):
         if rank == 0:
             reference = model()
-            chunked_loss(reference, batch, chunked=False, shared=shared, scale=1.0)
+            chunked_loss(reference, batch, chunked=False, shared=shared is True, scale=1.0)
             result[f"reference{shared}"] = critic_grads(reference)
         sharded = apply_fsdp(model(), FSDPConfig())
         local = {k: v.chunk(world)[rank] for k, v in batch.items()}

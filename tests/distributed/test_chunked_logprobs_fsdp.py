@@ -1,7 +1,7 @@
 """Chunked log-probs (`actor.chunked_logprobs`) under FSDP2 on 2 gloo ranks: the head's weight is read while
 FSDP2 holds it gathered, and its gradient (tied to the embedding) reaches the reduce-scatter; every parameter's
-gradient equals one unsharded process running the plain logits on the whole batch, unshared and with shared
-prompts; without gradients (a reference's pass) the capture reshards the head itself; LoRA adapters on the
+gradient equals one unsharded process running the plain logits on the whole batch, unshared, with shared
+prompts and packed without padding (actor.remove_padding); without gradients (a reference's pass) the capture reshards the head itself; LoRA adapters on the
 sharded model get one plain process's gradients."""
 
 import _dist_workers as W  # noqa: E402 - pytest puts tests/distributed on sys.path
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.dist
 def test_chunked_logprobs_of_a_sharded_tied_policy_equal_one_plain_process(tmp_path):
     W.launch(W.chunked_logprob_worker, 2, str(tmp_path))
     result = torch.load(tmp_path / "chunked0.pt", weights_only=False)
-    for shared in (False, True):
+    for shared in (False, True, "packed"):
         reference, got = result[f"reference{shared}"], result[f"chunked{shared}"]
         assert got.keys() == reference.keys() and "model.embed_tokens.weight" in got
         assert float(reference["model.embed_tokens.weight"].abs().max()) > 0

@@ -333,6 +333,13 @@ class OptimConfig(Section):
         "grouped by length under it instead of micro_batch_size at a time, so padding costs little. The "
         "gradient does not depend on the grouping. None = fixed micro_batch_size. Also sizes the no-grad "
         "log-prob / value passes (at twice the budget).")
+    remove_padding: bool = Field(False, description="Run each micro-batch's sequences packed into one row without "
+                                 "their padding (position ids restarting at 0 per sequence, no attention mask: "
+                                 "transformers attends within each sequence), so a forward costs the real tokens, not "
+                                 "rows x longest; same values and gradients up to float rounding. For the actor it "
+                                 "covers the reference too and replaces share_prompt_forward; sequence parallelism "
+                                 "takes precedence. Each model is probed once and refused if its attention does not "
+                                 "follow packed position ids. verl's use_remove_padding, OpenRLHF's packing_samples.")
     ppo_epochs: int = Field(1, gt=0)
     grad_clip: float | None = Field(1.0, gt=0.0)
     shuffle: bool = True

@@ -23,6 +23,7 @@ class BatchPlan:
     num_mini_batches: int
     micro_batch_size: int  # per rank
     grad_accum_steps: int  # micro-batches per mini-batch (the last may be smaller)
+    packed: bool = False  # remove_padding: a token budget counts each micro-batch's real tokens
 
     def describe(self) -> str:
         return (f"{self.prompts_per_step} prompts x n -> {self.sequences_per_step} sequences/step over "
@@ -64,6 +65,7 @@ def plan_batches(prompts: int, n: int, cfg: OptimConfig, dp_size: int, *, role: 
         num_mini_batches=prompts // mini_prompts,
         micro_batch_size=micro,
         grad_accum_steps=-(-mini_per_rank // micro),
+        packed=cfg.remove_padding,
     )
 
 

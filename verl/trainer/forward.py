@@ -37,6 +37,7 @@ from verl.models.signature import (
     returned_cache,
     takes_cache,
 )
+from verl.trainer.packing import PackedLayout, check_packing
 from verl.utils.positions import position_ids_from_mask
 
 
@@ -361,6 +362,37 @@ def shared_prompt_logprobs(
         return _logprobs(output, response_ids, temperature, with_entropy, entropy_grad)
 
 
+def _packed_output(model: torch.nn.Module, capture: HeadCapture | None, layout: PackedLayout) -> Any:
+    """The packed row's logits (or, with `capture`, head input) at the positions that predict response tokens:
+    [1, N, ...] (see `verl.trainer.packing`)."""
+    head = {"logits_to_keep": layout.predictors} if keeps_positions(model) else {}
+    out = model(input_ids=layout.ids, attention_mask=None, position_ids=layout.positions, use_cache=False, **head)
+    output = forward_output(out, capture)
+    return output if head else _sliced(output, layout.predictors)
+
+
+def packed_logprobs(model: torch.nn.Module, mb: Any, *, temperature: float = 1.0, with_entropy: bool = False,
+                    entropy_grad: bool = True, chunked: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`response_logprobs` of `mb` with its sequences packed into one row, without padding: [B, R], 0 where a
+    row has no response token."""
+    layout = PackedLayout.of(mb)
+    check_packing(model, "actor.remove_padding")  # before the head is captured: the probe needs its logits
+    with head_capture(model, chunked) as capture:
+        output = _packed_output(model, capture, layout)
+        logprobs, entropy = _logprobs(output, layout.labels(mb.response_ids), temperature, with_entropy,
+                                      entropy_grad)
+    return layout.unpacked(logprobs), None if entropy is None else layout.unpacked(entropy)
+
+
+def packed_values(critic: torch.nn.Module, mb: Any) -> torch.Tensor:
+    """`response_values` of `mb` with its sequences packed into one row, without padding (0 where a row has no
+    response token)."""
+    layout = PackedLayout.of(mb)
+    check_packing(critic, "critic.remove_padding")
+    values = critic(input_ids=layout.ids, attention_mask=None, position_ids=layout.positions)
+    return layout.unpacked(values[:, layout.predictors].float())
+
+
 def response_values(
     critic: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -376,15 +408,18 @@ def response_values(
 
 def logprobs_of(model: torch.nn.Module, mb: Any, *, share: bool, temperature: float, with_entropy: bool = False,
                 entropy_grad: bool = True, chunked: bool = False, sp: SequenceParallel | None = None,
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                packed: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropy) of a batch's response tokens under `model`; with `sp` (a group of more than one
     rank), each sequence split over it (`sequence_parallel_logprobs`: the head runs on the rank's slice only,
-    so `chunked` is not needed there); with `share`, each group's prompt runs once (`shared_prompt_logprobs`),
-    else every sequence whole; `chunked` without [B, R, V] logits."""
+    so `chunked` is not needed there); with `packed`, the sequences as one row without padding
+    (`packed_logprobs`); with `share`, each group's prompt runs once (`shared_prompt_logprobs`), else every
+    sequence whole; `chunked` without [B, R, V] logits."""
     if sp is not None and sp.size > 1:
         return sequence_parallel_logprobs(model, mb, sp, temperature=temperature, with_entropy=with_entropy,
                                           entropy_grad=entropy_grad)
     kwargs = dict(temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad, chunked=chunked)
+    if packed:
+        return packed_logprobs(model, mb, **kwargs)
     if share:
         return shared_prompt_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_attention,
                                       **kwargs)
@@ -392,8 +427,10 @@ def logprobs_of(model: torch.nn.Module, mb: Any, *, share: bool, temperature: fl
                              **kwargs)
 
 
-def values_of(critic: torch.nn.Module, mb: Any, *, share: bool) -> torch.Tensor:
-    """V(s_t) of a batch's response tokens under the critic, sharing prompts as `logprobs_of` does."""
+def values_of(critic: torch.nn.Module, mb: Any, *, share: bool, packed: bool = False) -> torch.Tensor:
+    """V(s_t) of a batch's response tokens under the critic, packed or sharing prompts as `logprobs_of` does."""
+    if packed:
+        return packed_values(critic, mb)
     if share:
         return shared_prompt_values(critic, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_attention)
     return response_values(critic, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_ids.shape[1])

@@ -335,8 +335,8 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         """Whether `model`'s forwards run each group's prompt once (`critic.share_prompt_forward` for the
         critic, `actor.share_prompt_forward` for the policy and the reference)."""
         cfg = self.config.critic if model is not None and model is self.critic else self.config.actor
-        return (cfg.share_prompt_forward and self.config.rollout.n > 1 and can_share_prompt(model)
-                and not self.sp.splits(model, self.model))
+        return (cfg.share_prompt_forward and not cfg.remove_padding and self.config.rollout.n > 1
+                and can_share_prompt(model) and not self.sp.splits(model, self.model))
 
     def policy_logprobs(self, model: torch.nn.Module, mb: RolloutBatch, *, temperature: float,
                         with_entropy: bool = False, entropy_grad: bool = True
@@ -344,7 +344,7 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         """Log-probs (and entropy) of `mb`'s response tokens under `model`, sharing prompts when it can."""
         return logprobs_of(model, mb, share=self.shares_prompt(model), temperature=temperature,
                            with_entropy=with_entropy, entropy_grad=entropy_grad,
-                           chunked=use_chunked_logprobs(self.config, model),
+                           chunked=use_chunked_logprobs(self.config, model), packed=self.config.actor.remove_padding,
                            sp=self.sp.sp if self.sp.splits(model, self.model) else None)
 
     def compute_values(self, batch: RolloutBatch) -> RolloutBatch:
@@ -353,7 +353,7 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         return batch
 
     def critic_values(self, mb: RolloutBatch) -> torch.Tensor:
-        return values_of(self.critic, mb, share=self.shares_prompt(self.critic))
+        return values_of(self.critic, mb, share=self.shares_prompt(self.critic), packed=self.config.critic.remove_padding)
 
     def compute_advantages(self, batch: RolloutBatch) -> RolloutBatch:
         """KL in the reward (when configured), the estimator, then the distillation term (`algorithm.distill`);
@@ -445,7 +445,7 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         """`fn` over micro-batches of the update's size of `model`'s role (the critic's plan for the critic,
         the actor's for the policy and the reference), without gradient: see update.forward_in_micro_batches."""
         plan = self.plans["critic"] if model is not None and model is self.critic else self.actor_plan
-        return update.forward_in_micro_batches(model, batch, fn, plan.micro_batch_size, max_tokens)
+        return update.forward_in_micro_batches(model, batch, fn, plan.micro_batch_size, max_tokens, plan.packed)
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:

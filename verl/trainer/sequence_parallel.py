@@ -12,7 +12,7 @@ members of a group cut the same mini- and micro-batches.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -66,11 +66,12 @@ def pool_rows(batch: RolloutBatch, sp: SequenceParallel, guard: CollectiveGuard,
 
 def group_plan(plan: BatchPlan, cfg: OptimConfig, size: int) -> BatchPlan:
     """`plan` (per actor rank) for the pooled rows of `size`-rank groups: W/S replicas, each with S ranks'
-    rows per mini-batch; `micro_batch_size` rows per micro-batch, each row split over the group."""
+    rows per mini-batch; `micro_batch_size` rows per micro-batch, each row split over the group (padded: the
+    split forward does not pack, so a token budget counts rows x longest)."""
     if size == 1:
         return plan
     n = plan.sequences_per_step // plan.prompts_per_step
-    return plan_batches(plan.prompts_per_step, n, cfg, plan.dp_size // size)
+    return replace(plan_batches(plan.prompts_per_step, n, cfg, plan.dp_size // size), packed=False)
 
 
 @dataclass(frozen=True)

@@ -54,9 +54,11 @@ def update_order(batch: RolloutBatch, shuffle: bool, keep_groups: bool,
 
 
 def micro_batch_groups(batch: RolloutBatch, size: int, max_tokens: int | None = None, *,
-                       keep: torch.Tensor | None = None, by_group: bool = False) -> list[torch.Tensor]:
+                       keep: torch.Tensor | None = None, by_group: bool = False,
+                       packed: bool = False) -> list[torch.Tensor]:
     """Row indices of each micro-batch: `size` rows at a time in batch order, or, with a token budget,
-    rows sorted by length and packed while (rows x (longest prompt + longest response)) <= max_tokens
+    rows sorted by length and packed while (rows x (longest prompt + longest response)) <= max_tokens, or
+    with `packed` (remove_padding: no padding is run) while the rows' lengths sum to at most max_tokens
     (a row longer than the budget goes alone). A row's length is what the forward runs on: its attended
     tokens, a multi-turn episode's observations included. Rows with `keep` False are left out. `by_group`
     sorts by the group's longest row instead, so that the rows of a group stay next to each other."""
@@ -76,14 +78,15 @@ def micro_batch_groups(batch: RolloutBatch, size: int, max_tokens: int | None = 
         order = torch.argsort(length, descending=True, stable=True)
     groups: list[torch.Tensor] = []
     current: list[int] = []
-    width_p = width_r = 0
+    width_p = width_r = total = 0
     for j in order.tolist():
         p, r = max(width_p, int(prompt_len[j])), max(width_r, int(response_len[j]))
-        if current and (len(current) + 1) * (p + r) > max_tokens:
+        cost = total + int(length[j]) if packed else (len(current) + 1) * (p + r)
+        if current and cost > max_tokens:
             groups.append(rows[torch.tensor(current)])
-            current, p, r = [], int(prompt_len[j]), int(response_len[j])
+            current, p, r, total = [], int(prompt_len[j]), int(response_len[j]), 0
         current.append(j)
-        width_p, width_r = p, r
+        width_p, width_r, total = p, r, total + int(length[j])
     if current:
         groups.append(rows[torch.tensor(current)])
     return groups
@@ -140,7 +143,7 @@ def micro_weights(mini: RolloutBatch, groups: Sequence[torch.Tensor], agg: str, 
 
 
 def forward_in_micro_batches(model: torch.nn.Module, batch: RolloutBatch, fn: Callable[[RolloutBatch], torch.Tensor],
-                             size: int, max_tokens: int | None = None) -> torch.Tensor:
+                             size: int, max_tokens: int | None = None, packed: bool = False) -> torch.Tensor:
     """`fn` over micro-batches of `size` rows, without gradient and in eval mode: dropout would make the old
     log-probs differ from the policy that sampled, and PPO's ratio start away from 1.
 
@@ -153,7 +156,7 @@ def forward_in_micro_batches(model: torch.nn.Module, batch: RolloutBatch, fn: Ca
         if max_tokens is None:
             return torch.cat([fn(mb) for mb in micro_batches(batch, size)], dim=0)
         out = None
-        for index in micro_batch_groups(batch, size, 2 * max_tokens):
+        for index in micro_batch_groups(batch, size, 2 * max_tokens, packed=packed):
             part = fn(micro_batch(batch, index, trim=True))
             if out is None:
                 out = part.new_zeros((len(batch), batch.response_ids.shape[1], *part.shape[2:]))
@@ -377,7 +380,8 @@ def optimize(
         for start in range(0, n, plan.mini_batch_sequences):
             mini = batch.select(order[start : start + plan.mini_batch_sequences])
             keep = contributes(mini).to("cpu", torch.bool) if contributes is not None else None
-            groups = micro_batch_groups(mini, plan.micro_batch_size, budget, keep=keep, by_group=keep_groups)
+            groups = micro_batch_groups(mini, plan.micro_batch_size, budget, keep=keep, by_group=keep_groups,
+                                        packed=plan.packed)
             weights = micro_weights(mini, groups, cfg.loss_agg, placement, prefix, replicas)
             token_weights = (weights if cfg.loss_agg == "token-mean" or not metric_kinds.per_token
                              else micro_weights(mini, groups, "token-mean", placement, prefix, replicas))

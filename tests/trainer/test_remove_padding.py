@@ -1,0 +1,152 @@
+"""`actor.remove_padding` / `critic.remove_padding`: a micro-batch's sequences packed into one row without their
+padding. In float64 the log-probs, entropy and every gradient equal the padded forward's within 1e-10 (temperature,
+entropy trained, chunked head, multi-turn observations inside the response), the values in float32; an RL run trains
+the same weights either way; a model whose attention ignores packed position ids is refused by name."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from rl_support import random_groups, rl_config
+
+from verl.errors import ConfigError
+from verl.models.critic import ValueModel
+from verl.trainer.forward import packed_logprobs, packed_values, response_logprobs, response_values
+from verl.trainer.rl_trainer import RLTrainer
+from verl.utils.positions import position_ids_from_mask
+
+TOL = 1e-10
+
+
+def _tiny(dtype=torch.float64):
+    from transformers import AutoModelForCausalLM
+
+    from verl.models.tiny import build_tiny_model
+
+    return AutoModelForCausalLM.from_pretrained(build_tiny_model(seed=0), dtype=dtype).train()
+
+
+def _batch(observation_gap: bool = False):
+    prompt_ids, prompt_mask, response_ids, response_mask, weights = random_groups(groups=3, n=3, prompt=7,
+                                                                                  response=9)
+    attention = response_mask.clone()
+    if observation_gap:  # a multi-turn episode: tokens 2-3 are an observation, attended but not in the loss
+        response_mask[:, 2:4] = 0
+        weights = weights * response_mask
+    mask = torch.cat([prompt_mask, attention], 1)
+    return SimpleNamespace(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
+                           response_attention=attention, input_ids=torch.cat([prompt_ids, response_ids], 1),
+                           attention_mask=mask, position_ids=position_ids_from_mask(mask)), weights
+
+
+def _loss_and_grads(model, fn, weights, mask):
+    model.zero_grad(set_to_none=True)
+    logprobs, entropy = fn()
+    loss = (logprobs * weights).sum() - 0.1 * (entropy * mask).sum()
+    loss.backward()
+    return logprobs.detach()[mask], entropy.detach()[mask], {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+@pytest.mark.parametrize("observation_gap", [False, True])
+def test_packed_logprobs_entropy_and_gradients_equal_the_padded_forward_in_float64(chunked, observation_gap):
+    model = _tiny()
+    mb, weights = _batch(observation_gap)
+    kwargs = dict(temperature=0.7, with_entropy=True, chunked=chunked)
+    mask = mb.response_attention.bool()
+    padded = _loss_and_grads(model, lambda: response_logprobs(model, mb.input_ids, mb.attention_mask, mb.position_ids,
+                                                              mb.response_ids.shape[1], **kwargs), weights, mask)
+    packed = _loss_and_grads(model, lambda: packed_logprobs(model, mb, **kwargs), weights, mask)
+    assert torch.allclose(packed[0], padded[0], rtol=0, atol=TOL)
+    assert torch.allclose(packed[1], padded[1], rtol=0, atol=TOL)
+    for name, g in padded[2].items():
+        assert float(g.abs().max()) > 0 and torch.allclose(packed[2][name], g, rtol=0, atol=TOL), name
+    logprobs, _ = packed_logprobs(model, mb)
+    assert bool((logprobs[~mask] == 0).all())  # padding positions hold 0
+
+
+def test_packed_values_and_their_gradients_equal_the_padded_forward():
+    from verl.models.tiny import build_tiny_model
+
+    critic = ValueModel.from_pretrained(build_tiny_model(seed=0), dtype=torch.float32)  # its head computes in float32
+    with torch.no_grad():  # a random head (it starts at 0, which would leave the backbone without a gradient)
+        critic.value_head.weight.copy_(torch.randn(critic.value_head.weight.shape,
+                                                   generator=torch.Generator().manual_seed(0)))
+    mb, weights = _batch()
+    mask = mb.response_attention.bool()
+
+    def run(fn):
+        critic.zero_grad(set_to_none=True)
+        values = fn()
+        (values * weights.float()).sum().backward()
+        return values.detach()[mask], {n: p.grad.clone() for n, p in critic.named_parameters()}
+
+    def close(got, want):
+        return float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
+
+    padded = run(lambda: response_values(critic, mb.input_ids, mb.attention_mask, mb.position_ids,
+                                         mb.response_ids.shape[1]))
+    packed = run(lambda: packed_values(critic, mb))
+    assert close(packed[0], padded[0])
+    for name, g in padded[1].items():
+        assert float(g.abs().max()) > 0 and close(packed[1][name], g), name
+
+
+class _IgnoresPackedPositions(torch.nn.Module):
+    """A model whose attention is causal over the whole row whatever the position ids say."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, **kwargs):
+        return self.inner(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), position_ids=position_ids,
+                          **kwargs)
+
+
+def test_a_model_that_attends_across_packed_sequences_is_refused():
+    mb, _ = _batch()
+    with pytest.raises(ConfigError, match=r"actor.remove_padding=true, but _IgnoresPackedPositions attends across "
+                                          r"packed sequences.*Fix: set actor.remove_padding=false"):
+        packed_logprobs(_IgnoresPackedPositions(_tiny(torch.float32)), mb)
+
+
+@pytest.mark.parametrize("case", ["grpo", "token budget", "lora", "gae"])
+def test_an_rl_run_trains_the_same_weights_packed_or_padded(tmp_path, case):
+    extra = {"token budget": ["actor.max_tokens_per_micro_batch=40"], "lora": ["model.lora.rank=4", "actor.lr=1e-2"],
+             "gae": ["algorithm.adv_estimator=gae"]}.get(case, [])
+
+    def run(packed: bool):
+        torch.manual_seed(0)
+        trainer = RLTrainer(rl_config(tmp_path / f"{case}-{packed}", f"actor.remove_padding={packed}",
+                                      f"critic.remove_padding={packed}", "actor.kl_loss_coef=0.1",
+                                      "actor.ppo_epochs=2", "rollout.max_new_tokens=8", *extra))
+        start = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        metrics = [trainer.step() for _ in range(2)]
+        weights = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        assert max(float((w - start[n]).abs().max()) for n, w in weights.items()) > 1e-3  # the update moved them
+        return metrics, weights
+
+    (m_pad, w_pad), (m_packed, w_packed) = run(False), run(True)
+    assert m_pad[-1]["response/length_mean"] == m_packed[-1]["response/length_mean"]  # the same samples
+    assert m_packed[-1]["actor/pg_loss"] == pytest.approx(m_pad[-1]["actor/pg_loss"], abs=1e-5)
+    for name, w in w_pad.items():
+        assert torch.allclose(w_packed[name], w, atol=1e-5), name
+
+
+def test_a_token_budget_counts_the_real_tokens_when_packed():
+    from verl.trainer import update
+    from verl.trainer.batch import RolloutBatch
+
+    lengths = [2, 9, 3, 8, 1, 7]
+    mask = (torch.arange(10)[None, :] < torch.tensor(lengths)[:, None]).long()
+    batch = RolloutBatch(rows=[{} for _ in lengths], group_ids=torch.arange(6),
+                         prompt_ids=torch.ones(6, 5, dtype=torch.long),
+                         prompt_mask=torch.tensor([[0, 0, 0, 1, 1]] * 6), response_ids=mask.clone(),
+                         response_mask=mask, advantages=torch.ones(6, 10))
+    groups = update.micro_batch_groups(batch, 8, 24, packed=True)
+    assert [g.tolist() for g in groups] == [[1, 3], [5, 2, 0, 4]]  # 11+10=21 (+9 > 24); 9+5+4+3=21
+    padded = update.micro_batch_groups(batch, 8, 24)
+    assert len(padded) == 3  # rows x longest: (2+9)*2, (2+7)*2, (2+2)*2

@@ -1,0 +1,94 @@
+"""Remove-padding forwards (`actor.remove_padding`, `critic.remove_padding`): a micro-batch's sequences run as
+one packed row, without their padding.
+
+An RL micro-batch is left-padded prompts and right-padded responses, so its forward runs rows x (longest
+prompt + longest response) positions; with long-tailed response lengths most of them are padding. Packed,
+every row's attended tokens are concatenated into a single row, each sequence's positions restarting at 0,
+and no attention mask is given: transformers then reads the sequence boundaries off the position ids and
+attends within each sequence only (its packed-sequence masks; flash-attention's varlen path on GPUs). The
+forward runs exactly the real tokens, and every attended token sees what it sees in the padded forward, so the
+log-probs, values and gradients equal the padded ones up to float rounding.
+
+A model whose attention does not follow packed position ids (custom code that builds its own causal mask)
+would silently attend across sequences, so each model is probed once before its first packed forward
+(`check_packing`): two short sequences run packed must give what each gives alone.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from verl.errors import ConfigError
+from verl.models.lora import base_of
+
+
+@dataclass
+class PackedLayout:
+    """A micro-batch packed into one row: `ids` and `positions` [1, T] (T attended tokens), `predictors` [N] the
+    packed index whose output predicts each attended response token, `attended` [B, R] those tokens."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    predictors: torch.Tensor
+    attended: torch.Tensor
+
+    @classmethod
+    def of(cls, mb: Any) -> PackedLayout:
+        mask = mb.attention_mask.bool()
+        index = (mask.flatten().long().cumsum(0) - 1).view(mask.shape)  # each attended token's packed index
+        attended = mb.response_attention.bool()
+        # A response token follows at least its prompt's last token, of its own sequence: the one before predicts it.
+        predictors = index[:, mask.shape[1] - attended.shape[1]:][attended] - 1
+        return cls(mb.input_ids[mask][None], mb.position_ids[mask][None], predictors, attended)
+
+    def labels(self, response_ids: torch.Tensor) -> torch.Tensor:
+        """The attended response tokens, [1, N]."""
+        return response_ids[self.attended][None]
+
+    def unpacked(self, values: torch.Tensor) -> torch.Tensor:
+        """[1, N] per-token values back to the batch's [B, R] (0 where a row has no response token)."""
+        return values.new_zeros(self.attended.shape).masked_scatter(self.attended, values[0])
+
+
+_CHECKED: weakref.WeakKeyDictionary[torch.nn.Module, str | None] = weakref.WeakKeyDictionary()
+
+
+def check_packing(model: torch.nn.Module, setting: str) -> None:
+    """Refuse `model` for packed forwards if its attention does not follow packed position ids (probed once per
+    model, on every rank alike: FSDP gathers its weights for the probe's forwards)."""
+    if model not in _CHECKED:
+        _CHECKED[model] = _packing_problem(model)
+    if _CHECKED[model] is not None:
+        raise ConfigError(f"{setting}=true, but {_CHECKED[model]}. Fix: set {setting}=false (padded forwards) or "
+                          "use a model whose attention masks come from transformers (position ids restarting at 0 "
+                          "mark each packed sequence)")
+
+
+def _packing_problem(model: torch.nn.Module) -> str | None:
+    device = next(base_of(model).parameters()).device
+    ids = torch.tensor([[1, 2, 3, 4, 5]], device=device)
+    positions = torch.tensor([[0, 1, 2, 0, 1]], device=device)
+
+    def run(ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+        return (out if isinstance(out, torch.Tensor) else out.logits).float()
+
+    training = model.training
+    model.eval()  # no dropout in the probe
+    try:
+        with torch.no_grad():
+            packed = run(ids, positions, None)
+            alone = torch.cat([run(ids[:, :3], positions[:, :3], torch.ones_like(ids[:, :3])),
+                               run(ids[:, 3:], positions[:, 3:], torch.ones_like(ids[:, 3:]))], dim=1)
+            across = run(ids, positions, torch.ones_like(ids))  # the second sequence attending to the first
+    finally:
+        model.train(training)
+    apart, error = (across - alone).abs().max(), (packed - alone).abs().max()
+    if error <= 0.1 * apart or apart == 0:
+        return None
+    return (f"{type(model).__name__} attends across packed sequences (its outputs differ by {error:.3g} from each "
+            f"sequence run alone)")
