@@ -64,7 +64,7 @@ def trainer(run_dir: Path, model: Path, reward: SleepyReward, args: argparse.Nam
         "actor.micro_batch_size=64", "actor.max_tokens_per_micro_batch=4096",
         "logging.backends=[jsonl]", f"trainer.run_dir={run_dir}", "trainer.val_before_train=false",
         "trainer.resume=never", "trainer.seed=1", "checkpoint.save_interval=0",
-        *(f"reward.{k}={v}" for k, v in reward_cfg.items()),
+        *(f"reward.{k}={v}" for k, v in reward_cfg.items()), *args.set,
     ]
     return RLTrainer(load_config(overrides=overrides), reward_functions=[reward])
 
@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibrate", type=int, default=5, help="steps (after 2 warm-up steps) timing generation")
     parser.add_argument("--reward-share", type=float, default=1.0,
                         help="serial reward time as a multiple of the generation time")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="config overrides for both sides (e.g. actor.remove_padding=true)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     reward = SleepyReward()

@@ -1,7 +1,9 @@
 """`actor.remove_padding` / `critic.remove_padding`: a micro-batch's sequences packed into one row without their
-padding. In float64 the log-probs, entropy and every gradient equal the padded forward's within 1e-10 (temperature,
-entropy trained, chunked head, multi-turn observations inside the response), the values in float32; an RL run trains
-the same weights either way; a model whose attention ignores packed position ids is refused by name."""
+padding, each attending only to itself (verl's per-sequence attention, or transformers' packed mask where that
+does not apply). In float64 the log-probs, entropy and every gradient equal the padded forward's within 1e-10
+(temperature, entropy trained, chunked head, multi-turn observations inside the response), the values in float32;
+an RL run trains the same weights either way (token budget, LoRA, a critic); a model whose attention ignores
+packed position ids is refused by name."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from rl_support import random_groups, rl_config
 
 from verl.errors import ConfigError
 from verl.models.critic import ValueModel
+from verl.trainer import forward
 from verl.trainer.forward import packed_logprobs, packed_values, response_logprobs, response_values
 from verl.trainer.rl_trainer import RLTrainer
 from verl.utils.positions import position_ids_from_mask
@@ -51,7 +54,11 @@ def _loss_and_grads(model, fn, weights, mask):
 
 @pytest.mark.parametrize("chunked", [False, True])
 @pytest.mark.parametrize("observation_gap", [False, True])
-def test_packed_logprobs_entropy_and_gradients_equal_the_padded_forward_in_float64(chunked, observation_gap):
+@pytest.mark.parametrize("attention", ["per sequence", "packed mask"])
+def test_packed_logprobs_entropy_and_gradients_equal_the_padded_forward_in_float64(chunked, observation_gap,
+                                                                                    attention, monkeypatch):
+    if attention == "packed mask":  # transformers' block-diagonal mask instead of verl's per-sequence attention
+        monkeypatch.setattr(forward, "varlen_ready", lambda model: False)
     model = _tiny()
     mb, weights = _batch(observation_gap)
     kwargs = dict(temperature=0.7, with_entropy=True, chunked=chunked)
@@ -106,7 +113,29 @@ class _IgnoresPackedPositions(torch.nn.Module):
                           **kwargs)
 
 
-def test_a_model_that_attends_across_packed_sequences_is_refused():
+def test_the_packed_attention_runs_each_sequence_alone():
+    model = _tiny()
+    mb, _ = _batch()
+    calls = []
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, **kwargs):
+        calls.append((q.shape[2], kwargs.get("is_causal"), kwargs.get("attn_mask")))
+        return original(q, k, v, **kwargs)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+        packed_logprobs(model, mb)
+    lengths = mb.attention_mask.sum(-1).tolist()
+    assert [c[0] for c in calls] == lengths * model.config.num_hidden_layers  # one call per sequence and layer
+    assert all(causal and mask is None for _, causal, mask in calls)
+    padded, _ = response_logprobs(model, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_ids.shape[1])
+    packed, _ = packed_logprobs(model, mb)  # generation and padded forwards keep the original attention
+    assert torch.allclose(packed[mb.response_attention.bool()], padded[mb.response_attention.bool()], atol=TOL)
+
+
+def test_a_model_that_attends_across_packed_sequences_is_refused(monkeypatch):
+    monkeypatch.setattr(forward, "varlen_ready", lambda model: False)  # a model verl's attention does not cover
     mb, _ = _batch()
     with pytest.raises(ConfigError, match=r"actor.remove_padding=true, but _IgnoresPackedPositions attends across "
                                           r"packed sequences.*Fix: set actor.remove_padding=false"):

@@ -76,18 +76,19 @@ class ValueModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 position_ids: torch.Tensor | None = None, use_cache: bool = False,
-                cache: Any = None) -> torch.Tensor | ValueOutput:
+                cache: Any = None, **kwargs: Any) -> torch.Tensor | ValueOutput:
         """Values for every position, ``[B, T]`` float32 (padding positions hold meaningless values).
 
         With `use_cache=True` (and optionally the `cache` of an earlier call to continue from) it returns a
         `ValueOutput` holding the values and the backbone's KV cache: the shared-prompt forward runs a
-        group's prompt once and its responses on the cached keys/values (`verl.trainer.forward`).
+        group's prompt once and its responses on the cached keys/values (`verl.trainer.forward`). Other
+        keywords go to the backbone's layers (the packed forward's sequence lengths).
         """
         if position_ids is None:
             position_ids = position_ids_from_mask(attention_mask)
         extra = {} if cache is None else {cache_argument(self.backbone): cache}
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            use_cache=use_cache, **extra)
+                            use_cache=use_cache, **extra, **kwargs)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         # squeeze(-1) alone returns a view: FSDP2 hooks the root output's autograd node for its pre-backward
         # all-gather, and an in-place op on a view swaps that node out, so callers must get a fresh tensor.

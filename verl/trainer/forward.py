@@ -37,6 +37,8 @@ from verl.models.signature import (
     returned_cache,
     takes_cache,
 )
+from verl.models.varlen_attention import KWARG as VARLEN_KWARG
+from verl.models.varlen_attention import varlen_ready
 from verl.trainer.packing import PackedLayout, check_packing
 from verl.utils.positions import position_ids_from_mask
 
@@ -362,23 +364,27 @@ def shared_prompt_logprobs(
         return _logprobs(output, response_ids, temperature, with_entropy, entropy_grad)
 
 
-def _packed_output(model: torch.nn.Module, capture: HeadCapture | None, layout: PackedLayout) -> Any:
-    """The packed row's logits (or, with `capture`, head input) at the positions that predict response tokens:
-    [1, N, ...] (see `verl.trainer.packing`)."""
-    head = {"logits_to_keep": layout.predictors} if keeps_positions(model) else {}
-    out = model(input_ids=layout.ids, attention_mask=None, position_ids=layout.positions, use_cache=False, **head)
-    output = forward_output(out, capture)
-    return output if head else _sliced(output, layout.predictors)
+def _packed_inputs(model: torch.nn.Module, layout: PackedLayout, setting: str) -> dict[str, Any]:
+    """The packed forward's keyword arguments: each sequence's own attention (`verl.models.varlen_attention`)
+    where the model takes it, else transformers' packed-sequence mask, probed once (`check_packing`)."""
+    inputs = {"input_ids": layout.ids, "position_ids": layout.positions, "use_cache": False}
+    if varlen_ready(model):  # a 4-D mask is taken as given: no [T, T] mask is built, the attention reads no mask
+        return inputs | {"attention_mask": torch.ones((1, 1, 1, 1), dtype=torch.bool, device=layout.ids.device),
+                         VARLEN_KWARG: layout.lengths}
+    check_packing(model, setting)
+    return inputs | {"attention_mask": None}
 
 
 def packed_logprobs(model: torch.nn.Module, mb: Any, *, temperature: float = 1.0, with_entropy: bool = False,
                     entropy_grad: bool = True, chunked: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`response_logprobs` of `mb` with its sequences packed into one row, without padding: [B, R], 0 where a
-    row has no response token."""
+    row has no response token. The head runs only at the positions that predict response tokens."""
     layout = PackedLayout.of(mb)
-    check_packing(model, "actor.remove_padding")  # before the head is captured: the probe needs its logits
+    inputs = _packed_inputs(model, layout, "actor.remove_padding")  # (before the capture: a probe needs logits)
+    head = {"logits_to_keep": layout.predictors} if keeps_positions(model) else {}
     with head_capture(model, chunked) as capture:
-        output = _packed_output(model, capture, layout)
+        output = forward_output(model(**inputs, **head), capture)
+        output = output if head else _sliced(output, layout.predictors)
         logprobs, entropy = _logprobs(output, layout.labels(mb.response_ids), temperature, with_entropy,
                                       entropy_grad)
     return layout.unpacked(logprobs), None if entropy is None else layout.unpacked(entropy)
@@ -388,8 +394,7 @@ def packed_values(critic: torch.nn.Module, mb: Any) -> torch.Tensor:
     """`response_values` of `mb` with its sequences packed into one row, without padding (0 where a row has no
     response token)."""
     layout = PackedLayout.of(mb)
-    check_packing(critic, "critic.remove_padding")
-    values = critic(input_ids=layout.ids, attention_mask=None, position_ids=layout.positions)
+    values = critic(**_packed_inputs(critic, layout, "critic.remove_padding"))
     return layout.unpacked(values[:, layout.predictors].float())
 
 

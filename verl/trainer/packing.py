@@ -35,6 +35,7 @@ class PackedLayout:
     positions: torch.Tensor
     predictors: torch.Tensor
     attended: torch.Tensor
+    lengths: list[int]  # of the packed sequences, in order (rows without tokens left out)
 
     @classmethod
     def of(cls, mb: Any) -> PackedLayout:
@@ -43,7 +44,8 @@ class PackedLayout:
         attended = mb.response_attention.bool()
         # A response token follows at least its prompt's last token, of its own sequence: the one before predicts it.
         predictors = index[:, mask.shape[1] - attended.shape[1]:][attended] - 1
-        return cls(mb.input_ids[mask][None], mb.position_ids[mask][None], predictors, attended)
+        lengths = [n for n in mask.sum(-1).tolist() if n]
+        return cls(mb.input_ids[mask][None], mb.position_ids[mask][None], predictors, attended, lengths)
 
     def labels(self, response_ids: torch.Tensor) -> torch.Tensor:
         """The attended response tokens, [1, N]."""
