@@ -147,3 +147,29 @@ def test_a_group_plans_the_pooled_rows_of_its_ranks():
     assert (pooled.dp_size, pooled.mini_batch_sequences, pooled.micro_batch_size, pooled.grad_accum_steps,
             pooled.num_mini_batches) == (2, 4, 4, 1, 2)
     assert group_plan(plan, cfg, 1) is plan
+
+
+def test_the_policy_and_a_sequence_parallel_reference_split_a_teacher_does_not():
+    from types import SimpleNamespace
+
+    from verl.models.lora import AdapterOff
+    from verl.trainer.sequence_parallel import ActorSequenceParallel, splits_sequences
+
+    policy, reference, teacher = _tiny(), _tiny(), _tiny()
+    enable_sequence_parallel(reference, 2)  # what start-up does for a reference on the actor's ranks
+    group = ActorSequenceParallel(SimpleNamespace(size=2), None, 0, torch.device("cpu"))
+    assert group.splits(policy, policy) and group.splits(reference, policy) and not group.splits(teacher, policy)
+    assert splits_sequences(reference) and not splits_sequences(policy)
+
+    class Peft(torch.nn.Module):  # the reference of a LoRA policy is the policy with its adapters off
+        def __init__(self, base):
+            super().__init__()
+            self.base = base
+
+        def get_base_model(self):
+            return self.base
+
+    enable_sequence_parallel(policy, 2)
+    assert group.splits(AdapterOff(Peft(policy)), Peft(policy))
+    single = ActorSequenceParallel(None, None, 0, torch.device("cpu"))
+    assert not single.splits(reference, policy)  # no group: nothing splits

@@ -47,8 +47,8 @@ VERL_KEYS: dict[str, str] = {
     f"{_ARR}.actor.ppo_micro_batch_size_per_gpu": "actor.micro_batch_size",
     f"{_ARR}.actor.use_dynamic_bsz": "actor.max_tokens_per_micro_batch (setting a token budget turns it on)",
     f"{_ARR}.actor.ppo_max_token_len_per_gpu": "actor.max_tokens_per_micro_batch",
-    f"{_ARR}.actor.ulysses_sequence_parallel_size": "actor.sequence_parallel_size (the actor's forwards; the "
-                                                    "reference and critic run whole sequences)",
+    f"{_ARR}.actor.ulysses_sequence_parallel_size": "actor.sequence_parallel_size (the actor's forwards and a "
+                                                    "reference on its ranks; the critic runs whole sequences)",
     f"{_ARR}.actor.grad_clip": "actor.grad_clip",
     f"{_ARR}.actor.clip_ratio": "actor.clip_low and actor.clip_high",
     f"{_ARR}.actor.clip_ratio_low": "actor.clip_low",

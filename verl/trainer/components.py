@@ -154,6 +154,9 @@ def setup_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any,
     """The frozen KL anchor: `ref.path` when set, else the actor's initial weights; held in the dtype the
     actor computes in and, wherever the actor is sharded, sharded over the reference's ranks."""
     ref = build_reference(config, policy, tokenizer, device=process.device, dtype=process.frozen_dtype or process.dtype)
+    size = config.actor.sequence_parallel_size
+    if size > 1 and not isinstance(ref, AdapterOff) and process.groups.ranks("ref") == process.groups.ranks("actor"):
+        enable_sequence_parallel(base_of(ref), size)  # on the actor's ranks: its groups split the reference's rows too
     return shard_frozen(ref, "ref", config, process)
 
 
@@ -317,7 +320,8 @@ def compose_rl(parts: Components, given: Given) -> None:
                                        device=process.device, receive=RolloutBatch.from_fields)
     plans, steps = parts.checks.startup.plans, config.trainer.total_steps
     if "actor" in roles:
-        if config.actor.sequence_parallel_size > 1:  # after the reference/critic copies: they run whole sequences
+        if config.actor.sequence_parallel_size > 1:  # after the reference/critic copies (a reference on the same ranks
+            # has its own; the critic runs whole sequences)
             enable_sequence_parallel(base_of(parts.policy), config.actor.sequence_parallel_size)
         parts.policy = shard(parts.policy, "actor", config, process)
         parts.actor_optim = setup_optimizer(parts.policy, config.actor, total_steps=steps * config.actor.ppo_epochs

@@ -19,8 +19,9 @@ import torch.distributed as dist
 
 from verl.config.schema import OptimConfig
 from verl.distributed.guard import CollectiveGuard, role_key
-from verl.distributed.sequence_parallel import SequenceParallel
+from verl.distributed.sequence_parallel import ATTENTION_NAME, SequenceParallel
 from verl.distributed.transfer import all_gather_batch, pad_to_group_width
+from verl.models.lora import base_of
 from verl.trainer.batch import LAYOUT, PROMPT, RESPONSE, ROW, RolloutBatch, padding
 from verl.trainer.batch_math import BatchPlan, plan_batches
 
@@ -64,6 +65,12 @@ def pool_rows(batch: RolloutBatch, sp: SequenceParallel, guard: CollectiveGuard,
                   batch.response_ids.shape[1])
 
 
+def splits_sequences(model: torch.nn.Module) -> bool:
+    """Whether `model`'s attention was made sequence-parallel (`enable_sequence_parallel`)."""
+    return any(getattr(getattr(m, "config", None), "_attn_implementation", None) == ATTENTION_NAME
+               for m in base_of(model).modules())
+
+
 def group_plan(plan: BatchPlan, cfg: OptimConfig, size: int) -> BatchPlan:
     """`plan` (per actor rank) for the pooled rows of `size`-rank groups: W/S replicas, each with S ranks'
     rows per mini-batch; `micro_batch_size` rows per micro-batch, each row split over the group (padded: the
@@ -89,7 +96,9 @@ class ActorSequenceParallel:
         return self.sp.size if self.sp is not None else 1
 
     def splits(self, model: torch.nn.Module | None, policy: torch.nn.Module | None) -> bool:
-        return self.size > 1 and model is not None and model is policy
+        """Whether `model`'s forwards split sequences over the group: the policy's, and a reference's on the
+        same ranks (its own copy made sequence-parallel at start-up, or the policy with its adapters off)."""
+        return self.size > 1 and model is not None and (model is policy or splits_sequences(model))
 
     def pool(self, batch: RolloutBatch, stage: str) -> Pooled:
         return pool_rows(batch, self.sp, self.guard, pad_token_id=self.pad_token_id, device=self.device,
