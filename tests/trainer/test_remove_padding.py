@@ -179,3 +179,22 @@ def test_a_token_budget_counts_the_real_tokens_when_packed():
     assert [g.tolist() for g in groups] == [[1, 3], [5, 2, 0, 4]]  # 11+10=21 (+9 > 24); 9+5+4+3=21
     padded = update.micro_batch_groups(batch, 8, 24)
     assert len(padded) == 3  # rows x longest: (2+9)*2, (2+7)*2, (2+2)*2
+
+
+def test_verl_check_says_how_sequences_are_packed(tmp_path):
+    from verl.config import load_config
+    from verl.trainer.packing import describe_remove_padding
+
+    def says(*overrides, facts=None):
+        config = load_config(overrides=["env.name=arithmetic", "rollout.n=4", *overrides])
+        return describe_remove_padding(config, {"model_type": "qwen2"} if facts is None else facts)
+
+    assert says() is None
+    assert says("actor.remove_padding=true") == (
+        "actor.remove_padding: micro-batches packed into one row without padding; each packed sequence attends "
+        "alone (verl's per-sequence attention); it replaces the actor's shared-prompt forward")
+    assert "transformers' packed-sequence mask, probed" in says("actor.remove_padding=true", facts={"model_type": "gemma2"})
+    assert "flash_attention_2 attends within each packed sequence itself" in says(
+        "actor.remove_padding=true", "model.attn_implementation=flash_attention_2")
+    assert says("critic.remove_padding=true") is None  # GRPO has no critic
+    assert says("critic.remove_padding=true", "algorithm.adv_estimator=gae").startswith("critic.remove_padding: ")

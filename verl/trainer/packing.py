@@ -24,6 +24,7 @@ import torch
 
 from verl.errors import ConfigError
 from verl.models.lora import base_of
+from verl.models.varlen_attention import NATIVE_VARLEN, SUPPORTED_MODEL_TYPES
 
 
 @dataclass
@@ -54,6 +55,28 @@ class PackedLayout:
     def unpacked(self, values: torch.Tensor) -> torch.Tensor:
         """[1, N] per-token values back to the batch's [B, R] (0 where a row has no response token)."""
         return values.new_zeros(self.attended.shape).masked_scatter(self.attended, values[0])
+
+
+def describe_remove_padding(config: Any, facts: dict[str, Any]) -> str | None:
+    """What `actor.remove_padding` / `critic.remove_padding` will do in an RL run, for `verl check` (`facts`:
+    the model's attention, read off its config: `verl.distributed.sequence_parallel.model_facts`)."""
+    roles = [r for r in ("actor", "critic") if getattr(config, r).remove_padding and (r == "actor" or config.needs_critic)]
+    if not roles:
+        return None
+    attention = config.model.attn_implementation or "sdpa"
+    if attention in NATIVE_VARLEN:
+        how = f"{attention} attends within each packed sequence itself"
+    elif facts.get("model_type") in SUPPORTED_MODEL_TYPES and not facts.get("sliding_window"):
+        how = "each packed sequence attends alone (verl's per-sequence attention)"
+    else:
+        how = "transformers' packed-sequence mask, probed at the first packed forward"
+    also = ""
+    if "actor" in roles and config.actor.sequence_parallel_size > 1:
+        also = "; the actor's forwards split sequences over ranks instead (sequence parallelism)"
+    elif "actor" in roles and config.actor.share_prompt_forward and config.rollout.n > 1:
+        also = "; it replaces the actor's shared-prompt forward"
+    return (f"{' and '.join(f'{r}.remove_padding' for r in roles)}: micro-batches packed into one row without "
+            f"padding; {how}{also}")
 
 
 _CHECKED: weakref.WeakKeyDictionary[torch.nn.Module, str | None] = weakref.WeakKeyDictionary()

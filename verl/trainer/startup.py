@@ -40,6 +40,7 @@ from verl.trainer.fsdp_launch import fsdp_launch
 from verl.trainer.lora_checks import check_lora, memory_counts, uses_lora
 from verl.trainer.memory_inputs import model_shape, plan_inputs, targets_gpu
 from verl.trainer.models import resolve_model_path
+from verl.trainer.packing import describe_remove_padding
 from verl.trainer.precision import check_master_precision, resolve_precision
 from verl.utils.dtype import check_dtype_for_device
 
@@ -236,6 +237,17 @@ def check_env_options(config: RunConfig, env: Any, tokenizer: Any = None) -> lis
     return problems
 
 
+def read_model_facts(config: RunConfig, model_path: str | None) -> dict[str, Any]:
+    """The attention facts of a local model's config (`model_facts`; no weights); {} if there is none to read."""
+    if model_path is None or not Path(model_path).expanduser().exists():
+        return {}
+    try:
+        return model_facts(AutoConfig.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code,
+                                                      revision=config.model.revision))
+    except Exception:  # an unreadable model is reported by the model check itself
+        return {}
+
+
 def check_sequence_parallel(config: RunConfig, kind: str, actor_ranks: int,
                             model_path: str | None) -> tuple[list[VerlError], str | None]:
     """`actor.sequence_parallel_size` against the actor's ranks and the model's attention (heads, sliding
@@ -246,13 +258,7 @@ def check_sequence_parallel(config: RunConfig, kind: str, actor_ranks: int,
     size = config.actor.sequence_parallel_size
     if size == 1 or kind != "rl":
         return [], None
-    facts: dict[str, Any] = {}
-    if model_path is not None and Path(model_path).expanduser().exists():
-        try:
-            facts = model_facts(AutoConfig.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code,
-                                                           revision=config.model.revision))
-        except Exception:  # an unreadable model is reported by the model check itself
-            facts = {}
+    facts = read_model_facts(config, model_path)
     problems = [ConfigError(p) for p in sequence_parallel_problems(size, actor_ranks=actor_ranks, **facts)]
     note = None if problems else describe_sequence_parallel(size, actor_ranks, facts.get("num_heads"),
                                                              facts.get("num_kv_heads"))
@@ -448,6 +454,8 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
     sp_problems, sp_note = check_sequence_parallel(config, kind, actor_ranks, model_path)
     problems += sp_problems
     report.rl_notes += [sp_note] if sp_note else []
+    packing = describe_remove_padding(config, read_model_facts(config, model_path)) if kind == "rl" else None
+    report.rl_notes += [packing] if packing else []
     problems += check_overlong_buffer(config) + check_val_n(config) if kind == "rl" else []
     problems += check_keep_best(config, kind)
     problems += backend_problems(config.logging.backends) + check_run_dir(config)
