@@ -15,7 +15,7 @@ from rl_support import random_groups, rl_config
 
 from verl.errors import ConfigError
 from verl.models.critic import ValueModel
-from verl.trainer import forward
+from verl.trainer import packing
 from verl.trainer.forward import packed_logprobs, packed_values, response_logprobs, response_values
 from verl.trainer.rl_trainer import RLTrainer
 from verl.utils.positions import position_ids_from_mask
@@ -58,7 +58,7 @@ def _loss_and_grads(model, fn, weights, mask):
 def test_packed_logprobs_entropy_and_gradients_equal_the_padded_forward_in_float64(chunked, observation_gap,
                                                                                     attention, monkeypatch):
     if attention == "packed mask":  # transformers' block-diagonal mask instead of verl's per-sequence attention
-        monkeypatch.setattr(forward, "varlen_ready", lambda model: False)
+        monkeypatch.setattr(packing, "varlen_ready", lambda model: False)
     model = _tiny()
     mb, weights = _batch(observation_gap)
     kwargs = dict(temperature=0.7, with_entropy=True, chunked=chunked)
@@ -116,6 +116,7 @@ class _IgnoresPackedPositions(torch.nn.Module):
 def test_the_packed_attention_runs_each_sequence_alone():
     model = _tiny()
     mb, _ = _batch()
+    packed_logprobs(model, mb)  # the first packed forward probes the model (two short sequences)
     calls = []
     original = torch.nn.functional.scaled_dot_product_attention
 
@@ -134,8 +135,25 @@ def test_the_packed_attention_runs_each_sequence_alone():
     assert torch.allclose(packed[mb.response_attention.bool()], padded[mb.response_attention.bool()], atol=TOL)
 
 
+class _DropsKeywords(torch.nn.Module):
+    """A wrapper that takes any keyword and hands only its named arguments down (the sequence lengths are lost)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, **kwargs):
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+
+
+def test_a_wrapper_that_drops_the_sequence_lengths_is_refused():
+    mb, _ = _batch()
+    with pytest.raises(ConfigError, match=r"_DropsKeywords attends across packed sequences"):
+        packed_logprobs(_DropsKeywords(_tiny(torch.float32)), mb)
+
+
 def test_a_model_that_attends_across_packed_sequences_is_refused(monkeypatch):
-    monkeypatch.setattr(forward, "varlen_ready", lambda model: False)  # a model verl's attention does not cover
+    monkeypatch.setattr(packing, "varlen_ready", lambda model: False)  # a model verl's attention does not cover
     mb, _ = _batch()
     with pytest.raises(ConfigError, match=r"actor.remove_padding=true, but _IgnoresPackedPositions attends across "
                                           r"packed sequences.*Fix: set actor.remove_padding=false"):

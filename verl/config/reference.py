@@ -128,7 +128,8 @@ NOTES: dict[str, str] = {
     "dpo.precompute_ref": "Compute the reference log-probs once before training and free the reference.",
     "dpo.lr": "Learning rate of the DPO trainer.",
     "sft.packing": "Pack short examples into shared rows; position ids restart at every example, so examples never "
-                   "attend to each other.",
+                   "attend to each other (each attends alone with verl's per-sequence attention where the model "
+                   "allows, as actor.remove_padding does; else transformers' packed mask, probed at start-up).",
     "sft.lr": "Learning rate of the SFT trainer.",
     "sft.epochs": "Passes over the data (steps = epochs x batches per epoch); set sft.steps or sft.epochs, not both; "
                   "neither = trainer.total_steps.",

@@ -18,6 +18,7 @@ other arguments (soft-capping, sinks, sliding windows) keep transformers' mask p
 from __future__ import annotations
 
 import copy
+import inspect
 import sys
 import weakref
 from typing import Any
@@ -68,6 +69,14 @@ def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in base_of(model).modules() if all(hasattr(m, a) for a in ("q_proj", "k_proj", "v_proj", "config"))]
 
 
+def _passes_keywords(model_type: type) -> bool:
+    try:
+        parameters = inspect.signature(model_type.forward).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
 def varlen_ready(model: torch.nn.Module) -> bool:
     """Whether `model`'s packed forwards take `KWARG` (installing the attention on first call): its attention
     modules are of a supported model type, without sliding windows, and not on a varlen kernel already."""
@@ -79,6 +88,8 @@ def varlen_ready(model: torch.nn.Module) -> bool:
 def _install(model: torch.nn.Module) -> bool:
     from transformers import AttentionInterface
 
+    if not all(_passes_keywords(type(m)) for m in (model, base_of(model))):
+        return False  # a wrapper that names its arguments cannot hand the sequence lengths down
     modules = _attention_modules(model)
     configs = [m.config for m in modules]
     usable = bool(modules) and all(

@@ -37,9 +37,7 @@ from verl.models.signature import (
     returned_cache,
     takes_cache,
 )
-from verl.models.varlen_attention import KWARG as VARLEN_KWARG
-from verl.models.varlen_attention import varlen_ready
-from verl.trainer.packing import PackedLayout, check_packing
+from verl.trainer.packing import PackedLayout, check_packing, packed_row_inputs
 from verl.utils.positions import position_ids_from_mask
 
 
@@ -367,12 +365,8 @@ def shared_prompt_logprobs(
 def _packed_inputs(model: torch.nn.Module, layout: PackedLayout, setting: str) -> dict[str, Any]:
     """The packed forward's keyword arguments: each sequence's own attention (`verl.models.varlen_attention`)
     where the model takes it, else transformers' packed-sequence mask, probed once (`check_packing`)."""
-    inputs = {"input_ids": layout.ids, "position_ids": layout.positions, "use_cache": False}
-    if varlen_ready(model):  # a 4-D mask is taken as given: no [T, T] mask is built, the attention reads no mask
-        return inputs | {"attention_mask": torch.ones((1, 1, 1, 1), dtype=torch.bool, device=layout.ids.device),
-                         VARLEN_KWARG: layout.lengths}
     check_packing(model, setting)
-    return inputs | {"attention_mask": None}
+    return packed_row_inputs(model, layout.ids, layout.positions) | {"use_cache": False}
 
 
 def packed_logprobs(model: torch.nn.Module, mb: Any, *, temperature: float = 1.0, with_entropy: bool = False,

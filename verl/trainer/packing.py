@@ -9,9 +9,10 @@ attends within each sequence only (its packed-sequence masks; flash-attention's 
 forward runs exactly the real tokens, and every attended token sees what it sees in the padded forward, so the
 log-probs, values and gradients equal the padded ones up to float rounding.
 
-A model whose attention does not follow packed position ids (custom code that builds its own causal mask)
-would silently attend across sequences, so each model is probed once before its first packed forward
-(`check_packing`): two short sequences run packed must give what each gives alone.
+A model whose attention does not follow packed position ids (custom code that builds its own causal mask, a
+wrapper that drops the sequence lengths) would silently attend across sequences, so each model is probed once
+before its first packed forward (`check_packing`): two short sequences run packed, as the forwards run them,
+must give what each gives alone.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import torch
 
 from verl.errors import ConfigError
 from verl.models.lora import base_of
-from verl.models.varlen_attention import NATIVE_VARLEN, SUPPORTED_MODEL_TYPES
+from verl.models.varlen_attention import KWARG as VARLEN_KWARG
+from verl.models.varlen_attention import NATIVE_VARLEN, SUPPORTED_MODEL_TYPES, varlen_ready
 
 
 @dataclass
@@ -36,7 +38,6 @@ class PackedLayout:
     positions: torch.Tensor
     predictors: torch.Tensor
     attended: torch.Tensor
-    lengths: list[int]  # of the packed sequences, in order (rows without tokens left out)
 
     @classmethod
     def of(cls, mb: Any) -> PackedLayout:
@@ -45,8 +46,7 @@ class PackedLayout:
         attended = mb.response_attention.bool()
         # A response token follows at least its prompt's last token, of its own sequence: the one before predicts it.
         predictors = index[:, mask.shape[1] - attended.shape[1]:][attended] - 1
-        lengths = [n for n in mask.sum(-1).tolist() if n]
-        return cls(mb.input_ids[mask][None], mb.position_ids[mask][None], predictors, attended, lengths)
+        return cls(mb.input_ids[mask][None], mb.position_ids[mask][None], predictors, attended)
 
     def labels(self, response_ids: torch.Tensor) -> torch.Tensor:
         """The attended response tokens, [1, N]."""
@@ -55,6 +55,19 @@ class PackedLayout:
     def unpacked(self, values: torch.Tensor) -> torch.Tensor:
         """[1, N] per-token values back to the batch's [B, R] (0 where a row has no response token)."""
         return values.new_zeros(self.attended.shape).masked_scatter(self.attended, values[0])
+
+
+def packed_row_inputs(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor) -> dict[str, Any]:
+    """Forward arguments that run rows of packed sequences (`positions` restarting at 0 at each one, [B, W] or
+    [1, W]) as one row: with verl's per-sequence attention where the model takes it (`varlen_ready`: no mask
+    is built), else for transformers' packed-sequence mask. `check_packing` probes a model with these."""
+    ids, flat = ids.reshape(1, -1), positions.expand(ids.shape).reshape(1, -1)
+    if not varlen_ready(model):
+        return {"input_ids": ids, "position_ids": flat, "attention_mask": None}
+    starts = (flat[0] == 0).nonzero().flatten()
+    lengths = torch.diff(starts, append=starts.new_tensor([flat.shape[1]])).tolist()
+    return {"input_ids": ids, "position_ids": flat, VARLEN_KWARG: lengths,
+            "attention_mask": torch.ones((1, 1, 1, 1), dtype=torch.bool, device=ids.device)}
 
 
 def describe_remove_padding(config: Any, facts: dict[str, Any]) -> str | None:
@@ -99,14 +112,16 @@ def _packing_problem(model: torch.nn.Module) -> str | None:
     positions = torch.tensor([[0, 1, 2, 0, 1]], device=device)
 
     def run(ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+        inputs = packed_row_inputs(model, ids, positions) if mask is None else {
+            "input_ids": ids, "position_ids": positions, "attention_mask": mask}
+        out = model(**inputs, use_cache=False)
         return (out if isinstance(out, torch.Tensor) else out.logits).float()
 
     training = model.training
     model.eval()  # no dropout in the probe
     try:
         with torch.no_grad():
-            packed = run(ids, positions, None)
+            packed = run(ids, positions, None)  # as the packed forwards run it
             alone = torch.cat([run(ids[:, :3], positions[:, :3], torch.ones_like(ids[:, :3])),
                                run(ids[:, 3:], positions[:, 3:], torch.ones_like(ids[:, 3:]))], dim=1)
             across = run(ids, positions, torch.ones_like(ids))  # the second sequence attending to the first

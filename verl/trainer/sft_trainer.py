@@ -30,6 +30,7 @@ from verl.trainer.components import Components
 from verl.trainer.forward import forward_output, head_capture, labelled_logprobs
 from verl.trainer.offline import OfflineTrainer, Rows
 from verl.trainer.optim import build_optimizer
+from verl.trainer.packing import packed_row_inputs
 
 
 def shifted_targets(labels: Sequence[int]) -> list[int]:
@@ -131,11 +132,18 @@ def target_logprobs(model: torch.nn.Module, batch: Mapping[str, Any], device: to
     mask = batch["attention_mask"]
     kwargs = {"input_ids": batch["input_ids"].to(device), "position_ids": batch["position_ids"].to(device),
               "attention_mask": None if mask is None else mask.to(device), "use_cache": False}
-    width, keep = batch["input_ids"].shape[1], batch.get("keep_last", batch["input_ids"].shape[1])
+    rows, width = batch["input_ids"].shape
+    keep = batch.get("keep_last", width)
     if keep < width and forward_accepts(model, "logits_to_keep"):
         kwargs["logits_to_keep"] = keep
+    packed = mask is None
+    if packed:  # packed rows as one row of segments, each attending alone (verl.trainer.packing)
+        kwargs |= packed_row_inputs(model, kwargs["input_ids"], kwargs["position_ids"])
     with head_capture(model, chunked) as capture:
         output = forward_output(model(**kwargs), capture)
+        if packed:  # the one row back to the batch's rows
+            output = (HeadOutput(output.hidden.view(rows, width, -1), output.weight, output.bias)
+                      if isinstance(output, HeadOutput) else output.view(rows, width, -1))
         kept = (output.hidden if isinstance(output, HeadOutput) else output).shape[1]
         return labelled_logprobs(output, batch["targets"][:, width - kept :].to(device))
 
