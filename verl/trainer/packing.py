@@ -3,11 +3,13 @@ one packed row, without their padding.
 
 An RL micro-batch is left-padded prompts and right-padded responses, so its forward runs rows x (longest
 prompt + longest response) positions; with long-tailed response lengths most of them are padding. Packed,
-every row's attended tokens are concatenated into a single row, each sequence's positions restarting at 0,
-and no attention mask is given: transformers then reads the sequence boundaries off the position ids and
-attends within each sequence only (its packed-sequence masks; flash-attention's varlen path on GPUs). The
-forward runs exactly the real tokens, and every attended token sees what it sees in the padded forward, so the
-log-probs, values and gradients equal the padded ones up to float rounding.
+every row's attended tokens are concatenated into a single row, each sequence's positions restarting at 0.
+Each sequence must then attend only to itself: through verl's per-sequence attention
+(`verl.models.varlen_attention`, given the sequences' lengths) where the model hands keywords down to a
+Qwen2/Llama-style attention, else through transformers, which reads the boundaries off the position ids when
+no mask is given (its packed-sequence mask; flash-attention's varlen path on GPUs). The forward runs exactly
+the real tokens, and every attended token sees what it sees in the padded forward, so the log-probs, values
+and gradients equal the padded ones up to float rounding. SFT's packed rows (`sft.packing`) take the same path.
 
 A model whose attention does not follow packed position ids (custom code that builds its own causal mask, a
 wrapper that drops the sequence lengths) would silently attend across sequences, so each model is probed once
