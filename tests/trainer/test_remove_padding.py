@@ -160,10 +160,11 @@ def test_a_model_that_attends_across_packed_sequences_is_refused(monkeypatch):
         packed_logprobs(_IgnoresPackedPositions(_tiny(torch.float32)), mb)
 
 
-@pytest.mark.parametrize("case", ["grpo", "token budget", "lora", "gae"])
+@pytest.mark.parametrize("case", ["grpo", "token budget", "lora", "gae", "checkpointing"])
 def test_an_rl_run_trains_the_same_weights_packed_or_padded(tmp_path, case):
     extra = {"token budget": ["actor.max_tokens_per_micro_batch=40"], "lora": ["model.lora.rank=4", "actor.lr=1e-2"],
-             "gae": ["algorithm.adv_estimator=gae"]}.get(case, [])
+             "gae": ["algorithm.adv_estimator=gae"],
+             "checkpointing": ["fsdp.activation_checkpointing=true"]}.get(case, [])  # lengths reach the recompute
 
     def run(packed: bool):
         torch.manual_seed(0)
