@@ -113,6 +113,19 @@ def state_tensors(trainer: Any) -> Iterator[tuple[str, torch.Tensor]]:
                     yield f"{prefix}.{pid}.{key}", value
 
 
+def batch_of_lengths(lengths, prompt_mask=(0, 0, 0, 1, 1), width=10):
+    """A RolloutBatch of one sequence per length: a prompt of `prompt_mask` (2 tokens left-padded to 5) and a
+    response of that many tokens (right-padded to `width`), for micro-batch grouping."""
+    from verl.trainer.batch import RolloutBatch
+
+    n = len(lengths)
+    mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long()
+    return RolloutBatch(rows=[{} for _ in lengths], group_ids=torch.arange(n),
+                        prompt_ids=torch.ones(n, len(prompt_mask), dtype=torch.long),
+                        prompt_mask=torch.tensor([list(prompt_mask)] * n), response_ids=mask.clone(),
+                        response_mask=mask, advantages=torch.ones(n, width))
+
+
 def random_groups(groups=3, n=4, prompt=7, response=6, seed=0):
     """`groups` left-padded prompts (the first one full-length), each repeated `n` times, with right-padded
     responses of random lengths, and random per-token weights on the real response tokens."""

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from rl_support import random_groups, rl_config
+from rl_support import batch_of_lengths, random_groups, rl_config
 
 from verl.errors import ConfigError
 from verl.models.critic import ValueModel
@@ -186,14 +186,8 @@ def test_an_rl_run_trains_the_same_weights_packed_or_padded(tmp_path, case):
 
 def test_a_token_budget_counts_the_real_tokens_when_packed():
     from verl.trainer import update
-    from verl.trainer.batch import RolloutBatch
 
-    lengths = [2, 9, 3, 8, 1, 7]
-    mask = (torch.arange(10)[None, :] < torch.tensor(lengths)[:, None]).long()
-    batch = RolloutBatch(rows=[{} for _ in lengths], group_ids=torch.arange(6),
-                         prompt_ids=torch.ones(6, 5, dtype=torch.long),
-                         prompt_mask=torch.tensor([[0, 0, 0, 1, 1]] * 6), response_ids=mask.clone(),
-                         response_mask=mask, advantages=torch.ones(6, 10))
+    batch = batch_of_lengths([2, 9, 3, 8, 1, 7])
     groups = update.micro_batch_groups(batch, 8, 24, packed=True)
     assert [g.tolist() for g in groups] == [[1, 3], [5, 2, 0, 4]]  # 11+10=21 (+9 > 24); 9+5+4+3=21
     padded = update.micro_batch_groups(batch, 8, 24)

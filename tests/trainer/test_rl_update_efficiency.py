@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from rl_support import captured_update, random_groups, rl_config
+from rl_support import batch_of_lengths, captured_update, random_groups, rl_config
 
 from verl.algorithms import aggregate_loss, place_score_on_last_token, ppo_policy_loss
 from verl.errors import RolloutError
@@ -126,14 +126,9 @@ def test_token_budget_micro_batches_keep_the_gradient(tmp_path, agg, budget):
 
 
 def test_token_budget_groups_by_length_and_trims_padding():
-    from verl.trainer.batch import RolloutBatch
-
     lengths = [2, 9, 3, 8, 1, 7]
     mask = (torch.arange(10)[None, :] < torch.tensor(lengths)[:, None]).long()
-    batch = RolloutBatch(rows=[{} for _ in lengths], group_ids=torch.arange(6),
-                         prompt_ids=torch.ones(6, 5, dtype=torch.long),
-                         prompt_mask=torch.tensor([[0, 0, 0, 1, 1]] * 6), response_ids=mask.clone(),
-                         response_mask=mask, advantages=torch.ones(6, 10))
+    batch = batch_of_lengths(lengths)
     groups = update.micro_batch_groups(batch, 8, 24)
     assert [g.tolist() for g in groups] == [[1, 3], [5, 2], [0, 4]]  # (2+9)*2=22, (2+7)*2=18, (2+2)*2=8
     mb = update.micro_batch(batch, groups[1], trim=True)

@@ -17,9 +17,7 @@ original attention untouched.
 
 from __future__ import annotations
 
-import copy
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,9 +26,11 @@ import torch
 import torch.distributed as dist
 
 from verl.errors import ConfigError
+from verl.utils.attention_hook import original_attention, route_attention
 
 KWARG = "verl_sequence_parallel"  # the forward keyword that switches the attention to the all-to-all path
 ATTENTION_NAME = "verl_ulysses"  # its name in transformers' attention registry
+_MARKER = "_verl_sp_fallback"  # where a routed module keeps its original attention's name
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")  # attention modules of the q/k/v-projection, rotary, HF-interface kind
 
 
@@ -191,16 +191,6 @@ def gather_sequence(x: torch.Tensor, sp: SequenceParallel) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------- the attention function
-def _fallback(module: torch.nn.Module) -> Any:
-    """The attention function the module had before (its modeling file's eager one for 'eager')."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    name = getattr(module, "_verl_sp_fallback", None)
-    if name in (None, "eager"):
-        return sys.modules[type(module).__module__].eager_attention_forward
-    return ALL_ATTENTION_FUNCTIONS[name]
-
-
 def ulysses_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                       **kwargs: Any) -> tuple[torch.Tensor, None]:
@@ -212,7 +202,8 @@ def ulysses_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     last real token see only earlier tokens and are never seen by a real one)."""
     sp = kwargs.pop(KWARG, None)
     if sp is None:
-        return _fallback(module)(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return original_attention(module, _MARKER)(module, query, key, value, attention_mask, dropout=dropout,
+                                                   scaling=scaling, **kwargs)
     if kwargs.get("sliding_window") is not None:
         raise ConfigError(f"{type(module).__name__} layer {getattr(module, 'layer_idx', '?')} uses sliding-window "
                           "attention, which the sequence-parallel attention does not implement. Fix: set "
@@ -246,8 +237,6 @@ def model_facts(config: Any) -> dict[str, Any]:
 def enable_sequence_parallel(model: torch.nn.Module, size: int) -> int:
     """Route `model`'s attention through `ulysses_attention` (idempotent); returns the attention modules
     changed. Raises a ConfigError naming every reason the model cannot be split `size` ways."""
-    from transformers import AttentionInterface
-
     problems = sequence_parallel_problems(size, **model_facts(model.config)) if hasattr(model, "config") else []
     modules = _attention_modules(model)
     if not modules:
@@ -255,14 +244,7 @@ def enable_sequence_parallel(model: torch.nn.Module, size: int) -> int:
                         "q_proj/k_proj/v_proj to split. Fix: set actor.sequence_parallel_size=1")
     if problems:
         raise ConfigError("sequence parallelism cannot run on this model:\n" + "\n".join(f"  - {p}" for p in problems))
-    AttentionInterface.register(ATTENTION_NAME, ulysses_attention)
-    for m in modules:
-        if m.config._attn_implementation == ATTENTION_NAME:
-            continue
-        m._verl_sp_fallback = m.config._attn_implementation
-        cfg = copy.copy(m.config)  # this module's own: the model's config (masks, generation) keeps its attention
-        cfg._attn_implementation_internal = ATTENTION_NAME
-        m.config = cfg
+    route_attention(modules, ATTENTION_NAME, ulysses_attention, _MARKER)
     return len(modules)
 
 

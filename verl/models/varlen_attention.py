@@ -9,17 +9,15 @@ this attention instead splits queries, keys and values at the boundaries and run
 sequence (scaled_dot_product_attention with is_causal: its flash kernel on CPUs, no mask at all), so a packed
 forward costs the real tokens' projections and each sequence's own attention.
 
-Installed like the sequence-parallel attention (`verl.distributed.sequence_parallel`): through transformers'
-`AttentionInterface`, for one model's attention modules only (each gets a config copy naming it); a forward
-without the keyword (generation, padded forwards) runs the original attention. Models whose attention takes
+Installed like the sequence-parallel attention, for one model's attention modules only
+(`verl.utils.attention_hook`); a forward without the keyword (generation, padded forwards) runs the original
+attention. Models whose attention takes
 other arguments (soft-capping, sinks, sliding windows) keep transformers' mask path instead.
 """
 
 from __future__ import annotations
 
-import copy
 import inspect
-import sys
 import weakref
 from typing import Any
 
@@ -27,23 +25,15 @@ import torch
 
 from verl.errors import ConfigError
 from verl.models.lora import base_of
+from verl.utils.attention_hook import original_attention, route_attention
 
 KWARG = "verl_packed_lengths"  # the forward keyword: the lengths of the packed sequences, in order
 ATTENTION_NAME = "verl_varlen"
+_MARKER = "_verl_varlen_fallback"  # where a routed module keeps its original attention's name
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")  # q/k/v projections, rotary before the attention call, no extras
 NATIVE_VARLEN = ("flash_attention_2", "flash_attention_3")  # read the packed position ids themselves
 
 _READY: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
-
-
-def _fallback(module: torch.nn.Module) -> Any:
-    """The attention function the module had before (its modeling file's eager one for 'eager')."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    name = getattr(module, "_verl_varlen_fallback", None)
-    if name in (None, "eager"):
-        return sys.modules[type(module).__module__].eager_attention_forward
-    return ALL_ATTENTION_FUNCTIONS[name]
 
 
 def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -53,7 +43,8 @@ def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     sequence's own positions) -> ([1, T, H, D], None). Without the packed-lengths keyword: the original."""
     lengths = kwargs.pop(KWARG, None)
     if lengths is None:
-        return _fallback(module)(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return original_attention(module, _MARKER)(module, query, key, value, attention_mask, dropout=dropout,
+                                                   scaling=scaling, **kwargs)
     if kwargs.get("sliding_window") is not None:
         raise ConfigError(f"{type(module).__name__} layer {getattr(module, 'layer_idx', '?')} uses sliding-window "
                           "attention, which the packed attention does not implement. Fix: set "
@@ -86,8 +77,6 @@ def varlen_ready(model: torch.nn.Module) -> bool:
 
 
 def _install(model: torch.nn.Module) -> bool:
-    from transformers import AttentionInterface
-
     if not all(_passes_keywords(type(m)) for m in (model, base_of(model))):
         return False  # a wrapper that names its arguments cannot hand the sequence lengths down
     modules = _attention_modules(model)
@@ -97,14 +86,7 @@ def _install(model: torch.nn.Module) -> bool:
         and c._attn_implementation not in NATIVE_VARLEN for c in configs)
     if not usable:
         return False
-    AttentionInterface.register(ATTENTION_NAME, varlen_attention)
-    for m in modules:
-        if m.config._attn_implementation == ATTENTION_NAME:
-            continue
-        m._verl_varlen_fallback = m.config._attn_implementation
-        cfg = copy.copy(m.config)  # this module's own: the model's config (masks, generation) keeps its attention
-        cfg._attn_implementation_internal = ATTENTION_NAME
-        m.config = cfg
+    route_attention(modules, ATTENTION_NAME, varlen_attention, _MARKER)
     return True
 
 
