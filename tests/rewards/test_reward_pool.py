@@ -187,14 +187,21 @@ def test_pool_settings_are_checked():
 
 
 def test_idle_workers_end():
-    pool = RewardPool(workers=2, timeout_s=5, idle_s=0.05)
-    before = threading.active_count()
+    """The pool's workers end after `idle_s` without calls, its deadline supervisor once the last call's deadline
+    and an idle wait have passed (threads of other tests' pools, still in their own idle time, are not counted)."""
+    pool = RewardPool(workers=2, timeout_s=0.5, idle_s=0.05)
+    before = set(threading.enumerate())
+
+    def started_here() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t not in before and t.name.startswith("verl-reward")]
+
     for call in pool.submit([lambda: 1, lambda: 2, lambda: 3]):
         assert pool.wait(call).value in (1, 2, 3)
+    assert {t.name for t in started_here()} == {"verl-reward-worker", "verl-reward-timeouts"}
     deadline = time.monotonic() + 2
-    while threading.active_count() > before and time.monotonic() < deadline:
+    while started_here() and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert threading.active_count() <= before
+    assert not started_here()
 
 
 def test_a_copied_manager_gets_a_fresh_pool_with_the_same_settings():

@@ -13,7 +13,7 @@ its result, if it ever comes, is dropped). The pool never retries: a remote func
 (verl.rewards.remote), within the same timeout.
 
 Threads are started on demand and end after `idle_s` without work, so a pool that is not scoring holds no
-threads; a supervisor thread runs only while calls do, to enforce their deadlines.
+threads; a supervisor thread enforces the deadlines while calls come, and ends after an idle wait as well.
 """
 
 from __future__ import annotations
@@ -126,13 +126,15 @@ class RewardPool:
                 self._running.discard(call)
                 call.value, call.error, call.done = value, error, True
                 self._done.notify_all()
-                if not self._running:
-                    self._watch.notify()  # nothing left to watch: the supervisor ends
 
     def _supervise(self) -> None:
-        """Time out the calls past their deadline, replacing their threads, until none runs."""
+        """Time out the calls past their deadline, replacing their threads. It outlives a burst of calls: it
+        sleeps until the earliest deadline of the calls running when it looked, then, with none running, for an
+        idle wait, and ends only if none runs after that. A thread started per burst (several per RL step, as
+        rows finish generating) slowed the generation beside it, and so would waking it when calls end. The
+        idle wait is at most `timeout_s`, so it ends before any call started during it is due."""
         with self._watch:
-            while self._running:
+            while True:
                 now = time.monotonic()
                 overdue = [c for c in self._running if c.started + self.timeout_s <= now]
                 for call in overdue:
@@ -146,6 +148,10 @@ class RewardPool:
                     self._done.notify_all()
                 if self._running:  # until the earliest deadline (calls that end before it are just gone)
                     self._watch.wait(min(c.started for c in self._running) + self.timeout_s - now)
+                    continue
+                self._watch.wait(min(self.idle_s, self.timeout_s))
+                if not self._running:
+                    break
             self._supervised = False
 
 
