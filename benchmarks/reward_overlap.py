@@ -25,7 +25,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,22 +33,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ab import interleaved_times, load_average, ratios  # noqa: E402
 from async_vs_sync import long_tailed_model  # noqa: E402
+from sleepy_reward import SleepyReward  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "environments.md"
-
-
-class SleepyReward:
-    """The digits fraction of the response, after `delay` seconds of waiting (a sandbox or a remote call)."""
-
-    __name__ = "sleepy_digits"
-
-    def __init__(self) -> None:
-        self.delay = 0.0
-
-    def __call__(self, prompt: Any, response: str, ground_truth: Any, **meta: Any) -> float:
-        time.sleep(self.delay)
-        return sum(c.isdigit() for c in response) / max(len(response), 1)
 
 
 def trainer(run_dir: Path, model: Path, reward: SleepyReward, args: argparse.Namespace, **reward_cfg: Any) -> Any:
@@ -84,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="config overrides for both sides (e.g. actor.remove_padding=true)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    reward = SleepyReward()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
+        reward = SleepyReward(root / "delay")
         model = long_tailed_model(root / "model", args.stop_prob)
         sides = {"baseline": trainer(root / "baseline", model, reward, args, overlap="false", workers=1),
                  "candidate": trainer(root / "candidate", model, reward, args)}

@@ -621,6 +621,11 @@ class RewardConfig(Section):
         "(reward.functions and reward.model_path), e.g. [numeric_match] to measure true held-out accuracy while a "
         "learned reward model trains the policy. Empty = validation scores as training does. Single-turn only.")
     _val_specs = field_validator("val_functions", mode="before")(_function_specs)
+    executor: Literal["thread", "process"] = Field(
+        "thread", description="Where per-sample reward functions run: `thread` (any callable) or `process` (worker "
+        "processes: no GIL shared with generation, so CPU-bound rewards such as answer parsing run beside it, and a "
+        "call past timeout_s is killed, not abandoned; the functions must be named in reward.functions or be "
+        "importable). Batched and TRL-style functions run on threads either way.")
     overlap: bool = Field(True, description="Start each response's per-sample reward calls as soon as it finishes "
                           "generating, while the rest of the batch is still sampled (single-turn rollouts on verl's "
                           "own engine); the scores are the same as with false (score after generation).")

@@ -14,7 +14,6 @@ unchanged: volcengine/verl's `compute_score(data_source, solution_str, ground_tr
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,14 +22,21 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from pydantic import ValidationError
 
 from verl.errors import ConfigError, RewardError
-from verl.rewards.builtin import BATCHED_BUILTINS, BUILTIN_KWARG_CHECKS
-from verl.rewards.loader import display_name, load_reward_function
+from verl.rewards.functions import (
+    ACCURACY_KEY,
+    GROUND_TRUTH_NAMES,
+    LoadedFunction,
+    at_user_line,
+    call_one,
+    load_function,
+    short_repr,
+    thread_hint,
+)
 from verl.rewards.pool import RewardCall, RewardPool
+from verl.rewards.processes import ProcessRewardPool, recipe
 from verl.rewards.spec import RewardFunctionSpec
-from verl.utils.user_code import raised_at
 
 
 @dataclass
@@ -68,15 +74,6 @@ class TrainingProgress:
     epoch: int = 0
 
 
-VERL_SIGNATURE = ("data_source", "solution_str")
-# TRL's reward functions are called with keywords only: prompts, completions, and every dataset column.
-TRL_ARGUMENT = "completions"
-# The column names the data layer reads a ground truth from (verl.data.fields; a test keeps them equal).
-GROUND_TRUTH_NAMES = ("ground_truth", "answer", "label", "solution", "reference")
-# The extra of a dict return that says whether the answer is correct (verl's math_dapo returns it as `acc`).
-ACCURACY_KEY = "acc"
-
-
 class _Samples(NamedTuple):
     """One batch to score, a list entry per sample in each field."""
 
@@ -86,97 +83,6 @@ class _Samples(NamedTuple):
     metas: list[dict[str, Any]]
     data_sources: Sequence[str | None]
     response_ids: Sequence[Sequence[int]] | None = None  # each response's token ids, where the caller has them
-
-
-@dataclass
-class _Loaded:
-    spec: RewardFunctionSpec
-    fn: Callable[..., Any]
-    label: str
-    where: str
-    positional: tuple[str, ...]  # names of the first three parameters (prompt, response, ground_truth)
-    keyword_names: frozenset[str] | None  # None: accepts **kwargs, so every metadata key is passed
-    trl_style: bool = False  # TRL's `fn(completions, **kwargs)` over the batch (see RewardManager._call_trl)
-
-    @property
-    def verl_style(self) -> bool:
-        """volcengine/verl's signature, `compute_score(data_source, solution_str, ground_truth, extra_info)`
-        (batched: the plurals): called with the sample's data_source first, not its prompt."""
-        return self.positional[:2] in (VERL_SIGNATURE, tuple(f"{n}s" for n in VERL_SIGNATURE))
-
-    @functools.cached_property
-    def parameters(self) -> Mapping[str, inspect.Parameter]:
-        """The function's parameters, read once (a TRL-style call matches the rows' columns to them)."""
-        return inspect.signature(self.fn).parameters
-
-    def applies(self, data_source: str | None) -> bool:
-        sources = self.spec.data_sources
-        return sources is None or (data_source is not None and data_source in sources)
-
-
-def _as_spec(spec: RewardFunctionSpec | Mapping[str, Any], i: int, key: str = "reward.functions") -> RewardFunctionSpec:
-    if isinstance(spec, RewardFunctionSpec):
-        return spec
-    if not isinstance(spec, Mapping):
-        raise ConfigError(
-            f"{key}[{i}] is a {type(spec).__name__}; each entry must be a mapping "
-            "like {name: numeric_match, weight: 1.0} (or, from Python, a function)."
-        )
-    try:
-        return RewardFunctionSpec.model_validate(dict(spec))
-    except ValidationError as e:
-        problems = "; ".join(
-            f"{key}[{i}].{'.'.join(str(p) for p in err['loc']) or '<entry>'}: {err['msg']}"
-            for err in e.errors()
-        )
-        raise ConfigError(
-            f"invalid reward function spec: {problems}. Allowed keys: name, weight, kwargs, "
-            "data_sources, batched."
-        ) from e
-
-
-def _signature_info(fn: Callable[..., Any]) -> tuple[tuple[str, ...], frozenset[str] | None]:
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return (), None
-    positional = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))[:3]
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return positional, None
-    names = frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
-    return positional, names - set(positional)
-
-
-def takes_parameter(fn: Callable[..., Any], name: str) -> bool:
-    """Whether `fn`'s signature names a parameter `name` (False where it has no readable signature)."""
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _check_signature(loaded: _Loaded) -> None:
-    spec = loaded.spec
-    try:
-        sig = inspect.signature(loaded.fn)
-    except (TypeError, ValueError):
-        return
-    args: tuple[Any, ...] = ([], [], [], []) if spec.batched else (None, None, None)
-    try:
-        # Partial: a per-sample function may require parameters that each row's metadata supplies.
-        sig.bind(*args, **spec.kwargs) if spec.batched else sig.bind_partial(*args, **spec.kwargs)
-    except TypeError as e:
-        call = (
-            "fn(prompts, responses, ground_truths, metadatas, **kwargs)"
-            if spec.batched
-            else "fn(prompt, response, ground_truth, **metadata, **kwargs)"
-        )
-        raise RewardError(
-            f"{loaded.where}: '{loaded.label}{sig}' cannot be called as {call} with kwargs "
-            f"{sorted(spec.kwargs)}: {e}. Fix the function's parameters or the spec's kwargs"
-            + ("" if spec.batched else " (set batched: true if it takes whole lists)")
-            + "."
-        ) from None
 
 
 def _to_float(value: Any) -> float | None:
@@ -209,6 +115,8 @@ class RewardManager:
         """`workers` and `timeout_s` are the pool's (`reward.workers`, `reward.timeout_s`; see `configure`);
         `key` is the config key the specs came from, for the messages (`reward.val_functions`)."""
         self.pool = RewardPool(workers, timeout_s)
+        self.sample_pool: ProcessRewardPool | None = None  # reward.executor=process: per-sample calls run there
+        self.base_dir = None if base_dir is None else str(base_dir)
         if isinstance(specs, (str, bytes, Mapping)) or not isinstance(specs, Sequence):
             raise ConfigError(
                 f"{key} must be a list of specs, got {type(specs).__name__}; "
@@ -219,39 +127,9 @@ class RewardManager:
                 f"{key} is empty, so every sample would score 0; add at least one "
                 f"function, e.g. {key}: [{{name: numeric_match}}]."
             )
-        self._loaded: list[_Loaded] = []
         self.progress = TrainingProgress()  # set by the trainer before each batch is scored
-        used: dict[str, int] = {}
-        for i, raw in enumerate(specs):
-            if callable(raw) and not isinstance(raw, (Mapping, RewardFunctionSpec)):
-                # A Python function passed directly (RLTrainer.from_pretrained(reward_fn=fn)): weight 1,
-                # every sample, per-sample call; it is labelled by its __name__ in the metrics.
-                # An object may carry its spec options (e.g. a reward model: weight, batched).
-                label_name = getattr(raw, "__name__", None) or type(raw).__name__
-                spec = RewardFunctionSpec(name=label_name, **getattr(raw, "reward_spec", {}))
-                where = f"{key}[{i}] (callable {label_name!r})"
-                fn = raw
-            else:
-                spec = _as_spec(raw, i, key)
-                if spec.name in BATCHED_BUILTINS:
-                    spec = spec.model_copy(update={"batched": True})
-                where = f"{key}[{i}] (name={spec.name!r})"
-                fn = load_reward_function(spec.name, base_dir=base_dir, where=where)
-            check = BUILTIN_KWARG_CHECKS.get(spec.name)
-            if check is not None:
-                try:
-                    check(spec.kwargs)
-                except ValueError as e:
-                    raise RewardError(f"{where}: {e}") from None
-            base_label = display_name(spec.name)
-            used[base_label] = used.get(base_label, 0) + 1
-            label = base_label if used[base_label] == 1 else f"{base_label}_{used[base_label]}"
-            positional, names = _signature_info(fn)
-            trl_style = not spec.batched and takes_parameter(fn, TRL_ARGUMENT)  # `batched: true` keeps our list convention
-            loaded = _Loaded(spec, fn, label, where, positional, names, trl_style=trl_style)
-            if not loaded.trl_style:  # a TRL function's keywords depend on the rows, checked when called
-                _check_signature(loaded)
-            self._loaded.append(loaded)
+        used: dict[str, int] = {}  # the labels given so far
+        self._loaded = [load_function(raw, i, key, base_dir, used) for i, raw in enumerate(specs)]
 
     @property
     def names(self) -> list[str]:
@@ -369,14 +247,24 @@ class RewardManager:
         metas = [dict(m) if m is not None else {} for m in metadata]
         return Scoring(self, list(prompts), list(ground_truths), metas, list(data_sources))
 
-    def configure(self, *, workers: int | None = None, timeout_s: float | None = None) -> None:
-        """Set `reward.workers` / `reward.timeout_s` (the trainer passes the run's config here)."""
+    def configure(self, *, workers: int | None = None, timeout_s: float | None = None,
+                  executor: str | None = None) -> None:
+        """Set `reward.workers` / `reward.timeout_s` / `reward.executor` (the trainer passes the run's config
+        here). With executor "process" the per-sample functions run in worker processes
+        (verl.rewards.processes), the batched and TRL-style ones on the threads; a function a worker cannot
+        get is refused now."""
         pool = RewardPool(self.pool.workers if workers is None else workers,
                           self.pool.timeout_s if timeout_s is None else timeout_s)
-        self.pool = pool  # a scoring already started finishes on the pool it started on
+        self.pool = pool  # a scoring already started finishes on the pools it started on
+        processes = self.sample_pool is not None if executor is None else executor == "process"
+        recipes = [recipe(ld, self.base_dir) if processes and not (ld.trl_style or ld.spec.batched) else None
+                   for ld in self._loaded]
+        self.sample_pool = (ProcessRewardPool(recipes, pool.workers, pool.timeout_s)
+                            if any(r is not None for r in recipes) else None)
 
     def _assemble(self, batch: _Samples, calls: list[list[RewardCall] | RewardCall | None],
-                  logged: list[dict[str, list[float]]], pool: RewardPool) -> RewardResult:
+                  logged: list[dict[str, list[float]]], pool: RewardPool,
+                  sample_pool: ProcessRewardPool | None = None) -> RewardResult:
         """The result of the finished calls (one list per function, per sample, or one batch call), put
         together in a fixed order, whichever call finished first: the first error in (function, sample)
         order is the one raised, as when the calls ran one after another."""
@@ -391,8 +279,8 @@ class RewardManager:
         accuracy: list[float | None] = [None] * n  # the `acc` extras (weighted sum), for dynamic sampling
         timeouts = 0
 
-        def late(c: RewardCall) -> bool:  # waits for the call: True when it timed out; raises what it raised
-            if pool.wait(c).error is not None:
+        def late(c: RewardCall, on: RewardPool | ProcessRewardPool = pool) -> bool:  # waits for the call: True
+            if on.wait(c).error is not None:  # when it timed out; raises what it raised
                 raise c.error
             return c.timed_out
 
@@ -403,7 +291,7 @@ class RewardManager:
             if isinstance(call, list):  # one call per sample
                 results = []
                 for i, c in zip(idx, call, strict=True):
-                    if late(c):
+                    if late(c, sample_pool or pool):
                         timed_out.append(i)
                     results.append(c.value)
             elif call is not None and late(call):  # one call over the batch
@@ -460,40 +348,7 @@ class RewardManager:
 
     # -- calling user code -------------------------------------------------------------------------
 
-    def _call_one(
-        self,
-        ld: _Loaded,
-        i: int,
-        prompt: Any,
-        response: str,
-        ground_truth: Any,
-        meta: dict[str, Any],
-        data_source: str | None,
-    ) -> Any:
-        kwargs = {
-            k: v
-            for k, v in meta.items()
-            if k not in ld.positional and (ld.keyword_names is None or k in ld.keyword_names)
-        }
-        if "data_source" in ld.parameters and "data_source" not in (*kwargs, *ld.positional):  # declared by name
-            kwargs["data_source"] = data_source
-        kwargs.update(ld.spec.kwargs)
-        try:
-            return ld.fn(data_source if ld.verl_style else prompt, response, ground_truth, **kwargs)
-        except Exception as e:
-            hint = (
-                " If a parameter is missing, add that key to every row's metadata; if the function "
-                "takes whole lists, set batched: true in its spec."
-                if isinstance(e, TypeError)
-                else _thread_hint(e)
-            )
-            raise RewardError(
-                f"reward function '{ld.label}' ({ld.where}) raised {type(e).__name__}: {e} on sample {i} "
-                f"(data_source={data_source!r}, ground_truth={_short(ground_truth)}, "
-                f"response={_short(response)}){_at(e)}. Fix the function or that row.{hint}"
-            ) from e
-
-    def _call_batched(self, ld: _Loaded, idx: list[int], b: _Samples) -> list[Any]:
+    def _call_batched(self, ld: LoadedFunction, idx: list[int], b: _Samples) -> list[Any]:
         if not idx:
             return []
         return self._batch_results(ld, idx, lambda: ld.fn(
@@ -504,7 +359,7 @@ class RewardManager:
             **ld.spec.kwargs,
         ))
 
-    def _batch_results(self, ld: _Loaded, idx: list[int], call: Callable[[], Any]) -> list[Any]:
+    def _batch_results(self, ld: LoadedFunction, idx: list[int], call: Callable[[], Any]) -> list[Any]:
         """`call()`'s one result per sample of `idx`, as a list; any other outcome is a RewardError."""
         span = f"samples {idx[0]}..{idx[-1]} ({len(idx)} samples)"
         try:
@@ -512,7 +367,7 @@ class RewardManager:
         except Exception as e:
             raise RewardError(
                 f"batched reward function '{ld.label}' ({ld.where}) raised {type(e).__name__}: {e} on the "
-                f"call over {span}{_at(e)}. Fix the function.{_thread_hint(e)}"
+                f"call over {span}{at_user_line(e)}. Fix the function.{thread_hint(e)}"
             ) from e
         if isinstance(out, torch.Tensor):
             out = out.reshape(-1).tolist() if out.dim() <= 1 else out
@@ -530,7 +385,7 @@ class RewardManager:
             )
         return list(out)
 
-    def _call_trl(self, ld: _Loaded, idx: list[int], b: _Samples, logged: dict[str, list[float]]) -> list[Any]:
+    def _call_trl(self, ld: LoadedFunction, idx: list[int], b: _Samples, logged: dict[str, list[float]]) -> list[Any]:
         """A TRL reward function, `fn(prompts=..., completions=..., <column>=..., **kwargs)`: one call over the
         samples, keywords only, every dataset column as a list (the ground truth under each name it may have
         come from: ground_truth, answer, solution, ...). A completion is chat-formatted
@@ -547,7 +402,7 @@ class RewardManager:
         def log_metric(name: str, value: float) -> None:
             number = _to_float(value)
             if number is None or not math.isfinite(number):
-                raise RewardError(f"reward function '{ld.label}' ({ld.where}) logged {name!r}={_short(value)} with "
+                raise RewardError(f"reward function '{ld.label}' ({ld.where}) logged {name!r}={short_repr(value)} with "
                                   "log_metric; a metric must be a finite number.")
             logged.setdefault(str(name), []).append(number)
 
@@ -580,7 +435,7 @@ class RewardManager:
         return self._batch_results(ld, idx, lambda: ld.fn(**kwargs))
 
     def _parse(
-        self, ld: _Loaded, i: int, value: Any, data_source: str | None
+        self, ld: LoadedFunction, i: int, value: Any, data_source: str | None
     ) -> tuple[float, dict[str, float], dict[str, Any]]:
         """(score, numeric extras for the metrics, the other extras for the sample's record)."""
         at = f"reward function '{ld.label}' ({ld.where}) on sample {i} (data_source={data_source!r})"
@@ -604,7 +459,7 @@ class RewardManager:
         score = _to_float(value)
         if score is None:
             raise RewardError(
-                f"{at} returned {_short(value)} ({type(value).__name__}); a reward must be a "
+                f"{at} returned {short_repr(value)} ({type(value).__name__}); a reward must be a "
                 "finite number or a dict with a numeric 'score'. Make every code path return "
                 "one (a missing return gives None)."
             )
@@ -633,7 +488,7 @@ class Scoring:
 
     def __init__(self, manager: RewardManager, prompts: list[Any], ground_truths: list[Any],
                  metas: list[dict[str, Any]], data_sources: list[str | None]) -> None:
-        self.manager, self.pool = manager, manager.pool
+        self.manager, self.pool, self.sample_pool = manager, manager.pool, manager.sample_pool
         self.prompts, self.ground_truths, self.metas, self.data_sources = prompts, ground_truths, metas, data_sources
         self._responses: list[str | None] = [None] * len(prompts)
         self._calls: dict[tuple[int, int], RewardCall] = {}  # (function, sample) -> its per-sample call
@@ -651,9 +506,11 @@ class Scoring:
                 if ld.trl_style or ld.spec.batched or not ld.applies(self.data_sources[i]):
                     continue
                 keys.append((f, i))
-                fns.append(functools.partial(self.manager._call_one, ld, i, self.prompts[i], response,
-                                             self.ground_truths[i], self.metas[i], self.data_sources[i]))
-        self._calls.update(zip(keys, self.pool.submit(fns), strict=True))
+                fns.append((f, (i, self.prompts[i], response, self.ground_truths[i], self.metas[i],
+                                self.data_sources[i])))
+        calls = (self.sample_pool.submit(fns) if self.sample_pool is not None else
+                 self.pool.submit([functools.partial(call_one, self.manager._loaded[f], *args) for f, args in fns]))
+        self._calls.update(zip(keys, calls, strict=True))
 
     def finish(self, responses: Sequence[str], response_ids: Sequence[Sequence[int]] | None = None) -> RewardResult:
         """Every sample's response (those `add`ed before must be the same; one that is not is scored again):
@@ -680,36 +537,15 @@ class Scoring:
         for f, (ld, idx) in enumerate(zip(loaded, applies, strict=True)):
             if not (ld.trl_style or ld.spec.batched):
                 calls[f] = [self._calls[f, i] for i in idx]
-        return manager._assemble(batch, calls, logged, self.pool)
+        return manager._assemble(batch, calls, logged, self.pool, self.sample_pool)
 
 
-def _at(exc: BaseException) -> str:
-    """`, at File "r.py", line 3, in fn: <its text>`: the user's own line, so the message replaces the
-    traceback (still chained, for a debugger)."""
-    where = raised_at(exc)
-    return f",\n  at {where}" if where else ""
-
-
-def _thread_hint(exc: BaseException) -> str:
-    """Reward calls run on worker threads (`RewardPool`), where `signal` (a SIGALRM timeout) is refused."""
-    if isinstance(exc, ValueError) and "main thread" in str(exc):
-        return (" Reward functions run on worker threads (reward.workers), where signal handlers cannot be set: "
-                "drop the function's own signal-based timeout (reward.timeout_s already bounds every call).")
-    return ""
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-
-def configure_rewards(env: Any, *, workers: int, timeout_s: float) -> None:
-    """Give `env`'s reward manager the run's `reward.workers` and `reward.timeout_s` (environments without
-    one score their own way)."""
+def configure_rewards(env: Any, *, workers: int, timeout_s: float, executor: str = "thread") -> None:
+    """Give `env`'s reward manager the run's `reward.workers`, `reward.timeout_s` and `reward.executor`
+    (environments without one score their own way)."""
     manager = getattr(env, "reward_manager", None)
     if isinstance(manager, RewardManager):
-        manager.configure(workers=workers, timeout_s=timeout_s)
+        manager.configure(workers=workers, timeout_s=timeout_s, executor=executor)
 
 
 def report_progress(env: Any, progress: TrainingProgress) -> None:

@@ -306,7 +306,8 @@ def compose_rl(parts: Components, given: Given) -> None:
     reward_functions = ([RewardModelFunction(setup_reward_model(config, process), config.reward.model_weight)]
                         if local_reward_model else [])
     parts.env = setup_env(config, parts.checks, given, reward_functions)
-    configure_rewards(parts.env, workers=config.reward.workers, timeout_s=config.reward.timeout_s)  # the pool
+    configure_rewards(parts.env, workers=config.reward.workers, timeout_s=config.reward.timeout_s,
+                      executor=config.reward.executor)  # the pool
     for problem in check_env_options(config, parts.env, parts.tokenizer):  # an environment passed in, or one with a reward model
         raise problem
     parts.val_rewards = validation_rewards(config, parts.env)

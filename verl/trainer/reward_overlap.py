@@ -20,12 +20,13 @@ scores again any response that differs from the one it was given), and `finish` 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from verl.rewards import RewardResult
+from verl.rewards.functions import takes_parameter
 from verl.trainer.batch import RolloutBatch
 
 
@@ -33,6 +34,15 @@ def response_id_lists(response_ids: torch.Tensor, response_mask: torch.Tensor) -
     """Each response's sampled token ids (eos included), as the environment's `response_ids` takes them."""
     lengths = response_mask.sum(dim=1).tolist()
     return [row[: int(length)].tolist() for row, length in zip(response_ids.cpu(), lengths, strict=True)]
+
+
+def score_responses(env: Any, rows: Sequence[Mapping[str, Any]], responses: Sequence[str],
+                    response_ids: torch.Tensor, response_mask: torch.Tensor) -> RewardResult:
+    """`env`'s scores of the responses, after generation; an environment that takes `response_ids` gets each
+    response's sampled token ids too (TRL's `completion_ids`), eos included."""
+    if not takes_parameter(env.compute_reward, "response_ids"):
+        return env.compute_reward(rows, responses)
+    return env.compute_reward(rows, responses, response_ids=response_id_lists(response_ids, response_mask))
 
 
 class RewardOverlap:
@@ -74,4 +84,4 @@ class RewardOverlap:
         return pending[1].finish(batch.responses, response_id_lists(batch.response_ids, batch.response_mask))
 
 
-__all__ = ["RewardOverlap", "response_id_lists"]
+__all__ = ["RewardOverlap", "response_id_lists", "score_responses"]

@@ -16,8 +16,8 @@ import torch
 from verl.algorithms import explained_variance, masked_mean, place_score_on_last_token
 from verl.config.schema import OptimConfig, RunConfig
 from verl.errors import ConfigError
-from verl.rewards import RewardResult, TrainingProgress
-from verl.rewards.manager import report_progress, takes_parameter
+from verl.rewards import TrainingProgress
+from verl.rewards.manager import report_progress
 from verl.rollout import SamplingParams
 from verl.rollout.weight_sync import ready_to_sample
 from verl.trainer import evaluation, update
@@ -49,7 +49,7 @@ from verl.trainer.forward import can_share_prompt, logprobs_of, use_chunked_logp
 from verl.trainer.precision import compute_dtype
 from verl.trainer.python_api import RewardArg, python_run
 from verl.trainer.reward_model import RemoteRewardModel
-from verl.trainer.reward_overlap import RewardOverlap, response_id_lists
+from verl.trainer.reward_overlap import RewardOverlap, score_responses
 from verl.trainer.rl_state import RLCheckpointState
 from verl.trainer.runtime import TrainerRuntime
 from verl.trainer.sequence_parallel import ActorSequenceParallel
@@ -158,14 +158,9 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
                 batch, metrics = self.async_rollout.next_batch(self.step_count, self.model)
             else:
                 batch = self.placement.align(run("actor", self.generate, self.get_batch()), self.sequence_padding)
-        with timed(timing, "reward"):
-            batch = run("actor", self.compute_reward, batch)
-        if self.config.algorithm.filter_groups:
-            with timed(timing, "resample"):
-                batch = self.filter_groups(batch, metrics)
-        if self.remote_reward_model is not None:
-            with timed(timing, "reward_model"):
-                batch = self.remote_reward_model.score(batch, self.placement)
+        scores_first = self.config.algorithm.filter_groups  # resampling decides the batch the passes below run on
+        if scores_first:
+            batch = self.score_batch(batch, timing, metrics)
         with timed(timing, "old_logprobs"):
             batch = run("actor", self.compute_log_probs, batch)
         if self.config.needs_ref:
@@ -173,11 +168,12 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
                 batch = run("ref", self.compute_ref_log_probs, batch, send=self.SEQUENCES, back=written_by("ref"))
         if self.config.needs_teacher:
             with timed(timing, "teacher"):
-                batch = run("teacher", self.compute_teacher_log_probs, batch, send=self.SEQUENCES,
-                            back=written_by("teacher"))
+                batch = run("teacher", self.compute_teacher_log_probs, batch, send=self.SEQUENCES, back=written_by("teacher"))
         if self.config.needs_critic:
             with timed(timing, "critic"):
                 batch = run("critic", self.compute_values, batch, send=self.SEQUENCES, back=written_by("critic"))
+        if not scores_first:  # the reward calls (started as rows finished, or now) end behind the passes above
+            batch = self.score_batch(batch, timing, metrics)
         with timed(timing, "advantages"):
             batch = run("actor", self.compute_advantages, batch)
         if self.config.needs_critic:
@@ -197,6 +193,18 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
             metrics["perf/tokens_per_s"] = (float(batch.attention_mask.sum()) * self.dp_size
                                             / max(metrics["timing/step"], 1e-9))
         return self.placement.mean_over_owners(metrics)  # ranks may differ in which metrics they have
+
+    def score_batch(self, batch: RolloutBatch | None, timing: dict, metrics: dict) -> RolloutBatch | None:
+        """The rewards: the environment's, then DAPO's resampling and a reward model on ranks of its own."""
+        with timed(timing, "reward"):
+            batch = self.placement.run("actor", self.compute_reward, batch)
+        if self.config.algorithm.filter_groups:
+            with timed(timing, "resample"):
+                batch = self.filter_groups(batch, metrics)
+        if self.remote_reward_model is not None:
+            with timed(timing, "reward_model"):
+                batch = self.remote_reward_model.score(batch, self.placement)
+        return batch
 
     def filter_groups(self, batch: RolloutBatch | None, metrics: dict[str, float]) -> RolloutBatch | None:
         """DAPO dynamic sampling (`dynamic_sampling.filter_groups`): each extra round draws, generates and
@@ -240,14 +248,6 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         batch.responses = self.decode_responses(out.response_ids, out.response_mask)
         return batch
 
-    def score_responses(self, rows: Sequence[Mapping[str, Any]], responses: Sequence[str],
-                        response_ids: torch.Tensor, response_mask: torch.Tensor) -> RewardResult:
-        """The environment's scores; an environment that takes `response_ids` gets each response's sampled
-        token ids too (TRL's `completion_ids`), eos included."""
-        if not takes_parameter(self.env.compute_reward, "response_ids"):
-            return self.env.compute_reward(rows, responses)
-        return self.env.compute_reward(rows, responses, response_ids=response_id_lists(response_ids, response_mask))
-
     def compute_reward(self, batch: RolloutBatch) -> RolloutBatch:
         """Sequence scores from the environment, placed on each response's last (model-written) token."""
         if batch.env_scores is not None:  # multi-turn: the environment scored each episode as it ended
@@ -255,8 +255,8 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         else:
             report_progress(self.env, TrainingProgress(self.step_count, self.config.trainer.total_steps,
                                                        getattr(self.env, "epoch", 0)))
-            result = self.reward_overlap.finish(batch) or self.score_responses(  # started in `generate`, or here
-                batch.rows, batch.responses, batch.response_ids, batch.response_mask)
+            result = self.reward_overlap.finish(batch) or score_responses(  # started in `generate`, or here
+                self.env, batch.rows, batch.responses, batch.response_ids, batch.response_mask)
             batch.scores = result.scores.to(self.device, torch.float32)
             batch.metrics = dict(result.metrics)
             batch.accuracy = accuracy_of(result, batch.scores)
@@ -483,7 +483,7 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
                 out = self.engine.generate(ids.to(self.device), mask.to(self.device), params, generator=generator)
             responses = self.decode_responses(out.response_ids, out.response_mask)
             repeated = [row for row in chunk for _ in range(r.val_n)]
-            result = self.score_responses(repeated, responses, out.response_ids, out.response_mask)
+            result = score_responses(self.env, repeated, responses, out.response_ids, out.response_mask)
             return evaluation.validation_answers(result, responses, repeated, self.val_rewards)
 
         return evaluate_rows(rows, answer, n=r.val_n, ks=r.val_k, chunk_size=self.config.data.val_batch_size,
