@@ -4,6 +4,7 @@ and the scores are the ones of scoring after generation, bit for bit."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from typing import Any
@@ -30,14 +31,16 @@ class SlowDigits:
         return sum(c.isdigit() for c in response) / max(len(response), 1) + len(response) / 1000
 
 
-def trainer_with(tmp_path, overlap: bool, reward: SlowDigits) -> tuple[RLTrainer, list[float]]:
+def trainer_with(tmp_path, overlap: bool, reward: SlowDigits | dict[str, Any], *overrides: str,
+                 ) -> tuple[RLTrainer, list[float]]:
     """A tiny-model trainer whose rows end at different steps (one token in 8 ends a response) and whose
     decode steps take 2 ms each, so that the early rows finish well before the batch; the list gets the
-    time each rollout ended."""
+    time each rollout ended. `reward`: a callable, or a spec (a worker process loads it by its name)."""
     torch.set_num_threads(1)
-    config = rl_config(tmp_path / f"overlap-{overlap}", "rollout.max_new_tokens=24", f"reward.overlap={overlap}",
-                       "trainer.total_steps=2", "trainer.seed=7")
-    trainer = RLTrainer(config, reward_functions=[reward])
+    spec = reward if isinstance(reward, dict) else None
+    config = rl_config(tmp_path / f"overlap-{overlap}-{len(overrides)}", "rollout.max_new_tokens=24",
+                       f"reward.overlap={overlap}", "trainer.total_steps=2", "trainer.seed=7", *overrides, reward=spec)
+    trainer = RLTrainer(config, reward_functions=None if spec else [reward])
     vocab = len(trainer.tokenizer)
     trainer.sampling = dataclasses.replace(trainer.sampling, eos_token_ids=[*trainer.sampling.eos_token_ids,
                                                                             *range(0, vocab - 3, 8)])
@@ -87,3 +90,75 @@ def test_a_batch_the_scoring_was_not_started_for_is_scored_after_generation(tmp_
     assert trainer.reward_overlap.finish(second) is None  # taken (and dropped) by the first batch's call
     metrics = trainer.step()  # the whole step with overlap
     assert metrics["reward/timeouts"] == 0.0 and "timing/reward" in metrics
+
+
+LOGGED_REWARD = """
+import os, time
+
+def slow_digits(prompt, response, ground_truth, log_dir, **meta):
+    started = time.monotonic()  # the system's monotonic clock: comparable with the trainer's
+    time.sleep(0.005)
+    with open(os.path.join(log_dir, f"{os.getpid()}-{started!r}"), "w"):
+        pass
+    return sum(c.isdigit() for c in response) / max(len(response), 1) + len(response) / 1000
+"""
+
+
+def test_reward_calls_in_worker_processes_start_while_generating_and_score_the_same(tmp_path):
+    (tmp_path / "logged_reward.py").write_text(LOGGED_REWARD)
+    results = {}
+    for executor in ("process", "thread"):
+        logs = tmp_path / f"calls-{executor}"
+        logs.mkdir()
+        spec = {"name": f"{tmp_path / 'logged_reward.py'}:slow_digits", "kwargs": {"log_dir": str(logs)}}
+        trainer, ended = trainer_with(tmp_path / executor, True, spec, f"reward.executor={executor}")
+        assert (trainer.env.reward_manager.sample_pool is not None) is (executor == "process")
+        metrics = trainer.step()  # a whole step on the pool (and the workers are up)
+        assert metrics["reward/timeouts"] == 0.0
+        for log in os.listdir(logs):
+            os.remove(logs / log)
+        batch = trainer.compute_reward(trainer.generate(trainer.get_batch()))
+        calls = [name.split("-", 1) for name in os.listdir(logs)]
+        assert len(calls) == len(batch)
+        if executor == "process":
+            assert {int(pid) for pid, _ in calls}.isdisjoint({os.getpid()})
+            assert sum(float(started) < ended[-1] for _, started in calls) >= 1, "no call started while generating"
+        results[executor] = batch
+    on, off = results["process"], results["thread"]
+    assert torch.equal(on.response_ids, off.response_ids)
+    assert torch.equal(on.scores, off.scores) and on.metrics == off.metrics
+
+
+class StageOrder(RLTrainer):
+    """Records the order of the step's stages."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.order: list[str] = []
+
+    def compute_reward(self, batch: Any) -> Any:
+        self.order.append("reward")
+        return super().compute_reward(batch)
+
+    def compute_log_probs(self, batch: Any) -> Any:
+        self.order.append("old_logprobs")
+        return super().compute_log_probs(batch)
+
+    def compute_ref_log_probs(self, batch: Any) -> Any:
+        self.order.append("ref")
+        return super().compute_ref_log_probs(batch)
+
+    def compute_advantages(self, batch: Any) -> Any:
+        self.order.append("advantages")
+        return super().compute_advantages(batch)
+
+
+def test_rewards_are_waited_for_behind_the_forward_passes_unless_resampling_needs_them_first(tmp_path):
+    torch.set_num_threads(1)
+    trainer = StageOrder(rl_config(tmp_path / "kl", "actor.kl_loss_coef=0.01", "trainer.total_steps=1"))
+    trainer.step()
+    assert trainer.order == ["old_logprobs", "ref", "reward", "advantages"]  # the calls finish behind both passes
+    trainer = StageOrder(rl_config(tmp_path / "dapo", "actor.kl_loss_coef=0.01", "algorithm.filter_groups=true",
+                                   "algorithm.max_resample_rounds=0", "trainer.total_steps=1"))
+    trainer.step()
+    assert trainer.order[:3] == ["reward", "old_logprobs", "ref"]  # resampling decides the batch first

@@ -261,6 +261,8 @@ class RewardManager:
                    for ld in self._loaded]
         self.sample_pool = (ProcessRewardPool(recipes, pool.workers, pool.timeout_s)
                             if any(r is not None for r in recipes) else None)
+        if self.sample_pool is not None:
+            self.sample_pool.start()
 
     def _assemble(self, batch: _Samples, calls: list[list[RewardCall] | RewardCall | None],
                   logged: list[dict[str, list[float]]], pool: RewardPool,

@@ -16,7 +16,8 @@ a RewardError naming the sample.
 Workers are plain `python -m verl.rewards.processes` processes (no fork of the trainer, so no copy of its
 threads, CUDA context or memory; no `if __name__ == "__main__"` needed in the user's script), started on
 first use, sharing the trainer's sys.path, killed with it (PR_SET_PDEATHSIG on Linux) and when the pool is
-collected. They get the per-sample functions once: a function named in the spec (a built-in, a file or a
+collected; `RewardManager.configure` starts them, so they load while the model does. They get the
+per-sample functions once: a function named in the spec (a built-in, a file or a
 module) is loaded again by that name; a Python callable is pickled, so it must be importable (defined at a
 module's top level, not in `__main__`, not a lambda); `RewardManager` refuses others at start-up.
 Messages are pickled between these processes, never read from a file.
@@ -139,6 +140,14 @@ class ProcessRewardPool:
             while not call.done:
                 self._look(self._until_next_deadline())
         return call
+
+    def start(self) -> None:
+        """Start every worker now, without waiting: they load their functions while the trainer sets up."""
+        if self._pid != os.getpid():
+            self._reset()
+        with self._lock:
+            while len(self._workers) < self.workers:
+                self._start()
 
     def close(self) -> None:
         """Kill the workers (a later call starts new ones)."""

@@ -258,7 +258,7 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
             result = self.reward_overlap.finish(batch) or score_responses(  # started in `generate`, or here
                 self.env, batch.rows, batch.responses, batch.response_ids, batch.response_mask)
             batch.scores = result.scores.to(self.device, torch.float32)
-            batch.metrics = dict(result.metrics)
+            batch.metrics = {**batch.metrics, **result.metrics}  # after the drift check's
             batch.accuracy = accuracy_of(result, batch.scores)
             apply_overlong_penalty(batch, self.config.algorithm, self.config.rollout.max_new_tokens)
         batch.token_rewards = place_score_on_last_token(batch.scores, batch.response_mask.float())
