@@ -11,7 +11,9 @@ different steps: the tiny model is edited so that every token ends the response 
 at `--batch 4 --tokens 128`) that cap is 1.5x.
 - baseline: `reward.overlap=false, reward.workers=1`: scoring after generation, one call at a time;
 - candidate: the defaults, `reward.overlap=true` with `reward.workers=4`: each response's call starts as
-  its row finishes, up to 4 at once.
+  its row finishes, up to 4 at once (on threads, or with `--set reward.executor=process` in worker
+  processes, where waking up takes nothing from the generating thread: see docs/environments.md).
+`--set KEY=VALUE` applies to both sides.
 Both sides train the same seed and score identically (asserted), so they do the same work. Each round runs
 `--steps` steps of each side back to back (interleaved, `ab.interleaved_times`); the ratio line is the median
 and min-max of the per-round ratios of baseline to candidate time.
@@ -113,10 +115,12 @@ def main(argv: list[str] | None = None) -> int:
           f"({100 * saved / base['reward']:.0f}%); hiding all of it would give {bound:.2f}x here (the rest of the "
           f"step, {base['step'] - base['generate'] - base['reward']:.0f} ms, is not overlapped)")
     result = ratios(times["baseline"], times["candidate"])
-    print(f"ratio overlap+workers=4 vs after-generation workers=1 (step time): median {result['ratio']:.2f}x "
+    executor = next((s.split("=", 1)[1] for s in args.set if s.startswith("reward.executor=")), "thread")
+    print(f"ratio overlap+workers=4 ({executor}s) vs after-generation workers=1 (step time): median {result['ratio']:.2f}x "
           f"(min {result['ratio_min']:.2f}x, max {result['ratio_max']:.2f}x) over {args.rounds} rounds of "
           f"{args.steps} steps; {result['baseline_s'] / args.steps * 1000:.0f} vs "
-          f"{result['candidate_s'] / args.steps * 1000:.0f} ms per step, serial reward "
+          f"{result['candidate_s'] / args.steps * 1000:.0f} ms per step (generation {base['generate']:.0f} vs "
+          f"{cand['generate']:.0f} ms), serial reward "
           f"{base['reward'] / base['generate']:.2f}x generation, upper bound {bound:.2f}x; "
           f"load average {load_average()}")
     return 0

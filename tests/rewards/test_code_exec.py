@@ -69,11 +69,14 @@ HOSTILE = {
 }
 
 
-def test_hostile_responses_score_zero_with_their_reason(monkeypatch):
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_hostile_responses_score_zero_with_their_reason(monkeypatch, executor):
     """Through the reward manager as the trainer calls it: every sample 0, its status and reason in the
-    sample's extras (what samples.jsonl records), and this process alive."""
+    sample's extras (what samples.jsonl records), and this process alive; the same from reward worker
+    processes (reward.executor=process), which are their parents there."""
     monkeypatch.setenv("VERL_TEST_SECRET", "hunter2")
     manager = RewardManager([{"name": "code_exec", "kwargs": {"timeout_s": 2, "memory_mb": 256}}])
+    manager.configure(workers=4, executor=executor)
     responses = list(HOSTILE.values())
     result = manager.score([None] * len(responses), responses, ["ok"] * len(responses))
     assert result.scores.tolist() == [0.0] * len(responses)

@@ -41,6 +41,10 @@ REWARDS = textwrap.dedent('''
     def broken(prompt, response, ground_truth, **meta):
         return 1 / (response != "x")
 
+    def sandbox_defaults(prompt, response, ground_truth, **meta):
+        from verl.sandbox.isolation import DEFAULTS
+        return float(DEFAULTS["require"] == ("tmp",))
+
     def each(prompts, responses, ground_truths, metas):
         return [float(os.getpid()) for _ in responses]
 ''')
@@ -146,3 +150,10 @@ def test_closing_the_pool_ends_its_workers(rewards):
     for pid in pids:
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
+
+
+def test_workers_get_the_sandbox_settings(rewards, monkeypatch):
+    from verl.sandbox.isolation import DEFAULTS
+
+    monkeypatch.setitem(DEFAULTS, "require", ("tmp",))  # what `sandbox.require` set at start-up
+    assert manager([{"name": f"{rewards}:sandbox_defaults"}]).score(PROMPTS, RESPONSES, GROUND_TRUTHS).scores.tolist() == [1.0] * 4

@@ -42,6 +42,7 @@ from verl.errors import ConfigError, RewardError
 from verl.rewards.functions import LoadedFunction, call_one, loaded_function
 from verl.rewards.loader import load_reward_function
 from verl.rewards.pool import RewardCall
+from verl.sandbox.isolation import DEFAULTS as SANDBOX_DEFAULTS
 
 STARTUP_S = 120.0  # a worker that has not loaded its functions by then is given up
 
@@ -223,7 +224,7 @@ class ProcessRewardPool:
         theirs.close()
         worker = _Worker(process, ours)
         worker.sent = time.monotonic()
-        ours.send((list(sys.path), self.recipes))
+        ours.send((list(sys.path), dict(SANDBOX_DEFAULTS), self.recipes))  # sandbox.python, sandbox.require
         self._workers.append(worker)
         return worker
 
@@ -251,8 +252,9 @@ def serve(conn: Connection) -> None:
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
-    path, recipes = conn.recv()
+    path, sandbox, recipes = conn.recv()
     sys.path[:] = path
+    SANDBOX_DEFAULTS.update(sandbox)  # code_exec's runs as the trainer's would
     try:
         functions: list[LoadedFunction | None] | None = [_rebuild(entry) for entry in recipes]
         failure = None
