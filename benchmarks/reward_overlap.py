@@ -115,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
           f"({100 * saved / base['reward']:.0f}%); hiding all of it would give {bound:.2f}x here (the rest of the "
           f"step, {base['step'] - base['generate'] - base['reward']:.0f} ms, is not overlapped)")
     result = ratios(times["baseline"], times["candidate"])
-    executor = next((s.split("=", 1)[1] for s in args.set if s.startswith("reward.executor=")), "thread")
-    print(f"ratio overlap+workers=4 ({executor}s) vs after-generation workers=1 (step time): median {result['ratio']:.2f}x "
+    processes = "reward.executor=process" in args.set
+    print(f"ratio overlap+workers=4 ({'worker processes' if processes else 'threads'}) vs after-generation workers=1 "
+          f"(step time): median {result['ratio']:.2f}x "
           f"(min {result['ratio_min']:.2f}x, max {result['ratio_max']:.2f}x) over {args.rounds} rounds of "
           f"{args.steps} steps; {result['baseline_s'] / args.steps * 1000:.0f} vs "
           f"{result['candidate_s'] / args.steps * 1000:.0f} ms per step (generation {base['generate']:.0f} vs "

@@ -157,3 +157,30 @@ def test_workers_get_the_sandbox_settings(rewards, monkeypatch):
 
     monkeypatch.setitem(DEFAULTS, "require", ("tmp",))  # what `sandbox.require` set at start-up
     assert manager([{"name": f"{rewards}:sandbox_defaults"}]).score(PROMPTS, RESPONSES, GROUND_TRUTHS).scores.tolist() == [1.0] * 4
+
+
+def test_workers_end_with_the_trainer_even_mid_call(rewards, tmp_path):
+    """A trainer killed while a call runs (no clean-up of its own) leaves no worker behind."""
+    script = tmp_path / "trainer.py"
+    script.write_text(textwrap.dedent(f'''
+        import os
+        from verl.rewards import RewardManager
+        m = RewardManager([{{"name": {rewards!r} + ":sleepy", "kwargs": {{"seconds": 60}}}}])
+        m.configure(executor="process", workers=1)
+        m.sample_pool.submit([(0, (0, "p", "r", "g", {{}}, None))])
+        print(m.sample_pool._workers[0].process.pid, flush=True)
+        os._exit(0)
+    '''))
+    import subprocess
+
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    worker = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    pytest.fail(f"worker {worker} outlived its trainer")

@@ -77,6 +77,7 @@ def test_reward_calls_start_while_generating_and_score_as_after_it(tmp_path):
     assert torch.equal(on.response_ids, off.response_ids)
     assert torch.equal(on.scores, off.scores) and torch.equal(on.token_rewards, off.token_rewards)
     assert on.metrics == off.metrics
+    assert on.responses == off.responses  # the texts decoded as rows finished are the batch's
 
 
 def test_a_batch_the_scoring_was_not_started_for_is_scored_after_generation(tmp_path):

@@ -14,13 +14,13 @@ abandoned). A worker that dies (killed by the OOM killer, a crash in C code) fai
 a RewardError naming the sample.
 
 Workers are plain `python -m verl.rewards.processes` processes (no fork of the trainer, so no copy of its
-threads, CUDA context or memory; no `if __name__ == "__main__"` needed in the user's script), started on
-first use, sharing the trainer's sys.path, killed with it (PR_SET_PDEATHSIG on Linux) and when the pool is
-collected; `RewardManager.configure` starts them, so they load while the model does. They get the
-per-sample functions once: a function named in the spec (a built-in, a file or a
-module) is loaded again by that name; a Python callable is pickled, so it must be importable (defined at a
-module's top level, not in `__main__`, not a lambda); `RewardManager` refuses others at start-up.
-Messages are pickled between these processes, never read from a file.
+threads, CUDA context or memory; no `if __name__ == "__main__"` needed in the user's script), sharing the
+trainer's sys.path, started by `RewardManager.configure` (they load while the model does), ending when the
+trainer does (even mid-call) and killed when the pool is collected. They get the per-sample functions once:
+a function named in the spec (a built-in, a file or a module) is loaded again by that name; a Python callable
+is pickled, so it must be importable (defined at a module's top level, not in `__main__`, not a lambda);
+`RewardManager` refuses others at start-up. The sandbox settings (`sandbox.python`, `sandbox.require`) go
+with them. Messages are pickled between these processes, never read from a file.
 """
 
 from __future__ import annotations
@@ -218,7 +218,8 @@ class ProcessRewardPool:
     def _start(self) -> _Worker:
         ours, theirs = Pipe(duplex=True)
         process = subprocess.Popen(
-            [sys.executable, "-m", "verl.rewards.processes", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+            [sys.executable, "-m", "verl.rewards.processes", str(theirs.fileno()), str(os.getpid())],
+            pass_fds=(theirs.fileno(),),
             start_new_session=True, stdin=subprocess.DEVNULL,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})  # where verl itself is
         theirs.close()
@@ -244,13 +245,18 @@ class ProcessRewardPool:
             self._fail(w, "had ended")
 
 
-def serve(conn: Connection) -> None:
+def _end_with(trainer: int) -> None:
+    """End this worker once the trainer is gone, even in the middle of a call (a closed pipe is only
+    noticed between calls)."""
+    while os.getppid() == trainer:
+        time.sleep(1.0)
+    os._exit(0)
+
+
+def serve(conn: Connection, trainer: int) -> None:
     """A worker: load the functions, then answer `(f, args)` with `("done", value, error)` until the pipe
     closes."""
-    if sys.platform.startswith("linux"):  # die with the trainer, even when it is killed
-        import ctypes  # noqa: PLC0415
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    threading.Thread(target=_end_with, args=(trainer,), daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     path, sandbox, recipes = conn.recv()
     sys.path[:] = path
@@ -286,7 +292,7 @@ def serve(conn: Connection) -> None:
 
 
 if __name__ == "__main__":
-    serve(Connection(int(sys.argv[1])))
+    serve(Connection(int(sys.argv[1])), int(sys.argv[2]))
 
 
 __all__ = ["ProcessRewardPool", "recipe", "serve"]

@@ -54,11 +54,12 @@ class RewardOverlap:
                         and hasattr(engine, "on_rows_finished"))
         self.env, self.engine, self.decode = env, engine, decode
         self._pending: tuple[list[Any], Any] | None = None  # (the batch's rows, its Scoring)
+        self._texts: dict[int, str] = {}  # the last generation's responses, decoded as their rows finished
 
     @contextlib.contextmanager
     def generating(self, batch: RolloutBatch) -> Iterator[None]:
         """Around the engine's `generate` of `batch`: each finished row's response goes to the scoring."""
-        self._pending = None
+        self._pending, self._texts = None, {}
         scoring = self.env.start_scoring(batch.rows) if self.enabled else None
         if scoring is None:
             yield
@@ -67,7 +68,9 @@ class RewardOverlap:
         def finished(rows: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor) -> None:
             steps = torch.arange(tokens.shape[1], device=tokens.device)
             mask = steps < lengths[rows].unsqueeze(1)
-            scoring.add(rows.tolist(), self.decode(tokens[rows].cpu(), mask.cpu()))
+            texts = self.decode(tokens[rows].cpu(), mask.cpu())
+            self._texts.update(zip(rows.tolist(), texts, strict=True))
+            scoring.add(rows.tolist(), texts)
 
         before, self.engine.on_rows_finished = self.engine.on_rows_finished, finished
         try:
@@ -75,6 +78,14 @@ class RewardOverlap:
         finally:
             self.engine.on_rows_finished = before
         self._pending = (batch.rows, scoring)
+
+    def responses(self, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
+        """The text of the generation that just ended: as decoded for the reward calls when every row was (a
+        response is decoded once), else decoded now."""
+        texts, self._texts = self._texts, {}
+        if len(texts) == len(response_ids):
+            return [texts[i] for i in range(len(texts))]
+        return self.decode(response_ids, response_mask)
 
     def finish(self, batch: RolloutBatch) -> RewardResult | None:
         """The result of the scoring started for `batch`, once every call is done; None when none was."""

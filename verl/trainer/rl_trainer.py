@@ -245,7 +245,7 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         batch.response_ids, batch.response_mask = out.response_ids, out.response_mask.long()
         batch.finished = out.finished
         batch.rollout_logprobs = out.logprobs
-        batch.responses = self.decode_responses(out.response_ids, out.response_mask)
+        batch.responses = self.reward_overlap.responses(out.response_ids, out.response_mask)  # decoded once
         return batch
 
     def compute_reward(self, batch: RolloutBatch) -> RolloutBatch:
