@@ -20,6 +20,7 @@ def test_examples_pass_every_check_but_the_model(name, capsys, tmp_path, monkeyp
     assert out.count("problem:") == 1 and "Qwen2.5-0.5B-Instruct does not exist" in out
     assert "72/72 rows kept" in out and "8/8 rows kept" in out and "reward functions: numeric_match" in out
     assert "batches (actor)" in out
+    assert "reward calls: up to 4 at once on threads (reward.executor=thread), 60 s each at most" in out
 
 
 def test_demo_preset_passes(capsys):

@@ -138,6 +138,10 @@ def run_checks(config: RunConfig, *, nproc: int | None = None, nodes: int | None
         section(f"environment: {config.env.name}" if config.env.name else "rewards")
         if pf.reward_names:
             console.print(f"reward functions: {', '.join(pf.reward_names)}")
+            r = config.reward
+            console.print(f"reward calls: up to {r.workers} at once on {'worker processes' if r.executor == 'process' else 'threads'}"
+                          f" (reward.executor={r.executor}), {r.timeout_s:g} s each at most"
+                          + (", starting as rows finish generating" if r.overlap else ""))
         if pf.env is not None:
             console.print(f"{len(pf.env)} training prompts, {len(pf.env.val_rows())} validation prompts")
         warnings("environment", "rewards")
