@@ -35,9 +35,11 @@ GROUND_TRUTH_NAMES = ("ground_truth", "answer", "label", "solution", "reference"
 ACCURACY_KEY = "acc"
 
 
-
 @dataclass
 class LoadedFunction:
+    """A reward function as loaded: its spec, its label in the metrics, where it was configured (for the
+    messages) and what its signature takes."""
+
     spec: RewardFunctionSpec
     fn: Callable[..., Any]
     label: str
@@ -169,37 +171,25 @@ def loaded_function(spec: RewardFunctionSpec, fn: Callable[..., Any], label: str
     return loaded
 
 
-def call_one(
-        ld: LoadedFunction,
-        i: int,
-        prompt: Any,
-        response: str,
-        ground_truth: Any,
-        meta: dict[str, Any],
-        data_source: str | None,
-    ) -> Any:
-        kwargs = {
-            k: v
-            for k, v in meta.items()
-            if k not in ld.positional and (ld.keyword_names is None or k in ld.keyword_names)
-        }
-        if "data_source" in ld.parameters and "data_source" not in (*kwargs, *ld.positional):  # declared by name
-            kwargs["data_source"] = data_source
-        kwargs.update(ld.spec.kwargs)
-        try:
-            return ld.fn(data_source if ld.verl_style else prompt, response, ground_truth, **kwargs)
-        except Exception as e:
-            hint = (
-                " If a parameter is missing, add that key to every row's metadata; if the function "
-                "takes whole lists, set batched: true in its spec."
-                if isinstance(e, TypeError)
-                else thread_hint(e)
-            )
-            raise RewardError(
-                f"reward function '{ld.label}' ({ld.where}) raised {type(e).__name__}: {e} on sample {i} "
-                f"(data_source={data_source!r}, ground_truth={short_repr(ground_truth)}, "
-                f"response={short_repr(response)}){at_user_line(e)}. Fix the function or that row.{hint}"
-            ) from e
+def call_one(ld: LoadedFunction, i: int, prompt: Any, response: str, ground_truth: Any, meta: dict[str, Any],
+             data_source: str | None) -> Any:
+    """`ld` on sample `i`: the metadata keys its signature takes, then the spec's kwargs; what it raises comes
+    back as a RewardError naming the function, the sample and the user's line."""
+    kwargs = {k: v for k, v in meta.items()
+              if k not in ld.positional and (ld.keyword_names is None or k in ld.keyword_names)}
+    if "data_source" in ld.parameters and "data_source" not in (*kwargs, *ld.positional):  # declared by name
+        kwargs["data_source"] = data_source
+    kwargs.update(ld.spec.kwargs)
+    try:
+        return ld.fn(data_source if ld.verl_style else prompt, response, ground_truth, **kwargs)
+    except Exception as e:
+        hint = (" If a parameter is missing, add that key to every row's metadata; if the function takes whole "
+                "lists, set batched: true in its spec." if isinstance(e, TypeError) else thread_hint(e))
+        raise RewardError(
+            f"reward function '{ld.label}' ({ld.where}) raised {type(e).__name__}: {e} on sample {i} "
+            f"(data_source={data_source!r}, ground_truth={short_repr(ground_truth)}, "
+            f"response={short_repr(response)}){at_user_line(e)}. Fix the function or that row.{hint}"
+        ) from e
 
 
 def at_user_line(exc: BaseException) -> str:
@@ -220,6 +210,7 @@ def thread_hint(exc: BaseException) -> str:
 def short_repr(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
 
 __all__ = ["ACCURACY_KEY", "GROUND_TRUTH_NAMES", "LoadedFunction", "at_user_line", "call_one", "load_function",
            "loaded_function", "short_repr", "takes_parameter", "thread_hint"]
