@@ -141,6 +141,8 @@ def test_functions_a_worker_cannot_get_are_refused_with_the_fix():
         manager([main.score])
     m = manager([lambda prompt, response, ground_truth: 1.0], executor="thread")  # threads take any callable
     assert m.sample_pool is None
+    with pytest.raises(ConfigError, match="reward.executor must be 'thread' or 'process', got 'processes'"):
+        manager([lambda prompt, response, ground_truth: 1.0], executor="processes")
 
 
 def test_closing_the_pool_ends_its_workers(rewards):

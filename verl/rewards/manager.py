@@ -253,6 +253,8 @@ class RewardManager:
         here). With executor "process" the per-sample functions run in worker processes
         (verl.rewards.processes), the batched and TRL-style ones on the threads; a function a worker cannot
         get is refused now."""
+        if executor not in (None, "thread", "process"):
+            raise ConfigError(f"reward.executor must be 'thread' or 'process', got {executor!r}.")
         pool = RewardPool(self.pool.workers if workers is None else workers,
                           self.pool.timeout_s if timeout_s is None else timeout_s)
         self.pool = pool  # a scoring already started finishes on the pools it started on
