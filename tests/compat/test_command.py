@@ -252,3 +252,9 @@ def test_the_cpu_line_of_a_run_with_a_reward_model_uses_the_tiny_one():
     items = dict(w.split("=", 1) for w in words[4:])
     assert items["reward.model_path"] == "tiny" and items["model.path"] == "tiny"
     assert "reward.model_path" not in dict(w.split("=", 1) for w in shlex.split(cpu_command(translate(VERL_GRPO)))[4:])
+
+
+def test_verls_reward_manager_is_where_reward_calls_run():
+    assert translate(["reward_model.reward_manager=prime"]).ours == ["reward.executor=process"]
+    assert translate(["reward_model.reward_manager=naive"]).ours == ["reward.executor=thread"]
+    assert translate(["reward_model.reward_manager=batch"]).decide[0][1].startswith("reward.executor")

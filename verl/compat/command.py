@@ -34,6 +34,10 @@ _VALUES: dict[str, tuple[str, dict[str, str], str]] = {
     "data.truncation": ("data.truncation", {"error": "error", "left": "truncate_left"},
                         "data.truncation (error, drop or truncate_left)"),
     f"{_ARR}.rollout.name": ("rollout.engine", {"hf": "hf", "vllm": "vllm"}, "rollout.engine (hf or vllm)"),
+    # prime's manager scores in a process pool; naive's one sample after another in the driver (threads here)
+    "reward_model.reward_manager": ("reward.executor", {"naive": "thread", "prime": "process"},
+                                    "reward.executor (thread or process); a batched function is `batched: true` in "
+                                    "its reward.functions entry, DAPO's buffer algorithm.overlong_buffer"),
     f"{_ARR}.actor.policy_loss.loss_mode": ("actor.policy_loss", {"vanilla": "ppo", "gspo": "gspo", "cispo": "cispo",
                                                                    "geo_mean": "gmpo", "clip_cov": "clip_cov",
                                                                    "kl_cov": "kl_cov"},

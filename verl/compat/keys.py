@@ -85,6 +85,7 @@ VERL_KEYS: dict[str, str] = {
     "critic.ppo_max_token_len_per_gpu": "critic.max_tokens_per_micro_batch",
     "critic.cliprange_value": "critic.value_clip",
     "reward_model.enable": "reward.model_path (naming a reward model turns it on)",
+    "reward_model.reward_manager": "reward.executor (naive: thread, prime: process)",
     "reward_model.model.path": "reward.model_path",
     "reward_model.overlong_buffer.enable": "algorithm.overlong_buffer (a length > 0 turns it on)",
     "reward_model.overlong_buffer.len": "algorithm.overlong_buffer",
