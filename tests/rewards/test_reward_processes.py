@@ -103,6 +103,15 @@ def test_a_worker_that_dies_fails_its_sample_by_name(rewards):
     assert m.score(PROMPTS[:2], RESPONSES[:2], GROUND_TRUTHS[:2]).scores.tolist() == [1.0, 1.0]
 
 
+def test_a_worker_that_died_while_idle_is_replaced_without_failing_a_call(rewards):
+    m = manager([{"name": f"{rewards}:pid"}], workers=1)
+    first = m.score(PROMPTS[:1], RESPONSES[:1], GROUND_TRUTHS[:1]).scores.tolist()
+    os.kill(int(first[0]), 9)  # the OOM killer, say, between two batches
+    os.waitpid(int(first[0]), 0)
+    second = m.score(PROMPTS, RESPONSES, GROUND_TRUTHS).scores.tolist()
+    assert len(set(second)) == 1 and second[0] != first[0]
+
+
 def test_a_raising_function_names_the_sample_and_the_line(rewards):
     m = manager([{"name": f"{rewards}:broken"}])
     with pytest.raises(RewardError, match=r"(?s)'broken' .* raised ZeroDivisionError.* on sample 2.*rewards.py\", line"):

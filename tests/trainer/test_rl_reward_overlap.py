@@ -130,36 +130,25 @@ def test_reward_calls_in_worker_processes_start_while_generating_and_score_the_s
     assert torch.equal(on.scores, off.scores) and on.metrics == off.metrics
 
 
-class StageOrder(RLTrainer):
-    """Records the order of the step's stages."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.order: list[str] = []
-
-    def compute_reward(self, batch: Any) -> Any:
-        self.order.append("reward")
-        return super().compute_reward(batch)
-
-    def compute_log_probs(self, batch: Any) -> Any:
-        self.order.append("old_logprobs")
-        return super().compute_log_probs(batch)
-
-    def compute_ref_log_probs(self, batch: Any) -> Any:
-        self.order.append("ref")
-        return super().compute_ref_log_probs(batch)
-
-    def compute_advantages(self, batch: Any) -> Any:
-        self.order.append("advantages")
-        return super().compute_advantages(batch)
+def stage_order(trainer: RLTrainer) -> list[str]:
+    """The names of the step's stages, in the order `trainer` runs them from now on."""
+    order: list[str] = []
+    stages = {"compute_reward": "reward", "compute_log_probs": "old_logprobs", "compute_ref_log_probs": "ref",
+              "compute_advantages": "advantages"}
+    for method, name in stages.items():
+        stage = getattr(trainer, method)
+        setattr(trainer, method, lambda batch, stage=stage, name=name: order.append(name) or stage(batch))
+    return order
 
 
 def test_rewards_are_waited_for_behind_the_forward_passes_unless_resampling_needs_them_first(tmp_path):
     torch.set_num_threads(1)
-    trainer = StageOrder(rl_config(tmp_path / "kl", "actor.kl_loss_coef=0.01", "trainer.total_steps=1"))
+    trainer = RLTrainer(rl_config(tmp_path / "kl", "actor.kl_loss_coef=0.01", "trainer.total_steps=1"))
+    order = stage_order(trainer)
     trainer.step()
-    assert trainer.order == ["old_logprobs", "ref", "reward", "advantages"]  # the calls finish behind both passes
-    trainer = StageOrder(rl_config(tmp_path / "dapo", "actor.kl_loss_coef=0.01", "algorithm.filter_groups=true",
-                                   "algorithm.max_resample_rounds=0", "trainer.total_steps=1"))
+    assert order == ["old_logprobs", "ref", "reward", "advantages"]  # the calls finish behind both passes
+    trainer = RLTrainer(rl_config(tmp_path / "dapo", "actor.kl_loss_coef=0.01", "algorithm.filter_groups=true",
+                                  "algorithm.max_resample_rounds=0", "trainer.total_steps=1"))
+    order = stage_order(trainer)
     trainer.step()
-    assert trainer.order[:3] == ["reward", "old_logprobs", "ref"]  # resampling decides the batch first
+    assert order[:3] == ["reward", "old_logprobs", "ref"]  # resampling decides the batch first

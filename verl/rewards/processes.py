@@ -122,13 +122,16 @@ class ProcessRewardPool:
         self._queue: deque[RewardCall] = deque()
         self._finalizer = weakref.finalize(self, _kill_all, self._workers)
 
+    def _in_this_process(self) -> None:
+        if self._pid != os.getpid():  # a forked child starts workers of its own
+            self._reset()
+
     def __reduce__(self) -> tuple[Any, ...]:
         return ProcessRewardPool, (self.recipes, self.workers, self.timeout_s)
 
     def submit(self, jobs: Sequence[tuple[int, tuple[Any, ...]]]) -> list[RewardCall]:
         """Queue the calls; those an idle (or new) worker can take start now."""
-        if self._pid != os.getpid():
-            self._reset()
+        self._in_this_process()
         calls = [RewardCall(job) for job in jobs]
         with self._lock:
             self._queue.extend(calls)
@@ -144,8 +147,7 @@ class ProcessRewardPool:
 
     def start(self) -> None:
         """Start every worker now, without waiting: they load their functions while the trainer sets up."""
-        if self._pid != os.getpid():
-            self._reset()
+        self._in_this_process()
         with self._lock:
             while len(self._workers) < self.workers:
                 self._start()
@@ -158,11 +160,11 @@ class ProcessRewardPool:
 
     # -- the trainer's side of the pipes -----------------------------------------------------------
     def _look(self, timeout: float | None) -> None:
-        """Read what the busy workers said (waiting up to `timeout` for the first word), end overdue calls,
-        hand queued calls to idle workers."""
-        busy = {w.conn: w for w in self._workers if w.call is not None or w.ready is None}
-        for conn in wait(list(busy), timeout) if busy else ():
-            self._read(busy[conn])
+        """Read what the workers said (waiting up to `timeout` for the first word; an idle one says only that
+        it died), end overdue calls, hand queued calls to idle workers."""
+        workers = {w.conn: w for w in self._workers}
+        for conn in wait(list(workers), timeout) if workers else ():
+            self._read(workers[conn])
         now = time.monotonic()
         for w in list(self._workers):
             if w.call is not None and w.started is not None and now >= w.started + self.timeout_s:
@@ -170,7 +172,7 @@ class ProcessRewardPool:
                 self._replace(w)
             elif w.ready is None and now >= w.sent + STARTUP_S:
                 self._fail(w, f"did not start within {STARTUP_S:g} s")
-        for w in self._workers:
+        for w in list(self._workers):
             if w.call is None and self._queue:
                 self._send(w, self._queue.popleft())
         while self._queue and len(self._workers) < self.workers:
@@ -241,8 +243,9 @@ class ProcessRewardPool:
                 f"ground truth or metadata do not pickle ({type(e).__name__}: {e}); use plain data in the rows, "
                 "or reward.executor=thread.")
             call.done = True
-        except (BrokenPipeError, OSError):
-            self._fail(w, "had ended")
+        except OSError:  # it died since it was last looked at: the call waits for the next worker
+            self._queue.appendleft(call)
+            self._replace(w)
 
 
 def _end_with(trainer: int) -> None:
