@@ -113,14 +113,15 @@ def test_a_verl_sft_command_becomes_an_sft_run_here(capsys, monkeypatch):
     items = ["data.train_files=sft.jsonl", "data.prompt_key=extra_info", "data.response_key=extra_info",
              "data.prompt_dict_keys=['question']", "+data.response_dict_keys=['answer']",
              "data.micro_batch_size_per_gpu=4", "data.train_batch_size=8", "model.partial_pretrain=tiny",
-             "optim.lr=1e-4", "trainer.total_epochs=2", "data.max_length=64", "model.fsdp_config.model_dtype=bf16"]
+             "optim.lr=1e-4", "trainer.total_epochs=2", "data.max_length=64", "model.fsdp_config.model_dtype=bf16",
+             "ulysses_sequence_parallel_size=2", "use_remove_padding=true"]
     t = translate_sft(items)
     ours = dict(item.split("=", 1) for item in t.ours)
     assert ours["trainer.kind"] == "sft" and ours["data.kind"] == "sft" and ours["model.path"] == "tiny"
     assert ours["data.fields.input"] == "extra_info.question" and ours["data.fields.output"] == "extra_info.answer"
     assert ours["sft.lr"] == "1e-4" and ours["sft.epochs"] == "2" and ours["sft.batch_size"] == "8"
-    assert ours["actor.micro_batch_size"] == "4"
-    assert [theirs for theirs, _ in t.decide] == ["data.max_length=64"]
+    assert ours["actor.micro_batch_size"] == "4" and ours["actor.sequence_parallel_size"] == "2"
+    assert [theirs for theirs, _ in t.decide] == ["data.max_length=64", "use_remove_padding=true"]
     assert t.missing == ["model.fsdp_config.model_dtype=bf16"]
     config = load_config(None, t.ours)
     assert config.trainer.kind == "sft" and config.data.fields == {"input": "extra_info.question",

@@ -55,12 +55,12 @@ def actor_config(**overrides):
                           "shuffle": False, **overrides})
 
 
-def micro_loss(model, cfg, sp, temperature: float = 0.7):
+def micro_loss(model, cfg, sp, temperature: float = 0.7, chunked: bool = False):
     from verl.trainer import update
     from verl.trainer.forward import logprobs_of
 
     return update.policy_loss(cfg, RESPONSE, lambda mb: logprobs_of(
-        model, mb, share=False, temperature=temperature, with_entropy=True, sp=sp))
+        model, mb, share=False, temperature=temperature, with_entropy=True, sp=sp, chunked=chunked))
 
 
 def grads(model) -> dict[str, torch.Tensor]:
@@ -77,7 +77,8 @@ def _sp(rank: int, world: int):
 def forward_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     """Log-probs, entropy, loss and summed gradients of the split forward against one rank's whole forward:
     sdpa and eager attention, KV heads divisible by the group and fewer than it (repeated), activation
-    checkpointing (the recomputation all-to-alls again), and the same rows padded wider."""
+    checkpointing (the recomputation all-to-alls again), the chunked head (log-probs and entropy from the head's
+    input), and the same rows padded wider."""
     from verl.distributed.fsdp import checkpoint_decoder_layers
     from verl.distributed.sequence_parallel import enable_sequence_parallel
     from verl.trainer.forward import logprobs_of
@@ -91,7 +92,8 @@ def forward_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     batch.response_mask[0, 3:6] = 0
     out["masks"] = (batch.response_mask, batch.response_attention_mask)
     for name, kv, attn, ckpt in [("sdpa_kv2", 2, "sdpa", False), ("eager_kv1", 1, "eager", False),
-                                 ("sdpa_kv2_ckpt", 2, "sdpa", True)]:
+                                 ("sdpa_kv2_ckpt", 2, "sdpa", True), ("sdpa_kv2_chunked", 2, "sdpa", False)]:
+        chunked = name.endswith("chunked")
         reference, split = tiny(kv, attn), tiny(kv, attn)
         assert enable_sequence_parallel(split, world) == 2
         if ckpt:
@@ -99,13 +101,14 @@ def forward_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         cfg = actor_config()
         ref_loss, ref_metrics = micro_loss(reference, cfg, None)(batch)
         ref_loss.backward()
-        loss, metrics = micro_loss(split, cfg, sp)(batch)
+        loss, metrics = micro_loss(split, cfg, sp, chunked=chunked)(batch)
         loss.backward()
         summed = grads(split)
         for t in summed.values():
             dist.all_reduce(t)
         with torch.no_grad():
-            lp, ent = logprobs_of(split, batch, share=False, temperature=0.7, with_entropy=True, sp=sp)
+            lp, ent = logprobs_of(split, batch, share=False, temperature=0.7, with_entropy=True, sp=sp,
+                                  chunked=chunked)
             ref_lp, ref_ent = logprobs_of(reference, batch, share=False, temperature=0.7, with_entropy=True)
         out[name] = {"loss": (float(loss), float(ref_loss)), "grads": (summed, grads(reference)),
                      "logprobs": (lp, ref_lp), "entropy": (ent, ref_ent),
@@ -219,4 +222,53 @@ def pool_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-__all__ = ["forward_worker", "optimize_worker", "pool_worker"]
+def sft_batch(rows: int = 5, seed: int = 4) -> dict:
+    """SFT/DPO micro-batch rows as `collate_sequences` lays them out (left-padded, next-token targets), of
+    different lengths, the loss on each row's last tokens (one row's target tokens interrupted, as a
+    multi-turn row's observation is)."""
+    from verl.data.datasets import IGNORE_INDEX
+    from verl.trainer.sft_trainer import collate_sequences, shifted_targets
+
+    g = torch.Generator().manual_seed(seed)
+    items = []
+    for r in range(rows):
+        n = PROMPT + RESPONSE if r == 0 else int(torch.randint(3, PROMPT + RESPONSE + 1, (1,), generator=g))
+        ids = torch.randint(1, VOCAB, (n,), generator=g).tolist()
+        start = int(torch.randint(1, n - 1, (1,), generator=g))
+        labels = [IGNORE_INDEX] * start + ids[start:]
+        if r == 0:
+            labels[start + 1 : start + 3] = [IGNORE_INDEX] * 2
+        items.append([(ids, shifted_targets(labels))])
+    return collate_sequences(items, 0, packed=False)
+
+
+def target_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """SFT/DPO's `target_logprobs` split over the group against one rank's whole rows: the per-target
+    log-probs, and the gradients of a loss that weighs every target differently (summed over the ranks), with
+    the plain head and the chunked one."""
+    from verl.distributed.sequence_parallel import enable_sequence_parallel
+    from verl.trainer.sft_trainer import target_logprobs
+
+    setup(rank, world, port)
+    sp = _sp(rank, world)
+    batch = sft_batch()
+    out = {}
+    for chunked in (False, True):
+        reference, split = tiny(), tiny()
+        enable_sequence_parallel(split, world)
+        want, want_rows = target_logprobs(reference, batch, torch.device("cpu"), chunked)
+        got, rows = target_logprobs(split, batch, torch.device("cpu"), chunked, sp)
+        weights = torch.linspace(0.5, 2.0, len(want))
+        (want * weights).sum().backward()
+        (got * weights).sum().backward()
+        summed = grads(split)
+        for t in summed.values():
+            dist.all_reduce(t)
+        out[chunked] = {"logprobs": (got.detach(), want.detach()), "rows": (rows, want_rows),
+                        "grads": (summed, grads(reference))}
+    torch.save(out, Path(out_dir) / f"target{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+__all__ = ["forward_worker", "optimize_worker", "pool_worker", "sft_batch", "target_worker"]

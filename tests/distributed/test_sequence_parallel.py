@@ -26,7 +26,7 @@ def test_split_forward_equals_one_rank_loss_gradients_logprobs_and_padding_chang
         loss_mask, attended = (m.bool() for m in res["masks"])
         assert (attended & ~loss_mask).any()  # an observation inside a response
         mask = attended
-        for name in ("sdpa_kv2", "eager_kv1", "sdpa_kv2_ckpt"):
+        for name in ("sdpa_kv2", "eager_kv1", "sdpa_kv2_ckpt", "sdpa_kv2_chunked"):
             case = res[name]
             loss, ref_loss = case["loss"]
             assert abs(loss - ref_loss) <= 1e-5 * abs(ref_loss), name
@@ -46,6 +46,20 @@ def test_split_forward_equals_one_rank_loss_gradients_logprobs_and_padding_chang
         assert (wide[:, narrow.shape[1]:] == 0).all()
         plain, before = res["fallback"]
         assert torch.equal(plain, before), "without the keyword the attention is the original"
+
+
+def test_sft_and_dpo_target_logprobs_split_equal_one_rank_with_and_without_the_chunked_head(tmp_path):
+    W.launch(SP.target_worker, 2, str(tmp_path))
+    for r in range(2):
+        res = torch.load(tmp_path / f"target{r}.pt", weights_only=False)
+        for chunked, case in res.items():
+            got, want = case["logprobs"]
+            assert len(want) == int((SP.sft_batch()["targets"] != -100).sum())
+            _close(got, want, f"chunked={chunked} logprobs")
+            assert torch.equal(*case["rows"])
+            summed, want_grads = case["grads"]
+            for param, g in want_grads.items():
+                _close(summed[param], g, f"chunked={chunked} grad {param}")
 
 
 def test_optimize_with_fsdp_and_pooled_rows_equals_one_process(tmp_path):

@@ -75,10 +75,28 @@ def test_verl_check_refuses_what_cannot_split_and_says_what_can():
     [note] = [n for n in ok.startup.rl_notes if n.startswith("sequence parallelism")]
     assert "2 group(s) of 4 consecutive actor ranks" in note
     assert "1 query head(s) per rank, the 2 key/value head(s) repeated to 4 so that each rank gets its 1" in note
-    # the SFT warm start of a demo (and any other trainer) runs whole sequences: nothing to refuse there
-    config = load_config(overrides=["env.name=arithmetic", "trainer.device=cpu", "actor.sequence_parallel_size=3"])
-    sft = preflight(config, world_size=1, device_type="cpu", kind="sft", check_model=False).messages
-    assert not [m for m in sft if "sequence_parallel" in m]
+
+
+def _offline(kind, *overrides, world=2):
+    """The start-up report and its sequence-parallel messages (no data files are given: that is reported too)."""
+    config = load_config(overrides=["trainer.device=cpu", f"trainer.kind={kind}", "sft.batch_size=4", *overrides])
+    report = preflight(config, world_size=world, device_type="cpu", kind=kind, check_model=False)
+    return report, [m for m in report.messages if "sequence_parallel" in m]
+
+
+def test_sft_and_dpo_split_sequences_the_reward_model_and_packed_rows_are_refused():
+    for kind in ("sft", "dpo"):
+        ok, messages = _offline(kind, "actor.sequence_parallel_size=2", world=4)
+        assert messages == []
+        [note] = [n for n in ok.startup.rl_notes if n.startswith("sequence parallelism")]
+        assert "the ranks of a group read the same rows (data parallelism over the 2 group(s))" in note
+        _, [ranks] = _offline(kind, "actor.sequence_parallel_size=3", world=3)
+        assert "does not divide the model's 4 attention heads" in ranks
+    _, [rm] = _offline("rm", "actor.sequence_parallel_size=2")
+    assert rm == ("[start-up] actor.sequence_parallel_size=2 with trainer.kind=rm: the reward-model trainer scores "
+                  "whole sequences and does not split them. Fix: set actor.sequence_parallel_size=1")
+    _, [packed] = _offline("sft", "actor.sequence_parallel_size=2", "sft.packing=true")
+    assert "with sft.packing=true" in packed and "Fix: set sft.packing=false" in packed
 
 
 def test_the_model_hook_refuses_what_cannot_split():

@@ -566,7 +566,10 @@ class ActorConfig(OptimConfig):
                                         "(all-to-all over attention heads), so one rank holds 1/S of every layer's "
                                         "activations. Must divide the actor's ranks and the model's attention heads; "
                                         "the actor's log-prob and update forwards and a reference on the actor's ranks "
-                                        "(the teacher and critic run whole sequences); the memory plan divides activations and logits by it. 1 = off. See docs/multigpu.md.")
+                                        "(the teacher and critic run whole sequences); in SFT and DPO each example, "
+                                        "the ranks of a group reading the same rows (not with sft.packing or "
+                                        "trainer.kind=rm); the memory plan divides activations and logits by it. "
+                                        "1 = off. See docs/multigpu.md.")
 
 
 class CriticConfig(OptimConfig):

@@ -92,12 +92,17 @@ def sequence_parallel_problems(size: int, *, actor_ranks: int | None = None, mod
 
 
 def describe_sequence_parallel(size: int, actor_ranks: int, num_heads: int | None = None,
-                               num_kv_heads: int | None = None) -> str:
-    """What `verl check` says the setting does (`size` > 1, checked)."""
+                               num_kv_heads: int | None = None, kind: str = "rl") -> str:
+    """What `verl check` says the setting does (`size` > 1, checked) for a `kind` of run."""
     text = (f"sequence parallelism: actor.sequence_parallel_size={size}: {actor_ranks // size} group(s) of {size} "
-            f"consecutive actor ranks; each group pools its ranks' rows and splits every sequence {size} ways for "
-            "the actor's log-prob and update forwards (all-to-all over attention heads); a micro-batch is "
-            "actor.micro_batch_size rows of the pool")
+            "consecutive actor ranks; ")
+    if kind == "rl":
+        text += (f"each group pools its ranks' rows and splits every sequence {size} ways for the actor's log-prob "
+                 "and update forwards (all-to-all over attention heads); a micro-batch is actor.micro_batch_size "
+                 "rows of the pool")
+    else:
+        text += (f"the ranks of a group read the same rows (data parallelism over the {actor_ranks // size} "
+                 f"group(s)) and split every sequence {size} ways (all-to-all over attention heads)")
     if num_heads is not None and num_kv_heads is not None:
         sent = kv_heads_sent(num_kv_heads, size)
         text += f"; {num_heads // size} query head(s) per rank"

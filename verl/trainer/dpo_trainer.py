@@ -20,7 +20,8 @@ import torch
 from verl.algorithms import dpo_loss
 from verl.config.schema import RunConfig
 from verl.data.datasets import IGNORE_INDEX, PreferenceDataset, pad_token_id
-from verl.models.lora import is_peft_model
+from verl.distributed.sequence_parallel import enable_sequence_parallel
+from verl.models.lora import AdapterOff, base_of, is_peft_model
 from verl.trainer.components import shard_frozen
 from verl.trainer.forward import can_share_prompt, head_capture, labelled_logprobs, shared_prompt_logits
 from verl.trainer.models import build_reference
@@ -153,6 +154,8 @@ class DPOTrainer(PairTrainer):
         process = self.parts.process
         ref = build_reference(self.config, self.model, self.tokenizer, device=self.device,
                               dtype=process.frozen_dtype or self.dtype, given=given)
+        if self.sp is not None and not isinstance(ref, AdapterOff):  # a copy of the policy splits already
+            enable_sequence_parallel(base_of(ref), self.sp.size)
         return shard_frozen(ref, "ref", self.config, process)  # sharded wherever the policy is
 
     # ------------------------------------------------------------------ log-probs
@@ -163,11 +166,12 @@ class DPOTrainer(PairTrainer):
         """Sum of response-token log-probs per sequence: [2m] (chosen first), differentiable.
 
         With `actor.share_prompt_forward` a pair's prompt runs once and both answers on its cached
-        keys/values (same sums and gradients as the concatenated forward)."""
+        keys/values (same sums and gradients as the concatenated forward). With sequence parallelism every
+        sequence is split over the group instead (`target_logprobs`)."""
         chunked = self.chunks_logprobs(model)
-        if batch.share and can_share_prompt(model):
+        if batch.share and can_share_prompt(model) and self.sp is None:
             return shared_sequence_logps(model, batch.shared, self.device, chunked)
-        logprobs, rows = target_logprobs(model, batch.collated, self.device, chunked)
+        logprobs, rows = target_logprobs(model, batch.collated, self.device, chunked, self.sp)
         n = batch.collated["input_ids"].shape[0]
         return torch.zeros(n, dtype=logprobs.dtype, device=logprobs.device).index_add(0, rows, logprobs)
 

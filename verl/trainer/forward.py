@@ -164,22 +164,46 @@ def sequence_parallel_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = True,
+    chunked: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`response_logprobs` of `mb` (the same rows on every rank of `sp`) with each sequence split over the
-    group (Ulysses: `verl.distributed.sequence_parallel`): [B, R] on every rank.
+    group (`split_token_logprobs`): [B, R] on every rank, 0 at unattended response positions."""
+    response_len = mb.response_ids.shape[1]
+    scored = torch.nn.functional.pad(mb.response_attention.bool(), (mb.input_ids.shape[1] - response_len, 0))
+    logprobs, entropy = split_token_logprobs(model, mb.input_ids, mb.attention_mask, scored, sp,
+                                             temperature=temperature, with_entropy=with_entropy,
+                                             entropy_grad=entropy_grad, chunked=chunked)
+    return logprobs[:, -response_len:], entropy[:, -response_len:] if entropy is not None else None
+
+
+def split_token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    scored: torch.Tensor,
+    sp: SequenceParallel,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
+    chunked: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob (and entropy) of each `scored` token of [B, L] rows (the same rows on every rank of `sp`) with
+    each sequence split over the group (Ulysses: `verl.distributed.sequence_parallel`): [B, L] on every rank,
+    0 where a token is not scored (a scored token must be attended and not a row's first).
 
     Each row's attended tokens are packed to the left in order, with the positions they have in the padded
     sequence (0, 1, ...: `position_ids_from_mask`), so the sequence is right-padded only and the attention
     needs no mask: causal attention gives every real token exactly what the masked forward gives it (a
     multi-turn episode's observations are attended tokens like any other). The packed sequence (less
     its last token, which predicts nothing) is padded to a multiple of the group size; rank i runs the
-    model on its i-th slice and the head on the positions of it that predict response tokens. The per-token
-    log-probs (not logits) are then gathered, so every rank computes the same loss of the same rows and
-    each rank's backward runs through its own tokens (`gather_sequence`); padded response positions are 0.
+    model on its i-th slice and the head on the positions of it that predict scored tokens (`chunked`: from
+    the head's input, a chunk of tokens at a time). The per-token log-probs (not logits) are then gathered,
+    so every rank computes the same loss of the same rows and each rank's backward runs through its own
+    tokens (`gather_sequence`).
     """
-    ids, mask = mb.input_ids, mb.attention_mask
+    ids, mask = input_ids, attention_mask
     rows, length = ids.shape
-    response_len = mb.response_ids.shape[1]
     order = torch.argsort((mask == 0).to(torch.int8), dim=1, stable=True)  # real tokens first, in order
     packed = ids.gather(1, order)
     width = -(-(length - 1) // sp.size) * sp.size  # forward positions, a multiple of the group size
@@ -188,30 +212,31 @@ def sequence_parallel_logprobs(
     positions = torch.arange(width, device=ids.device).expand(rows, width)
     chunk = width // sp.size
     start = sp.index * chunk
-    # An attended response token's packed index is the number of attended tokens before it; the position
-    # before that predicts it (the positions of unattended ones are cut off: their values are set to 0).
-    attended = mb.response_attention.bool()
-    where = (mask.long().cumsum(1)[:, length - response_len :] - 2).clamp(0, width - 1)
-    used = where[attended] if bool(attended.any()) else where.new_zeros(1)
+    # A scored token's packed index is the number of attended tokens before it; the position before that
+    # predicts it (the positions of other tokens are cut off: their values are set to 0).
+    scored = scored.bool()
+    where = (mask.long().cumsum(1) - 2).clamp(0, width - 1)
+    used = where[scored] if bool(scored.any()) else where.new_zeros(1)
     first, last = int(used.min()), int(used.max()) + 1
     lo, hi = max(first - start, 0), min(last - start, chunk)
-    empty = lo >= hi  # none of this rank's positions predicts a response token: run the head on one
+    empty = lo >= hi  # none of this rank's positions predicts a scored token: run the head on one
     head, cut = _head_positions(model, chunk, *((0, 1) if empty else (lo, hi)), ids.device)
     # A 4-D mask is taken as given (no mask is built); the sequence-parallel attention does not read it.
     placeholder = torch.ones((rows, 1, 1, 1), dtype=torch.bool, device=ids.device)
-    logits = model(input_ids=inputs[:, start : start + chunk], attention_mask=placeholder,
-                   position_ids=positions[:, start : start + chunk], use_cache=False, **{KWARG: sp}, **head).logits
-    logits = logits[:, cut, :]
     local_labels = labels[:, start : start + chunk][:, (0 if empty else lo) : (1 if empty else hi)]
-    logprobs, entropy = _logprobs(logits, local_labels, temperature, with_entropy, entropy_grad)
+    with head_capture(model, chunked) as capture:  # open until the log-probs are made (FSDP2 keeps the head gathered)
+        out = model(input_ids=inputs[:, start : start + chunk], attention_mask=placeholder,
+                    position_ids=positions[:, start : start + chunk], use_cache=False, **{KWARG: sp}, **head)
+        output = _sliced(forward_output(out, capture), cut)
+        logprobs, entropy = _logprobs(output, local_labels, temperature, with_entropy, entropy_grad)
 
-    def spread(values: torch.Tensor) -> torch.Tensor:  # this rank's [B, hi - lo] -> the whole [B, R]
+    def spread(values: torch.Tensor) -> torch.Tensor:  # this rank's [B, hi - lo] -> the whole [B, L]
         values = values[:, :0] if empty else values
         before = 0 if empty else lo
         local = torch.cat([values.new_zeros(rows, before), values,
                            values.new_zeros(rows, chunk - before - values.shape[1])], dim=1)
         full = gather_sequence(local, sp)
-        return torch.where(attended, full.gather(1, where), 0.0)
+        return torch.where(scored, full.gather(1, where), 0.0)
 
     return spread(logprobs), spread(entropy) if entropy is not None else None
 
@@ -409,13 +434,13 @@ def logprobs_of(model: torch.nn.Module, mb: Any, *, share: bool, temperature: fl
                 entropy_grad: bool = True, chunked: bool = False, sp: SequenceParallel | None = None,
                 packed: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropy) of a batch's response tokens under `model`; with `sp` (a group of more than one
-    rank), each sequence split over it (`sequence_parallel_logprobs`: the head runs on the rank's slice only,
-    so `chunked` is not needed there); with `packed`, the sequences as one row without padding
+    rank), each sequence split over it (`sequence_parallel_logprobs`: the head runs on the rank's slice only);
+    with `packed`, the sequences as one row without padding
     (`packed_logprobs`); with `share`, each group's prompt runs once (`shared_prompt_logprobs`), else every
     sequence whole; `chunked` without [B, R, V] logits."""
     if sp is not None and sp.size > 1:
         return sequence_parallel_logprobs(model, mb, sp, temperature=temperature, with_entropy=with_entropy,
-                                          entropy_grad=entropy_grad)
+                                          entropy_grad=entropy_grad, chunked=chunked)
     kwargs = dict(temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad, chunked=chunked)
     if packed:
         return packed_logprobs(model, mb, **kwargs)

@@ -15,11 +15,15 @@ from typing import Any
 
 import torch
 
+from verl.config.schema import RunConfig
 from verl.data.fields import RowError, RowNormalizer
 from verl.data.hf import is_hf
 from verl.data.sampler import ResumableOrder
 from verl.distributed.offload import activations_offloaded
+from verl.distributed.sequence_parallel import SequenceParallel, enable_sequence_parallel
 from verl.errors import ConfigError, DataError
+from verl.models.lora import base_of
+from verl.trainer.components import Components
 from verl.trainer.data_split import python_rows, split_train_val
 from verl.trainer.forward import use_chunked_logprobs
 from verl.trainer.runtime import TrainerRuntime
@@ -29,11 +33,33 @@ Rows = Sequence[Mapping[str, Any]]
 
 class OfflineTrainer(TrainerRuntime):
     """What the dataset trainers share: rows (from files or Python), a resumable sampler, the optimizer
-    state in checkpoints, data-parallel batch sharding and `train_steps(n)`."""
+    state in checkpoints, data-parallel batch sharding, sequence parallelism and `train_steps(n)`."""
 
     data_kind = "sft"
     train_data: Any = None  # the datasets the subclass builds (SFT: None for pre-tokenised examples)
     val_data: Any = None
+
+    def __init__(self, config: RunConfig, *, parts: Components | None = None, **given: Any) -> None:
+        super().__init__(config, parts=parts, **given)
+        self.sp = self.split_sequences() if parts is None else None  # a warm start on parts runs whole sequences
+
+    # ------------------------------------------------------------------ sequence parallelism
+    def split_sequences(self) -> SequenceParallel | None:
+        """This rank's sequence-parallel group (`actor.sequence_parallel_size`), with the policy's attention
+        made to split sequences (before any reference copy, which then splits too). The S ranks of a group
+        read the same rows and each computes the part of their gradient through its tokens: data parallelism
+        is over the groups (`dp_size` of them), FSDP's average over all ranks (`sp_size` per group)."""
+        size = self.config.actor.sequence_parallel_size
+        sp = self.groups.sequence_parallel() if size > 1 and self.groups is not None else None
+        if sp is None:
+            return None
+        enable_sequence_parallel(base_of(self.model), size)
+        self.dp_rank, self.dp_size = self.dp_rank // size, self.dp_size // size  # groups are consecutive ranks
+        return sp
+
+    @property
+    def sp_size(self) -> int:
+        return self.sp.size if self.sp is not None else 1
 
     # ------------------------------------------------------------------ rows
     def normalize_rows(self, rows: Rows | Any, name: str, purpose: str = "train") -> Sequence[dict[str, Any]]:
@@ -127,8 +153,9 @@ class OfflineTrainer(TrainerRuntime):
         return idx[self.dp_rank * per_rank : (self.dp_rank + 1) * per_rank]
 
     def global_sum(self, values: Sequence[float]) -> tuple[list[float], bool]:
-        """Sum over data-parallel ranks (when a process group is up); returns (sums, whether reduced). On a
-        split placement (a warm start on an RL trainer's parts, `on_parts`) those are the actor's ranks."""
+        """Sum over data-parallel replicas (when a process group is up); returns (sums, whether reduced). On a
+        split placement (a warm start on an RL trainer's parts, `on_parts`) those are the actor's ranks. The
+        ranks of a sequence-parallel group hold the same values, which the sum over all ranks counts S times."""
         dist = torch.distributed
         if self.dp_size > 1 and dist.is_available() and dist.is_initialized():
             t = torch.tensor(list(values), dtype=torch.float64, device=self.device)
@@ -136,7 +163,7 @@ class OfflineTrainer(TrainerRuntime):
                 self.groups.all_reduce(t, "actor", "offline:sum")
             else:
                 dist.all_reduce(t)
-            return t.tolist(), True
+            return (t / self.sp_size).tolist(), True
         return list(values), False
 
     def row_counts(self) -> tuple[int, int] | None:
@@ -187,9 +214,10 @@ class PairTrainer(OfflineTrainer):
         indices = self.next_indices()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        # Each pair weighs 1 / (pairs on this rank); every rank holds as many pairs and gradients are
-        # averaged over ranks, so this is the mean over the global batch.
-        weight = 1.0 / len(indices)
+        # Each pair weighs 1 / (pairs on this rank); every replica holds as many pairs and gradients are
+        # averaged over ranks (S per sequence-parallel group, each with a part), so this is the mean over
+        # the global batch.
+        weight = self.sp_size / len(indices)
         sums: dict[str, float] = {}
         for s in range(0, len(indices), self.pairs_per_micro):
             chunk = indices[s : s + self.pairs_per_micro]

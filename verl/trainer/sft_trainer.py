@@ -23,11 +23,12 @@ import torch
 from verl.config.schema import RunConfig
 from verl.data.datasets import IGNORE_INDEX, SFTDataset, pad_token_id
 from verl.distributed.offload import activations_offloaded
+from verl.distributed.sequence_parallel import SequenceParallel
 from verl.errors import ConfigError, DataError, ModelError
 from verl.models.head import HeadOutput
 from verl.models.signature import forward_accepts
 from verl.trainer.components import Components
-from verl.trainer.forward import forward_output, head_capture, labelled_logprobs
+from verl.trainer.forward import forward_output, head_capture, labelled_logprobs, split_token_logprobs
 from verl.trainer.offline import OfflineTrainer, Rows
 from verl.trainer.optim import build_optimizer
 from verl.trainer.packing import packed_row_inputs
@@ -121,15 +122,26 @@ def collate_sequences(
 
 
 def target_logprobs(model: torch.nn.Module, batch: Mapping[str, Any], device: torch.device,
-                    chunked: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    chunked: bool = False, sp: SequenceParallel | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-prob of every target token [N], row index of each [N]) for the positions that have a target.
 
     Only the N target positions are turned into float32 log-probs, never the whole [B, L, V] logits,
     and with `logits_to_keep` the model projects only the last `keep_last` positions onto the vocabulary.
     `chunked` (actor.chunked_logprobs) makes no [B, L, V] logits at all: the N targets' hidden states are
     projected a chunk of tokens at a time, forward and backward (`forward.labelled_logprobs`).
+    `sp` (the same rows on every rank of a sequence-parallel group) splits each row over the group
+    (`forward.split_token_logprobs`); packed rows cannot be split.
     """
     mask = batch["attention_mask"]
+    if sp is not None and sp.size > 1:
+        if mask is None:
+            raise ConfigError("packed rows cannot be split over a sequence-parallel group. Fix: set "
+                              "sft.packing=false, or actor.sequence_parallel_size=1")
+        targets = batch["targets"].to(device)
+        scored = torch.nn.functional.pad(targets[:, :-1] != IGNORE_INDEX, (1, 0))  # the tokens the targets name
+        logprobs, _ = split_token_logprobs(model, batch["input_ids"].to(device), mask.to(device), scored, sp,
+                                           chunked=chunked)
+        return logprobs[scored], scored.nonzero()[:, 0]
     kwargs = {"input_ids": batch["input_ids"].to(device), "position_ids": batch["position_ids"].to(device),
               "attention_mask": None if mask is None else mask.to(device), "use_cache": False}
     rows, width = batch["input_ids"].shape
@@ -217,15 +229,16 @@ class SFTTrainer(OfflineTrainer):
         items = [self.examples[i] for i in self.next_indices()]
         micro = self.micro_batches(items, packed=self.config.sft.packing)
         local_tokens = sum(int((mb["targets"] != IGNORE_INDEX).sum()) for mb in micro)
-        (global_tokens,), reduced = self.global_sum([local_tokens])
-        # Gradients are averaged over ranks, so scale by the rank count to get the global token mean.
-        scale = (self.dp_size if reduced else 1) / max(global_tokens, 1)
+        (global_tokens,), _ = self.global_sum([local_tokens])
+        # Gradients are averaged over the ranks (the members of a sequence-parallel group each hold a part of
+        # their group's gradient), so scale by the rank count to get the global token mean.
+        scale = self.dp_size * self.sp_size / max(global_tokens, 1)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         nll_sum = 0.0
         for mb in micro:
             with activations_offloaded(cfg.activation_offload, self.device):
-                logprobs, _ = target_logprobs(self.model, mb, self.device, self.chunked_logprobs)
+                logprobs, _ = target_logprobs(self.model, mb, self.device, self.chunked_logprobs, self.sp)
             nll = -logprobs.sum()
             (nll * scale).backward()
             nll_sum += float(nll.detach())
@@ -262,7 +275,7 @@ class SFTTrainer(OfflineTrainer):
         with torch.no_grad():
             for mb in self.micro_batches(items, packed=False,
                                          rows_per_micro=self.config.actor.micro_batch_size * 2):
-                logprobs, _ = target_logprobs(self.model, mb, self.device, self.chunked_logprobs)
+                logprobs, _ = target_logprobs(self.model, mb, self.device, self.chunked_logprobs, self.sp)
                 nll -= float(logprobs.double().sum())
                 count += logprobs.numel()
         self.model.train(was_training)
