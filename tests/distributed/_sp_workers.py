@@ -271,4 +271,43 @@ def target_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-__all__ = ["forward_worker", "optimize_worker", "pool_worker", "sft_batch", "target_worker"]
+def critic_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """The critic's values and clipped value loss split over the group against one rank's whole rows: values
+    at the attended response positions (a multi-turn observation among them), the loss, and the gradients
+    summed over the ranks, backbone and value head."""
+    from verl.config.schema import CriticConfig
+    from verl.distributed.sequence_parallel import enable_sequence_parallel
+    from verl.models.critic import ValueModel
+    from verl.trainer import update
+    from verl.trainer.forward import values_of
+
+    setup(rank, world, port)
+    sp = _sp(rank, world)
+    batch = rollout_batch()
+    batch.response_attention_mask = batch.response_mask.clone()
+    batch.response_mask[0, 3:6] = 0
+    g = torch.Generator().manual_seed(5)
+    batch.values = torch.randn(batch.response_mask.shape, generator=g) * batch.response_mask
+    batch.returns = torch.randn(batch.response_mask.shape, generator=g) * batch.response_mask
+    reference, split = ValueModel.from_actor(tiny()), ValueModel.from_actor(tiny())
+    head = torch.randn(reference.value_head.weight.shape, generator=g)  # a trained head (a fresh one is 0)
+    for m in (reference, split):
+        m.value_head.weight.data.copy_(head)
+    assert enable_sequence_parallel(split, world) == 2
+    cfg = CriticConfig(value_clip=0.2)
+    ref_loss, _ = update.critic_loss(cfg, RESPONSE, lambda mb: values_of(reference, mb, share=False))(batch)
+    ref_loss.backward()
+    loss, _ = update.critic_loss(cfg, RESPONSE, lambda mb: values_of(split, mb, share=False, sp=sp))(batch)
+    loss.backward()
+    summed = grads(split)
+    for t in summed.values():
+        dist.all_reduce(t)
+    with torch.no_grad():
+        values = (values_of(split, batch, share=False, sp=sp), values_of(reference, batch, share=False))
+    torch.save({"loss": (float(loss), float(ref_loss)), "grads": (summed, grads(reference)), "values": values,
+                "attended": batch.response_attention_mask.bool()}, Path(out_dir) / f"critic{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+__all__ = ["critic_worker", "forward_worker", "optimize_worker", "pool_worker", "sft_batch", "target_worker"]

@@ -62,6 +62,23 @@ def test_sft_and_dpo_target_logprobs_split_equal_one_rank_with_and_without_the_c
                 _close(summed[param], g, f"chunked={chunked} grad {param}")
 
 
+def test_critic_values_loss_and_gradients_split_equal_one_rank(tmp_path):
+    W.launch(SP.critic_worker, 2, str(tmp_path))
+    for r in range(2):
+        res = torch.load(tmp_path / f"critic{r}.pt", weights_only=False)
+        loss, ref_loss = res["loss"]
+        assert abs(loss - ref_loss) <= 1e-5 * abs(ref_loss) and ref_loss > 0
+        got, want = res["values"]
+        attended = res["attended"]
+        _close(got[attended], want[attended], "values")
+        assert (got[~attended] == 0).all()
+        summed, want_grads = res["grads"]
+        assert float(want_grads["value_head.weight"].abs().sum()) > 0 and float(want.abs().max()) > 0
+        assert float(want_grads["backbone.layers.0.self_attn.q_proj.weight"].abs().sum()) > 0
+        for param, g in want_grads.items():
+            _close(summed[param], g, f"critic grad {param}")
+
+
 def test_optimize_with_fsdp_and_pooled_rows_equals_one_process(tmp_path):
     W.launch(SP.optimize_worker, 2, str(tmp_path))
     for r in range(2):
@@ -114,7 +131,7 @@ def test_pooling_uneven_shards_gives_every_rank_the_same_rows_and_its_own_back(t
     assert torch.equal(ranks[0]["own"], first["advantages"]) and torch.equal(ranks[1]["own"], second["advantages"])
 
 
-def _rl_config(tmp_path, size: int):
+def _rl_config(tmp_path, size: int, estimator: str = "grpo"):
     import yaml
 
     here = Path(__file__).resolve().parent
@@ -127,6 +144,8 @@ def _rl_config(tmp_path, size: int):
         # between a prompt's samples, so the policy-gradient term is not 0
         "actor": {"lr": 1e-3, "micro_batch_size": 2, "entropy_coef": 0.01, "kl_loss_coef": 0.1,
                   "sequence_parallel_size": size},
+        "algorithm": {"adv_estimator": estimator},
+        "critic": {"lr": 1e-3},
         "trainer": {"total_steps": 2, "device": "cpu", "run_dir": str(tmp_path / f"run{size}"), "cpu_threads": 1,
                     "val_before_train": False},
         "reward": {"functions": [{"name": f"{here / 'row_reward.py'}:response_chars_reward"}]},
@@ -138,21 +157,24 @@ def _rl_config(tmp_path, size: int):
 
 
 @pytest.mark.slow
-def test_rl_trainer_with_sequence_parallel_matches_data_parallel(tmp_path):
+@pytest.mark.parametrize("estimator", ["grpo", "gae"])
+def test_rl_trainer_with_sequence_parallel_matches_data_parallel(tmp_path, estimator):
     """`verl train` on 2 ranks: sequence-parallel (one group of 2) and data-parallel (2 replicas) runs sample the
-    same rows (same per-rank streams) and must update alike."""
+    same rows (same per-rank streams) and must update alike; with GAE the critic on the actor's ranks splits
+    its sequences too."""
     from launch_support import metrics, verl_train
 
     runs = {}
     for size in (1, 2):
-        verl_train(_rl_config(tmp_path, size), tmp_path, nproc=2)
+        verl_train(_rl_config(tmp_path, size, estimator), tmp_path, nproc=2)
         runs[size] = metrics(tmp_path / f"run{size}")
     assert [r["step"] for r in runs[2]] == [1, 2]
     # Step 1 samples from the same weights and computes one gradient: equal up to float rounding. (After it,
     # Adam's first step turns rounding noise on parameters with a zero gradient into lr-sized moves.)
     first_dp, first_sp = runs[1][0], runs[2][0]
     assert first_sp["reward/mean"] == first_dp["reward/mean"] and first_dp["reward/std"] > 0
+    critic = ("critic/vf_loss", "critic/grad_norm", "critic/values_mean") if estimator == "gae" else ()
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/kl_loss", "actor/clipfrac",
-                "actor/approx_kl", "rollout/logprob_diff_mean"):
+                "actor/approx_kl", "rollout/logprob_diff_mean", *critic):
         assert first_sp[key] == pytest.approx(first_dp[key], rel=1e-5, abs=1e-7), key
     assert first_sp["actor/grad_norm"] > 0 and first_sp["actor/pg_loss"] != 0

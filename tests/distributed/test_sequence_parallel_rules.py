@@ -191,3 +191,43 @@ def test_the_policy_and_a_sequence_parallel_reference_split_a_teacher_does_not()
     assert group.splits(AdapterOff(Peft(policy)), Peft(policy))
     single = ActorSequenceParallel(None, None, 0, torch.device("cpu"))
     assert not single.splits(reference, policy)  # no group: nothing splits
+
+
+class _Groups:
+    def __init__(self, **ranks):
+        self.by_role = ranks
+
+    def ranks(self, role):
+        return self.by_role[role]
+
+
+@pytest.mark.parametrize("critic_ranks,splits", [((0, 1), True), ((2, 3), False)])
+def test_a_critic_on_the_actors_ranks_splits_its_sequences_one_on_its_own_runs_whole_ones(critic_ranks, splits):
+    from types import SimpleNamespace
+
+    from verl.trainer.components import setup_critic
+    from verl.trainer.sequence_parallel import splits_sequences
+
+    config = load_config(overrides=["env.name=arithmetic", "trainer.device=cpu", "algorithm.adv_estimator=gae",
+                                    "actor.sequence_parallel_size=2"])
+    process = SimpleNamespace(groups=_Groups(actor=(0, 1), critic=critic_ranks), device=torch.device("cpu"),
+                              dtype=torch.float32)
+    policy = _tiny()
+    critic = setup_critic(config, policy, process, "tiny")
+    assert splits_sequences(critic) is splits
+    assert not splits_sequences(policy)  # the copy's attention is its own: the policy is made to split later
+
+
+def test_verl_check_says_a_critic_on_the_actors_ranks_splits_and_checks_its_own_model(tmp_path):
+    ok = _check("actor.sequence_parallel_size=2", "algorithm.adv_estimator=gae")
+    [note] = [n for n in ok.startup.rl_notes if n.startswith("sequence parallelism")]
+    assert note.endswith("; the critic, on the actor's ranks, splits its sequences the same way")
+    apart = _check("actor.sequence_parallel_size=2", "algorithm.adv_estimator=gae", "devices.actor=[0,1]",
+                   "devices.critic=[2]", world=3)
+    [note] = [n for n in apart.startup.rl_notes if n.startswith("sequence parallelism")]
+    assert "critic" not in note
+    critic = tmp_path / "critic"
+    _tiny(heads=3, kv=1).save_pretrained(critic)
+    [problem] = _check("actor.sequence_parallel_size=2", "algorithm.adv_estimator=gae", f"critic.path={critic}").messages
+    assert problem.startswith("[start-up] critic.path (on the actor's ranks, so split as the actor's sequences): "
+                              "actor.sequence_parallel_size=2 does not divide the model's 3 attention heads")

@@ -47,8 +47,8 @@ VERL_KEYS: dict[str, str] = {
     f"{_ARR}.actor.ppo_micro_batch_size_per_gpu": "actor.micro_batch_size",
     f"{_ARR}.actor.use_dynamic_bsz": "actor.max_tokens_per_micro_batch (setting a token budget turns it on)",
     f"{_ARR}.actor.ppo_max_token_len_per_gpu": "actor.max_tokens_per_micro_batch",
-    f"{_ARR}.actor.ulysses_sequence_parallel_size": "actor.sequence_parallel_size (the actor's forwards and a "
-                                                    "reference on its ranks; the critic runs whole sequences)",
+    f"{_ARR}.actor.ulysses_sequence_parallel_size": "actor.sequence_parallel_size (the actor's forwards, and a "
+                                                    "reference and critic on its ranks)",
     f"{_ARR}.actor.grad_clip": "actor.grad_clip",
     f"{_ARR}.actor.clip_ratio": "actor.clip_low and actor.clip_high",
     f"{_ARR}.actor.clip_ratio_low": "actor.clip_low",
@@ -83,6 +83,8 @@ VERL_KEYS: dict[str, str] = {
     "critic.ppo_mini_batch_size": "critic.mini_batch_size",
     "critic.ppo_micro_batch_size_per_gpu": "critic.micro_batch_size",
     "critic.ppo_max_token_len_per_gpu": "critic.max_tokens_per_micro_batch",
+    "critic.ulysses_sequence_parallel_size": "actor.sequence_parallel_size (a critic on the actor's ranks splits "
+                                             "with the actor's groups; one on ranks of its own runs whole sequences)",
     "critic.cliprange_value": "critic.value_clip",
     "reward_model.enable": "reward.model_path (naming a reward model turns it on)",
     "reward_model.reward_manager": "reward.executor (naive: thread, prime: process)",

@@ -154,9 +154,8 @@ def setup_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any,
     """The frozen KL anchor: `ref.path` when set, else the actor's initial weights; held in the dtype the
     actor computes in and, wherever the actor is sharded, sharded over the reference's ranks."""
     ref = build_reference(config, policy, tokenizer, device=process.device, dtype=process.frozen_dtype or process.dtype)
-    size = config.actor.sequence_parallel_size
-    if size > 1 and not isinstance(ref, AdapterOff) and process.groups.ranks("ref") == process.groups.ranks("actor"):
-        enable_sequence_parallel(base_of(ref), size)  # on the actor's ranks: its groups split the reference's rows too
+    if not isinstance(ref, AdapterOff) and on_actor_ranks(config, process, "ref"):
+        enable_sequence_parallel(base_of(ref), config.actor.sequence_parallel_size)  # split as the policy's rows
     return shard_frozen(ref, "ref", config, process)
 
 
@@ -185,7 +184,16 @@ def setup_critic(config: RunConfig, policy: torch.nn.Module, process: ProcessSet
     critic = with_cpu_matmul(config, critic.to(process.device)).train()
     if cfg.disable_dropout:
         disable_dropout(critic)
+    if on_actor_ranks(config, process, "critic"):  # the actor's groups split the critic's rows too
+        enable_sequence_parallel(critic, config.actor.sequence_parallel_size)
     return critic
+
+
+def on_actor_ranks(config: RunConfig, process: ProcessSetup, role: str) -> bool:
+    """Whether `role` shares the actor's sequence-parallel groups (sequence parallelism on, and the role on
+    exactly the actor's ranks), so its forwards split sequences as the policy's do."""
+    return (config.actor.sequence_parallel_size > 1 and process.groups is not None
+            and process.groups.ranks(role) == process.groups.ranks("actor"))
 
 
 def shard(module: torch.nn.Module, role: str, config: RunConfig, process: ProcessSetup) -> torch.nn.Module:
@@ -321,8 +329,8 @@ def compose_rl(parts: Components, given: Given) -> None:
                                        device=process.device, receive=RolloutBatch.from_fields)
     plans, steps = parts.checks.startup.plans, config.trainer.total_steps
     if "actor" in roles:
-        if config.actor.sequence_parallel_size > 1:  # after the reference/critic copies (a reference on the same ranks
-            # has its own; the critic runs whole sequences)
+        if config.actor.sequence_parallel_size > 1:  # after the reference/critic copies (each made to split, or
+            # not, by its own placement)
             enable_sequence_parallel(base_of(parts.policy), config.actor.sequence_parallel_size)
         parts.policy = shard(parts.policy, "actor", config, process)
         parts.actor_optim = setup_optimizer(parts.policy, config.actor, total_steps=steps * config.actor.ppo_epochs

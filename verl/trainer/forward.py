@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -169,11 +170,71 @@ def sequence_parallel_logprobs(
     """`response_logprobs` of `mb` (the same rows on every rank of `sp`) with each sequence split over the
     group (`split_token_logprobs`): [B, R] on every rank, 0 at unattended response positions."""
     response_len = mb.response_ids.shape[1]
-    scored = torch.nn.functional.pad(mb.response_attention.bool(), (mb.input_ids.shape[1] - response_len, 0))
-    logprobs, entropy = split_token_logprobs(model, mb.input_ids, mb.attention_mask, scored, sp,
+    logprobs, entropy = split_token_logprobs(model, mb.input_ids, mb.attention_mask, _scored_responses(mb), sp,
                                              temperature=temperature, with_entropy=with_entropy,
                                              entropy_grad=entropy_grad, chunked=chunked)
     return logprobs[:, -response_len:], entropy[:, -response_len:] if entropy is not None else None
+
+
+def _scored_responses(mb: Any) -> torch.Tensor:
+    """[B, L]: the attended response tokens of a batch's [prompt | response] rows."""
+    response_len = mb.response_ids.shape[1]
+    return torch.nn.functional.pad(mb.response_attention.bool(), (mb.input_ids.shape[1] - response_len, 0))
+
+
+@dataclass(frozen=True)
+class SplitRows:
+    """One rank's slice of [B, L] rows split over a sequence-parallel group (the same rows on every rank).
+
+    Each row's attended tokens are packed to the left in order, with the positions they have in the padded
+    sequence (0, 1, ...: `position_ids_from_mask`), so the sequence is right-padded only and the attention
+    needs no mask: causal attention gives every real token exactly what the masked forward gives it (a
+    multi-turn episode's observations are attended tokens like any other). The packed sequence (less its
+    last token, which predicts nothing) is padded to a multiple of the group size, and rank i runs the model
+    on its i-th slice (`inputs`). A scored token's packed index is the number of attended tokens before it;
+    the position before that (`where`) predicts it, and is where its log-prob or value is read."""
+
+    sp: SequenceParallel
+    inputs: dict[str, Any]  # this rank's forward keywords
+    labels: torch.Tensor  # [B, chunk]: the token each of this rank's positions predicts
+    where: torch.Tensor  # [B, L]: the packed position that predicts each token
+    scored: torch.Tensor  # [B, L] bool
+    chunk: int
+    start: int
+
+    @classmethod
+    def of(cls, input_ids: torch.Tensor, attention_mask: torch.Tensor, scored: torch.Tensor,
+           sp: SequenceParallel) -> SplitRows:
+        rows, length = input_ids.shape
+        order = torch.argsort((attention_mask == 0).to(torch.int8), dim=1, stable=True)  # real tokens first
+        packed = input_ids.gather(1, order)
+        width = -(-(length - 1) // sp.size) * sp.size  # forward positions, a multiple of the group size
+        chunk = width // sp.size
+        start = sp.index * chunk
+        local = slice(start, start + chunk)
+        positions = torch.arange(width, device=input_ids.device).expand(rows, width)
+        # A 4-D mask is taken as given (no mask is built); the sequence-parallel attention does not read it.
+        placeholder = torch.ones((rows, 1, 1, 1), dtype=torch.bool, device=input_ids.device)
+        inputs = {"input_ids": torch.nn.functional.pad(packed[:, :-1], (0, width - (length - 1)))[:, local],
+                  "attention_mask": placeholder, "position_ids": positions[:, local], "use_cache": False, KWARG: sp}
+        labels = torch.nn.functional.pad(packed[:, 1:], (0, width - (length - 1)))[:, local]
+        where = (attention_mask.long().cumsum(1) - 2).clamp(0, width - 1)
+        return cls(sp, inputs, labels, where, scored.bool(), chunk, start)
+
+    def span(self) -> tuple[int, int] | None:
+        """This rank's positions [lo, hi) from the first to the last that predicts a scored token (None: none)."""
+        used = self.where[self.scored]
+        if used.numel() == 0:
+            return None
+        lo, hi = max(int(used.min()) - self.start, 0), min(int(used.max()) + 1 - self.start, self.chunk)
+        return (lo, hi) if lo < hi else None
+
+    def spread(self, values: torch.Tensor, lo: int = 0) -> torch.Tensor:
+        """This rank's values of positions [lo, lo + width) -> every scored token's [B, L] (0 elsewhere), the
+        group's pieces gathered (`gather_sequence`: each rank's backward runs through its own positions)."""
+        rows, width = values.shape[:2]
+        local = torch.cat([values.new_zeros(rows, lo), values, values.new_zeros(rows, self.chunk - lo - width)], dim=1)
+        return torch.where(self.scored, gather_sequence(local, self.sp).gather(1, self.where), 0.0)
 
 
 def split_token_logprobs(
@@ -189,56 +250,30 @@ def split_token_logprobs(
     chunked: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob (and entropy) of each `scored` token of [B, L] rows (the same rows on every rank of `sp`) with
-    each sequence split over the group (Ulysses: `verl.distributed.sequence_parallel`): [B, L] on every rank,
-    0 where a token is not scored (a scored token must be attended and not a row's first).
-
-    Each row's attended tokens are packed to the left in order, with the positions they have in the padded
-    sequence (0, 1, ...: `position_ids_from_mask`), so the sequence is right-padded only and the attention
-    needs no mask: causal attention gives every real token exactly what the masked forward gives it (a
-    multi-turn episode's observations are attended tokens like any other). The packed sequence (less
-    its last token, which predicts nothing) is padded to a multiple of the group size; rank i runs the
-    model on its i-th slice and the head on the positions of it that predict scored tokens (`chunked`: from
-    the head's input, a chunk of tokens at a time). The per-token log-probs (not logits) are then gathered,
-    so every rank computes the same loss of the same rows and each rank's backward runs through its own
-    tokens (`gather_sequence`).
-    """
-    ids, mask = input_ids, attention_mask
-    rows, length = ids.shape
-    order = torch.argsort((mask == 0).to(torch.int8), dim=1, stable=True)  # real tokens first, in order
-    packed = ids.gather(1, order)
-    width = -(-(length - 1) // sp.size) * sp.size  # forward positions, a multiple of the group size
-    inputs = torch.nn.functional.pad(packed[:, :-1], (0, width - (length - 1)))
-    labels = torch.nn.functional.pad(packed[:, 1:], (0, width - (length - 1)))
-    positions = torch.arange(width, device=ids.device).expand(rows, width)
-    chunk = width // sp.size
-    start = sp.index * chunk
-    # A scored token's packed index is the number of attended tokens before it; the position before that
-    # predicts it (the positions of other tokens are cut off: their values are set to 0).
-    scored = scored.bool()
-    where = (mask.long().cumsum(1) - 2).clamp(0, width - 1)
-    used = where[scored] if bool(scored.any()) else where.new_zeros(1)
-    first, last = int(used.min()), int(used.max()) + 1
-    lo, hi = max(first - start, 0), min(last - start, chunk)
-    empty = lo >= hi  # none of this rank's positions predicts a scored token: run the head on one
-    head, cut = _head_positions(model, chunk, *((0, 1) if empty else (lo, hi)), ids.device)
-    # A 4-D mask is taken as given (no mask is built); the sequence-parallel attention does not read it.
-    placeholder = torch.ones((rows, 1, 1, 1), dtype=torch.bool, device=ids.device)
-    local_labels = labels[:, start : start + chunk][:, (0 if empty else lo) : (1 if empty else hi)]
+    each sequence split over the group (Ulysses: `verl.distributed.sequence_parallel`; the layout is
+    `SplitRows`): [B, L] on every rank, 0 where a token is not scored (a scored token is attended and not a
+    row's first). The head runs on the positions of this rank's slice that predict scored tokens (`chunked`:
+    from its input, a chunk of tokens at a time); the per-token log-probs (not logits) are gathered, so every
+    rank computes the same loss of the same rows and each rank's backward runs through its own tokens."""
+    split = SplitRows.of(input_ids, attention_mask, scored, sp)
+    span = split.span()
+    lo, hi = span if span is not None else (0, 1)  # no position here predicts a scored token: the head runs on one
+    head, cut = _head_positions(model, split.chunk, lo, hi, input_ids.device)
     with head_capture(model, chunked) as capture:  # open until the log-probs are made (FSDP2 keeps the head gathered)
-        out = model(input_ids=inputs[:, start : start + chunk], attention_mask=placeholder,
-                    position_ids=positions[:, start : start + chunk], use_cache=False, **{KWARG: sp}, **head)
-        output = _sliced(forward_output(out, capture), cut)
-        logprobs, entropy = _logprobs(output, local_labels, temperature, with_entropy, entropy_grad)
+        output = _sliced(forward_output(model(**split.inputs, **head), capture), cut)
+        logprobs, entropy = _logprobs(output, split.labels[:, lo:hi], temperature, with_entropy, entropy_grad)
 
-    def spread(values: torch.Tensor) -> torch.Tensor:  # this rank's [B, hi - lo] -> the whole [B, L]
-        values = values[:, :0] if empty else values
-        before = 0 if empty else lo
-        local = torch.cat([values.new_zeros(rows, before), values,
-                           values.new_zeros(rows, chunk - before - values.shape[1])], dim=1)
-        full = gather_sequence(local, sp)
-        return torch.where(scored, full.gather(1, where), 0.0)
+    def spread(values: torch.Tensor) -> torch.Tensor:
+        return split.spread(values, lo) if span is not None else split.spread(values[:, :0])
 
     return spread(logprobs), spread(entropy) if entropy is not None else None
+
+
+def sequence_parallel_values(critic: torch.nn.Module, mb: Any, sp: SequenceParallel) -> torch.Tensor:
+    """`response_values` of `mb` (the same rows on every rank of `sp`) with each sequence split over the group
+    (`SplitRows`): [B, R] on every rank, 0 at unattended response positions."""
+    split = SplitRows.of(mb.input_ids, mb.attention_mask, _scored_responses(mb), sp)
+    return split.spread(critic(**split.inputs).float())[:, -mb.response_ids.shape[1]:]
 
 
 _CHUNKED: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, bool]] = weakref.WeakKeyDictionary()
@@ -451,8 +486,12 @@ def logprobs_of(model: torch.nn.Module, mb: Any, *, share: bool, temperature: fl
                              **kwargs)
 
 
-def values_of(critic: torch.nn.Module, mb: Any, *, share: bool, packed: bool = False) -> torch.Tensor:
-    """V(s_t) of a batch's response tokens under the critic, packed or sharing prompts as `logprobs_of` does."""
+def values_of(critic: torch.nn.Module, mb: Any, *, share: bool, packed: bool = False,
+              sp: SequenceParallel | None = None) -> torch.Tensor:
+    """V(s_t) of a batch's response tokens under the critic, split over `sp`, packed or sharing prompts as
+    `logprobs_of` does."""
+    if sp is not None and sp.size > 1:
+        return sequence_parallel_values(critic, mb, sp)
     if packed:
         return packed_values(critic, mb)
     if share:

@@ -319,17 +319,9 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         """Log-probs of the sampled response tokens under `model` (no gradient, eval mode); the policy's over
         its sequence-parallel group's pooled rows, when it has one."""
         temperature = self.config.rollout.temperature or 1.0
-        pooled = self.sp.pool(batch, "old_logprobs") if self.sp.splits(model, self.model) else None
-        out = self.forward_in_micro_batches(
-            model, batch if pooled is None else pooled.batch,
-            lambda mb: self.policy_logprobs(model, mb, temperature=temperature)[0],
-            self.config.actor.max_tokens_per_micro_batch)
-        return out if pooled is None else pooled.own_rows(out)
-
-    @property
-    def actor_plan(self) -> BatchPlan:
-        """The actor's mini/micro-batch plan: per rank, or per sequence-parallel group over its pooled rows."""
-        return self.sp.plan(self.plans["actor"], self.config.actor)
+        return self.sp.own_rows_of(self.sp.splits(model, self.model), batch, "old_logprobs", lambda rows: (
+            self.forward_in_micro_batches(model, rows, lambda mb: self.policy_logprobs(model, mb, temperature=temperature)[0],
+                                          self.config.actor.max_tokens_per_micro_batch)))
 
     def shares_prompt(self, model: torch.nn.Module) -> bool:
         """Whether `model`'s forwards run each group's prompt once (`critic.share_prompt_forward` for the
@@ -348,12 +340,14 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
                            sp=self.sp.sp if self.sp.splits(model, self.model) else None)
 
     def compute_values(self, batch: RolloutBatch) -> RolloutBatch:
-        batch.values = self.forward_in_micro_batches(self.critic, batch, self.critic_values,
-                                                     self.config.critic.max_tokens_per_micro_batch)
+        batch.values = self.sp.own_rows_of(self.sp.splits(self.critic, self.model), batch, "values", lambda rows: (
+            self.forward_in_micro_batches(self.critic, rows, self.critic_values,
+                                          self.config.critic.max_tokens_per_micro_batch)))
         return batch
 
     def critic_values(self, mb: RolloutBatch) -> torch.Tensor:
-        return values_of(self.critic, mb, share=self.shares_prompt(self.critic), packed=self.config.critic.remove_padding)
+        return values_of(self.critic, mb, share=self.shares_prompt(self.critic), packed=self.config.critic.remove_padding,
+                         sp=self.sp.sp if self.sp.splits(self.critic, self.model) else None)
 
     def compute_advantages(self, batch: RolloutBatch) -> RolloutBatch:
         """KL in the reward (when configured), the estimator, then the distillation term (`algorithm.distill`);
@@ -367,8 +361,7 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         cfg, temperature = self.config.actor, self.config.rollout.temperature or 1.0
         if cfg.mask_truncated:
             batch = update.without_truncated(batch)
-        replicas = self.sp.size  # the group's rows, each split over its ranks
-        batch = self.sp.pool(batch, "update").batch if replicas > 1 else batch
+        batch, plan, replicas = self.sp.update_rows(self.sp.size > 1, batch, self.plans["actor"], cfg)
         norm_len = update.norm_length(batch, self.config.rollout.max_new_tokens)
         # The drift check on this forward (see update_checks_drift): the rows of every micro-batch run
         drift = [] if batch.rollout_logprobs is not None and self.update_checks_drift else None
@@ -384,7 +377,7 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         def check_drift() -> None:  # before the optimizer step: a failed check leaves the weights alone
             self.judge_drift(batch, *combined_moments(drift))
 
-        metrics = self.optimize(self.model, self.optimizer, self.scheduler, batch, cfg, self.actor_plan,
+        metrics = self.optimize(self.model, self.optimizer, self.scheduler, batch, cfg, plan,
                                 micro_loss, prefix="actor", replicas=replicas,
                                 contributes=self.contributing_sequences if self.skips_zero_advantage else None,
                                 keep_groups=self.shares_prompt(self.model),
@@ -399,10 +392,12 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
 
     def update_critic(self, batch: RolloutBatch) -> dict[str, float]:
         cfg = self.config.critic
+        batch, plan, replicas = self.sp.update_rows(self.sp.splits(self.critic, self.model), batch,
+                                                    self.plans["critic"], cfg)
         norm_len = update.norm_length(batch, self.config.rollout.max_new_tokens)
-        metrics = self.optimize(self.critic, self.critic_optimizer, self.critic_scheduler, batch, cfg,
-                                self.plans["critic"], update.critic_loss(cfg, norm_len, self.critic_values),
-                                prefix="critic", keep_groups=self.shares_prompt(self.critic),
+        metrics = self.optimize(self.critic, self.critic_optimizer, self.critic_scheduler, batch, cfg, plan,
+                                update.critic_loss(cfg, norm_len, self.critic_values), prefix="critic",
+                                replicas=replicas, keep_groups=self.shares_prompt(self.critic),
                                 metric_kinds=update.CRITIC_METRICS)
         mask = batch.response_mask.float()
         metrics["critic/explained_var"] = float(explained_variance(batch.values, batch.returns, mask))
@@ -443,8 +438,12 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
                                  fn: Callable[[RolloutBatch], torch.Tensor],
                                  max_tokens: int | None = None) -> torch.Tensor:
         """`fn` over micro-batches of the update's size of `model`'s role (the critic's plan for the critic,
-        the actor's for the policy and the reference), without gradient: see update.forward_in_micro_batches."""
-        plan = self.plans["critic"] if model is not None and model is self.critic else self.actor_plan
+        the actor's for the policy and the reference; per sequence-parallel group over its pooled rows where
+        the critic, or the actor, splits), without gradient: see update.forward_in_micro_batches."""
+        critic = model is not None and model is self.critic
+        role, cfg = ("critic", self.config.critic) if critic else ("actor", self.config.actor)
+        grouped = not critic or self.sp.splits(model, self.model)
+        plan = self.sp.plan(self.plans[role], cfg) if grouped else self.plans[role]
         return update.forward_in_micro_batches(model, batch, fn, plan.micro_batch_size, max_tokens, plan.packed)
 
     # ------------------------------------------------------------------ validation

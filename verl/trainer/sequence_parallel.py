@@ -1,7 +1,7 @@
 """The actor's sequence-parallel group (`actor.sequence_parallel_size`) as one data-parallel replica.
 
-The rest of the step is untouched: every actor rank samples, scores and holds its own rows. Only the actor's
-forwards change. Before the old log-prob pass and the update, the S ranks of a group pool their rows
+The rest of the step is untouched: every actor rank samples, scores and holds its own rows. Only the
+forwards of the models that split sequences change (the policy; a reference and the critic on its ranks). Before the old log-prob pass and the update, the S ranks of a group pool their rows
 (`pool_rows`: every member gets the same rows in the same order), so each sequence can be split over them
 (`forward.sequence_parallel_logprobs`); the old log-probs of a rank's own rows are cut back out
 (`own_rows`). The update runs over the pooled rows with the batch plan of W/S data-parallel replicas
@@ -12,6 +12,7 @@ members of a group cut the same mini- and micro-batches.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -96,8 +97,9 @@ class ActorSequenceParallel:
         return self.sp.size if self.sp is not None else 1
 
     def splits(self, model: torch.nn.Module | None, policy: torch.nn.Module | None) -> bool:
-        """Whether `model`'s forwards split sequences over the group: the policy's, and a reference's on the
-        same ranks (its own copy made sequence-parallel at start-up, or the policy with its adapters off)."""
+        """Whether `model`'s forwards split sequences over the group: the policy's, and a reference's or the
+        critic's on the same ranks (made sequence-parallel at start-up; a LoRA reference is the policy with
+        its adapters off)."""
         return self.size > 1 and model is not None and (model is policy or splits_sequences(model))
 
     def pool(self, batch: RolloutBatch, stage: str) -> Pooled:
@@ -106,6 +108,22 @@ class ActorSequenceParallel:
 
     def plan(self, plan: BatchPlan, cfg: OptimConfig) -> BatchPlan:
         return group_plan(plan, cfg, self.size)
+
+    def own_rows_of(self, split: bool, batch: RolloutBatch, stage: str,
+                    fn: Callable[[RolloutBatch], torch.Tensor]) -> torch.Tensor:
+        """`fn(batch)`; for a model that `split`s, over the group's pooled rows, this rank's cut back out."""
+        if not split:
+            return fn(batch)
+        pooled = self.pool(batch, stage)
+        return pooled.own_rows(fn(pooled.batch))
+
+    def update_rows(self, split: bool, batch: RolloutBatch, plan: BatchPlan,
+                    cfg: OptimConfig) -> tuple[RolloutBatch, BatchPlan, int]:
+        """The rows, batch plan and replica count (`update.optimize`'s `replicas`) of an update: for a model
+        that `split`s, the group's pooled rows under the group's plan, each row split over its S ranks."""
+        if not split:
+            return batch, plan, 1
+        return self.pool(batch, "update").batch, self.plan(plan, cfg), self.size
 
 
 __all__ = ["ActorSequenceParallel", "Pooled", "group_plan", "pool_rows"]
