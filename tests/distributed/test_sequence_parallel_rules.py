@@ -218,16 +218,38 @@ def test_a_critic_on_the_actors_ranks_splits_its_sequences_one_on_its_own_runs_w
     assert not splits_sequences(policy)  # the copy's attention is its own: the policy is made to split later
 
 
-def test_verl_check_says_a_critic_on_the_actors_ranks_splits_and_checks_its_own_model(tmp_path):
-    ok = _check("actor.sequence_parallel_size=2", "algorithm.adv_estimator=gae")
+@pytest.mark.parametrize("teacher_ranks,splits", [((0, 1), True), ((2,), False)])
+def test_a_teacher_on_the_actors_ranks_splits_its_sequences(teacher_ranks, splits, monkeypatch):
+    from types import SimpleNamespace
+
+    from verl.trainer import components
+    from verl.trainer.components import setup_teacher
+    from verl.trainer.models import resolve_model_path
+    from verl.trainer.sequence_parallel import splits_sequences
+    from verl.utils.hf_loader import load_tokenizer
+
+    config = load_config(overrides=["env.name=arithmetic", "trainer.device=cpu", "algorithm.distill.teacher_path=tiny",
+                                    "actor.sequence_parallel_size=2"])
+    process = SimpleNamespace(groups=_Groups(actor=(0, 1), teacher=teacher_ranks), device=torch.device("cpu"),
+                              dtype=torch.float32, frozen_dtype=None)
+    monkeypatch.setattr(components, "shard_frozen", lambda module, *_: module)  # no process group here
+    assert splits_sequences(setup_teacher(config, load_tokenizer(resolve_model_path("tiny")), process)) is splits
+
+
+def test_verl_check_says_which_models_split_with_the_actor_and_checks_their_own(tmp_path):
+    ok = _check("actor.sequence_parallel_size=2", "algorithm.adv_estimator=gae", "actor.kl_loss_coef=0.1")
     [note] = [n for n in ok.startup.rl_notes if n.startswith("sequence parallelism")]
-    assert note.endswith("; the critic, on the actor's ranks, splits its sequences the same way")
+    assert note.endswith("; the reference and critic, on the actor's ranks, split sequences the same way")
     apart = _check("actor.sequence_parallel_size=2", "algorithm.adv_estimator=gae", "devices.actor=[0,1]",
                    "devices.critic=[2]", world=3)
     [note] = [n for n in apart.startup.rl_notes if n.startswith("sequence parallelism")]
     assert "critic" not in note
-    critic = tmp_path / "critic"
-    _tiny(heads=3, kv=1).save_pretrained(critic)
-    [problem] = _check("actor.sequence_parallel_size=2", "algorithm.adv_estimator=gae", f"critic.path={critic}").messages
-    assert problem.startswith("[start-up] critic.path (on the actor's ranks, so split as the actor's sequences): "
-                              "actor.sequence_parallel_size=2 does not divide the model's 3 attention heads")
+    odd = tmp_path / "odd"
+    _tiny(heads=3, kv=1).save_pretrained(odd)
+    [critic] = _check("actor.sequence_parallel_size=2", "algorithm.adv_estimator=gae", f"critic.path={odd}").messages
+    assert critic.startswith("[start-up] critic.path (the critic, on the actor's ranks, splits its sequences with "
+                             "the actor's groups): actor.sequence_parallel_size=2 does not divide the model's 3 "
+                             "attention heads")
+    teacher = _check("actor.sequence_parallel_size=2", f"algorithm.distill.teacher_path={odd}").messages
+    assert any(m.startswith("[start-up] algorithm.distill.teacher_path (the teacher, on the actor's ranks") and
+               "does not divide the model's 3 attention heads" in m for m in teacher), teacher

@@ -48,7 +48,7 @@ VERL_KEYS: dict[str, str] = {
     f"{_ARR}.actor.use_dynamic_bsz": "actor.max_tokens_per_micro_batch (setting a token budget turns it on)",
     f"{_ARR}.actor.ppo_max_token_len_per_gpu": "actor.max_tokens_per_micro_batch",
     f"{_ARR}.actor.ulysses_sequence_parallel_size": "actor.sequence_parallel_size (the actor's forwards, and a "
-                                                    "reference and critic on its ranks)",
+                                                    "reference, critic and teacher on its ranks)",
     f"{_ARR}.actor.grad_clip": "actor.grad_clip",
     f"{_ARR}.actor.clip_ratio": "actor.clip_low and actor.clip_high",
     f"{_ARR}.actor.clip_ratio_low": "actor.clip_low",

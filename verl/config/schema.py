@@ -565,8 +565,8 @@ class ActorConfig(OptimConfig):
                                         "sequences is split along its tokens over this many consecutive actor ranks "
                                         "(all-to-all over attention heads), so one rank holds 1/S of every layer's "
                                         "activations. Must divide the actor's ranks and the model's attention heads; "
-                                        "the actor's log-prob and update forwards and a reference and critic on the actor's "
-                                        "ranks (the teacher runs whole sequences); in SFT and DPO each example, "
+                                        "the actor's log-prob and update forwards, and those of a reference, critic and "
+                                        "teacher on the actor's ranks; in SFT and DPO each example, "
                                         "the ranks of a group reading the same rows (not with sft.packing or "
                                         "trainer.kind=rm); the memory plan divides activations and logits by it. "
                                         "1 = off. See docs/multigpu.md.")

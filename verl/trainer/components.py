@@ -161,10 +161,13 @@ def setup_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any,
 
 def setup_teacher(config: RunConfig, tokenizer: Any, process: ProcessSetup) -> torch.nn.Module:
     """The distillation teacher (`algorithm.distill.teacher_path`), frozen, in the dtype a reference is held
-    in, sharded over the teacher's ranks wherever the actor is sharded."""
+    in, sharded over the teacher's ranks wherever the actor is sharded; on the actor's ranks it splits its
+    sequences with the actor's groups."""
     teacher = load_frozen(config, config.algorithm.distill.teacher_path, tokenizer,
                           key="algorithm.distill.teacher_path", device=process.device,
                           dtype=process.frozen_dtype or process.dtype)
+    if on_actor_ranks(config, process, "teacher"):
+        enable_sequence_parallel(base_of(teacher), config.actor.sequence_parallel_size)  # split as the policy's rows
     return shard_frozen(teacher, "teacher", config, process)
 
 

@@ -248,15 +248,28 @@ def read_model_facts(config: RunConfig, model_path: str | None) -> dict[str, Any
         return {}
 
 
+def splitting_roles(config: RunConfig, mapping: Any) -> dict[str, tuple[str, str | None]]:
+    """The models besides the policy whose sequences split with the actor's groups (`actor.sequence_parallel_size`
+    > 1: the reference, critic and teacher on exactly the actor's ranks): name -> (the key naming its own
+    model, that model's path; None: a copy of the actor's)."""
+    if config.actor.sequence_parallel_size == 1 or mapping is None:
+        return {}
+    own = {"ref": ("reference", "ref.path", config.ref.path), "critic": ("critic", "critic.path", config.critic.path),
+           "teacher": ("teacher", "algorithm.distill.teacher_path", config.algorithm.distill.teacher_path)}
+    return {name: (key, path) for role, (name, key, path) in own.items()
+            if role in mapping.roles and mapping.ranks(role) == mapping.ranks("actor")}
+
+
 def check_sequence_parallel(config: RunConfig, kind: str, actor_ranks: int, model_path: str | None, *,
-                            critic_splits: bool = False) -> tuple[list[VerlError], str | None]:
+                            others: dict[str, tuple[str, str | None]] | None = None
+                            ) -> tuple[list[VerlError], str | None]:
     """`actor.sequence_parallel_size` against the actor's ranks and the model's attention (heads, sliding
-    window, architecture), read off its config (no weights), and a `critic.path` model's where the critic
-    `critic_splits` (on the actor's ranks); and what it does, for `verl check`. The trainer's start-up repeats
-    the model part on the loaded models (`enable_sequence_parallel`), for a model passed in Python. The RL
-    actor (with a reference and critic on its ranks), SFT and DPO split sequences; the reward-model trainer
-    (one score per sequence) and packed SFT rows cannot, and are refused (the demo's SFT warm start runs whole
-    sequences)."""
+    window, architecture), read off its config (no weights), and against the own models of the `others` that
+    split with the actor's groups (`splitting_roles`); and what it does, for `verl check`. The trainer's
+    start-up repeats the model part on the loaded models (`enable_sequence_parallel`), for a model passed in
+    Python. The RL actor (with a reference, critic and teacher on its ranks), SFT and DPO split sequences; the
+    reward-model trainer (one score per sequence) and packed SFT rows cannot, and are refused (the demo's SFT
+    warm start runs whole sequences)."""
     size = config.actor.sequence_parallel_size
     if size == 1:
         return [], None
@@ -271,13 +284,17 @@ def check_sequence_parallel(config: RunConfig, kind: str, actor_ranks: int, mode
                             "over the group), or actor.sequence_parallel_size=1")], None
     facts = read_model_facts(config, model_path)
     problems = [ConfigError(p) for p in sequence_parallel_problems(size, actor_ranks=actor_ranks, **facts)]
-    if critic_splits and config.critic.path:
-        problems += [ConfigError(f"critic.path (on the actor's ranks, so split as the actor's sequences): {p}")
-                     for p in sequence_parallel_problems(size, **read_model_facts(config, config.critic.path))]
+    others = others or {}
+    for name, (own_key, path) in others.items():
+        problems += [ConfigError(f"{own_key} (the {name}, on the actor's ranks, splits its sequences with the "
+                                 f"actor's groups): {p}")
+                     for p in sequence_parallel_problems(size, **read_model_facts(config, path))] if path else []
     note = None if problems else describe_sequence_parallel(size, actor_ranks, facts.get("num_heads"),
                                                              facts.get("num_kv_heads"), kind=kind)
-    if note is not None and critic_splits:
-        note += "; the critic, on the actor's ranks, splits its sequences the same way"
+    if note is not None and others:
+        names = list(others)
+        joined = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+        note += f"; the {joined}, on the actor's ranks, split{'s' if len(names) == 1 else ''} sequences the same way"
     return problems, note
 
 
@@ -467,9 +484,8 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
         problems.append(exc)
     problems += check_demo_env(config) + check_env_data(config, kind) + check_response_length(config, kind)
     problems += check_offline_options(config, kind)
-    critic_splits = (kind == "rl" and critic_ranks is not None
-                     and report.mapping.ranks("critic") == report.mapping.ranks("actor"))
-    sp_problems, sp_note = check_sequence_parallel(config, kind, actor_ranks, model_path, critic_splits=critic_splits)
+    sp_problems, sp_note = check_sequence_parallel(config, kind, actor_ranks, model_path,
+                                                   others=splitting_roles(config, report.mapping) if kind == "rl" else {})
     problems += sp_problems
     report.rl_notes += [sp_note] if sp_note else []
     packing = describe_remove_padding(config, read_model_facts(config, model_path)) if kind == "rl" else None
