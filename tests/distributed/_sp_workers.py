@@ -5,6 +5,7 @@ process what one rank computes alone with what the group computes split."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -169,7 +170,9 @@ def optimize_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         reference = tiny()
         ref_opt = torch.optim.SGD(reference.parameters(), lr=1.0)
         sched = torch.optim.lr_scheduler.LambdaLR(ref_opt, lambda _: 1.0)
-        ref_metrics = update.optimize(reference, ref_opt, sched, full, cfg, plan_batches(8, 1, cfg, 1),
+        # the same micro-batches: the split forwards pack their rows, so a token budget counts real tokens
+        whole = dataclasses.replace(plan_batches(8, 1, cfg, 1), packed=True)
+        ref_metrics = update.optimize(reference, ref_opt, sched, full, cfg, whole,
                                       micro_loss(reference, cfg, None), placement=Placement(None),
                                       clip_and_step=step, prefix="actor")
         model = tiny()

@@ -48,7 +48,7 @@ def test_two_ranks(tmp_path, kind, data_kind):
         assert scores.shape == (2,) and bool(torch.isfinite(scores).all())
 
 
-def _offline_config(tmp_path, kind, name, **actor):
+def _offline_config(tmp_path, kind, name, packing=False, **actor):
     data_kind = "sft" if kind == "sft" else "preference"
     data = tmp_path / f"{data_kind}.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS[data_kind]))
@@ -56,7 +56,7 @@ def _offline_config(tmp_path, kind, name, **actor):
         "model": {"path": "tiny", "dtype": "float32"},
         "data": {"kind": data_kind, "train_files": [str(data)], "train_batch_size": 4, "val_size": 4,
                  "max_prompt_length": 16, "max_response_length": 8},
-        "sft": {"batch_size": 4, "lr": 1e-3},
+        "sft": {"batch_size": 4, "lr": 1e-3, "packing": packing},
         "dpo": {"lr": 1e-3},
         "actor": {"micro_batch_size": 2, **actor},
         "trainer": {"kind": kind, "total_steps": 2, "device": "cpu", "run_dir": str(tmp_path / name),
@@ -69,14 +69,14 @@ def _offline_config(tmp_path, kind, name, **actor):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind,nproc", [("sft", 2), ("dpo", 2), ("sft", 4)])
-def test_sequence_parallel_run_equals_one_process(tmp_path, kind, nproc):
+@pytest.mark.parametrize("kind,nproc,packing", [("sft", 2, False), ("dpo", 2, False), ("sft", 4, True)])
+def test_sequence_parallel_run_equals_one_process(tmp_path, kind, nproc, packing):
     """`verl train` with actor.sequence_parallel_size=2 on 2 ranks (one group: both ranks read the whole batch,
-    each sequence split over them) or 4 (two groups, data-parallel over them) against one process: the same
-    loss, gradient norm and validation."""
+    its rows packed into one and split over them) or 4 (two groups, data-parallel over them; SFT's packed rows)
+    against one process: the same loss, gradient norm and validation."""
     runs = {}
     for name, n, size in (("one", 1, 1), ("split", nproc, 2)):
-        verl_train(_offline_config(tmp_path, kind, name, sequence_parallel_size=size), tmp_path, nproc=n)
+        verl_train(_offline_config(tmp_path, kind, name, packing, sequence_parallel_size=size), tmp_path, nproc=n)
         runs[name] = metrics(tmp_path / name)
     keys = ["loss", "grad_norm", "val/loss"] + (["accuracy", "rewards/margins", "val/accuracy"] if kind == "dpo" else [])
     for one, split in zip(runs["one"], runs["split"], strict=True):

@@ -134,8 +134,8 @@ VERL_SFT_KEYS: dict[str, str] = {
     "data.train_batch_size": "sft.batch_size",
     "data.max_length": "data.max_prompt_length and data.max_response_length (each part's own limit here)",
     "ulysses_sequence_parallel_size": "actor.sequence_parallel_size",
-    "use_remove_padding": "sft.packing (examples share rows without padding; not with sequence parallelism here, "
-                          "where each row's padding is dropped by the split forward itself)",
+    "use_remove_padding": "sft.packing (examples share rows without padding; with sequence parallelism a "
+                          "micro-batch runs without padding whatever it says)",
     "optim.lr": "sft.lr",
     "optim.weight_decay": "actor.weight_decay",
     "optim.clip_grad": "actor.grad_clip",

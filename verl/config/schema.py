@@ -567,8 +567,8 @@ class ActorConfig(OptimConfig):
                                         "activations. Must divide the actor's ranks and the model's attention heads; "
                                         "the actor's log-prob and update forwards, and those of a reference, critic and "
                                         "teacher on the actor's ranks; in SFT and DPO each example, "
-                                        "the ranks of a group reading the same rows (not with sft.packing or "
-                                        "trainer.kind=rm); the memory plan divides activations and logits by it. "
+                                        "the ranks of a group reading the same rows (not trainer.kind=rm). A "
+                                        "micro-batch's sequences run as one row without padding; the memory plan divides activations and logits by it. "
                                         "1 = off. See docs/multigpu.md.")
 
 

@@ -5,7 +5,8 @@ embeddings, MLPs, norms and the head only ever see those local tokens, which is 
 of a long sequence goes. Attention is the one place that needs the whole sequence: there an all-to-all turns
 [B, H, T/S, D] (all heads, my tokens) into [B, H/S, T, D] (my heads, all tokens), attention runs causally
 over the full sequence, and a second all-to-all turns the output back. Both all-to-alls are autograd
-functions whose backward is the opposite all-to-all.
+functions whose backward is the opposite all-to-all. The forwards split one row of sequences packed back to
+back without padding (`verl.trainer.forward.SplitRow`), so the attention runs each sequence on its own.
 
 The attention function is installed through transformers' `AttentionInterface` registry for the attention
 modules of one model only (they get a copy of the config naming it; the model's own config, its masks and the
@@ -45,6 +46,16 @@ class SequenceParallel:
     @property
     def size(self) -> int:
         return len(self.ranks)
+
+
+@dataclass(frozen=True)
+class SplitCall:
+    """What a split forward hands its attention (the `KWARG` keyword): the group, and the lengths of the
+    sequences packed back to back into the row being split (in order, summing to its full width), each of
+    which attends causally to itself only."""
+
+    sp: SequenceParallel
+    lengths: tuple[int, ...]
 
 
 def sequence_parallel_layout(ranks: Sequence[int], size: int) -> list[tuple[int, ...]]:
@@ -97,12 +108,12 @@ def describe_sequence_parallel(size: int, actor_ranks: int, num_heads: int | Non
     text = (f"sequence parallelism: actor.sequence_parallel_size={size}: {actor_ranks // size} group(s) of {size} "
             "consecutive actor ranks; ")
     if kind == "rl":
-        text += (f"each group pools its ranks' rows and splits every sequence {size} ways for the actor's log-prob "
-                 "and update forwards (all-to-all over attention heads); a micro-batch is actor.micro_batch_size "
-                 "rows of the pool")
+        text += ("each group pools its ranks' rows for the actor's log-prob and update forwards; a micro-batch "
+                 "(actor.micro_batch_size rows of the pool, or the token budget's real tokens)")
     else:
         text += (f"the ranks of a group read the same rows (data parallelism over the {actor_ranks // size} "
-                 f"group(s)) and split every sequence {size} ways (all-to-all over attention heads)")
+                 "group(s)); a micro-batch")
+    text += f" runs as one row of its sequences without padding, split {size} ways (all-to-all over attention heads)"
     if num_heads is not None and num_kv_heads is not None:
         sent = kv_heads_sent(num_kv_heads, size)
         text += f"; {num_heads // size} query head(s) per rank"
@@ -199,16 +210,18 @@ def gather_sequence(x: torch.Tensor, sp: SequenceParallel) -> torch.Tensor:
 def ulysses_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                       **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function signature: q [B, H, C, D], k/v [B, KV, C, D] (rotary applied with the
-    full sequence's positions) -> ([B, C, H, D], None). Without the sequence-parallel keyword: the original.
+    """transformers' attention-function signature: q [1, H, C, D], k/v [1, KV, C, D] (rotary applied with the
+    packed sequences' own positions) -> ([1, C, H, D], None). Without the sequence-parallel keyword (a
+    `SplitCall`): the original.
 
-    With it, the sequence is right-padded only (the forward packs each row's tokens to the left), so causal
-    attention over the full length is exact for every real token and the mask is not needed (pads after the
-    last real token see only earlier tokens and are never seen by a real one)."""
-    sp = kwargs.pop(KWARG, None)
-    if sp is None:
+    With it, the row holds sequences packed back to back (no padding but a tail of its own): after the
+    all-to-all each rank has every token of its heads, and each sequence attends causally to itself
+    (scaled_dot_product_attention per sequence, no mask), as the padded forward's masked attention gives it."""
+    call = kwargs.pop(KWARG, None)
+    if call is None:
         return original_attention(module, _MARKER)(module, query, key, value, attention_mask, dropout=dropout,
                                                    scaling=scaling, **kwargs)
+    sp = call.sp
     if kwargs.get("sliding_window") is not None:
         raise ConfigError(f"{type(module).__name__} layer {getattr(module, 'layer_idx', '?')} uses sliding-window "
                           "attention, which the sequence-parallel attention does not implement. Fix: set "
@@ -218,8 +231,11 @@ def ulysses_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if sent != kv:  # GQA with fewer (or indivisible) key/value heads: repeat each up to lcm(KV, S)
         key, value = (t.repeat_interleave(sent // kv, dim=1) for t in (key, value))
     q, k, v = (seq_to_heads(t, sp) for t in (query, key, value))
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=q.shape[1] != k.shape[1])
+    gqa = q.shape[1] != k.shape[1]
+    parts = [torch.nn.functional.scaled_dot_product_attention(qi, ki, vi, dropout_p=dropout, is_causal=True,
+                                                              scale=scaling, enable_gqa=gqa)
+             for qi, ki, vi in zip(*(t.split(call.lengths, dim=2) for t in (q, k, v)), strict=True)]
+    out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
     return heads_to_seq(out, sp).transpose(1, 2).contiguous(), None
 
 
@@ -253,7 +269,7 @@ def enable_sequence_parallel(model: torch.nn.Module, size: int) -> int:
     return len(modules)
 
 
-__all__ = ["ATTENTION_NAME", "KWARG", "SUPPORTED_MODEL_TYPES", "SequenceParallel", "describe_sequence_parallel",
+__all__ = ["ATTENTION_NAME", "KWARG", "SUPPORTED_MODEL_TYPES", "SequenceParallel", "SplitCall", "describe_sequence_parallel",
            "enable_sequence_parallel",
            "gather_sequence", "heads_to_seq", "kv_heads_sent", "model_facts", "seq_to_heads",
            "sequence_parallel_layout", "sequence_parallel_problems", "ulysses_attention"]

@@ -27,7 +27,7 @@ from verl.algorithms import (
 )
 from verl.data.datasets import IGNORE_INDEX
 from verl.distributed.memory_plan import chunks_logits, micro_batch_tokens
-from verl.distributed.sequence_parallel import KWARG, SequenceParallel, gather_sequence
+from verl.distributed.sequence_parallel import KWARG, SequenceParallel, SplitCall, gather_sequence
 from verl.errors import ConfigError
 from verl.models.head import HeadCapture, HeadOutput, head_unsupported, output_head
 from verl.models.lora import base_of
@@ -167,113 +167,97 @@ def sequence_parallel_logprobs(
     entropy_grad: bool = True,
     chunked: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`response_logprobs` of `mb` (the same rows on every rank of `sp`) with each sequence split over the
-    group (`split_token_logprobs`): [B, R] on every rank, 0 at unattended response positions."""
-    response_len = mb.response_ids.shape[1]
-    logprobs, entropy = split_token_logprobs(model, mb.input_ids, mb.attention_mask, _scored_responses(mb), sp,
-                                             temperature=temperature, with_entropy=with_entropy,
-                                             entropy_grad=entropy_grad, chunked=chunked)
-    return logprobs[:, -response_len:], entropy[:, -response_len:] if entropy is not None else None
-
-
-def _scored_responses(mb: Any) -> torch.Tensor:
-    """[B, L]: the attended response tokens of a batch's [prompt | response] rows."""
-    response_len = mb.response_ids.shape[1]
-    return torch.nn.functional.pad(mb.response_attention.bool(), (mb.input_ids.shape[1] - response_len, 0))
-
-
-@dataclass(frozen=True)
-class SplitRows:
-    """One rank's slice of [B, L] rows split over a sequence-parallel group (the same rows on every rank).
-
-    Each row's attended tokens are packed to the left in order, with the positions they have in the padded
-    sequence (0, 1, ...: `position_ids_from_mask`), so the sequence is right-padded only and the attention
-    needs no mask: causal attention gives every real token exactly what the masked forward gives it (a
-    multi-turn episode's observations are attended tokens like any other). The packed sequence (less its
-    last token, which predicts nothing) is padded to a multiple of the group size, and rank i runs the model
-    on its i-th slice (`inputs`). A scored token's packed index is the number of attended tokens before it;
-    the position before that (`where`) predicts it, and is where its log-prob or value is read."""
-
-    sp: SequenceParallel
-    inputs: dict[str, Any]  # this rank's forward keywords
-    labels: torch.Tensor  # [B, chunk]: the token each of this rank's positions predicts
-    where: torch.Tensor  # [B, L]: the packed position that predicts each token
-    scored: torch.Tensor  # [B, L] bool
-    chunk: int
-    start: int
-
-    @classmethod
-    def of(cls, input_ids: torch.Tensor, attention_mask: torch.Tensor, scored: torch.Tensor,
-           sp: SequenceParallel) -> SplitRows:
-        rows, length = input_ids.shape
-        order = torch.argsort((attention_mask == 0).to(torch.int8), dim=1, stable=True)  # real tokens first
-        packed = input_ids.gather(1, order)
-        width = -(-(length - 1) // sp.size) * sp.size  # forward positions, a multiple of the group size
-        chunk = width // sp.size
-        start = sp.index * chunk
-        local = slice(start, start + chunk)
-        positions = torch.arange(width, device=input_ids.device).expand(rows, width)
-        # A 4-D mask is taken as given (no mask is built); the sequence-parallel attention does not read it.
-        placeholder = torch.ones((rows, 1, 1, 1), dtype=torch.bool, device=input_ids.device)
-        inputs = {"input_ids": torch.nn.functional.pad(packed[:, :-1], (0, width - (length - 1)))[:, local],
-                  "attention_mask": placeholder, "position_ids": positions[:, local], "use_cache": False, KWARG: sp}
-        labels = torch.nn.functional.pad(packed[:, 1:], (0, width - (length - 1)))[:, local]
-        where = (attention_mask.long().cumsum(1) - 2).clamp(0, width - 1)
-        return cls(sp, inputs, labels, where, scored.bool(), chunk, start)
-
-    def span(self) -> tuple[int, int] | None:
-        """This rank's positions [lo, hi) from the first to the last that predicts a scored token (None: none)."""
-        used = self.where[self.scored]
-        if used.numel() == 0:
-            return None
-        lo, hi = max(int(used.min()) - self.start, 0), min(int(used.max()) + 1 - self.start, self.chunk)
-        return (lo, hi) if lo < hi else None
-
-    def spread(self, values: torch.Tensor, lo: int = 0) -> torch.Tensor:
-        """This rank's values of positions [lo, lo + width) -> every scored token's [B, L] (0 elsewhere), the
-        group's pieces gathered (`gather_sequence`: each rank's backward runs through its own positions)."""
-        rows, width = values.shape[:2]
-        local = torch.cat([values.new_zeros(rows, lo), values, values.new_zeros(rows, self.chunk - lo - width)], dim=1)
-        return torch.where(self.scored, gather_sequence(local, self.sp).gather(1, self.where), 0.0)
-
-
-def split_token_logprobs(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    scored: torch.Tensor,
-    sp: SequenceParallel,
-    *,
-    temperature: float = 1.0,
-    with_entropy: bool = False,
-    entropy_grad: bool = True,
-    chunked: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-prob (and entropy) of each `scored` token of [B, L] rows (the same rows on every rank of `sp`) with
-    each sequence split over the group (Ulysses: `verl.distributed.sequence_parallel`; the layout is
-    `SplitRows`): [B, L] on every rank, 0 where a token is not scored (a scored token is attended and not a
-    row's first). The head runs on the positions of this rank's slice that predict scored tokens (`chunked`:
-    from its input, a chunk of tokens at a time); the per-token log-probs (not logits) are gathered, so every
-    rank computes the same loss of the same rows and each rank's backward runs through its own tokens."""
-    split = SplitRows.of(input_ids, attention_mask, scored, sp)
-    span = split.span()
-    lo, hi = span if span is not None else (0, 1)  # no position here predicts a scored token: the head runs on one
-    head, cut = _head_positions(model, split.chunk, lo, hi, input_ids.device)
-    with head_capture(model, chunked) as capture:  # open until the log-probs are made (FSDP2 keeps the head gathered)
-        output = _sliced(forward_output(model(**split.inputs, **head), capture), cut)
-        logprobs, entropy = _logprobs(output, split.labels[:, lo:hi], temperature, with_entropy, entropy_grad)
-
-    def spread(values: torch.Tensor) -> torch.Tensor:
-        return split.spread(values, lo) if span is not None else split.spread(values[:, :0])
-
-    return spread(logprobs), spread(entropy) if entropy is not None else None
+    """`response_logprobs` of `mb` (the same rows on every rank of `sp`), its sequences packed into one row
+    without padding and split over the group (`split_logprobs`): [B, R] on every rank, 0 where a row has no
+    response token."""
+    layout = PackedLayout.of(mb)
+    logprobs, entropy = split_logprobs(model, SplitRow.of(layout.ids, layout.positions, layout.predictors, sp),
+                                       temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
+                                       chunked=chunked)
+    return layout.unpacked(logprobs[None]), None if entropy is None else layout.unpacked(entropy[None])
 
 
 def sequence_parallel_values(critic: torch.nn.Module, mb: Any, sp: SequenceParallel) -> torch.Tensor:
-    """`response_values` of `mb` (the same rows on every rank of `sp`) with each sequence split over the group
-    (`SplitRows`): [B, R] on every rank, 0 at unattended response positions."""
-    split = SplitRows.of(mb.input_ids, mb.attention_mask, _scored_responses(mb), sp)
-    return split.spread(critic(**split.inputs).float())[:, -mb.response_ids.shape[1]:]
+    """`response_values` of `mb` (the same rows on every rank of `sp`), packed and split as
+    `sequence_parallel_logprobs` does: [B, R] on every rank."""
+    layout = PackedLayout.of(mb)
+    split = SplitRow.of(layout.ids, layout.positions, layout.predictors, sp)
+    return layout.unpacked(split.gathered(critic(**split.inputs).float())[None])
+
+
+@dataclass(frozen=True)
+class SplitRow:
+    """One rank's slice of a row of sequences packed back to back (positions restarting at 0 at each), split
+    over a sequence-parallel group (the same row on every rank).
+
+    The row is padded to a multiple of the group size (the padding a sequence of its own) and rank i runs the
+    model on its i-th slice (`inputs`); the attention attends within each sequence (`SplitCall`), so every
+    token gets exactly what the padded, masked forward gives it. `predictors` [N] are the row positions whose
+    outputs are wanted (for log-probs: the position before each scored token)."""
+
+    sp: SequenceParallel
+    inputs: dict[str, Any]  # this rank's forward keywords
+    ids: torch.Tensor  # [1, width]: the padded row
+    predictors: torch.Tensor  # [N]
+    start: int
+    chunk: int
+
+    @classmethod
+    def of(cls, ids: torch.Tensor, positions: torch.Tensor, predictors: torch.Tensor, sp: SequenceParallel) -> SplitRow:
+        length = ids.shape[1]
+        width = -(-length // sp.size) * sp.size
+        tail = width - length
+        starts = (positions[0] == 0).nonzero().flatten().tolist() + [length]
+        lengths = tuple(b - a for a, b in zip(starts, starts[1:], strict=False)) + ((tail,) if tail else ())
+        ids = torch.nn.functional.pad(ids, (0, tail))
+        positions = torch.cat([positions, torch.arange(tail, device=ids.device)[None]], dim=1)
+        chunk = width // sp.size
+        start = sp.index * chunk
+        local = slice(start, start + chunk)
+        # A 4-D mask is taken as given (no mask is built); the sequence-parallel attention does not read it.
+        placeholder = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=ids.device)
+        inputs = {"input_ids": ids[:, local], "attention_mask": placeholder, "position_ids": positions[:, local],
+                  "use_cache": False, KWARG: SplitCall(sp, lengths)}
+        return cls(sp, inputs, ids, predictors, start, chunk)
+
+    def local_predictors(self) -> torch.Tensor:
+        """The predictors in this rank's slice, as indices into it."""
+        mine = (self.predictors >= self.start) & (self.predictors < self.start + self.chunk)
+        return self.predictors[mine] - self.start
+
+    def gathered(self, values: torch.Tensor) -> torch.Tensor:
+        """Every rank's [1, chunk] values, gathered: the predictors' [N] on every rank (`gather_sequence`: each
+        rank's backward runs through its own positions, so the S copies of a loss count once)."""
+        return gather_sequence(values, self.sp)[0, self.predictors]
+
+
+def split_logprobs(model: torch.nn.Module, split: SplitRow, *, temperature: float = 1.0, with_entropy: bool = False,
+                   entropy_grad: bool = True, chunked: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob (and entropy) of the token after each of `split`'s predictors [N], on every rank (Ulysses:
+    `verl.distributed.sequence_parallel`). The head runs on this rank's predictors only (`chunked`: from its
+    input, a chunk of tokens at a time; none here: on one position, for nothing); the per-token log-probs (not
+    logits) are gathered, so every rank computes the same loss and each one's backward runs through its own
+    tokens."""
+    here = split.local_predictors()
+    device = split.ids.device
+    keep = here if here.numel() else torch.zeros(1, dtype=torch.long, device=device)
+    if keeps_positions(model):
+        head, pick = {"logits_to_keep": keep}, slice(None)
+    else:
+        head, cut = _head_positions(model, split.chunk, int(keep.min()), int(keep.max()) + 1, device)
+        pick = keep - int(keep.min())
+    labels = split.ids[:, split.start + keep + 1] if here.numel() else split.ids[:, :0]
+    with head_capture(model, chunked) as capture:  # open until the log-probs are made (FSDP2 keeps the head gathered)
+        output = forward_output(model(**split.inputs, **head), capture)
+        output = output if isinstance(pick, slice) else _sliced(_sliced(output, cut), pick)
+        output = output if here.numel() else _sliced(output, slice(0, 0))
+        logprobs, entropy = _logprobs(output, labels, temperature, with_entropy, entropy_grad)
+
+    def spread(values: torch.Tensor) -> torch.Tensor:  # this rank's [1, n] -> the predictors' [N]
+        local = values.new_zeros(1, split.chunk).index_put((torch.zeros_like(here), here), values[0])
+        return split.gathered(local)
+
+    return spread(logprobs), spread(entropy) if entropy is not None else None
 
 
 _CHUNKED: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, bool]] = weakref.WeakKeyDictionary()

@@ -87,7 +87,7 @@ def describe_remove_padding(config: Any, facts: dict[str, Any]) -> str | None:
         how = "transformers' packed-sequence mask, probed at the first packed forward"
     also = ""
     if "actor" in roles and config.actor.sequence_parallel_size > 1:
-        also = "; the actor's forwards split sequences over ranks instead (sequence parallelism)"
+        also = "; with sequence parallelism the split forwards pack their rows whatever this setting"
     elif "actor" in roles and config.actor.share_prompt_forward and config.rollout.n > 1:
         also = "; it replaces the actor's shared-prompt forward"
     return (f"{' and '.join(f'{r}.remove_padding' for r in roles)}: micro-batches packed into one row without "

@@ -74,12 +74,12 @@ def splits_sequences(model: torch.nn.Module) -> bool:
 
 def group_plan(plan: BatchPlan, cfg: OptimConfig, size: int) -> BatchPlan:
     """`plan` (per actor rank) for the pooled rows of `size`-rank groups: W/S replicas, each with S ranks'
-    rows per mini-batch; `micro_batch_size` rows per micro-batch, each row split over the group (padded: the
-    split forward does not pack, so a token budget counts rows x longest)."""
+    rows per mini-batch; `micro_batch_size` rows per micro-batch, packed into one row without padding and
+    split over the group (so a token budget counts real tokens)."""
     if size == 1:
         return plan
     n = plan.sequences_per_step // plan.prompts_per_step
-    return replace(plan_batches(plan.prompts_per_step, n, cfg, plan.dp_size // size), packed=False)
+    return replace(plan_batches(plan.prompts_per_step, n, cfg, plan.dp_size // size), packed=True)
 
 
 @dataclass(frozen=True)

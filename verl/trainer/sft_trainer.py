@@ -28,7 +28,7 @@ from verl.errors import ConfigError, DataError, ModelError
 from verl.models.head import HeadOutput
 from verl.models.signature import forward_accepts
 from verl.trainer.components import Components
-from verl.trainer.forward import forward_output, head_capture, labelled_logprobs, split_token_logprobs
+from verl.trainer.forward import SplitRow, forward_output, head_capture, labelled_logprobs, split_logprobs
 from verl.trainer.offline import OfflineTrainer, Rows
 from verl.trainer.optim import build_optimizer
 from verl.trainer.packing import packed_row_inputs
@@ -129,19 +129,18 @@ def target_logprobs(model: torch.nn.Module, batch: Mapping[str, Any], device: to
     and with `logits_to_keep` the model projects only the last `keep_last` positions onto the vocabulary.
     `chunked` (actor.chunked_logprobs) makes no [B, L, V] logits at all: the N targets' hidden states are
     projected a chunk of tokens at a time, forward and backward (`forward.labelled_logprobs`).
-    `sp` (the same rows on every rank of a sequence-parallel group) splits each row over the group
-    (`forward.split_token_logprobs`); packed rows cannot be split.
+    `sp` (the same rows on every rank of a sequence-parallel group) packs the rows' tokens into one row without
+    padding and splits it over the group (`forward.split_logprobs`).
     """
     mask = batch["attention_mask"]
-    if sp is not None and sp.size > 1:
-        if mask is None:
-            raise ConfigError("packed rows cannot be split over a sequence-parallel group. Fix: set "
-                              "sft.packing=false, or actor.sequence_parallel_size=1")
-        targets = batch["targets"].to(device)
-        scored = torch.nn.functional.pad(targets[:, :-1] != IGNORE_INDEX, (1, 0))  # the tokens the targets name
-        logprobs, _ = split_token_logprobs(model, batch["input_ids"].to(device), mask.to(device), scored, sp,
-                                           chunked=chunked)
-        return logprobs[scored], scored.nonzero()[:, 0]
+    if sp is not None and sp.size > 1:  # the rows' tokens (packed rows' too) as one row, split over the group
+        keep = torch.ones_like(batch["input_ids"], dtype=torch.bool) if mask is None else mask.bool()
+        targets = batch["targets"][keep].to(device)
+        has = targets != IGNORE_INDEX  # the target of a position is the token after it
+        split = SplitRow.of(batch["input_ids"][keep][None].to(device), batch["position_ids"][keep][None].to(device),
+                            has.nonzero()[:, 0], sp)
+        logprobs, _ = split_logprobs(model, split, chunked=chunked)
+        return logprobs, keep.nonzero()[:, 0].to(device)[has]
     kwargs = {"input_ids": batch["input_ids"].to(device), "position_ids": batch["position_ids"].to(device),
               "attention_mask": None if mask is None else mask.to(device), "use_cache": False}
     rows, width = batch["input_ids"].shape

@@ -268,8 +268,8 @@ def check_sequence_parallel(config: RunConfig, kind: str, actor_ranks: int, mode
     split with the actor's groups (`splitting_roles`); and what it does, for `verl check`. The trainer's
     start-up repeats the model part on the loaded models (`enable_sequence_parallel`), for a model passed in
     Python. The RL actor (with a reference, critic and teacher on its ranks), SFT and DPO split sequences; the
-    reward-model trainer (one score per sequence) and packed SFT rows cannot, and are refused (the demo's SFT
-    warm start runs whole sequences)."""
+    reward-model trainer (one score per sequence) does not, and is refused (the demo's SFT warm start runs
+    whole sequences)."""
     size = config.actor.sequence_parallel_size
     if size == 1:
         return [], None
@@ -277,11 +277,6 @@ def check_sequence_parallel(config: RunConfig, kind: str, actor_ranks: int, mode
     if kind == "rm":
         return [ConfigError(f"{key} with trainer.kind=rm: the reward-model trainer scores whole sequences and does "
                             "not split them. Fix: set actor.sequence_parallel_size=1")], None
-    if kind == "sft" and config.sft.packing:
-        return [ConfigError(f"{key} with sft.packing=true: packed rows hold several examples that must not attend "
-                            "to each other, which the sequence-parallel attention (causal over the whole row) "
-                            "cannot keep apart. Fix: set sft.packing=false (each example is its own row, split "
-                            "over the group), or actor.sequence_parallel_size=1")], None
     facts = read_model_facts(config, model_path)
     problems = [ConfigError(p) for p in sequence_parallel_problems(size, actor_ranks=actor_ranks, **facts)]
     others = others or {}
