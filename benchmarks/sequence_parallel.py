@@ -2,7 +2,8 @@
 sequence-parallel ranks (`actor.sequence_parallel_size`, Ulysses: verl.distributed.sequence_parallel).
 
 Run by hand (not a test):
-``python benchmarks/sequence_parallel.py [--tokens 4096 --size 2 --layers 4 --hidden 256 --vocab 32000] [--write-docs]``
+``python benchmarks/sequence_parallel.py [--tokens 4096 --size 2 --layers 4 --hidden 256 --vocab 32000] [--chunked]
+[--write-docs]``
 
 Each configuration runs in fresh child processes (one per rank; the ranks join a gloo group), CPU, float32,
 one torch thread. A child builds a Qwen2-shaped model with random weights, runs one short forward+backward
@@ -68,7 +69,8 @@ def child(args: argparse.Namespace) -> None:
                             prompt_mask=ones[:, :prompt], response_ids=ids[:, prompt:], response_mask=ones[:, prompt:])
 
     def step(mb: RolloutBatch) -> None:
-        logprobs, entropy = logprobs_of(model, mb, share=False, temperature=1.0, with_entropy=True, sp=sp)
+        logprobs, entropy = logprobs_of(model, mb, share=False, temperature=1.0, with_entropy=True, sp=sp,
+                                        chunked=args.chunked)
         (-(logprobs.mean()) - 0.01 * entropy.mean()).backward()
 
     step(batch(64, 16))  # gradient buffers and allocator pools exist before the baseline
@@ -106,7 +108,8 @@ def run_ranks(args: argparse.Namespace, size: int) -> list[dict]:
 
 def _shape_args(args: argparse.Namespace) -> list[str]:
     return ["--tokens", str(args.tokens), "--prompt", str(args.prompt), "--layers", str(args.layers), "--hidden",
-            str(args.hidden), "--heads", str(args.heads), "--kv-heads", str(args.kv_heads), "--vocab", str(args.vocab)]
+            str(args.hidden), "--heads", str(args.heads), "--kv-heads", str(args.kv_heads), "--vocab", str(args.vocab),
+            *(["--chunked"] if args.chunked else [])]
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -119,6 +122,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--chunked", action="store_true", help="log-probs and entropy from the head's input in "
+                        "chunks (actor.chunked_logprobs), on both sides")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -137,7 +142,8 @@ def main() -> int:
                          "longer --tokens or a smaller model")
     print(f"one forward+backward of the actor's log-probs and entropy on 1 sequence of {args.tokens} tokens "
           f"({args.prompt} prompt), Qwen2-shaped: {args.layers} layers, hidden {args.hidden}, {args.heads} heads "
-          f"({args.kv_heads} KV), vocab {args.vocab}; CPU float32, 1 thread per rank")
+          f"({args.kv_heads} KV), vocab {args.vocab}; log-probs {'chunked' if args.chunked else 'from the logits'}; "
+          "CPU float32, 1 thread per rank")
     print("| run | peak activation MiB | share of one rank |")
     print("|---|---|---|")
     print(f"| one rank | {one['peak_mib']:.0f} | 100% |")

@@ -1,12 +1,13 @@
 """Ulysses sequence parallelism: one long sequence split along its tokens over the ranks of a group.
 
-Each of the S ranks of a sequence-parallel group holds T/S consecutive tokens of every layer's input. The
+Each of the S ranks of a sequence-parallel group holds T/S of the tokens of every layer's input (every S-th
+token: the ranks hold as many response positions, so as many logits, wherever the prompt ends). The
 embeddings, MLPs, norms and the head only ever see those local tokens, which is where the activation memory
 of a long sequence goes. Attention is the one place that needs the whole sequence: there an all-to-all turns
-[B, H, T/S, D] (all heads, my tokens) into [B, H/S, T, D] (my heads, all tokens), attention runs causally
-over the full sequence, and a second all-to-all turns the output back. Both all-to-alls are autograd
-functions whose backward is the opposite all-to-all. The forwards split one row of sequences packed back to
-back without padding (`verl.trainer.forward.SplitRow`), so the attention runs each sequence on its own.
+[B, H, T/S, D] (all heads, my tokens) into [B, H/S, T, D] (my heads, all tokens), put back in row order,
+attention runs causally over each sequence, and the output goes back the same way. Both all-to-alls are
+autograd functions whose backward is the opposite all-to-all. The forwards split one row of sequences packed
+back to back without padding (`verl.trainer.forward.SplitRow`), so the attention runs each sequence alone.
 
 The attention function is installed through transformers' `AttentionInterface` registry for the attention
 modules of one model only (they get a copy of the config naming it; the model's own config, its masks and the
@@ -50,12 +51,15 @@ class SequenceParallel:
 
 @dataclass(frozen=True)
 class SplitCall:
-    """What a split forward hands its attention (the `KWARG` keyword): the group, and the lengths of the
+    """What a split forward hands its attention (the `KWARG` keyword): the group; the lengths of the
     sequences packed back to back into the row being split (in order, summing to its full width), each of
-    which attends causally to itself only."""
+    which attends causally to itself only; and `order`, the row's tokens in the order the all-to-all gathers
+    them (rank by rank: `order[t]` is where token t arrives), with `inverse` undoing it."""
 
     sp: SequenceParallel
     lengths: tuple[int, ...]
+    order: torch.Tensor
+    inverse: torch.Tensor
 
 
 def sequence_parallel_layout(ranks: Sequence[int], size: int) -> list[tuple[int, ...]]:
@@ -230,12 +234,12 @@ def ulysses_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     sent = kv_heads_sent(kv, sp.size)
     if sent != kv:  # GQA with fewer (or indivisible) key/value heads: repeat each up to lcm(KV, S)
         key, value = (t.repeat_interleave(sent // kv, dim=1) for t in (key, value))
-    q, k, v = (seq_to_heads(t, sp) for t in (query, key, value))
+    q, k, v = (seq_to_heads(t, sp).index_select(2, call.order) for t in (query, key, value))  # in row order
     gqa = q.shape[1] != k.shape[1]
     parts = [torch.nn.functional.scaled_dot_product_attention(qi, ki, vi, dropout_p=dropout, is_causal=True,
                                                               scale=scaling, enable_gqa=gqa)
              for qi, ki, vi in zip(*(t.split(call.lengths, dim=2) for t in (q, k, v)), strict=True)]
-    out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+    out = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)).index_select(2, call.inverse)
     return heads_to_seq(out, sp).transpose(1, 2).contiguous(), None
 
 

@@ -187,48 +187,53 @@ def sequence_parallel_values(critic: torch.nn.Module, mb: Any, sp: SequenceParal
 
 @dataclass(frozen=True)
 class SplitRow:
-    """One rank's slice of a row of sequences packed back to back (positions restarting at 0 at each), split
+    """One rank's share of a row of sequences packed back to back (positions restarting at 0 at each), split
     over a sequence-parallel group (the same row on every rank).
 
     The row is padded to a multiple of the group size (the padding a sequence of its own) and rank i runs the
-    model on its i-th slice (`inputs`); the attention attends within each sequence (`SplitCall`), so every
-    token gets exactly what the padded, masked forward gives it. `predictors` [N] are the row positions whose
-    outputs are wanted (for log-probs: the position before each scored token)."""
+    model on every S-th token from the i-th (`inputs`), so the ranks hold as many of the response's positions
+    wherever it starts; the attention restores the row's order and attends within each sequence
+    (`SplitCall`), so every token gets exactly what the padded, masked forward gives it. `predictors` [N] are
+    the row positions whose outputs are wanted (for log-probs: the position before each scored token)."""
 
     sp: SequenceParallel
     inputs: dict[str, Any]  # this rank's forward keywords
     ids: torch.Tensor  # [1, width]: the padded row
     predictors: torch.Tensor  # [N]
-    start: int
+    order: torch.Tensor  # [width]: where the gather puts each token of the row
     chunk: int
 
     @classmethod
     def of(cls, ids: torch.Tensor, positions: torch.Tensor, predictors: torch.Tensor, sp: SequenceParallel) -> SplitRow:
-        length = ids.shape[1]
-        width = -(-length // sp.size) * sp.size
+        length, size = ids.shape[1], sp.size
+        width = -(-length // size) * size
         tail = width - length
         starts = (positions[0] == 0).nonzero().flatten().tolist() + [length]
         lengths = tuple(b - a for a, b in zip(starts, starts[1:], strict=False)) + ((tail,) if tail else ())
         ids = torch.nn.functional.pad(ids, (0, tail))
         positions = torch.cat([positions, torch.arange(tail, device=ids.device)[None]], dim=1)
-        chunk = width // sp.size
-        start = sp.index * chunk
-        local = slice(start, start + chunk)
+        chunk = width // size
+        token = torch.arange(width, device=ids.device)
+        order = (token % size) * chunk + token // size  # token t is rank t % S's (t // S)-th
         # A 4-D mask is taken as given (no mask is built); the sequence-parallel attention does not read it.
         placeholder = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=ids.device)
-        inputs = {"input_ids": ids[:, local], "attention_mask": placeholder, "position_ids": positions[:, local],
-                  "use_cache": False, KWARG: SplitCall(sp, lengths)}
-        return cls(sp, inputs, ids, predictors, start, chunk)
+        mine = slice(sp.index, width, size)
+        inputs = {"input_ids": ids[:, mine], "attention_mask": placeholder, "position_ids": positions[:, mine],
+                  "use_cache": False, KWARG: SplitCall(sp, lengths, order, torch.argsort(order))}
+        return cls(sp, inputs, ids, predictors, order, chunk)
 
     def local_predictors(self) -> torch.Tensor:
-        """The predictors in this rank's slice, as indices into it."""
-        mine = (self.predictors >= self.start) & (self.predictors < self.start + self.chunk)
-        return self.predictors[mine] - self.start
+        """The predictors among this rank's tokens, as indices into them."""
+        return self.predictors[self.predictors % self.sp.size == self.sp.index] // self.sp.size
+
+    def token(self, local: torch.Tensor) -> torch.Tensor:
+        """The row position of this rank's `local`-th tokens."""
+        return local * self.sp.size + self.sp.index
 
     def gathered(self, values: torch.Tensor) -> torch.Tensor:
         """Every rank's [1, chunk] values, gathered: the predictors' [N] on every rank (`gather_sequence`: each
         rank's backward runs through its own positions, so the S copies of a loss count once)."""
-        return gather_sequence(values, self.sp)[0, self.predictors]
+        return gather_sequence(values, self.sp)[0, self.order[self.predictors]]
 
 
 def split_logprobs(model: torch.nn.Module, split: SplitRow, *, temperature: float = 1.0, with_entropy: bool = False,
@@ -246,7 +251,7 @@ def split_logprobs(model: torch.nn.Module, split: SplitRow, *, temperature: floa
     else:
         head, cut = _head_positions(model, split.chunk, int(keep.min()), int(keep.max()) + 1, device)
         pick = keep - int(keep.min())
-    labels = split.ids[:, split.start + keep + 1] if here.numel() else split.ids[:, :0]
+    labels = split.ids[:, split.token(keep) + 1] if here.numel() else split.ids[:, :0]
     with head_capture(model, chunked) as capture:  # open until the log-probs are made (FSDP2 keeps the head gathered)
         output = forward_output(model(**split.inputs, **head), capture)
         output = output if isinstance(pick, slice) else _sliced(_sliced(output, cut), pick)
