@@ -248,17 +248,22 @@ def sft_batch(rows: int = 5, seed: int = 4) -> dict:
 def target_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     """SFT/DPO's `target_logprobs` split over the group against one rank's whole rows: the per-target
     log-probs, and the gradients of a loss that weighs every target differently (summed over the ranks), with
-    the plain head and the chunked one."""
+    the plain head and the chunked one, and for a row with one target (on one rank only)."""
     from verl.distributed.sequence_parallel import enable_sequence_parallel
     from verl.trainer.sft_trainer import target_logprobs
 
+    from verl.data.datasets import IGNORE_INDEX
+    from verl.trainer.sft_trainer import collate_sequences, shifted_targets
+
     setup(rank, world, port)
     sp = _sp(rank, world)
-    batch = sft_batch()
+    ids = list(range(1, 8))  # one target token: the ranks but one have nothing to score
+    lone = collate_sequences([[(ids, shifted_targets([IGNORE_INDEX] * 6 + ids[6:]))]], 0, packed=False)
     out = {}
-    for chunked in (False, True):
+    for chunked, batch in ((False, sft_batch()), (True, sft_batch()), ("lone", lone)):
         reference, split = tiny(), tiny()
         enable_sequence_parallel(split, world)
+        chunked = chunked is True
         want, want_rows = target_logprobs(reference, batch, torch.device("cpu"), chunked)
         got, rows = target_logprobs(split, batch, torch.device("cpu"), chunked, sp)
         weights = torch.linspace(0.5, 2.0, len(want))
@@ -267,8 +272,8 @@ def target_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         summed = grads(split)
         for t in summed.values():
             dist.all_reduce(t)
-        out[chunked] = {"logprobs": (got.detach(), want.detach()), "rows": (rows, want_rows),
-                        "grads": (summed, grads(reference))}
+        out[len(out)] = {"logprobs": (got.detach(), want.detach()), "rows": (rows, want_rows),
+                         "grads": (summed, grads(reference))}
     torch.save(out, Path(out_dir) / f"target{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()

@@ -244,23 +244,19 @@ def split_logprobs(model: torch.nn.Module, split: SplitRow, *, temperature: floa
     logits) are gathered, so every rank computes the same loss and each one's backward runs through its own
     tokens."""
     here = split.local_predictors()
-    device = split.ids.device
-    keep = here if here.numel() else torch.zeros(1, dtype=torch.long, device=device)
-    if keeps_positions(model):
-        head, pick = {"logits_to_keep": keep}, slice(None)
-    else:
-        head, cut = _head_positions(model, split.chunk, int(keep.min()), int(keep.max()) + 1, device)
-        pick = keep - int(keep.min())
-    labels = split.ids[:, split.token(keep) + 1] if here.numel() else split.ids[:, :0]
+    keep = here if here.numel() else here.new_zeros(1)  # none here: the head runs on one position, for nothing
+    head = {"logits_to_keep": keep} if keeps_positions(model) else {}
     with head_capture(model, chunked) as capture:  # open until the log-probs are made (FSDP2 keeps the head gathered)
         output = forward_output(model(**split.inputs, **head), capture)
-        output = output if isinstance(pick, slice) else _sliced(_sliced(output, cut), pick)
-        output = output if here.numel() else _sliced(output, slice(0, 0))
-        logprobs, entropy = _logprobs(output, labels, temperature, with_entropy, entropy_grad)
+        output = output if head else _sliced(output, keep)
+        logprobs, entropy = _logprobs(output, split.ids[:, split.token(keep) + 1], temperature, with_entropy,
+                                      entropy_grad)
 
     def spread(values: torch.Tensor) -> torch.Tensor:  # this rank's [1, n] -> the predictors' [N]
-        local = values.new_zeros(1, split.chunk).index_put((torch.zeros_like(here), here), values[0])
-        return split.gathered(local)
+        # Without predictors, an empty slice of the one it computed: still in the graph, so that this rank's
+        # backward runs through its tokens (the attention's all-to-alls wait for every rank's).
+        values = values[0, : here.numel()]
+        return split.gathered(values.new_zeros(1, split.chunk).index_put((torch.zeros_like(here), here), values))
 
     return spread(logprobs), spread(entropy) if entropy is not None else None
 

@@ -1,10 +1,11 @@
 """The actor's sequence-parallel group (`actor.sequence_parallel_size`) as one data-parallel replica.
 
 The rest of the step is untouched: every actor rank samples, scores and holds its own rows. Only the
-forwards of the models that split sequences change (the policy; a reference and the critic on its ranks). Before the old log-prob pass and the update, the S ranks of a group pool their rows
-(`pool_rows`: every member gets the same rows in the same order), so each sequence can be split over them
-(`forward.sequence_parallel_logprobs`); the old log-probs of a rank's own rows are cut back out
-(`own_rows`). The update runs over the pooled rows with the batch plan of W/S data-parallel replicas
+forwards of the models that split sequences change (the policy, and a reference, critic or teacher on its
+ranks). Before each such pass the S ranks of a group pool their rows (`pool_rows`: every member gets the
+same rows in the same order), so each micro-batch can be split over them
+(`forward.sequence_parallel_logprobs`, `sequence_parallel_values`); the results of a rank's own rows are
+cut back out (`own_rows`). The update runs over the pooled rows with the batch plan of W/S data-parallel replicas
 (`group_plan`) and with `replicas=S`, which makes FSDP's average over all W ranks the sum over each group's
 partial gradients (`update.micro_weights`). The shuffle stream is seeded the same on every rank, so the
 members of a group cut the same mini- and micro-batches.
@@ -97,9 +98,9 @@ class ActorSequenceParallel:
         return self.sp.size if self.sp is not None else 1
 
     def splits(self, model: torch.nn.Module | None, policy: torch.nn.Module | None) -> bool:
-        """Whether `model`'s forwards split sequences over the group: the policy's, and a reference's or the
-        critic's on the same ranks (made sequence-parallel at start-up; a LoRA reference is the policy with
-        its adapters off)."""
+        """Whether `model`'s forwards split sequences over the group: the policy's, and a reference's, critic's
+        or teacher's on the same ranks (made sequence-parallel at start-up; a LoRA reference is the policy
+        with its adapters off)."""
         return self.size > 1 and model is not None and (model is policy or splits_sequences(model))
 
     def pool(self, batch: RolloutBatch, stage: str) -> Pooled:
