@@ -256,3 +256,36 @@ def test_sequence_parallel_is_in_the_plan(qwen7b):
     report = check_startup(config, world_size=N, model_path=config.model.path, device_type="cpu")
     assert report.plan_inputs is not None and report.plan_inputs.sequence_parallel == 2
     assert not [str(p) for p in report.problems if "sequence_parallel_size" in str(p)]
+
+
+def test_sft_and_dpo_plan_the_update_phase_only(qwen7b, capsys):
+    """An SFT step is the RL update of the same micro-batch shape without a rollout phase, a reference or a
+    sleeping vLLM; DPO's adds its frozen reference (unless precomputed: then freed)."""
+    shape = ["data.max_response_length=4096", "actor.micro_batch_size=2", "fsdp.activation_checkpointing=true"]
+    device = int(H100 * GIB)
+    sft = plan_memory(_inputs(qwen7b, "trainer.kind=sft", *shape), device)
+    assert sft.rollout == [] and "rollout phase" not in sft.render() and "update phase" in sft.render()
+    rl = plan_memory(_inputs(qwen7b, "rollout.max_new_tokens=4096", "actor.kl_loss_coef=0", "rollout.engine=hf",
+                             *shape), device)
+    assert sft.update_peak == rl.update_peak and sft.update == rl.update
+    dpo = plan_memory(_inputs(qwen7b, "trainer.kind=dpo", *shape), device)
+    assert dpo.update_peak == sft.update_peak + params_bytes(2) // N  # the bf16 reference, sharded over 64 GPUs
+    precomputed = plan_memory(_inputs(qwen7b, "trainer.kind=dpo", "dpo.precompute_ref=true", *shape), device)
+    assert precomputed.update_peak == sft.update_peak
+    # SFT's `auto` counts every position of a micro-batch (5,120 x 152,064 logits here): chunked
+    assert _inputs(qwen7b, "trainer.kind=sft", "actor.chunked_logprobs=auto", *shape).chunked_logprobs
+    code = main(["check", str(qwen7b), "trainer.kind=sft", *shape, "--nproc", str(PER_NODE), "--nnodes", str(NODES),
+                 "--gpu-memory", str(H100)])
+    out = capsys.readouterr().out
+    assert "memory plan per GPU on an actor rank (GiB)" in out and "update phase" in out, (code, out[-2000:])
+    assert "rollout phase" not in out
+
+
+def test_split_and_packed_forwards_build_no_attention_mask(qwen7b):
+    def mask_parts(*overrides):
+        return [name for name, _ in plan_memory(_inputs(qwen7b, *overrides), None).update if "attention mask" in name]
+
+    assert mask_parts() and mask_parts("trainer.kind=sft")  # padded rows through sdpa
+    for overrides in (["actor.sequence_parallel_size=4"], ["actor.remove_padding=true"],
+                      ["trainer.kind=sft", "sft.packing=true"], ["trainer.kind=dpo", "actor.sequence_parallel_size=2"]):
+        assert mask_parts(*overrides) == [], overrides

@@ -1,4 +1,5 @@
-"""Per-GPU memory plan of an RL step: the rollout phase and the update phase, part by part.
+"""Per-GPU memory plan of a training step: an RL step's rollout phase and update phase, part by part (an SFT
+or DPO step has the update phase only).
 
 `verl.distributed.memory` counts model state (weights, gradients, optimizer moments) per rank; this adds
 what a step needs on top on a rank that holds the actor: FSDP2's gathered layers and unsharded gradients,
@@ -127,11 +128,13 @@ class PlanInputs:
     head_trained: bool = True  # the output head gets a gradient (not under LoRA)
     sequence_parallel: int = 1  # actor.sequence_parallel_size: one sequence's tokens split over this many ranks
     sharded: bool = True  # FSDP2 wraps the actor (gathered layers, unsharded gradients); False: one plain process
-    padded_mask: bool = True  # rows of a micro-batch differ in padding: sdpa gets a 4-D mask (not flash-attn)
+    padded_mask: bool = True  # rows of a micro-batch differ in padding: sdpa gets a 4-D mask (not flash-attn,
+    # packed or split forwards)
     engine: str = "hf"  # "vllm" (colocated on the actor's ranks) or "hf"
     gpu_memory_utilization: float = 0.5
     rows_per_rank: int = 1  # sequences one actor rank samples per step
     vllm_colocated: bool = True
+    samples: bool = True  # an RL run: a rollout phase before the update (SFT, DPO: none)
 
     def with_(self, **changes: object) -> PlanInputs:
         return dataclasses.replace(self, **changes)
@@ -162,11 +165,11 @@ class MemoryPlan:
         return max(self.rollout_peak, self.update_peak) <= self.device_bytes
 
     def render(self) -> str:
-        """Both phases as a table (GiB per GPU), the peaks against the device, and the notes."""
+        """The phases as a table (GiB per GPU), the peaks against the device, and the notes."""
         width = max(len(name) for name, _ in self.rollout + self.update)
         lines = ["memory plan per GPU on an actor rank (GiB)"]
-        for title, parts, peak in (("rollout phase", self.rollout, self.rollout_peak),
-                                   ("update phase", self.update, self.update_peak)):
+        phases = (("rollout phase", self.rollout, self.rollout_peak), ("update phase", self.update, self.update_peak))
+        for title, parts, peak in phases if self.rollout else phases[1:]:
             lines.append(f"  {title}")
             lines += [f"    {name.ljust(width)}  {b / GIB:8.2f}" for name, b in parts]
             lines.append(f"    {'peak'.ljust(width)}  {peak / GIB:8.2f}{self._verdict(peak)}")
@@ -225,9 +228,12 @@ def plan_memory(x: PlanInputs, device_bytes: int | None) -> MemoryPlan:
         update += [("gathered: root (embeddings, head) + 2 layers", (s.root_params + 2 * s.layer_params) * c),
                    ("unsharded gradients: root + 1 layer", (s.root_params + s.layer_params) * c)]
     update += forward_backward_parts(x, notes)
+    update.append(("CUDA context, NCCL buffers (assumed)", CUDA_RUNTIME_BYTES))
+    if not x.samples:
+        return MemoryPlan(inputs=x, rollout=[], update=update, device_bytes=device_bytes, notes=notes)
     rollout = list(resident_rollout)
     if x.engine == "vllm" and x.vllm_colocated:
-        update.append(("vLLM asleep (KV cache and weights released)", VLLM_ASLEEP_BYTES))
+        update.insert(-1, ("vLLM asleep (KV cache and weights released)", VLLM_ASLEEP_BYTES))
         rollout.append(("weight push: one full tensor at a time (largest)",
                         max(s.embed_params, s.head_params, 1) * m))
         if device_bytes is not None:
@@ -251,7 +257,6 @@ def plan_memory(x: PlanInputs, device_bytes: int | None) -> MemoryPlan:
                         rows * (x.prompt_len + x.response_len) * s.layers * 2 * s.kv_dim * c))
         rollout.append(("sampler: next-token logits (float32)", rows * s.vocab * 4))
     rollout.append(("CUDA context, NCCL buffers (assumed)", CUDA_RUNTIME_BYTES))
-    update.append(("CUDA context, NCCL buffers (assumed)", CUDA_RUNTIME_BYTES))
     return MemoryPlan(inputs=x, rollout=rollout, update=update, device_bytes=device_bytes, notes=notes)
 
 
@@ -273,7 +278,7 @@ def forward_backward_parts(x: PlanInputs, notes: list[str] | None = None) -> lis
       embeddings' gradient at the very end);
     * unsharded with tied embeddings, the end: that held gradient, the embeddings' own and their sum.
     Sequence parallelism splits a micro-batch's tokens over `sequence_parallel` ranks, so the activations and
-    logits shrink by it (the mask does not: each rank attends over the whole sequence).
+    logits shrink by it (its split forward packs the rows and builds no mask).
     """
     s, c, m, sp = x.shape, x.compute_bytes, x.master_bytes, max(x.sequence_parallel, 1)
     tokens, response_tokens = _mb_tokens(x)

@@ -49,8 +49,11 @@ def model_shape(config: RunConfig, model_path: str) -> ModelShape | None:
 
 
 def plan_inputs(config: RunConfig, *, mapping: Any, shape: ModelShape, world_size: int,
-                counts: dict[str, int] | None = None, trainable: dict[str, int] | None = None) -> PlanInputs:
-    """The plan's inputs for an actor rank of an RL run on CUDA.
+                counts: dict[str, int] | None = None, trainable: dict[str, int] | None = None,
+                kind: str = "rl") -> PlanInputs:
+    """The plan's inputs for an actor rank of an RL, SFT or DPO run (`kind`) on CUDA. SFT and DPO have no
+    rollout phase; their micro-batch is `actor.micro_batch_size` sequences of data.max_prompt_length +
+    data.max_response_length tokens, the response's being the ones whose log-probs are taken.
 
     Weights, gradients and optimizer moments of trainable roles are in the master dtype (`model.dtype`
     resolved for CUDA); forward and backward in FSDP2's `param_dtype` when `fsdp.mixed_precision` is on;
@@ -65,14 +68,19 @@ def plan_inputs(config: RunConfig, *, mapping: Any, shape: ModelShape, world_siz
     dtypes = {"actor": master, "critic": master, **{role: held[role] or compute for role in ("ref", "reward", "teacher")}}
     if counts is None:
         counts = {role: shape.total_params for role in mapping.roles if role != "reward"}
+    if kind != "rl":  # the dataset trainers hold no reward model; DPO's precomputed reference is freed
+        counts = {role: n for role, n in counts.items()
+                  if role == "actor" or (role == "ref" and kind == "dpo" and not config.dpo.precompute_ref)}
     estimate = estimate_memory(counts, dtypes, mapping=mapping,
                                sharding=config.fsdp.sharding_strategy if world_size > 1 else "NO_SHARD",
                                hybrid_shard_size=config.fsdp.hybrid_shard_size, trainable_counts=trainable)
     actor_ranks = mapping.ranks("actor")
     rows = config.data.train_batch_size * config.rollout.n
-    a = config.actor
-    _, response_tokens = micro_batch_tokens(a.micro_batch_size, a.max_tokens_per_micro_batch,
-                                            config.data.max_prompt_length, config.rollout.max_new_tokens)
+    a, d = config.actor, config.data
+    rl = kind == "rl"
+    response_len = config.rollout.max_new_tokens if rl else d.max_response_length
+    budget = a.max_tokens_per_micro_batch if rl else None
+    tokens, response_tokens = micro_batch_tokens(a.micro_batch_size, budget, d.max_prompt_length, response_len)
     lora = config.model.lora
     launch = fsdp_launch(config, world_size=world_size, device_type="cuda", bf16_supported=True)
     return PlanInputs(
@@ -80,16 +88,21 @@ def plan_inputs(config: RunConfig, *, mapping: Any, shape: ModelShape, world_siz
         compute_bytes=bytes_per_element(compute, where="fsdp.mixed_precision.param_dtype"),
         master_bytes=bytes_per_element(master, where="model.dtype"),
         micro_batch=config.actor.micro_batch_size, prompt_len=config.data.max_prompt_length,
-        response_len=config.rollout.max_new_tokens, tokens_per_micro_batch=config.actor.max_tokens_per_micro_batch,
+        response_len=response_len, tokens_per_micro_batch=budget,
         activation_checkpointing=config.fsdp.activation_checkpointing or config.model.gradient_checkpointing,
         cpu_offload=config.fsdp.cpu_offload, engine=config.rollout.engine,
         offloaded=frozenset(role for role in ("actor", "critic") if getattr(config, role).cpu_offload is True),
         kept=frozenset(role for role in ("actor", "critic") if getattr(config, role).cpu_offload is False),
         activation_offload=a.activation_offload, sequence_parallel=a.sequence_parallel_size,
-        chunked_logprobs=chunks_logits(a.chunked_logprobs, response_tokens, shape.vocab),
+        # SFT/DPO's `auto` counts every position of a micro-batch (`OfflineTrainer.chunks_logprobs`)
+        chunked_logprobs=chunks_logits(a.chunked_logprobs, response_tokens if rl else tokens, shape.vocab),
         head_trained=not lora.enabled or "lm_head" in (lora.modules_to_save or []), sharded=launch.sharded,
-        padded_mask=config.model.attn_implementation != "flash_attention_2",
-        gpu_memory_utilization=vllm_memory_utilization(config), rows_per_rank=-(-rows // len(actor_ranks)))
+        # sdpa gets a [T, T] mask for padded rows; flash-attention, the split forward of sequence parallelism and
+        # packed rows (remove_padding, sft.packing: one attention per sequence) build none
+        padded_mask=(config.model.attn_implementation != "flash_attention_2" and a.sequence_parallel_size == 1
+                     and not (a.remove_padding if rl else kind == "sft" and config.sft.packing)),
+        gpu_memory_utilization=vllm_memory_utilization(config), rows_per_rank=-(-rows // len(actor_ranks)),
+        samples=rl)
 
 
 __all__ = ["model_shape", "plan_inputs", "targets_gpu", "vllm_memory_utilization"]

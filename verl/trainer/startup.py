@@ -57,7 +57,7 @@ class StartupReport:
     rl_notes: list[str] = field(default_factory=list)  # what the RL step will do (e.g. the rollout correction)
     memory: Any = None
     memory_warnings: list[str] = field(default_factory=list)
-    plan_inputs: Any = None  # memory_plan.PlanInputs of an RL run for GPUs (printed by `verl check`)
+    plan_inputs: Any = None  # memory_plan.PlanInputs of an RL/SFT/DPO run for GPUs (printed by `verl check`)
     parameters: Any = None  # lora_checks.ParameterCounts: trainable and total parameters (LoRA or not)
 
 
@@ -498,7 +498,8 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
         return report
     # The GPU plan is made even when the run is refused here (vLLM on a CPU-only machine): planning the
     # GPUs from a login node is what `verl check` is for.
-    shape = model_shape(config, model_path) if kind == "rl" and targets_gpu(config, device_type) else None
+    planned = kind in ("rl", "sft", "dpo") and targets_gpu(config, device_type)
+    shape = model_shape(config, model_path) if planned else None
     counts, trainable = None, None
     if lora.counts is not None:
         counts, trainable = memory_counts(config, lora.counts, report.mapping)
@@ -512,7 +513,7 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
     if shape is not None:
         try:
             report.plan_inputs = plan_inputs(config, mapping=report.mapping, shape=shape, world_size=world_size,
-                                             counts=counts, trainable=trainable)
+                                             counts=counts, trainable=trainable, kind=kind)
         except VerlError as exc:
             problems.append(exc)
     if problems:
