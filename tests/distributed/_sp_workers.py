@@ -249,11 +249,9 @@ def target_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     """SFT/DPO's `target_logprobs` split over the group against one rank's whole rows: the per-target
     log-probs, and the gradients of a loss that weighs every target differently (summed over the ranks), with
     the plain head and the chunked one, and for a row with one target (on one rank only)."""
-    from verl.distributed.sequence_parallel import enable_sequence_parallel
-    from verl.trainer.sft_trainer import target_logprobs
-
     from verl.data.datasets import IGNORE_INDEX
-    from verl.trainer.sft_trainer import collate_sequences, shifted_targets
+    from verl.distributed.sequence_parallel import enable_sequence_parallel
+    from verl.trainer.sft_trainer import collate_sequences, shifted_targets, target_logprobs
 
     setup(rank, world, port)
     sp = _sp(rank, world)
