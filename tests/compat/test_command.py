@@ -259,3 +259,19 @@ def test_verls_reward_manager_is_where_reward_calls_run():
     assert translate(["reward_model.reward_manager=prime"]).ours == ["reward.executor=process"]
     assert translate(["reward_model.reward_manager=naive"]).ours == ["reward.executor=thread"]
     assert translate(["reward_model.reward_manager=batch"]).decide[0][1].startswith("reward.executor")
+
+
+def test_ulysses_sizes_and_per_gpu_token_budgets():
+    """verl's token budget is per GPU after the Ulysses split; ours counts the micro-batch before it."""
+    arr = "actor_rollout_ref.actor"
+    t = translate([f"{arr}.ulysses_sequence_parallel_size=4", f"{arr}.ppo_max_token_len_per_gpu=16384",
+                   "critic.ppo_max_token_len_per_gpu=32768", "critic.ulysses_sequence_parallel_size=2"])
+    ours = dict(item.split("=", 1) for item in t.ours)
+    assert ours["actor.sequence_parallel_size"] == "4" and ours["actor.max_tokens_per_micro_batch"] == "65536"
+    assert ours["critic.max_tokens_per_micro_batch"] == "65536"  # the critic's own size, 2
+    assert (f"{arr}.ppo_max_token_len_per_gpu=16384", "actor.max_tokens_per_micro_batch=65536: verl's budget is "
+            "per GPU after the 4-way split, ours the micro-batch's before it") in t.notes
+    assert [theirs for theirs, _ in t.decide if "ulysses" in theirs] == ["critic.ulysses_sequence_parallel_size=2"]
+    plain = translate([f"{arr}.ppo_max_token_len_per_gpu=16384", "critic.ulysses_sequence_parallel_size=1"])
+    assert "actor.max_tokens_per_micro_batch=16384" in plain.ours and not [d for d in plain.decide if "ulysses" in d[0]]
+    load_config(None, t.ours)  # every translated item is a valid setting

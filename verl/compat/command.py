@@ -65,6 +65,12 @@ _NEGATIVE: dict[str, tuple[str, str, str]] = {
 # optim.lr_warmup_steps_ratio: warmup as a share of the run's steps, used where lr_warmup_steps is unset (-1)
 _WARMUP = {f"{_ARR}.actor.optim": "actor.warmup_steps", "critic.optim": "critic.warmup_steps"}
 _TOTAL_STEPS = "trainer.total_training_steps"
+# verl's token budgets are per GPU after a Ulysses split (it multiplies them by the sequence-parallel size);
+# ours counts a micro-batch's tokens before the split: (budget key, our key, its sequence-parallel size key)
+_BUDGETS = ((f"{_ARR}.actor.ppo_max_token_len_per_gpu", "actor.max_tokens_per_micro_batch",
+             f"{_ARR}.actor.ulysses_sequence_parallel_size"),
+            ("critic.ppo_max_token_len_per_gpu", "critic.max_tokens_per_micro_batch",
+             "critic.ulysses_sequence_parallel_size"))
 _FILTER_LONG = "data.filter_overlong_prompts"
 _GPUS, _NODES = "trainer.n_gpus_per_node", "trainer.nnodes"
 _LAUNCH = (_GPUS, _NODES)
@@ -177,12 +183,35 @@ def _warmup(given: Mapping[str, str], out: Translation) -> None:
                 out.decide.append((item, f"{ours} (a count of steps: the ratio times trainer.total_steps)"))
 
 
+def _sequence_parallel(given: Mapping[str, str], out: Translation) -> None:
+    """verl's Ulysses sizes: the actor's is ours (a reference, critic and teacher on the actor's ranks split
+    with its groups); a critic size of its own is to decide. A token budget given with a size is verl's per
+    GPU after the split, ours the micro-batch's before it: ours is verl's times the size (same micro-batches)."""
+    (_, _, actor_key), (_, _, critic_key) = _BUDGETS
+    if actor_key in given:
+        out.ours.append(f"actor.sequence_parallel_size={given[actor_key]}")
+    if critic_key in given and given[critic_key].strip() != given.get(actor_key, "1").strip():
+        out.decide.append((f"{critic_key}={given[critic_key]}", "actor.sequence_parallel_size (a critic on the "
+                           "actor's ranks splits with the actor's groups; one on ranks of its own runs whole "
+                           "sequences)"))
+    for budget, ours, size_key in _BUDGETS:
+        size = int(float(parse_value(given.get(size_key, "1")) or 1))
+        if budget in given and size > 1:
+            total = int(float(parse_value(given[budget]))) * size
+            out.ours.append(f"{ours}={total}")
+            out.notes.append((f"{budget}={given[budget]}", f"{ours}={total}: verl's budget is per GPU after the "
+                              f"{size}-way split, ours the micro-batch's before it"))
+        elif budget in given:
+            out.ours.append(f"{ours}={given[budget]}")
+
+
 def translate(items: Sequence[str]) -> Translation:
     """A `verl.trainer.main_ppo` (or DAPO recipe `main_dapo`) command line's `key=value` items (Hydra's `+`/`++`
     prefixes allowed), sorted into ours, to decide, and missing; each of our keys appears once."""
     warmup = [f"{section}.{name}" for section in _WARMUP for name in ("lr_warmup_steps", "lr_warmup_steps_ratio")]
+    budgets = [key for triple in _BUDGETS for key in (triple[0], triple[2])]
     out, given = _sort(items, VERL_KEYS, (_REWARD_PATH, _REWARD_NAME, _USE_KL, _KL_COEF, _OVERLONG, _OVERLONG_LEN,
-                                          _FILTER_LONG, _MAX_RESP_LEN, _TOTAL_STEPS, *warmup), _RENAMED)
+                                          _FILTER_LONG, _MAX_RESP_LEN, _TOTAL_STEPS, *warmup, *budgets), _RENAMED)
     if _TOTAL_STEPS in given:
         out.ours.append(f"trainer.total_steps={given[_TOTAL_STEPS]}")
     if _REWARD_PATH in given:  # verl's default function name is compute_score
@@ -215,6 +244,7 @@ def translate(items: Sequence[str]) -> Translation:
                                "back from it here; verl's DAPO manager from its own max_resp_len)"))
     if _true(given.get(_FILTER_LONG, "false")):  # verl drops too-long prompts before any truncation: this wins
         out.ours.append("data.truncation=drop")
+    _sequence_parallel(given, out)
     _warmup(given, out)
     if not any(k in given for k in (_REWARD_PATH, _REWARD_NAME)) and not any(o.startswith("reward.") for o in out.ours):
         # verl's default scores each sample with a scorer chosen by its data_source; here the functions are named
