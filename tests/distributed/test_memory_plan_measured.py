@@ -2,7 +2,7 @@
 makes, alive at once at its peak (a TorchDispatchMode adds each storage when an operator returns it and
 subtracts it when Python frees it), beyond weights and gradients. A small Qwen2 with tied embeddings, float32,
 one response (unpadded, and left-padded: sdpa's 4-D mask), plain and chunked log-probs, with and without
-checkpointing: within 20%.
+checkpointing, and an SFT micro-batch: within 20%.
 benchmarks/long_response_memory.py measures the same at the Qwen2.5-0.5B shape for 2k-16k tokens."""
 
 from __future__ import annotations
@@ -86,5 +86,29 @@ def test_the_plan_is_within_20_percent_of_the_measured_peak(monkeypatch, chunked
     x = PlanInputs(shape=shape, resident={}, compute_bytes=4, master_bytes=4, micro_batch=1, prompt_len=PROMPT,
                    response_len=RESPONSE, activation_checkpointing=checkpointing, chunked_logprobs=chunked,
                    sharded=False, padded_mask=padded)
+    plan = plan_memory(x, None).update_peak - CUDA_RUNTIME_BYTES
+    assert plan == pytest.approx(probe.peak, rel=0.2), (plan, probe.peak)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_the_sft_plan_is_within_20_percent_of_a_measured_sft_micro_batch(monkeypatch, chunked):
+    """An SFT step's micro-batch (target log-probs of the answer, the mean NLL) costs what the plan's update
+    phase counts for a response of the answer's length (`plan_inputs(kind="sft")` builds these inputs)."""
+    import verl.algorithms.head_logprobs as head_mod
+    from verl.data.datasets import IGNORE_INDEX
+    from verl.trainer.sft_trainer import collate_sequences, shifted_targets, target_logprobs
+
+    monkeypatch.setattr(head_mod, "CHUNK_ELEMENTS", 8192 * 64)
+    model = _model(checkpointing=True)
+    ids = torch.randint(0, 8192, (PROMPT + RESPONSE,), generator=torch.Generator().manual_seed(0)).tolist()
+    batch = collate_sequences([[(ids, shifted_targets([IGNORE_INDEX] * PROMPT + ids[PROMPT:]))]], 0, packed=False)
+    state = [p.untyped_storage() for p in model.parameters()] + [p.grad.untyped_storage() for p in model.parameters()]
+    with LiveBytes({id(s) for s in state}) as probe:
+        logprobs, _ = target_logprobs(model, batch, torch.device("cpu"), chunked)
+        (-logprobs.mean()).backward()
+    shape = ModelShape.from_model(model, find_decoder_layers(model)[0])
+    x = PlanInputs(shape=shape, resident={}, compute_bytes=4, master_bytes=4, micro_batch=1, prompt_len=PROMPT,
+                   response_len=RESPONSE, activation_checkpointing=True, chunked_logprobs=chunked, sharded=False,
+                   padded_mask=False, samples=False)
     plan = plan_memory(x, None).update_peak - CUDA_RUNTIME_BYTES
     assert plan == pytest.approx(probe.peak, rel=0.2), (plan, probe.peak)
