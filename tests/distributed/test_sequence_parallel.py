@@ -19,6 +19,12 @@ def _close(got: torch.Tensor, want: torch.Tensor, what: str, tol: float = 1e-5) 
     torch.testing.assert_close(got, want, rtol=tol, atol=tol * scale, msg=lambda m: f"{what}: {m}")
 
 
+def _same_grads(summed: dict, want: dict, what: str) -> None:
+    """The gradients summed over the ranks against one rank's, parameter by parameter."""
+    for param, g in want.items():
+        _close(summed[param], g, f"{what} grad {param}")
+
+
 def test_split_forward_equals_one_rank_loss_gradients_logprobs_and_padding_changes_nothing(tmp_path):
     W.launch(SP.forward_worker, 2, str(tmp_path))
     ranks = [torch.load(tmp_path / f"forward{r}.pt", weights_only=False) for r in range(2)]
@@ -36,8 +42,7 @@ def test_split_forward_equals_one_rank_loss_gradients_logprobs_and_padding_chang
                 assert (got[~mask] == 0).all(), f"{name}: padded {key} are 0"
             summed, want = case["grads"]
             assert sum(float(g.abs().sum()) for g in want.values()) > 0
-            for param, g in want.items():
-                _close(summed[param], g, f"{name} grad {param}")
+            _same_grads(summed, want, name)
             metrics, ref_metrics = case["metrics"]
             for key, value in ref_metrics.items():
                 assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (name, key)
@@ -52,15 +57,13 @@ def test_sft_and_dpo_target_logprobs_split_equal_one_rank_with_and_without_the_c
     W.launch(SP.target_worker, 2, str(tmp_path))
     for r in range(2):
         res = torch.load(tmp_path / f"target{r}.pt", weights_only=False)
-        assert len(res[2]["logprobs"][1]) == 1
-        for chunked, case in res.items():
+        assert len(res[2]["logprobs"][1]) == 1  # the row with one target
+        for name, case in zip(("plain", "chunked", "one target"), res.values(), strict=True):
             got, want = case["logprobs"]
-            assert chunked == 2 or len(want) == int((SP.sft_batch()["targets"] != -100).sum())
-            _close(got, want, f"chunked={chunked} logprobs")
+            assert name == "one target" or len(want) == int((SP.sft_batch()["targets"] != -100).sum())
+            _close(got, want, f"{name} logprobs")
             assert torch.equal(*case["rows"])
-            summed, want_grads = case["grads"]
-            for param, g in want_grads.items():
-                _close(summed[param], g, f"chunked={chunked} grad {param}")
+            _same_grads(*case["grads"], name)
 
 
 def test_critic_values_loss_and_gradients_split_equal_one_rank(tmp_path):
@@ -76,8 +79,7 @@ def test_critic_values_loss_and_gradients_split_equal_one_rank(tmp_path):
         summed, want_grads = res["grads"]
         assert float(want_grads["value_head.weight"].abs().sum()) > 0 and float(want.abs().max()) > 0
         assert float(want_grads["backbone.layers.0.self_attn.q_proj.weight"].abs().sum()) > 0
-        for param, g in want_grads.items():
-            _close(summed[param], g, f"critic grad {param}")
+        _same_grads(summed, want_grads, "critic")
 
 
 def test_optimize_with_fsdp_and_pooled_rows_equals_one_process(tmp_path):
