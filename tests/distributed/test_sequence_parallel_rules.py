@@ -252,3 +252,16 @@ def test_verl_check_says_which_models_split_with_the_actor_and_checks_their_own(
     teacher = _check("actor.sequence_parallel_size=2", f"algorithm.distill.teacher_path={odd}").messages
     assert any(m.startswith("[start-up] algorithm.distill.teacher_path (the teacher, on the actor's ranks") and
                "does not divide the model's 3 attention heads" in m for m in teacher), teacher
+
+
+def test_an_offline_batch_that_the_replicas_cannot_share_is_refused_by_replica():
+    from types import SimpleNamespace
+
+    from verl.trainer.offline import OfflineTrainer
+
+    trainer = object.__new__(OfflineTrainer)  # the attributes build_sampler reads: 4 ranks in 2 groups of 2
+    trainer.config, trainer.dp_size, trainer.sp = load_config(overrides=["trainer.device=cpu"]), 2, SimpleNamespace(size=2)
+    with pytest.raises(ConfigError, match=r"sft.batch_size=3 is not divisible by the 2 data-parallel replicas "
+                                          r"\(sequence-parallel groups of 2 ranks\); use a multiple of 2"):
+        trainer.build_sampler(10, 3, "sft.batch_size")
+    assert trainer.build_sampler(10, 4, "sft.batch_size").num_rows == 10

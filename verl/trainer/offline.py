@@ -137,8 +137,9 @@ class OfflineTrainer(TrainerRuntime):
         (a small warm-start set with a large batch still sees every row equally often).
         """
         if batch_size % self.dp_size:
-            raise ConfigError(f"{key}={batch_size} is not divisible by the {self.dp_size} data-parallel ranks; "
-                              f"use a multiple of {self.dp_size}")
+            ranks = (f"{self.dp_size} data-parallel replicas (sequence-parallel groups of {self.sp_size} ranks)"
+                     if self.sp_size > 1 else f"{self.dp_size} data-parallel ranks")
+            raise ConfigError(f"{key}={batch_size} is not divisible by the {ranks}; use a multiple of {self.dp_size}")
         self.batch_size = batch_size
         return ResumableOrder(num_rows, seed=self.config.trainer.seed, shuffle=self.config.data.shuffle)
 
