@@ -275,3 +275,16 @@ def test_ulysses_sizes_and_per_gpu_token_budgets():
     plain = translate([f"{arr}.ppo_max_token_len_per_gpu=16384", "critic.ulysses_sequence_parallel_size=1"])
     assert "actor.max_tokens_per_micro_batch=16384" in plain.ours and not [d for d in plain.decide if "ulysses" in d[0]]
     load_config(None, t.ours)  # every translated item is a valid setting
+
+
+def test_a_value_that_is_not_a_number_is_left_to_decide_not_a_traceback():
+    arr = "actor_rollout_ref.actor"
+    t = translate([f"{arr}.optim.lr_warmup_steps_ratio=abc", f"{arr}.ulysses_sequence_parallel_size=two",
+                   f"{arr}.ppo_max_token_len_per_gpu=100", "critic.optim.lr_warmup_steps_ratio=0.1",
+                   "trainer.total_training_steps=x"])
+    decided = dict(t.decide)
+    assert decided[f"{arr}.optim.lr_warmup_steps_ratio=abc"].startswith("actor.warmup_steps (a count of steps")
+    assert decided["critic.optim.lr_warmup_steps_ratio=0.1"].startswith("critic.warmup_steps (a count of steps")
+    assert decided[f"{arr}.ppo_max_token_len_per_gpu=100"].startswith("actor.max_tokens_per_micro_batch (a "
+                                                                        "micro-batch's tokens before the Ulysses split")
+    assert not [o for o in t.ours if "warmup_steps=" in o or "max_tokens_per_micro_batch=" in o]

@@ -166,17 +166,25 @@ def _negative(value: str) -> bool:
         return False
 
 
+def _number(value: str | None) -> float | None:
+    """`value` read as YAML reads it, if that is a number (None when absent or not a number: the item is then
+    left to decide rather than computed with)."""
+    parsed = parse_value(value) if value is not None else None
+    return float(parsed) if isinstance(parsed, int | float) and not isinstance(parsed, bool) else None
+
+
 def _warmup(given: Mapping[str, str], out: Translation) -> None:
     """verl's warmup is `lr_warmup_steps`, or where that is unset (-1, its default) `lr_warmup_steps_ratio` of
     the run's steps; ours is a count of steps, computed here when the run's length is given in steps."""
     for section, ours in _WARMUP.items():
         steps, ratio = given.get(f"{section}.lr_warmup_steps"), given.get(f"{section}.lr_warmup_steps_ratio")
+        fraction, total = _number(ratio), _number(given.get(_TOTAL_STEPS))
         if steps is not None and not _negative(steps):
             out.ours.append(f"{ours}={steps}")
-        elif ratio is not None and float(parse_value(ratio) or 0) > 0:
+        elif ratio is not None and (fraction is None or fraction > 0):
             item = f"{section}.lr_warmup_steps_ratio={ratio}"
-            if _TOTAL_STEPS in given:
-                count = int(float(parse_value(ratio)) * int(parse_value(given[_TOTAL_STEPS])))
+            if fraction is not None and total is not None:
+                count = int(fraction * total)
                 out.ours.append(f"{ours}={count}")
                 out.notes.append((item, f"{ours}={count}: the ratio of {_TOTAL_STEPS}={given[_TOTAL_STEPS]}"))
             else:
@@ -195,13 +203,18 @@ def _sequence_parallel(given: Mapping[str, str], out: Translation) -> None:
                            "actor's ranks splits with the actor's groups; one on ranks of its own runs whole "
                            "sequences)"))
     for budget, ours, size_key in _BUDGETS:
-        size = int(float(parse_value(given.get(size_key, "1")) or 1))
-        if budget in given and size > 1:
-            total = int(float(parse_value(given[budget]))) * size
+        if budget not in given:
+            continue
+        size, tokens = _number(given.get(size_key, "1")), _number(given[budget])
+        if size is None or tokens is None:
+            out.decide.append((f"{budget}={given[budget]}", f"{ours} (a micro-batch's tokens before the Ulysses "
+                               f"split: verl's per-GPU figure times {size_key})"))
+        elif size > 1:
+            total = int(tokens * size)
             out.ours.append(f"{ours}={total}")
             out.notes.append((f"{budget}={given[budget]}", f"{ours}={total}: verl's budget is per GPU after the "
-                              f"{size}-way split, ours the micro-batch's before it"))
-        elif budget in given:
+                              f"{size:g}-way split, ours the micro-batch's before it"))
+        else:
             out.ours.append(f"{ours}={given[budget]}")
 
 
