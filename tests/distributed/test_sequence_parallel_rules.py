@@ -84,7 +84,7 @@ def _offline(kind, *overrides, world=2):
     return report, [m for m in report.messages if "sequence_parallel" in m]
 
 
-def test_sft_and_dpo_split_sequences_the_reward_model_is_refused():
+def test_sft_and_dpo_split_sequences_the_reward_model_is_refused(tmp_path):
     for kind in ("sft", "dpo"):
         ok, messages = _offline(kind, "actor.sequence_parallel_size=2", world=4)
         assert messages == []
@@ -92,6 +92,11 @@ def test_sft_and_dpo_split_sequences_the_reward_model_is_refused():
         assert "the ranks of a group read the same rows (data parallelism over the 2 group(s))" in note
         _, [ranks] = _offline(kind, "actor.sequence_parallel_size=3", world=3)
         assert "does not divide the model's 4 attention heads" in ranks
+    odd = tmp_path / "odd"  # a reference of its own that cannot split: refused before loading, as in RL
+    _tiny(heads=3, kv=1).save_pretrained(odd)
+    _, [ref] = _offline("dpo", "actor.sequence_parallel_size=2", f"ref.path={odd}")
+    assert ref.startswith("[start-up] ref.path (the reference, on the actor's ranks, splits its sequences with the "
+                          "actor's groups): actor.sequence_parallel_size=2 does not divide the model's 3 attention")
     _, [rm] = _offline("rm", "actor.sequence_parallel_size=2")
     assert rm == ("[start-up] actor.sequence_parallel_size=2 with trainer.kind=rm: the reward-model trainer scores "
                   "whole sequences and does not split them. Fix: set actor.sequence_parallel_size=1")

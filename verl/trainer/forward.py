@@ -170,18 +170,16 @@ def sequence_parallel_logprobs(
     """`response_logprobs` of `mb` (the same rows on every rank of `sp`), its sequences packed into one row
     without padding and split over the group (`split_logprobs`): [B, R] on every rank, 0 where a row has no
     response token."""
-    layout = PackedLayout.of(mb)
-    logprobs, entropy = split_logprobs(model, SplitRow.of(layout.ids, layout.positions, layout.predictors, sp),
-                                       temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
-                                       chunked=chunked)
+    layout, split = SplitRow.of_batch(mb, sp)
+    logprobs, entropy = split_logprobs(model, split, temperature=temperature, with_entropy=with_entropy,
+                                       entropy_grad=entropy_grad, chunked=chunked)
     return layout.unpacked(logprobs[None]), None if entropy is None else layout.unpacked(entropy[None])
 
 
 def sequence_parallel_values(critic: torch.nn.Module, mb: Any, sp: SequenceParallel) -> torch.Tensor:
     """`response_values` of `mb` (the same rows on every rank of `sp`), packed and split as
     `sequence_parallel_logprobs` does: [B, R] on every rank."""
-    layout = PackedLayout.of(mb)
-    split = SplitRow.of(layout.ids, layout.positions, layout.predictors, sp)
+    layout, split = SplitRow.of_batch(mb, sp)
     return layout.unpacked(split.gathered(critic(**split.inputs).float())[None])
 
 
@@ -221,6 +219,13 @@ class SplitRow:
         inputs = {"input_ids": ids[:, mine], "attention_mask": placeholder, "position_ids": positions[:, mine],
                   "use_cache": False, KWARG: SplitCall(sp, lengths, order, torch.argsort(order))}
         return cls(sp, inputs, ids, predictors, order, chunk)
+
+    @classmethod
+    def of_batch(cls, mb: Any, sp: SequenceParallel) -> tuple[PackedLayout, SplitRow]:
+        """An RL micro-batch's sequences packed into one row (`PackedLayout`: its predictors are those of the
+        attended response tokens) and this rank's share of it."""
+        layout = PackedLayout.of(mb)
+        return layout, cls.of(layout.ids, layout.positions, layout.predictors, sp)
 
     def local_predictors(self) -> torch.Tensor:
         """The predictors among this rank's tokens, as indices into them."""

@@ -479,8 +479,9 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
         problems.append(exc)
     problems += check_demo_env(config) + check_env_data(config, kind) + check_response_length(config, kind)
     problems += check_offline_options(config, kind)
-    sp_problems, sp_note = check_sequence_parallel(config, kind, actor_ranks, model_path,
-                                                   others=splitting_roles(config, report.mapping) if kind == "rl" else {})
+    # (DPO's reference shares its ranks and splits too; SFT has no other model)
+    sp_problems, sp_note = check_sequence_parallel(
+        config, kind, actor_ranks, model_path, others=splitting_roles(config, report.mapping) if kind in ("rl", "dpo") else {})
     problems += sp_problems
     report.rl_notes += [sp_note] if sp_note else []
     packing = describe_remove_padding(config, read_model_facts(config, model_path)) if kind == "rl" else None
