@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from launch_support import rendezvous
 
 SEQ_LEN = 8
 GLOBAL_BATCH = 4
@@ -27,17 +27,14 @@ def launch(fn, world: int, out_dir: str) -> None:
 
     tiny_qwen2()
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    mp.start_processes(fn, args=(world, free_port(), out_dir), nprocs=world, join=True, start_method=method)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    with rendezvous() as env:  # this process hosts the store: a port nothing else can take first
+        mp.start_processes(fn, args=(world, int(env["MASTER_PORT"]), out_dir), nprocs=world, join=True,
+                           start_method=method)
 
 
 def setup(rank: int, world: int, port: int):
-    """What torchrun would export, then our own init_distributed reads it."""
+    """What torchrun would export (the store hosted by `launch`, as by torchrun's agent), then our own
+    init_distributed reads it."""
     from verl.distributed.process import init_distributed
 
     torch.set_num_threads(1)
@@ -48,6 +45,7 @@ def setup(rank: int, world: int, port: int):
         WORLD_SIZE=str(world),
         LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE=str(world),
+        TORCHELASTIC_USE_AGENT_STORE="True",
     )
     env = init_distributed(timeout_s=60)
     assert (env.rank, env.world_size, env.backend, env.device.type) == (rank, world, "gloo", "cpu")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import runpy
 import socket
 import subprocess
@@ -11,6 +13,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,26 +44,68 @@ def _torchrun(config: Path, cwd: Path, nproc: int, script: Path | None) -> subpr
     return subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=cwd)
 
 
-def _forked(config: Path, cwd: Path, nproc: int, script: Path | None) -> subprocess.CompletedProcess:
+def free_port() -> int:
+    """A free port for a process to bind later, below the OS's ephemeral range.
+
+    A port the OS hands out for port 0 can be handed out again, to another test's gloo socket, before the
+    process meant to bind it does (it happened in CI beside the slow suite: rank 1 then waited ten minutes
+    for a store that never started). Below the ephemeral range only an explicit bind takes a port.
+    """
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for port in random.Random().sample(range(10000, max(low, 10200)), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def rendezvous(rank0_hosts: bool = False) -> Iterator[dict[str, str]]:
+    """The rendezvous variables for ranks started on this machine, while the `with` lasts.
+
+    By default this process hosts the store, as torchrun's agent does, and the ranks join it as clients:
+    the OS picks its port as it binds, so nothing can take the port first. With `rank0_hosts` (the layout
+    of launchers without an agent) rank 0 binds a `free_port` later.
+    """
+    import torch.distributed as dist
+
+    if rank0_hosts:
+        yield {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        return
+    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    try:
+        yield {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    finally:
+        del store
+
+
+def _forked(config: Path, cwd: Path, nproc: int, script: Path | None, *,
+            rank0_hosts: bool = False) -> subprocess.CompletedProcess:
     """The ranks as forked children; the result reads like torchrun's: exit 0 when every rank exited 0."""
     import multiprocessing
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     logs = [Path(tempfile.mkstemp(prefix=f"rank{rank}_", suffix=".log")[1]) for rank in range(nproc)]
     ctx = multiprocessing.get_context("fork")
-    ranks = [ctx.Process(target=_rank, args=(rank, nproc, port, config, cwd, script, logs[rank]))
-             for rank in range(nproc)]
-    for p in ranks:
-        p.start()
-    deadline = time.monotonic() + TIMEOUT_S
-    for p in ranks:
-        p.join(max(deadline - time.monotonic(), 0))
-    for p in ranks:
-        if p.is_alive():
-            p.kill()
-            p.join()
+    with rendezvous(rank0_hosts) as env:
+        ranks = [ctx.Process(target=_rank, args=(rank, nproc, env, config, cwd, script, logs[rank]))
+                 for rank in range(nproc)]
+        for p in ranks:
+            p.start()
+        deadline = time.monotonic() + TIMEOUT_S
+        for p in ranks:
+            p.join(max(deadline - time.monotonic(), 0))
+        for p in ranks:
+            if p.is_alive():
+                p.kill()
+                p.join()
     codes = [p.exitcode for p in ranks]
     text = "".join(f"[rank {r} exit {c}]\n" + log.read_text(errors="replace") for r, (c, log)
                    in enumerate(zip(codes, logs, strict=True)))
@@ -69,7 +114,7 @@ def _forked(config: Path, cwd: Path, nproc: int, script: Path | None) -> subproc
     return subprocess.CompletedProcess(["verl", "train", str(config)], max(abs(c or 0) for c in codes), text, "")
 
 
-def _rank(rank: int, nproc: int, port: int, config: Path, cwd: Path, script: Path | None, log: Path) -> None:
+def _rank(rank: int, nproc: int, rendezvous_env: dict[str, str], config: Path, cwd: Path, script: Path | None, log: Path) -> None:
     """One rank in a forked child: its output to `log`, torchrun's environment, then `verl train`."""
     fd = os.open(log, os.O_WRONLY | os.O_TRUNC)
     os.dup2(fd, 1)
@@ -78,8 +123,8 @@ def _rank(rank: int, nproc: int, port: int, config: Path, cwd: Path, script: Pat
     os.environ.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     if nproc > 1:
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
-                          GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                          TORCHELASTIC_RUN_ID=f"forked-{port}")
+                          GROUP_RANK="0", TORCHELASTIC_RUN_ID=f"forked-{rendezvous_env['MASTER_PORT']}",
+                          **rendezvous_env)
     code = 1
     try:
         if script is not None:

@@ -4,23 +4,16 @@ ranks on different nodes), checkpoint, then resume with the same two commands.""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import yaml
-from launch_support import metrics  # pytest puts this folder on sys.path
+from launch_support import free_port, metrics  # pytest puts this folder on sys.path
 
 from verl.checkpoint import verify
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 REWARD = """
@@ -53,7 +46,7 @@ def _config(tmp_path, steps):
 
 def _two_nodes(tmp_path, steps, *, config=None, nproc=2):
     """The two commands a user types on node 0 and node 1, started together."""
-    config, endpoint = config or _config(tmp_path, steps), f"127.0.0.1:{_free_port()}"
+    config, endpoint = config or _config(tmp_path, steps), f"127.0.0.1:{free_port()}"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     agents = [subprocess.Popen(
         [sys.executable, "-m", "verl.cli.main", "train", str(config), "--nproc", str(nproc), "--nnodes", "2",
