@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import runpy
 import socket
 import subprocess
@@ -32,8 +33,16 @@ def verl_train(config: Path, cwd: Path, nproc: int = 1, script: Path | None = No
         out = _torchrun(config, cwd, nproc, script)
     else:
         out = _forked(config, cwd, nproc, script)
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    assert out.returncode == 0, _tails(out.stdout + out.stderr)
     return out
+
+
+def _tails(text: str, chars: int = 3000) -> str:
+    """The end of each rank's output: the failing rank is often not the last one printed."""
+    parts = re.split(r"^(\[rank \d+ exit .*?\]\n)", text, flags=re.MULTILINE)
+    if len(parts) == 1:
+        return text[-2 * chars:]
+    return parts[0][-chars:] + "".join(head + body[-chars:] for head, body in zip(parts[1::2], parts[2::2], strict=True))
 
 
 def _torchrun(config: Path, cwd: Path, nproc: int, script: Path | None) -> subprocess.CompletedProcess:
@@ -87,10 +96,15 @@ def rendezvous(rank0_hosts: bool = False) -> Iterator[dict[str, str]]:
         del store
 
 
-def _forked(config: Path, cwd: Path, nproc: int, script: Path | None, *,
-            rank0_hosts: bool = False) -> subprocess.CompletedProcess:
-    """The ranks as forked children; the result reads like torchrun's: exit 0 when every rank exited 0."""
+def _forked(config: Path, cwd: Path, nproc: int, script: Path | None, *, rank0_hosts: bool = False,
+            survivors_s: float | None = 60.0) -> subprocess.CompletedProcess:
+    """The ranks as forked children; the result reads like torchrun's: exit 0 when every rank exited 0.
+
+    Like torchrun, once a rank has failed the others are stopped (after `survivors_s`, time to print their
+    own view of it), rather than left waiting in a collective until the test's timeout; None leaves them be.
+    """
     import multiprocessing
+    from multiprocessing.connection import wait
 
     logs = [Path(tempfile.mkstemp(prefix=f"rank{rank}_", suffix=".log")[1]) for rank in range(nproc)]
     ctx = multiprocessing.get_context("fork")
@@ -100,12 +114,15 @@ def _forked(config: Path, cwd: Path, nproc: int, script: Path | None, *,
         for p in ranks:
             p.start()
         deadline = time.monotonic() + TIMEOUT_S
-        for p in ranks:
-            p.join(max(deadline - time.monotonic(), 0))
+        while (alive := [p for p in ranks if p.is_alive()]) and time.monotonic() < deadline:
+            if survivors_s is not None and any(p.exitcode for p in ranks):
+                deadline = min(deadline, time.monotonic() + survivors_s)
+                survivors_s = None
+            wait([p.sentinel for p in alive], max(deadline - time.monotonic(), 0))
         for p in ranks:
             if p.is_alive():
                 p.kill()
-                p.join()
+            p.join()
     codes = [p.exitcode for p in ranks]
     text = "".join(f"[rank {r} exit {c}]\n" + log.read_text(errors="replace") for r, (c, log)
                    in enumerate(zip(codes, logs, strict=True)))
@@ -114,7 +131,8 @@ def _forked(config: Path, cwd: Path, nproc: int, script: Path | None, *,
     return subprocess.CompletedProcess(["verl", "train", str(config)], max(abs(c or 0) for c in codes), text, "")
 
 
-def _rank(rank: int, nproc: int, rendezvous_env: dict[str, str], config: Path, cwd: Path, script: Path | None, log: Path) -> None:
+def _rank(rank: int, nproc: int, rendezvous_env: dict[str, str], config: Path, cwd: Path, script: Path | None,
+          log: Path) -> None:
     """One rank in a forked child: its output to `log`, torchrun's environment, then `verl train`."""
     fd = os.open(log, os.O_WRONLY | os.O_TRUNC)
     os.dup2(fd, 1)

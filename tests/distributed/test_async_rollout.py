@@ -253,7 +253,8 @@ def test_a_rank_that_dies_stops_the_other_saying_so(tmp_path, capfd, monkeypatch
     cfg["devices"]["timeout_s"] = 20  # long enough for a loaded CI machine
     path.write_text(yaml.safe_dump(cfg))
     monkeypatch.setenv("DYING_RANK", str(dying))
-    out = _forked(path, tmp_path, 2, Path(__file__).with_name("rollout_rank_dies_train.py"), rank0_hosts=True)
+    out = _forked(path, tmp_path, 2, Path(__file__).with_name("rollout_rank_dies_train.py"),
+                  rank0_hosts=True, survivors_s=None)
     log = out.stdout + capfd.readouterr().err  # a forked rank's traceback goes to this process's stderr
     assert out.returncode != 0
     assert all(text in log for text in says), log[-3000:]
