@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,18 +29,18 @@ def score(prompt, response, ground_truth, **metadata):
 '''
 
 
-def test_reward_error_with_brackets_is_printed_intact_by_verl_train(tmp_path: Path):
+def test_reward_error_with_brackets_is_printed_intact_by_verl_train(tmp_path: Path, capsys, monkeypatch):
     rows = [{"prompt": f"{a}+1=", "ground_truth": str(a + 1)} for a in range(4)]
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     (tmp_path / "reward_fn.py").write_text(REWARD, encoding="utf-8")
     (tmp_path / "cfg.yaml").write_text(CONFIG.format(run_dir=tmp_path / "run"), encoding="utf-8")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "60"}
-    out = subprocess.run([sys.executable, "-m", "verl.cli", "train", str(tmp_path / "cfg.yaml")], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 1, out.stderr[-3000:]
-    assert "MarkupError" not in out.stderr and "Traceback" not in out.stderr
-    assert "error (RewardError):" in out.stderr
-    assert "could not parse the answer after [/INST] in [bold]''" in out.stderr  # one line, nothing eaten
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "60")
+    code, err = main(["train", str(tmp_path / "cfg.yaml")]), capsys.readouterr().err
+    assert code == 1, err[-3000:]
+    assert "MarkupError" not in err and "Traceback" not in err
+    assert "error (RewardError):" in err
+    assert "could not parse the answer after [/INST] in [bold]''" in err  # one line, nothing eaten
 
 
 @pytest.mark.parametrize("text", ["[/INST] closing tag", "[bold]not bold[/bold]", "path runs/[exp]/x", "\\[x]"])

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import runpy
 import shlex
-import subprocess
 import sys
+import warnings
+
+import pytest
 
 from verl.compat.command import is_our_key, translate, translate_sft
 from verl.config import load_config
@@ -93,7 +96,7 @@ def test_our_keys_are_known_by_the_schema():
     assert not is_our_key("actor.optim.lr") and not is_our_key("actor") and not is_our_key("nope.lr")
 
 
-def test_main_ppo_prints_the_run_on_stdout_and_starts_nothing(capsys):
+def test_main_ppo_prints_the_run_on_stdout_and_starts_nothing(capsys, monkeypatch):
     assert main(VERL_GRPO) == 0
     captured = capsys.readouterr()
     command, cpu = captured.out.splitlines()
@@ -101,12 +104,19 @@ def test_main_ppo_prints_the_run_on_stdout_and_starts_nothing(capsys):
     assert cpu.startswith("# try it on this CPU: verl train --nproc 1 ") and "model.path=tiny" in cpu
     assert "Nothing was started" in captured.err and "gpu_memory_utilization=0.6" in captured.err
     assert "trainer.total_epochs=3  ->  trainer.total_steps" in captured.err
-    out = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", "actor_rollout_ref.model.path=tiny"],
-                         capture_output=True, text=True)
-    assert out.returncode == 0 and out.stdout.startswith("verl train model.path=tiny")
-    sft = subprocess.run([sys.executable, "-m", "verl.trainer.fsdp_sft_trainer", "model.partial_pretrain=tiny"],
-                         capture_output=True, text=True)
-    assert sft.returncode == 0 and sft.stdout.startswith("verl train trainer.kind=sft data.kind=sft model.path=tiny")
+    assert _run_module("verl.trainer.main_ppo", "actor_rollout_ref.model.path=tiny", monkeypatch) == 0
+    assert capsys.readouterr().out.startswith("verl train model.path=tiny")
+    assert _run_module("verl.trainer.fsdp_sft_trainer", "model.partial_pretrain=tiny", monkeypatch) == 0
+    assert capsys.readouterr().out.startswith("verl train trainer.kind=sft data.kind=sft model.path=tiny")
+
+
+def _run_module(name: str, item: str, monkeypatch) -> int:
+    """`python -m NAME ITEM` as a verl user types it, in this process (its `__main__` block included)."""
+    monkeypatch.setattr(sys, "argv", [name, item])
+    with warnings.catch_warnings(), pytest.raises(SystemExit) as done:
+        warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is imported already, as intended
+        runpy.run_module(name, run_name="__main__")
+    return done.value.code
 
 
 def test_a_verl_sft_command_becomes_an_sft_run_here(capsys, monkeypatch):

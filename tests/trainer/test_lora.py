@@ -119,20 +119,18 @@ def test_export_merged_and_adapter_reload_with_the_trainers_logits(trained, tmp_
     assert isinstance(again.ref_model, AdapterOff)
 
 
-def test_export_cli_both_ways(trained, tmp_path):
+def test_export_cli_both_ways(trained, tmp_path, capsys):
+    from verl.cli.main import main
+
     _, _, run = trained
     step = run / "checkpoints" / "step_3"
-    env_py = [sys.executable, "-m", "verl.cli.main", "ckpt"]
-    out = subprocess.run([*env_py, "export", str(step), "--out", str(tmp_path / "a"), "--adapter"],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert "PeftModel.from_pretrained" in out.stdout and (tmp_path / "a" / "adapter_model.safetensors").is_file()
-    out = subprocess.run([*env_py, "export", str(step), "--out", str(tmp_path / "m")], capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert "AutoModelForCausalLM.from_pretrained" in out.stdout and (tmp_path / "m" / "model.safetensors").is_file()
-    out = subprocess.run([*env_py, "verify", str(step)], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0 and "OK" in out.stdout
+    assert main(["ckpt", "export", str(step), "--out", str(tmp_path / "a"), "--adapter"]) == 0
+    assert "PeftModel.from_pretrained" in capsys.readouterr().out
+    assert (tmp_path / "a" / "adapter_model.safetensors").is_file()
+    assert main(["ckpt", "export", str(step), "--out", str(tmp_path / "m")]) == 0
+    assert "AutoModelForCausalLM.from_pretrained" in capsys.readouterr().out
+    assert (tmp_path / "m" / "model.safetensors").is_file()
+    assert main(["ckpt", "verify", str(step)]) == 0 and "OK" in capsys.readouterr().out
 
 
 def test_export_errors(trained, tmp_path):

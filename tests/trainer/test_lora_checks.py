@@ -3,7 +3,6 @@ estimate `verl check` prints, and the same problems stopping a trainer."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
@@ -179,24 +178,23 @@ def test_memory_estimate_with_trainable_counts():
     assert est.per_rank[0]["actor"] == (2000, 20, 40)
 
 
-def test_verl_check_prints_parameters_and_memory_with_lora(tmp_path):
+def test_verl_check_prints_parameters_and_memory_with_lora(tmp_path, capsys):
+    from verl.cli.main import main
+
     path = tmp_path / "lora.yaml"
     path.write_text(yaml.safe_dump({"model": {"path": "tiny", "dtype": "float32", "lora": {"rank": 8}},
                                     "env": {"name": "arithmetic"}, "trainer": {"device": "cpu"},
                                     "actor": {"kl_loss_coef": 0.1}}))
-    out = subprocess.run([sys.executable, "-m", "verl.cli.main", "check", str(path)], capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "parameters: 195,136 total, 22,528 trainable (11.54%); LoRA: rank 8, alpha 16" in out.stdout
-    assert "reference: the policy with its adapters off (no second copy of the weights)" in out.stdout
-    assert "rank  roles  params  grads  optimizer  total" in out.stdout
+    code, out = main(["check", str(path)]), capsys.readouterr().out
+    assert code == 0, out
+    assert "parameters: 195,136 total, 22,528 trainable (11.54%); LoRA: rank 8, alpha 16" in out
+    assert "reference: the policy with its adapters off (no second copy of the weights)" in out
+    assert "rank  roles  params  grads  optimizer  total" in out
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"model": {"path": "tiny", "lora": {"rank": 8, "alpha": -2}},
                                    "env": {"name": "arithmetic"}, "trainer": {"device": "cpu"}}))
-    out = subprocess.run([sys.executable, "-m", "verl.cli.main", "check", str(bad)], capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 1
-    assert "model.lora.alpha=-2: must be > 0" in out.stdout
+    assert main(["check", str(bad)]) == 1
+    assert "model.lora.alpha=-2: must be > 0" in capsys.readouterr().out
 
 
 def test_lora_keys_are_known_to_the_config():
