@@ -108,7 +108,7 @@ def _forked(config: Path, cwd: Path, nproc: int, script: Path | None, *, rank0_h
 
     logs = [Path(tempfile.mkstemp(prefix=f"rank{rank}_", suffix=".log")[1]) for rank in range(nproc)]
     ctx = multiprocessing.get_context("fork")
-    with rendezvous(rank0_hosts) as env:
+    with rendezvous(rank0_hosts) if nproc > 1 else contextlib.nullcontext({}) as env:  # one rank: no store
         ranks = [ctx.Process(target=_rank, args=(rank, nproc, env, config, cwd, script, logs[rank]))
                  for rank in range(nproc)]
         for p in ranks:
