@@ -163,6 +163,15 @@ def test_no_logits_beyond_one_chunk_forward_or_backward(monkeypatch, shared):
     assert probe.rows <= max(4, rows) < weights.numel()
 
 
+def test_a_head_on_onednn_is_one_linear_projection():
+    """`trainer.cpu_matmul=onednn` swaps the head's class to OneDNNLinear: still one projection, same gradients."""
+    from verl.utils.cpu_matmul import OneDNNLinear, use_cpu_matmul
+
+    model = use_cpu_matmul(_tiny(), "onednn")
+    assert type(model.lm_head) is OneDNNLinear and head_unsupported(model) is None
+    _assert_same(model, shared=True)
+
+
 def test_heads_it_cannot_take_are_named():
     lora_head = apply_lora(_tiny(torch.float32), LoraConfig(rank=4, target_modules=["q_proj", "lm_head"]))
     assert "not one linear projection" in head_unsupported(lora_head)

@@ -88,7 +88,8 @@ def test_auto_takes_the_library_measured_faster_on_this_host_once(monkeypatch, t
     by every later process (a rank, the next run) instead of measuring again."""
     monkeypatch.setenv("VERL_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: True)
-    for speedup, library in ((1.8, "onednn"), (1.05, "aten"), (0.6, "aten")):
+    monkeypatch.delenv("VERL_CPU_MATMUL", raising=False)
+    for speedup, library in ((1.8, "onednn"), (1.25, "aten"), (1.05, "aten"), (0.6, "aten")):
         cpu_matmul.host_speedup.cache_clear()
         for stale in tmp_path.rglob("*.json"):
             stale.unlink()
@@ -109,7 +110,49 @@ def test_the_measurement_times_both_libraries():
     assert 0.05 < speedup < 20
 
 
+def test_the_measurement_is_the_median_of_interleaved_rounds(monkeypatch):
+    """A burst of load on one side of one round moves that round's ratio, not the result: the median of the
+    rounds' ratios is taken, and each round times both libraries back to back, the first side in turn."""
+    calls, clock = [], {"t": 0.0}
+    per_side = sum(3 if backward else 1 for *_, backward in cpu_matmul.TIMED_PRODUCTS)
+
+    def product(name):
+        def run(a, b):
+            calls.append(name)
+            burst = 50.0 if (len(calls) - 1) // per_side == 6 else 1.0  # round 3's first side, under load
+            clock["t"] += (1.0 if name == "aten" else 0.5) * burst
+        return run
+
+    monkeypatch.setattr(cpu_matmul.F, "linear", product("aten"))
+    monkeypatch.setattr(cpu_matmul, "_onednn", product("onednn"))
+    monkeypatch.setattr(cpu_matmul.time, "perf_counter", lambda: clock["t"])
+    assert cpu_matmul.measured_speedup(repeats=7) == pytest.approx(2.0)
+    assert calls[::per_side][:4] == ["onednn", "aten", "aten", "onednn"]
+
+
+def test_the_environment_variable_decides_auto_for_a_whole_session(monkeypatch):
+    monkeypatch.setattr(cpu_matmul, "measured_speedup", lambda: pytest.fail("a forced kernel measures nothing"))
+    monkeypatch.setattr(cpu_matmul, "host_speedup", lambda: pytest.fail("a forced kernel measures nothing"))
+    monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: True)
+    for value, library in (("aten", "aten"), ("onednn", "onednn"), (" OneDNN ", "onednn")):
+        monkeypatch.setenv("VERL_CPU_MATMUL", value)
+        assert resolve("auto") == (library, f"set by VERL_CPU_MATMUL={library}")
+        assert cpu_matmul.describe("auto") == (f"linear layers on CPU: {cpu_matmul.LIBRARY_NAMES[library]} "
+                                               f"(trainer.cpu_matmul=auto: set by VERL_CPU_MATMUL={library})")
+    monkeypatch.setenv("VERL_CPU_MATMUL", "onednn")
+    assert resolve("aten") == ("aten", "as set")  # a config that names its kernel keeps it
+    monkeypatch.setenv("VERL_CPU_MATMUL", "mkl")
+    with pytest.raises(ConfigError, match=r"VERL_CPU_MATMUL='mkl' names no CPU matmul library; set it to aten "
+                                          r"or onednn, or unset it"):
+        resolve("auto")
+    monkeypatch.setenv("VERL_CPU_MATMUL", "onednn")
+    monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"VERL_CPU_MATMUL=onednn, but this torch build has no oneDNN linear"):
+        resolve("auto")
+
+
 def test_forcing_onednn_without_it_names_the_fix(monkeypatch):
+    monkeypatch.delenv("VERL_CPU_MATMUL", raising=False)
     monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: False)
     assert resolve("auto")[0] == "aten"
     with pytest.raises(ConfigError, match="trainer.cpu_matmul=onednn.*set trainer.cpu_matmul=auto or aten"):
@@ -139,6 +182,7 @@ def test_a_decoder_trains_to_the_same_loss_and_gradients_on_either_library():
 def test_doctor_names_the_library_auto_takes_here_and_why(monkeypatch, tmp_path):
     from verl.cli import doctor
 
+    monkeypatch.delenv("VERL_CPU_MATMUL", raising=False)
     monkeypatch.setenv("VERL_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: True)
     monkeypatch.setattr(cpu_matmul, "measured_speedup", lambda: 1.8)
@@ -147,4 +191,4 @@ def test_doctor_names_the_library_auto_takes_here_and_why(monkeypatch, tmp_path)
     name, status, note = doctor._cpu_matmul_row()
     cpu_matmul.host_speedup.cache_clear()
     assert (name, status) == ("cpu matmul", "ok")
-    assert note == "AMD EPYC 9B14: trainer.cpu_matmul=auto uses oneDNN (measured on this host: oneDNN 1.80x ATen's speed)"
+    assert note == "AMD EPYC 9B14: trainer.cpu_matmul=auto uses oneDNN (measured on this host: oneDNN 1.80x ATen's speed, auto takes oneDNN from 1.3x)"

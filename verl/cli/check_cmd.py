@@ -19,7 +19,7 @@ from verl.config.schema import RunConfig
 from verl.distributed.memory_plan import GIB, plan_memory, suggestions
 from verl.trainer.preflight import Preflight, preflight
 from verl.utils.console import labelled, plain_console
-from verl.utils.cpu_matmul import LIBRARY_NAMES, resolve
+from verl.utils.cpu_matmul import describe
 
 
 def default_world_size(config: RunConfig) -> int:
@@ -120,9 +120,7 @@ def run_checks(config: RunConfig, *, nproc: int | None = None, nodes: int | None
         console.print(Text("model and tokenizer are consistent (checked on the meta device: no weights read).",
                            style="green"))
         if check_device_type(config) == "cpu":
-            library, why = resolve(config.trainer.cpu_matmul)
-            console.print(f"linear layers on CPU: {LIBRARY_NAMES[library]} "
-                          f"(trainer.cpu_matmul={config.trainer.cpu_matmul}: {why})")
+            console.print(describe(config.trainer.cpu_matmul))
 
     section("data")
     skipped("data")

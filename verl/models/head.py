@@ -24,6 +24,10 @@ from torch import nn
 
 from verl.errors import ModelError
 from verl.models.lora import base_of
+from verl.utils.cpu_matmul import OneDNNLinear
+
+# A projection's classes: `trainer.cpu_matmul=onednn` swaps nn.Linear's class, not what the layer computes.
+_LINEAR = (nn.Linear, OneDNNLinear)
 
 # Config keys of architectures that transform the head's output (Gemma 2/3 softcapping, Cohere's and
 # Granite's scales): the log-probs are then not those of the projection.
@@ -46,7 +50,7 @@ def output_head(model: nn.Module) -> nn.Module | None:
 
 
 def _projections(head: nn.Module) -> list[nn.Linear]:
-    return [m for m in head.modules() if type(m) is nn.Linear]
+    return [m for m in head.modules() if type(m) in _LINEAR]
 
 
 def head_unsupported(model: nn.Module) -> str | None:
@@ -55,12 +59,12 @@ def head_unsupported(model: nn.Module) -> str | None:
     name = type(base_of(model)).__name__
     if head is None:
         return f"{name} has no output head (get_output_embeddings() gives None)"
-    if type(head) is not nn.Linear:
+    if type(head) not in _LINEAR:
         inner = [type(m).__name__ for m in head.children()]
         if type(head).__name__ != "ModulesToSaveWrapper" or not _projections(head):
             return (f"{name}'s output head is a {type(head).__name__} (LoRA on the head, or a custom head), not one "
                     "linear projection")
-        if any(n not in ("Linear", "ModuleDict") for n in inner):
+        if any(n not in ("Linear", "OneDNNLinear", "ModuleDict") for n in inner):
             return f"{name}'s output head wraps {', '.join(inner)}, not linear projections"
     cfg = getattr(base_of(model), "config", None)
     cfg = getattr(cfg, "get_text_config", lambda: cfg)()

@@ -30,6 +30,7 @@ from verl.errors import CheckpointError, ConfigError
 from verl.trainer.components import Components, setup_checkpoints, setup_tracker
 from verl.trainer.keep_best import KeepBest
 from verl.trainer.startup import VAL_ONLY_NEEDS_ROWS, check_sandbox
+from verl.utils.cpu_matmul import describe
 
 
 class Trainer(Protocol):
@@ -39,6 +40,7 @@ class Trainer(Protocol):
     rank: int
     world_size: int
     run_dir: Path
+    device: torch.device
     step_count: int
     history: list[dict[str, float]]
     generator: torch.Generator
@@ -152,6 +154,8 @@ def banner_lines(trainer: Trainer, resume_from: Path | None, saved_yaml: str | N
     if rows:
         lines.append(f"data: {rows}")
     lines.append(f"run directory: {trainer.run_dir}")
+    if trainer.device.type == "cpu":  # the kernel rounds differently: a result is reproduced on the same one
+        lines.append(describe(cfg.trainer.cpu_matmul))
     sandbox = check_sandbox(cfg)[1]  # the isolation model-written code gets on this host
     lines += [sandbox] if sandbox else []
     if resume_from is None:

@@ -28,6 +28,8 @@ from verl.trainer.components import Components, compose, shard
 from verl.trainer.preflight import Given
 from verl.trainer.prompts import PromptCodec
 from verl.trainer.setup import resolve_run_dir, seed_everything
+from verl.utils.cpu_matmul import cpu_model
+from verl.utils.cpu_matmul import resolve as resolve_cpu_matmul
 
 
 class TrainerRuntime:
@@ -149,7 +151,11 @@ class TrainerRuntime:
         loop.log_metrics(self, tracker, metrics, step)
 
     def write_summary(self, summary: Mapping[str, Any]) -> Path:
+        """`summary` as the run's summary.json, with the CPU kernel that produced it (to reproduce it)."""
         path = self.run_dir / "summary.json"
+        if self.device.type == "cpu":
+            library, why = resolve_cpu_matmul(self.config.trainer.cpu_matmul)
+            summary = {**summary, "cpu_matmul": library, "cpu_matmul_why": why, "cpu": cpu_model()}
         if self.rank == 0:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(dict(summary), indent=2), encoding="utf-8")

@@ -5,10 +5,13 @@ products at about half the speed oneDNN reaches on the same core (AMD EPYC with 
 188-192 GFLOP/s on a 10M model's largest layers, forward and backward; `benchmarks/cpu_matmul.py`). Which
 one wins elsewhere depends on the processor and the torch build, so nothing is assumed: `trainer.cpu_matmul`
 `auto` times both on this host (:func:`measured_speedup`: an update's products forward and backward and a
-decode step's) and takes oneDNN where it is at least :data:`AUTO_MARGIN` times faster. The measurement is
-made once per host, torch version and thread count and kept in ``$VERL_CACHE_DIR/cpu_matmul/`` (first
-writer wins), so every later run and every rank on the host makes the same choice and runs are
-reproducible; `aten` or `onednn` force one.
+decode step's, the median of interleaved rounds' ratios, so a busy machine slows both sides alike) and takes
+oneDNN only where it is at least :data:`AUTO_MARGIN` times faster: a near tie keeps ATen, so a noisy
+measurement cannot flip the choice. The measurement is made once per host, torch version and thread count
+and kept in ``$VERL_CACHE_DIR/cpu_matmul/`` (first writer wins), so every later run and every rank on the
+host makes the same choice; `aten` or `onednn` force one, and so does the environment variable
+``VERL_CPU_MATMUL`` for every `auto` in its process and children (a whole test session on one kernel).
+Outcomes must not depend on the choice: the two libraries round differently, like two batch sizes.
 
 With oneDNN, every plain `nn.Linear` of a model becomes a :class:`OneDNNLinear` (same parameters, same state
 dict, still an `nn.Linear`), whose float32 CPU products of at least :data:`MIN_MACS` multiply-adds, forward
@@ -24,6 +27,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import tempfile
 import time
 from functools import cache
@@ -39,7 +43,10 @@ CpuMatmul = Literal["auto", "aten", "onednn"]
 LIBRARY_NAMES = {"aten": "ATen (MKL)", "onednn": "oneDNN"}  # how `verl check` and `verl doctor` name them
 # Below this many multiply-adds (rows x in x out) a product takes F.linear: oneDNN's per-call cost is larger.
 MIN_MACS = 2**21
-AUTO_MARGIN = 1.1  # auto takes oneDNN only when it is this many times faster (a near tie keeps ATen)
+# auto takes oneDNN only when it is this many times faster: hosts where MKL takes its generic path measure ~2x,
+# the others within 10% of 1x, so a margin far from both keeps noise from flipping the choice.
+AUTO_MARGIN = 1.3
+ENV_VAR = "VERL_CPU_MATMUL"  # aten | onednn: what `auto` means in this process and its children
 # What auto times: (rows, in, out, with the two backward products): an update's micro-batch of tokens through a
 # 10M model's largest layers, and a decode step of 4 prompts x 4 samples.
 TIMED_PRODUCTS = ((512, 256, 1024, True), (512, 1024, 256, True), (16, 256, 1024, False))
@@ -81,7 +88,17 @@ def onednn_available() -> bool:
 
 
 def resolve(setting: CpuMatmul) -> tuple[Literal["aten", "onednn"], str]:
-    """The library `setting` means on this machine, and why (what `verl check` and `verl doctor` print)."""
+    """The library `setting` means on this machine, and why (what `verl check`, `verl doctor`, the banner of
+    every run and the demos' summary.json say)."""
+    forced = os.environ.get(ENV_VAR, "").strip().lower()
+    if setting == "auto" and forced not in ("", "auto"):
+        if forced not in LIBRARY_NAMES:
+            raise ConfigError(f"{ENV_VAR}={os.environ[ENV_VAR]!r} names no CPU matmul library; "
+                              f"set it to aten or onednn, or unset it to let trainer.cpu_matmul=auto measure")
+        try:
+            return resolve(forced)[0], f"set by {ENV_VAR}={forced}"
+        except ConfigError as error:
+            raise ConfigError(str(error).replace("trainer.cpu_matmul=onednn", f"{ENV_VAR}=onednn")) from None
     if setting == "aten":
         return "aten", "as set"
     if not onednn_available():
@@ -94,32 +111,44 @@ def resolve(setting: CpuMatmul) -> tuple[Literal["aten", "onednn"], str]:
         return "onednn", "as set"
     speedup = host_speedup()
     library = "onednn" if speedup >= AUTO_MARGIN else "aten"
-    return library, f"measured on this host: oneDNN {speedup:.2f}x ATen's speed"
+    return library, (f"measured on this host: oneDNN {speedup:.2f}x ATen's speed, "
+                     f"auto takes oneDNN from {AUTO_MARGIN:.1f}x")
+
+
+def describe(setting: CpuMatmul) -> str:
+    """One line naming the library `setting` runs and why: `verl check` and every CPU run's banner print it."""
+    library, why = resolve(setting)
+    return f"linear layers on CPU: {LIBRARY_NAMES[library]} (trainer.cpu_matmul={setting}: {why})"
 
 
 def measured_speedup(repeats: int = 7) -> float:
-    """How many times faster oneDNN runs :data:`TIMED_PRODUCTS` than ATen on this machine: the ratio of the
-    two libraries' sums of per-product best times over `repeats` interleaved rounds."""
+    """How many times faster oneDNN runs :data:`TIMED_PRODUCTS` than ATen on this machine: the median over
+    `repeats` rounds of each round's ratio of the two libraries' times (each round times both, in turns, so
+    a load that comes and goes slows both sides of a ratio alike)."""
     generator = torch.Generator().manual_seed(0)
     cases = []
     for rows, fan_in, fan_out, backward in TIMED_PRODUCTS:
         x, w = torch.randn(rows, fan_in, generator=generator), torch.randn(fan_out, fan_in, generator=generator)
         grad = torch.randn(rows, fan_out, generator=generator)
         cases.append([(x, w)] + ([(grad, w.t()), (grad.t(), x.t())] if backward else []))
-    best = {"aten": [math.inf] * len(cases), "onednn": [math.inf] * len(cases)}
+    ratios = []
     with torch.no_grad():
-        for _ in range(repeats + 1):  # the first round warms both up (oneDNN builds its primitives)
-            for library, product in (("aten", F.linear), ("onednn", _onednn)):
-                for i, case in enumerate(cases):
-                    start = time.perf_counter()
+        for round_ in range(repeats + 1):  # the first round warms both up (oneDNN builds its primitives)
+            seconds = {}
+            sides = (("aten", F.linear), ("onednn", _onednn))
+            for library, product in sides if round_ % 2 else sides[::-1]:  # either side goes first in turn
+                start = time.perf_counter()
+                for case in cases:
                     for a, b in case:
                         product(a, b)
-                    best[library][i] = min(best[library][i], time.perf_counter() - start)
-    return sum(best["aten"]) / max(sum(best["onednn"]), 1e-12)
+                seconds[library] = time.perf_counter() - start
+            if round_:
+                ratios.append(seconds["aten"] / max(seconds["onednn"], 1e-12))
+    return statistics.median(ratios)
 
 
 def _speedup_file() -> Path:
-    key = f"{cpu_vendor()}|{cpu_model()}|torch {torch.__version__}|threads {torch.get_num_threads()}|{TIMED_PRODUCTS}"
+    key = f"{cpu_vendor()}|{cpu_model()}|torch {torch.__version__}|threads {torch.get_num_threads()}|{TIMED_PRODUCTS}|median"
     root = Path(os.environ.get("VERL_CACHE_DIR") or Path.home() / ".cache" / "verl") / "cpu_matmul"
     return root / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
@@ -210,5 +239,5 @@ def use_cpu_matmul(model: torch.nn.Module, library: Literal["aten", "onednn"]) -
     return model
 
 
-__all__ = ["AUTO_MARGIN", "LIBRARY_NAMES", "MIN_MACS", "OneDNNLinear", "cpu_model", "cpu_vendor", "host_speedup",
+__all__ = ["AUTO_MARGIN", "ENV_VAR", "LIBRARY_NAMES", "MIN_MACS", "OneDNNLinear", "cpu_model", "cpu_vendor", "describe", "host_speedup",
            "measured_speedup", "onednn_available", "onednn_linear", "resolve", "use_cpu_matmul"]
