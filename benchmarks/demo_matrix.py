@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import fcntl
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -106,7 +108,14 @@ def _key(line: str) -> tuple[str, ...]:
 
 
 def write_rows(rows: list[str], doc: Path = DOC) -> None:
-    """Upsert `rows` into the table between BEGIN and END in `doc`, sorted by (demo, seed, kernel, CPU)."""
+    """Upsert `rows` into the table between BEGIN and END in `doc`, sorted by (demo, seed, kernel, CPU); under a
+    lock, so that two grids run side by side keep each other's rows."""
+    with open(Path(tempfile.gettempdir()) / "verl-demo-matrix.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _upsert(rows, doc)
+
+
+def _upsert(rows: list[str], doc: Path) -> None:
     text = doc.read_text(encoding="utf-8")
     if text.count(BEGIN) != 1 or text.count(END) != 1:
         raise SystemExit(f"{doc} must contain one '{BEGIN}' line and one '{END}' line where the matrix goes")

@@ -688,9 +688,11 @@ class TrainerConfig(Section):
                              "TensorBoard/wandb/MLflow) per validation; 0 = none.")
     cpu_threads: int | None = Field(None, gt=0, description="torch CPU threads; 1 is fastest for tiny models.")
     cpu_matmul: CpuMatmul = Field(
-        "auto", description="Library for float32 linear layers on CPU: auto = the faster of the two on this host, "
-        "measured once and kept in $VERL_CACHE_DIR/cpu_matmul (oneDNN on AMD, where MKL takes a generic path, "
-        "~2x slower); aten | onednn force one (verl.utils.cpu_matmul; benchmarks/cpu_matmul.py times both).")
+        "auto", description="Library for float32 linear layers on CPU: auto = oneDNN where it is clearly faster on "
+        "this host (at least 1.3x, the median of interleaved rounds, measured once and kept in "
+        "$VERL_CACHE_DIR/cpu_matmul; AMD processors where MKL takes a generic path), else ATen; the environment "
+        "variable VERL_CPU_MATMUL=aten|onednn decides auto instead; aten | onednn force one "
+        "(verl.utils.cpu_matmul; benchmarks/cpu_matmul.py times both).")
     demo: Literal["arithmetic", "tool", "agent", "rlhf"] | None = Field(
         None, description="`verl train` runs this config as a demo: a supervised warm start, then RL, held-out "
         "accuracy before and after, summary.json. arithmetic = the built-in demo (env arithmetic), tool = the "
