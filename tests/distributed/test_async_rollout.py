@@ -60,6 +60,10 @@ def test_two_rollout_ranks_send_one_batch_of_their_shards(tmp_path):
     one width they arrive as the batch two data-parallel ranks would have sampled (their generators are
     seeded alike), so k = 0 scores what a 2-rank colocated run scores, step after step."""
     dp = yaml.safe_load(_config(tmp_path, "dp", 2, rollout_rank=False).read_text())
+    # float64: step 2 samples from weights after an Adam step of a 2-rank and a 1-rank update; Adam divides each
+    # gradient by its own size, so float32 rounding of a near-zero gradient becomes an lr-sized weight difference
+    # that can change a sample (and the reward, compared to 1e-12); in float64 the updates agree to ~1e-16.
+    dp["model"]["dtype"] = "float64"
     dp["env"]["kwargs"]["max_operand"] = 10  # "3+4=" or "10+4=": the two halves' prompts differ in width
     (tmp_path / "dp.yaml").write_text(yaml.safe_dump(dp))
     verl_train(tmp_path / "dp.yaml", tmp_path, nproc=2)

@@ -147,7 +147,8 @@ def _rl_config(tmp_path, size: int, estimator: str = "grpo"):
         # between a prompt's samples, so the policy-gradient term is not 0
         "actor": {"lr": 1e-3, "micro_batch_size": 2, "entropy_coef": 0.01, "kl_loss_coef": 0.1,
                   "sequence_parallel_size": size},
-        "algorithm": {"adv_estimator": estimator},
+        # GAE unwhitened: whitened advantages make pg_loss float32 noise around 0 (exactly 0 on some CPUs)
+        "algorithm": {"adv_estimator": estimator, "whiten_advantages": estimator != "gae"},
         "critic": {"lr": 1e-3},
         "trainer": {"total_steps": 2, "device": "cpu", "run_dir": str(tmp_path / f"run{size}"), "cpu_threads": 1,
                     "val_before_train": False},
@@ -178,6 +179,8 @@ def test_rl_trainer_with_sequence_parallel_matches_data_parallel(tmp_path, estim
     assert first_sp["reward/mean"] == first_dp["reward/mean"] and first_dp["reward/std"] > 0
     critic = ("critic/vf_loss", "critic/grad_norm", "critic/values_mean") if estimator == "gae" else ()
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/kl_loss", "actor/clipfrac",
-                "actor/approx_kl", "rollout/logprob_diff_mean", *critic):
+                "actor/approx_kl", *critic):
         assert first_sp[key] == pytest.approx(first_dp[key], rel=1e-5, abs=1e-7), key
     assert first_sp["actor/grad_norm"] > 0 and first_sp["actor/pg_loss"] != 0
+    # the old log-probs equal the sampler's on both: this metric is float32 rounding (~2e-7), not compared
+    assert first_sp["rollout/logprob_diff_mean"] < 1e-5 and first_dp["rollout/logprob_diff_mean"] < 1e-5

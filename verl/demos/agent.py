@@ -31,8 +31,8 @@ from verl.trainer.rl_trainer import RLTrainer
 # Conversations the warm start trains on: with 256, the tiny model could learn their answers by heart instead of
 # copying the tool's result (on some seeds and kernels: probe accuracy 0% after 600 steps, GRPO stuck near 7%).
 SFT_EPISODES = 1024
-SFT_TARGET_ACCURACY = 0.2  # greedy accuracy on PROBE_PROBLEMS other training problems that stops the warm start
-SFT_OVERSHOOT = 0.5  # copying appears within a few steps: a chunk past this is retaken step by step (sft_until)
+SFT_TARGET_ACCURACY = 0.4  # greedy accuracy on PROBE_PROBLEMS other training problems that stops the warm start
+SFT_OVERSHOOT = 0.65  # copying appears within a few steps: a chunk past this is retaken step by step (sft_until)
 SFT_CHECK_EVERY = 10
 PROBE_PROBLEMS = 64
 
@@ -76,7 +76,8 @@ def run_agent_demo(config: Any, quiet: bool = False) -> dict[str, Any]:
         f"{len(env)} training problems, {len(env.val_rows())} held out; the agent ({config.env.agent}) calls "
         f"the policy through its OpenAI endpoint, the policy calls a calculator in the "
         f"{config.env.tool_call_format} format")
-    demos = env.demonstration_problems(SFT_EPISODES, config.trainer.seed)
+    demos = env.demonstration_problems(max(min(SFT_EPISODES, len(env.train_problems) - PROBE_PROBLEMS), 1),
+                                       config.trainer.seed)  # and PROBE_PROBLEMS others to probe
     examples = [conversation_example(trainer, turns, env.problem_row(p), *p, config.env.tool_call_format)
                 for p in demos]
     rest = [p for p in env.train_problems if p not in set(demos)]

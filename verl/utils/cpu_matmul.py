@@ -1,6 +1,6 @@
 """Which library multiplies a linear layer's matrices on CPU in float32: ATen's BLAS (MKL) or oneDNN.
 
-Both ship inside the torch wheel. MKL takes a generic code path on AMD processors, so there it runs float32
+Both ship inside the torch wheel. MKL takes a generic code path on some AMD processors, so there it runs float32
 products at about half the speed oneDNN reaches on the same core (AMD EPYC with AVX-512: 85-89 against
 188-192 GFLOP/s on a 10M model's largest layers, forward and backward; `benchmarks/cpu_matmul.py`). Which
 one wins elsewhere depends on the processor and the torch build, so nothing is assumed: `trainer.cpu_matmul`
@@ -95,10 +95,10 @@ def resolve(setting: CpuMatmul) -> tuple[Literal["aten", "onednn"], str]:
         if forced not in LIBRARY_NAMES:
             raise ConfigError(f"{ENV_VAR}={os.environ[ENV_VAR]!r} names no CPU matmul library; "
                               f"set it to aten or onednn, or unset it to let trainer.cpu_matmul=auto measure")
-        try:
-            return resolve(forced)[0], f"set by {ENV_VAR}={forced}"
-        except ConfigError as error:
-            raise ConfigError(str(error).replace("trainer.cpu_matmul=onednn", f"{ENV_VAR}=onednn")) from None
+        if forced == "onednn" and not onednn_available():
+            raise ConfigError(f"{ENV_VAR}=onednn, but this torch build has no oneDNN linear (torch "
+                              f"{torch.__version__}); set it to aten or unset it")
+        return forced, f"set by {ENV_VAR}={forced}"  # type: ignore[return-value]
     if setting == "aten":
         return "aten", "as set"
     if not onednn_available():
@@ -148,7 +148,8 @@ def measured_speedup(repeats: int = 7) -> float:
 
 
 def _speedup_file() -> Path:
-    key = f"{cpu_vendor()}|{cpu_model()}|torch {torch.__version__}|threads {torch.get_num_threads()}|{TIMED_PRODUCTS}|median"
+    key = (f"{cpu_vendor()}|{cpu_model()}|torch {torch.__version__}|threads {torch.get_num_threads()}|"
+           f"{TIMED_PRODUCTS}|median")
     root = Path(os.environ.get("VERL_CACHE_DIR") or Path.home() / ".cache" / "verl") / "cpu_matmul"
     return root / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
