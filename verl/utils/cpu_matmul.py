@@ -1,10 +1,9 @@
 """Which library multiplies a linear layer's matrices on CPU in float32: ATen's BLAS (MKL) or oneDNN.
 
 Both ship inside the torch wheel. MKL takes a generic code path on some AMD processors, so there it runs float32
-products at about half the speed oneDNN reaches on the same core (AMD EPYC with AVX-512: 85-89 against
-188-192 GFLOP/s on a 10M model's largest layers, forward and backward; `benchmarks/cpu_matmul.py`). Which
-one wins elsewhere depends on the processor and the torch build, so nothing is assumed: `trainer.cpu_matmul`
-`auto` times both on this host (:func:`measured_speedup`: an update's products forward and backward and a
+products at about half the speed oneDNN reaches on the same core; on others the two are close (the
+`benchmarks/cpu_matmul.py` rows in docs/performance.md). Which one wins depends on the processor and the torch
+build, so nothing is assumed: `trainer.cpu_matmul` `auto` times both on this host (:func:`measured_speedup`: an update's products forward and backward and a
 decode step's, the median of interleaved rounds' ratios, so a busy machine slows both sides alike) and takes
 oneDNN only where it is at least :data:`AUTO_MARGIN` times faster: a near tie keeps ATen, so a noisy
 measurement cannot flip the choice. The measurement is made once per host, torch version and thread count
