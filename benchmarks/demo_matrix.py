@@ -4,7 +4,8 @@ CPU, not on the one it was tuned on.
 `python benchmarks/demo_matrix.py [--demos arithmetic tool agent code rlhf] [--seeds 1 2 3]
 [--kernels aten onednn] [--jobs 1] [--write-docs] [key=value ...]` runs each (demo, seed, kernel) as its own
 `verl train` with `trainer.cpu_matmul=KERNEL` (overrides go to every run), prints one row per run and whether it
-clears its demo's documented bar, and exits 1 if any run does not. `--write-docs` puts each row into the table in
+clears its demo's documented bar (and how many of its steps had a reward call, sandboxed program or agent episode
+time out), and exits 1 if any run does not. `--write-docs` puts each row into the table in
 docs/demos.md, replacing the row of the same (demo, seed, kernel, CPU), so subsets run at different times fill
 one table. `--jobs 2` runs two at once (each on one torch thread): the wall times then include the other's load,
 which the row's load average shows.
@@ -89,6 +90,18 @@ def run_one(name: str, seed: int, kernel: str, run_root: Path, overrides: list[s
     return result
 
 
+def timeout_steps(run_dir: Path) -> int:
+    """Logged steps of a run (every stage's metrics.jsonl under it) where anything timed out: a reward call, a
+    sandboxed program, an agent episode. On a loaded machine a limit too tight turns into zero rewards, so the
+    row says how often it happened."""
+    steps = 0
+    for path in run_dir.rglob("metrics.jsonl"):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            metrics = json.loads(line) if line.strip() else {}
+            steps += any("timeout" in key and value for key, value in metrics.items())
+    return steps
+
+
 def row(result: dict[str, Any], cpu: str, date: str) -> str:
     demo = DEMOS[result["demo"]]
     cells = [result["demo"], str(result["seed"]), result["kernel"], cpu, date]
@@ -96,9 +109,11 @@ def row(result: dict[str, Any], cpu: str, date: str) -> str:
     if summary is None:
         cells += ["", "", "", bar_text(demo), f"no: {result['error']}", f"{result['seconds']:.0f} s", result["load"]]
     else:
+        timeouts = timeout_steps(Path(summary["run_dir"]))
+        verdict = ("yes" if clears(demo, summary) else "no") + (f" ({timeouts} steps with a timeout)" if timeouts else "")
         cells += [f"{summary['accuracy_after_sft']:.1%}", f"{summary['accuracy_after_rl']:.1%}",
-                  f"{100 * summary['accuracy_gain']:+.1f} pts", bar_text(demo),
-                  "yes" if clears(demo, summary) else "no", f"{summary['wall_seconds']:.0f} s", result["load"]]
+                  f"{100 * summary['accuracy_gain']:+.1f} pts", bar_text(demo), verdict,
+                  f"{summary['wall_seconds']:.0f} s", result["load"]]
     return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
 

@@ -85,6 +85,8 @@ def test_hostile_responses_score_zero_with_their_reason(monkeypatch, executor):
                         "huge output": "killed", "write outside": "error", "read a secret": "error",
                         "socket": "error", "kill parent": "error", "sleep": "timeout"}
     assert all(extras["code_exec"]["reason"].startswith("test 1 of 1: ") for extras in result.extras)
+    timed_out = sum(status == "timeout" for status in statuses.values())  # a metric of its own: a limit too tight
+    assert result.metrics["reward/code_exec/sandbox_timeouts"] == pytest.approx(timed_out / len(responses))
     assert not Path(__file__).with_name("pwned.txt").exists()
 
 

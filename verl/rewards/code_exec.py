@@ -134,17 +134,20 @@ def code_exec(
     cache_size: int = 0,
     **_metadata: Any,
 ) -> dict[str, Any]:
-    """{score: passed / tests, acc, passed, tests, status, reason}; see the module docstring."""
+    """{score: passed / tests, acc, passed, tests, sandbox_timeouts, status, reason}; see the module docstring.
+    `sandbox_timeouts` counts the tests whose run hit `timeout_s` (logged as reward/code_exec/sandbox_timeouts):
+    on a loaded machine a limit too tight for it turns into zero rewards, which this shows."""
     code = extract_code(response, extract)
     if code is None:
-        return {"score": 0.0, "acc": 0.0, "passed": 0, "tests": len(cases_of("", ground_truth)), "status": "no_code",
-                "reason": "no fenced ``` code block"}
+        return {"score": 0.0, "acc": 0.0, "passed": 0, "tests": len(cases_of("", ground_truth)), "sandbox_timeouts": 0,
+                "status": "no_code", "reason": "no fenced ``` code block"}
     if program is not None:
         code = program.replace(CODE_MARK, code)
     cases = cases_of(code, ground_truth)
-    passed, failure = 0, None
+    passed, timeouts, failure = 0, 0, None
     for i, case in enumerate(cases):
         result = _run(case, timeout_s, memory_mb, cache_size)
+        timeouts += result.status == "timeout"
         if _passed(case, result):
             passed += 1
             continue
@@ -155,7 +158,7 @@ def code_exec(
             break
     status, reason = failure or ("ok", "")
     return {"score": passed / len(cases), "acc": float(passed == len(cases)), "passed": passed,
-            "tests": len(cases), "status": status, "reason": reason}
+            "tests": len(cases), "sandbox_timeouts": timeouts, "status": status, "reason": reason}
 
 
 code_exec.needs_ground_truth = True  # the tests are the ground truth (see verl.rewards.builtin.needs_ground_truth)
