@@ -29,10 +29,10 @@ from verl.rollout.tool_parsers import ToolCall, tool_call_format
 from verl.trainer.rl_trainer import RLTrainer
 
 # Conversations the warm start trains on: with 256, the tiny model could learn their answers by heart instead of
-# copying the tool's result (on some seeds and kernels: probe accuracy 0% after 600 steps, GRPO stuck near 7%).
+# copying the tool's result (on some seeds and kernels it never learnt to copy, and GRPO had nothing to improve).
 SFT_EPISODES = 1024
-SFT_TARGET_ACCURACY = 0.5  # greedy accuracy on PROBE_PROBLEMS other training problems that stops the warm start
-SFT_OVERSHOOT = 0.75  # copying appears within a few steps: a chunk past this is retaken step by step (sft_until)
+SFT_TARGET_ACCURACY = 0.6  # greedy accuracy on PROBE_PROBLEMS other training problems that stops the warm start
+SFT_OVERSHOOT = 0.8  # copying appears within a few steps: a chunk past this is retaken step by step (sft_until)
 SFT_CHECK_EVERY = 10
 PROBE_PROBLEMS = 64
 

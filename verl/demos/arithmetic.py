@@ -73,8 +73,8 @@ def sft_until(sft: SFTTrainer, accuracy: Callable[[], float], target: float, max
     (steps, last accuracy, per-step history).
 
     `overshoot`: an accuracy past which a chunk went too far. A skill such as copying a tool's result can appear
-    within a few steps, from near 0 to near 100%, and where in a chunk it does depends on float rounding (the CPU
-    kernel, the seed); a warm start that ends there leaves RL nothing to gain. Such a chunk is undone (weights and
+    within a few steps, from almost no correct answers to almost all, and where in a chunk it does depends on float
+    rounding (the CPU kernel, the seed); a warm start that ends past it leaves RL little to gain. Such a chunk is undone (weights and
     optimizer state) and retaken one step at a time; a single step that still overshoots is undone and the warm
     start stops before it. Single process only (the demos that pass it)."""
     steps, acc, history = 0, 0.0, []
