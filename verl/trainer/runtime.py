@@ -150,12 +150,13 @@ class TrainerRuntime:
     def _log(self, tracker: Any, metrics: dict[str, float], step: int) -> None:
         loop.log_metrics(self, tracker, metrics, step)
 
-    def write_summary(self, summary: Mapping[str, Any]) -> Path:
-        """`summary` as the run's summary.json, with the CPU kernel that produced it (to reproduce it)."""
+    def write_summary(self, summary: dict[str, Any]) -> Path:
+        """`summary` as the run's summary.json. On CPU it first gets the kernel that produced it, to reproduce it
+        (in place: what a demo returns is what it wrote)."""
         path = self.run_dir / "summary.json"
         if self.device.type == "cpu":
             library, why = resolve_cpu_matmul(self.config.trainer.cpu_matmul)
-            summary = {**summary, "cpu_matmul": library, "cpu_matmul_why": why, "cpu": cpu_model()}
+            summary.update(cpu_matmul=library, cpu_matmul_why=why, cpu=cpu_model())
         if self.rank == 0:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(dict(summary), indent=2), encoding="utf-8")
