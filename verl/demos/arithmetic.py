@@ -7,7 +7,6 @@ before/after numbers come from the same greedy validation, so the gain is the RL
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 from importlib import resources
@@ -68,42 +67,18 @@ def constant_lr_sft(trainer: RLTrainer, **data: Any) -> SFTTrainer:
 
 
 def sft_until(sft: SFTTrainer, accuracy: Callable[[], float], target: float, max_steps: int, chunk: int = 10,
-              progress: ConsoleReporter | None = None, overshoot: float | None = None) -> tuple[int, float, list]:
+              progress: ConsoleReporter | None = None) -> tuple[int, float, list]:
     """`sft.train_steps` in chunks of `chunk` until `accuracy()` reaches `target` or `max_steps` are taken:
-    (steps, last accuracy, per-step history).
-
-    `overshoot`: an accuracy past which a chunk went too far. A skill such as copying a tool's result can appear
-    within a few steps, from almost no correct answers to almost all, and where in a chunk it does depends on float
-    rounding (the CPU kernel, the seed); a warm start that ends past it leaves RL little to gain. Such a chunk is undone (weights and
-    optimizer state) and retaken one step at a time; a single step that still overshoots is undone and the warm
-    start stops before it. Single process only (the demos that pass it)."""
+    (steps, last accuracy, per-step history)."""
     steps, acc, history = 0, 0.0, []
     while steps < max_steps and acc < target:
-        saved = _snapshot(sft) if overshoot is not None else None
-        taken = sft.train_steps(min(chunk, max_steps - steps))
-        now = accuracy()
-        if saved is not None and now > overshoot:
-            _restore(sft, saved)
-            if chunk == 1:
-                break
-            chunk = 1
-            continue
-        history += taken
-        steps, acc = len(history), now
+        history += sft.train_steps(min(chunk, max_steps - steps))
+        steps = len(history)
+        acc = accuracy()
         if progress is not None:
             progress.advance(steps)
             progress.log(steps, {"loss": history[-1]["loss"], "train/accuracy": acc})
     return steps, acc, history
-
-
-def _snapshot(sft: SFTTrainer) -> tuple[dict, dict]:
-    return ({k: v.detach().clone() for k, v in sft.model.state_dict().items()},
-            copy.deepcopy(sft.optimizer.state_dict()))
-
-
-def _restore(sft: SFTTrainer, saved: tuple[dict, dict]) -> None:
-    sft.model.load_state_dict(saved[0])
-    sft.optimizer.load_state_dict(saved[1])
 
 
 def run_demo(config: RunConfig) -> dict[str, Any]:
