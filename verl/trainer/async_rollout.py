@@ -37,13 +37,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from verl.config.schema import RunConfig
-from verl.data.datasets import pad_token_id
 from verl.distributed.groups import RoleGroups
 from verl.distributed.guard import role_key
 from verl.distributed.mapping import DeviceMapping
@@ -52,9 +51,6 @@ from verl.env.multiturn import is_multiturn
 from verl.errors import DistributedError
 from verl.rollout.weight_sync import DeliveryReceiver
 from verl.trainer.batch import LAYOUT, RolloutBatch, padding
-
-if TYPE_CHECKING:  # components imports the start-up checks, which import this module
-    from verl.trainer.components import Components
 
 BUCKET_BYTES = 64 * 2**20  # weights are broadcast in buckets of at most this size (one tensor may exceed it)
 POLL_S = 0.005  # a generating rollout rank asks the store for new weights at most this often (a round trip each)
@@ -347,7 +343,7 @@ def staleness_metrics(received: dict[str, torch.Tensor], step: int) -> dict[str,
     return out
 
 
-__all__ = ["AsyncRollout", "async_rollout_for", "describe", "BUCKET_BYTES", "buckets", "delivery_ranks", "merge", "staleness_metrics",
+__all__ = ["AsyncRollout", "describe", "BUCKET_BYTES", "buckets", "delivery_ranks", "merge", "staleness_metrics",
            "takes_partial_rollouts", "trainable"]
 
 
@@ -383,15 +379,3 @@ def takes_partial_rollouts(config: RunConfig, env: Any) -> bool:
     # its responses are sampled by one version. vLLM samples a whole batch in one call.
     return (config.rollout.partial_rollout and config.rollout.engine == "hf" and not is_multiturn(env)
             and config.env.agent is None)
-
-
-def async_rollout_for(config: RunConfig, parts: Components, draw: Callable[[], RolloutBatch],
-                      generate: Callable[[RolloutBatch], RolloutBatch],
-                      decode: Callable[[torch.Tensor, torch.Tensor], list[str]]) -> AsyncRollout | None:
-    """The run's asynchronous rollout (`devices.rollout`), or None for a synchronous run."""
-    if not config.is_async:
-        return None
-    # An agent episode's text is more than its tokens decoded (a failed agent's traceback): it travels.
-    return AsyncRollout(parts.process.groups, config.rollout.max_staleness, draw, generate, decode, parts.env,
-                        parts.process.device, parts.engine, takes_partial_rollouts(config, parts.env),
-                        send_text=config.env.agent is not None, pad_token_id=pad_token_id(parts.tokenizer))

@@ -18,7 +18,7 @@ it built (tokenizer, rows, environment) as the typed `Preflight`, and this modul
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from verl.checkpoint import CheckpointManager
 from verl.config.schema import OptimConfig, RunConfig
+from verl.data.datasets import pad_token_id
 from verl.distributed.fsdp import apply_fsdp, checkpoint_decoder_layers
 from verl.distributed.placement import Placement
 from verl.distributed.sequence_parallel import enable_sequence_parallel
@@ -39,6 +40,7 @@ from verl.models.reward_model import RewardModelScorer
 from verl.rewards.manager import configure_rewards
 from verl.rollout import RolloutEngine, build_engine
 from verl.tracking import Tracker
+from verl.trainer.async_rollout import AsyncRollout, takes_partial_rollouts
 from verl.trainer.batch import RolloutBatch
 from verl.trainer.fsdp_launch import fsdp_launch
 from verl.trainer.models import (
@@ -352,6 +354,18 @@ def compose_rl(parts: Components, given: Given) -> None:
             parts.reward_scorer = setup_reward_model(config, process)
 
 
-__all__ = ["Components", "Optimizer", "compose", "compose_rl", "setup_checks", "setup_critic",
+def async_rollout_for(config: RunConfig, parts: Components, draw: Callable[[], RolloutBatch],
+                      generate: Callable[[RolloutBatch], RolloutBatch],
+                      decode: Callable[[torch.Tensor, torch.Tensor], list[str]]) -> AsyncRollout | None:
+    """The run's asynchronous rollout (`devices.rollout`), or None for a synchronous run."""
+    if not config.is_async:
+        return None
+    # An agent episode's text is more than its tokens decoded (a failed agent's traceback): it travels.
+    return AsyncRollout(parts.process.groups, config.rollout.max_staleness, draw, generate, decode, parts.env,
+                        parts.process.device, parts.engine, takes_partial_rollouts(config, parts.env),
+                        send_text=config.env.agent is not None, pad_token_id=pad_token_id(parts.tokenizer))
+
+
+__all__ = ["Components", "Optimizer", "async_rollout_for", "compose", "compose_rl", "setup_checks", "setup_critic",
            "setup_checkpoints", "setup_engine", "setup_env", "setup_optimizer", "setup_policy", "setup_reference",
            "setup_reward_model", "setup_teacher", "setup_tracker", "shard", "shard_frozen"]

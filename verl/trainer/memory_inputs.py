@@ -16,6 +16,7 @@ from verl.distributed.memory import estimate_memory
 from verl.distributed.memory_plan import ModelShape, PlanInputs, chunks_logits, micro_batch_tokens
 from verl.trainer.fsdp_launch import fsdp_launch
 from verl.trainer.lora_checks import meta_causal_lm
+from verl.trainer.precision import role_dtype_names
 from verl.utils.dtype import bytes_per_element
 
 
@@ -59,8 +60,6 @@ def plan_inputs(config: RunConfig, *, mapping: Any, shape: ModelShape, world_siz
     resolved for CUDA); forward and backward in FSDP2's `param_dtype` when `fsdp.mixed_precision` is on;
     frozen roles (reference, reward model) are planned in the compute dtype, sharded over their ranks.
     """
-    from verl.trainer.startup import role_dtype_names  # startup imports this module
-
     held = role_dtype_names(config, "cuda", held=True, bf16_supported=True)  # planned for a bf16 GPU
     master = held["actor"] or "float32"
     mixed = config.fsdp.mixed_precision_dtypes("cuda", bf16_supported=True)

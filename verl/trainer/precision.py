@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from verl.config.schema import RunConfig
-from verl.errors import ConfigError
+from verl.errors import ConfigError, VerlError
 from verl.utils.dtype import resolve_dtype
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -78,7 +78,34 @@ def check_master_precision(config: RunConfig, precision: Precision, kind: str) -
         f"fsdp.mixed_precision=auto), or set model.low_precision_master_weights=true to train in {dtype} anyway")]
 
 
-__all__ = ["LOW_PRECISION", "Precision", "check_master_precision", "resolve_precision", "trained_roles"]
+def role_dtype_names(config: RunConfig, device_type: str, *, held: bool = False,
+                     bf16_supported: bool | None = None) -> dict[str, str | None]:
+    """The dtype every active role computes in ('auto' resolved for this device, as the trainer does: a
+    trained role with float32 masters and bfloat16 mixed precision computes in bfloat16, like the frozen
+    reference); `held=True`: the dtype its weights are held in (the memory estimate's)."""
+    try:
+        precision = resolve_precision(config, device_type, bf16_supported=bf16_supported)
+    except VerlError:  # an unknown spelling: passed on as written, the mapping reports it with its key
+        precision = None
+
+    def name(dtype: torch.dtype) -> str:
+        return str(dtype).removeprefix("torch.")
+
+    reward_dtype = config.reward.model_dtype
+    if precision is None:
+        actor = trained = config.model.dtype
+        reference = reward = reward_dtype or actor
+    else:
+        actor = name(precision.compute)
+        trained = name(precision.master) if held else actor
+        reference = name(precision.frozen)
+        reward = reward_dtype if reward_dtype and reward_dtype != "auto" else reference
+    return {"actor": trained, "critic": trained, "ref": reference,
+            "reward": reward if config.reward.model_path else None,
+            "teacher": reference if config.needs_teacher else None, "rollout": actor if config.is_async else None}
+
+
+__all__ = ["LOW_PRECISION", "Precision", "check_master_precision", "resolve_precision", "role_dtype_names", "trained_roles"]
 
 
 def compute_dtype(config: RunConfig, device_type: str, model_dtype: torch.dtype) -> torch.dtype:

@@ -28,7 +28,6 @@ from verl.trainer.advantages import (
     kl_controller,
 )
 from verl.trainer.agent_episodes import episodes_for
-from verl.trainer.async_rollout import async_rollout_for
 from verl.trainer.batch import (
     PROMPT,
     RESPONSE,
@@ -40,6 +39,7 @@ from verl.trainer.batch import (
     written_by,
 )
 from verl.trainer.batch_math import BatchPlan
+from verl.trainer.components import async_rollout_for
 from verl.trainer.correction import CorrectionPlan, plan_correction
 from verl.trainer.distill import apply_distillation
 from verl.trainer.drift import DriftGuard, combined_moments, drift_moments, judge_drift

@@ -41,7 +41,7 @@ from verl.trainer.lora_checks import check_lora, memory_counts, uses_lora
 from verl.trainer.memory_inputs import model_shape, plan_inputs, targets_gpu
 from verl.trainer.models import resolve_model_path
 from verl.trainer.packing import describe_remove_padding
-from verl.trainer.precision import check_master_precision, resolve_precision
+from verl.trainer.precision import check_master_precision, resolve_precision, role_dtype_names
 from verl.utils.dtype import check_dtype_for_device
 
 
@@ -59,33 +59,6 @@ class StartupReport:
     memory_warnings: list[str] = field(default_factory=list)
     plan_inputs: Any = None  # memory_plan.PlanInputs of an RL/SFT/DPO run for GPUs (printed by `verl check`)
     parameters: Any = None  # lora_checks.ParameterCounts: trainable and total parameters (LoRA or not)
-
-
-def role_dtype_names(config: RunConfig, device_type: str, *, held: bool = False,
-                     bf16_supported: bool | None = None) -> dict[str, str | None]:
-    """The dtype every active role computes in ('auto' resolved for this device, as the trainer does: a
-    trained role with float32 masters and bfloat16 mixed precision computes in bfloat16, like the frozen
-    reference); `held=True`: the dtype its weights are held in (the memory estimate's)."""
-    try:
-        precision = resolve_precision(config, device_type, bf16_supported=bf16_supported)
-    except VerlError:  # an unknown spelling: passed on as written, the mapping reports it with its key
-        precision = None
-
-    def name(dtype: torch.dtype) -> str:
-        return str(dtype).removeprefix("torch.")
-
-    reward_dtype = config.reward.model_dtype
-    if precision is None:
-        actor = trained = config.model.dtype
-        reference = reward = reward_dtype or actor
-    else:
-        actor = name(precision.compute)
-        trained = name(precision.master) if held else actor
-        reference = name(precision.frozen)
-        reward = reward_dtype if reward_dtype and reward_dtype != "auto" else reference
-    return {"actor": trained, "critic": trained, "ref": reference,
-            "reward": reward if config.reward.model_path else None,
-            "teacher": reference if config.needs_teacher else None, "rollout": actor if config.is_async else None}
 
 
 def count_parameters(path: str, *, trust_remote_code: bool = False, revision: str | None = None) -> int | None:
