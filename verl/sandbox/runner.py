@@ -9,13 +9,12 @@ demanded that the host lacks) raises SandboxError.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -26,12 +25,11 @@ from typing import IO, Literal
 
 from verl.errors import SandboxError
 from verl.sandbox._init import sweep
+from verl.sandbox.cgroup import RunCgroup
 from verl.sandbox.isolation import DEFAULTS, SANDBOX_UID_BASE, Isolation, isolation
+from verl.sandbox.launch import run_spec, start
 
 Status = Literal["ok", "timeout", "memory", "killed", "error"]
-INIT = str(Path(__file__).with_name("_init.py"))
-# What the code's process sees: nothing of the trainer's environment.
-BASE_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONHASHSEED": "0"}
 _uids = itertools.count()
 _uid_lock = threading.Lock()
 
@@ -49,6 +47,7 @@ class SandboxResult:
     stderr: str
     duration_s: float
     reason: str = ""
+    peak_memory_mb: float | None = None  # all of the run's processes together, where a memory cgroup measures it
 
     @property
     def ok(self) -> bool:
@@ -66,13 +65,11 @@ def _check_limits(**limits: float) -> None:
         raise SandboxError(f"run_code got {', '.join(bad)}; every limit must be a positive number.")
 
 
-def _write_files(work: Path, files: Mapping[str, str | bytes]) -> None:
-    for name, content in files.items():
+def _check_files(files: Mapping[str, str | bytes]) -> None:
+    for name in files:
         path = Path(name)
         if path.is_absolute() or ".." in path.parts or not path.parts:
             raise SandboxError(f"run_code files: {name!r} must be a relative path inside the working folder.")
-        (work / path).parent.mkdir(parents=True, exist_ok=True)
-        (work / path).write_bytes(content.encode() if isinstance(content, str) else content)
 
 
 class _Capped:
@@ -103,15 +100,6 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def _remove(path: str) -> None:
-    def unlock(fn, p, _exc) -> None:  # the program may have taken its own permissions away
-        os.chmod(os.path.dirname(p), 0o700)
-        os.chmod(p, 0o700) if os.path.isdir(p) else None
-        fn(p)
-
-    shutil.rmtree(path, onerror=unlock)
-
-
 def _last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1].strip()[:300] if lines else ""
@@ -127,6 +115,7 @@ def run_code(
     max_processes: int = 16,
     max_open_files: int = 64,
     max_file_mb: int = 16,
+    max_disk_mb: int = 64,
     max_output_bytes: int = 1 << 16,
     files: Mapping[str, str | bytes] | None = None,
     require: Iterable[str] | None = None,
@@ -136,47 +125,39 @@ def run_code(
     """Run `code` (Python source) with `stdin`, in a fresh process that can harm nothing outside it.
 
     Limits: `timeout_s` wall clock (the whole process tree is killed), `cpu_s` CPU seconds (default the
-    timeout), `memory_mb` address space, `max_processes`, `max_open_files`, `max_file_mb` per file written,
+    timeout), `memory_mb` for all of the run's processes together where the host has a memory cgroup (else per
+    process: see Isolation.describe), `max_processes`, `max_open_files`, `max_file_mb` per file written,
+    `max_disk_mb` for everything it writes (its folder and /tmp share one sized tmpfs, with a mount namespace),
     `max_output_bytes` per stream (past it the run is killed). `files` are written into the private working
     folder first (e.g. test inputs). `require`: isolation features the run must have (verl.sandbox.FEATURES);
     a host without one raises SandboxError naming the fix. `python` runs the code. Both default to what
-    `verl.sandbox.configure` set (the run's `sandbox` config section). `namespaces=False` leaves out the namespaces (the
-    fallback every POSIX host has)."""
+    `verl.sandbox.configure` set (the run's `sandbox` config section). `namespaces=False` leaves out the
+    namespaces and the filesystem view (the fallback every POSIX host has)."""
     _check_limits(timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=cpu_s or timeout_s, max_processes=max_processes,
-                  max_open_files=max_open_files, max_file_mb=max_file_mb, max_output_bytes=max_output_bytes)
+                  max_open_files=max_open_files, max_file_mb=max_file_mb, max_disk_mb=max_disk_mb,
+                  max_output_bytes=max_output_bytes)
     iso = isolation(python or DEFAULTS["python"], namespaces)
     iso.require(DEFAULTS["require"] if require is None else require, "run_code(require=...)")
-    base = tempfile.mkdtemp(prefix="verl-sandbox-")
+    files = {**(files or {}), "main.py": code}
+    _check_files(files)
+    cgroup = iso.memory.create(int(memory_mb)) if iso.memory else None
     try:
-        work = Path(base) / "work"
-        work.mkdir()
-        _write_files(work, {**(files or {}), "main.py": code})
-        uid = _next_uid() if iso.own_user else None
-        if uid is not None:
-            os.chmod(base, 0o711)
-            for path in [work, *work.rglob("*")]:
-                os.chown(path, uid, uid)
-        return _execute(iso, base, work, uid, stdin, timeout_s=timeout_s, cpu_s=cpu_s or timeout_s,
-                        memory_mb=memory_mb, max_processes=max_processes, max_open_files=max_open_files,
-                        max_file_mb=max_file_mb, max_output_bytes=max_output_bytes)
+        spec = run_spec(python=iso.python, uid=_next_uid() if iso.own_user else None, files=files,
+                        view_dirs=iso.view_dirs, namespaces=iso.namespaces, cgroup=cgroup and cgroup.path,
+                        tmp=tempfile.gettempdir(), cpu_s=max(1, int(-(-(cpu_s or timeout_s) // 1))),
+                        memory_mb=int(memory_mb), max_processes=int(max_processes),
+                        max_open_files=int(max_open_files), max_file_mb=int(max_file_mb),
+                        max_disk_mb=int(max_disk_mb))
+        return _execute(iso, spec, stdin, cgroup, timeout_s=timeout_s, max_output_bytes=max_output_bytes)
     finally:
-        _remove(base)
+        if cgroup:
+            cgroup.remove()
 
 
-def _execute(iso: Isolation, base: str, work: Path, uid: int | None, stdin: str, *, timeout_s: float, cpu_s: float,
-             memory_mb: int, max_processes: int, max_open_files: int, max_file_mb: int,
+def _execute(iso: Isolation, spec: dict, stdin: str, cgroup: RunCgroup | None, *, timeout_s: float,
              max_output_bytes: int) -> SandboxResult:
-    status_r, status_w = os.pipe()
-    spec = {"status_fd": status_w, "uid": uid, "workdir": str(work), "main": "main.py", "python": iso.python,
-            "env": {**BASE_ENV, **dict.fromkeys(("HOME", "TMPDIR"), "/tmp" if iso.namespaces else str(work))}, "private_tmp": iso.namespaces,
-            "pid_namespace": iso.namespaces, "cpu_s": max(1, int(-(-cpu_s // 1))), "memory_mb": int(memory_mb),
-            "max_processes": int(max_processes), "max_open_files": int(max_open_files),
-            "max_file_mb": int(max_file_mb)}
-    start = time.monotonic()
-    proc = subprocess.Popen([*iso.unshare, sys.executable, "-I", "-S", "-B", INIT, json.dumps(spec)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=base,
-                            env=dict(BASE_ENV), pass_fds=(status_w,), start_new_session=True)
-    os.close(status_w)
+    start_time = time.monotonic()
+    proc, status_r = start(iso.unshare, spec)
     flooded: list[str] = []
 
     def over(stream: str) -> Callable[[], object]:
@@ -190,20 +171,22 @@ def _execute(iso: Isolation, base: str, work: Path, uid: int | None, stdin: str,
     except subprocess.TimeoutExpired:
         timed_out = True
         if not iso.namespaces:  # kill the program's processes; the first one reaps them (it is their subreaper)
-            sweep(uid, proc.pid, keep=proc.pid, reap=False)
+            sweep(spec["uid"], proc.pid, keep=proc.pid, reap=False)
             try:
                 proc.wait(timeout=2.0)
             except subprocess.TimeoutExpired:
                 pass
     _kill_group(proc.pid)  # what is left in the group: the whole tree in a namespace, stragglers otherwise
     proc.wait()
-    duration = time.monotonic() - start
+    duration = time.monotonic() - start_time
     with os.fdopen(status_r) as f:
         line = f.readline()
     stdout, stderr = out.text(1.0), err.text(1.0)
     fate = json.loads(line) if line.strip() else {}
-    return _result(fate, stdout, stderr, duration, timed_out=timed_out, flooded=flooded, timeout_s=timeout_s,
-                   cpu_s=spec["cpu_s"], memory_mb=memory_mb, max_output_bytes=max_output_bytes)
+    oom = cgroup.oom_kills() if cgroup else 0
+    result = _result(fate, stdout, stderr, duration, timed_out=timed_out, flooded=flooded, timeout_s=timeout_s,
+                     cpu_s=spec["cpu_s"], memory_mb=spec["memory_mb"], max_output_bytes=max_output_bytes, oom=oom)
+    return dataclasses.replace(result, peak_memory_mb=cgroup.peak_mb() if cgroup else None)
 
 
 def _feed(pipe: IO[bytes], data: bytes) -> None:
@@ -215,7 +198,7 @@ def _feed(pipe: IO[bytes], data: bytes) -> None:
 
 
 def _result(fate: dict, stdout: str, stderr: str, duration: float, *, timed_out: bool, flooded: list[str],
-            timeout_s: float, cpu_s: int, memory_mb: int, max_output_bytes: int) -> SandboxResult:
+            timeout_s: float, cpu_s: int, memory_mb: int, max_output_bytes: int, oom: int = 0) -> SandboxResult:
     def result(status: Status, returncode: int | None, reason: str) -> SandboxResult:
         return SandboxResult(status, returncode, stdout, stderr, round(duration, 4), reason)
 
@@ -225,6 +208,10 @@ def _result(fate: dict, stdout: str, stderr: str, duration: float, *, timed_out:
         return result("killed", None, f"wrote more than {max_output_bytes} bytes to {flooded[0]} and was killed")
     if "setup_error" in fate:
         return result("error", None, f"the sandbox could not start: {fate['setup_error']}")
+    together = (f"its processes together went past its {memory_mb} MB of memory (the kernel killed {oom} of them)"
+                if oom else "")
+    if together and fate.get("exit") != 0:
+        return result("memory", -fate["signal"] if "signal" in fate else fate.get("exit"), together)
     if "signal" in fate:
         sig = fate["signal"]
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else f"signal {sig}"
