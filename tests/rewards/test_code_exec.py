@@ -38,8 +38,8 @@ def test_assert_tests_with_setup_and_a_json_ground_truth():
     tests = json.dumps({"asserts": ["assert add(1, 2) == 3", "assert add(2, 2) == 5", "assert sqrt(4) == 2"],
                         "setup": "from math import sqrt"})
     out = code_exec(None, ADD, tests)
-    assert (out["passed"], out["tests"], out["status"]) == (2, 3, "error")
-    assert out["reason"] == "test 2 of 3: AssertionError"
+    assert (out["passed"], out["tests"], out["status"]) == (2, 3, "wrong_answer")
+    assert out["reason"] == "test 2 of 3: assert add(2, 2) == 5 is false (add(2, 2) = 4)"
     assert code_exec(None, ADD, ["assert add(1, 2) == 3"])["acc"] == 1.0
 
 

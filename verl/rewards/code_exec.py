@@ -4,13 +4,15 @@ The tests are the row's ground truth, in the layouts code datasets use (a JSON s
   - stdin/stdout pairs: {"inputs": ["1 2\\n", ...], "outputs": ["3\\n", ...]} (APPS, TACO, PRIME, DeepCoder);
     outputs compare line by line, trailing whitespace and blank lines ignored;
   - assert-style tests: a list of "assert f(1) == 2" strings, or {"asserts": [...], "setup": "import math"}
-    (MBPP's test_list and test_setup_code);
+    (MBPP's test_list and test_setup_code), judged outside the program's process (verl.rewards.assert_tests:
+    a program that exits before its tests ran scores 0 with `exited_before_tests`);
   - a plain string or number: what the program must print, with no input (a single test).
 The code is the response's last fenced ``` block (any language tag, or none), else the whole response
 (`extract: fenced` demands a block). `program` wraps it before it runs: "print({code})" makes the response
-an expression. Every test is a fresh sandbox run (a program cannot forge another test's result);
-`cache_size: N` keeps the last N results of programs that ended on their own (ok or error), so a program
-seen before with the same input is not run again (for deterministic programs only).
+an expression. Every test is a fresh sandbox run (a program cannot forge another test's result); a
+stdin/stdout test compares only what the program itself printed. `cache_size: N` keeps the last N verdicts
+of programs that ended on their own, so a program seen before with the same test is not run again (for
+deterministic programs only).
 
 The score is passed / tests; `acc` is 1 when every test passes. A failure's status and reason (timeout,
 memory, killed, error with its last line) go with the sample into samples.jsonl.
@@ -26,21 +28,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from verl.sandbox import SandboxResult, run_code
+from verl.rewards.assert_tests import HARNESS, AssertTest, new_secret, parse_test, verdict
+from verl.sandbox import run_code
 
-_CACHE: OrderedDict[tuple, SandboxResult] = OrderedDict()  # (code, stdin, limits) -> result, most recent last
+_CACHE: OrderedDict[tuple, tuple[str, str]] = OrderedDict()  # (test, limits) -> (status, reason), most recent last
 _CACHE_LOCK = threading.Lock()
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
 CODE_MARK = "{code}"
 
 
+HARNESS_OUTPUT_BYTES = 1 << 20  # a test's values come back on stdout
+ENDED_ON_ITS_OWN = ("ok", "error", "wrong_answer", "exited_before_tests", "exited_during_tests")
+
+
 @dataclass(frozen=True)
 class CodeTest:
-    """One run: its stdin and, for a stdin/stdout test, the output it must print (None: exit 0 passes)."""
+    """One run: a stdin/stdout test (its stdin and the output it must print) or an assert-style test."""
 
     code: str
     stdin: str = ""
     expected: str | None = None
+    assertion: AssertTest | None = None
 
 
 def extract_code(response: str, extract: Literal["auto", "fenced", "all"] = "auto") -> str | None:
@@ -84,41 +92,50 @@ def cases_of(code: str, ground_truth: Any) -> list[CodeTest]:
     if isinstance(tests, list):
         if not tests or not all(isinstance(t, str) for t in tests):
             raise ValueError("assert-style tests must be a non-empty list of strings like 'assert f(1) == 2'")
-        return [CodeTest("\n".join(filter(None, [setup, code, t]))) for t in tests]
+        return [CodeTest(code, assertion=parse_test(t, setup)) for t in tests]
     if isinstance(tests, (str, int, float)) and not isinstance(tests, bool):
         return [CodeTest(code, "", str(tests))]
     raise ValueError(f"code_exec cannot read tests from a ground truth of type {type(tests).__name__}: give "
                      "{'inputs': [...], 'outputs': [...]}, a list of assert strings, or the expected output")
 
 
-def _run(case: CodeTest, timeout_s: float, memory_mb: int, cache_size: int) -> SandboxResult:
-    """A fresh run; with `cache_size`, an identical program with the same input and limits that ran before
-    gives its result again (for deterministic programs, as the demo's expressions are)."""
-    key = (case.code, case.stdin, timeout_s, memory_mb)
+def _judge(case: CodeTest, timeout_s: float, memory_mb: int) -> tuple[str, str]:
+    """(status, reason) of one fresh run: ("ok", "") when the test passed."""
+    if case.assertion is None:
+        result = run_code(case.code, case.stdin, timeout_s=timeout_s, memory_mb=memory_mb)
+        if not result.ok:
+            return result.status, result.reason
+        if case.expected is None or _same_output(result.stdout, case.expected):
+            return "ok", ""
+        return "wrong_answer", (f"printed {result.stdout.strip()[:80]!r}, "
+                                f"expected {str(case.expected).strip()[:80]!r}")
+    secret = new_secret()  # on stdin, read by the harness before the program runs
+    result = run_code(HARNESS, secret + "\n", timeout_s=timeout_s, memory_mb=memory_mb,
+                      files=case.assertion.files(case.code), max_output_bytes=HARNESS_OUTPUT_BYTES)
+    if result.status not in ("ok", "error"):
+        return result.status, result.reason
+    status, reason = verdict(case.assertion, secret, result.stdout)
+    if status == "exited_before_tests" and result.status == "error":  # it failed to load: say why
+        return "error", result.reason
+    return status, reason
+
+
+def _run(case: CodeTest, timeout_s: float, memory_mb: int, cache_size: int) -> tuple[str, str]:
+    """A fresh run's verdict; with `cache_size`, an identical program with the same test and limits that ran
+    before gives its verdict again (for deterministic programs, as the demo's expressions are)."""
+    key = (case, timeout_s, memory_mb)
     if cache_size:
         with _CACHE_LOCK:
             if key in _CACHE:
                 _CACHE.move_to_end(key)
                 return _CACHE[key]
-    result = run_code(case.code, case.stdin, timeout_s=timeout_s, memory_mb=memory_mb)
-    if cache_size and result.status in ("ok", "error"):  # a timeout or a kill may depend on the machine's load
+    judged = _judge(case, timeout_s, memory_mb)
+    if cache_size and judged[0] in ENDED_ON_ITS_OWN:  # a timeout or a kill may depend on the machine's load
         with _CACHE_LOCK:
-            _CACHE[key] = result
+            _CACHE[key] = judged
             while len(_CACHE) > cache_size:
                 _CACHE.popitem(last=False)
-    return result
-
-
-def _passed(case: CodeTest, result: SandboxResult) -> bool:
-    if not result.ok:
-        return False
-    return case.expected is None or _same_output(result.stdout, case.expected)
-
-
-def _why(case: CodeTest, result: SandboxResult) -> tuple[str, str]:
-    if not result.ok:
-        return result.status, result.reason
-    return "wrong_answer", f"printed {result.stdout.strip()[:80]!r}, expected {str(case.expected).strip()[:80]!r}"
+    return judged
 
 
 def code_exec(
@@ -146,13 +163,12 @@ def code_exec(
     cases = cases_of(code, ground_truth)
     passed, timeouts, failure = 0, 0, None
     for i, case in enumerate(cases):
-        result = _run(case, timeout_s, memory_mb, cache_size)
-        timeouts += result.status == "timeout"
-        if _passed(case, result):
+        status, reason = _run(case, timeout_s, memory_mb, cache_size)
+        timeouts += status == "timeout"
+        if status == "ok":
             passed += 1
             continue
         if failure is None:
-            status, reason = _why(case, result)
             failure = (status, f"test {i + 1} of {len(cases)}: {reason}")
         if stop_at_first_failure:
             break
