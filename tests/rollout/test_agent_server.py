@@ -136,3 +136,50 @@ def test_tool_calls_come_back_as_openai_tool_calls_and_bad_requests_as_errors(ti
     finally:
         server.close()
     assert server.episodes["a"].refused == 1
+
+
+@pytest.mark.parametrize("ends", [(True, True, True), (False, True, False), (False, False, True)],
+                         ids=["eos-eos-eos", "cut-eos-cut", "cut-cut-eos"])
+def test_turns_that_ended_on_their_own_or_were_cut_splice_to_the_chat_templates_rendering(tiny, ends):
+    """Between two assistant turns there is exactly one end-of-turn token: the one the model sampled when its
+    turn ended on its own, the one the endpoint adds when `max_tokens` cut it; the decoded episode is then the
+    chat template's rendering of the final history, token for token what a fresh rendering would read."""
+    from verl.utils.chat_render import render_chat
+
+    _, tok = tiny
+    eos = tok.eos_token_id
+    words = ["first answer", "second", "third try"]
+    replies = [tok(w, add_special_tokens=False)["input_ids"] + ([eos] if e else []) for w, e in zip(words, ends, strict=True)]
+    server = _server(tiny)
+    calls = iter(range(len(replies)))
+    server.sample = lambda prompts, params: [
+        Sampled(r, [-0.5] * len(r), r[-1] == eos) for r in (replies[next(calls)] for _ in prompts)]
+
+    async def agent(url):
+        client = openai.AsyncOpenAI(base_url=url, api_key="verl", max_retries=0)
+        messages = [{"role": "user", "content": "Say something."}]
+        for turn in range(len(replies)):
+            reply = await client.chat.completions.create(model="p", messages=messages)
+            assert reply.choices[0].finish_reason == ("stop" if ends[turn] else "length")
+            messages += [{"role": "assistant", "content": reply.choices[0].message.content}]
+            if turn < len(replies) - 1:
+                messages += [{"role": "user", "content": f"And {turn}?"}]
+        return messages
+
+    try:
+        [history] = _serve(server, [agent(server.episode_url("a"))])
+    finally:
+        server.close()
+    e = server.episodes["a"]
+    assert (e.calls, e.restarted) == (3, 0)
+    sequence = e.prompt + e.response
+    assert sequence.count(eos) == len(history) - 1 + ends[-1]  # one per turn, the last one only when sampled
+    rendered = render_chat(tok, history, tools=None, add_generation_prompt=False)
+    decoded = tok.decode(sequence)
+    if ends[-1]:  # the template closes the last turn too, with the newline that follows its end-of-turn token
+        assert rendered.startswith(decoded) and rendered[len(decoded):] == "\n"
+    else:
+        assert decoded == rendered[: rendered.rindex(tok.eos_token)]
+    # token for token the template's rendering: every turn's ids are what its text encodes to
+    assert sequence == tok(decoded, add_special_tokens=False)["input_ids"]
+    assert [t for t, m in zip(e.response, e.loss_mask, strict=True) if m] == [t for r in replies for t in r]

@@ -43,6 +43,44 @@ def not_async(row, base_url):
 
 async def one_argument(row):
     return 0.0
+
+
+POSTER = """
+import json, sys, urllib.request, urllib.error
+for url in sys.argv[1:]:
+    body = {"model": "p", "prompt": "INJECTED", "messages": [{"role": "user", "content": "INJECTED"}]}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        print(urllib.request.urlopen(request, timeout=30).status)
+    except urllib.error.HTTPError as e:
+        print(e.code)
+"""
+STATUSES = []
+
+
+async def hostile(row, base_url):
+    """Another local process posts into this episode and others with guessed URLs; this agent sends bad calls."""
+    import sys
+    from openai import BadRequestError
+
+    root, rest = base_url.split("/episodes/")
+    episode = rest.split("/")[0]
+    guesses = [f"{root}/episodes/{e}/v1/chat/completions" for e in (episode, "0-0", "1-1")]
+    guesses += [f"{root}/episodes/{episode}/guess/v1/completions", f"{root}/v1/completions"]
+    poster = await asyncio.create_subprocess_exec(sys.executable, "-c", POSTER, *guesses,
+                                                  stdout=asyncio.subprocess.PIPE)
+    STATUSES.extend((await poster.communicate())[0].decode().split())
+    loop = asyncio.get_running_loop()
+    http = HTTP.setdefault(loop, DefaultAsyncHttpxClient())
+    client = AsyncOpenAI(base_url=base_url, api_key="verl", max_retries=0, http_client=http)
+    for bad in ({"prompt": [999999]}, {"prompt": [5, -1]}, {"prompt": "x", "temperature": "nan"},
+                {"prompt": "x", "n": "abc"}, {"prompt": "x " * 100_000}):
+        try:
+            await client.completions.create(model="p", **bad)
+        except BadRequestError:
+            STATUSES.append("400")
+    reply = await client.chat.completions.create(model="p", messages=[{"role": "user", "content": row["prompt"]}])
+    return float(any(c.isdigit() for c in reply.choices[0].message.content))
 '''
 
 
@@ -78,7 +116,7 @@ def test_agent_episodes_train_and_failures_stay_in_their_episode(tmp_path):
 
 @pytest.mark.parametrize("agent, says", [
     ("missing.py:run", "agent file"),
-    ("agent.py:nothing", "has no function 'nothing' (its async functions: ['run', 'one_argument'])"),
+    ("agent.py:nothing", "has no function 'nothing' (its async functions: ['run', 'one_argument', 'hostile'])"),
     ("agent.py:not_async", "must be an async function"),
     ("agent.py:one_argument", "must take (row, base_url)"),
 ])
@@ -87,3 +125,18 @@ def test_a_bad_agent_is_refused_at_start_up(tmp_path, agent, says):
     assert any(says in str(p) for p in problems), problems
     with pytest.raises(ConfigError, match="env.agent="):
         RLTrainer(_config(tmp_path, agent))
+
+
+def test_another_process_posting_into_a_run_is_refused_and_never_trained_on(tmp_path):
+    """The trial's attack during `verl train`: another local process posts to the endpoint with guessed episode
+    ids, and the agents themselves send calls that once ended the run; the run trains on its episodes' own calls."""
+    trainer = RLTrainer(_config(tmp_path, "agent.py:hostile", "env.agent_call_budget=8"))
+    statuses = trainer.multiturn.agent.__globals__["STATUSES"]
+    for _ in range(2):
+        trainer.step()  # runs to the end of each step
+    batch = trainer.multiturn.run(trainer.env.val_rows()[:4], 2, trainer.sampling, trainer.generator)
+    assert statuses.count("401") == statuses.count("400") >= 5 * 8  # five of each from every episode
+    assert set(statuses) == {"400", "401"}
+    assert not any(e.info["agent_failed"] for e in batch.episodes)
+    assert all(e.info["agent_calls"] == 1 and e.info["agent_rejected_calls"] == 5 for e in batch.episodes)
+    assert not any("INJECTED" in text for text in trainer.multiturn.texts(batch))

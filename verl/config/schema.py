@@ -189,7 +189,10 @@ class EnvConfig(Section):
                               "episode's reward (None: the environment's reward over the last reply). Needs "
                               "pip install 'verl[agent]'.")
     agent_timeout_s: float = Field(60.0, gt=0.0, description="An agent episode running longer ends with reward 0.")
-    agent_call_budget: int = Field(32, gt=0, description="Calls an agent episode may make; more are refused (429).")
+    agent_call_budget: int = Field(32, gt=0, description="Calls an agent episode may make (every call with its key "
+                                   "counts, a malformed one too); more are refused (429).")
+    agent_max_body_bytes: int = Field(1 << 20, gt=0, description="The largest request body the agent endpoint reads; "
+                                      "a larger one is refused (413) before it is read.")
     agent_concurrency: int = Field(64, gt=0, description="Agent episodes running at once; 1 makes a run reproducible "
                                    "(concurrent agents' timing decides which calls are sampled together).")
     tool_call_format: str = Field("hermes", description="How the policy writes tool calls (hermes: Qwen2.5/Qwen3/"

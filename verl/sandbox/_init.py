@@ -54,9 +54,12 @@ def _check(result, what):
         raise OSError(errno, f"{what}: {os.strerror(errno)}")
 
 
+def _enc(s):
+    return None if s is None else s.encode()
+
+
 def _mount(source, target, fstype=None, flags=0, options=None):
-    enc = (lambda s: None if s is None else s.encode())
-    _check(libc.mount(enc(source), enc(target), enc(fstype), flags, enc(options)), f"mount {target}")
+    _check(libc.mount(_enc(source), _enc(target), _enc(fstype), flags, _enc(options)), f"mount {target}")
 
 
 def _tmpfs(path, size_mb):

@@ -123,9 +123,13 @@ class AgentEpisodes(Episodes):
     def run(self, rows: Sequence[Mapping[str, Any]], n: int, params: SamplingParams,
             generator: torch.Generator | None) -> MultiTurnOutput:
         e = self.config.env
+        model = getattr(self.engine, "text_config", None)  # what a request must fit: the model's vocabulary, context
         server = AgentServer(self.prompts.tokenizer, self._sampler(generator), eos_token_ids=params.eos_token_ids,
                              max_tokens=params.max_new_tokens, temperature=params.temperature,
-                             tool_format=tool_call_format(e.tool_call_format), call_budget=e.agent_call_budget)
+                             tool_format=tool_call_format(e.tool_call_format), call_budget=e.agent_call_budget,
+                             vocab_size=getattr(model, "vocab_size", None),
+                             max_length=getattr(model, "max_position_embeddings", None),
+                             max_body_bytes=e.agent_max_body_bytes)
         episodes = [(i, row, f"{i}-{k}") for i, row in enumerate(rows) for k in range(n)]
         urls = [server.episode_url(eid) for _, _, eid in episodes]
         outcomes = [_Outcome() for _ in episodes]
@@ -139,7 +143,7 @@ class AgentEpisodes(Episodes):
             worker.join()
         finally:
             server.close()
-        if server.failure is not None:  # not the agents' fault: the engine could not sample what they asked
+        if server.failure is not None:  # the engine sampled no call at all: not one agent's fault
             raise server.failure
         return self._output(episodes, [server.episodes[eid] for _, _, eid in episodes], outcomes, params)
 
@@ -209,7 +213,7 @@ class AgentEpisodes(Episodes):
             record.reward = reward if reward is not None and math.isfinite(reward) else 0.0
             record.info = {"agent_failed": bool(outcome.failed), "agent_timeout": outcome.timed_out,
                            "agent_calls": seq.calls, "agent_restarted_calls": seq.restarted,
-                           "agent_refused_calls": seq.refused}
+                           "agent_refused_calls": seq.refused, "agent_rejected_calls": seq.rejected}
             record.transcript = [("agent", outcome.failed)] if outcome.failed else []
             records.append((seq.prompt, record))
         return _layout(records, params, self.device)
