@@ -104,6 +104,23 @@ def test_cispo_is_reinforce_weighted_by_the_clipped_detached_ratio():
     assert (grad_of(get_policy_loss("cispo")(logp, old, adv, mask, clip_high=hi)[0], logp)[mask.bool()] != 0).all()
 
 
+def test_cispo_with_clip_low_clamps_the_weight_on_both_sides_and_counts_both():
+    """With clip_low set, w = sg(clip(r, 1 - lo, 1 + hi)): ratios below the floor are raised to it, and the
+    clip fraction counts tokens truncated on either side."""
+    logp, old, adv, mask = batch(spread=0.5)
+    lo, hi = 0.2, 0.28
+    loss, stats = get_policy_loss("cispo")(logp, old, adv, mask, clip_low=lo, clip_high=hi)
+    ratios = [math.exp(float(logp[i, t].detach() - old[i, t])) for i, t in tokens(mask)]
+    weights = [min(max(r, 1 - lo), 1 + hi) for r in ratios]
+    below, above = sum(r < 1 - lo for r in ratios), sum(r > 1 + hi for r in ratios)
+    assert below > 0 and above > 0  # the batch exercises both sides
+    j = torch.stack([w * adv[i, t] * logp[i, t] for w, (i, t) in zip(weights, tokens(mask), strict=True)]).mean()
+    torch.testing.assert_close(grad_of(loss, logp), grad_of(-j, logp))
+    torch.testing.assert_close(loss.detach(), -torch.stack([w * adv[i, t] for w, (i, t) in
+                                                            zip(weights, tokens(mask), strict=True)]).mean())
+    assert float(stats["clipfrac"]) == pytest.approx((below + above) / len(ratios))
+
+
 @pytest.mark.parametrize("token_adv", [False, True])
 def test_gmpo_is_the_geometric_mean_of_the_clipped_token_objectives(token_adv):
     """GMPO eq.: J = 1/G sum_i sgn(A_i) prod_t |min(r_t A_i, clip(r_t, e^-eps, e^eps) A_i)|^(1/|o_i|)."""

@@ -63,6 +63,17 @@ def test_a_better_value_moves_the_mark_and_min_mode_keeps_the_smallest(tmp_path)
     assert not improves(float("nan"), None, "max") and not improves(0.2, BestRecord(3, "m", 0.2), "min")
 
 
+@pytest.mark.parametrize("mode", ["max", "min"])
+def test_a_tie_is_not_an_improvement(tmp_path, mode):
+    """A later step that only equals the best keeps the older checkpoint as the best, in either mode."""
+    assert not improves(0.5, BestRecord(1, "val/score", 0.5, mode), mode)
+    run_dir = tmp_path / "run"
+    config = rl_config(run_dir, *KEEP, "trainer.total_steps=3", f"checkpoint.keep_best_mode={mode}")
+    scripted(RLTrainer(config), {1: 0.5, 2: 0.5, 3: 0.5}).fit()
+    assert steps(run_dir) == [1, 3]  # step 2 tied: not saved (off save_interval), step 3 is the last
+    assert read_best(run_dir / "checkpoints") == BestRecord(1, "val/score", 0.5, mode)
+
+
 def test_a_fresh_run_forgets_an_old_best(tmp_path):
     run_dir = tmp_path / "run"
     scripted(RLTrainer(rl_config(run_dir, *KEEP, "trainer.total_steps=2")), {1: 0.9, 2: 0.1}).fit()
