@@ -639,7 +639,7 @@ class RewardConfig(Section):
 
 class SandboxConfig(Section):
     require: list[str] = Field(default_factory=list, description="Isolation that model-written code (the code_exec "
-                               "reward, the python tool) must have: any of network, pid, tmp, user "
+                               "reward, the python tool) must have: any of network, pid, tmp, user, filesystem, memory "
                                "(verl.sandbox.FEATURES). A host that cannot give one refuses to start, naming the fix.")
     python: str | None = Field(None, description="The interpreter model-written code runs in; None = this one, or "
                                "the system's python3 when this one is not readable by an unprivileged uid.")
