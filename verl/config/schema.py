@@ -632,6 +632,15 @@ class RewardConfig(Section):
         "processes: no GIL shared with generation, so CPU-bound rewards such as answer parsing run beside it, and a "
         "call past timeout_s is killed, not abandoned; the functions must be named in reward.functions or be "
         "importable). Batched and TRL-style functions run on threads either way.")
+    max_worker_crashes: int = Field(8, ge=0, description="reward.executor=process: a worker process that dies in the "
+                                    "middle of a call (os._exit, a signal, the OOM killer) fails only its sample, "
+                                    "which scores 0 with the reason in samples.jsonl, counted in "
+                                    "reward/worker_crashes, and a new worker takes its place; more crashes than this "
+                                    "in one step stop the run (a RewardError naming the last one).")
+    max_rss_mb: int = Field(4096, ge=0, description="reward.executor=process: a worker process whose resident "
+                            "memory exceeds this many MiB after a call (a reward that leaks) is replaced by a "
+                            "new one, counted in reward/worker_replacements; the call's result still counts. "
+                            "0 = no limit. Keep it well above a fresh worker's size (what the functions load).")
     overlap: bool = Field(True, description="Start each response's per-sample reward calls as soon as it finishes "
                           "generating, while the rest of the batch is still sampled (single-turn rollouts on verl's "
                           "own engine); the scores are the same as with false (score after generation).")

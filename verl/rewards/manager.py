@@ -128,6 +128,8 @@ class RewardManager:
                 f"function, e.g. {key}: [{{name: numeric_match}}]."
             )
         self.progress = TrainingProgress()  # set by the trainer before each batch is scored
+        self.max_worker_crashes = 8  # reward.max_worker_crashes and reward.max_rss_mb (see `configure`)
+        self.max_rss_mb: float = 4096
         used: dict[str, int] = {}  # the labels given so far
         self._loaded = [load_function(raw, i, key, base_dir, used) for i, raw in enumerate(specs)]
 
@@ -248,9 +250,11 @@ class RewardManager:
         return Scoring(self, list(prompts), list(ground_truths), metas, list(data_sources))
 
     def configure(self, *, workers: int | None = None, timeout_s: float | None = None,
-                  executor: str | None = None) -> None:
-        """Set `reward.workers` / `reward.timeout_s` / `reward.executor` (the trainer passes the run's config
-        here). With executor "process" the per-sample functions run in worker processes
+                  executor: str | None = None, max_worker_crashes: int | None = None,
+                  max_rss_mb: float | None = None) -> None:
+        """Set `reward.workers` / `reward.timeout_s` / `reward.executor` / `reward.max_worker_crashes` /
+        `reward.max_rss_mb` (the trainer passes the run's config here; None keeps the current value, and
+        max_rss_mb 0 is no limit). With executor "process" the per-sample functions run in worker processes
         (verl.rewards.processes), the batched and TRL-style ones on the threads; a function a worker cannot
         get is refused now."""
         if executor not in (None, "thread", "process"):
@@ -258,10 +262,19 @@ class RewardManager:
         pool = RewardPool(self.pool.workers if workers is None else workers,
                           self.pool.timeout_s if timeout_s is None else timeout_s)
         self.pool = pool  # a scoring already started finishes on the pools it started on
+        if max_worker_crashes is not None:
+            if isinstance(max_worker_crashes, bool) or not isinstance(max_worker_crashes, int) or max_worker_crashes < 0:
+                raise ConfigError(f"reward.max_worker_crashes must be an integer >= 0 (worker processes that may die "
+                                  f"in one step before the run stops), got {max_worker_crashes!r}.")
+            self.max_worker_crashes = max_worker_crashes
+        if max_rss_mb is not None:
+            if isinstance(max_rss_mb, bool) or not isinstance(max_rss_mb, (int, float)) or not max_rss_mb >= 0:
+                raise ConfigError(f"reward.max_rss_mb must be a number of MiB >= 0 (0: no limit), got {max_rss_mb!r}.")
+            self.max_rss_mb = max_rss_mb
         processes = self.sample_pool is not None if executor is None else executor == "process"
         recipes = [recipe(ld, self.base_dir) if processes and not (ld.trl_style or ld.spec.batched) else None
                    for ld in self._loaded]
-        self.sample_pool = (ProcessRewardPool(recipes, pool.workers, pool.timeout_s)
+        self.sample_pool = (ProcessRewardPool(recipes, pool.workers, pool.timeout_s, self.max_rss_mb)
                             if any(r is not None for r in recipes) else None)
         if self.sample_pool is not None:
             self.sample_pool.start()
@@ -271,7 +284,9 @@ class RewardManager:
                   sample_pool: ProcessRewardPool | None = None) -> RewardResult:
         """The result of the finished calls (one list per function, per sample, or one batch call), put
         together in a fixed order, whichever call finished first: the first error in (function, sample)
-        order is the one raised, as when the calls ran one after another."""
+        order is the one raised, as when the calls ran one after another. A sample whose worker process died
+        scores 0 with the reason, up to `max_worker_crashes` in the batch (one step's scoring); the next one
+        stops the run (the rest of the batch is not waited for)."""
         n = len(batch.responses)
         data_sources = batch.data_sources
         timeout_s = pool.timeout_s
@@ -281,7 +296,7 @@ class RewardManager:
         metrics: dict[str, float] = {}
         sample_extras: list[dict[str, dict[str, Any]]] = [{} for _ in range(n)]
         accuracy: list[float | None] = [None] * n  # the `acc` extras (weighted sum), for dynamic sampling
-        timeouts = 0
+        timeouts = crashes = replacements = 0
 
         def late(c: RewardCall, on: RewardPool | ProcessRewardPool = pool) -> bool:  # waits for the call: True
             if on.wait(c).error is not None:  # when it timed out; raises what it raised
@@ -292,11 +307,18 @@ class RewardManager:
             idx = [i for i in range(n) if ld.applies(data_sources[i])]
             raw_list, mask_list = [0.0] * n, [False] * n  # filled as Python lists: one tensor each, not n writes
             timed_out: list[int] = []
+            crashed: dict[int, str] = {}  # sample -> why its worker process died
             if isinstance(call, list):  # one call per sample
                 results = []
                 for i, c in zip(idx, call, strict=True):
                     if late(c, sample_pool or pool):
                         timed_out.append(i)
+                    elif c.crashed is not None:
+                        crashed[i] = c.crashed
+                        crashes += 1
+                        if crashes > self.max_worker_crashes:
+                            raise self._too_many_crashes(crashes, ld, i, c.crashed)
+                    replacements += c.replaced
                     results.append(c.value)
             elif call is not None and late(call):  # one call over the batch
                 timed_out, results, extras = idx, [None] * len(idx), {}  # what it logged so far is dropped
@@ -309,6 +331,11 @@ class RewardManager:
                     sample_extras[i][ld.label] = {"status": "timeout", "reason": (
                         f"reward function '{ld.label}' took longer than reward.timeout_s={timeout_s:g} s "
                         "and was given up (scored 0)")}
+                    continue
+                if i in crashed:
+                    mask_list[i] = True
+                    sample_extras[i][ld.label] = {"status": "worker_crashed", "reason": (
+                        f"reward function '{ld.label}': {crashed[i]} (scored 0)")}
                     continue
                 if value is None and ld.trl_style:  # TRL's "does not apply to this sample"
                     continue
@@ -346,9 +373,24 @@ class RewardManager:
         if n:
             metrics["reward/mean"] = float(total.mean())
         metrics["reward/timeouts"] = float(timeouts)
+        # Logged on threads too (always 0 there: a crash on a thread takes the trainer with it), so a run's
+        # metrics have the same keys whichever reward.executor it uses.
+        metrics["reward/worker_crashes"] = float(crashes)
+        metrics["reward/worker_replacements"] = float(replacements)
         acc = (None if all(a is None for a in accuracy)
                else torch.tensor([math.nan if a is None else a for a in accuracy], dtype=torch.float32))
         return RewardResult(total.float(), metrics, per_function, applied, sample_extras, acc)
+
+    def _too_many_crashes(self, crashes: int, ld: LoadedFunction, i: int, reason: str) -> RewardError:
+        """The error past reward.max_worker_crashes: a function that crashes this often would otherwise train
+        the policy on zeros, so the run stops, naming the last crash and the setting."""
+        return RewardError(
+            f"reward worker processes died in {crashes} calls while scoring this step's samples, more than "
+            f"reward.max_worker_crashes={self.max_worker_crashes}; the last: reward function '{ld.label}' "
+            f"({ld.where}) on sample {i}: {reason}. Each crash (os._exit, a signal, a crash in C code, the OOM "
+            "killer) scores its sample 0, but this many means the function is broken: fix it (run it with "
+            "reward.executor=thread to see where it fails; a SIGKILL is often the OOM killer, see dmesg), or "
+            "raise reward.max_worker_crashes.")
 
     # -- calling user code -------------------------------------------------------------------------
 
@@ -544,12 +586,14 @@ class Scoring:
         return manager._assemble(batch, calls, logged, self.pool, self.sample_pool)
 
 
-def configure_rewards(env: Any, *, workers: int, timeout_s: float, executor: str = "thread") -> None:
-    """Give `env`'s reward manager the run's `reward.workers`, `reward.timeout_s` and `reward.executor`
-    (environments without one score their own way)."""
+def configure_rewards(env: Any, *, workers: int, timeout_s: float, executor: str = "thread",
+                      max_worker_crashes: int | None = None, max_rss_mb: float | None = None) -> None:
+    """Give `env`'s reward manager the run's `reward.workers`, `reward.timeout_s`, `reward.executor`,
+    `reward.max_worker_crashes` and `reward.max_rss_mb` (environments without one score their own way)."""
     manager = getattr(env, "reward_manager", None)
     if isinstance(manager, RewardManager):
-        manager.configure(workers=workers, timeout_s=timeout_s, executor=executor)
+        manager.configure(workers=workers, timeout_s=timeout_s, executor=executor,
+                          max_worker_crashes=max_worker_crashes, max_rss_mb=max_rss_mb)
 
 
 def report_progress(env: Any, progress: TrainingProgress) -> None:

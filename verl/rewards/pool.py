@@ -29,10 +29,11 @@ from verl.errors import ConfigError
 
 
 class RewardCall:
-    """One submitted call: after `RewardPool.wait`, exactly one of `value`, `error` (what it raised) or
-    `timed_out` holds its outcome."""
+    """One submitted call: after `RewardPool.wait`, exactly one of `value`, `error` (what it raised),
+    `timed_out` or `crashed` holds its outcome; `crashed` and `replaced` are set only by worker processes
+    (verl.rewards.processes)."""
 
-    __slots__ = ("fn", "started", "done", "value", "error", "timed_out")
+    __slots__ = ("fn", "started", "done", "value", "error", "timed_out", "crashed", "replaced")
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.fn = fn
@@ -41,6 +42,8 @@ class RewardCall:
         self.value: Any = None
         self.error: BaseException | None = None
         self.timed_out = False
+        self.crashed: str | None = None  # why the worker process running it died (the sample scores 0)
+        self.replaced = False  # its worker outgrew reward.max_rss_mb and was replaced after it (its value counts)
 
 
 class RewardPool:

@@ -10,8 +10,12 @@ when it next submits or waits. A call queued while every worker is busy starts a
 
 A call running longer than `timeout_s` (from when its worker began it) is ended for good: its worker, and
 what it started in its process group, is killed and a new one takes its place (a thread could only be
-abandoned). A worker that dies (killed by the OOM killer, a crash in C code) fails only its call, with
-a RewardError naming the sample.
+abandoned). A worker that dies in the middle of a call (os._exit, a signal, the OOM killer, a crash in C
+code) fails only that call: it is marked `crashed`, with the exit code or signal, and a new worker takes the
+dead one's place; the manager scores the sample 0 and stops the run only past `reward.max_worker_crashes` in
+one step, since a function that crashes on every sample would otherwise train on zeros. A worker whose
+resident memory exceeds `max_rss_mb` after a call (a reward that leaks) is replaced once that call's result
+is read, so a leak cannot grow the run without bound; the call's result counts.
 
 Workers are plain `python -m verl.rewards.processes` processes (no fork of the trainer, so no copy of its
 threads, CUDA context or memory; no `if __name__ == "__main__"` needed in the user's script), sharing the
@@ -76,6 +80,27 @@ def _rebuild(entry: tuple[Any, ...] | None) -> LoadedFunction | None:
     return loaded_function(spec, fn, label, where, named=named)
 
 
+def _exit_status(code: int | None) -> str:
+    """`exit code 3`, `signal 9, SIGKILL`: how a worker process ended, as Popen reports it."""
+    if code is None:
+        return "exit status unknown"
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"signal {-code}, {signal.Signals(-code).name}"
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _rss_mb() -> float | None:
+    """This process's resident memory in MiB, from /proc (None where there is none: not Linux)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class _Worker:
     __slots__ = ("process", "conn", "call", "sent", "ready")
 
@@ -106,10 +131,13 @@ def _kill_all(workers: list[_Worker]) -> None:
 
 class ProcessRewardPool:
     """Up to `workers` worker processes running per-sample reward calls (see the module docstring); the
-    calls are `(function index, arguments of call_one after the function)`."""
+    calls are `(function index, arguments of call_one after the function)`. `max_rss_mb` (0: no limit) is
+    the resident memory past which a worker is replaced after its call."""
 
-    def __init__(self, recipes: Sequence[tuple[Any, ...]], workers: int = 4, timeout_s: float = 60.0) -> None:
+    def __init__(self, recipes: Sequence[tuple[Any, ...]], workers: int = 4, timeout_s: float = 60.0,
+                 max_rss_mb: float = 0) -> None:
         self.recipes, self.workers, self.timeout_s = list(recipes), workers, float(timeout_s)
+        self.max_rss_mb = max_rss_mb
         self._reset()
 
     def _reset(self) -> None:
@@ -127,7 +155,7 @@ class ProcessRewardPool:
             self._reset()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return ProcessRewardPool, (self.recipes, self.workers, self.timeout_s)
+        return ProcessRewardPool, (self.recipes, self.workers, self.timeout_s, self.max_rss_mb)
 
     def submit(self, jobs: Sequence[tuple[int, tuple[Any, ...]]]) -> list[RewardCall]:
         """Queue the calls; those an idle (or new) worker can take start now."""
@@ -191,24 +219,32 @@ class ProcessRewardPool:
                 code = w.process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 code = None
-            self._fail(w, f"died (exit code {code}{', killed by a signal' if code is not None and code < 0 else ''})")
+            if w.call is not None:  # only its call fails; an idle worker's death costs nothing
+                w.call.crashed = (f"reward worker died ({_exit_status(code)}) while "
+                                  f"{'scoring this sample' if w.ready is not None else 'loading the reward functions'}")
+                w.call.done = True
+            self._replace(w)
             return
         if message[0] == "ready":
             w.ready = time.monotonic()
             return
-        _, value, error = message
+        _, value, error, rss_mb = message
         call, w.call = w.call, None
         if call is not None:
             call.value, call.error, call.done = value, error, True
+        if self.max_rss_mb and rss_mb is not None and rss_mb > self.max_rss_mb:  # a leak: start afresh
+            if call is not None:
+                call.replaced = True
+            self._replace(w)
 
     def _fail(self, w: _Worker, what: str) -> None:
-        """A worker that died or never started: its call fails with what happened."""
+        """A worker that never started: its call fails with what happened (every worker would do the same)."""
         if w.call is not None:
             f, args = w.call.fn
             w.call.error = RewardError(
                 f"the reward worker process running '{self.recipes[f][1]}' on sample {args[0]} {what}. "
-                "reward.executor=process: a function that crashes its interpreter or exhausts memory ends its worker; "
-                "fix the function (or run it with reward.executor=thread to see its traceback).")
+                "reward.executor=process: check that the machine is not overloaded and that the reward functions "
+                "load quickly (or run them with reward.executor=thread).")
             w.call.done = True
         self._replace(w)
 
@@ -257,8 +293,8 @@ def _end_with(trainer: int) -> None:
 
 
 def serve(conn: Connection, trainer: int) -> None:
-    """A worker: load the functions, then answer `(f, args)` with `("done", value, error)` until the pipe
-    closes."""
+    """A worker: load the functions, then answer `(f, args)` with `("done", value, error, resident MiB)`
+    until the pipe closes."""
     threading.Thread(target=_end_with, args=(trainer,), daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     path, sandbox, recipes = conn.recv()
@@ -286,12 +322,12 @@ def serve(conn: Connection, trainer: int) -> None:
                 error = RewardError(f"reward function '{functions[f].label}' raised {type(e).__name__}: {e} "
                                     f"on sample {args[0]}.")
         try:
-            conn.send(("done", value, error))
+            conn.send(("done", value, error, _rss_mb()))
         except Exception as e:  # noqa: BLE001 - a return value that does not pickle
             conn.send(("done", None, RewardError(
                 f"reward function '{functions[f].label}' returned a {type(value).__name__}, which cannot be sent "
                 f"back from its worker process ({type(e).__name__}: {e}); return a number or a dict of plain "
-                "values.")))
+                "values."), _rss_mb()))
 
 
 if __name__ == "__main__":

@@ -320,7 +320,8 @@ def compose_rl(parts: Components, given: Given) -> None:
                         if local_reward_model else [])
     parts.env = setup_env(config, parts.checks, given, reward_functions)
     configure_rewards(parts.env, workers=config.reward.workers, timeout_s=config.reward.timeout_s,
-                      executor=config.reward.executor)  # the pool
+                      executor=config.reward.executor, max_worker_crashes=config.reward.max_worker_crashes,
+                      max_rss_mb=config.reward.max_rss_mb)  # the pool
     for problem in check_env_options(config, parts.env, parts.tokenizer):  # an environment passed in, or one with a reward model
         raise problem
     parts.val_rewards = validation_rewards(config, parts.env)
