@@ -31,8 +31,9 @@ FEATURES = {
     "pid": "a PID namespace of its own (its processes die with it; the trainer's are invisible)",
     "tmp": "private /tmp, /var/tmp, /dev/shm and /run/lock on one sized tmpfs (a mount namespace)",
     "user": "a uid of its own per run (the launcher runs as root)",
-    "filesystem": "a filesystem view of its own: the interpreter's folders read-only and its run folder, nothing "
-                  "else of the host (no checkout, no data, no /home, /root or /run)",
+    "filesystem": "a filesystem view of its own (its own mount namespace, pivoted into a fresh root): the "
+                  "interpreter's folders read-only and its run folder, nothing else of the host (no checkout, no data, "
+                  "no /home, /root or /run)",
     "memory": "one memory limit for all of a run's processes together (a memory cgroup)",
 }
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")  # always in the view
