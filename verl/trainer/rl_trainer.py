@@ -444,7 +444,19 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         role, cfg = ("critic", self.config.critic) if critic else ("actor", self.config.actor)
         grouped = not critic or self.sp.splits(model, self.model)
         plan = self.sp.plan(self.plans[role], cfg) if grouped else self.plans[role]
-        return update.forward_in_micro_batches(model, batch, fn, plan.micro_batch_size, max_tokens, plan.packed)
+        owner = self.sharding_role(model)
+        return update.forward_in_micro_batches(model, batch, fn, plan.micro_batch_size, max_tokens, plan.packed,
+                                               rounds=lambda count: update.micro_batch_rounds(count, self.placement,
+                                                                                              owner))
+
+    def sharding_role(self, model: torch.nn.Module) -> str:
+        """The role whose ranks shard `model` and so run its forwards together: the critic's, the reference's
+        or the teacher's when they have ranks of their own, else the actor's."""
+        groups = self.placement.groups
+        for role, held in (("critic", self.critic), ("ref", self.ref_model), ("teacher", self.teacher)):
+            if held is not None and model is held and groups is not None and role in groups.mapping.roles:
+                return role
+        return "actor"
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:

@@ -143,7 +143,8 @@ def micro_weights(mini: RolloutBatch, groups: Sequence[torch.Tensor], agg: str, 
 
 
 def forward_in_micro_batches(model: torch.nn.Module, batch: RolloutBatch, fn: Callable[[RolloutBatch], torch.Tensor],
-                             size: int, max_tokens: int | None = None, packed: bool = False) -> torch.Tensor:
+                             size: int, max_tokens: int | None = None, packed: bool = False,
+                             rounds: Callable[[int], int] | None = None) -> torch.Tensor:
     """`fn` over micro-batches of `size` rows, without gradient and in eval mode: dropout would make the old
     log-probs differ from the policy that sampled, and PPO's ratio start away from 1.
 
@@ -151,15 +152,24 @@ def forward_in_micro_batches(model: torch.nn.Module, batch: RolloutBatch, fn: Ca
     float32 sums can depend on its row count (MKL on some CPUs), and with equal sizes the old and reference
     log-probs (and the values) equal the update's first forward bit for bit. With a token budget the rows
     are grouped by length and trimmed of padding; the [rows, r] results are padded back to the batch's
-    response width (zeros) and returned in the batch's order."""
+    response width (zeros) and returned in the batch's order.
+
+    `rounds(count)` is the number of forwards every rank sharding `model` runs (`micro_batch_rounds`): with a
+    token budget the ranks' rows split into different numbers of micro-batches, and each FSDP forward
+    all-gathers, so a rank with fewer runs extra forwards of one row, their results dropped."""
     with no_grad_eval(model):
         if max_tokens is None:
-            return torch.cat([fn(mb) for mb in micro_batches(batch, size)], dim=0)
-        out = None
-        for index in micro_batch_groups(batch, size, 2 * max_tokens, packed=packed):
-            part = fn(micro_batch(batch, index, trim=True))
-            if out is None:
-                out = part.new_zeros((len(batch), batch.response_ids.shape[1], *part.shape[2:]))
+            groups = [torch.arange(start, min(start + size, len(batch))) for start in range(0, len(batch), size)]
+        else:
+            groups = micro_batch_groups(batch, size, 2 * max_tokens, packed=packed)
+        agreed = rounds(len(groups)) if rounds is not None else len(groups)  # before any forward's all-gather
+        parts = [fn(micro_batch(batch, index, trim=max_tokens is not None)) for index in groups]
+        for _ in range(len(groups), agreed):
+            fn(micro_batch(batch, torch.zeros(1, dtype=torch.long), trim=True))  # the collectives only
+        if max_tokens is None:
+            return torch.cat(parts, dim=0)
+        out = parts[0].new_zeros((len(batch), batch.response_ids.shape[1], *parts[0].shape[2:]))
+        for index, part in zip(groups, parts, strict=True):
             out[index.to(out.device), : part.shape[1]] = part
         return out
 
