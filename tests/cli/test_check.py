@@ -64,3 +64,17 @@ def test_check_uses_the_world_train_would_run(capsys):
     assert "run: trainer.kind=rl, 6 process(es)\n" in capsys.readouterr().out
     assert main(["check", demo_config_path(), "--nnodes", "2"]) == 1
     assert "--nnodes 2 without --nproc" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a GPU run on a machine without a GPU")
+def test_a_gpu_run_is_checked_as_it_will_run_on_a_machine_without_a_gpu(capsys):
+    """A login node without a GPU checks the `trainer.device=cuda` run it will launch: cuda devices, bfloat16
+    compute (the memory plan's sizes), no CPU kernel line; and says what it assumed."""
+    assert main(["check", demo_config_path(), "trainer.device=cuda", "--nproc", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "note: this machine has no GPU: checked as the trainer.device=cuda run" in out
+    assert "cuda:0,cuda:1" in out and "bfloat16 compute" in out
+    assert "float32 compute" not in out and "linear layers on CPU" not in out and "all checks passed" in out
+    assert main(["check", demo_config_path(), "--nproc", "2"]) == 0  # auto: this machine's CPU
+    out = capsys.readouterr().out
+    assert "no GPU" not in out and "linear layers on CPU" in out and "computed in float32" in out

@@ -179,10 +179,13 @@ def test_fp16_on_cpu_and_bf16_on_old_gpu(instruct_path, monkeypatch):
     with pytest.raises(ModelError, match="fp16 was requested for a model on CPU.*Fix: use dtype 'fp32'"):
         load_hf_model(instruct_path, torch_dtype="fp16", device="cpu")
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ModelError, match="does not support bfloat16.*Fix: use dtype 'fp16'"):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "Tesla V100")
+    with pytest.raises(ModelError, match="Tesla V100 does not support bfloat16.*Fix: use dtype 'fp16'"):
         check_dtype_for_device(torch.bfloat16, "cuda")
     check_dtype_for_device(torch.bfloat16, "cpu")  # bf16 on CPU works
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    check_dtype_for_device(torch.bfloat16, "cuda")  # no GPU here: a check of a GPU run assumes a bf16-capable one
 
 
 def test_bf16_default_and_auto_dtype(instruct_path):

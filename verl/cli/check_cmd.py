@@ -30,8 +30,17 @@ def default_world_size(config: RunConfig) -> int:
 
 
 def check_device_type(config: RunConfig) -> str:
-    """The device the run would use, where this machine has it (a login node without a GPU checks on CPU)."""
-    return "cuda" if config.trainer.device != "cpu" and torch.cuda.is_available() else "cpu"
+    """The device the run would use: `trainer.device=cuda` is checked as the GPU run it names even on a machine
+    without one (a login node checks what it will launch: GPUs that support bfloat16 assumed, see
+    `FSDPConfig.mixed_dtypes`); `auto` is what this machine would pick."""
+    if config.trainer.device.startswith("cuda"):
+        return "cuda"
+    return "cuda" if config.trainer.device == "auto" and torch.cuda.is_available() else "cpu"
+
+
+def without_the_gpu(config: RunConfig) -> bool:
+    """Whether a GPU run is checked on a machine that has no GPU (its dtypes and plan are then assumed)."""
+    return check_device_type(config) == "cuda" and not torch.cuda.is_available()
 
 
 def collect(config: RunConfig, *, nproc: int | None = None, nodes: int | None = None) -> Preflight:
@@ -89,6 +98,10 @@ def run_checks(config: RunConfig, *, nproc: int | None = None, nodes: int | None
 
     how = "" if nproc else " (as `verl train` without --nproc; `--nproc N` checks a launch of N)"
     section(f"run: trainer.kind={pf.kind}, {pf.world_size} process(es){how}")
+    if without_the_gpu(config):
+        console.print(f"note: this machine has no GPU: checked as the trainer.device={config.trainer.device} run, "
+                      "on GPUs assumed to support bfloat16 (compute capability 8.0+, e.g. A100, H100); "
+                      "--gpu-memory GIB sizes the memory plan")
     report = pf.startup
     if report is not None:
         for role, plan in report.plans.items():
@@ -153,4 +166,4 @@ def run_checks(config: RunConfig, *, nproc: int | None = None, nodes: int | None
     return 0
 
 
-__all__ = ["check_device_type", "collect", "default_world_size", "run_checks"]
+__all__ = ["check_device_type", "collect", "without_the_gpu", "default_world_size", "run_checks"]

@@ -81,8 +81,9 @@ class FSDPConfig(BaseModel):
         if self.mixed_precision == "auto":
             if device_type != "cuda":
                 return None
-            if bf16_supported is None:
-                bf16_supported = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+            if bf16_supported is None:  # no GPU here: only a check of a GPU run (a login node) gets here, and
+                # the GPUs it will run on are assumed to support bfloat16, as the A100/H100 class does
+                bf16_supported = torch.cuda.is_bf16_supported() if torch.cuda.is_available() else True
             if not bf16_supported:
                 return None
         spec = (

@@ -141,7 +141,10 @@ def resolve_attn_implementation(use_flash_attention_2: bool, attn_implementation
     return attn_implementation
 
 
-def _target_device(device: str | torch.device | None, key: str = "device") -> tuple[torch.device | None, str]:
+def _target_device(device: str | torch.device | None, key: str = "device",
+                   weights: bool = True) -> tuple[torch.device | None, str]:
+    """The device to load onto and its type; a CUDA one needs CUDA here only when weights are loaded (a meta
+    build checks a GPU run on a machine without one, e.g. `verl check` on a login node)."""
     if device is None:
         return None, "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -149,7 +152,7 @@ def _target_device(device: str | torch.device | None, key: str = "device") -> tu
     except (RuntimeError, TypeError) as exc:
         raise ModelError(f"{key}={device!r} is not a valid torch device ({exc}). Fix: use 'cpu', 'cuda' or "
                          "'cuda:N'.") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
+    if dev.type == "cuda" and weights and not torch.cuda.is_available():
         raise ModelError(f"{key}={device!r} was requested but CUDA is not available on this machine. Fix: "
                          f"use {key}=cpu (with dtype fp32) or install a CUDA build of torch.")
     return dev, dev.type
@@ -222,7 +225,7 @@ def load_hf_model_with_report(
     names = names or {}
     key = {arg: names.get(arg, arg) for arg in CONFIG_KEYS}
     _check_source(model_name, "model")
-    target, device_type = _target_device(device, key["device"])
+    target, device_type = _target_device(device, key["device"], weights)
     attn = resolve_attn_implementation(use_flash_attention_2, attn_implementation, device_type,
                                        key=key["attn_implementation"])
     check_remote_code(model_name, trust_remote_code, key=key["trust_remote_code"])

@@ -302,6 +302,16 @@ def check_val_n(config: RunConfig) -> list[VerlError]:
 _AT_K = re.compile(r"^val/(?:.+/)?(?P<family>pass|best|maj|mean)@(?P<k>\d+)$")
 
 
+def gpus_per_node(config: RunConfig, device_type: str, world_size: int, nodes: int) -> int | None:
+    """The GPUs a node has (None on CPU): this machine's, or, checking a GPU run where there is none (a login
+    node), `devices.num_gpus_per_node` or one per process, so that the mapping is checked as it will run."""
+    if device_type != "cuda":
+        return None
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    return config.devices.num_gpus_per_node or max(world_size // max(nodes, 1), 1)
+
+
 def check_keep_best(config: RunConfig, kind: str) -> list[VerlError]:
     """`checkpoint.keep_best` compares a validation metric: one validation never logs is refused here (a name
     the metric@k rule rules out), the rest when the first validation shows the names (`KeepBest.check`)."""
@@ -406,7 +416,7 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
             needs_ref=config.needs_ref or (kind == "dpo"), needs_reward_model=bool(config.reward.model_path),
             needs_teacher=config.needs_teacher and kind == "rl", is_async=config.is_async and kind == "rl",
             role_dtypes=dtypes,
-            visible_devices=torch.cuda.device_count() if device_type == "cuda" else None,
+            visible_devices=gpus_per_node(config, device_type, world_size, nodes),
             cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), nodes=nodes)
     except VerlError as exc:
         problems.append(exc)
