@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import random
 import sys
 import types
 from pathlib import Path
@@ -18,7 +19,8 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from verl.errors import ConfigError, RolloutError
-from verl.rollout import HFKVCacheEngine, SamplingParams, VLLMEngine
+from verl.rollout import SamplingParams, VLLMEngine
+from verl.rollout.sampling import filtered_logprobs
 from verl.rollout.weight_sync import policy_weights
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
@@ -106,6 +108,9 @@ class StandInLLM:
         self.loader = _Loader(self.weights, self.log)
         self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=SimpleNamespace(
             worker=SimpleNamespace(model_runner=SimpleNamespace(model=self.loader)))))
+        # vLLM's generator for requests without a seed, seeded once at start (the unseeded requests' noise)
+        self.seed_rng = random.Random(seed)
+        self.seen_params: list[list] = []  # the SamplingParams of every prompt of every generate() call
         StandInLLM.instances.append(self)
 
     def sleep(self, level: int = 1, mode: str = "abort"):
@@ -128,46 +133,78 @@ class StandInLLM:
         self.log.append("reset_prefix_cache")
         return True
 
-    def _raw_logprobs(self, out) -> torch.Tensor:
-        """The log-probs of the sampled tokens under the model's untempered, unfiltered distribution."""
-        ids = torch.cat([out.prompt_ids, out.response_ids], 1)
-        mask = torch.cat([out.prompt_mask, out.response_mask.to(out.prompt_mask.dtype)], 1)
-        width = out.response_ids.shape[1]
-        with torch.no_grad():
-            logits = self.weights(input_ids=ids, attention_mask=mask,
-                                  position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
-        logp = logits[:, -width - 1:-1].float().log_softmax(-1)
-        return logp.gather(-1, out.response_ids.unsqueeze(-1)).squeeze(-1)
-
     def generate(self, prompts, sampling_params=None, *, use_tqdm: bool = True):
-        params = sampling_params
+        """Like vLLM's V1 engine: a request with n > 1 fans out into n children, seeded ``seed + j`` when it has
+        a seed (vllm/v1/engine/parallel_sampling.py); a child without one gets a seed from the engine's own
+        generator, seeded once by ``LLM(seed=...)``. Every token's noise is a function of (the child's seed, the
+        token's position) only (vllm/v1/worker/gpu/sample/gumbel.py), so equal seeds on equal prompts sample
+        identical responses. ``sampling_params`` is one for all prompts or one per prompt, as in vLLM."""
         assert not self.sleeping and self.kv_cache, "generate() on a sleeping engine"
         self.log.append("generate")
-        width = max(len(p["prompt_token_ids"]) for p in prompts)
-        ids = torch.zeros(len(prompts), width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):
-            tokens = p["prompt_token_ids"]
-            ids[i, width - len(tokens):], mask[i, width - len(tokens):] = torch.tensor(tokens), 1
-        ours = SamplingParams(temperature=params.temperature, top_p=params.top_p,
-                              top_k=params.top_k if params.top_k > 0 else None, max_new_tokens=params.max_tokens,
-                              n=params.n, eos_token_ids=params.stop_token_ids)
-        generator = torch.Generator().manual_seed(params.seed or 0)
-        out = HFKVCacheEngine(self.weights).generate(ids, mask, ours, generator=generator)
-        # our sampler's log-probs are the processed ones (tempered, filtered): what vLLM returns only when asked
-        logprobs = out.logprobs if self.logprobs_mode == "processed_logprobs" else self._raw_logprobs(out)
-        results = []
-        for i in range(len(prompts)):
-            completions = []
+        per_prompt = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        assert len(per_prompt) == len(prompts), "vLLM: one SamplingParams, or one per prompt"
+        self.seen_params.append(per_prompt)
+        children = []  # (prompt index, its params, the child's seed)
+        for i, params in enumerate(per_prompt):
             for j in range(params.n):
-                row = i * params.n + j
-                length = int(out.response_mask[row].sum())
-                tokens = out.response_ids[row, :length].tolist()
-                entries = [{t: SimpleNamespace(logprob=float(lp))} for t, lp in
-                           zip(tokens, logprobs[row, :length], strict=True)]
-                completions.append(SimpleNamespace(token_ids=tokens, logprobs=entries))
-            results.append(SimpleNamespace(outputs=completions))
+                seed = params.seed + j if params.seed is not None else self.seed_rng.getrandbits(63)
+                children.append((i, params, seed))
+        sampled = _gumbel_sample(self.weights, [prompts[i]["prompt_token_ids"] for i, _, _ in children],
+                                 [params for _, params, _ in children], [seed for _, _, seed in children],
+                                 processed=self.logprobs_mode == "processed_logprobs")
+        results = [SimpleNamespace(outputs=[]) for _ in prompts]
+        for (i, _, _), (tokens, logprobs) in zip(children, sampled, strict=True):
+            entries = [{t: SimpleNamespace(logprob=lp)} for t, lp in zip(tokens, logprobs, strict=True)]
+            results[i].outputs.append(SimpleNamespace(token_ids=tokens, logprobs=entries))
         return results
+
+
+def _noise(seed: int, position: int, vocab: int) -> torch.Tensor:
+    """Gumbel noise over the vocabulary, a function of (seed, position) alone (vLLM: tl.randint(seed, pos))."""
+    generator = torch.Generator().manual_seed((seed * 1_000_003 + position) % 2**63)
+    u = torch.rand(vocab, generator=generator, dtype=torch.float64).clamp_min(1e-300)
+    return -(-u.log()).log()
+
+
+def _gumbel_sample(model, prompts: list[list[int]], params: list, seeds: list[int], *, processed: bool):
+    """Sample every row (one child request each) with the Gumbel-max trick on the filtered distribution our
+    trainer uses (temperature, top-k, top-p), the noise of token t of row r being _noise(seeds[r], position):
+    rows are independent of one another except through their seeds. Returns (tokens, log-probs) per row: the
+    log-probs of the filtered distribution (processed) or of the raw model's."""
+    rows, width = len(prompts), max(len(p) for p in prompts)
+    ids = torch.zeros(rows, width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, p in enumerate(prompts):  # left-padded, as the trainer lays prompts out
+        ids[r, width - len(p):], mask[r, width - len(p):] = torch.tensor(p), 1
+    tokens: list[list[int]] = [[] for _ in range(rows)]
+    logprobs: list[list[float]] = [[] for _ in range(rows)]
+    live = set(range(rows))
+    steps = max(p.max_tokens for p in params)
+    for step in range(steps):
+        if not live:
+            break
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask,
+                           position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits[:, -1].float()
+        feed = torch.zeros(rows, dtype=torch.long)
+        for r in sorted(live):
+            p = params[r]
+            top_k = p.top_k if p.top_k > 0 else None
+            if p.temperature == 0:
+                tok = int(logits[r].argmax())
+                lp = float(logits[r].log_softmax(-1)[tok])
+            else:
+                filtered = filtered_logprobs(logits[r:r + 1], p.temperature, top_k, p.top_p)[0]
+                tok = int((filtered.double() + _noise(seeds[r], len(prompts[r]) + step, filtered.shape[-1])).argmax())
+                lp = float(filtered[tok]) if processed else float(logits[r].log_softmax(-1)[tok])
+            tokens[r].append(tok)
+            logprobs[r].append(lp)
+            feed[r] = tok
+            if tok in p.stop_token_ids or len(tokens[r]) >= p.max_tokens:
+                live.discard(r)
+        ids = torch.cat([ids, feed.unsqueeze(1)], 1)
+        mask = torch.cat([mask, torch.ones(rows, 1, dtype=mask.dtype)], 1)
+    return list(zip(tokens, logprobs, strict=True))
 
 
 @pytest.fixture
@@ -337,7 +374,7 @@ def test_seed_is_drawn_on_the_generators_device(stand_in_vllm, monkeypatch):
         return real_randint(*args, generator=generator.twin, **kwargs)
 
     monkeypatch.setattr(torch, "randint", randint)
-    engine = _engine()
+    engine = _engine(per_request_seeds=True)  # the only mode that draws from the trainer's generator
     engine.load_policy_weights(policy_weights(AutoModelForCausalLM.from_pretrained(engine.model_path)))
     out = engine.generate(*_prompts(), SamplingParams(max_new_tokens=3, n=2), generator=_CudaGenerator(7))
     assert devices == [torch.device("cuda", 0)]  # drawn with device=generator.device

@@ -25,12 +25,22 @@ reads RANK/LOCAL_RANK, and binds cuda:LOCAL_RANK), ``vllm/v1/worker/gpu_worker.p
 buffers, discards the weights), ``vllm/sampling_params.py``. The test stand-in copies those signatures
 (tests/rollout/test_vllm_sync.py); this module has not yet been run against a real vLLM on a GPU
 (tests/gpu/test_gpu_vllm.py does, where a GPU and vllm are present).
+
+Supported vLLM: ``VLLM_SUPPORTED`` (the ``vllm`` extra in pyproject.toml says the same). The floor is 0.10.2, the
+first release whose ``logprobs_mode="processed_logprobs"`` returns the log-probs after temperature, top-k and
+top-p (0.10.0 added ``logprobs_mode``, vLLM PR #21398; PR #22387 made "processed" mean the final distribution);
+everything else called here (``external_launcher``, ``enable_sleep_mode``, ``sleep(level)``, ``wake_up(tags)``,
+``reset_prefix_cache``, the V1 engine's in-process weight loader) is older. The ceiling is the newest minor
+version the stand-in's signatures were checked against. ``verl doctor`` says when the installed vLLM is outside
+the range, or when the installed torch or transformers do not satisfy the installed vLLM's own requirements.
 """
 
 from __future__ import annotations
 
 import importlib
+import itertools
 import os
+import random
 from collections.abc import Iterable
 from typing import Any
 
@@ -41,6 +51,10 @@ from verl.errors import ConfigError, DataError, RolloutError, install_hint
 from verl.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 
 VLLM_INSTALL_HINT = install_hint("vllm", "vllm")
+# The vLLM versions this module is written and tested against (see the module docstring); pyproject.toml's
+# `vllm` extra pins the same range (tests/rollout/test_vllm_sync.py checks they agree).
+VLLM_SUPPORTED = ">=0.10.2,<0.35"
+_SEED_SPAN = 2**62  # per-request seeds stay below 2**62 + n: vLLM stores them as int64
 
 
 def _import_vllm() -> Any:
@@ -90,6 +104,25 @@ class VLLMEngine(RolloutEngine):
     colocated with the trainer (the weights are pushed again before every rollout). ``gpu_memory_utilization``,
     ``max_model_len`` and ``enforce_eager`` are vLLM's (``rollout.vllm.*``); ``seed`` is the run's. Extra
     keyword arguments go to ``vllm.LLM`` (e.g. ``dtype``).
+
+    Seeds. vLLM (0.10.2 to 0.34, ``vllm/sampling_params.py`` and the V1 sampler) draws a request's sampling
+    noise from its ``SamplingParams.seed`` and the token's position (the V1 runner: one generator per seeded
+    request, one draw per position; the GPU model runner v2: Gumbel noise keyed by (seed, position, token)).
+    Requests with equal seeds therefore share their noise position by position: equal prompts sample the same
+    response, and prompts of equal length sample correlated ones. A request with n > 1 fans out into n
+    children seeded ``seed + j`` (``vllm/v1/engine/parallel_sampling.py``). An explicit seed also takes the batch
+    off vLLM's fused top-k/top-p sampler (FlashInfer takes no per-request generators). Without a seed, vLLM
+    draws the noise from its own generator, seeded once at engine start with ``LLM(seed=...)``.
+
+    So by default (``per_request_seeds=False``) no request carries a seed: every request and every one of its
+    n children gets independent noise from vLLM's generator, which this class seeds at start with the run's
+    seed (plus the rank under torchrun). A run is as reproducible as vLLM's scheduling allows (same prompts,
+    same order, same batch composition), and the fused sampler stays on. ``per_request_seeds=True`` is for a
+    user who needs each response reproducible on its own, whatever else vLLM batches with it: request ``i`` of
+    a call gets ``base + i * n`` (so its children ``base + i * n + j`` are distinct across the whole call), with
+    ``base`` drawn from the trainer's sampling generator (seeded from the run's seed and rank, advanced every
+    step, saved with checkpoints), or, without one, derived from (engine seed, call index). That costs the
+    fused sampler.
     """
 
     holds_own_weights = True  # the trainer pushes the policy's weights in (verl.rollout.weight_sync)
@@ -99,7 +132,8 @@ class VLLMEngine(RolloutEngine):
     SLEEP_LEVEL = 2  # discard the weights: they are pushed again before every rollout (level 1 copies them out)
 
     def __init__(self, model_path: str, *, gpu_memory_utilization: float = 0.5, max_model_len: int | None = None,
-                 enforce_eager: bool = False, sleep_mode: bool = True, seed: int = 0, **llm_kwargs: Any) -> None:
+                 enforce_eager: bool = False, sleep_mode: bool = True, seed: int = 0, per_request_seeds: bool = False,
+                 **llm_kwargs: Any) -> None:
         self._vllm = _import_vllm()
         if not isinstance(model_path, str) or not model_path:
             raise ConfigError(f"VLLMEngine needs the model's path or hub id as a string, got {model_path!r}.")
@@ -115,6 +149,9 @@ class VLLMEngine(RolloutEngine):
         # model's: the trainer compares them with its own filtered log-probs (vllm/config/model.py).
         llm_kwargs.setdefault("logprobs_mode", "processed_logprobs")
         llm_kwargs = {**launch_kwargs(seed), **llm_kwargs}
+        self.per_request_seeds = per_request_seeds
+        self.engine_seed = int(llm_kwargs.get("seed") or 0)
+        self._calls = 0  # generate() calls so far: the step part of a per-request seed without a generator
         self.llm = self._vllm.LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization,
                                   enforce_eager=enforce_eager, **llm_kwargs)
         self.asleep = False
@@ -173,6 +210,20 @@ class VLLMEngine(RolloutEngine):
             seed=seed,
         )
 
+    def request_seeds(self, requests: int, n: int, generator: torch.Generator | None) -> list[int] | None:
+        """The seed of each request of this call, or None (the default: vLLM's own generator; see the class
+        docstring). With ``per_request_seeds``, request ``i`` gets ``base + i * n``: vLLM seeds child ``j`` of it
+        ``base + i * n + j``, so no two responses of the call share a seed."""
+        call = self._calls
+        self._calls += 1
+        if not self.per_request_seeds:
+            return None
+        if generator is not None:  # drawn on the generator's device: a CUDA generator cannot fill a CPU tensor
+            base = int(torch.randint(0, _SEED_SPAN, (1,), generator=generator, device=generator.device))
+        else:
+            base = random.Random(f"verl-vllm:{self.engine_seed}:{call}").randrange(_SEED_SPAN)
+        return [(base + i * n) % _SEED_SPAN for i in range(requests)]
+
     def generate(
         self,
         input_ids: torch.Tensor,
@@ -184,9 +235,6 @@ class VLLMEngine(RolloutEngine):
         if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
             raise DataError(f"generate: input_ids {tuple(input_ids.shape)} and attention_mask "
                             f"{tuple(attention_mask.shape)} must both be [batch, prompt_len].")
-        seed = None
-        if generator is not None:  # drawn on the generator's device: a CUDA generator cannot fill a CPU tensor
-            seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device))
         if self.weights_discarded:
             raise RolloutError(
                 "the vLLM engine's weights were discarded when it last slept (sleep level 2) and nothing was "
@@ -196,30 +244,17 @@ class VLLMEngine(RolloutEngine):
         mask = attention_mask.bool().cpu()
         ids = input_ids.cpu()
         prompts = [{"prompt_token_ids": ids[i][mask[i]].tolist()} for i in range(ids.shape[0])]
-        results = self.llm.generate(prompts, self._vllm_params(params, seed), use_tqdm=False)
-
-        n, max_new, pad = params.n, params.max_new_tokens, params.resolved_pad_token_id
-        rows = ids.shape[0] * n
-        response = torch.full((rows, max_new), pad, dtype=torch.long)
-        logprobs = torch.zeros((rows, max_new), dtype=torch.float32)
-        response_mask = torch.zeros((rows, max_new), dtype=attention_mask.dtype)
-        finished = torch.zeros(rows, dtype=torch.bool)
-        eos = set(params.eos_token_ids)
-        for i, result in enumerate(results):
-            for j, completion in enumerate(result.outputs[:n]):
-                row = i * n + j
-                tokens = list(completion.token_ids)[:max_new]
-                length = len(tokens)
-                response[row, :length] = torch.tensor(tokens, dtype=torch.long)
-                response_mask[row, :length] = 1
-                if completion.logprobs:
-                    for t, (tok, entry) in enumerate(zip(tokens, completion.logprobs, strict=False)):
-                        logprobs[row, t] = float(entry[tok].logprob)
-                finished[row] = bool(tokens) and tokens[-1] in eos
+        seeds = self.request_seeds(len(prompts), params.n, generator)
+        sampling = (self._vllm_params(params, None) if seeds is None
+                    else [self._vllm_params(params, seed) for seed in seeds])
+        results = self.llm.generate(prompts, sampling, use_tqdm=False)
+        response, response_mask, logprobs, finished = layout_results(
+            results, params.n, params.max_new_tokens, params.resolved_pad_token_id, params.eos_token_ids,
+            mask_dtype=attention_mask.dtype)
         device = input_ids.device
         return RolloutOutput(
-            prompt_ids=input_ids.repeat_interleave(n, dim=0),
-            prompt_mask=attention_mask.repeat_interleave(n, dim=0),
+            prompt_ids=input_ids.repeat_interleave(params.n, dim=0),
+            prompt_mask=attention_mask.repeat_interleave(params.n, dim=0),
             response_ids=response.to(device),
             response_mask=response_mask.to(device),
             logprobs=logprobs.to(device),
@@ -227,4 +262,42 @@ class VLLMEngine(RolloutEngine):
         )
 
 
-__all__ = ["VLLMEngine", "VLLM_INSTALL_HINT", "launch_kwargs"]
+def layout_results(results: Any, n: int, max_new: int, pad: int, eos_token_ids: Iterable[int], *,
+                   mask_dtype: torch.dtype = torch.long) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """vLLM's ``RequestOutput`` list as [rows, max_new] tensors: (response ids padded with ``pad``, response mask,
+    the sampled tokens' log-probs (0 past a response's end, or where vLLM returned none), finished at an eos).
+    Row ``i * n + j`` is completion ``j`` of request ``i``; a completion longer than ``max_new`` is cut.
+
+    The values are gathered into flat Python lists (one pass over the tokens, no tensor indexing) and each
+    tensor is built by one ``torch.tensor`` and one masked write: a fixed number of tensor operations per call,
+    whatever the number of requests or tokens. (A write per token costs ~262k tensor indexing calls per rank
+    and step at 64 prompts x 4k tokens.)"""
+    eos = set(eos_token_ids)
+    lengths: list[int] = []
+    flat_tokens: list[int] = []
+    flat_logprobs: list[float] = []
+    finished: list[bool] = []
+    for result in results:
+        outputs = list(result.outputs[:n])
+        for j in range(n):  # a request with fewer than n completions leaves its last rows empty
+            completion = outputs[j] if j < len(outputs) else None
+            tokens = list(completion.token_ids)[:max_new] if completion is not None else []
+            lengths.append(len(tokens))
+            flat_tokens.extend(tokens)
+            entries = completion.logprobs if completion is not None else None
+            values = [entry[tok].logprob for tok, entry in zip(tokens, entries, strict=False)] if entries else []
+            flat_logprobs.extend(values)
+            if len(values) < len(tokens):  # fewer entries than tokens: the rest stay 0, as the layout's padding
+                flat_logprobs.extend(itertools.repeat(0.0, len(tokens) - len(values)))
+            finished.append(bool(tokens) and tokens[-1] in eos)
+    rows = len(lengths)
+    response = torch.full((rows, max_new), pad, dtype=torch.long)
+    logprobs = torch.zeros((rows, max_new), dtype=torch.float32)
+    written = torch.arange(max_new).unsqueeze(0) < torch.tensor(lengths, dtype=torch.long).reshape(rows, 1)
+    if flat_tokens:  # rows are prefixes, so the row-major order of `written` is the order of the flat lists
+        response[written] = torch.tensor(flat_tokens, dtype=torch.long)
+        logprobs[written] = torch.tensor(flat_logprobs, dtype=torch.float32)
+    return response, written.to(mask_dtype), logprobs, torch.tensor(finished, dtype=torch.bool)
+
+
+__all__ = ["VLLMEngine", "VLLM_INSTALL_HINT", "VLLM_SUPPORTED", "launch_kwargs", "layout_results"]
