@@ -263,3 +263,18 @@ def test_a_rank_that_dies_stops_the_other_saying_so(tmp_path, capfd, monkeypatch
     assert out.returncode != 0
     assert all(text in log for text in says), log[-3000:]
     assert verify(tmp_path / "run" / "checkpoints" / "step_1") == []  # the last checkpoint stays valid
+
+
+def test_weights_travel_in_the_rollout_dtype_not_as_float32_masters(tmp_path):
+    """float32 master weights computed in bfloat16 (fsdp.mixed_precision): a delivery moves parameters x 2
+    bytes, cast at the source (it was parameters x 4: the master copy), and the rollout rank samples with
+    what it received."""
+    path = _config(tmp_path, "bf16", 2, rollout_rank=True, k=1)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["fsdp"] = {"mixed_precision": {"param_dtype": "bf16", "reduce_dtype": "fp32"}}
+    path.write_text(yaml.safe_dump(cfg))
+    verl_train(path, tmp_path, nproc=2)
+    rows = metrics(tmp_path / "bf16")
+    parameters = 172_608  # the tiny model's (tied embeddings counted once)
+    assert [r["async/weight_delivery_mb"] for r in rows] == [pytest.approx(parameters * 2 / 2**20)] * 2
+    assert rows[1]["actor/grad_norm"] > 0 and rows[1]["async/staleness"] == 1.0

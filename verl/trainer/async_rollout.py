@@ -74,21 +74,30 @@ def trainable(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
 
 
-def buckets(params: list[tuple[str, torch.nn.Parameter]], limit: int = BUCKET_BYTES) -> Iterator[list[int]]:
-    """Indices of `params` grouped into buckets of one dtype and at most `limit` bytes (the same grouping on
-    every rank: it depends only on the shapes and dtypes, which the rollout ranks' copy shares)."""
+def buckets(params: list[tuple[str, torch.nn.Parameter]], limit: int = BUCKET_BYTES,
+            wire: torch.dtype | None = None) -> Iterator[list[int]]:
+    """Indices of `params` grouped into buckets of one wire dtype (`wire_dtype`) and at most `limit` bytes (the
+    same grouping on every rank: it depends only on the shapes and dtypes, which the rollout ranks' copy
+    shares)."""
     current: list[int] = []
     size, dtype = 0, None
     for i, (_, p) in enumerate(params):
-        nbytes = p.numel() * p.element_size()
-        if current and (p.dtype != dtype or size + nbytes > limit):
+        on_wire = wire_dtype(p, wire)
+        nbytes = p.numel() * on_wire.itemsize
+        if current and (on_wire != dtype or size + nbytes > limit):
             yield current
             current, size = [], 0
         current.append(i)
         size += nbytes
-        dtype = p.dtype
+        dtype = on_wire
     if current:
         yield current
+
+
+def wire_dtype(p: torch.Tensor, wire: torch.dtype | None) -> torch.dtype:
+    """What a parameter travels as: floating point in the dtype the rollout samples in (`wire`: bfloat16 when
+    the policy computes in it, so a float32 master copy is never sent), anything else as it is."""
+    return wire if wire is not None and p.is_floating_point() else p.dtype
 
 
 @dataclass
@@ -106,6 +115,7 @@ class AsyncRollout:
     env: Any  # the prompt stream (its position is saved by the trainer ranks, who draw as they train)
     device: torch.device
     engine: Any = None  # this rank's sampler: a delivery's target (vLLM) or, via `between_tokens`, a partial rollout's
+    wire: torch.dtype | None = None  # the dtype weights travel in: the rollout's compute dtype (None: as held)
     partial: bool = False  # rollout.partial_rollout
     send_text: bool = False  # the responses' text travels (agent episodes), instead of being decoded on arrival
     pad_token_id: int | None = None  # pads the rollout ranks' batches to one width before they are gathered
@@ -247,13 +257,14 @@ class AsyncRollout:
         params = trainable(model)
         group = self.groups.group_of(ranks)
         receiver = DeliveryReceiver(self.engine, model) if self.generates else None
-        for index in buckets(params):
-            full = [_full(params[i][1]) for i in index] if self.groups.has("actor") else None  # actor collective
+        for index in buckets(params, wire=self.wire):
+            dtype = wire_dtype(params[index[0]][1], self.wire)  # cast at the source, received as sent
+            full = ([_full(params[i][1]).to(dtype) for i in index] if self.groups.has("actor")
+                    else None)  # an actor collective (each FSDP2 shard gathered)
             if not member:
                 continue
-            flat = (torch.cat([t.reshape(-1) for t in full]) if full is not None else
-                    torch.empty(sum(params[i][1].numel() for i in index), dtype=params[index[0]][1].dtype))
-            flat = flat.to(self.device)
+            flat = (torch.cat([t.reshape(-1) for t in full]).to(self.device) if full is not None else
+                    torch.empty(sum(params[i][1].numel() for i in index), dtype=dtype, device=self.device))
             self.groups.guard.run("rollout:weights", ranks,
                                   lambda flat=flat: dist.broadcast(flat, src=source, group=group),
                                   group_name=role_key(ranks))
@@ -264,7 +275,7 @@ class AsyncRollout:
         self.version = version  # every side tracks it: the first-step delivery happens once
         if self.groups.rank != source:  # a rollout rank's time here is mostly its wait for the update
             return {}
-        sent = sum(p.numel() * p.element_size() for _, p in params) / 2**20
+        sent = sum(p.numel() * wire_dtype(p, self.wire).itemsize for _, p in params) / 2**20
         return {"async/weight_delivery_s": time.perf_counter() - start, "async/weight_delivery_mb": sent}
 
 

@@ -362,9 +362,11 @@ def async_rollout_for(config: RunConfig, parts: Components, draw: Callable[[], R
     if not config.is_async:
         return None
     # An agent episode's text is more than its tokens decoded (a failed agent's traceback): it travels.
+    # The weights travel in the dtype the rollout samples in (the compute dtype a frozen role is held in).
     return AsyncRollout(parts.process.groups, config.rollout.max_staleness, draw, generate, decode, parts.env,
-                        parts.process.device, parts.engine, takes_partial_rollouts(config, parts.env),
-                        send_text=config.env.agent is not None, pad_token_id=pad_token_id(parts.tokenizer))
+                        parts.process.device, parts.engine, parts.process.frozen_dtype or parts.process.dtype,
+                        takes_partial_rollouts(config, parts.env), send_text=config.env.agent is not None,
+                        pad_token_id=pad_token_id(parts.tokenizer))
 
 
 __all__ = ["Components", "Optimizer", "async_rollout_for", "compose", "compose_rl", "setup_checks", "setup_critic",
