@@ -34,6 +34,68 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def vllm_rows() -> list[tuple[str, str, str]]:
+    """Where vllm is installed: whether verl's vLLM engine supports its version
+    (``verl.rollout.vllm_engine.VLLM_SUPPORTED``), and whether the installed torch and transformers satisfy
+    the installed vLLM's own requirements (its distribution metadata, ``importlib.metadata.requires``). A
+    vLLM wheel is built against one torch release: with another, it fails to import or crashes in its
+    kernels, and pip does not always say so (an upgrade of torch after vLLM, or ``--no-deps``)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.specifiers import SpecifierSet
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
+    from verl.rollout.vllm_engine import VLLM_SUPPORTED
+
+    installed = _version("vllm")
+    if installed is None:
+        return []
+    rows = []
+    try:
+        inside = SpecifierSet(VLLM_SUPPORTED).contains(Version(installed), prereleases=True)
+    except InvalidVersion:
+        inside = False
+    if inside:
+        rows.append(("vllm version", "ok", f"vllm {installed} is in verl's supported range vllm{VLLM_SUPPORTED}"))
+    else:
+        rows.append(("vllm version", "warn",
+                     f"vllm {installed} is outside the range verl's vLLM engine is written and tested against "
+                     f"(vllm{VLLM_SUPPORTED}): it may lack or change an API the engine calls. Fix: pip install "
+                     f"'vllm{VLLM_SUPPORTED}', or use rollout.engine=hf."))
+    try:
+        requirements = importlib.metadata.requires("vllm") or []
+    except importlib.metadata.PackageNotFoundError:
+        requirements = []
+    for line in requirements:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        name = canonicalize_name(req.name)
+        if name not in ("torch", "transformers") or not str(req.specifier):
+            continue
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue  # for an extra of vLLM's, or another platform
+        wanted = f"{name}{req.specifier}"
+        have = _version(name)
+        if have is None:
+            rows.append((f"vllm needs {name}", "warn", f"vllm {installed} requires {wanted}, which is not "
+                         f"installed. Fix: pip install '{wanted}'"))
+            continue
+        try:
+            fits = req.specifier.contains(Version(have), prereleases=True)
+        except InvalidVersion:
+            fits = False
+        if fits:
+            rows.append((f"vllm needs {name}", "ok", f"{name} {have} satisfies vllm {installed}'s {wanted}"))
+        else:
+            rows.append((f"vllm needs {name}", "warn",
+                         f"vllm {installed} requires {wanted}, but {name} {have} is installed: vLLM may fail "
+                         f"to import or crash at run time. Fix: pip install '{wanted}', or install the vllm "
+                         f"release built for {name} {have}."))
+    return rows
+
+
 def _cpu_matmul_row() -> tuple[str, str, str]:
     """What `trainer.cpu_matmul=auto` picks here and why (measured once per host, `verl.utils.cpu_matmul`)."""
     from verl.utils.cpu_matmul import LIBRARY_NAMES, cpu_model, cpu_vendor, resolve
@@ -66,6 +128,7 @@ def collect() -> list[tuple[str, str, str]]:
     for module, hint in OPTIONAL.items():
         found = importlib.util.find_spec(module) is not None
         rows.append((module, "ok" if found else "missing", _version(module.replace("_", "-")) or "" if found else hint))
+    rows.extend(vllm_rows())
     return rows
 
 

@@ -30,8 +30,9 @@ Supported vLLM: ``VLLM_SUPPORTED`` (the ``vllm`` extra in pyproject.toml says th
 first release whose ``logprobs_mode="processed_logprobs"`` returns the log-probs after temperature, top-k and
 top-p (0.10.0 added ``logprobs_mode``, vLLM PR #21398; PR #22387 made "processed" mean the final distribution);
 everything else called here (``external_launcher``, ``enable_sleep_mode``, ``sleep(level)``, ``wake_up(tags)``,
-``reset_prefix_cache``, the V1 engine's in-process weight loader) is older. The ceiling is the newest minor
-version the stand-in's signatures were checked against. ``verl doctor`` says when the installed vLLM is outside
+``reset_prefix_cache``, the V1 engine's in-process weight loader) is older. The ceiling stops before 0.35,
+the first minor release nobody has checked these calls against (vLLM changes its Python API between minor
+releases). ``verl doctor`` says when the installed vLLM is outside
 the range, or when the installed torch or transformers do not satisfy the installed vLLM's own requirements.
 """
 
