@@ -278,3 +278,20 @@ def test_weights_travel_in_the_rollout_dtype_not_as_float32_masters(tmp_path):
     parameters = 172_608  # the tiny model's (tied embeddings counted once)
     assert [r["async/weight_delivery_mb"] for r in rows] == [pytest.approx(parameters * 2 / 2**20)] * 2
     assert rows[1]["actor/grad_norm"] > 0 and rows[1]["async/staleness"] == 1.0
+
+
+def test_a_rollout_longer_than_the_collective_timeout_is_waited_for(tmp_path, monkeypatch):
+    """The rollout rank generates each batch after the first for longer than devices.timeout_s, while the
+    trainer ranks wait to deliver their update: they wait outside any collective, so the run goes on (it ended
+    with a collective timeout at the delivery)."""
+    path = _config(tmp_path, "slow", 3, rollout_rank=True, k=1)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["devices"] = {**cfg["devices"], "timeout_s": 4}
+    cfg["rollout"]["partial_rollout"] = False  # the whole batch on the old weights: the trainer waits for it
+    cfg["checkpoint"]["save_interval"] = 0
+    path.write_text(yaml.safe_dump(cfg))
+    monkeypatch.setenv("SLOW_S", "9")
+    verl_train(path, tmp_path, nproc=2, script=Path(__file__).with_name("slow_rollout_train.py"))
+    rows = metrics(tmp_path / "slow")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert max(r["async/weight_delivery_s"] for r in rows) > 4  # waited past the timeout, then delivered

@@ -54,6 +54,7 @@ from verl.trainer.batch import LAYOUT, RolloutBatch, padding
 
 BUCKET_BYTES = 64 * 2**20  # weights are broadcast in buckets of at most this size (one tensor may exceed it)
 POLL_S = 0.005  # a generating rollout rank asks the store for new weights at most this often (a round trip each)
+MEET_POLL_S = (0.001, 0.05)  # a rank waiting for the others to reach a delivery asks this often (backing off)
 # What the rollout ranks send: the prompts as sampled, the responses, the sampler's log-probs, the versions.
 # A multi-turn episode adds its attention (observations included) and the environment's score.
 SAMPLED = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "response_attention_mask", "finished",
@@ -254,6 +255,7 @@ class AsyncRollout:
         source, member = self.groups.ranks("actor")[0], self.groups.rank in ranks
         if self.groups.rank == source:
             self.groups.guard.signal(_posted(version))  # generating rollout ranks join between two tokens
+        self._meet(version, ranks)
         params = trainable(model)
         group = self.groups.group_of(ranks)
         receiver = DeliveryReceiver(self.engine, model) if self.generates else None
@@ -277,6 +279,20 @@ class AsyncRollout:
             return {}
         sent = sum(p.numel() * wire_dtype(p, self.wire).itemsize for _, p in params) / 2**20
         return {"async/weight_delivery_s": time.perf_counter() - start, "async/weight_delivery_mb": sent}
+
+
+    def _meet(self, version: int, ranks: tuple[int, ...]) -> None:
+        """Wait, outside any collective, until every rank of the delivery (`ranks`) has reached it: the other
+        side may still be generating (a rollout longer than the update) or updating, for any time. Waiting in
+        the broadcast instead held the first actor rank there while the other actor ranks had queued the next
+        bucket's all-gather: a wait past devices.timeout_s ended the run. Every actor rank waits here, so
+        none enters the buckets' collectives before all are ready."""
+        here = f"{_posted(version)}/here"
+        self.groups.guard.signal(f"{here}/{self.groups.rank}")
+        missing, poll = list(ranks), MEET_POLL_S[0]
+        while missing := [r for r in missing if not self.groups.guard.signalled(f"{here}/{r}")]:
+            time.sleep(poll)
+            poll = min(poll * 2, MEET_POLL_S[1])
 
 
 @dataclass
