@@ -6,8 +6,8 @@
 #
 # 1. installs the carried wheels in .whl/ (no package index there: torch, transformers, peft and
 #    tensorboard are present; verl also needs pydantic, pydantic-core, annotated-types,
-#    typing-inspection, rich, markdown-it-py, mdurl, pygments; download them here with
-#    `pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl NAME==VERSION`);
+#    typing-inspection, rich, markdown-it-py, mdurl, pygments; `bash benchmarks/gpu_wheels.sh` downloads them
+#    into .whl/ where pip reaches an index, at this environment's versions, and checks the 64 MiB carry limit);
 # 2. `pytest -m gpu tests/gpu`: sampler == generate on CUDA in fp32/bf16; bf16 training; FSDP2 over NCCL
 #    with one rank, mixed precision, activation checkpointing; weights that move at lr 1e-6 in the default
 #    precision (and not with bf16 masters); CPU offload; the collective guard on NCCL; GRPO with a KL loss
