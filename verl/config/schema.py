@@ -666,6 +666,10 @@ class DevicesConfig(Section):
     num_gpus_per_node: int | None = Field(None, gt=0)
     allow_mixed_dtype: bool = False
     timeout_s: float = Field(600.0, gt=0.0)
+    heartbeat_s: float = Field(60.0, ge=0.0, description="Seconds without a heartbeat after which every other rank "
+                               "warns, once, that a rank stopped answering (stopped, or hung holding the GIL), naming "
+                               "its last collective stage and step; a collective that needs it still fails at "
+                               "timeout_s. 0 = off (e.g. while a debugger holds a rank).")
 
     _split = field_validator("actor", "critic", "ref", "reward", "teacher", "rollout", mode="before")(_split_csv)
 

@@ -121,5 +121,8 @@ def shutdown_distributed() -> None:
     """Leave the process group at the end of a run. Without it, gloo/NCCL threads still alive at
     interpreter exit can abort the process ("terminate called without an active exception"), and a run
     that finished reports a failure to torchrun."""
+    from verl.distributed.heartbeat import stop_heartbeat
+
+    stop_heartbeat()  # its last beat says this rank exited: the others do not take it for a silent one
     if dist.is_initialized():
         dist.destroy_process_group()

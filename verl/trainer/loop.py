@@ -26,6 +26,7 @@ from verl.checkpoint import (
 )
 from verl.config.loader import config_to_yaml
 from verl.config.schema import RunConfig
+from verl.distributed import heartbeat
 from verl.errors import CheckpointError, ConfigError
 from verl.trainer.components import Components, setup_checkpoints, setup_tracker
 from verl.trainer.keep_best import KeepBest
@@ -217,6 +218,7 @@ def fit(trainer: Trainer) -> list[dict[str, float]]:
                 trainer._log(tracker, metrics, 0)
                 log_validation_samples(trainer, tracker, 0)
             while trainer.step_count < cfg.trainer.total_steps:
+                heartbeat.note(step=trainer.step_count + 1)  # what the other ranks name if this one falls silent
                 metrics = trainer.step()
                 trainer.step_count += 1
                 last = trainer.step_count == cfg.trainer.total_steps

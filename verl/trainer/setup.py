@@ -18,6 +18,7 @@ import torch
 
 from verl.config.schema import RunConfig
 from verl.distributed import RoleGroups, init_distributed
+from verl.distributed.heartbeat import start_heartbeat
 from verl.distributed.process import init_single_process_group
 from verl.errors import ConfigError
 from verl.trainer.fsdp_launch import fsdp_launch
@@ -128,6 +129,7 @@ def setup_process(config: RunConfig, mapping: Any, identity: ProcessIdentity, de
         groups = RoleGroups.create(mapping, timeout_s=config.devices.timeout_s, fsdp=config.fsdp,
                                    num_gpus_per_node=config.devices.num_gpus_per_node, device=device,
                                    sequence_parallel=config.actor.sequence_parallel_size)
+        start_heartbeat(config.devices.heartbeat_s, timeout_s=config.devices.timeout_s)  # 0 or 1 rank: none
     seed = config.trainer.seed
     seed_everything(seed)
     # Separate streams so that, e.g., validation sampling never shifts the training samples.
