@@ -7,6 +7,7 @@ float32 whatever the backbone dtype: values feed GAE, where bf16 rounding of ret
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 from transformers.utils import ModelOutput
 
+from verl.distributed.sharded_load import adapters_off_meta, defer_weights, is_deferred
 from verl.errors import CheckpointError, ModelError
 from verl.models.lora import TRAINABLE_STATE_ONLY, apply_lora, is_peft_model, plain_copy
 from verl.models.signature import cache_argument, returned_cache, takes_cache
@@ -102,16 +104,23 @@ class ValueModel(nn.Module):
     @classmethod
     def from_actor(cls, actor: nn.Module) -> ValueModel:
         """A critic whose backbone is a deep copy of the actor's (the actor is left untouched; a LoRA actor's
-        adapters are merged into the copy, so the critic starts from the actor's current features)."""
+        adapters are merged into the copy, so the critic starts from the actor's current features).
+
+        An actor built on the meta device (weights deferred, `verl.distributed.sharded_load`) has fresh
+        adapters (zero B: merging them changes nothing), so its copy drops them and, deferred too, reads the
+        actor's files when it is sharded."""
         if is_peft_model(actor):
+            if is_deferred(actor):
+                return cls(_backbone_of(copy.deepcopy(actor).unload()))
             return cls(_backbone_of(plain_copy(actor)))
         return cls(copy.deepcopy(_backbone_of(actor)))
 
     def add_lora(self, cfg: Any, *, base_model_name_or_path: str | None = None) -> ValueModel:
         """Freeze the backbone and train LoRA adapters on it (`critic.lora`); the value head trains in full.
         Checkpoints then hold the adapters and the head only."""
-        self.backbone = apply_lora(self.backbone, cfg, base_model_name_or_path=base_model_name_or_path,
-                                   where="critic.lora", task_type=None)
+        with adapters_off_meta() if is_deferred(self.backbone) else contextlib.nullcontext():
+            self.backbone = apply_lora(self.backbone, cfg, base_model_name_or_path=base_model_name_or_path,
+                                       where="critic.lora", task_type=None)
         for p in self.value_head.parameters():
             p.requires_grad_(True)
         setattr(self, TRAINABLE_STATE_ONLY, True)
@@ -120,10 +129,12 @@ class ValueModel(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, dtype: torch.dtype | str = torch.float32, *,
                         attn_implementation: str | None = None, trust_remote_code: bool = False,
-                        revision: str | None = None) -> ValueModel:
+                        revision: str | None = None, defer: bool = False) -> ValueModel:
         """Load the backbone of a causal LM (or a saved critic) from ``path``; loads the head if saved there.
-        ``tiny[:...]`` is built locally, as for ``model.path``."""
-        from transformers import AutoModel
+        ``tiny[:...]`` is built locally, as for ``model.path``. `defer`: the backbone is built on the meta
+        device and each rank reads its part when it is sharded (`verl.distributed.sharded_load`; loaded
+        whole where its files cannot be read that way)."""
+        from transformers import AutoConfig, AutoModel
 
         from verl.models.hf_loader import check_remote_code, quiet_hf_progress
         from verl.models.tiny import build_from_spec, is_tiny_spec
@@ -139,8 +150,18 @@ class ValueModel(nn.Module):
         if attn_implementation is not None:
             kwargs["attn_implementation"] = attn_implementation
         try:
-            with quiet_hf_progress():
-                backbone = AutoModel.from_pretrained(path, **kwargs)
+            backbone = None
+            if defer and not trust_remote_code and revision is None and Path(path).is_dir():
+                config = AutoConfig.from_pretrained(path)
+                with torch.device("meta"):
+                    backbone = AutoModel.from_config(config, **{k: v for k, v in kwargs.items() if k != "revision"})
+                if defer_weights(backbone, path):
+                    backbone.config._name_or_path = backbone.name_or_path = path
+                else:
+                    backbone = None
+            if backbone is None:
+                with quiet_hf_progress():
+                    backbone = AutoModel.from_pretrained(path, **kwargs)
         except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
             raise ModelError(f"could not load a critic backbone from {path!r}: {type(exc).__name__}: {exc}. "
                              "Fix: point critic.path at a causal-LM directory (config.json + "

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
+from verl.distributed.sharded_load import defer_weights
 from verl.errors import ModelError
 from verl.models.checks import LoadReport, check_model_and_tokenizer
 from verl.utils.dtype import check_dtype_for_device, dtype_name, resolve_dtype
@@ -207,12 +208,16 @@ def load_hf_model_with_report(
     names: dict[str, str] | None = None,
     tokenizer: Any = None,
     weights: bool = True,
+    defer: bool = False,
 ) -> tuple[Any, Any, LoadReport]:
     """`load_hf_model` without raising on model/tokenizer problems: they are in the returned report.
 
     `tokenizer` is one already loaded (and compared with the model's own) by the caller, so it is not
     loaded again. `weights=False` builds the model on the meta device from its config: every check runs,
-    nothing is read or allocated (`verl check`).
+    nothing is read or allocated (`verl check`). `defer=True` (a role about to be sharded over several ranks)
+    also builds it on the meta device, recording where each weight lies in the safetensors files, so that
+    after sharding each rank reads only its part (`verl.distributed.sharded_load`); where the files cannot
+    be read that way (.bin, a hub id, remote code) it loads the model as `weights=True` does.
 
     Environment problems (dtype, device, attention, remote code, missing files) still raise ModelError,
     because nothing can be loaded past them. `verl check model` uses this to print every problem at once.
@@ -262,21 +267,27 @@ def load_hf_model_with_report(
                               "trust_remote_code": trust_remote_code}
     if attn is not None:
         kwargs["attn_implementation"] = attn
+    deferred = False
     try:
-        if weights:
-            with quiet_hf_progress():
-                model = auto.from_pretrained(model_name, **kwargs)
-        else:
+        if not weights or (defer and not trust_remote_code):
             with torch.device("meta"):
                 model = auto.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code,
                                          **({"attn_implementation": attn} if attn is not None else {}))
+            if weights:
+                directory = _weights_dir(model_name, revision)
+                deferred = directory is not None and defer_weights(model, directory)
+                if deferred:
+                    _as_from_pretrained(model, model_name, directory)
+        if weights and not deferred:
+            with quiet_hf_progress():
+                model = auto.from_pretrained(model_name, **kwargs)
     except (OSError, ValueError, ImportError, KeyError, RuntimeError, SafetensorError) as exc:
         raise ModelError(
             f"could not load the weights of model {model_name!r} as {getattr(auto, '__name__', auto)}: "
             f"{type(exc).__name__}: {exc}. Fix: check that the directory holds model.safetensors (or sharded "
             "safetensors) matching config.json, and that the architecture is a causal LM.") from exc
 
-    if target is not None and weights:
+    if target is not None and weights and not deferred:
         model.to(target)
     if for_training:
         model.train()
@@ -294,12 +305,39 @@ def load_hf_model_with_report(
     report.revision = revision
     report.dtype = dtype_name(first.dtype) if first is not None else dtype_name(dtype)
     report.attn_implementation = str(getattr(model.config, "_attn_implementation", None) or attn or "default")
-    report.device = str(first.device) if first is not None else "cpu"
+    report.device = str(target or device_type) if deferred else str(first.device) if first is not None else "cpu"
     report.num_parameters = sum(p.numel() for p in model.parameters())
     report.num_trainable_parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
     report.trust_remote_code = trust_remote_code
     model.verl_load_report = report
     return model, tokenizer, report
+
+
+def _weights_dir(name: str, revision: str | None) -> str | None:
+    """The local folder of `name`'s files: the folder itself, or a hub id's snapshot already in the Hugging
+    Face cache (None otherwise: the caller loads whole, downloading as `from_pretrained` does)."""
+    if _looks_local(name):
+        return str(Path(name).expanduser()) if Path(name).expanduser().is_dir() else None
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(name, revision=revision, local_files_only=True)
+    except Exception:  # noqa: BLE001 - not cached, or no hub client: load the old way
+        return None
+
+
+def _as_from_pretrained(model: Any, model_name: str, directory: str) -> None:
+    """What `from_pretrained` sets beyond the weights: the source's name and its generation config."""
+    from transformers import GenerationConfig
+
+    model.config._name_or_path = model_name
+    model.name_or_path = model_name
+    if getattr(model, "generation_config", None) is not None and (Path(directory) / "generation_config.json").is_file():
+        try:
+            model.generation_config = GenerationConfig.from_pretrained(directory)
+        except (OSError, ValueError) as exc:
+            raise ModelError(f"could not read {directory}/generation_config.json: {exc}. Fix: restore the file "
+                             "from the original checkpoint, or delete it.") from exc
 
 
 def load_hf_model(

@@ -32,6 +32,7 @@ from verl.data.datasets import pad_token_id
 from verl.distributed.fsdp import apply_fsdp, checkpoint_decoder_layers
 from verl.distributed.placement import Placement
 from verl.distributed.sequence_parallel import enable_sequence_parallel
+from verl.distributed.sharded_load import is_deferred, materialise
 from verl.env import build_env
 from verl.models.dropout import disable_dropout
 from verl.models.hf_loader import load_tokenizer
@@ -113,14 +114,16 @@ def setup_checks(config: RunConfig, identity: ProcessIdentity, device: torch.dev
 
 
 def setup_policy(config: RunConfig, checks: Preflight, *, device: torch.device, dtype: torch.dtype,
-                 given: Given = Given(), kind: str = "rl") -> tuple[torch.nn.Module, Any]:
+                 given: Given = Given(), kind: str = "rl", defer: bool = False) -> tuple[torch.nn.Module, Any]:
     """The policy and its tokenizer: the one the checks loaded and compared with the model's own (the
     checks ran this loader on the meta device already, so a problem here is one only weights show). For
-    `kind="rm"` the model trained is the reward model: the policy's backbone with a score head."""
+    `kind="rm"` the model trained is the reward model: the policy's backbone with a score head. `defer`
+    (`sharded_start`): built on the meta device; `shard` then reads only this rank's part of the weights."""
     if given.model is not None:
         return given_policy(given.model, given.tokenizer, device, config, reward_head=kind == "rm")
     model, tokenizer, report = load_policy_with_report(config, checks.model_path, device=device, dtype=dtype,
-                                                       tokenizer=checks.tokenizer, reward_head=kind == "rm")
+                                                       tokenizer=checks.tokenizer, reward_head=kind == "rm",
+                                                       defer=defer)
     report.raise_if_problems()
     return model, tokenizer
 
@@ -155,7 +158,8 @@ def setup_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any,
                     process: ProcessSetup) -> torch.nn.Module:
     """The frozen KL anchor: `ref.path` when set, else the actor's initial weights; held in the dtype the
     actor computes in and, wherever the actor is sharded, sharded over the reference's ranks."""
-    ref = build_reference(config, policy, tokenizer, device=process.device, dtype=process.frozen_dtype or process.dtype)
+    ref = build_reference(config, policy, tokenizer, device=process.device, dtype=process.frozen_dtype or process.dtype,
+                          defer=sharded_start(config, process))
     if not isinstance(ref, AdapterOff) and on_actor_ranks(config, process, "ref"):
         enable_sequence_parallel(base_of(ref), config.actor.sequence_parallel_size)  # split as the policy's rows
     return shard_frozen(ref, "ref", config, process)
@@ -167,7 +171,7 @@ def setup_teacher(config: RunConfig, tokenizer: Any, process: ProcessSetup) -> t
     sequences with the actor's groups."""
     teacher = load_frozen(config, config.algorithm.distill.teacher_path, tokenizer,
                           key="algorithm.distill.teacher_path", device=process.device,
-                          dtype=process.frozen_dtype or process.dtype)
+                          dtype=process.frozen_dtype or process.dtype, defer=sharded_start(config, process))
     if on_actor_ranks(config, process, "teacher"):
         enable_sequence_parallel(base_of(teacher), config.actor.sequence_parallel_size)  # split as the policy's rows
     return shard_frozen(teacher, "teacher", config, process)
@@ -181,12 +185,13 @@ def setup_critic(config: RunConfig, policy: torch.nn.Module, process: ProcessSet
     cfg = config.critic
     if cfg.path:
         critic = ValueModel.from_pretrained(cfg.path, dtype=process.dtype,
-                                            trust_remote_code=config.model.trust_remote_code)
+                                            trust_remote_code=config.model.trust_remote_code,
+                                            defer=sharded_start(config, process))
     else:
         critic = ValueModel.from_actor(policy)
     if cfg.lora.enabled:
         critic.add_lora(cfg.lora, base_model_name_or_path=cfg.path or base_path)
-    critic = with_cpu_matmul(config, critic.to(process.device)).train()
+    critic = with_cpu_matmul(config, critic if is_deferred(critic) else critic.to(process.device), process.device).train()
     if cfg.disable_dropout:
         disable_dropout(critic)
     if on_actor_ranks(config, process, "critic"):  # the actor's groups split the critic's rows too
@@ -205,6 +210,8 @@ def shard(module: torch.nn.Module, role: str, config: RunConfig, process: Proces
     """FSDP2-shard a trainable model over its role's ranks. One process without a group (`fsdp_launch`: no
     option needs FSDP2) applies `fsdp.activation_checkpointing` directly, the only option that applies."""
     if process.groups is None or not needs_fsdp2(role, config, process):
+        if is_deferred(module):
+            materialise(module, process.device)
         if config.fsdp.activation_checkpointing:
             checkpoint_decoder_layers(base_of(module))
         return module
@@ -215,6 +222,8 @@ def shard(module: torch.nn.Module, role: str, config: RunConfig, process: Proces
     cfg = config.fsdp.model_copy(update={"cpu_offload": config.offloads(role)})  # actor/critic.cpu_offload
     apply_fsdp(base_of(module), cfg, mesh=process.groups.mesh(role, process.device.type),
                device_type=process.device.type)
+    if is_deferred(module):  # built on meta: now each rank reads its shards only
+        materialise(module, torch.device("cpu") if cfg.cpu_offload else process.device)
     return module
 
 
@@ -234,11 +243,22 @@ def shard_frozen(module: torch.nn.Module, role: str, config: RunConfig, process:
     process), and left alone when it is the policy itself (LoRA: the policy with its adapters off)."""
     if (process.groups is None or isinstance(module, AdapterOff) or isinstance(base_of(module), FSDPModule)
             or not needs_fsdp2(role, config, process)):
-        return module
+        return materialise(module, process.device) if is_deferred(module) else module
     cfg = config.fsdp.model_copy(update={"mixed_precision": False, "activation_checkpointing": False,
                                          "sharding_strategy": frozen_strategy(config.fsdp.sharding_strategy)})
     apply_fsdp(module, cfg, mesh=process.groups.mesh(role, process.device.type), device_type=process.device.type)
+    if is_deferred(module):  # built on meta: now each rank reads its shards only
+        materialise(module, torch.device("cpu") if cfg.cpu_offload else process.device)
     return module
+
+
+def sharded_start(config: RunConfig, process: ProcessSetup) -> bool:
+    """Whether this rank builds its models on the meta device and reads only its shards of the weights after
+    sharding (`verl.distributed.sharded_load`), instead of loading each whole first: every role on every rank
+    (a colocated run) over more than one rank, so each model is sharded, and whatever a copy of the policy
+    needs is in the files (no pretrained adapters to merge into the critic's or the reference's weights)."""
+    return (process.groups is not None and process.world_size > 1 and not process.split
+            and len(process.groups.ranks("actor")) > 1 and not config.model.lora.path and not config.critic.lora.path)
 
 
 def frozen_strategy(strategy: str) -> str:
@@ -301,7 +321,7 @@ def compose(config: RunConfig, *, kind: str, runs_split: bool = False, given: Gi
     checks = setup_checks(config, identity, device, kind=kind, runs_split=runs_split, given=given)
     process = setup_process(config, checks.startup.mapping, identity, device)
     policy, tokenizer = setup_policy(config, checks, device=process.device, dtype=process.dtype, given=given,
-                                     kind=kind)
+                                     kind=kind, defer=kind == "rl" and sharded_start(config, process))
     parts = Components(config=config, checks=checks, process=process, tokenizer=tokenizer, policy=policy)
     if kind == "rl":
         compose_rl(parts, given)
@@ -309,8 +329,9 @@ def compose(config: RunConfig, *, kind: str, runs_split: bool = False, given: Gi
 
 
 def compose_rl(parts: Components, given: Given) -> None:
-    """The RL roles on this rank. Every rank loaded the policy, so the reference and critic start from the
-    actor's initial weights; the actor is sharded only after those copies."""
+    """The RL roles on this rank. Every rank holds the policy, so the reference and critic start from the
+    actor's initial weights; the actor is sharded only after those copies (which, where the policy was built
+    on the meta device, `sharded_start`, are meta copies that read the same files when they are sharded)."""
     config, process, roles = parts.config, parts.process, parts.process.roles
     if config.actor.disable_dropout:  # before the ref/critic copies, so they have none either
         disable_dropout(parts.policy)
@@ -371,4 +392,4 @@ def async_rollout_for(config: RunConfig, parts: Components, draw: Callable[[], R
 
 __all__ = ["Components", "Optimizer", "async_rollout_for", "compose", "compose_rl", "setup_checks", "setup_critic",
            "setup_checkpoints", "setup_engine", "setup_env", "setup_optimizer", "setup_policy", "setup_reference",
-           "setup_reward_model", "setup_teacher", "setup_tracker", "shard", "shard_frozen"]
+           "setup_reward_model", "setup_teacher", "setup_tracker", "shard", "shard_frozen", "sharded_start"]

@@ -6,6 +6,7 @@ does not share with the policy, which makes KL (RL) and the DPO margins meaningl
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Any
 
@@ -13,9 +14,10 @@ import torch
 
 from verl.config.schema import RunConfig
 from verl.data.datasets import pad_token_id
+from verl.distributed.sharded_load import adapters_off_meta, is_deferred
 from verl.errors import ModelError
 from verl.models.checks import LoadReport, vocabulary_difference
-from verl.models.hf_loader import CONFIG_KEYS, load_hf_model, load_hf_model_with_report
+from verl.models.hf_loader import CONFIG_KEYS, load_hf_model_with_report
 from verl.models.lora import AdapterOff, apply_lora, is_peft_model
 from verl.models.reward_model import reward_model_from_causal_lm
 from verl.models.tiny import build_from_spec, is_tiny_spec
@@ -28,24 +30,26 @@ def resolve_model_path(path: str, *, key: str = "model.path", reward: bool = Fal
 
 
 def load_policy_with_report(config: RunConfig, model_path: str, *, device: torch.device, dtype: torch.dtype,
-                            tokenizer: Any = None, weights: bool = True,
-                            reward_head: bool = False) -> tuple[torch.nn.Module, Any, LoadReport]:
+                            tokenizer: Any = None, weights: bool = True, reward_head: bool = False,
+                            defer: bool = False) -> tuple[torch.nn.Module, Any, LoadReport]:
     """The policy and its tokenizer as training loads them, with the model/tokenizer problems in the report
     (not raised), so `verl check` and the trainer's start-up list the same ones. `tokenizer`: the one the
     check pass loaded (not loaded again); `weights=False`: built on the meta device, nothing read;
     `reward_head`: the reward model `trainer.kind: rm` trains (a score head on the causal LM's backbone),
-    with the LoRA adapters on that."""
+    with the LoRA adapters on that; `defer`: built on the meta device for a sharded role, each rank then
+    reads its part of the weights when it is sharded (`verl.distributed.sharded_load`)."""
     cfg = config.model
     model, tokenizer, report = load_hf_model_with_report(
         model_path, tokenizer_name=cfg.tokenizer_path, attn_implementation=cfg.attn_implementation,
         torch_dtype=dtype, trust_remote_code=cfg.trust_remote_code, device=device, revision=cfg.revision,
-        for_training=True, names=CONFIG_KEYS, tokenizer=tokenizer, weights=weights)  # messages name config keys
+        for_training=True, names=CONFIG_KEYS, tokenizer=tokenizer, weights=weights,
+        defer=defer)  # messages name config keys
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if reward_head:
         model = with_score_head(model, tokenizer)
     model = with_lora(config, model, model_path, task_type="SEQ_CLS" if reward_head else "CAUSAL_LM")
-    return with_cpu_matmul(config, model).train(), tokenizer, report
+    return with_cpu_matmul(config, model, device).train(), tokenizer, report
 
 
 def with_score_head(model: torch.nn.Module, tokenizer: Any) -> torch.nn.Module:
@@ -64,10 +68,13 @@ def with_score_head(model: torch.nn.Module, tokenizer: Any) -> torch.nn.Module:
     return reward_model_from_causal_lm(model, pad_token_id(tokenizer))
 
 
-def with_cpu_matmul(config: RunConfig, model: torch.nn.Module) -> torch.nn.Module:
+def with_cpu_matmul(config: RunConfig, model: torch.nn.Module,
+                    device: torch.device | None = None) -> torch.nn.Module:
     """`model` with its CPU linear layers on the library `trainer.cpu_matmul` picks (`verl.utils.cpu_matmul`);
-    copies of it (a reference, a critic from the actor) keep that choice. On other devices, unchanged."""
-    if next(model.parameters(), torch.empty(0)).device.type != "cpu":
+    copies of it (a reference, a critic from the actor) keep that choice. On other devices, unchanged.
+    `device`: where a model built on the meta device (its weights deferred) will live."""
+    where = next(model.parameters(), torch.empty(0)).device
+    if (device if where.type == "meta" and device is not None else where).type != "cpu":
         return model
     return use_cpu_matmul(model, resolve(config.trainer.cpu_matmul)[0])
 
@@ -81,7 +88,8 @@ def with_lora(config: RunConfig, model: torch.nn.Module, base_path: str | None =
         return model
     if config.model.gradient_checkpointing and hasattr(model, "enable_input_require_grads"):
         model.enable_input_require_grads()  # frozen embeddings: checkpointed layers still need a grad path
-    return apply_lora(model, lora, base_model_name_or_path=base_path, task_type=task_type)
+    with adapters_off_meta() if is_deferred(model) else contextlib.nullcontext():
+        return apply_lora(model, lora, base_model_name_or_path=base_path, task_type=task_type)
 
 
 def given_policy(model: torch.nn.Module, tokenizer: Any, device: torch.device,
@@ -119,33 +127,37 @@ def copy_in(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
 
 
 def build_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any, *, device: torch.device,
-                    dtype: torch.dtype, given: torch.nn.Module | None = None) -> torch.nn.Module:
+                    dtype: torch.dtype, given: torch.nn.Module | None = None, defer: bool = False) -> torch.nn.Module:
     """The frozen reference in `dtype`: `given`, else `ref.path`, else the policy's initial weights: with LoRA
-    the policy itself with its adapters off (no copy), otherwise a copy.
+    the policy itself with its adapters off (no copy), otherwise a copy. A copy of a policy whose weights are
+    deferred (built on the meta device) is deferred too: it reads the same files when it is sharded.
 
-    A `ref.path` model must share the policy's tokenizer vocabulary (ModelError otherwise: `load_frozen`).
+    A `ref.path` model must share the policy's tokenizer vocabulary (ModelError otherwise: `load_frozen`);
+    `defer`: as `load_frozen`.
     """
     if given is not None:
         return frozen(with_cpu_matmul(config, given.to(device=device, dtype=dtype)))
     path = config.ref.path
     if not path:
         return AdapterOff(policy) if is_peft_model(policy) else frozen(copy_in(policy, dtype))
-    return load_frozen(config, path, tokenizer, key="ref.path", device=device, dtype=dtype)
+    return load_frozen(config, path, tokenizer, key="ref.path", device=device, dtype=dtype, defer=defer)
 
 
 def load_frozen(config: RunConfig, path: str, tokenizer: Any, *, key: str, device: torch.device,
-                dtype: torch.dtype) -> torch.nn.Module:
+                dtype: torch.dtype, defer: bool = False) -> torch.nn.Module:
     """A frozen causal LM from `path` (`key` names it in errors: `ref.path`, `algorithm.distill.teacher_path`)
     in `dtype`; it must share the policy's tokenizer vocabulary (the start-up checks compare the tokenizers
-    before any weight loads; this catches a model passed around them)."""
+    before any weight loads; this catches a model passed around them). `defer`: built on the meta device,
+    each rank reading its part when it is sharded (`load_hf_model_with_report`)."""
     cfg = config.model
-    model, own_tokenizer = load_hf_model(
+    model, own_tokenizer, report = load_hf_model_with_report(
         resolve_model_path(path, key=key), attn_implementation=cfg.attn_implementation, torch_dtype=dtype,
-        trust_remote_code=cfg.trust_remote_code, device=device, for_training=False)
+        trust_remote_code=cfg.trust_remote_code, device=device, for_training=False, defer=defer)
+    report.raise_if_problems()
     mismatch = vocabulary_difference(own_tokenizer, tokenizer, names=(key, "model.path"))
     if mismatch is not None:
         raise ModelError(tokenizer_mismatch_message(key, path, cfg.path, mismatch))
-    return frozen(with_cpu_matmul(config, model.to(device)))
+    return frozen(with_cpu_matmul(config, model if is_deferred(model) else model.to(device), device))
 
 
 def tokenizer_mismatch_message(key: str, path: str, policy_path: str, mismatch: str) -> str:
