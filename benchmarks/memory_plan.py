@@ -6,7 +6,8 @@ It writes a folder holding only Qwen2.5-7B's config.json (its published shape: h
 heads, 4 KV heads, intermediate 18944, vocab 152064, untied embeddings) and a GRPO config (512 prompts x 8
 responses, 1k prompt + 4k response tokens, colocated vLLM, fp32 master weights with bf16 compute, KL to a
 reference), runs `verl check CONFIG --nproc 8 --nnodes 8 --gpu-memory 79.1` on this machine (no GPU
-needed: the run is refused here, the plan is printed), echoes the plan and prints its summary lines.
+needed: the run is refused here, the plan is printed), echoes the plan and prints its summary lines (the
+start-up, rollout and update phases of an actor rank).
 `key=value` items change the config, as on `verl train`'s command line. The figures are the plan's
 arithmetic, not a measurement on a GPU.
 """
@@ -55,18 +56,18 @@ actor: {{kl_loss_coef: 0.001}}
     start = text.index("memory plan per GPU")
     block = text[start:].split("\nproblem:", 1)[0]
     print(block)
-    phases = re.findall(r"  (rollout|update) phase\n(.*?)\n    peak\s+([\d.]+)\s+of [\d.]+ \((fits|DOES NOT FIT)\)",
-                        block, re.S)
+    phases = re.findall(r"  (start-up|rollout|update) phase[^\n]*\n(.*?)\n    peak\s+([\d.]+)\s+of [\d.]+ "
+                        r"\((fits|DOES NOT FIT)\)", block, re.S)
     for name, body, peak, verdict in phases:
         parts = [re.match(r"\s*(.*?)\s{2,}([\d.]+)$", line).groups() for line in body.splitlines()]
         print(f"{name}: peak {peak} GiB of {GPU_GIB} ({verdict.lower()}): "
               + ", ".join(f"{p} {v}" for p, v in parts))
     for line in block.splitlines():
-        if line.startswith("  ") and ": rollout " in line:
+        if line.startswith("  ") and (": rollout " in line or line.startswith("  start-up: ")):
             print(f"try: {line.strip()}")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(doc_table.run(main, doc_table.prefixed("rollout:", "update:", "try:"),
+    raise SystemExit(doc_table.run(main, doc_table.prefixed("start-up:", "rollout:", "update:", "try:"),
                                    doc=doc_table.ROOT / "docs" / "multigpu.md"))

@@ -1,5 +1,6 @@
-"""Per-GPU memory plan of a training step: an RL step's rollout phase and update phase, part by part (an SFT
-or DPO step has the update phase only).
+"""Per-GPU memory plan of a run: its start-up (the models loading, before the first step) and a training
+step's rollout phase and update phase, part by part (an SFT or DPO step has the update phase only); for an
+asynchronous run, also a rollout rank's (`devices.rollout`: ranks that only generate).
 
 `verl.distributed.memory` counts model state (weights, gradients, optimizer moments) per rank; this adds
 what a step needs on top on a rank that holds the actor: FSDP2's gathered layers and unsharded gradients,
@@ -105,6 +106,23 @@ def activation_bytes_per_token(shape: ModelShape, compute_bytes: int) -> int:
 
 
 @dataclass(frozen=True)
+class RolloutRank:
+    """A rank of an asynchronous run that only generates (`devices.rollout`): it loads the whole policy in the
+    dtype the trainer holds it in (the master dtype: a rollout rank is not sharded), then either hands the GPU
+    to vLLM (the policy moved to the CPU first; vLLM stays awake, taking its `gpu_memory_utilization` share)
+    or samples with our sampler from that copy; every weight delivery arrives in buckets in the rollout's
+    dtype (`verl.trainer.async_rollout`)."""
+
+    ranks: int  # how many rollout ranks
+    weights_bytes: int  # the whole policy as loaded (master dtype)
+    weight_bytes_per_element: int  # ... its element size: our sampler's KV cache and logits are in it
+    wire_bytes: int  # element size of a delivery (the rollout's compute dtype)
+    rows: int  # sequences one rollout rank samples per step
+    engine: str = "hf"
+    gpu_memory_utilization: float = 0.5
+
+
+@dataclass(frozen=True)
 class PlanInputs:
     """Everything the plan depends on, in bytes and counts (built from a RunConfig by the trainer's start-up).
 
@@ -135,6 +153,12 @@ class PlanInputs:
     rows_per_rank: int = 1  # sequences one actor rank samples per step
     vllm_colocated: bool = True
     samples: bool = True  # an RL run: a rollout phase before the update (SFT, DPO: none)
+    # start-up: (role, the whole model's bytes in the dtype it is held in, ranks its weights are sharded over)
+    loading: tuple[tuple[str, int, int], ...] = ()
+    reads_shards: bool = True  # built on the meta device, each rank reads its shards; False: loaded whole first
+    whole_reason: str = ""  # why the start-up loads whole models (with reads_shards=False)
+    world_size: int = 1
+    rollout_rank: RolloutRank | None = None  # devices.rollout: the ranks that only generate
 
     def with_(self, **changes: object) -> PlanInputs:
         return dataclasses.replace(self, **changes)
@@ -149,6 +173,19 @@ class MemoryPlan:
     update: list[tuple[str, int]]
     device_bytes: int | None
     notes: list[str]
+    startup: list[tuple[str, int]] = dataclasses.field(default_factory=list)  # the start-up's peak moment
+    startup_moment: str = ""  # which moment of the start-up that is
+    rollout_rank_startup: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    rollout_rank: list[tuple[str, int]] = dataclasses.field(default_factory=list)  # a rollout rank generating
+    rollout_rank_notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def startup_peak(self) -> int:
+        return sum(b for _, b in self.startup)
+
+    @property
+    def rollout_rank_peak(self) -> int:
+        return max(sum(b for _, b in self.rollout_rank_startup), sum(b for _, b in self.rollout_rank))
 
     @property
     def rollout_peak(self) -> int:
@@ -162,21 +199,37 @@ class MemoryPlan:
     def fits(self) -> bool | None:
         if self.device_bytes is None:
             return None
-        return max(self.rollout_peak, self.update_peak) <= self.device_bytes
+        peaks = [self.startup_peak, self.rollout_peak, self.update_peak]
+        if self.rollout_rank:
+            peaks.append(self.rollout_rank_peak)
+        return max(peaks) <= self.device_bytes
 
     def render(self) -> str:
-        """The phases as a table (GiB per GPU), the peaks against the device, and the notes."""
-        width = max(len(name) for name, _ in self.rollout + self.update)
-        lines = ["memory plan per GPU on an actor rank (GiB)"]
-        phases = (("rollout phase", self.rollout, self.rollout_peak), ("update phase", self.update, self.update_peak))
-        for title, parts, peak in phases if self.rollout else phases[1:]:
-            lines.append(f"  {title}")
-            lines += [f"    {name.ljust(width)}  {b / GIB:8.2f}" for name, b in parts]
-            lines.append(f"    {'peak'.ljust(width)}  {peak / GIB:8.2f}{self._verdict(peak)}")
+        """The phases as a table (GiB per GPU), the peaks against the device, and the notes; then a rollout
+        rank's, for an asynchronous run."""
+        startup = f"start-up phase (models loading, before the first step; peak: {self.startup_moment})"
+        phases = [(startup, self.startup), ("rollout phase", self.rollout), ("update phase", self.update)]
+        lines = ["memory plan per GPU on an actor rank (GiB)", *self._table([p for p in phases if p[1]])]
         if self.device_bytes is None:
             lines.append("  device memory unknown here: pass --gpu-memory GIB to check the fit")
         lines += [f"  note: {n}" for n in self.notes]
+        if self.rollout_rank:
+            lines.append(f"memory plan per GPU on a rollout rank (GiB; devices.rollout, "
+                         f"{self.inputs.rollout_rank.ranks} rank(s) that only generate)")
+            lines += self._table([("start-up phase (the policy loading)", self.rollout_rank_startup),
+                                  ("generating phase", self.rollout_rank)])
+            lines += [f"  note: {n}" for n in self.rollout_rank_notes]
         return "\n".join(lines)
+
+    def _table(self, phases: list[tuple[str, list[tuple[str, int]]]]) -> list[str]:
+        width = max(len(name) for _, parts in phases for name, _ in parts)
+        lines = []
+        for title, parts in phases:
+            peak = sum(b for _, b in parts)
+            lines.append(f"  {title}")
+            lines += [f"    {name.ljust(width)}  {b / GIB:8.2f}" for name, b in parts]
+            lines.append(f"    {'peak'.ljust(width)}  {peak / GIB:8.2f}{self._verdict(peak)}")
+        return lines
 
     def _verdict(self, peak: int) -> str:
         if self.device_bytes is None:
@@ -230,7 +283,7 @@ def plan_memory(x: PlanInputs, device_bytes: int | None) -> MemoryPlan:
     update += forward_backward_parts(x, notes)
     update.append(("CUDA context, NCCL buffers (assumed)", CUDA_RUNTIME_BYTES))
     if not x.samples:
-        return MemoryPlan(inputs=x, rollout=[], update=update, device_bytes=device_bytes, notes=notes)
+        return _complete(x, [], update, device_bytes, notes)
     rollout = list(resident_rollout)
     if x.engine == "vllm" and x.vllm_colocated:
         update.insert(-1, ("vLLM asleep (KV cache and weights released)", VLLM_ASLEEP_BYTES))
@@ -257,7 +310,157 @@ def plan_memory(x: PlanInputs, device_bytes: int | None) -> MemoryPlan:
                         rows * (x.prompt_len + x.response_len) * s.layers * 2 * s.kv_dim * c))
         rollout.append(("sampler: next-token logits (float32)", rows * s.vocab * 4))
     rollout.append(("CUDA context, NCCL buffers (assumed)", CUDA_RUNTIME_BYTES))
-    return MemoryPlan(inputs=x, rollout=rollout, update=update, device_bytes=device_bytes, notes=notes)
+    return _complete(x, rollout, update, device_bytes, notes)
+
+
+def _complete(x: PlanInputs, rollout: list[tuple[str, int]], update: list[tuple[str, int]],
+              device_bytes: int | None, notes: list[str]) -> MemoryPlan:
+    """The step's phases with the start-up's peak moment and, for an asynchronous run, a rollout rank's plan."""
+    moment, startup = max(startup_moments(x, device_bytes), key=lambda m: sum(b for _, b in m[1]))
+    notes = [*startup_notes(x), *notes]
+    if x.rollout_rank is None:
+        return MemoryPlan(inputs=x, rollout=rollout, update=update, device_bytes=device_bytes, notes=notes,
+                          startup=startup, startup_moment=moment)
+    rank_startup, rank_generating, rank_notes = rollout_rank_parts(x, device_bytes)
+    return MemoryPlan(inputs=x, rollout=rollout, update=update, device_bytes=device_bytes, notes=notes,
+                      startup=startup, startup_moment=moment, rollout_rank_startup=rank_startup,
+                      rollout_rank=rank_generating, rollout_rank_notes=rank_notes)
+
+
+ROLE_NAMES = {"actor": "policy", "ref": "reference", "teacher": "teacher", "critic": "critic"}
+
+
+def _offloaded(x: PlanInputs, role: str) -> bool:
+    return role in x.offloaded or (x.cpu_offload and role not in x.kept)
+
+
+def startup_moments(x: PlanInputs, device_bytes: int | None) -> list[tuple[str, list[tuple[str, int]]]]:
+    """What an actor rank holds at each moment of the start-up that may be its peak, in the order the trainer
+    builds its models (`verl.trainer.components.compose_rl`): the reference and the teacher sharded first,
+    then the actor, then a colocated vLLM starts (awake, its share of the device, then asleep), then the
+    critic is sharded. No gradients and no optimizer moments yet: FSDP2 allocates gradients in the first
+    backward and torch's AdamW its moments at the first `step()` (a resumed checkpoint loads them when the
+    loop starts, which the rollout phase's plan covers).
+
+    `x.reads_shards` (each role built on the meta device, FSDP2-sharded, then each rank reads only its rows
+    of the safetensors files: `verl.distributed.sharded_load`): a role holds its shard in the dtype it is
+    held in (the master dtype for trained roles, the compute dtype for frozen ones; none on the GPU where its
+    `cpu_offload` puts the shards in host memory); the rows in flight pass through host memory, one tensor
+    at a time, and are written into the shard. Otherwise each rank loads the policy whole on its device and
+    makes whole copies of it (the reference, the critic; the teacher loads whole from its own path), each
+    sharded in turn: the policy stays whole until every copy is made.
+    A role sharded over one rank (one process, NO_SHARD) holds its whole model either way."""
+    ctx = ("CUDA context, NCCL buffers (assumed)", CUDA_RUNTIME_BYTES)
+    load = {role: (whole, ranks) for role, whole, ranks in x.loading}
+    held: dict[str, tuple[str, int]] = {}
+    moments: list[tuple[str, list[tuple[str, int]]]] = []
+
+    def shard(role: str) -> None:
+        whole, ranks = load[role]
+        name = ROLE_NAMES[role]
+        if _offloaded(x, role):
+            held[role] = (f"{name} weights: shards in host memory (cpu_offload)", 0)
+        elif ranks > 1:
+            held[role] = (f"{name} weights: this rank's shard (1/{ranks})", -(-whole // ranks))
+        else:
+            held[role] = (f"{name} weights: whole (not sharded over several ranks)", whole)
+
+    def snap(moment: str) -> None:
+        moments.append((moment, [*held.values(), ctx]))
+
+    frozen = [role for role in ("ref", "teacher") if role in load]
+    if x.reads_shards:
+        for role in frozen:
+            shard(role)
+    elif "actor" in load:
+        def whole(role: str, how: str) -> tuple[str, int]:
+            later = "before sharding" if load[role][1] > 1 else "not sharded over several ranks"
+            return (f"{ROLE_NAMES[role]} weights: {how} whole ({later})", load[role][0])
+
+        held["actor"] = whole("actor", "loaded")
+        for role in (*frozen, "critic"):
+            if role in load:
+                how = "loaded" if role == "teacher" else "copied from the policy"
+                held[role] = whole(role, how)
+                snap(f"{ROLE_NAMES[role]} {how} whole")
+                if role != "critic":  # the critic is sharded after the actor (and after vLLM starts)
+                    shard(role)
+        if len(load) == 1:
+            snap("policy loaded whole")
+    if "actor" in load:
+        shard("actor")
+    if x.samples and x.engine == "vllm" and x.vllm_colocated and device_bytes is not None:
+        budget = int(x.gpu_memory_utilization * device_bytes)
+        held["vllm"] = (f"vLLM starting: gpu_memory_utilization {x.gpu_memory_utilization:g} x device", budget)
+        snap("while vLLM starts")
+        held["vllm"] = ("vLLM asleep (KV cache and weights released)", VLLM_ASLEEP_BYTES)
+    if "critic" in load:
+        shard("critic")
+    snap("models loaded")
+    return moments
+
+
+def startup_notes(x: PlanInputs) -> list[str]:
+    """How the start-up loads (each rank its shards, or whole copies first, and why)."""
+    if not x.loading:
+        return []
+    whole = [ROLE_NAMES[r] for r, _, ranks in x.loading if ranks <= 1 and not _offloaded(x, r)]
+    held_whole = f"; {', '.join(whole)} held whole on every rank (not sharded over several ranks)" if whole else ""
+    if x.reads_shards:
+        largest = max(x.shape.embed_params, x.shape.head_params, x.shape.intermediate * x.shape.hidden)
+        ranks = max((n for _, _, n in x.loading), default=1)
+        return [f"start-up: each role is built on the meta device and each rank reads only its shards from the "
+                f"safetensors files (one tensor's rows at a time through host memory: at most "
+                f"{largest * x.master_bytes / max(ranks, 1) / GIB:.2f} GiB here); gradients and optimizer "
+                f"moments are allocated at the first step{held_whole}"]
+    return [f"start-up: because of {x.whole_reason or 'a whole load'}, each actor rank loads the policy whole on "
+            f"its GPU and copies it whole (reference, critic) before sharding{held_whole}"]
+
+
+def sharded_startup_peak(x: PlanInputs, ranks: int | None, device_bytes: int | None) -> int:
+    """The start-up peak if each rank read only its own shards: each role's 1/`ranks` (None: over the ranks
+    it is sharded over in `x`)."""
+    y = x.with_(reads_shards=True, loading=tuple((r, whole, ranks or n) for r, whole, n in x.loading))
+    return max(sum(b for _, b in parts) for _, parts in startup_moments(y, device_bytes))
+
+
+def rollout_rank_parts(x: PlanInputs, device_bytes: int | None
+                       ) -> tuple[list[tuple[str, int]], list[tuple[str, int]], list[str]]:
+    """(start-up, generating, notes) of a rollout rank (`RolloutRank`): it loads the whole policy first; vLLM
+    then gets the device (the policy moved to the CPU) and stays awake, or our sampler generates from that
+    copy with its KV cache; every weight delivery lands in a bucket on the device (at most
+    `BUCKET_BYTES`, or one tensor larger than that) before it is written into the weights."""
+    from verl.trainer.async_rollout import BUCKET_BYTES  # the size the deliveries are cut into
+
+    r, s = x.rollout_rank, x.shape
+    assert r is not None
+    ctx = ("CUDA context, NCCL buffers (assumed)", CUDA_RUNTIME_BYTES)
+    startup = [("policy weights: loaded whole (master dtype; a rollout rank is not sharded)", r.weights_bytes), ctx]
+    largest = max(s.embed_params, s.head_params, s.intermediate * s.hidden)
+    bucket = ("weight delivery: one bucket (64 MiB, or the largest tensor)", max(BUCKET_BYTES, largest * r.wire_bytes))
+    seq = x.prompt_len + x.response_len
+    notes: list[str] = []
+    if r.engine == "vllm":
+        if device_bytes is None:
+            generating = [bucket, ctx]
+            notes.append(f"vLLM takes rollout.vllm.gpu_memory_utilization={r.gpu_memory_utilization:g} of the "
+                         "device, unknown here")
+        else:
+            budget = int(r.gpu_memory_utilization * device_bytes)
+            generating = [(f"vLLM (awake): gpu_memory_utilization {r.gpu_memory_utilization:g} x device", budget),
+                          bucket, ctx]
+            room = budget - s.total_params * r.wire_bytes
+            need = r.rows * seq * s.layers * 2 * s.kv_dim * r.wire_bytes
+            notes.append(f"the policy moves to the CPU before vLLM starts; vLLM's share holds its weights "
+                         f"({s.total_params * r.wire_bytes / GIB:.1f} GiB) and about {max(room, 0) / GIB:.1f} GiB "
+                         f"of KV cache; all {r.rows} rows of this rank at full length need {need / GIB:.1f} GiB"
+                         + ("" if room >= need else " (vLLM runs them in waves: slower, not out of memory)"))
+    else:
+        w = r.weight_bytes_per_element
+        generating = [("policy weights: whole (master dtype)", r.weights_bytes),
+                      (f"sampler: KV cache ({r.rows} rows x {seq} tokens)", r.rows * seq * s.layers * 2 * s.kv_dim * w),
+                      ("sampler: next-token logits (float32)", r.rows * s.vocab * 4), bucket, ctx]
+    return startup, generating, notes
 
 
 def forward_backward_parts(x: PlanInputs, notes: list[str] | None = None) -> list[tuple[str, int]]:
@@ -339,6 +542,51 @@ def _micro_batch_fit(x: PlanInputs, device_bytes: int) -> int | None:
     return best
 
 
+def _startup_advice(x: PlanInputs, plan: MemoryPlan, device_bytes: int,
+                    fixes: list[tuple[str, dict[str, object]]]) -> list[str]:
+    """What makes a start-up that does not fit fit: a smaller vLLM share where vLLM's start is its peak (added to
+    `fixes`); where whole models are loaded first, what reading each rank's shards would hold instead."""
+    out = []
+    if plan.startup_moment == "while vLLM starts" and plan.rollout_peak <= device_bytes:
+        budget = int(x.gpu_memory_utilization * device_bytes)
+        util = math.floor(20 * (device_bytes - (plan.startup_peak - budget)) / device_bytes) / 20
+        if util * device_bytes > x.shape.total_params * x.compute_bytes:
+            fixes.append((f"rollout.vllm.gpu_memory_utilization={util:g}", {"gpu_memory_utilization": util}))
+    if not x.reads_shards:
+        ranks, where = None, "over the ranks each role has here"
+        if x.world_size <= 1:  # one process: the smallest launch whose ranks, each reading its shards, fit
+            ranks = next((n for n in (2, 4, 8, 16, 32, 64)
+                          if sharded_startup_peak(x, n, device_bytes) <= device_bytes), 64)
+            where = f"on {ranks} GPUs (--nproc {ranks})"
+        peak = sharded_startup_peak(x, ranks, device_bytes)
+        out.append(f"start-up: whole models before sharding hold {plan.startup_peak / GIB:.1f} GiB, because of "
+                   f"{x.whole_reason or 'a whole load'}; each rank reading only its shards {where} would hold "
+                   f"{peak / GIB:.1f} GiB ({'fits' if peak <= device_bytes else 'still does not fit'})")
+    return out
+
+
+def _rollout_rank_advice(x: PlanInputs, plan: MemoryPlan, device_bytes: int) -> list[str]:
+    """Why a rollout rank does not fit, and the vLLM share that would fit where that is the cause."""
+    r = x.rollout_rank
+    assert r is not None
+    out = []
+    loading = sum(b for _, b in plan.rollout_rank_startup)
+    if loading > device_bytes:
+        out.append(f"rollout rank: loading the whole policy ({r.weights_bytes / GIB:.1f} GiB in the master dtype) "
+                   f"does not fit the GPU, and no setting shards a rollout rank's copy")
+    generating = sum(b for _, b in plan.rollout_rank)
+    if generating > device_bytes and r.engine == "vllm":
+        rest = generating - int(r.gpu_memory_utilization * device_bytes)
+        util = math.floor(20 * (device_bytes - rest) / device_bytes) / 20
+        y = x.with_(rollout_rank=dataclasses.replace(r, gpu_memory_utilization=util))
+        out.append(f"rollout rank: rollout.vllm.gpu_memory_utilization={util:g}: generating "
+                   f"{sum(b for _, b in plan_memory(y, device_bytes).rollout_rank) / GIB:.1f} GiB")
+    elif generating > device_bytes:
+        out.append(f"rollout rank: our sampler's whole policy and KV cache need {generating / GIB:.1f} GiB; fewer "
+                   "rows per rollout rank (more devices.rollout ranks) shrink the KV cache")
+    return out
+
+
 def suggestions(x: PlanInputs, device_bytes: int) -> list[str]:
     """Settings that make a plan fit, each with its peaks: one change at a time first, then combinations.
     Empty when the plan fits as it is."""
@@ -351,8 +599,8 @@ def suggestions(x: PlanInputs, device_bytes: int) -> list[str]:
         p = plan_memory(y, device_bytes)
         verdict = "fits" if p.fits else "still does not fit"
         host = f"; {offloaded_activation_bytes(y) / GIB:.1f} GiB of host memory" if y.activation_offload else ""
-        return (f"{keys}: rollout {p.rollout_peak / GIB:.1f} GiB, update {p.update_peak / GIB:.1f} GiB "
-                f"({verdict}{host})")
+        return (f"{keys}: rollout {p.rollout_peak / GIB:.1f} GiB, update {p.update_peak / GIB:.1f} GiB, start-up "
+                f"{p.startup_peak / GIB:.1f} GiB ({verdict}{host})")
 
     fixes: list[tuple[str, dict[str, object]]] = []  # (keys, changes) in the order worth trying
     if plan.update_peak > device_bytes:
@@ -377,6 +625,10 @@ def suggestions(x: PlanInputs, device_bytes: int) -> list[str]:
         else:
             out.append(f"rollout.vllm.gpu_memory_utilization: the trainer's resident state leaves "
                        f"{(device_bytes - rest) / GIB:.1f} GiB, less than vLLM's weights ({weights / GIB:.1f} GiB)")
+    if plan.startup_peak > device_bytes:
+        out += _startup_advice(x, plan, device_bytes, fixes)
+    if plan.rollout_rank and plan.rollout_rank_peak > device_bytes:
+        out += _rollout_rank_advice(x, plan, device_bytes)
     if plan.update_peak > device_bytes and not x.activation_offload:
         fixes.append(("actor.activation_offload=true", {"activation_offload": True}))
     if not x.cpu_offload:
@@ -395,7 +647,7 @@ def suggestions(x: PlanInputs, device_bytes: int) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-__all__ = ["CHUNKED_AUTO_LOGITS", "CUDA_RUNTIME_BYTES", "MemoryPlan", "ModelShape", "PlanInputs", "VLLM_ASLEEP_BYTES",
-           "activation_bytes_per_token", "chunks_logits", "forward_backward_parts", "micro_batch_tokens",
-           "offloaded_activation_bytes",
-           "plan_memory", "suggestions"]
+__all__ = ["CHUNKED_AUTO_LOGITS", "CUDA_RUNTIME_BYTES", "MemoryPlan", "ModelShape", "PlanInputs", "RolloutRank",
+           "VLLM_ASLEEP_BYTES", "activation_bytes_per_token", "chunks_logits", "forward_backward_parts",
+           "micro_batch_tokens", "offloaded_activation_bytes", "plan_memory", "rollout_rank_parts",
+           "sharded_startup_peak", "startup_moments", "startup_notes", "suggestions"]

@@ -8,12 +8,20 @@ meta device (a folder with config.json alone is enough), and the vLLM share is r
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from verl.config.schema import RunConfig
 from verl.distributed.fsdp import find_decoder_layers
-from verl.distributed.memory import estimate_memory
-from verl.distributed.memory_plan import ModelShape, PlanInputs, chunks_logits, micro_batch_tokens
+from verl.distributed.memory import _shard_factor, estimate_memory
+from verl.distributed.memory_plan import (
+    ModelShape,
+    PlanInputs,
+    RolloutRank,
+    chunks_logits,
+    micro_batch_tokens,
+)
 from verl.trainer.fsdp_launch import fsdp_launch
 from verl.trainer.lora_checks import meta_causal_lm
 from verl.trainer.precision import role_dtype_names
@@ -49,6 +57,35 @@ def model_shape(config: RunConfig, model_path: str) -> ModelShape | None:
         return None
 
 
+def whole_load_reason(config: RunConfig, *, mapping: Any, world_size: int, kind: str) -> str:
+    """Why the trainer's start-up would load its models whole before sharding them, or "" where each rank
+    reads only its own shards (`verl.trainer.components.sharded_start`, asked with this mapping; then the
+    loader's own conditions: safetensors files it can read, no remote code). A folder with config.json alone
+    (a plan made away from the weights) is taken to hold safetensors files."""
+    try:
+        from verl.trainer.components import sharded_start  # the trainer's own rule (imported late: a cycle)
+    except ImportError:  # a trainer without the sharded start
+        return "a loader that loads every model whole"
+    if kind != "rl":
+        return f"trainer.kind={kind} loads the policy whole"
+    split = world_size > 1 and not mapping.is_colocated()
+    process = SimpleNamespace(groups=mapping if world_size > 1 else None, world_size=world_size, split=split)
+    if not sharded_start(config, process):
+        if world_size <= 1:
+            return "a one-process run"
+        if split:
+            return "a split placement (devices.* does not put every role on every rank)"
+        if len(mapping.ranks("actor")) <= 1:
+            return "the actor on one rank"
+        return "pretrained adapters (model.lora.path, critic.lora.path) merge into whole models"
+    if config.model.trust_remote_code:
+        return "remote code (model.trust_remote_code) loads whole"
+    folder = Path(config.model.path).expanduser()
+    if folder.is_dir() and not any(folder.glob("*.safetensors")) and any(folder.glob("*.bin")):
+        return "the weights are .bin files (only safetensors files are read shard by shard)"
+    return ""
+
+
 def plan_inputs(config: RunConfig, *, mapping: Any, shape: ModelShape, world_size: int,
                 counts: dict[str, int] | None = None, trainable: dict[str, int] | None = None,
                 kind: str = "rl") -> PlanInputs:
@@ -82,10 +119,23 @@ def plan_inputs(config: RunConfig, *, mapping: Any, shape: ModelShape, world_siz
     tokens, response_tokens = micro_batch_tokens(a.micro_batch_size, budget, d.max_prompt_length, response_len)
     lora = config.model.lora
     launch = fsdp_launch(config, world_size=world_size, device_type="cuda", bf16_supported=True)
+    strategy = config.fsdp.sharding_strategy if world_size > 1 and launch.sharded else "NO_SHARD"
+    resident = estimate.per_rank[actor_ranks[0]]
+    loading = tuple((role, counts[role] * bytes_per_element(dtypes[role] or "float32", where=f"{role} dtype"),
+                     _shard_factor(strategy, len(mapping.ranks(role)), config.fsdp.hybrid_shard_size))
+                    for role in ("actor", "ref", "teacher", "critic") if role in resident and counts.get(role))
+    reason = whole_load_reason(config, mapping=mapping, world_size=world_size, kind=kind)
+    master_bytes = bytes_per_element(master, where="model.dtype")
+    compute_bytes = bytes_per_element(compute, where="fsdp.mixed_precision.param_dtype")
+    rollout_rank = None
+    if rl and config.is_async and "rollout" in mapping.roles:
+        samplers = len(mapping.ranks("rollout"))
+        rollout_rank = RolloutRank(ranks=samplers, weights_bytes=shape.total_params * master_bytes,
+                                   weight_bytes_per_element=master_bytes, wire_bytes=compute_bytes,
+                                   rows=-(-rows // samplers), engine=config.rollout.engine,
+                                   gpu_memory_utilization=vllm_memory_utilization(config))
     return PlanInputs(
-        shape=shape, resident=estimate.per_rank[actor_ranks[0]],
-        compute_bytes=bytes_per_element(compute, where="fsdp.mixed_precision.param_dtype"),
-        master_bytes=bytes_per_element(master, where="model.dtype"),
+        shape=shape, resident=resident, compute_bytes=compute_bytes, master_bytes=master_bytes,
         micro_batch=config.actor.micro_batch_size, prompt_len=config.data.max_prompt_length,
         response_len=response_len, tokens_per_micro_batch=budget,
         activation_checkpointing=config.fsdp.activation_checkpointing or config.model.gradient_checkpointing,
@@ -101,7 +151,8 @@ def plan_inputs(config: RunConfig, *, mapping: Any, shape: ModelShape, world_siz
         padded_mask=(config.model.attn_implementation != "flash_attention_2" and a.sequence_parallel_size == 1
                      and not (a.remove_padding if rl else kind == "sft" and config.sft.packing)),
         gpu_memory_utilization=vllm_memory_utilization(config), rows_per_rank=-(-rows // len(actor_ranks)),
-        samples=rl)
+        samples=rl, loading=loading, reads_shards=not reason, whole_reason=reason, world_size=world_size,
+        rollout_rank=rollout_rank)
 
 
-__all__ = ["model_shape", "plan_inputs", "targets_gpu", "vllm_memory_utilization"]
+__all__ = ["model_shape", "plan_inputs", "targets_gpu", "vllm_memory_utilization", "whole_load_reason"]
