@@ -133,7 +133,9 @@ def plan_inputs(config: RunConfig, *, mapping: Any, shape: ModelShape, world_siz
         rollout_rank = RolloutRank(ranks=samplers, weights_bytes=shape.total_params * master_bytes,
                                    weight_bytes_per_element=master_bytes, wire_bytes=compute_bytes,
                                    rows=-(-rows // samplers), engine=config.rollout.engine,
-                                   gpu_memory_utilization=vllm_memory_utilization(config))
+                                   gpu_memory_utilization=float(getattr(  # the rollout ranks' own share, where
+                                       config.rollout.vllm, "rollout_rank_gpu_memory_utilization", None)  # the
+                                       or vllm_memory_utilization(config)))  # schema has one
     return PlanInputs(
         shape=shape, resident=resident, compute_bytes=compute_bytes, master_bytes=master_bytes,
         micro_batch=config.actor.micro_batch_size, prompt_len=config.data.max_prompt_length,
