@@ -75,7 +75,7 @@ def _env_with_val(**kw):
 def test_masks_cover_model_tokens_only_and_logprobs_equal_one_forward(tiny):
     model, tok = tiny
     env = _env_with_val()
-    _, out = _rollout(tiny, env)
+    _, out = _rollout(tiny, env, seed=1)  # a seed where every episode's first turn writes a stop string
     assert out.episodes and max(e.turns for e in out.episodes) >= 3
     for i, e in enumerate(out.episodes):
         k = len(e.tokens)

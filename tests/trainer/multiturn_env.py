@@ -1,7 +1,7 @@
 """A multi-turn environment for the trainer tests (loaded through env.name: multiturn_env.py:ToolEnv).
 
 The random tiny model never writes a real tool call, so every first turn gets an observation; the second
-turn is scored by its share of digits (dense and varied within a group, so every step has a gradient)."""
+turn is scored by its (smoothed) share of digits (dense and varied within a group, so every step has a gradient)."""
 
 from verl.env import Done, MultiTurnEnv, Observation
 
@@ -21,4 +21,6 @@ class ToolEnv(MultiTurnEnv):
         if state["turn"] == 1:
             return Observation(f" <result>{len(model_text)}</result>", tool_call=True,
                                tool_error=len(model_text) % 2 == 1)
-        return Done(reward=sum(c.isdigit() for c in model_text) / max(len(model_text), 1))
+        # Smoothed share of digits: nonzero and different for turns of different lengths, so that no seed
+        # leaves a whole group (or a whole batch) without an advantage.
+        return Done(reward=(1 + sum(c.isdigit() for c in model_text)) / (2 + len(model_text)))

@@ -66,10 +66,71 @@ class Decoded:
     eos: torch.Tensor  # [B] ended by an eos id
 
 
-# Asked which of some rows (indices into the batch) end at a step, given the [B, steps] tokens so far.
-EndCheck = Callable[[torch.Tensor, int, torch.Tensor], torch.Tensor]
+# Asked which of some rows (a CPU tensor of indices into the batch) end at a step, given a host copy of the
+# [B, step + 1] tokens so far; a bool per row.
+EndCheck = Callable[[torch.Tensor, int, torch.Tensor], Any]
 # Told which rows (indices into the batch) finished, with the [B, steps] tokens and [B] lengths so far.
 RowsFinished = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
+
+
+def _to_host(t: torch.Tensor) -> list:
+    """The decode's read of device values on the host: off the CPU a sync, which waits for the queued steps."""
+    return t.tolist()
+
+
+def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long, device=device)
+
+
+class _HostEnds:
+    """The host's side of `decode(end=...)`: which rows ended, settled for a window of steps at a time.
+
+    Between checks the device samples on for every row of the batch. At a check the host reads the tokens of
+    the steps since the last one (one sync) and walks them a step at a time, as a decode that checked every
+    token would: a row ends at its first eos id, or where `end` says so of the rows still running, asked
+    with the host's copy of the tokens up to that step (asking costs no sync). The caller rolls back what
+    rows sampled after their end.
+    """
+
+    def __init__(self, end: EndCheck, eos_ids: list[int], pad: int, rows: int, steps: int) -> None:
+        self.end, self.eos, self.pad = end, frozenset(eos_ids), pad
+        self.tokens = torch.full((rows, steps), pad, dtype=torch.long)  # the host's copy, final up to `start`
+        self.rows = list(range(rows))  # the rows (indices into the batch) still sampling, in the batch's order
+        self.start = 0  # the first step not settled
+        self.by_eos: list[int] = []  # of the last settle: 1 where a row ended at an eos id
+
+    def settle(self, step: int, window: list[list[int]]) -> list[int] | None:
+        """The tokens `window` of `self.rows` at steps start..step: the step each row ended at (-1 where it
+        runs on), None when none did. The rows that ended leave `self.rows`."""
+        lo, self.start = self.start, step + 1
+        rows, width = self.rows, step + 1 - lo
+        index = torch.tensor(rows, dtype=torch.long)
+        self.tokens[index, lo: step + 1] = torch.tensor(window, dtype=torch.long).reshape(len(rows), width)
+        ended, by_eos = [-1] * len(rows), [0] * len(rows)
+        running = list(range(len(rows)))
+        for s in range(lo, step + 1):
+            ask = []
+            for i in running:
+                if window[i][s - lo] in self.eos:
+                    ended[i], by_eos[i] = s, 1
+                else:
+                    ask.append(i)
+            if ask:
+                says = self.end(index[ask], s, self.tokens[:, : s + 1])
+                for i, yes in zip(ask, torch.as_tensor(says).tolist(), strict=True):
+                    if yes:
+                        ended[i] = s
+            now = [i for i in running if ended[i] == s]
+            if now:
+                self.tokens[index[now], s + 1: step + 1] = self.pad  # what they sampled after their end
+                running = [i for i in running if ended[i] < 0]
+                if not running:
+                    break
+        if len(running) == len(rows):
+            return None
+        self.rows = [rows[i] for i in running]
+        self.by_eos = by_eos
+        return ended
 
 
 def _full_attention_only(config: Any) -> bool:
@@ -90,8 +151,9 @@ class HFKVCacheEngine(RolloutEngine):
     from a 2D mask on the plain ``forward`` path, for models with unusual mask logic; the default uses
     a ready 4D mask where it is known to be exact (sdpa and eager attention on full-attention models).
     ``eos_check_every`` is how many tokens pass between the host's checks for ended rows (each a device
-    sync); the default is 1 on CPU, where a check is free and dropping ended rows early saves compute, and
-    8 on accelerators.
+    sync), by an eos id or by a decode's `end` callback (multi-turn stop strings); the default is 1 on CPU,
+    where a check is free and dropping ended rows early saves compute, and 8 on accelerators. The rollout
+    does not depend on it (but for the rounding of batched kernels that change with the batch's size).
     """
 
     def __init__(self, model: torch.nn.Module, *, fast_decode: bool = True, prebuilt_masks: bool = True,
@@ -224,12 +286,14 @@ class HFKVCacheEngine(RolloutEngine):
         """Sample up to `steps` tokens per row of `state`. A row ends at an eos id, when `end` says so, or
         after `steps` tokens; ended rows leave the decode batch, so they cost nothing.
 
-        `end(rows, step, tokens)` is asked about the rows (indices into the batch) that sampled a token
-        other than eos at `step`; `tokens` is the [B, steps] buffer so far. With ``keep``, the ended rows'
-        cache rows are set aside and every row is back in `state` afterwards, in its place, with the
-        tokens it wrote on the cache except its last one (the caller feeds it, with what follows it);
-        without, `state` is used up. `finished(rows, tokens, lengths)` is told of each row once, when its
-        tokens are final (see `on_rows_finished`). Call inside ``torch.inference_mode()``.
+        `end(rows, step, tokens)` is asked about the rows (a CPU tensor of indices into the batch) still running
+        at `step` that sampled a token other than eos there; `tokens` is a host copy of the [B, step + 1] tokens
+        so far. It may be asked some tokens late, about several steps in a row (see `eos_check_every`), and
+        answers with a bool per row. With ``keep``, the ended rows' cache rows are set aside and every row is
+        back in `state` afterwards, in its place, with the tokens it wrote on the cache except its last one
+        (the caller feeds it, with what follows it); without, `state` is used up. `finished(rows, tokens,
+        lengths)` is told of each row once, when its tokens are final (see `on_rows_finished`). Call inside
+        ``torch.inference_mode()``.
         """
         cache, logits, next_pos = state.cache, state.logits, state.next_pos
         device, rows, width = logits.device, logits.shape[0], state.mask.shape[1]
@@ -248,68 +312,96 @@ class HFKVCacheEngine(RolloutEngine):
                                  fast is not None, holes)
         live = torch.arange(rows, device=device)  # the row of `tokens` each cache row belongs to
         compacted = False  # whether rows have left the batch (else `live` is every row, in order)
-        writing = torch.ones(rows, dtype=torch.bool, device=device)  # holes only: rows still writing
+        sampling = live if holes else None  # holes only: the rows still writing, in order
+        writing = torch.ones(rows, dtype=torch.bool, device=device)  # holes only: the same, as a mask
         parked: list[Parked] = []
         parked_rows: list[torch.Tensor] = []
-        # Which rows ended is a host sync; off the CPU it is asked every `every` tokens (ended rows are
-        # computed until then, their tokens masked), except where `end` or holes need every token.
-        every = (self.eos_check_every or (1 if device.type == "cpu" else 8)) if end is None and not holes else 1
-        stopped = torch.zeros(rows, dtype=torch.bool, device=device) if every > 1 else None
+        # Which rows ended is a host sync; off the CPU the host learns of it every `every` tokens. Rows that
+        # ended in between are computed on: they write padding (an eos, known on the device) or what they
+        # write is rolled back when the host has asked `end` about the steps since the last check. A model-
+        # layout cache (holes) keeps every column it is fed, so it is checked every token.
+        every = 1 if holes else (self.eos_check_every or (1 if device.type == "cpu" else 8))
+        ends = _HostEnds(end, params.eos_token_ids, pad, rows, steps) if end is not None else None
+        stopped = torch.zeros(rows, dtype=torch.bool, device=device) if every > 1 and ends is None else None
         told = torch.zeros(rows, dtype=torch.bool, device=device) if finished is not None else None
+        # With `end`, row r samples step t with its own uniform number noise[t, r], drawn for every row and
+        # step up front: what the generator gives a row then does not depend on when others left the batch,
+        # nor on how many steps the batch was computed past its end.
+        noise = None
+        if ends is not None and temperature != 0:
+            noise = torch.rand((steps, rows), generator=generator, device=device,
+                               dtype=torch.float64 if logits.dtype == torch.float64 else torch.float32)
 
         for step in range(steps):
-            sampling = writing.nonzero().flatten() if holes else None
+            at = live if sampling is None else sampling  # the rows of `tokens` sampled at this step
             tok, logp = sample_step(logits if sampling is None else logits[sampling], temperature, top_k, top_p,
-                                    generator)
-            at = live if sampling is None else live[sampling]
+                                    generator, None if noise is None else noise[step][at])
             if stopped is not None:  # rows that ended since the last check write padding
                 tok, logp = tok.masked_fill(stopped, pad), logp.masked_fill(stopped, 0.0)
             if compacted or holes:
                 tokens[at, step], logprobs[at, step] = tok, logp.float()
             else:
                 tokens[:, step], logprobs[:, step] = tok, logp
-            hit = torch.isin(tok, eos) if eos is not None else None
-            done = hit
-            if stopped is not None:  # bookkeeping on the device; the host asks every `every` tokens
-                if hit is not None:
-                    hit &= ~stopped
-                    eos_hit[at] = eos_hit[at] | hit
-                    lengths[at] = torch.where(hit, step + 1, lengths[at])
-                    stopped |= hit
-                done = stopped if (step + 1) % every == 0 and bool(stopped.any()) else None
+            done = go = gone = None  # which rows of `at` ended ([A] bool), the others' places, theirs
+            if ends is not None:
+                if step + 1 - ends.start >= every or step == steps - 1:
+                    lo = ends.start
+                    cols = slice(lo, step + 1)
+                    ended = ends.settle(step, _to_host(tokens[at, cols] if compacted or holes else tokens[:, cols]))
+                    if ended is not None:  # the step each row of `at` ended at, -1 for the running ones
+                        go_h = [i for i, s in enumerate(ended) if s < 0]
+                        n, m = len(ended), len(ended) + len(go_h)
+                        packed = _to_device([*ended, *ends.by_eos, *go_h, *(i for i, s in enumerate(ended) if s >= 0)],
+                                            device)
+                        at_end, by_eos, go, gone = packed[:n], packed[n: 2 * n].bool(), packed[2 * n: n + m], packed[n + m:]
+                        done = at_end >= 0
+                        # What rows sampled after their end: padding and log-prob 0, as if never sampled.
+                        past = (torch.arange(lo, step + 1, device=device) > at_end.unsqueeze(1)) & done.unsqueeze(1)
+                        if compacted or holes:
+                            tokens[at, cols] = tokens[at, cols].masked_fill(past, pad)
+                            logprobs[at, cols] = logprobs[at, cols].masked_fill(past, 0.0)
+                        else:
+                            tokens[:, cols].masked_fill_(past, pad)
+                            logprobs[:, cols].masked_fill_(past, 0.0)
+                        lengths[at] = torch.where(done, at_end + 1, lengths[at])
+                        eos_hit[at] = eos_hit[at] | by_eos
             else:
-                if end is not None:
-                    rest = (~hit).nonzero().flatten() if hit is not None else torch.arange(len(at), device=device)
-                    done = torch.zeros_like(tok, dtype=torch.bool) if hit is None else hit.clone()
-                    done[rest[end(at[rest], step, tokens)]] = True
-                if done is not None and bool(done.any()):
+                hit = torch.isin(tok, eos) if eos is not None else None
+                if stopped is not None:  # bookkeeping on the device; the host asks every `every` tokens
                     if hit is not None:
-                        eos_hit[at[hit]] = True
-                    lengths[at[done]] = step + 1
-                else:
-                    done = None
-            if told is not None and done is not None:
-                told[at[done]] = True
-                finished(at[done], tokens, lengths)
+                        hit &= ~stopped
+                        eos_hit[at] = eos_hit[at] | hit
+                        lengths[at] = torch.where(hit, step + 1, lengths[at])
+                        stopped |= hit
+                    done = stopped if (step + 1) % every == 0 and bool(stopped.any()) else None
+                elif hit is not None and bool(hit.any()):
+                    eos_hit[at[hit]] = True
+                    lengths[at[hit]] = step + 1
+                    done = hit
+                if done is not None:
+                    go, gone = (~done).nonzero().flatten(), done.nonzero().flatten()
+            if told is not None and gone is not None:
+                told[at[gone]] = True
+                finished(at[gone], tokens, lengths)
             if step == steps - 1:
                 break
             if holes:  # every row feeds a column: a masked hole (pad) for one that stopped writing
                 feed = torch.full((rows,), pad, dtype=torch.long, device=device)
                 feed[sampling] = tok
-                if done is not None:
-                    writing[sampling[done]] = False
-                    if not bool(writing.any()):
+                if gone is not None:
+                    if go.numel() == 0:
                         break
+                    writing[sampling[gone]] = False
+                    sampling = sampling[go]
                 feed.masked_fill_(~writing, pad)
-                mask[~writing, width + step] = 0
+                mask[:, width + step].masked_fill_(~writing, 0)
                 tok = feed
-            elif done is not None:
-                go = (~done).nonzero().flatten()
+            elif gone is not None:
                 if go.numel() == 0:
                     break
                 if parks:
-                    parked.append(cache.park(done.nonzero().flatten()))
-                    parked_rows.append(live[done])
+                    parked.append(cache.park(gone))
+                    parked_rows.append(live[gone])
                 cache.batch_select_indices(go)
                 live, tok, next_pos, mask = live[go], tok[go], next_pos[go], mask[go]
                 stopped = stopped[go] if stopped is not None else None
@@ -331,7 +423,11 @@ class HFKVCacheEngine(RolloutEngine):
                 where[torch.cat([live, *parked_rows])] = torch.arange(rows, device=device)
                 cache.unpark(parked, where)
             fed = lengths - 1  # the last token is the caller's to feed
-            state.mask = torch.cat([state.mask, torch.arange(int(fed.max()), device=device) < fed.unsqueeze(1)], 1)
+            longest = int(fed.max())
+            written = torch.arange(longest, device=device) < fed.unsqueeze(1)
+            if parks and every > 1:  # rows were computed past their ends, the batch past the last one
+                cache.trim(width + longest, width, ~written)
+            state.mask = torch.cat([state.mask, written], 1)
             state.next_pos = state.next_pos + fed
         return Decoded(tokens=tokens, logprobs=logprobs, lengths=lengths, eos=eos_hit)
 

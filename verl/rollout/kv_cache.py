@@ -125,6 +125,20 @@ if DynamicLayer is not None:
                     setattr(layer, name, merged)
                 layer._refresh_views()
 
+        def trim(self, length: int, start: int, holes: torch.Tensor) -> None:
+            """Keep the first `length` positions and zero the columns from `start` where `holes` [B, length -
+            start] is True. A decode that learns of ended rows only every few tokens computes on past their
+            ends (and past the last one); trimmed, its cache equals that of one that dropped every row at its
+            end: the same length, zero-filled holes (which the caller masks) where a row sat out."""
+            for layer in self.layers:
+                if not layer.is_initialized:
+                    continue
+                layer.length = min(layer.length, length)
+                drop = holes[:, None, : layer.length - start, None]
+                for buf in (layer.key_buf, layer.value_buf):
+                    buf[:, :, start: layer.length].masked_fill_(drop, 0)
+                layer._refresh_views()
+
 else:  # pragma: no cover - transformers without per-layer caches
     RolloutCache = None  # type: ignore[assignment,misc]
 

@@ -264,7 +264,10 @@ class MultiTurnRollout:
 
     def _turn_end(self, written: list[int], budget: int, why: dict[int, str]) -> EndCheck:
         """Whether rows' turns end at a decode step by a stop string or the episode budget (`written`:
-        each row's tokens before this turn); the reason goes to `why`."""
+        each row's tokens before this turn); the reason goes to `why`. The engine asks with host copies of the
+        tokens, a window of steps at a time (`eos_check_every`), so deciding costs the device no sync; stop
+        strings are matched on decoded text (tokenizers merge characters across tokens), which only the host
+        does."""
 
         def end(rows: torch.Tensor, step: int, tokens: torch.Tensor) -> torch.Tensor:
             tails = tokens[rows, max(0, step + 1 - self.window): step + 1].tolist()

@@ -48,16 +48,22 @@ def sample_from_logprobs(logprobs: torch.Tensor, generator: torch.Generator | No
     return sample_from_probs(logprobs.exp(), generator)
 
 
-def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None = None,
+                      uniform: torch.Tensor | None = None) -> torch.Tensor:
     """Draw one token id per row of ``probs`` [A, V] (rows summing to 1) by inverting the CDF.
 
     One uniform number per row instead of one exponential per vocabulary entry (the Gumbel trick) or
     ``torch.multinomial``: on CPU this is several times cheaper and it is exact. ``right=True`` in
-    the search never lands on a zero-probability token, since its CDF step is flat.
+    the search never lands on a zero-probability token, since its CDF step is flat. ``uniform`` [A] gives
+    the rows' numbers in [0, 1) instead of drawing them from ``generator``.
     """
     cdf = probs.cumsum(-1)
     total = cdf[:, -1:]
-    u = torch.rand(total.shape, generator=generator, device=cdf.device, dtype=cdf.dtype) * total
+    if uniform is None:
+        uniform = torch.rand(total.shape, generator=generator, device=cdf.device, dtype=cdf.dtype)
+    else:
+        uniform = uniform.to(cdf.dtype).unsqueeze(-1)
+    u = uniform * total
     # u < total always, so the search result is a real index whose token has positive probability.
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, u, right=True).squeeze(-1)
@@ -69,11 +75,13 @@ def sample_step(
     top_k: int | None = None,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
+    uniform: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick the next token of every row of ``logits`` [A, V]; returns (token ids [A], logprobs [A]).
 
     Greedy (temperature 0) returns the argmax and its untempered logprob; otherwise the logprob is
-    that of the sampled token under the filtered distribution it was drawn from.
+    that of the sampled token under the filtered distribution it was drawn from, drawn with the rows'
+    ``uniform`` numbers [A] where given (see :func:`sample_from_probs`).
     """
     if temperature == 0:
         if logits.dtype not in (torch.float32, torch.float64):
@@ -84,7 +92,7 @@ def sample_step(
     # softmax rather than exp(logp): on CPU, exp of the very negative log-probs of a peaked distribution
     # (a trained policy) takes a slow path, ~10x a softmax of the same row.
     probs = _filtered_logits(logits, temperature, top_k, top_p).softmax(-1)
-    tokens = sample_from_probs(probs, generator)
+    tokens = sample_from_probs(probs, generator, uniform)
     # The log of the sampled token's probability instead of a log_softmax over the vocabulary: a sampled token
     # has p > 0 and softmax keeps p's relative precision, so the two agree to float rounding.
     return tokens, probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).log()
