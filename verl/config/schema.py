@@ -205,8 +205,19 @@ class VLLMConfig(Section):
 
     gpu_memory_utilization: float = Field(
         0.5, gt=0.0, le=1.0, description="Share of each GPU's memory vLLM takes for its weights, activations and "
-        "KV cache while it samples (vLLM's own default, 0.92, assumes it is alone on the GPU; colocated, the "
-        "sharded policy and optimizer states stay resident beside it).")
+        "KV cache while it samples on the actor's ranks (vLLM's own default, 0.92, assumes it is alone on the GPU; "
+        "colocated, the sharded policy and optimizer states stay resident beside it). Under torchrun vLLM gives "
+        "every rank the smallest KV cache of all ranks, so this also caps the KV cache of asynchronous rollout "
+        "ranks (verl check says so).")
+    rollout_rank_gpu_memory_utilization: float | None = Field(
+        None, gt=0.0, le=1.0, description="The same share for the engines of asynchronous rollout ranks "
+        "(devices.rollout), which have the GPU to themselves; None = 0.9. Their KV cache is still at most what "
+        "the actor ranks' engines have (under torchrun vLLM gives every rank the smallest over all ranks): "
+        "raising this does not enlarge it, setting it below gpu_memory_utilization shrinks every rank's.")
+    per_request_seeds: bool = Field(False, description="Give every request its own seed (drawn from the trainer's "
+                                    "sampling generator), so each response is reproducible on its own whatever vLLM "
+                                    "batches with it; costs vLLM's fused top-k/top-p sampler. False = vLLM's own "
+                                    "generator, seeded at start with trainer.seed (+ rank).")
     max_model_len: int | None = Field(
         None, gt=0, description="Longest prompt + response vLLM plans its KV cache for; None = the model's "
         "context length (config.json). data.max_prompt_length + rollout.max_new_tokens is enough for training.")

@@ -8,6 +8,11 @@ import importlib.util
 
 from verl.errors import ConfigError
 
+# The share of the GPU an asynchronous rollout rank's vLLM takes when rollout.vllm.rollout_rank_gpu_memory_utilization
+# is None: nothing else lives on that GPU (the rank's copy of the policy moves to the CPU first); a little below
+# vLLM's own default (0.92), for the CUDA context and NCCL buffers of the run's process group.
+ROLLOUT_RANK_GPU_MEMORY_UTILIZATION = 0.9
+
 
 def _installed(name: str) -> bool:
     try:
@@ -52,4 +57,30 @@ def check_vllm_placement(engine: str, actor_ranks: tuple[int, ...], world_size: 
         "split placement.")]
 
 
-__all__ = ["check_rollout_engine", "check_vllm_placement"]
+def describe_vllm_memory(engine: str, gpu_memory_utilization: float, rollout_rank_utilization: float | None,
+                         rollout_ranks: tuple[int, ...]) -> str | None:
+    """What memory an asynchronous run's vLLM engines get (`verl check`), or None when no rank is a rollout
+    rank. vLLM's ``ExecutorWithExternalLauncher.determine_available_memory`` (vllm/v1/executor/uniproc_executor.py)
+    all-reduces the KV-cache memory each engine has left with MIN over the whole torch.distributed world, so every
+    rank's KV cache is the smallest one: the actor ranks', whose engines take a smaller share next to the trainer's
+    resident state, bounds the rollout ranks' however much of their own GPU those may take. The rollout ranks
+    cannot have a vLLM world of their own: external_launcher builds its groups over every rank (see
+    `check_vllm_placement`)."""
+    if engine != "vllm" or not rollout_ranks:
+        return None
+    rollout = ROLLOUT_RANK_GPU_MEMORY_UTILIZATION if rollout_rank_utilization is None else rollout_rank_utilization
+    share = min(gpu_memory_utilization, rollout)
+    default = " (the default)" if rollout_rank_utilization is None else ""
+    capped = ("; the rollout ranks' larger share does not enlarge it" if rollout > gpu_memory_utilization else
+              "; the rollout ranks' smaller share shrinks the actor ranks' too" if rollout < gpu_memory_utilization
+              else "")
+    return (f"vLLM memory: the actor ranks' engines take rollout.vllm.gpu_memory_utilization={gpu_memory_utilization:g} "
+            f"of their GPU, the rollout ranks' {list(rollout_ranks)} rollout_rank_gpu_memory_utilization={rollout:g}"
+            f"{default}. Under torchrun vLLM gives every rank the smallest KV cache of all ranks (a MIN all-reduce "
+            f"in its external_launcher executor), so each rank's KV-cache budget is {share:g} x GPU memory - vLLM's "
+            f"weights - its activation peak{capped}. A larger KV cache on the rollout ranks needs a larger "
+            "rollout.vllm.gpu_memory_utilization, which the actor ranks must also fit beside the trainer's state "
+            "(see the memory plan).")
+
+
+__all__ = ["ROLLOUT_RANK_GPU_MEMORY_UTILIZATION", "check_rollout_engine", "check_vllm_placement", "describe_vllm_memory"]

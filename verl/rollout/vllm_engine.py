@@ -91,6 +91,17 @@ def launch_kwargs(seed: int) -> dict[str, Any]:
             "seed": seed + dist.get_rank()}
 
 
+_DTYPE_NAMES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.float16,
+                "float32": torch.float32, "float": torch.float32}
+
+
+def _torch_dtype(value: Any) -> torch.dtype | None:
+    """vLLM's ``dtype`` argument as a torch dtype; None for ``"auto"`` (or none given): vLLM decides."""
+    if isinstance(value, torch.dtype):
+        return value
+    return _DTYPE_NAMES.get(str(value).removeprefix("torch.")) if value is not None else None
+
+
 def _free_cached_cuda_memory() -> None:
     """Hand the trainer's cached-but-free CUDA blocks back before vLLM re-allocates its weights and KV cache
     (vLLM allocates through its own pool, which cannot reuse PyTorch's cache)."""
@@ -104,7 +115,9 @@ class VLLMEngine(RolloutEngine):
     ``sleep_mode`` (default on) discards vLLM's KV cache and weights between rollouts, for an engine
     colocated with the trainer (the weights are pushed again before every rollout). ``gpu_memory_utilization``,
     ``max_model_len`` and ``enforce_eager`` are vLLM's (``rollout.vllm.*``); ``seed`` is the run's. Extra
-    keyword arguments go to ``vllm.LLM`` (e.g. ``dtype``).
+    keyword arguments go to ``vllm.LLM`` (e.g. ``dtype``). ``dtype`` (the trainer passes the rollout's compute
+    dtype) is also what pushed weights are cast to before they are gathered (``weight_dtype``; None with vLLM's
+    ``"auto"``: pushed as the policy holds them, cast by vLLM's loader).
 
     Seeds. vLLM (0.10.2 to 0.34, ``vllm/sampling_params.py`` and the V1 sampler) draws a request's sampling
     noise from its ``SamplingParams.seed`` and the token's position (the V1 runner: one generator per seeded
@@ -152,6 +165,10 @@ class VLLMEngine(RolloutEngine):
         llm_kwargs = {**launch_kwargs(seed), **llm_kwargs}
         self.per_request_seeds = per_request_seeds
         self.engine_seed = int(llm_kwargs.get("seed") or 0)
+        # The dtype vLLM holds its weights in: pushes are cast to it before they are gathered (weight_sync).
+        self.weight_dtype = _torch_dtype(llm_kwargs.get("dtype"))
+        if isinstance(llm_kwargs.get("dtype"), torch.dtype):  # vLLM's spelling: "bfloat16", "float32", ...
+            llm_kwargs["dtype"] = str(llm_kwargs["dtype"]).removeprefix("torch.")
         self._calls = 0  # generate() calls so far: the step part of a per-request seed without a generator
         self.llm = self._vllm.LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization,
                                   enforce_eager=enforce_eager, **llm_kwargs)

@@ -13,6 +13,14 @@ engine loaded from disk. An FSDP2-sharded policy is gathered tensor by tensor (o
 time); a PEFT/LoRA policy is pushed merged (``W + B @ A * scale`` for the active adapters), since the engine
 serves the base architecture.
 
+Each shard is moved to the rank's device and cast to the dtype the engine holds (``engine.weight_dtype``: the
+rollout's compute dtype, bfloat16 on a GPU by default) *before* it is gathered, so a push moves parameters x
+2 bytes in bfloat16 over the GPU's collective backend. Gathering the float32 masters as they are held (what
+``DTensor.full_tensor()`` does) moves twice the bytes, and, with ``actor.cpu_offload`` (the shards on the
+CPU), all-gathers float32 CPU tensors over gloo before every rollout. A LoRA layer's update is added to its
+base weight shard by shard in the weights' own (float32) dtype and the sum cast, so the engine receives
+what it did when the full float32 tensors were merged and cast by its loader.
+
 On an asynchronous rollout rank (``devices.rollout``) the weights arrive by broadcast instead
 (:class:`DeliveryReceiver`): they go into the engine as they are received, and its rollouts push nothing.
 """
@@ -24,6 +32,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 _LORA_PARTS = (".lora_A.", ".lora_B.", ".lora_embedding_A.", ".lora_embedding_B.", ".lora_magnitude_vector",
                ".original_module.")
@@ -34,6 +43,43 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():  # a gathered parameter needs no autograd history
         full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
     return full.detach()
+
+
+def _mesh_device(mesh: Any) -> torch.device:
+    """The device a DTensor's collectives run on: the current GPU of a CUDA mesh."""
+    if mesh.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(mesh.device_type)
+
+
+def gathered_for_push(tensor: torch.Tensor, *, device: torch.device | None = None,
+                      dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The whole tensor in `dtype` (floating point only; None = as held), gathered on `device`.
+
+    A plain tensor is only cast. An FSDP2 DTensor's local shard is first moved to `device` (None: the device of
+    its mesh, e.g. the rank's GPU when the shard was offloaded to the CPU) and cast, then gathered: one
+    ``all_gather_into_tensor`` on the mesh's group for FSDP2's layout (dim-0 shards of a 1-D mesh, the last
+    ones padded to equal size), ``DTensor.full_tensor`` of the moved shard for any other placement."""
+    cast = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+    with torch.no_grad():
+        if not hasattr(tensor, "to_local"):
+            return tensor.detach().to(dtype=cast)
+        from torch.distributed.tensor import DTensor, Shard
+
+        mesh, placements = tensor.device_mesh, tuple(tensor.placements)
+        local = tensor.to_local().detach().to(device=device or _mesh_device(mesh), dtype=cast)
+        if mesh.ndim != 1 or placements != (Shard(0),):
+            return DTensor.from_local(local, mesh, placements, run_check=False, shape=tensor.shape,
+                                      stride=tensor.stride()).full_tensor().detach()
+        world, rows = mesh.size(), tensor.shape[0]
+        chunk = -(-rows // world)  # torch.chunk's (and FSDP2's) rows per rank
+        if local.shape[0] != chunk:  # a short (or empty) last shard: padded to the others' size
+            padded = local.new_zeros((chunk, *tensor.shape[1:]))
+            padded[: local.shape[0]] = local
+            local = padded
+        out = local.new_empty((world * chunk, *tensor.shape[1:]))
+        dist.all_gather_into_tensor(out, local.contiguous(), group=mesh.get_group())
+        return out[:rows] if world * chunk != rows else out
 
 
 def _peft_base(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -54,21 +100,28 @@ def _lora_delta(module: Any) -> torch.Tensor | None:
     return delta
 
 
-def policy_weights(model: torch.nn.Module, *, adapted_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+def policy_weights(model: torch.nn.Module, *, adapted_only: bool = False, device: torch.device | None = None,
+                   dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """(Hugging Face name, full tensor) for every parameter and persistent buffer of the policy.
 
     Tied weights appear once (under the first name, as ``named_parameters`` gives them), as in the files.
     ``adapted_only`` (a PEFT policy): only what training can change, the merged weights of the LoRA layers and
     the ``modules_to_save`` copies; the frozen base weights the engine loaded from disk are left out.
+    ``dtype``: floating-point tensors are cast to it before they are gathered (the dtype the engine holds;
+    None = as held); ``device``: where a sharded tensor is gathered (None = its mesh's device; see
+    :func:`gathered_for_push`).
     """
+    def full(tensor: torch.Tensor) -> torch.Tensor:
+        return gathered_for_push(tensor, device=device, dtype=dtype)
+
     base = _peft_base(model)
     if base is None:
         for name, param in model.named_parameters():
-            yield name, _full(param)
+            yield name, full(param)
         persistent = {n for n, _ in model.state_dict().items()}
         for name, buf in model.named_buffers():
             if name in persistent:
-                yield name, _full(buf)
+                yield name, full(buf)
         return
     lora_modules = {name: mod for name, mod in base.named_modules()
                     if hasattr(mod, "base_layer") and (hasattr(mod, "lora_A") or hasattr(mod, "lora_embedding_A"))}
@@ -85,12 +138,31 @@ def policy_weights(model: torch.nn.Module, *, adapted_only: bool = False) -> Ite
             name = f"{layer}.{leaf}"
             adapted = leaf == "weight"
             if adapted:
-                delta = _lora_delta(lora_modules[layer])
+                with torch.no_grad():
+                    delta = _lora_delta(lora_modules[layer])
                 if delta is not None:
-                    yield name, (_full(param) + _full(delta).to(param.dtype))
+                    yield name, full(_merged(param, delta))
                     continue
         if adapted or not adapted_only:
-            yield name, _full(param)
+            yield name, full(param)
+
+
+def _merged(param: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """``param + delta`` in the parameter's own dtype, shard by shard where both are sharded alike (an
+    element-wise sum of the local shards is the sum's shard): nothing full-size is gathered for it."""
+    with torch.no_grad():
+        if hasattr(param, "to_local") and hasattr(delta, "to_local"):
+            from torch.distributed.tensor import DTensor
+
+            if tuple(delta.placements) != tuple(param.placements):
+                delta = delta.redistribute(param.device_mesh, param.placements)
+            local = param.to_local().detach()
+            summed = local + delta.to_local().to(device=local.device, dtype=local.dtype)
+            return DTensor.from_local(summed, param.device_mesh, param.placements, run_check=False,
+                                      shape=param.shape, stride=param.stride())
+        if hasattr(param, "to_local"):  # a sharded weight with an update held whole: merged whole, as before
+            return _full(param) + _full(delta).to(device=param.device, dtype=param.dtype)
+        return param.detach() + _full(delta).to(device=param.device, dtype=param.dtype)
 
 
 @contextmanager
@@ -102,7 +174,7 @@ def synced(engine: Any, model: torch.nn.Module) -> Iterator[None]:
     if not getattr(engine, "holds_own_weights", False) or getattr(engine, "fed_by_deliveries", False):
         yield  # an asynchronous rollout rank's engine got the weights with the last delivery (DeliveryReceiver)
         return
-    engine.load_policy_weights(policy_weights(model))
+    engine.load_policy_weights(policy_weights(model, dtype=getattr(engine, "weight_dtype", None)))
     try:
         yield
     finally:
@@ -157,7 +229,8 @@ class DeliveryReceiver:
     def done(self) -> None:
         """Every bucket arrived: a LoRA policy's merged weights into the engine."""
         if self.pushes and self.lora:
-            self.engine.load_policy_weights(policy_weights(self.model, adapted_only=True))
+            self.engine.load_policy_weights(policy_weights(self.model, adapted_only=True,
+                                                           dtype=getattr(self.engine, "weight_dtype", None)))
 
 
 def _views(flat: torch.Tensor, params: list[tuple[str, torch.nn.Parameter]]) -> Iterator[torch.Tensor]:
@@ -167,4 +240,4 @@ def _views(flat: torch.Tensor, params: list[tuple[str, torch.nn.Parameter]]) -> 
         offset += p.numel()
 
 
-__all__ = ["DeliveryReceiver", "policy_weights", "ready_to_sample", "synced"]
+__all__ = ["DeliveryReceiver", "gathered_for_push", "policy_weights", "ready_to_sample", "synced"]

@@ -40,6 +40,7 @@ from verl.models.lora import AdapterOff, base_of
 from verl.models.reward_model import RewardModelScorer
 from verl.rewards.manager import configure_rewards
 from verl.rollout import RolloutEngine, build_engine
+from verl.rollout.engine_check import ROLLOUT_RANK_GPU_MEMORY_UTILIZATION
 from verl.tracking import Tracker
 from verl.trainer.async_rollout import AsyncRollout, takes_partial_rollouts
 from verl.trainer.batch import RolloutBatch
@@ -271,24 +272,34 @@ def setup_optimizer(module: torch.nn.Module, cfg: OptimConfig, *, total_steps: i
     return Optimizer(*build_optimizer(module.parameters(), cfg, total_steps=total_steps, lr=lr))
 
 
-def setup_engine(config: RunConfig, policy: torch.nn.Module, *, rollout_rank: bool = False) -> RolloutEngine:
+def setup_engine(config: RunConfig, policy: torch.nn.Module, *, rollout_rank: bool = False,
+                 dtype: torch.dtype | None = None) -> RolloutEngine:
     """With LoRA the engine runs the model under the peft wrapper: its LoRA layers apply the current
-    adapters, so the sampler's log-probs are the training forward's. vLLM gets `rollout.vllm.*` and the run's
-    seed.
+    adapters, so the sampler's log-probs are the training forward's. vLLM gets `rollout.vllm.*`, the run's
+    seed and `dtype`, the rollout's compute dtype (the dtype a frozen role is held in): it holds its weights in
+    it, and each push is cast to it before it is gathered (`weight_sync.policy_weights`).
 
     vLLM on an asynchronous rollout rank (`rollout_rank`) has the GPU to itself: it stays awake (no sleep
-    mode: nothing else needs the memory between two batches) and takes every delivery into its own weights
-    (`weight_sync.DeliveryReceiver`), so rollouts push nothing (`fed_by_deliveries`). The rank's Hugging Face
+    mode: nothing else needs the memory between two batches), takes
+    `rollout.vllm.rollout_rank_gpu_memory_utilization` (default 0.9) of it, and takes every delivery into its
+    own weights (`weight_sync.DeliveryReceiver`), so rollouts push nothing (`fed_by_deliveries`). The rank's Hugging Face
     copy of the policy moves to the CPU first, so the GPU does not hold the weights twice: it is only the
-    deliveries' layout (names, shapes, dtypes) and, with LoRA, the base weights the adapters merge into."""
+    deliveries' layout (names, shapes, dtypes) and, with LoRA, the base weights the adapters merge into.
+    (vLLM's external_launcher gives every rank the smallest KV cache over all ranks, so the actor ranks' share
+    still bounds it: `engine_check.describe_vllm_memory`.)"""
     if config.rollout.engine != "vllm":
         return build_engine(config.rollout.engine, base_of(policy))
     options = {**config.rollout.vllm.model_dump(), "seed": config.trainer.seed}
+    rollout_share = options.pop("rollout_rank_gpu_memory_utilization")
+    if dtype is not None:
+        options["dtype"] = dtype
     if rollout_rank:
         policy.to("cpu")
         if torch.cuda.is_initialized():
             torch.cuda.empty_cache()  # vLLM sizes its KV cache from the free memory it sees
         options["sleep_mode"] = False
+        options["gpu_memory_utilization"] = (ROLLOUT_RANK_GPU_MEMORY_UTILIZATION if rollout_share is None
+                                             else rollout_share)
     engine = build_engine(config.rollout.engine, base_of(policy), **options)
     engine.fed_by_deliveries = rollout_rank
     return engine
@@ -362,13 +373,14 @@ def compose_rl(parts: Components, given: Given) -> None:
         parts.policy = shard(parts.policy, "actor", config, process)
         parts.actor_optim = setup_optimizer(parts.policy, config.actor, total_steps=steps * config.actor.ppo_epochs
                                             * plans["actor"].num_mini_batches)
-        parts.engine = setup_engine(config, parts.policy)
+        parts.engine = setup_engine(config, parts.policy, dtype=process.frozen_dtype or process.dtype)
     if parts.critic is not None:
         parts.critic = shard(parts.critic, "critic", config, process)
         parts.critic_optim = setup_optimizer(parts.critic, config.critic, total_steps=steps * config.critic.ppo_epochs
                                              * plans["critic"].num_mini_batches)
     if "rollout" in roles:  # asynchronous RL: this rank only samples, from its full copy of the policy
-        parts.engine = setup_engine(config, parts.policy, rollout_rank=True)
+        parts.engine = setup_engine(config, parts.policy, rollout_rank=True,
+                                    dtype=process.frozen_dtype or process.dtype)
     if remote:  # scores on its own ranks; the actor ranks only tokenise for it
         parts.reward_tokenizer = load_tokenizer(config.reward.model_path,
                                                 trust_remote_code=config.model.trust_remote_code)

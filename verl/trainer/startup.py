@@ -28,7 +28,7 @@ from verl.distributed.sequence_parallel import (
 )
 from verl.env.registry import SELF_CONTAINED_ENVS
 from verl.errors import ConfigError, DeviceMappingError, VerlError
-from verl.rollout.engine_check import check_rollout_engine, check_vllm_placement
+from verl.rollout.engine_check import check_rollout_engine, check_vllm_placement, describe_vllm_memory
 from verl.tracking.tracker import backend_problems
 from verl.trainer.agent_episodes import agent_problems
 from verl.trainer.async_rollout import describe as describe_async
@@ -429,6 +429,11 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
         report.rl_notes += [describe_distillation(config.algorithm.distill)] if config.needs_teacher else []
         if report.mapping is not None and (config.is_async or "max_staleness" in config.rollout.model_fields_set):
             report.rl_notes.append(describe_async(config, report.mapping))
+        vllm_memory = (describe_vllm_memory(
+            config.rollout.engine, config.rollout.vllm.gpu_memory_utilization,
+            config.rollout.vllm.rollout_rank_gpu_memory_utilization, report.mapping.ranks("rollout"))
+            if report.mapping is not None and config.is_async else None)
+        report.rl_notes += [vllm_memory] if vllm_memory else []
     if precision is not None:
         try:  # fp16 on CPU, bf16 on a GPU without it: refused before the weights are read
             check_dtype_for_device(precision.master, device_type, where="model.dtype")
