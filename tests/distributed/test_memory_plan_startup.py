@@ -159,7 +159,7 @@ def test_a_rollout_rank_has_a_plan_of_its_own(configs, capsys):
     # deliveries landing one bucket at a time (the largest tensor, the embeddings, in bf16)
     assert sum(b for _, b in plan.rollout_rank_startup) == p * 4 + GIB
     assert sum(b for _, b in plan.rollout_rank) == int(x.rollout_rank.gpu_memory_utilization * GPU * GIB) + V * h * 2 + GIB
-    assert plan.rollout_rank_peak == p * 4 + GIB
+    assert plan.rollout_rank_peak == max(p * 4 + GIB, sum(b for _, b in plan.rollout_rank))  # vLLM: 0.9 there
     assert re.search(r"generating phase\n(?:    [^\n]*\n)*?    peak\s+[\d.]+\s+of 80\.0 \(fits\)", out)
     # our sampler instead: the fp32 copy, its fp32 KV cache for this rank's rows (4096 / 2), the logits
     hf = plan_memory(_inputs(configs["14b"], 8, *ASYNC_1_NODE, "rollout.engine=hf"), GPU * GIB)

@@ -22,10 +22,18 @@ from verl.distributed.memory_plan import (
     chunks_logits,
     micro_batch_tokens,
 )
+from verl.rollout.engine_check import ROLLOUT_RANK_GPU_MEMORY_UTILIZATION
 from verl.trainer.fsdp_launch import fsdp_launch
 from verl.trainer.lora_checks import meta_causal_lm
 from verl.trainer.precision import role_dtype_names
 from verl.utils.dtype import bytes_per_element
+
+
+def rollout_rank_memory_utilization(config: RunConfig) -> float:
+    """The share of a rollout rank's GPU its vLLM engine takes (`rollout.vllm.rollout_rank_gpu_memory_utilization`,
+    or the engine's default there): an upper bound, since vLLM sizes every rank's KV cache by the smallest
+    share of its world."""
+    return float(config.rollout.vllm.rollout_rank_gpu_memory_utilization or ROLLOUT_RANK_GPU_MEMORY_UTILIZATION)
 
 
 def vllm_memory_utilization(config: RunConfig) -> float:
@@ -133,9 +141,7 @@ def plan_inputs(config: RunConfig, *, mapping: Any, shape: ModelShape, world_siz
         rollout_rank = RolloutRank(ranks=samplers, weights_bytes=shape.total_params * master_bytes,
                                    weight_bytes_per_element=master_bytes, wire_bytes=compute_bytes,
                                    rows=-(-rows // samplers), engine=config.rollout.engine,
-                                   gpu_memory_utilization=float(getattr(  # the rollout ranks' own share, where
-                                       config.rollout.vllm, "rollout_rank_gpu_memory_utilization", None)  # the
-                                       or vllm_memory_utilization(config)))  # schema has one
+                                   gpu_memory_utilization=rollout_rank_memory_utilization(config))
     return PlanInputs(
         shape=shape, resident=resident, compute_bytes=compute_bytes, master_bytes=master_bytes,
         micro_batch=config.actor.micro_batch_size, prompt_len=config.data.max_prompt_length,
