@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -51,19 +50,22 @@ class _Provenance(TorchFunctionMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self._placed: dict[int, weakref.ref] = {}  # by identity: tensors compare element-wise
+        # A mark on the tensor itself, not a weak reference to it: torch.utils.swap_tensors (FSDP2's
+        # `to_empty` of a meta-built model) refuses tensors that have weak references.
+        self._mark = f"_verl_placed_{id(self)}"
 
     def __contains__(self, t: torch.Tensor) -> bool:
-        ref = self._placed.get(id(t))
-        return ref is not None and ref() is t
+        return getattr(t, self._mark, False) is True
 
     def add(self, t: torch.Tensor) -> None:
-        key = id(t)
-        self._placed[key] = weakref.ref(t, lambda _, key=key: self._placed.pop(key, None))
+        try:
+            setattr(t, self._mark, True)
+        except (AttributeError, RuntimeError):  # a tensor type without attributes: left unmarked
+            pass
 
     def discard(self, t: torch.Tensor) -> None:
         if t in self:
-            del self._placed[id(t)]
+            delattr(t, self._mark)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

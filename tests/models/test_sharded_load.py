@@ -44,3 +44,10 @@ def test_bin_weights_load_whole(tmp_path):
     loaded, _, _ = load_hf_model_with_report(str(folder), torch_dtype="fp32", device="cpu", defer=True)
     assert not is_deferred(loaded) and not any(p.is_meta for p in loaded.parameters())
     assert torch.equal(loaded.model.embed_tokens.weight, model.model.embed_tokens.weight)
+
+
+def test_a_file_that_is_not_safetensors_falls_back_to_the_loader_that_says_so(tmp_path):
+    """A header length past the file's end (any non-safetensors bytes): no index, so the whole-model loader
+    runs and reports the broken file (it was a MemoryError reading a 'header' of petabytes)."""
+    (tmp_path / "model.safetensors").write_bytes(b"not safetensors")
+    assert safetensors_index(tmp_path) is None

@@ -85,8 +85,12 @@ class Stored:
 
 
 def _header(file: Path) -> dict[str, Stored]:
+    """The tensors of one safetensors file. A file that is not one (a header length past its end, a header
+    that is not JSON) raises ValueError: the caller loads the old way, whose loader says what is wrong."""
     with open(file, "rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
+        if length > file.stat().st_size - 8:
+            raise ValueError(f"{file} is not a safetensors file (its header would be {length} bytes)")
         header = json.loads(f.read(length))
     base = 8 + length
     out = {}
