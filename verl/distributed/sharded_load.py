@@ -127,6 +127,16 @@ def safetensors_index(directory: str | os.PathLike) -> dict[str, Stored] | None:
         return None
 
 
+def reads_shards(config: Any, *, world_size: int, split: bool, actor_ranks: int) -> bool:
+    """The start-up rule: whether a run builds its models on the meta device and each rank reads only its
+    shards of the weights after sharding, instead of loading each whole first. Every role on every rank (a
+    colocated run) over more than one rank, so each model is sharded, and whatever a copy of the policy needs
+    is in the files (no pretrained adapters to merge into the critic's or the reference's weights). The
+    trainer (`verl.trainer.components.sharded_start`) and the memory plan both ask it."""
+    return (world_size > 1 and not split and actor_ranks > 1 and not config.model.lora.path
+            and not config.critic.lora.path)
+
+
 def _is_rotary(module: nn.Module) -> bool:
     return ("RotaryEmbedding" in type(module).__name__ and hasattr(module, "original_inv_freq")
             and hasattr(module, "rope_type") and hasattr(module, "config"))
@@ -320,4 +330,4 @@ def adapters_off_meta() -> Iterator[None]:
         nn.Module.to = original_to
 
 __all__ = ["Stored", "adapters_off_meta", "bytes_read", "defer_weights", "is_deferred", "materialise",
-           "safetensors_index"]
+           "reads_shards", "safetensors_index"]

@@ -32,7 +32,7 @@ from verl.data.datasets import pad_token_id
 from verl.distributed.fsdp import apply_fsdp, checkpoint_decoder_layers
 from verl.distributed.placement import Placement
 from verl.distributed.sequence_parallel import enable_sequence_parallel
-from verl.distributed.sharded_load import is_deferred, materialise
+from verl.distributed.sharded_load import is_deferred, materialise, reads_shards
 from verl.env import build_env
 from verl.models.dropout import disable_dropout
 from verl.models.hf_loader import load_tokenizer
@@ -255,11 +255,9 @@ def shard_frozen(module: torch.nn.Module, role: str, config: RunConfig, process:
 
 def sharded_start(config: RunConfig, process: ProcessSetup) -> bool:
     """Whether this rank builds its models on the meta device and reads only its shards of the weights after
-    sharding (`verl.distributed.sharded_load`), instead of loading each whole first: every role on every rank
-    (a colocated run) over more than one rank, so each model is sharded, and whatever a copy of the policy
-    needs is in the files (no pretrained adapters to merge into the critic's or the reference's weights)."""
-    return (process.groups is not None and process.world_size > 1 and not process.split
-            and len(process.groups.ranks("actor")) > 1 and not config.model.lora.path and not config.critic.lora.path)
+    sharding (`verl.distributed.sharded_load.reads_shards`), instead of loading each whole first."""
+    return process.groups is not None and reads_shards(config, world_size=process.world_size, split=process.split,
+                                                       actor_ranks=len(process.groups.ranks("actor")))
 
 
 def frozen_strategy(strategy: str) -> str:

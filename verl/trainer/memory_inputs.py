@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from verl.config.schema import RunConfig
@@ -22,6 +21,7 @@ from verl.distributed.memory_plan import (
     chunks_logits,
     micro_batch_tokens,
 )
+from verl.distributed.sharded_load import reads_shards
 from verl.rollout.engine_check import ROLLOUT_RANK_GPU_MEMORY_UTILIZATION
 from verl.trainer.fsdp_launch import fsdp_launch
 from verl.trainer.lora_checks import meta_causal_lm
@@ -67,18 +67,13 @@ def model_shape(config: RunConfig, model_path: str) -> ModelShape | None:
 
 def whole_load_reason(config: RunConfig, *, mapping: Any, world_size: int, kind: str) -> str:
     """Why the trainer's start-up would load its models whole before sharding them, or "" where each rank
-    reads only its own shards (`verl.trainer.components.sharded_start`, asked with this mapping; then the
+    reads only its own shards (`verl.distributed.sharded_load.reads_shards`, asked with this mapping; then the
     loader's own conditions: safetensors files it can read, no remote code). A folder with config.json alone
     (a plan made away from the weights) is taken to hold safetensors files."""
-    try:
-        from verl.trainer.components import sharded_start  # the trainer's own rule (imported late: a cycle)
-    except ImportError:  # a trainer without the sharded start
-        return "a loader that loads every model whole"
     if kind != "rl":
         return f"trainer.kind={kind} loads the policy whole"
     split = world_size > 1 and not mapping.is_colocated()
-    process = SimpleNamespace(groups=mapping if world_size > 1 else None, world_size=world_size, split=split)
-    if not sharded_start(config, process):
+    if not reads_shards(config, world_size=world_size, split=split, actor_ranks=len(mapping.ranks("actor"))):
         if world_size <= 1:
             return "a one-process run"
         if split:
