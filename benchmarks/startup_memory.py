@@ -1,7 +1,7 @@
 """Per-rank peak memory of a run's start-up: `verl train`'s set-up (the trainer constructed, stopped before
 its first step) on N CPU ranks (torchrun, gloo), with each rank's peak resident set (VmHWM) reported back.
 
-The sharded start-up (`verl.distributed.sharded_load`) builds each role on the meta device, shards it, and
+The sharded start-up (`verl.models.sharded_load`) builds each role on the meta device, shards it, and
 has each rank read only its rows of the weight files; the old path (`--old` forces it: every rank loads
 every model whole, then shards it) is measured in the same run, with fewer ranks or roles where N whole
 copies per rank would not fit the machine. Run by hand (the ~1B model is built once, under ~/.cache/verl):
@@ -39,7 +39,7 @@ def worker(args: argparse.Namespace) -> int:
 
     from verl import RLTrainer
     from verl.config import load_config
-    from verl.distributed.sharded_load import bytes_read
+    from verl.models.sharded_load import bytes_read
     from verl.trainer import components
 
     if args.old:

@@ -2,7 +2,7 @@
 Qwen2.5-32B GRPO planned on this CPU from folders holding config.json alone.
 
 Start-up: each FSDP2-sharded role is built on the meta device and each rank reads only its shards
-(`verl.distributed.sharded_load`), so a rank holds its roles' shards in their held dtypes (fp32 masters of the
+(`verl.models.sharded_load`), so a rank holds its roles' shards in their held dtypes (fp32 masters of the
 policy, the bf16 reference), no gradients or optimizer moments yet, and a colocated vLLM's share while it starts;
 where the models load whole first (a split placement, one process) the whole copies are the peak.
 """

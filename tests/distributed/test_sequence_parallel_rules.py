@@ -235,7 +235,7 @@ def test_a_teacher_on_the_actors_ranks_splits_its_sequences(teacher_ranks, split
     config = load_config(overrides=["env.name=arithmetic", "trainer.device=cpu", "algorithm.distill.teacher_path=tiny",
                                     "actor.sequence_parallel_size=2"])
     process = SimpleNamespace(groups=_Groups(actor=(0, 1), teacher=teacher_ranks), device=torch.device("cpu"),
-                              dtype=torch.float32, frozen_dtype=None)
+                              dtype=torch.float32, frozen_dtype=None, world_size=1, split=False)  # loads whole
     monkeypatch.setattr(components, "shard_frozen", lambda module, *_: module)  # no process group here
     assert splits_sequences(setup_teacher(config, load_tokenizer(resolve_model_path("tiny")), process)) is splits
 

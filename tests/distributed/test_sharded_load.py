@@ -1,4 +1,4 @@
-"""Sharded start-up (`verl.distributed.sharded_load`): on 2 gloo ranks the policy, the reference (a copy of
+"""Sharded start-up (`verl.models.sharded_load`): on 2 gloo ranks the policy, the reference (a copy of
 its initial weights) and the critic (from the actor) are built on the meta device, sharded, and each rank
 reads only its rows of the safetensors files; gathered, they equal bit for bit what the unsharded load gives
 (a tied-embedding tiny model; with LoRA too), and each rank reads about half of the bytes."""
@@ -62,7 +62,7 @@ def loading_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
 
     from verl.config import load_config
-    from verl.distributed.sharded_load import bytes_read
+    from verl.models.sharded_load import bytes_read
     from verl.trainer.components import sharded_start
     from verl.trainer.models import resolve_model_path
 

@@ -1,4 +1,4 @@
-"""`verl.distributed.sharded_load` in one process: a model built on the meta device with its weights
+"""`verl.models.sharded_load` in one process: a model built on the meta device with its weights
 deferred, then materialised, is bit for bit the one `from_pretrained` loads (tied head, rotary buffers,
 generation config); files it cannot read that way (.bin) give the old whole load."""
 
@@ -6,8 +6,8 @@ import shutil
 
 import torch
 
-from verl.distributed.sharded_load import bytes_read, is_deferred, materialise, safetensors_index
 from verl.models.hf_loader import load_hf_model_with_report
+from verl.models.sharded_load import bytes_read, is_deferred, materialise, safetensors_index
 from verl.models.tiny import build_tiny_model
 
 

@@ -120,6 +120,7 @@ class RolloutRank:
     rows: int  # sequences one rollout rank samples per step
     engine: str = "hf"
     gpu_memory_utilization: float = 0.5
+    bucket_bytes: int = 64 * 2**20  # the size deliveries are cut into (`async_rollout.BUCKET_BYTES`)
 
 
 @dataclass(frozen=True)
@@ -343,7 +344,7 @@ def startup_moments(x: PlanInputs, device_bytes: int | None) -> list[tuple[str, 
     loop starts, which the rollout phase's plan covers).
 
     `x.reads_shards` (each role built on the meta device, FSDP2-sharded, then each rank reads only its rows
-    of the safetensors files: `verl.distributed.sharded_load`): a role holds its shard in the dtype it is
+    of the safetensors files: `verl.models.sharded_load`): a role holds its shard in the dtype it is
     held in (the master dtype for trained roles, the compute dtype for frozen ones; none on the GPU where its
     `cpu_offload` puts the shards in host memory); the rows in flight pass through host memory, one tensor
     at a time, and are written into the shard. Otherwise each rank loads the policy whole on its device and
@@ -429,15 +430,13 @@ def rollout_rank_parts(x: PlanInputs, device_bytes: int | None
     """(start-up, generating, notes) of a rollout rank (`RolloutRank`): it loads the whole policy first; vLLM
     then gets the device (the policy moved to the CPU) and stays awake, or our sampler generates from that
     copy with its KV cache; every weight delivery lands in a bucket on the device (at most
-    `BUCKET_BYTES`, or one tensor larger than that) before it is written into the weights."""
-    from verl.trainer.async_rollout import BUCKET_BYTES  # the size the deliveries are cut into
-
+    `bucket_bytes`, or one tensor larger than that) before it is written into the weights."""
     r, s = x.rollout_rank, x.shape
     assert r is not None
     ctx = ("CUDA context, NCCL buffers (assumed)", CUDA_RUNTIME_BYTES)
     startup = [("policy weights: loaded whole (master dtype; a rollout rank is not sharded)", r.weights_bytes), ctx]
     largest = max(s.embed_params, s.head_params, s.intermediate * s.hidden)
-    bucket = ("weight delivery: one bucket (64 MiB, or the largest tensor)", max(BUCKET_BYTES, largest * r.wire_bytes))
+    bucket = ("weight delivery: one bucket (64 MiB, or the largest tensor)", max(r.bucket_bytes, largest * r.wire_bytes))
     seq = x.prompt_len + x.response_len
     notes: list[str] = []
     if r.engine == "vllm":

@@ -19,9 +19,9 @@ import torch
 from torch import nn
 from transformers.utils import ModelOutput
 
-from verl.distributed.sharded_load import adapters_off_meta, defer_weights, is_deferred
 from verl.errors import CheckpointError, ModelError
 from verl.models.lora import TRAINABLE_STATE_ONLY, apply_lora, is_peft_model, plain_copy
+from verl.models.sharded_load import adapters_off_meta, defer_weights, is_deferred
 from verl.models.signature import cache_argument, returned_cache, takes_cache
 from verl.utils.positions import position_ids_from_mask
 
@@ -106,7 +106,7 @@ class ValueModel(nn.Module):
         """A critic whose backbone is a deep copy of the actor's (the actor is left untouched; a LoRA actor's
         adapters are merged into the copy, so the critic starts from the actor's current features).
 
-        An actor built on the meta device (weights deferred, `verl.distributed.sharded_load`) has fresh
+        An actor built on the meta device (weights deferred, `verl.models.sharded_load`) has fresh
         adapters (zero B: merging them changes nothing), so its copy drops them and, deferred too, reads the
         actor's files when it is sharded."""
         if is_peft_model(actor):
@@ -132,7 +132,7 @@ class ValueModel(nn.Module):
                         revision: str | None = None, defer: bool = False) -> ValueModel:
         """Load the backbone of a causal LM (or a saved critic) from ``path``; loads the head if saved there.
         ``tiny[:...]`` is built locally, as for ``model.path``. `defer`: the backbone is built on the meta
-        device and each rank reads its part when it is sharded (`verl.distributed.sharded_load`; loaded
+        device and each rank reads its part when it is sharded (`verl.models.sharded_load`; loaded
         whole where its files cannot be read that way)."""
         from transformers import AutoConfig, AutoModel
 

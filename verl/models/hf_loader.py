@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
-from verl.distributed.sharded_load import defer_weights
 from verl.errors import ModelError
 from verl.models.checks import LoadReport, check_model_and_tokenizer
+from verl.models.sharded_load import defer_weights
 from verl.utils.dtype import check_dtype_for_device, dtype_name, resolve_dtype
 from verl.utils.suggest import did_you_mean
 
@@ -216,7 +216,7 @@ def load_hf_model_with_report(
     loaded again. `weights=False` builds the model on the meta device from its config: every check runs,
     nothing is read or allocated (`verl check`). `defer=True` (a role about to be sharded over several ranks)
     also builds it on the meta device, recording where each weight lies in the safetensors files, so that
-    after sharding each rank reads only its part (`verl.distributed.sharded_load`); where the files cannot
+    after sharding each rank reads only its part (`verl.models.sharded_load`); where the files cannot
     be read that way (.bin, a hub id, remote code) it loads the model as `weights=True` does.
 
     Environment problems (dtype, device, attention, remote code, missing files) still raise ModelError,

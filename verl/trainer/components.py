@@ -32,12 +32,12 @@ from verl.data.datasets import pad_token_id
 from verl.distributed.fsdp import apply_fsdp, checkpoint_decoder_layers
 from verl.distributed.placement import Placement
 from verl.distributed.sequence_parallel import enable_sequence_parallel
-from verl.distributed.sharded_load import is_deferred, materialise, reads_shards
 from verl.env import build_env
 from verl.models.dropout import disable_dropout
 from verl.models.hf_loader import load_tokenizer
 from verl.models.lora import AdapterOff, base_of
 from verl.models.reward_model import RewardModelScorer
+from verl.models.sharded_load import is_deferred, materialise, reads_shards
 from verl.rewards.manager import configure_rewards
 from verl.rollout import RolloutEngine, build_engine
 from verl.rollout.engine_check import ROLLOUT_RANK_GPU_MEMORY_UTILIZATION
@@ -255,7 +255,7 @@ def shard_frozen(module: torch.nn.Module, role: str, config: RunConfig, process:
 
 def sharded_start(config: RunConfig, process: ProcessSetup) -> bool:
     """Whether this rank builds its models on the meta device and reads only its shards of the weights after
-    sharding (`verl.distributed.sharded_load.reads_shards`), instead of loading each whole first."""
+    sharding (`verl.models.sharded_load.reads_shards`), instead of loading each whole first."""
     return process.groups is not None and reads_shards(config, world_size=process.world_size, split=process.split,
                                                        actor_ranks=len(process.groups.ranks("actor")))
 

@@ -21,8 +21,9 @@ from verl.distributed.memory_plan import (
     chunks_logits,
     micro_batch_tokens,
 )
-from verl.distributed.sharded_load import reads_shards
+from verl.models.sharded_load import reads_shards
 from verl.rollout.engine_check import ROLLOUT_RANK_GPU_MEMORY_UTILIZATION
+from verl.trainer.async_rollout import BUCKET_BYTES
 from verl.trainer.fsdp_launch import fsdp_launch
 from verl.trainer.lora_checks import meta_causal_lm
 from verl.trainer.precision import role_dtype_names
@@ -67,7 +68,7 @@ def model_shape(config: RunConfig, model_path: str) -> ModelShape | None:
 
 def whole_load_reason(config: RunConfig, *, mapping: Any, world_size: int, kind: str) -> str:
     """Why the trainer's start-up would load its models whole before sharding them, or "" where each rank
-    reads only its own shards (`verl.distributed.sharded_load.reads_shards`, asked with this mapping; then the
+    reads only its own shards (`verl.models.sharded_load.reads_shards`, asked with this mapping; then the
     loader's own conditions: safetensors files it can read, no remote code). A folder with config.json alone
     (a plan made away from the weights) is taken to hold safetensors files."""
     if kind != "rl":
@@ -133,7 +134,7 @@ def plan_inputs(config: RunConfig, *, mapping: Any, shape: ModelShape, world_siz
     rollout_rank = None
     if rl and config.is_async and "rollout" in mapping.roles:
         samplers = len(mapping.ranks("rollout"))
-        rollout_rank = RolloutRank(ranks=samplers, weights_bytes=shape.total_params * master_bytes,
+        rollout_rank = RolloutRank(bucket_bytes=BUCKET_BYTES, ranks=samplers, weights_bytes=shape.total_params * master_bytes,
                                    weight_bytes_per_element=master_bytes, wire_bytes=compute_bytes,
                                    rows=-(-rows // samplers), engine=config.rollout.engine,
                                    gpu_memory_utilization=rollout_rank_memory_utilization(config))

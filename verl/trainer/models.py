@@ -14,12 +14,12 @@ import torch
 
 from verl.config.schema import RunConfig
 from verl.data.datasets import pad_token_id
-from verl.distributed.sharded_load import adapters_off_meta, is_deferred
 from verl.errors import ModelError
 from verl.models.checks import LoadReport, vocabulary_difference
 from verl.models.hf_loader import CONFIG_KEYS, load_hf_model_with_report
 from verl.models.lora import AdapterOff, apply_lora, is_peft_model
 from verl.models.reward_model import reward_model_from_causal_lm
+from verl.models.sharded_load import adapters_off_meta, is_deferred
 from verl.models.tiny import build_from_spec, is_tiny_spec
 from verl.utils.cpu_matmul import resolve, use_cpu_matmul
 
@@ -37,7 +37,7 @@ def load_policy_with_report(config: RunConfig, model_path: str, *, device: torch
     check pass loaded (not loaded again); `weights=False`: built on the meta device, nothing read;
     `reward_head`: the reward model `trainer.kind: rm` trains (a score head on the causal LM's backbone),
     with the LoRA adapters on that; `defer`: built on the meta device for a sharded role, each rank then
-    reads its part of the weights when it is sharded (`verl.distributed.sharded_load`)."""
+    reads its part of the weights when it is sharded (`verl.models.sharded_load`)."""
     cfg = config.model
     model, tokenizer, report = load_hf_model_with_report(
         model_path, tokenizer_name=cfg.tokenizer_path, attn_implementation=cfg.attn_implementation,

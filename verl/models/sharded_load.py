@@ -243,7 +243,7 @@ def _rows(t: torch.Tensor) -> tuple[int, int]:
     local = _local(t)
     if local.dim() and local.shape[0] != shape[0]:
         raise ModelError(f"a deferred weight's local shard has {local.shape[0]} rows where its layout says "
-                         f"{shape[0]}; this is a bug in verl.distributed.sharded_load, please report it.")
+                         f"{shape[0]}; this is a bug in verl.models.sharded_load, please report it.")
     return (offset[0], offset[0] + shape[0]) if t.dim() else (0, 1)
 
 
@@ -288,7 +288,7 @@ def materialise(model: nn.Module, device: torch.device | str) -> nn.Module:
             else:
                 raise ModelError(f"{type(module).__name__}.{local} has no source after sharded loading (not in the "
                                  "checkpoint, not initialised before sharding); this is a bug in "
-                                 "verl.distributed.sharded_load, please report it.")
+                                 "verl.models.sharded_load, please report it.")
     for module in model.modules():
         module.__dict__.pop(KEYS, None)
         if getattr(module, ROPE, False):
