@@ -11,6 +11,7 @@ import warnings
 import pytest
 
 from verl.compat.command import is_our_key, translate, translate_sft
+from verl.compat.main_ppo import NOTHING_STARTED
 from verl.config import load_config
 from verl.rewards import BUILTIN_REWARDS
 from verl.trainer import fsdp_sft_trainer
@@ -97,16 +98,16 @@ def test_our_keys_are_known_by_the_schema():
 
 
 def test_main_ppo_prints_the_run_on_stdout_and_starts_nothing(capsys, monkeypatch):
-    assert main(VERL_GRPO) == 0
+    assert main(VERL_GRPO) == NOTHING_STARTED != 0  # a script or CI job must not think it trained
     captured = capsys.readouterr()
     command, cpu = captured.out.splitlines()
     assert command.startswith("verl train --nproc 2 ") and "actor.lr=1e-6" in command
     assert cpu.startswith("# try it on this CPU: verl train --nproc 1 ") and "model.path=tiny" in cpu
     assert "Nothing was started" in captured.err and "gpu_memory_utilization=0.6" in captured.err
     assert "trainer.total_epochs=3  ->  trainer.total_steps" in captured.err
-    assert _run_module("verl.trainer.main_ppo", "actor_rollout_ref.model.path=tiny", monkeypatch) == 0
+    assert _run_module("verl.trainer.main_ppo", "actor_rollout_ref.model.path=tiny", monkeypatch) == NOTHING_STARTED
     assert capsys.readouterr().out.startswith("verl train model.path=tiny")
-    assert _run_module("verl.trainer.fsdp_sft_trainer", "model.partial_pretrain=tiny", monkeypatch) == 0
+    assert _run_module("verl.trainer.fsdp_sft_trainer", "model.partial_pretrain=tiny", monkeypatch) == NOTHING_STARTED
     assert capsys.readouterr().out.startswith("verl train trainer.kind=sft data.kind=sft model.path=tiny")
 
 
@@ -139,9 +140,9 @@ def test_a_verl_sft_command_becomes_an_sft_run_here(capsys, monkeypatch):
     chat = translate_sft(["data.multiturn.enable=true", "data.multiturn.messages_key=conversation"])
     assert "data.fields.messages=conversation" in chat.ours
     monkeypatch.setenv("RANK", "1")  # under torchrun only rank 0 prints
-    assert fsdp_sft_trainer.main(items) == 0 and capsys.readouterr() == ("", "")
+    assert fsdp_sft_trainer.main(items) == NOTHING_STARTED and capsys.readouterr() == ("", "")
     monkeypatch.setenv("RANK", "0")
-    assert fsdp_sft_trainer.main(items) == 0
+    assert fsdp_sft_trainer.main(items) == NOTHING_STARTED
     assert capsys.readouterr().out.startswith("verl train trainer.kind=sft data.kind=sft")
 
 

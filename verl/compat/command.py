@@ -65,6 +65,8 @@ _NEGATIVE: dict[str, tuple[str, str, str]] = {
 # optim.lr_warmup_steps_ratio: warmup as a share of the run's steps, used where lr_warmup_steps is unset (-1)
 _WARMUP = {f"{_ARR}.actor.optim": "actor.warmup_steps", "critic.optim": "critic.warmup_steps"}
 _TOTAL_STEPS = "trainer.total_training_steps"
+_EPOCHS, _TRAIN_FILES, _BATCH = "trainer.total_epochs", "data.train_files", "data.train_batch_size"
+_VERL_BATCH = "1024"  # verl's data.train_batch_size when a script does not set it
 # verl's token budgets are per GPU after a Ulysses split (it multiplies them by the sequence-parallel size);
 # ours counts a micro-batch's tokens before the split: (budget key, our key, its sequence-parallel size key)
 _BUDGETS = ((f"{_ARR}.actor.ppo_max_token_len_per_gpu", "actor.max_tokens_per_micro_batch",
@@ -191,6 +193,59 @@ def _warmup(given: Mapping[str, str], out: Translation) -> None:
                 out.decide.append((item, f"{ours} (a count of steps: the ratio times trainer.total_steps)"))
 
 
+def count_rows(path: str) -> int | None:
+    """Rows of a local training file as verl's dataset reads them (parquet's metadata, JSON lines, a JSON list);
+    None where the file is not here or not one of those."""
+    import json
+    from pathlib import Path
+
+    file = Path(path.strip().strip("'\"")).expanduser()
+    try:
+        if file.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return int(pq.ParquetFile(file).metadata.num_rows)
+        if file.suffix == ".jsonl":
+            with file.open("rb") as lines:
+                return sum(1 for line in lines if line.strip())
+        if file.suffix == ".json":
+            rows = json.loads(file.read_text(encoding="utf-8"))
+            return len(rows) if isinstance(rows, list) else None
+    except (OSError, ValueError, ImportError):
+        return None
+    return None
+
+
+def _epochs(given: Mapping[str, str], items: Sequence[str], out: Translation) -> int | None:
+    """verl's run length in epochs: its steps are epochs x (training rows // data.train_batch_size), the
+    dataloader dropping the last partial batch. Counted here where the training files are on this machine;
+    otherwise the count to make is to decide (without it trainer.total_steps would be our default, 100)."""
+    epochs, theirs = _number(given[_EPOCHS]), f"{_EPOCHS}={given[_EPOCHS]}"
+    batch_text = next((i.partition("=")[2] for i in reversed(items) if i.lstrip("+").startswith(f"{_BATCH}=")),
+                      _VERL_BATCH)
+    batch = _number(batch_text)
+    files = parse_value(next((i.partition("=")[2] for i in reversed(items)
+                              if i.lstrip("+").startswith(f"{_TRAIN_FILES}=")), "[]"))
+    files = [str(f) for f in (files if isinstance(files, list) else [files])]
+    counts = [count_rows(f) for f in files]
+    formula = (f"trainer.total_steps (a count of steps here: {given[_EPOCHS]} epochs x (training rows // "
+               f"{_BATCH}={batch_text}), as verl counts them; there is no RL epochs setting)")
+    if epochs is None or batch is None or batch <= 0 or not files or None in counts:
+        missing = [f for f, n in zip(files, counts, strict=True) if n is None]
+        where = f"; {', '.join(missing)} cannot be read here to count its rows" if missing else ""
+        out.decide.append((theirs, formula + where))
+        return None
+    rows = sum(n for n in counts if n is not None)
+    if rows < batch:  # verl's dataloader would have no full batch to draw
+        out.decide.append((theirs, f"{formula}; {_TRAIN_FILES} holds {rows} rows, fewer than one batch"))
+        return None
+    steps = int(epochs) * (rows // int(batch))
+    out.ours.append(f"trainer.total_steps={steps}")
+    out.notes.append((theirs, f"trainer.total_steps={steps}: {int(epochs)} epochs x ({rows} rows in "
+                      f"{_TRAIN_FILES} // {_BATCH}={batch_text}), verl's count of steps"))
+    return steps
+
+
 def _sequence_parallel(given: Mapping[str, str], out: Translation) -> None:
     """verl's Ulysses sizes: the actor's is ours (a reference, critic and teacher on the actor's ranks split
     with its groups); a critic size of its own is to decide. A token budget given with a size is verl's per
@@ -224,9 +279,14 @@ def translate(items: Sequence[str]) -> Translation:
     warmup = [f"{section}.{name}" for section in _WARMUP for name in ("lr_warmup_steps", "lr_warmup_steps_ratio")]
     budgets = [key for triple in _BUDGETS for key in (triple[0], triple[2])]
     out, given = _sort(items, VERL_KEYS, (_REWARD_PATH, _REWARD_NAME, _USE_KL, _KL_COEF, _OVERLONG, _OVERLONG_LEN,
-                                          _FILTER_LONG, _MAX_RESP_LEN, _TOTAL_STEPS, *warmup, *budgets), _RENAMED)
+                                          _FILTER_LONG, _MAX_RESP_LEN, _TOTAL_STEPS, _EPOCHS, *warmup, *budgets),
+                       _RENAMED)
     if _TOTAL_STEPS in given:
         out.ours.append(f"trainer.total_steps={given[_TOTAL_STEPS]}")
+    elif _EPOCHS in given:
+        steps = _epochs(given, items, out)
+        if steps is not None:  # the warm-up ratio below counts these steps, as verl's does
+            given = {**given, _TOTAL_STEPS: str(steps)}
     if _REWARD_PATH in given:  # verl's default function name is compute_score
         name = given.get(_REWARD_NAME) or "compute_score"
         out.ours.append(f"reward.functions=[{{name: {given[_REWARD_PATH]}:{name}}}]")
@@ -342,6 +402,14 @@ CPU_SUFFIX_SFT = ("model.path=tiny", "devices.num_gpus_per_node=null", "sft.step
                   "checkpoint.save_interval=0", "logging.backends=[console,jsonl]")
 
 
+def _one_process_cannot(translation: Translation) -> str | None:
+    """The run's Ulysses size where it splits sequences over several processes, which the CPU line's one
+    process cannot (None where it does not)."""
+    size = next((item.partition("=")[2] for item in reversed(translation.ours)
+                 if item.startswith("actor.sequence_parallel_size=")), None)
+    return size if size is not None and _number(size) not in (None, 1.0) else None
+
+
 def cpu_command(translation: Translation) -> str:
     """The translated command with `CPU_SUFFIX` (`CPU_SUFFIX_SFT` for an SFT run; and, where the run names
     no reward function, verl's data_source defaults as ours) in place of the run's own values, to try the
@@ -353,6 +421,8 @@ def cpu_command(translation: Translation) -> str:
         suffix.append("algorithm.overlong_buffer=4")  # inside the 16 tokens above
     if any(item.startswith("reward.model_path=") for item in translation.ours):
         suffix.append("reward.model_path=tiny")  # the tiny model with a one-label score head
+    if _one_process_cannot(translation):
+        suffix.append("actor.sequence_parallel_size=1")  # one process holds whole sequences
     keys = {item.partition("=")[0] for item in suffix}
     cpu = Translation(ours=[i for i in translation.ours if i.partition("=")[0] not in keys] + suffix,
                       flags=["--nproc 1"])
@@ -375,6 +445,10 @@ def report(module: str, translation: Translation) -> tuple[str, str]:
         lines += [f"  {theirs}  ->  {ours}" for theirs, ours in translation.notes]
     if translation.missing:
         lines += ["", "No equivalent here (left out):"] + [f"  {item}" for item in translation.missing]
+    size = _one_process_cannot(translation)
+    if size is not None:
+        lines += ["", f"The CPU line runs actor.sequence_parallel_size=1 (the run's own line keeps {size}): its one "
+                  f"process holds whole sequences, which a {size}-way split needs {size} processes for."]
     lines += ["", "`verl check` with the same arguments runs every start-up check without training."]
     return out, "\n".join(lines) + "\n"
 

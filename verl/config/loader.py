@@ -175,7 +175,16 @@ def read_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist; pass a YAML file (see examples/)")
     try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8-sig")) or {}
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text: byte {exc.start} (0x{exc.object[exc.start]:02x}) "
+                          f"cannot be decoded ({exc.reason}). Fix: save the file as UTF-8 (e.g. `iconv -f latin1 "
+                          f"-t utf-8 {path}`) or remove that byte") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read ({exc.strerror or exc}); check its permissions") from None
+    try:
+        tree = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)

@@ -21,9 +21,15 @@ from verl.config.fsdp import FSDPConfig
 from verl.utils.cpu_matmul import CpuMatmul
 from verl.utils.suggest import did_you_mean
 
+# Threads (or worker processes) one setting may start: far above any host's cores, below what exhausts a host's
+# thread limit and memory for stacks (100000 reward workers started 6,000 threads in a second before failing).
+MAX_THREADS = 1024
+MAX_SEED = 2**63 - 1  # torch.manual_seed and numpy take a seed of at most 64 bits
+
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+    # allow_inf_nan=False: no float setting survives inf or nan (a learning rate of inf reaches the sampler as nan)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(), allow_inf_nan=False)
 
 
 def _home(value: Any) -> Any:
@@ -187,13 +193,14 @@ class EnvConfig(Section):
     agent: str | None = Field(None, description="Agent code as 'path/to/agent.py:function': an async function(row, "
                               "base_url) that calls the policy through an OpenAI-compatible endpoint and returns the "
                               "episode's reward (None: the environment's reward over the last reply). Needs "
-                              "pip install 'verl[agent]'.")
+                              "pip install -e '.[agent]' in this checkout (`verl` on PyPI is another project).")
     agent_timeout_s: float = Field(60.0, gt=0.0, description="An agent episode running longer ends with reward 0.")
     agent_call_budget: int = Field(32, gt=0, description="Calls an agent episode may make (every call with its key "
                                    "counts, a malformed one too); more are refused (429).")
     agent_max_body_bytes: int = Field(1 << 20, gt=0, description="The largest request body the agent endpoint reads; "
                                       "a larger one is refused (413) before it is read.")
-    agent_concurrency: int = Field(64, gt=0, description="Agent episodes running at once; 1 makes a run reproducible "
+    agent_concurrency: int = Field(64, gt=0, le=MAX_THREADS, description="Agent episodes running at once (at most "
+                                   f"{MAX_THREADS}: each holds a thread); 1 makes a run reproducible "
                                    "(concurrent agents' timing decides which calls are sampled together).")
     tool_call_format: str = Field("hermes", description="How the policy writes tool calls (hermes: Qwen2.5/Qwen3/"
                                   "Hermes <tool_call> tags, llama3_json: Llama 3.x): the endpoint returns them as "
@@ -626,7 +633,8 @@ class RewardConfig(Section):
     model_weight: float = 1.0
     model_batch_size: int = Field(16, gt=0, description="Sequences per reward-model forward (reward.model_path); "
                                   "a small reward model scores a whole step's responses faster in one batch.")
-    workers: int = Field(4, ge=1, description="Reward calls running at once, on threads (a per-sample function is one "
+    workers: int = Field(4, ge=1, le=MAX_THREADS, description=f"Reward calls running at once (at most {MAX_THREADS}: "
+                         "each is a thread or a process of its own), on threads (a per-sample function is one "
                          "call per sample; a batched or TRL-style function, a reward model or `remote` one call per "
                          "batch): slow rewards (code execution, HTTP) overlap instead of running one after another.")
     timeout_s: float = Field(60.0, gt=0.0, description="A reward call running longer is given up: its sample(s) score "
@@ -701,9 +709,19 @@ class CheckpointConfig(Section):
 class TrainerConfig(Section):
     kind: Literal["rl", "dpo", "sft", "rm"] = "rl"
     total_steps: int = Field(100, gt=0)
-    seed: int = 42
+    seed: int = Field(42, ge=0, le=MAX_SEED, description="Seeds every generator of the run (0 to 2^63-1, the range "
+                      "torch and numpy take).")
     run_dir: str | None = Field(None, description="None = runs/<kind>-<timestamp>.")
     resume: str = Field("auto", description="auto | never | PATH to a checkpoint.")
+
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _seed_range(cls, v: Any) -> Any:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not 0 <= v <= MAX_SEED:
+            raise ValueError(f"a seed is a whole number from 0 to 2^63-1 ({MAX_SEED}), the range torch and numpy "
+                             f"take; {v!r} is outside it")
+        return v
+
     _home = field_validator("run_dir", "resume", mode="before")(_home)
     val_every: int = Field(0, ge=0, description="Validate every N steps; 0 = only at the end.")
     val_before_train: bool = True
@@ -713,7 +731,8 @@ class TrainerConfig(Section):
     log_every: int = Field(1, gt=0, description="Log (console line, JSONL row, backends) every N steps.")
     log_samples: int = Field(8, ge=0, description="Validation generations written to samples.jsonl (and "
                              "TensorBoard/wandb/MLflow) per validation; 0 = none.")
-    cpu_threads: int | None = Field(None, gt=0, description="torch CPU threads; 1 is fastest for tiny models.")
+    cpu_threads: int | None = Field(None, gt=0, le=MAX_THREADS, description="torch CPU threads; 1 is fastest for "
+                                    f"tiny models (at most {MAX_THREADS}).")
     cpu_matmul: CpuMatmul = Field(
         "auto", description="Library for float32 linear layers on CPU: auto = oneDNN where it is clearly faster on "
         "this host (at least 1.3x, the median of interleaved rounds, measured once and kept in "

@@ -32,6 +32,7 @@ from verl.rewards.functions import (
     call_one,
     load_function,
     short_repr,
+    takes_parameter,
     thread_hint,
 )
 from verl.rewards.pool import RewardCall, RewardPool
@@ -86,11 +87,15 @@ class _Samples(NamedTuple):
 
 
 def _to_float(value: Any) -> float | None:
-    """The value as a Python float, or None when it is not a single real number."""
+    """The value as a Python float, or None when it is not a single real number. A bool counts as 0/1 (`return
+    answer == truth` is a reward); an int too large for a float (10**400) is +-inf, which callers refuse."""
     if isinstance(value, bool):
         return float(value)
     if isinstance(value, numbers.Real):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
         return float(value.item())
     if getattr(value, "shape", None) == () and hasattr(value, "item"):  # numpy 0-d array
@@ -155,6 +160,15 @@ class RewardManager:
         """Labels of the functions that score samples of `data_source` and declare `needs_ground_truth`."""
         return [ld.label for ld in self._loaded
                 if ld.applies(data_source) and getattr(ld.fn, "needs_ground_truth", False)]
+
+    def reading_ground_truth(self, data_source: str | None) -> list[str]:
+        """Labels of the functions that score samples of `data_source` and whose signature names a ground truth
+        (our third parameter, volcengine/verl's `ground_truth`, a TRL function's `ground_truth` column). verl's
+        own functions are not guessed from their signature: they declare `needs_ground_truth`."""
+        return [ld.label for ld in self._loaded if ld.applies(data_source)
+                and not getattr(ld.fn, "__module__", "").startswith("verl.") and (
+            (len(ld.positional) > 2 and not ld.trl_style and ld.positional[2] in GROUND_TRUTH_NAMES)
+            or takes_parameter(ld.fn, "ground_truth"))]
 
     def extracted_answers(self, responses: Sequence[str], data_sources: Sequence[str | None] | None = None) -> list[Any]:
         """Per response, what the first function that applies to it and has an `extract_answer(response,
@@ -511,8 +525,9 @@ class RewardManager:
             )
         if not math.isfinite(score):
             raise RewardError(
-                f"{at} returned {score}; a reward must be finite. Guard the division or "
-                "log that yields NaN/inf."
+                f"{at} returned {short_repr(value)}; a reward must be finite "
+                f"({'an integer larger than a float holds' if isinstance(value, int) else 'not NaN/inf'}"
+                "). Guard the division, log or power that yields it, or clip the score."
             )
         return score, extras, other
 
