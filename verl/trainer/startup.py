@@ -387,6 +387,19 @@ def check_run_dir(config: RunConfig) -> list[VerlError]:
     return []
 
 
+def host_memory_checks(config: RunConfig, kind: str, model_path: str | None, device_type: str, world_size: int,
+                       nodes: int | None) -> list[VerlError]:
+    """Tokens within the model's positions, and on a CPU run the host-memory plan (`verl.trainer.host_memory`)."""
+    from verl.trainer.host_memory import check_host_memory, check_positions, text_config
+
+    cfg = text_config(config, model_path)
+    problems = check_positions(config, kind, model_path, cfg)
+    if not targets_gpu(config, device_type):
+        problems += check_host_memory(config, kind, model_path, cfg=cfg,
+                                      processes=max(1, world_size // max(1, nodes or 1)))
+    return problems
+
+
 def check_startup(config: RunConfig, *, world_size: int, model_path: str | None = None,
                   device_type: str | None = None, kind: str | None = None,
                   runs_split_placements: bool | None = None, nodes: int | None = None) -> StartupReport:
@@ -476,6 +489,7 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
     report.rl_notes += [packing] if packing else []
     problems += check_overlong_buffer(config) + check_val_n(config) if kind == "rl" else []
     problems += check_keep_best(config, kind)
+    problems += host_memory_checks(config, kind, model_path, device_type, world_size, nodes)
     problems += backend_problems(config.logging.backends) + check_run_dir(config)
     sandbox_problems, sandbox_note = check_sandbox(config)
     problems += sandbox_problems
