@@ -16,6 +16,7 @@ from typing import IO, Any
 
 from verl.errors import ConfigError, install_hint
 from verl.tracking.console import CONSOLE_KEYS, ConsoleReporter  # noqa: F401  (CONSOLE_KEYS: re-exported)
+from verl.utils.jsonl import drop_partial_tail, read_jsonl
 
 KNOWN_BACKENDS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 # Install hints: `verl` on PyPI is another project, so never `pip install 'verl[...]'`.
@@ -69,8 +70,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
-    with path.open(encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    return read_jsonl(path)  # a partial last line (a crash mid-write): dropped, with one warning
 
 
 class Tracker:
@@ -130,6 +130,8 @@ class Tracker:
                 moved = rotate(self.run_dir / name)
                 if moved is not None:
                     self.rotated.append((self.run_dir / name, moved))
+        for name in ROTATED_FILES:  # a resume never appends to the end of a line a crash left half-written
+            drop_partial_tail(self.run_dir / name)
         if "jsonl" in self.backends:
             self._jsonl = (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8")
         if "tensorboard" in self.backends:
