@@ -87,11 +87,15 @@ class _Samples(NamedTuple):
 
 
 def _to_float(value: Any) -> float | None:
-    """The value as a Python float, or None when it is not a single real number."""
+    """The value as a Python float, or None when it is not a single real number. A bool counts as 0/1 (`return
+    answer == truth` is a reward); an int too large for a float (10**400) is +-inf, which callers refuse."""
     if isinstance(value, bool):
         return float(value)
     if isinstance(value, numbers.Real):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
         return float(value.item())
     if getattr(value, "shape", None) == () and hasattr(value, "item"):  # numpy 0-d array
@@ -521,8 +525,9 @@ class RewardManager:
             )
         if not math.isfinite(score):
             raise RewardError(
-                f"{at} returned {score}; a reward must be finite. Guard the division or "
-                "log that yields NaN/inf."
+                f"{at} returned {short_repr(value)}; a reward must be finite "
+                f"({'an integer larger than a float holds' if isinstance(value, int) else 'not NaN/inf'}"
+                "). Guard the division, log or power that yields it, or clip the score."
             )
         return score, extras, other
 
