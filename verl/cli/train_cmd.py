@@ -30,7 +30,7 @@ def run_training(config: RunConfig, *, demo: bool = False) -> int:
             return 0
         trainer = build_trainer(config)
         trainer.fit()
-        if trainer.rank == 0:
+        if trainer.rank == 0 and "console" not in config.logging.backends:  # else the run's summary named it
             print(f"run directory: {trainer.run_dir}")
         return 0
     except TrainingInterrupted as exc:  # saved at a step boundary: say where, exit as the signal asks

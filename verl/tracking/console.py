@@ -20,9 +20,11 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn
 from rich.text import Text
 
-# The metrics a step line shows, most important first; on a narrow terminal the tail is left out.
+# The metrics a step line shows, most important first; on a narrow terminal the tail is left out. Every other
+# validation metric (`val/...`: SFT's loss, DPO's and RM's margins) follows them.
 CONSOLE_KEYS = (
-    "reward/mean", "val/accuracy", "val/score", "reward/accuracy", "loss", "accuracy", "train/accuracy", "eval/loss",
+    "reward/mean", "val/accuracy", "val/score", "val/loss", "reward/accuracy", "loss", "accuracy", "train/accuracy",
+    "eval/loss",
     "actor/pg_loss", "actor/kl_loss", "actor/entropy", "critic/vf_loss", "critic/explained_var",
     "actor/clipfrac", "actor/grad_norm", "response/length_mean", "timing/step", "perf/tokens_per_s",
 )
@@ -60,17 +62,20 @@ def format_value(key: str, value: float) -> str:
     return f"{value:.4g}"
 
 
-def metric_fields(metrics: Mapping[str, float]) -> list[str]:
-    """`name=value` for the console's keys present in `metrics`, most important first."""
-    return [f"{k}={format_value(k, float(metrics[k]))}" for k in CONSOLE_KEYS if metrics.get(k) is not None]
+def metric_fields(metrics: Mapping[str, float], first: Sequence[str] = ()) -> list[str]:
+    """`name=value` for `first` (e.g. the keep_best metric), the console's keys, then the other validation
+    metrics present in `metrics`, most important first."""
+    rest = sorted(k for k in metrics if k.startswith("val/"))
+    keys = list(dict.fromkeys([*first, *CONSOLE_KEYS, *rest]))
+    return [f"{k}={format_value(k, float(metrics[k]))}" for k in keys if metrics.get(k) is not None]
 
 
 def step_line(step: int, total: int | None, eta: str, metrics: Mapping[str, float], width: int | None = None,
-              label: str = "step") -> str:
+              label: str = "step", first: Sequence[str] = ()) -> str:
     """`step 3/30  eta 0:00:12  reward/mean=0.25  ...`; with `width`, only the fields that fit in it."""
     head = f"{label} {step}/{total}" if total else f"{label} {step}"
     line = f"{head}  eta {eta}"
-    for field in metric_fields(metrics):
+    for field in metric_fields(metrics, first):
         candidate = f"{line}  {field}"
         if width is not None and len(candidate) > width:
             break
@@ -116,6 +121,7 @@ class ConsoleReporter:
                                highlight=False, emoji=False)
         self.progress: Progress | None = None
         self._task = None
+        self.first_keys: tuple[str, ...] = ()  # shown first on a step line (the keep_best metric)
 
     # ------------------------------------------------------------------ timing
     def eta(self, step: int) -> str:
@@ -154,7 +160,8 @@ class ConsoleReporter:
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         width = self.console.width if self.tty else None
-        self.print(step_line(step, self.total_steps, self.eta(step), metrics, width, self.label), fit=True)
+        self.print(step_line(step, self.total_steps, self.eta(step), metrics, width, self.label, self.first_keys),
+                   fit=True)
 
     def samples(self, step: int, rows: Sequence[Mapping[str, Any]], path: str | None = None) -> None:
         shown = list(rows)[:CONSOLE_SAMPLES]

@@ -16,8 +16,8 @@ from xml.sax.saxutils import escape
 from verl.errors import VerlError, install_hint
 from verl.tracking.tracker import read_metrics
 
-DEFAULT_KEYS = ("reward/mean", "val/accuracy", "val/score", "actor/pg_loss", "actor/entropy", "actor/approx_kl",
-                "critic/vf_loss", "response/length_mean", "loss", "accuracy", "eval/loss")
+DEFAULT_KEYS = ("reward/mean", "val/accuracy", "val/score", "val/loss", "actor/pg_loss", "actor/entropy",
+                "actor/approx_kl", "critic/vf_loss", "response/length_mean", "loss", "accuracy", "eval/loss")
 BARS = "▁▂▃▄▅▆▇█"
 
 

@@ -10,13 +10,16 @@ It only calls the trainer's `step()`, `validate()` and its state hooks (`app_sta
 
 from __future__ import annotations
 
+import copy
 import json
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 import yaml
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from verl.checkpoint import (
     GracefulStop,
@@ -27,8 +30,8 @@ from verl.checkpoint import (
 from verl.config.loader import config_to_yaml
 from verl.config.schema import RunConfig
 from verl.distributed import heartbeat
-from verl.errors import CheckpointError, ConfigError
-from verl.trainer import signal_watch
+from verl.errors import CheckpointError, ConfigError, VerlError
+from verl.tracking.summary import run_summary_lines
 from verl.trainer.components import Components, setup_checkpoints, setup_tracker
 from verl.trainer.keep_best import KeepBest
 from verl.trainer.startup import VAL_ONLY_NEEDS_ROWS, check_sandbox
@@ -172,14 +175,57 @@ def banner_lines(trainer: Trainer, resume_from: Path | None, saved_yaml: str | N
     return lines
 
 
+class WeightWatch:
+    """Whether any optimizer stepped since `changed` was last cleared: a process-wide optimizer step pre-hook
+    while the loop runs (every trainer's update goes through `torch.optim.Optimizer.step`)."""
+
+    def __init__(self) -> None:
+        self.changed = False
+        self._handle: Any = None
+
+    def _hook(self, *args: Any) -> None:
+        self.changed = True
+
+    def __enter__(self) -> WeightWatch:
+        self._handle = register_optimizer_step_pre_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._handle.remove()
+
+
+def _snapshot(extra: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `extra_state` that the next step cannot change, less the history (only logging adds to it:
+    a save after an error takes it as it is then)."""
+    return {k: copy.deepcopy(v) for k, v in extra.items() if k != "history"}
+
+
+def _add_to_message(exc: BaseException, line: str) -> None:
+    """`line` after the error's message (a VerlError prints as one line), or as a note under a traceback."""
+    if isinstance(exc, VerlError) and len(exc.args) == 1 and isinstance(exc.args[0], str):
+        exc.args = (f"{exc.args[0].rstrip().rstrip('.')}. {line[0].upper()}{line[1:]}",)
+    else:
+        exc.add_note(line)
+
+
+def _resume_line(saved: Path | None) -> str:
+    if saved is None:
+        return "no checkpoint was saved, so a rerun starts from scratch"
+    return f"a resume starts from {saved.name} ({saved}): rerun the same command (trainer.resume=auto)"
+
+
 def fit(trainer: Trainer) -> list[dict[str, float]]:
     """Train for `trainer.total_steps` (resuming first when a checkpoint exists); returns the history.
 
-    A SIGINT/SIGTERM saves a checkpoint at the end of the current step and raises `TrainingInterrupted`.
+    A SIGINT/SIGTERM saves a checkpoint at the end of the current step and raises `TrainingInterrupted`. An
+    error raised by a step before any optimizer stepped in it, or by the validation or logging after it,
+    saves the last completed step (in one process: with several, the other ranks may be elsewhere) and is
+    re-raised saying so; otherwise its message names the checkpoint a resume starts from.
     """
     cfg = trainer.config
     if cfg.trainer.val_only and (trainer.row_counts() or (0, 0))[1] == 0:  # e.g. rows passed in from Python
         raise ConfigError(VAL_ONLY_NEEDS_ROWS)
+    started = time.monotonic()
     ckpt = setup_checkpoints(cfg, trainer.run_dir, trainer.parts.process)
     resume_from = ckpt.find_resume(cfg.trainer.resume)
     saved_yaml = None
@@ -197,6 +243,8 @@ def fit(trainer: Trainer) -> list[dict[str, float]]:
         (trainer.run_dir / "config.yaml").write_text(config_to_yaml(cfg), encoding="utf-8")
     tracker = setup_tracker(cfg, trainer.run_dir, trainer.parts.process, resume_step=trainer.step_count,
                             fresh=resume_from is None)
+    if keep_best is not None and tracker.console is not None:  # shown on every step line that has it
+        tracker.console.first_keys = (keep_best.metric,)
     if resume_from is not None and trainer.rank == 0 and not cfg.trainer.val_only:  # val_only deletes nothing
         tracker.truncate_after(trainer.step_count)
     for line in banner_lines(trainer, resume_from, saved_yaml) if trainer.rank == 0 else []:
@@ -204,9 +252,14 @@ def fit(trainer: Trainer) -> list[dict[str, float]]:
     for old, new in tracker.rotated:
         tracker.print(f"a fresh run in an existing run directory: moved the old {old.name} to {new.name}")
     saved = None
+    newest = resume_from  # the checkpoint a resume would start from, for the message of an error that ends the run
     stop = GracefulStop()
+    weights = WeightWatch()
+    one_process = trainer.world_size == 1
+    phase = "start"  # "step": in trainer.step(); "after": its validation and logs; "save": writing a checkpoint
+    done: tuple[int, dict[str, Any]] | None = None  # (step, its extra state) of the last completed step, unsaved
     try:
-        with stop:
+        with stop, weights:
             if cfg.trainer.val_only:
                 log_metrics(trainer, tracker, trainer.validate(), trainer.step_count, always=True)
                 log_validation_samples(trainer, tracker, trainer.step_count)
@@ -220,8 +273,13 @@ def fit(trainer: Trainer) -> list[dict[str, float]]:
                 log_validation_samples(trainer, tracker, 0)
             while trainer.step_count < cfg.trainer.total_steps:
                 heartbeat.note(step=trainer.step_count + 1)  # what the other ranks name if this one falls silent
+                weights.changed, phase = False, "step"
                 metrics = trainer.step()
                 trainer.step_count += 1
+                phase = "after"
+                if one_process:  # what a save of this step would hold if its validation or logging raises
+                    done = (trainer.step_count, _snapshot(trainer._extra_state() | (
+                        {} if keep_best is None else {"keep_best": keep_best.state_dict()})))
                 last = trainer.step_count == cfg.trainer.total_steps
                 every = cfg.trainer.val_every
                 validated = last or bool(every and trainer.step_count % every == 0)
@@ -230,20 +288,30 @@ def fit(trainer: Trainer) -> list[dict[str, float]]:
                 best = keep_best.offer(trainer.step_count, metrics) if validated and keep_best is not None else None
                 tracker.progress(trainer.step_count)
                 trainer._log(tracker, metrics, trainer.step_count)
-                signal_watch.watch(trainer, metrics, trainer.step_count)  # warns once after steps without signal
                 if validated:
                     log_validation_samples(trainer, tracker, trainer.step_count)
                 stopping = stop.agree(trainer.parts.process.device)  # every rank, or none, stops here
                 if ckpt.should_save(trainer.step_count, last) or stopping or best is not None:
+                    phase = "save"
                     extra = trainer._extra_state() | ({} if keep_best is None else {"keep_best": keep_best.state_dict()})
                     ckpt.save(trainer.step_count, app_state=trainer.app_state(), extra=extra,
                               hf_assets=trainer.hf_assets(), best=best)
-                    saved = ckpt.root / f"step_{trainer.step_count}"
+                    saved = newest = ckpt.root / f"step_{trainer.step_count}"
+                    done = None
+                phase = "between"
                 if best is not None and trainer.rank == 0:
                     tracker.print(f"step {best.step}: best {best.describe()} so far; keeping {saved}")
                 if stopping:
                     break
+        phase = "end"
         ckpt.wait()
+        if trainer.rank == 0:
+            for line in run_summary_lines(trainer, keep_best, newest, time.monotonic() - started):
+                tracker.print(line)
+    except Exception as exc:
+        if phase in ("step", "after", "between"):
+            newest = _save_after_error(trainer, ckpt, exc, phase, weights.changed, done, newest)
+        raise
     finally:
         ckpt.close()
         tracker.close()
@@ -253,5 +321,36 @@ def fit(trainer: Trainer) -> list[dict[str, float]]:
     return trainer.history
 
 
-__all__ = ["banner_lines", "config_changes", "extra_state", "fit", "log_metrics", "log_validation_samples",
+def _save_after_error(trainer: Trainer, ckpt: Any, exc: BaseException, phase: str, weights_changed: bool,
+                      done: tuple[int, dict[str, Any]] | None, newest: Path | None) -> Path | None:
+    """Save the last completed step after `exc` ended the run when the state is intact, and add to the
+    error's message what was saved, or which checkpoint a resume starts from. Returns the newest checkpoint."""
+    failed = trainer.step_count + 1 if phase == "step" else trainer.step_count
+    total = trainer.config.trainer.total_steps
+    if phase == "step" and weights_changed:
+        _add_to_message(exc, f"step {failed}/{total} failed after its update had changed the weights, so it was "
+                        f"not saved; {_resume_line(newest)}")
+        return newest
+    if done is None:  # saved already (or nothing completed, or several processes: no collective save here)
+        why = "" if trainer.world_size == 1 else f" (not saved here: {trainer.world_size} processes)"
+        _add_to_message(exc, f"step {failed}/{total} failed{why}; {_resume_line(newest)}")
+        return newest
+    step, extra = done
+    try:
+        ckpt.wait()  # a save still in flight goes first
+        extra = extra | {"history": [row for row in trainer.history if row.get("step", 0) <= step]}
+        ckpt.save(step, app_state=trainer.app_state(), extra=extra, hf_assets=trainer.hf_assets())
+        ckpt.wait()
+    except Exception as save_exc:  # the original error is the one to report
+        _add_to_message(exc, f"step {failed}/{total} failed; saving step {step} then failed too ({save_exc}); "
+                        f"{_resume_line(newest)}")
+        return newest
+    path = ckpt.root / f"step_{step}"
+    when = "before its update" if phase == "step" else "after its update"
+    _add_to_message(exc, f"step {failed}/{total} failed {when}; saved step {step}; resume with the same command "
+                    f"(trainer.resume=auto) to start from {path}")
+    return path
+
+
+__all__ = ["WeightWatch", "banner_lines", "config_changes", "extra_state", "fit", "log_metrics", "log_validation_samples",
            "restore_extra"]
