@@ -14,8 +14,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from verl.errors import ConfigError, install_hint
+from verl.errors import ConfigError, disk_full_cause, disk_full_error, install_hint
 from verl.tracking.console import CONSOLE_KEYS, ConsoleReporter  # noqa: F401  (CONSOLE_KEYS: re-exported)
+from verl.utils.jsonl import drop_partial_tail, read_jsonl
 
 KNOWN_BACKENDS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 # Install hints: `verl` on PyPI is another project, so never `pip install 'verl[...]'`.
@@ -69,8 +70,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
-    with path.open(encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    return read_jsonl(path)  # a partial last line (a crash mid-write): dropped, with one warning
 
 
 class Tracker:
@@ -124,12 +124,19 @@ class Tracker:
                 from mlflow.tracking import MlflowClient
             except ImportError as exc:
                 raise _missing("mlflow") from exc
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            if (cause := disk_full_cause(exc)) is None:
+                raise
+            raise disk_full_error(cause, f"creating the run folder {self.run_dir}", self.run_dir) from exc
         if fresh:
             for name in ROTATED_FILES:
                 moved = rotate(self.run_dir / name)
                 if moved is not None:
                     self.rotated.append((self.run_dir / name, moved))
+        for name in ROTATED_FILES:  # a resume never appends to the end of a line a crash left half-written
+            drop_partial_tail(self.run_dir / name)
         if "jsonl" in self.backends:
             self._jsonl = (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8")
         if "tensorboard" in self.backends:
@@ -200,8 +207,15 @@ class Tracker:
         clean = {k: float(v) for k, v in metrics.items() if v is not None}
         if self._jsonl is not None:
             row = {"step": step, **{k: (v if math.isfinite(v) else str(v)) for k, v in clean.items()}}
-            self._jsonl.write(json.dumps(row) + "\n")
-            self._jsonl.flush()
+            try:
+                self._jsonl.write(json.dumps(row) + "\n")
+                self._jsonl.flush()
+            except OSError as exc:
+                self._jsonl, fh = None, self._jsonl
+                err = self._write_failed(exc, fh, self.run_dir / "metrics.jsonl", f"writing step {step}'s metrics")
+                if err is exc:
+                    raise
+                raise err from exc
         if self._tb is not None:
             for key, value in clean.items():
                 self._tb.add_scalar(key, value, step)
@@ -227,8 +241,16 @@ class Tracker:
         rows = [{"step": step, **{k: s.get(k) for k in SAMPLE_FIELDS if k != "step"},
                  **({"reward_extras": s["reward_extras"]} if s.get("reward_extras") else {})} for s in samples]
         path = self.run_dir / "samples.jsonl"
-        with path.open("a", encoding="utf-8") as fh:
+        fh = None
+        try:
+            fh = path.open("a", encoding="utf-8")
             fh.write("".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows))
+            fh.close()
+        except OSError as exc:
+            err = self._write_failed(exc, fh, path, f"writing step {step}'s validation samples")
+            if err is exc:
+                raise
+            raise err from exc
         if self._tb is not None:
             self._tb.add_text("val/samples", samples_markdown(rows), step)
         if self._wandb is not None:
@@ -244,6 +266,26 @@ class Tracker:
         if self.console is not None:
             self.console.samples(step, rows, str(path))
         return path
+
+    def _write_failed(self, exc: OSError, fh: IO[str] | None, path: Path, what: str) -> BaseException:
+        """A full disk: the rows of this write are cut off again (the file ends with the last whole line, so
+        nothing half-written is read later) and the one-line DiskFullError comes back; other errors as they are."""
+        size = None
+        if fh is not None:
+            try:
+                fh.close()  # flushing again fails the same way; the handle is closed all the same
+            except OSError:
+                pass
+        if (cause := disk_full_cause(exc)) is None:
+            return exc
+        try:
+            data = path.read_bytes()
+            size = data.rfind(b"\n") + 1  # the end of the last complete row
+            if size != len(data):
+                os.truncate(path, size)  # shrinking needs no space
+        except OSError:
+            pass
+        return disk_full_error(cause, f"{what} to {path}", self.run_dir)
 
     def close(self) -> None:
         if self.console is not None:

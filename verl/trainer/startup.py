@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from verl.config.schema import RunConfig
 from verl.distributed.mapping import validate_device_mapping
-from verl.distributed.memory import estimate_memory
+from verl.distributed.memory import OPTIMIZER_STATES, TRAINABLE_ROLES, estimate_memory
 from verl.distributed.memory_plan import plan_memory, suggestions
 from verl.distributed.sequence_parallel import (
     describe_sequence_parallel,
@@ -27,7 +28,7 @@ from verl.distributed.sequence_parallel import (
     sequence_parallel_problems,
 )
 from verl.env.registry import SELF_CONTAINED_ENVS
-from verl.errors import ConfigError, DeviceMappingError, VerlError
+from verl.errors import ConfigError, DeviceMappingError, VerlError, disk_full_cause, disk_full_error
 from verl.rollout.engine_check import check_rollout_engine, check_vllm_placement, describe_vllm_memory
 from verl.tracking.tracker import backend_problems
 from verl.trainer.agent_episodes import agent_problems
@@ -42,7 +43,7 @@ from verl.trainer.memory_inputs import model_shape, plan_inputs, targets_gpu
 from verl.trainer.models import resolve_model_path
 from verl.trainer.packing import describe_remove_padding
 from verl.trainer.precision import check_master_precision, resolve_precision, role_dtype_names
-from verl.utils.dtype import check_dtype_for_device
+from verl.utils.dtype import bytes_per_element, check_dtype_for_device
 
 
 @dataclass
@@ -382,9 +383,46 @@ def check_run_dir(config: RunConfig) -> list[VerlError]:
     try:
         tempfile.TemporaryDirectory(dir=existing, prefix=".verl-write-check-").cleanup()
     except OSError as exc:
+        if (cause := disk_full_cause(exc)) is not None:  # disk full at start: one line, with the resume
+            return [disk_full_error(cause, f"starting the run: creating a file in {existing}", target)]
         what = "the run folder" if existing == target.absolute() else f"{existing}, where it would be created,"
         return [ConfigError(f"{key} is not writable: {what} refuses new files ({exc.strerror or exc}). {fix}")]
     return []
+
+
+def checkpoint_disk_warning(config: RunConfig, counts: dict[str, int], dtypes: dict[str, str | None],
+                            trainable: dict[str, int] | None = None) -> list[str]:
+    """A warning when the checkpoints the run keeps on disk at once (one: parameters x (weights + AdamW
+    moments) of each trained role; save_total_limit of them plus the one being written) exceed the free
+    space of the run folder's disk (its nearest existing parent)."""
+    one = 0
+    for role in TRAINABLE_ROLES:
+        n = int(counts.get(role) or 0)
+        if n <= 0:
+            continue
+        width = bytes_per_element(dtypes.get(role) or "float32", where=f"{role} dtype")
+        trained = min(n, int((trainable or {}).get(role, n)))
+        one += n * width + OPTIMIZER_STATES["adamw"] * trained * width
+    c, steps = config.checkpoint, config.trainer.total_steps
+    saves = (steps // c.save_interval if c.save_interval else 0) + 1  # every save_interval steps and the last
+    kept = min(saves, c.save_total_limit + 1) if c.save_total_limit else saves  # + the one being written
+    kept += 1 if c.keep_best and c.save_total_limit and saves > kept else 0  # the best is kept apart
+    folder = Path(config.trainer.run_dir or "runs").expanduser().absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return []
+    if one == 0 or one * kept <= free:
+        return []
+    gib = 1024 ** 3
+    limit = (f"checkpoint.save_total_limit={c.save_total_limit} plus the one being written" if c.save_total_limit
+             else "checkpoint.save_total_limit unset keeps every save")
+    return [f"disk: a checkpoint is about {one / gib:.2f} GiB (weights + optimizer state), and up to {kept} are on "
+            f"disk at once ({limit}): {one * kept / gib:.2f} GiB, but {folder} has {free / gib:.2f} GiB free; the "
+            "run would stop with a full disk. Fix: set checkpoint.save_total_limit lower, free space, or put "
+            "trainer.run_dir on a larger disk."]
 
 
 def host_memory_checks(config: RunConfig, kind: str, model_path: str | None, device_type: str, world_size: int,
@@ -529,6 +567,8 @@ def check_startup(config: RunConfig, *, world_size: int, model_path: str | None 
         device_bytes = (torch.cuda.get_device_properties(0).total_memory
                         if device_type == "cuda" and torch.cuda.is_available() else None)
         report.memory_warnings = report.memory.check(device_bytes)
+        report.memory_warnings += checkpoint_disk_warning(config, counts, role_dtype_names(config, device_type, held=True),
+                                                          trainable)
         if report.plan_inputs is not None and device_bytes is not None:
             plan = plan_memory(report.plan_inputs, device_bytes)
             if not plan.fits:
