@@ -11,7 +11,7 @@ import torch
 import verl.checkpoint.manager as manager_mod
 from tests.checkpoint.toy_train import train
 from verl.checkpoint import CheckpointManager
-from verl.errors import CheckpointError
+from verl.errors import DiskFullError
 
 real_dcp_save = manager_mod._dcp_save
 
@@ -53,7 +53,7 @@ def test_failed_background_save_is_loud_and_never_latest(tmp_path, monkeypatch, 
     monkeypatch.setattr(manager_mod, "_dcp_save", _disk_full)
     with caplog.at_level(logging.ERROR, logger="verl.checkpoint.manager"):
         mgr.save(2, app_state=state, extra={})  # returns at once; the failure happens in the background
-        with pytest.raises(CheckpointError, match=r"step 2 .*No space left on device.*Nothing was committed"):
+        with pytest.raises(DiskFullError, match=r"step 2 .*no space left on device.*last verified checkpoint: .*step_1"):
             mgr.wait()
     assert "ASYNC CHECKPOINT FAILED for step 2" in caplog.text
     root = tmp_path / "checkpoints"
@@ -61,10 +61,10 @@ def test_failed_background_save_is_loud_and_never_latest(tmp_path, monkeypatch, 
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_1"]  # the partial folder is gone
     # a failure nobody waited for surfaces at the next save (and at close)
     mgr.save(3, app_state=state, extra={})
-    with pytest.raises(CheckpointError, match="step 3"):
+    with pytest.raises(DiskFullError, match="step 3"):
         mgr.save(4, app_state=state, extra={})
     mgr.save(5, app_state=state, extra={})
-    with pytest.raises(CheckpointError, match="step 5"):
+    with pytest.raises(DiskFullError, match="step 5"):
         mgr.close()
     assert (root / "latest").read_text().strip() == "step_1"
 

@@ -78,7 +78,14 @@ from verl.checkpoint.manifest import (
     verify,
     write_manifest,
 )
-from verl.errors import CheckpointError, ConfigError, DistributedError
+from verl.errors import (
+    CheckpointError,
+    ConfigError,
+    DistributedError,
+    VerlError,
+    disk_full_cause,
+    disk_full_error,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +199,7 @@ class CheckpointHandle:
         if self._future is not None:
             try:
                 self._future.result(timeout=timeout)
-            except CheckpointError:
+            except VerlError:
                 raise
             except Exception as exc:
                 raise CheckpointError(
@@ -224,29 +231,6 @@ def read_latest(root: Path) -> str | None:
         return (root / LATEST_NAME).read_text(encoding="utf-8").strip() or None
     except OSError:
         return None
-
-
-def stale_latest(run_dir: str | Path) -> str | None:
-    """What is wrong with ``<run_dir>/checkpoints/latest`` (None if absent or good), checked cheaply (the
-    manifest and file sizes, no re-hashing) so it can run before anything loads."""
-    run_dir = Path(run_dir)
-    root = run_dir if run_dir.name == CHECKPOINTS_DIR else _checkpoints_root(run_dir)
-    name = read_latest(root)
-    if name is None:
-        return None
-    target = root / name
-    if not target.is_dir():
-        problem = f"it names {target}, which does not exist"
-    else:
-        problems = verify(target, deep=False)
-        if not problems:
-            return None
-        problem = f"it names {target}, which does not verify: " + "; ".join(problems)
-    good = [p for _, p in reversed(_committed_steps(root)) if p != target and not verify(p, deep=False)]
-    then = (f"resume from {good[0].name}, the newest checkpoint that verifies" if good
-            else "start fresh (no other checkpoint verifies)")
-    return (f"{root / LATEST_NAME} is stale: {problem}. Fix: delete {root / LATEST_NAME} to {then}, set "
-            f"trainer.resume=never to start fresh, or trainer.resume=PATH to resume from a checkpoint you choose.")
 
 
 def list_checkpoints(run_dir: str | Path, *, verify_files: bool = True) -> list[CheckpointInfo]:
@@ -328,9 +312,26 @@ class CheckpointManager:
         self._pending: CheckpointHandle | None = None
         self._stager: Any = None
         if rank == 0:
-            self.root.mkdir(parents=True, exist_ok=True)
-            self._clean_leftovers()
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+                self._clean_leftovers()
+            except OSError as exc:
+                if (cause := disk_full_cause(exc)) is None:
+                    raise
+                raise self._disk_full(cause, f"creating the checkpoint folder {self.root}") from exc
         self._barrier()
+
+    def last_verified(self) -> Path | None:
+        """The checkpoint `trainer.resume=auto` would continue from (manifest and sizes checked, no re-hash)."""
+        if not self.root.is_dir():
+            return None
+        for candidate in self._candidates(self.root):
+            if not verify(candidate, deep=False):
+                return Path(candidate)
+        return None
+
+    def _disk_full(self, cause: OSError, what: str) -> VerlError:
+        return disk_full_error(cause, what, self.run_dir, last_checkpoint=self.last_verified())
 
     # ------------------------------------------------------------------ policy
     def should_save(self, step: int, is_last: bool = False) -> bool:
@@ -412,17 +413,23 @@ class CheckpointManager:
         extra_bytes = serialize_extra(extra)
         state_dict = to_state_dict(app_state)
         if self.rank == 0:
-            tmp.mkdir(parents=True, exist_ok=True)
-            if hf_assets:
-                (tmp / HF_DIR).mkdir()
-                for asset in hf_assets:
-                    if not hasattr(asset, "save_pretrained"):
-                        shutil.rmtree(tmp, ignore_errors=True)
-                        raise CheckpointError(
-                            f"hf_assets item {type(asset).__name__} has no save_pretrained(dir); pass the "
-                            "model config, generation config and tokenizer."
-                        )
-                    asset.save_pretrained(str(tmp / HF_DIR))  # type: ignore[attr-defined]
+            try:
+                tmp.mkdir(parents=True, exist_ok=True)
+                if hf_assets:
+                    (tmp / HF_DIR).mkdir()
+                    for asset in hf_assets:
+                        if not hasattr(asset, "save_pretrained"):
+                            shutil.rmtree(tmp, ignore_errors=True)
+                            raise CheckpointError(
+                                f"hf_assets item {type(asset).__name__} has no save_pretrained(dir); pass the "
+                                "model config, generation config and tokenizer."
+                            )
+                        asset.save_pretrained(str(tmp / HF_DIR))  # type: ignore[attr-defined]
+            except OSError as exc:
+                if (cause := disk_full_cause(exc)) is None:
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)  # a save in progress is never read; free its space now
+                raise self._disk_full(cause, f"saving checkpoint step {step} (into {tmp})") from exc
         self._barrier()  # the folder exists before any rank writes into it
         job_args = (step, tmp, final, state_dict, extra_bytes, sorted(state_dict), best)
         if not self.async_save:
@@ -489,6 +496,8 @@ class CheckpointManager:
             return
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
+        if (cause := disk_full_cause(error)) is not None:
+            raise self._disk_full(cause, f"saving checkpoint step {step} (into {tmp})") from error
         if isinstance(error, CheckpointError):
             raise error
         if error is None:
@@ -651,31 +660,35 @@ class CheckpointManager:
         return [str(p) for p in candidates]
 
     def _newest_verified(self, root: Path, candidates: list[Path], *, required: bool) -> Path | None:
+        """The first candidate that verifies. One rule for every damaged file (manifest, shards, DCP metadata,
+        extra state): the checkpoint is skipped, and ONE warning names each one skipped, why, and the one
+        used instead (every rank decides the same; rank 0 says so)."""
         skipped = []
-        speak = self.rank == 0  # every rank decides the same; one of them says so
+        latest = read_latest(root)
+        if latest is not None and not (root / latest).is_dir() and _STEP_RE.match(latest):
+            skipped.append(f"{root / latest} (named by {root / LATEST_NAME}): does not exist")
         for path in candidates:
             problems = self._verify(path)
             if not problems:
-                if skipped and speak:
-                    msg = (
-                        f"resuming from {path}; skipped newer checkpoints that do not verify:\n  "
-                        + "\n  ".join(skipped)
-                    )
-                    logger.warning(msg)
-                    warnings.warn(msg, stacklevel=3)
+                if skipped:
+                    self._say_skipped(skipped, f"resuming from {path} instead")
                 return path
-            skipped.append(f"{path.name}: " + "; ".join(problems))
-            if speak:
-                logger.warning("checkpoint %s does not verify, skipping it: %s", path, "; ".join(problems))
-        if skipped and not required and speak:
-            msg = "no checkpoint verifies; starting fresh. Skipped:\n  " + "\n  ".join(skipped)
-            logger.warning(msg)
-            warnings.warn(msg, stacklevel=3)
+            skipped.append(f"{path}: " + "; ".join(problems))
         if required:
             raise CheckpointError(
                 f"{root}: no checkpoint that verifies" + (":\n  " + "\n  ".join(skipped) if skipped else ".")
             )
+        if skipped:
+            self._say_skipped(skipped, "no checkpoint verifies; starting fresh from step 0")
         return None
+
+    def _say_skipped(self, skipped: list[str], outcome: str) -> None:
+        if self.rank != 0:
+            return
+        what = "a checkpoint that does not verify" if len(skipped) == 1 else f"{len(skipped)} checkpoints that do not verify"
+        msg = f"skipped {what} ({'; '.join(skipped)}); {outcome}. `verl ckpt verify PATH` re-checks one."
+        logger.info(msg)  # for log files; the warning is what a console shows, once
+        warnings.warn(msg, UserWarning, stacklevel=4)
 
     def load(self, path: str | Path, *, app_state: dict[str, object]) -> dict[str, Any]:
         """Restore ``app_state`` in place from checkpoint ``path``; return this rank's ``extra`` dict.

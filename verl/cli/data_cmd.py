@@ -86,11 +86,12 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from verl.data.load import iter_rows
-    from verl.data.report import DataReport
+    from verl.data.report import DataReport, GroundTruthGaps
 
     tokenizer = load_tokenizer(args.tokenizer)
     report = DataReport(args.kind)
-    for _ in iter_rows(
+    gaps = GroundTruthGaps()
+    for row in iter_rows(
         args.files,
         args.kind,
         report=report,
@@ -100,7 +101,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         truncation=args.truncation,
         apply_chat_template=args.chat_template,
     ):
-        pass
+        if args.kind == "prompt":
+            gaps.add(row)
+    gaps.report(report)
     print_report(report, args.json)
     return EXIT_CLEAN if report.is_clean else EXIT_BAD_ROWS
 

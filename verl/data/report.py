@@ -185,4 +185,35 @@ class DataReport:
         return "\n".join(out)
 
 
-__all__ = ["DataReport", "ReasonStats", "TokenStats", "HINTS", "MAX_EXAMPLES", "location"]
+class GroundTruthGaps:
+    """Prompt rows without a ground truth in a dataset where other rows have one: a reward that reads
+    `ground_truth` would score them against nothing, so they are bad rows (`missing: ground_truth`). A dataset
+    where no row has one is left alone (its reward reads none). Keeps a count and the first examples only."""
+
+    def __init__(self) -> None:
+        self.with_truth = 0
+        self.count = 0
+        self.examples: list[tuple[str, int]] = []
+
+    def add(self, row: dict[str, Any]) -> None:
+        """One kept canonical row."""
+        if row.get("ground_truth") is not None:
+            self.with_truth += 1
+            return
+        self.count += 1
+        if len(self.examples) < MAX_EXAMPLES:
+            self.examples.append((row.get("file", "?"), row.get("line", 0)))
+
+    def report(self, report: DataReport) -> None:
+        """Move the rows without one from kept to bad in `report` (when some other row has one)."""
+        if not self.count or not self.with_truth:
+            return
+        detail = (f"no ground truth, though {self.with_truth} other rows have one: a reward function that reads "
+                  "ground_truth would score this row against nothing")
+        for file, line in self.examples:
+            report.add_issue("missing", "ground_truth", file, line, detail)
+        report.reasons["missing: ground_truth"].count += self.count - len(self.examples)
+        report.kept_rows -= self.count
+
+
+__all__ = ["DataReport", "GroundTruthGaps", "ReasonStats", "TokenStats", "HINTS", "MAX_EXAMPLES", "location"]

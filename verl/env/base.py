@@ -49,17 +49,21 @@ class Environment(Protocol):
 
 def check_ground_truths(reward_manager: RewardManager, rows: Sequence[Mapping[str, Any]], split: str) -> None:
     """Raise DataError naming file:line of every row (the first few) that has no ground truth although a
-    reward function that applies to it declares `needs_ground_truth`: found at start-up, not at step N."""
+    reward function that applies to it declares `needs_ground_truth`, or, when other rows of the split have
+    one, names a ground truth in its signature (it would score the row against None): found at start-up,
+    not at step N."""
     missing: list[str] = []
     count = 0
     needed: set[str] = set()
     needs: dict[str | None, list[str]] = {}  # per data_source (a few), not per row (maybe millions)
+    some_have_one = any(facts.has_ground_truth for facts in row_facts(rows))
     for i, facts in enumerate(row_facts(rows)):
         if facts.has_ground_truth:
             continue
         names = needs.get(facts.data_source)
         if names is None:
-            names = needs[facts.data_source] = reward_manager.needing_ground_truth(facts.data_source)
+            names = needs[facts.data_source] = (reward_manager.needing_ground_truth(facts.data_source) or (
+                reward_manager.reading_ground_truth(facts.data_source) if some_have_one else []))
         if names:
             needed.update(names)
             count += 1

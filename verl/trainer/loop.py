@@ -32,6 +32,7 @@ from verl.config.schema import RunConfig
 from verl.distributed import heartbeat
 from verl.errors import CheckpointError, ConfigError, VerlError
 from verl.tracking.summary import run_summary_lines
+from verl.trainer import signal_watch
 from verl.trainer.components import Components, setup_checkpoints, setup_tracker
 from verl.trainer.keep_best import KeepBest
 from verl.trainer.startup import VAL_ONLY_NEEDS_ROWS, check_sandbox
@@ -288,6 +289,7 @@ def fit(trainer: Trainer) -> list[dict[str, float]]:
                 best = keep_best.offer(trainer.step_count, metrics) if validated and keep_best is not None else None
                 tracker.progress(trainer.step_count)
                 trainer._log(tracker, metrics, trainer.step_count)
+                signal_watch.watch(trainer, metrics, trainer.step_count)  # warns once after steps without signal
                 if validated:
                     log_validation_samples(trainer, tracker, trainer.step_count)
                 stopping = stop.agree(trainer.parts.process.device)  # every rank, or none, stops here

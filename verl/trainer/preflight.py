@@ -27,13 +27,12 @@ from typing import Any
 
 import torch
 
-from verl.checkpoint.manager import stale_latest
 from verl.config.schema import RunConfig
 from verl.data.tool_template import chat_template_text
 from verl.env import build_env
 from verl.env.base import check_ground_truths
 from verl.env.multiturn import is_multiturn
-from verl.errors import CheckpointError, ConfigError, DataError, ModelError, RewardError, VerlError
+from verl.errors import ConfigError, DataError, ModelError, RewardError, VerlError
 from verl.models.checks import vocabulary_difference
 from verl.models.hf_loader import load_tokenizer
 from verl.models.reward_model import saved_head_problem
@@ -140,7 +139,6 @@ def preflight(config: RunConfig, *, world_size: int, device_type: str, kind: str
                                kind=pf.kind, runs_split_placements=runs_split_placements, nodes=nodes)
     for exc in pf.startup.problems:
         pf.add("start-up", exc)
-    _resume_pass(pf)
     if pf.problems:
         pf.skipped["model"] = "the start-up problems come first: nothing was loaded"
     else:
@@ -154,17 +152,6 @@ def preflight(config: RunConfig, *, world_size: int, device_type: str, kind: str
     _batch_pass(pf)
     _val_only_pass(pf)
     return pf
-
-
-def _resume_pass(pf: Preflight) -> None:
-    """`trainer.resume=auto` continues what `latest` names; a pointer to a missing or broken folder would
-    silently resume something else (or start over), so it is reported before anything loads."""
-    config = pf.config
-    if config.trainer.resume != "auto" or not config.trainer.run_dir:
-        return
-    problem = stale_latest(config.trainer.run_dir)  # the folder the run writes to (resolve_run_dir)
-    if problem is not None:
-        pf.add("start-up", CheckpointError(f"trainer.resume=auto: {problem}"))
 
 
 def _tokenizer_pass(pf: Preflight, given: Given) -> None:

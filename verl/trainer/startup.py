@@ -390,6 +390,19 @@ def check_run_dir(config: RunConfig) -> list[VerlError]:
     return []
 
 
+def host_memory_checks(config: RunConfig, kind: str, model_path: str | None, device_type: str, world_size: int,
+                       nodes: int | None) -> list[VerlError]:
+    """Tokens within the model's positions, and on a CPU run the host-memory plan (`verl.trainer.host_memory`)."""
+    from verl.trainer.host_memory import check_host_memory, check_positions, text_config
+
+    cfg = text_config(config, model_path)
+    problems = check_positions(config, kind, model_path, cfg)
+    if not targets_gpu(config, device_type):
+        problems += check_host_memory(config, kind, model_path, cfg=cfg,
+                                      processes=max(1, world_size // max(1, nodes or 1)))
+    return problems
+
+
 def checkpoint_disk_warning(config: RunConfig, counts: dict[str, int], dtypes: dict[str, str | None],
                             trainable: dict[str, int] | None = None) -> list[str]:
     """A warning when the checkpoints the run keeps on disk at once (one: parameters x (weights + AdamW
@@ -423,19 +436,6 @@ def checkpoint_disk_warning(config: RunConfig, counts: dict[str, int], dtypes: d
             f"disk at once ({limit}): {one * kept / gib:.2f} GiB, but {folder} has {free / gib:.2f} GiB free; the "
             "run would stop with a full disk. Fix: set checkpoint.save_total_limit lower, free space, or put "
             "trainer.run_dir on a larger disk."]
-
-
-def host_memory_checks(config: RunConfig, kind: str, model_path: str | None, device_type: str, world_size: int,
-                       nodes: int | None) -> list[VerlError]:
-    """Tokens within the model's positions, and on a CPU run the host-memory plan (`verl.trainer.host_memory`)."""
-    from verl.trainer.host_memory import check_host_memory, check_positions, text_config
-
-    cfg = text_config(config, model_path)
-    problems = check_positions(config, kind, model_path, cfg)
-    if not targets_gpu(config, device_type):
-        problems += check_host_memory(config, kind, model_path, cfg=cfg,
-                                      processes=max(1, world_size // max(1, nodes or 1)))
-    return problems
 
 
 def check_startup(config: RunConfig, *, world_size: int, model_path: str | None = None,
