@@ -41,12 +41,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl.errors import ConfigError
+from verl.errors import ConfigError, install_hint
 from verl.rollout.base import SamplingParams
 from verl.rollout.tool_parsers import ToolCallFormat
 from verl.utils.chat_render import render_chat, turn_end
 
-INSTALL_HINT = "pip install 'verl[agent]' (fastapi, uvicorn and the openai client)"
+INSTALL_HINT = install_hint("fastapi uvicorn openai", "agent")
 
 
 def require_server_libraries() -> None:
