@@ -140,3 +140,44 @@ def test_another_process_posting_into_a_run_is_refused_and_never_trained_on(tmp_
     assert not any(e.info["agent_failed"] for e in batch.episodes)
     assert all(e.info["agent_calls"] == 1 and e.info["agent_rejected_calls"] == 5 for e in batch.episodes)
     assert not any("INJECTED" in text for text in trainer.multiturn.texts(batch))
+
+
+OWN_REWARD = '''
+from openai import AsyncOpenAI
+
+
+async def scores(row, base_url):
+    client = AsyncOpenAI(base_url=base_url, api_key="verl", max_retries=0)
+    reply = await client.chat.completions.create(model="p", messages=[{"role": "user", "content": row["prompt"]}])
+    return float(any(c.isdigit() for c in reply.choices[0].message.content or ""))
+
+
+async def leaves_it(row, base_url):
+    await scores(row, base_url)
+    return None
+'''
+
+
+def _own_reward_config(tmp_path, agent):
+    from verl.config import load_config
+
+    (tmp_path / "agent.py").write_text(OWN_REWARD)
+    rows = "".join(f'{{"prompt": "{i}+1=", "answer": "{i + 1}"}}\n' for i in range(8))
+    (tmp_path / "rows.jsonl").write_text(rows)
+    return load_config(overrides=[
+        "model.path=tiny", "model.dtype=float32", "trainer.device=cpu", f"trainer.run_dir={tmp_path / 'run'}",
+        f"data.train_files=[{tmp_path / 'rows.jsonl'}]", "data.train_batch_size=2", "rollout.n=2",
+        "rollout.max_new_tokens=3", f"env.agent={tmp_path / 'agent.py'}:{agent}", "trainer.val_before_train=false",
+        "logging.backends=[jsonl]", "trainer.resume=never"])
+
+
+def test_an_agent_that_returns_its_own_rewards_needs_no_reward_functions(tmp_path):
+    """Prompts from data files, rewards from the agent: no reward.functions needed (it was refused as 'every
+    sample would score 0'); an agent that then returns None is told there is nothing to score with."""
+    from verl.errors import RewardError
+
+    trainer = RLTrainer(_own_reward_config(tmp_path, "scores"))
+    assert "reward/mean" in trainer.step()
+    trainer = RLTrainer(_own_reward_config(tmp_path, "leaves_it"))
+    with pytest.raises(RewardError, match="return a number from the agent, or set reward.functions"):
+        trainer.step()

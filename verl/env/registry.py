@@ -35,6 +35,7 @@ class EnvBuildContext:
     base_dir: str | Path | None = None
     train_rows: Sequence[Mapping[str, Any]] | None = None
     val_rows: Sequence[Mapping[str, Any]] | None = None
+    rewards_optional: bool = False  # no reward.functions is fine: an agent returns its episodes' rewards
 
 
 EnvFactory = Callable[..., Environment]  # factory(ctx: EnvBuildContext, **env_kwargs)
@@ -60,7 +61,7 @@ def _bind_kwargs(
 
 def _build_arithmetic(ctx: EnvBuildContext, **kwargs: Any) -> Environment:
     _bind_kwargs("arithmetic", ArithmeticEnv.__init__, kwargs, {"seed", "shuffle", "reward_manager"})
-    manager = RewardManager(ctx.reward_functions, base_dir=ctx.base_dir) if ctx.reward_functions else None
+    manager = RewardManager(ctx.reward_functions, base_dir=ctx.base_dir, required=not ctx.rewards_optional) if ctx.reward_functions else None
     return ArithmeticEnv(seed=ctx.seed, shuffle=ctx.shuffle, reward_manager=manager, **kwargs)
 
 
@@ -75,7 +76,7 @@ def _build_dataset(ctx: EnvBuildContext, **kwargs: Any) -> Environment:
             "env.name is null, so training prompts come from data.train_files, but no rows "
             "were given; set data.train_files, or use env.name: arithmetic for the demo task."
         )
-    manager = RewardManager(ctx.reward_functions, base_dir=ctx.base_dir)
+    manager = RewardManager(ctx.reward_functions, base_dir=ctx.base_dir, required=not ctx.rewards_optional)
     return DatasetEnv(
         ctx.train_rows, manager, val_rows=ctx.val_rows or (), seed=ctx.seed, shuffle=ctx.shuffle
     )
@@ -115,13 +116,15 @@ def build_env(
     base_dir: str | Path | None = None,
     seed: int = 0,
     shuffle: bool = True,
+    rewards_optional: bool = False,
     **kwargs: Any,
 ) -> Environment:
     """Build an environment from a name, a mapping {name, kwargs}, or an object with .name/.kwargs.
 
     Extra keyword arguments are merged over the config's kwargs (handy from Python:
     `build_env("arithmetic", num_val=8)`). `reward_functions` are `reward.functions` specs; the arithmetic
-    env uses numeric_match when none are given.
+    env uses numeric_match when none are given; data rows may have none when `rewards_optional` (an agent
+    returns the rewards).
     """
     if config is None or isinstance(config, str):
         name, env_kwargs = config, {}
@@ -160,6 +163,7 @@ def build_env(
         base_dir=base_dir,
         train_rows=train_rows,
         val_rows=val_rows,
+        rewards_optional=rewards_optional,
     )
     return _REGISTRY[name](ctx, **env_kwargs)
 

@@ -116,9 +116,11 @@ class RewardManager:
         workers: int = 4,
         timeout_s: float = 60.0,
         key: str = "reward.functions",
+        required: bool = True,
     ) -> None:
         """`workers` and `timeout_s` are the pool's (`reward.workers`, `reward.timeout_s`; see `configure`);
-        `key` is the config key the specs came from, for the messages (`reward.val_functions`)."""
+        `key` is the config key the specs came from, for the messages (`reward.val_functions`). `required=False`:
+        no specs is allowed (an agent that returns its own rewards); scoring anything then raises."""
         self.pool = RewardPool(workers, timeout_s)
         self.sample_pool: ProcessRewardPool | None = None  # reward.executor=process: per-sample calls run there
         self.base_dir = None if base_dir is None else str(base_dir)
@@ -127,7 +129,7 @@ class RewardManager:
                 f"{key} must be a list of specs, got {type(specs).__name__}; "
                 f"write e.g. {key}: [{{name: numeric_match}}]."
             )
-        if not specs:
+        if not specs and required:
             raise ConfigError(
                 f"{key} is empty, so every sample would score 0; add at least one "
                 f"function, e.g. {key}: [{{name: numeric_match}}]."
@@ -151,8 +153,9 @@ class RewardManager:
 
     @property
     def known_data_sources(self) -> list[str] | None:
-        """Every data_source some function lists; None when a function applies to every sample."""
-        if any(ld.spec.data_sources is None for ld in self._loaded):
+        """Every data_source some function lists; None when a function applies to every sample, or there is
+        none (an agent's own rewards: scoring then says so)."""
+        if not self._loaded or any(ld.spec.data_sources is None for ld in self._loaded):
             return None
         return sorted({s for ld in self._loaded for s in ld.spec.data_sources or ()})
 
@@ -259,6 +262,10 @@ class RewardManager:
                 f"RewardManager.start got lists of different lengths {lengths}; pass one entry "
                 "per sample in each (repeat the prompt's fields for every response)."
             )
+        if not self._loaded:
+            raise RewardError("there is no reward function to score these replies: reward.functions is empty, "
+                              "which an agent may leave so only when it returns every episode's reward (env.agent; "
+                              "this one returned None). Fix: return a number from the agent, or set reward.functions")
         self.check_data_sources(data_sources)
         metas = [dict(m) if m is not None else {} for m in metadata]
         return Scoring(self, list(prompts), list(ground_truths), metas, list(data_sources))

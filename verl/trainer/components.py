@@ -152,7 +152,7 @@ def setup_env(config: RunConfig, checks: Preflight, given: Given, reward_functio
     functions = list(given.reward_functions) if given.reward_functions is not None else list(config.reward.functions)
     return build_env(config.env, reward_functions=[*functions, *reward_functions], train_rows=train_rows,
                      val_rows=val_rows, base_dir=config._source_dir, seed=config.trainer.seed,
-                     shuffle=config.data.shuffle)
+                     shuffle=config.data.shuffle, rewards_optional=config.env.agent is not None)
 
 
 def setup_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any,

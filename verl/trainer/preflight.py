@@ -353,7 +353,8 @@ def _env_pass(pf: Preflight, given: Given) -> None:
         for exc in check_env_options(config, pf.env, pf.tokenizer) if pf.env is not None else []:
             pf.add("environment", exc)
         return
-    if given.reward_functions is None and (config.reward.functions or not config.reward.model_path):
+    if given.reward_functions is None and (config.reward.functions or not (config.reward.model_path
+                                                                            or config.env.agent)):
         try:  # a reward model alone is a reward
             pf.reward_names = RewardManager(config.reward.functions, base_dir=config._source_dir).described
         except VerlError as exc:
@@ -364,7 +365,8 @@ def _env_pass(pf: Preflight, given: Given) -> None:
     if config.reward.model_path or rows is None:
         return
     try:
-        pf.env = build_env(config.env, reward_functions=functions, train_rows=rows[0], val_rows=rows[1], **common)
+        pf.env = build_env(config.env, reward_functions=functions, train_rows=rows[0], val_rows=rows[1],
+                           rewards_optional=config.env.agent is not None, **common)
     except VerlError as exc:
         pf.add("environment", exc)
 
