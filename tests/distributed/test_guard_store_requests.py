@@ -60,9 +60,10 @@ def test_store_requests_per_rank_and_collective_do_not_grow_with_the_group(world
     store, errors = run_ranks(world, lambda r, i: f"reduce:sum#{i}", calls=calls)
     assert errors == {}
     per_rank = [store.counts[f"rank{r}"] / calls for r in range(world)]
-    # post, two adds, wait, get, one delete; the last arriver adds the verdict and 3 deletes: never O(world)
-    assert max(per_rank) <= 10, per_rank
-    assert sum(store.counts.values()) / calls <= 6 * world + 4, store.counts  # the last arriver's 4, once
+    # each rank: post, two adds, wait, get, one delete (6); the last arriver also reads its stage count, posts
+    # the verdict and deletes 3 keys (5 more): at most 11 for a rank that arrives last every time, never O(world)
+    assert max(per_rank) <= 11, per_rank
+    assert sum(store.counts.values()) / calls <= 6 * world + 5, store.counts  # the last arriver's 5, once
 
 
 def test_a_missing_rank_is_named_with_the_stage():
