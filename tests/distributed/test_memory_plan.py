@@ -7,10 +7,10 @@ GPU (refusing to train there, not to plan), and name settings that make a plan t
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
+from qwen2_config import write_qwen2_config  # pytest puts this folder on sys.path
 
 from verl.cli.main import main
 from verl.config.loader import load_config
@@ -31,11 +31,7 @@ PROMPTS, SAMPLES, PROMPT_LEN, RESPONSE_LEN = 512, 8, 1024, 4096
 @pytest.fixture(scope="module")
 def qwen7b(tmp_path_factory):
     folder = tmp_path_factory.mktemp("qwen2.5-7b-config-only")
-    (folder / "config.json").write_text(json.dumps({
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": H, "num_hidden_layers": L,
-        "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "intermediate_size": FFN, "vocab_size": V,
-        "tie_word_embeddings": False, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0, "hidden_act": "silu", "torch_dtype": "bfloat16"}))
+    write_qwen2_config(folder, hidden=H, layers=L, heads=HEADS, kv_heads=KV_HEADS, ffn=FFN, vocab=V)
     cfg = folder / "grpo.yaml"  # fp32 master weights, bf16 compute; KL to a reference; colocated vLLM
     cfg.write_text(f"""
 trainer: {{kind: rl, device: cuda, run_dir: {folder / 'run'}}}

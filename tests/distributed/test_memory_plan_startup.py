@@ -9,10 +9,10 @@ where the models load whole first (a split placement, one process) the whole cop
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
+from qwen2_config import write_qwen2_config  # pytest puts this folder on sys.path
 
 from verl.cli.main import main
 from verl.config.loader import load_config
@@ -41,11 +41,7 @@ def params(size: str) -> int:
 def _folder(tmp_path_factory, size: str):
     h, layers, heads, kv_heads, ffn, _ = MODELS[size]
     folder = tmp_path_factory.mktemp(f"qwen2.5-{size}-config-only")
-    (folder / "config.json").write_text(json.dumps({
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": h, "num_hidden_layers": layers,
-        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "intermediate_size": ffn, "vocab_size": V,
-        "tie_word_embeddings": False, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0, "hidden_act": "silu", "torch_dtype": "bfloat16"}))
+    write_qwen2_config(folder, hidden=h, layers=layers, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=V)
     cfg = folder / "grpo.yaml"  # fp32 master weights, bf16 compute; KL to a reference; colocated vLLM
     cfg.write_text(f"""
 trainer: {{kind: rl, device: cuda, run_dir: {folder / 'run'}}}
