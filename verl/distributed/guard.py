@@ -152,6 +152,10 @@ class CollectiveGuard:
         """Whether some rank posted `name`; never waits."""
         return bool(self._get_store().check([f"{self.namespace}/signal/{name}"]))
 
+    def clear(self, name: str) -> None:
+        """Remove a signal nobody reads any more (the store would otherwise keep one per step for the run)."""
+        self._delete(self._get_store(), f"{self.namespace}/signal/{name}")
+
     def run(
         self,
         stage: str,

@@ -293,6 +293,10 @@ class AsyncRollout:
         while missing := [r for r in missing if not self.groups.guard.signalled(f"{here}/{r}")]:
             time.sleep(poll)
             poll = min(poll * 2, MEET_POLL_S[1])
+        # every delivery rank is past the previous version's meeting (and its post): their keys go
+        self.groups.guard.clear(f"{_posted(version - 1)}/here/{self.groups.rank}")
+        if self.groups.rank == self.groups.ranks("actor")[0]:
+            self.groups.guard.clear(_posted(version - 1))
 
 
 @dataclass
