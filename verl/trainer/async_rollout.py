@@ -49,7 +49,7 @@ from verl.distributed.mapping import DeviceMapping
 from verl.distributed.transfer import pad_to_group_width
 from verl.env.multiturn import is_multiturn
 from verl.errors import DistributedError
-from verl.rollout.weight_sync import DeliveryReceiver, gathered_for_push
+from verl.rollout.weight_sync import DeliveryReceiver
 from verl.trainer.batch import LAYOUT, RolloutBatch, padding
 
 BUCKET_BYTES = 64 * 2**20  # weights are broadcast in buckets of at most this size (one tensor may exceed it)
@@ -261,8 +261,8 @@ class AsyncRollout:
         receiver = DeliveryReceiver(self.engine, model) if self.generates else None
         for index in buckets(params, wire=self.wire):
             dtype = wire_dtype(params[index[0]][1], self.wire)  # cast at the source, received as sent
-            full = ([gathered_for_push(params[i][1], device=self.device, dtype=dtype) for i in index]
-                    if self.groups.has("actor") else None)  # an actor collective: each shard cast, then gathered
+            full = ([_full(params[i][1]).to(dtype) for i in index] if self.groups.has("actor")
+                    else None)  # an actor collective (each FSDP2 shard gathered)
             if not member:
                 continue
             flat = (torch.cat([t.reshape(-1) for t in full]).to(self.device) if full is not None else
@@ -323,6 +323,12 @@ def texts_of(tensor: torch.Tensor) -> list[str]:
 
 def _posted(version: int) -> str:
     return f"async/weights/{version}"
+
+
+def _full(p: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+    return full.detach()
 
 
 def _fields(batch: RolloutBatch) -> dict[str, torch.Tensor]:
