@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -171,3 +172,25 @@ def test_the_tools_variant_writes_tool_calls_in_few_tokens_and_keeps_their_tags(
     assert all(len(tok(t, add_special_tokens=False)["input_ids"]) == 1 for t in TOOL_TAGS)
     with pytest.raises(ConfigError, match="variant 'tool' is not one of instruct, base, tools"):
         build_from_spec("tiny:qwen2:64:2:tool")
+
+
+def test_a_spec_sets_build_options_by_name(tmp_path, monkeypatch):
+    """`tiny:...:name=value` reaches the built config (the agent demo's rope_theta=100); a wrong name or value
+    is a ConfigError naming the key and the options."""
+    from transformers import AutoConfig
+
+    from verl.models.tiny import build_from_spec
+
+    monkeypatch.setenv("VERL_CACHE_DIR", str(tmp_path))
+    config = AutoConfig.from_pretrained(build_from_spec("tiny:qwen2:64:2:tools:rope_theta=100:num_heads=8"))
+    theta = getattr(config, "rope_parameters", None) or {"rope_theta": config.rope_theta}
+    assert theta["rope_theta"] == 100.0 and config.num_attention_heads == 8
+    assert config.model_type == "qwen2" and config.num_hidden_layers == 2
+    default = AutoConfig.from_pretrained(build_from_spec("tiny:qwen2:64:2:tools"))
+    assert (getattr(default, "rope_parameters", None) or {"rope_theta": default.rope_theta})["rope_theta"] == 10000.0
+    for spec, message in (("tiny:qwen2:64:2:rope=100", "unknown option 'rope'"),
+                          ("tiny:qwen2:64:2:rope_theta=abc", "rope_theta='abc' is not a float"),
+                          ("tiny:qwen2:64:2:rope_theta=inf", "rope_theta=inf must be a finite number above 1"),
+                          ("tiny:qwen2:64:2:num_heads=3", "model.path='tiny:qwen2:64:2:num_heads=3': build_tiny")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            build_from_spec(spec)

@@ -273,6 +273,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.items = [*args.items, *unknown]  # key=value overrides typed after a flag
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command in {"train", "eval"}:
+        from verl.models.hf_loader import quiet_hf_console
+
+        quiet_hf_console()
     try:
         return int(args.func(args) or 0)
     except VerlError as exc:

@@ -28,7 +28,7 @@ from verl.errors import ConfigError
 from verl.rollout.tool_parsers import ToolCall, tool_call_format
 from verl.trainer.rl_trainer import RLTrainer
 
-SFT_EPISODES = 256
+SFT_EPISODES = 2000  # every training problem but the probe: fewer were learnt by heart instead of copied
 SFT_TARGET_ACCURACY = 0.2  # greedy accuracy on PROBE_PROBLEMS other training problems that stops the warm start
 SFT_CHECK_EVERY = 10
 PROBE_PROBLEMS = 32

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import re
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,23 @@ def quiet_hf_progress() -> Iterator[None]:
     finally:
         if was_enabled:
             hf_logging.enable_progress_bar()
+
+
+LIBRARY_WARNING_MODULES = r"(transformers|peft|accelerate|huggingface_hub)(\.|$)"
+
+
+def quiet_hf_console() -> None:
+    """For a CLI run: transformers' logger at ERROR, no progress bars, no FutureWarnings from the HF libraries,
+    so their lines do not interleave with verl's step lines (verl reports what matters of a load itself:
+    missing weights, dtype, remote code). `TRANSFORMERS_VERBOSITY` set by the user wins and keeps them all."""
+    if os.environ.get("TRANSFORMERS_VERBOSITY"):
+        return
+    from transformers.utils import logging as hf_logging
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning, module=LIBRARY_WARNING_MODULES)
 
 
 def _looks_local(name: str) -> bool:
@@ -378,6 +396,7 @@ __all__ = [
     "resolve_dtype",
     "resolve_attn_implementation",
     "check_remote_code",
+    "quiet_hf_console",
     "quiet_hf_progress",
     "LoadReport",
 ]

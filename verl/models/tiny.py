@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -145,7 +146,7 @@ def _cache_root() -> Path:
 
 def _params(kind: str, arch: str, variant: str, seed: int, hidden_size: int, num_layers: int,
             num_heads: int, num_kv_heads: int, intermediate_size: int, vocab_size: int,
-            max_position_embeddings: int) -> dict[str, Any]:
+            max_position_embeddings: int, rope_theta: float) -> dict[str, Any]:
     return {
         "format_version": TINY_FORMAT_VERSION,
         "kind": kind,
@@ -159,6 +160,7 @@ def _params(kind: str, arch: str, variant: str, seed: int, hidden_size: int, num
         "intermediate_size": intermediate_size,
         "vocab_size": vocab_size,
         "max_position_embeddings": max_position_embeddings,
+        "rope_theta": float(rope_theta),
     }
 
 
@@ -169,7 +171,7 @@ def _cache_key(params: dict[str, Any]) -> str:
 
 
 def _validate(arch: str, variant: str, hidden_size: int, num_layers: int, num_heads: int,
-              num_kv_heads: int, intermediate_size: int, vocab_size: int) -> None:
+              num_kv_heads: int, intermediate_size: int, vocab_size: int, rope_theta: float) -> None:
     where = "build_tiny_model"
     if arch not in ARCHS:
         raise ModelError(f"{where}: arch={arch!r} is not supported; use one of {', '.join(ARCHS)}.")
@@ -188,6 +190,9 @@ def _validate(arch: str, variant: str, hidden_size: int, num_layers: int, num_he
     if (hidden_size // num_heads) % 2 != 0:
         raise ModelError(f"{where}: head dim hidden_size/num_heads={hidden_size // num_heads} is odd; rotary "
                          "embeddings need an even head dim, change hidden_size or num_heads.")
+    if not (math.isfinite(rope_theta) and rope_theta > 1):
+        raise ModelError(f"{where}: rope_theta={rope_theta} must be a finite number above 1 (the rotary base; "
+                         "10000 is the usual, ~100 resolves the short distances of a tiny model's contexts).")
     if not 300 <= vocab_size <= 8192:
         raise ModelError(f"{where}: vocab_size={vocab_size} must be between 300 and 8192 (256 byte tokens "
                          "plus merges); the default 768 makes every common English word one token.")
@@ -303,6 +308,7 @@ def _model_config(params: dict[str, Any], tokenizer):
         num_attention_heads=params["num_heads"],
         num_key_value_heads=params["num_kv_heads"],
         max_position_embeddings=params["max_position_embeddings"],
+        rope_theta=params["rope_theta"],
         rms_norm_eps=1e-6,
         initializer_range=0.02,
         tie_word_embeddings=True,
@@ -405,6 +411,7 @@ def build_tiny_model(
     intermediate_size: int | None = None,
     vocab_size: int = 768,
     max_position_embeddings: int = 1024,
+    rope_theta: float = 10000.0,
 ) -> str:
     """Build (or reuse from the cache) a tiny causal LM + tokenizer and return its directory.
 
@@ -413,9 +420,9 @@ def build_tiny_model(
     The directory loads with ``AutoModelForCausalLM``/``AutoTokenizer`` and with ``load_hf_model``.
     """
     intermediate = intermediate_size if intermediate_size is not None else 4 * hidden_size
-    _validate(arch, variant, hidden_size, num_layers, num_heads, num_kv_heads, intermediate, vocab_size)
+    _validate(arch, variant, hidden_size, num_layers, num_heads, num_kv_heads, intermediate, vocab_size, rope_theta)
     params = _params("causal_lm", arch, variant, seed, hidden_size, num_layers, num_heads, num_kv_heads,
-                     intermediate, vocab_size, max_position_embeddings)
+                     intermediate, vocab_size, max_position_embeddings, rope_theta)
     return _build(params, path)
 
 
@@ -432,15 +439,16 @@ def build_tiny_reward_model(
     intermediate_size: int | None = None,
     vocab_size: int = 768,
     max_position_embeddings: int = 1024,
+    rope_theta: float = 10000.0,
 ) -> str:
     """Like :func:`build_tiny_model` but an ``AutoModelForSequenceClassification`` with one label.
 
     It stands in for a learned reward model in tests of reward-model scoring and PPO with a reward model.
     """
     intermediate = intermediate_size if intermediate_size is not None else 4 * hidden_size
-    _validate(arch, variant, hidden_size, num_layers, num_heads, num_kv_heads, intermediate, vocab_size)
+    _validate(arch, variant, hidden_size, num_layers, num_heads, num_kv_heads, intermediate, vocab_size, rope_theta)
     params = _params("reward", arch, variant, seed, hidden_size, num_layers, num_heads, num_kv_heads,
-                     intermediate, vocab_size, max_position_embeddings)
+                     intermediate, vocab_size, max_position_embeddings, rope_theta)
     return _build(params, path)
 
 
@@ -449,25 +457,43 @@ def is_tiny_spec(path: str | os.PathLike | None) -> bool:
     return isinstance(path, str) and (path == "tiny" or path.startswith("tiny:"))
 
 
+SPEC_OPTIONS = {"rope_theta": float, "num_heads": int, "num_kv_heads": int, "intermediate_size": int}
+
+
 def build_from_spec(spec: str, *, key: str = "model.path", reward: bool = False) -> str:
-    """The folder of the tiny model `tiny[:arch[:hidden[:layers[:variant]]]]` names, so every config key that
-    takes a model path (policy, reference, critic, reward model) accepts the same offline stand-in;
+    """The folder of the tiny model `tiny[:arch[:hidden[:layers[:variant]]]][:name=value...]` names, so every
+    config key that takes a model path (policy, reference, critic, reward model) accepts the same offline
+    stand-in; `name=value` parts set a `SPEC_OPTIONS` build argument (`tiny:qwen2:64:2:tools:rope_theta=100`);
     `reward=True` builds it with a one-label sequence-classification head, which a reward model needs."""
     from verl.errors import ConfigError
 
-    parts = spec.split(":")[1:]
+    usage = ("expected tiny[:arch[:hidden_size[:num_layers[:variant]]]][:name=value...], e.g. tiny:qwen2:128:2 "
+             f"or tiny:qwen2:64:2:tools:rope_theta=100 (names: {', '.join(SPEC_OPTIONS)})")
+    parts = [p for p in spec.split(":")[1:] if "=" not in p]
+    kwargs: dict[str, Any] = {}
+    for option in (p for p in spec.split(":")[1:] if "=" in p):
+        name, _, value = option.partition("=")
+        if name not in SPEC_OPTIONS:
+            raise ConfigError(f"{key}={spec!r}: unknown option {name!r}; {usage}")
+        try:
+            kwargs[name] = SPEC_OPTIONS[name](value)
+        except ValueError:
+            raise ConfigError(f"{key}={spec!r}: {name}={value!r} is not a {SPEC_OPTIONS[name].__name__}; "
+                              f"{usage}") from None
     try:
         sizes = [int(p) for p in parts[1:3]]
     except ValueError:
-        raise ConfigError(f"{key}={spec!r}: expected tiny[:arch[:hidden_size[:num_layers[:variant]]]], e.g. "
-                          "tiny:qwen2:128:2 or tiny:qwen2:64:2:tools") from None
-    kwargs: dict[str, Any] = dict(zip(("hidden_size", "num_layers"), sizes, strict=False))
+        raise ConfigError(f"{key}={spec!r}: {usage}") from None
+    kwargs |= dict(zip(("hidden_size", "num_layers"), sizes, strict=False))
     if len(parts) > 3:
         if parts[3] not in VARIANTS:
             raise ConfigError(f"{key}={spec!r}: variant {parts[3]!r} is not one of {', '.join(VARIANTS)}")
         kwargs["variant"] = parts[3]
     build = build_tiny_reward_model if reward else build_tiny_model
-    return build(arch=parts[0] if parts else "qwen2", seed=0, **kwargs)
+    try:
+        return build(arch=parts[0] if parts else "qwen2", seed=0, **kwargs)
+    except ModelError as e:
+        raise ConfigError(f"{key}={spec!r}: {e}") from None
 
 
 __all__ = [
