@@ -44,3 +44,16 @@ def test_the_plan_compares_with_what_the_host_has() -> None:
     refused = check_host_memory(config, "rl", None, cfg=cfg, available=1 * GiB)
     assert refused and "this host has 1.0 GiB available" in str(refused[0])
     assert check_host_memory(config, "sft", None, cfg=cfg, available=1) == []  # RL steps only
+
+
+def test_a_gpu_run_is_refused_when_its_sequences_alone_cannot_fit_on_the_host() -> None:
+    """rollout.n=1e9 on a GPU run: the models live on the GPU, but the step's sequences pass through the host."""
+    config = load_config(None, ["rollout.n=1e9"])
+    cfg = SimpleNamespace(hidden_size=1024, num_hidden_layers=24, vocab_size=32000, num_attention_heads=16)
+    refused = check_host_memory(config, "rl", None, cfg=cfg, available=64 * GiB, on_gpu=True)
+    assert refused and "an RL step's sequences on a GPU run" in str(refused[0]) and "8,000,000,000 sequences" in str(
+        refused[0]) and "Fix: lower rollout.n=1000000000" in str(refused[0])
+    huge_model = SimpleNamespace(hidden_size=8192, num_hidden_layers=80, vocab_size=128000, num_attention_heads=64)
+    sane = load_config(None, ["rollout.n=16", "data.train_batch_size=512"])
+    assert check_host_memory(sane, "rl", None, cfg=huge_model, available=64 * GiB, on_gpu=True) == []  # 70B: GPU's
+    assert check_host_memory(sane, "rl", None, cfg=huge_model, available=64 * GiB)  # the same on CPU: refused

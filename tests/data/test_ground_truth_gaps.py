@@ -32,11 +32,15 @@ def test_data_check_reports_rows_without_ground_truth(tmp_path, capsys):
     assert "fix: add 'ground_truth' to every row" in out and "status: not clean" in out
 
 
-def test_a_file_where_no_row_has_a_ground_truth_stays_clean(tmp_path, capsys):
+def test_a_file_where_no_row_has_a_ground_truth_is_clean_unless_one_is_required(tmp_path, capsys):
     path = tmp_path / "chat.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"hi {i}"}) + "\n" for i in range(4)), encoding="utf-8")
     assert main(["data", "check", str(path), "--kind", "prompt"]) == 0
     assert "status: clean" in capsys.readouterr().out
+    assert main(["data", "check", str(path), "--kind", "prompt", "--require-ground-truth"]) == EXIT_BAD_ROWS
+    out = capsys.readouterr().out
+    assert "missing: ground_truth: 4 rows (lines 1, 2, 3, 4)" in out
+    assert f"{path}:1: no ground truth, and --require-ground-truth says the reward reads one" in out
 
 
 def reads_truth(prompt: Any, response: str, ground_truth: Any, **meta: Any) -> float:

@@ -90,7 +90,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     tokenizer = load_tokenizer(args.tokenizer)
     report = DataReport(args.kind)
-    gaps = GroundTruthGaps()
+    gaps = GroundTruthGaps(required=args.require_ground_truth)
     for row in iter_rows(
         args.files,
         args.kind,
@@ -168,6 +168,10 @@ def register(subparsers: Any) -> None:
     )
     check.add_argument(
         "files", nargs="+", metavar="FILE", help=".jsonl/.json/.parquet/.csv files or directories"
+    )
+    check.add_argument(
+        "--require-ground-truth", action="store_true",
+        help="--kind prompt: every row needs a ground truth (the reward reads one), even when no row has one",
     )
     _common(check)
     check.set_defaults(func=_guard(cmd_check))

@@ -188,9 +188,11 @@ class DataReport:
 class GroundTruthGaps:
     """Prompt rows without a ground truth in a dataset where other rows have one: a reward that reads
     `ground_truth` would score them against nothing, so they are bad rows (`missing: ground_truth`). A dataset
-    where no row has one is left alone (its reward reads none). Keeps a count and the first examples only."""
+    where no row has one is left alone (its reward reads none) unless `required` (the reward is known to read
+    one: `verl data check --require-ground-truth`). Keeps a count and the first examples only."""
 
-    def __init__(self) -> None:
+    def __init__(self, required: bool = False) -> None:
+        self.required = required
         self.with_truth = 0
         self.count = 0
         self.examples: list[tuple[str, int]] = []
@@ -206,10 +208,12 @@ class GroundTruthGaps:
 
     def report(self, report: DataReport) -> None:
         """Move the rows without one from kept to bad in `report` (when some other row has one)."""
-        if not self.count or not self.with_truth:
+        if not self.count or not (self.with_truth or self.required):
             return
-        detail = (f"no ground truth, though {self.with_truth} other rows have one: a reward function that reads "
-                  "ground_truth would score this row against nothing")
+        why = (f"though {self.with_truth} other rows have one" if self.with_truth else
+               "and --require-ground-truth says the reward reads one")
+        detail = (f"no ground truth, {why}: a reward function that reads ground_truth would score this row "
+                  "against nothing")
         for file, line in self.examples:
             report.add_issue("missing", "ground_truth", file, line, detail)
         report.reasons["missing: ground_truth"].count += self.count - len(self.examples)

@@ -70,11 +70,13 @@ def available_bytes() -> int | None:
     return None
 
 
-def host_plan(config: RunConfig, cfg: Any, processes: int = 1) -> tuple[int, list[tuple[str, int]]]:
+def host_plan(config: RunConfig, cfg: Any, processes: int = 1, *, on_gpu: bool = False,
+              nodes: int = 1) -> tuple[int, list[tuple[str, int]]]:
     """A lower estimate of an RL step's host memory on CPU (float32), per part: the models and the actor's
     optimizer, the step's sequences (ids, masks, log-probs, advantages) and the generation's KV cache over
     all of them, and one training micro-batch's logits and activations. Bytes, times `processes` (each CPU
-    process holds its own)."""
+    process holds its own). `on_gpu`: only the sequences, which the host holds too (for the reward, the
+    samples, the batch between phases), split over `nodes`."""
     hidden, layers, vocab = int(cfg.hidden_size), int(cfg.num_hidden_layers), int(cfg.vocab_size)
     heads = int(getattr(cfg, "num_attention_heads", 1) or 1)
     kv_dim = int(getattr(cfg, "num_key_value_heads", None) or heads) * int(
@@ -85,6 +87,9 @@ def host_plan(config: RunConfig, cfg: Any, processes: int = 1) -> tuple[int, lis
     sequences = config.data.train_batch_size * config.rollout.n
     copies = 4 + (1 if config.needs_ref else 0) + (4 if config.needs_critic else 0)
     micro = config.actor.micro_batch_size
+    if on_gpu:
+        per_node = -(-sequences // max(1, nodes))
+        return per_node * tokens * 32, [(f"the step's {sequences:,} sequences x {tokens} tokens", per_node * tokens * 32)]
     parts = [("weights and optimizer (float32)", params * 4 * copies),
              (f"the step's {sequences:,} sequences x {tokens} tokens", sequences * tokens * 32),
              ("the generation's KV cache", sequences * tokens * layers * 2 * kv_dim * 4),
@@ -94,9 +99,10 @@ def host_plan(config: RunConfig, cfg: Any, processes: int = 1) -> tuple[int, lis
 
 
 def check_host_memory(config: RunConfig, kind: str, model_path: str | None, *, processes: int = 1,
-                      cfg: Any = None, available: int | None = None) -> list[VerlError]:
-    """On a CPU run: refuse an RL step whose lower estimate (`host_plan`) is past the host's available memory,
-    with the numbers and the settings to change."""
+                      cfg: Any = None, available: int | None = None, on_gpu: bool = False,
+                      nodes: int = 1) -> list[VerlError]:
+    """Refuse an RL step whose lower estimate (`host_plan`: all of it on a CPU run, the sequences `on_gpu`) is
+    past the host's available memory, with the numbers and the settings to change."""
     if kind != "rl":
         return []
     cfg = cfg if cfg is not None else text_config(config, model_path)
@@ -105,12 +111,13 @@ def check_host_memory(config: RunConfig, kind: str, model_path: str | None, *, p
     available = available if available is not None else available_bytes()
     if available is None:
         return []
-    need, parts = host_plan(config, cfg, processes)
+    need, parts = host_plan(config, cfg, processes, on_gpu=on_gpu, nodes=nodes)
     if need <= available:
         return []
     shown = "; ".join(f"{name} {n / GiB:,.1f} GiB" for name, n in parts)
-    per = f" x {processes} processes" if processes > 1 else ""
-    return [ConfigError(f"host memory: an RL step on CPU needs at least {need / GiB:,.1f} GiB ({shown}{per}), and "
+    per = f" x {processes} processes" if processes > 1 and not on_gpu else ""
+    step = "an RL step's sequences on a GPU run (the host holds them too)" if on_gpu else "an RL step on CPU"
+    return [ConfigError(f"host memory: {step} needs at least {need / GiB:,.1f} GiB ({shown}{per}), and "
                         f"this host has {available / GiB:,.1f} GiB available. Fix: lower rollout.n={config.rollout.n} "
                         f"or data.train_batch_size={config.data.train_batch_size} (sequences per step), "
                         f"rollout.max_new_tokens={config.rollout.max_new_tokens} or actor.micro_batch_size="

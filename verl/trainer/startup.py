@@ -392,15 +392,15 @@ def check_run_dir(config: RunConfig) -> list[VerlError]:
 
 def host_memory_checks(config: RunConfig, kind: str, model_path: str | None, device_type: str, world_size: int,
                        nodes: int | None) -> list[VerlError]:
-    """Tokens within the model's positions, and on a CPU run the host-memory plan (`verl.trainer.host_memory`)."""
+    """Tokens within the model's positions, and the host-memory plan (`verl.trainer.host_memory`): the whole
+    step on a CPU run, the step's sequences on a GPU run."""
     from verl.trainer.host_memory import check_host_memory, check_positions, text_config
 
     cfg = text_config(config, model_path)
     problems = check_positions(config, kind, model_path, cfg)
-    if not targets_gpu(config, device_type):
-        problems += check_host_memory(config, kind, model_path, cfg=cfg,
-                                      processes=max(1, world_size // max(1, nodes or 1)))
-    return problems
+    on_gpu = targets_gpu(config, device_type)
+    return problems + check_host_memory(config, kind, model_path, cfg=cfg, on_gpu=on_gpu, nodes=max(1, nodes or 1),
+                                        processes=max(1, world_size // max(1, nodes or 1)))
 
 
 def checkpoint_disk_warning(config: RunConfig, counts: dict[str, int], dtypes: dict[str, str | None],
