@@ -1,4 +1,4 @@
-"""AdamW step time: torch's fused kernel (what the trainers build, verl/trainer/optim.py) against the
+"""AdamW step time: torch's fused kernel (what the trainers build, verl/trainer/build/optim.py) against the
 foreach implementation and the plain for-loop one, on the parameter sets of the tiny models.
 
 Run by hand (not a test):
@@ -31,7 +31,7 @@ def model_parameters(spec: str) -> list[torch.Tensor]:
     from transformers import AutoModelForCausalLM
 
     from verl.models.hf_loader import quiet_hf_progress
-    from verl.trainer.models import resolve_model_path
+    from verl.trainer.build.models import resolve_model_path
 
     with quiet_hf_progress():
         model = AutoModelForCausalLM.from_pretrained(resolve_model_path(spec), dtype=torch.float32)

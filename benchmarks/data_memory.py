@@ -107,7 +107,7 @@ CHILD = r"""
 import json, resource, sys, time
 from verl.config.loader import build_config
 from verl.env import build_env
-from verl.trainer.data_split import split_train_val
+from verl.data.split import split_train_val
 from verl.data import load_rows
 
 def rss_mb():

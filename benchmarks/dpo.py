@@ -59,7 +59,7 @@ def sync(device: str) -> None:
 
 def bench_verl(args: argparse.Namespace, rows: list[dict[str, str]]) -> dict[str, float]:
     from verl.config.loader import build_config
-    from verl.trainer.dpo_trainer import DPOTrainer
+    from verl.trainer.offline.dpo_trainer import DPOTrainer
 
     config = build_config({
         "model": {"path": args.model, "dtype": "float32"},

@@ -7,7 +7,7 @@ The model has Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads,
 vocabulary of 151,936, tied embeddings) with random weights, float32, sdpa attention, activation checkpointing
 per layer (`fsdp.activation_checkpointing`: without it 8k tokens keep 22 GB of activations whatever happens
 to the logits). The update is one micro-batch of one response after a 64-token prompt: the log-probs
-(`verl.trainer.forward.response_logprobs`, entropy for logging) with `actor.chunked_logprobs` false (plain) or
+(`verl.trainer.forward.logprobs.response_logprobs`, entropy for logging) with `actor.chunked_logprobs` false (plain) or
 true (chunked), the PPO-clip loss against detached old log-probs with random advantages (token mean), and its
 backward. The weights' gradients exist before it starts, as from an earlier micro-batch of the same update;
 "above state" is the peak beyond weights + gradients, which is what the response length changes.
@@ -71,7 +71,7 @@ def update(model: Any, ids: Any, response: int, chunked: bool) -> None:
     import torch
 
     from verl.algorithms import ppo_policy_loss
-    from verl.trainer.forward import response_logprobs
+    from verl.trainer.forward.logprobs import response_logprobs
 
     mask = torch.ones_like(ids)
     positions = torch.arange(ids.shape[1])[None]

@@ -24,11 +24,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ab import interleaved_times, load_average, ratios  # noqa: E402
 
-from verl.trainer.update import micro_batch_groups  # noqa: E402
+from verl.trainer.rl.update import micro_batch_groups  # noqa: E402
 
 
 def make_batch(args: argparse.Namespace, vocab: int):
-    from verl.trainer.batch import RolloutBatch
+    from verl.batch import RolloutBatch
 
     g = torch.Generator().manual_seed(args.seed)
     n, p, r = args.sequences, args.prompt_len, args.max_len

@@ -29,7 +29,7 @@ import doc_table  # noqa: E402
 from verl.config import load_config  # noqa: E402
 from verl.demos.arithmetic import SFT_TARGET_ACCURACY, demo_config_path, warm_start_until  # noqa: E402
 from verl.rollout import HFKVCacheEngine  # noqa: E402
-from verl.trainer.correction import AUTO_MODE  # noqa: E402
+from verl.trainer.rl.correction import AUTO_MODE  # noqa: E402
 from verl.trainer.rl_trainer import RLTrainer  # noqa: E402
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "training.md"

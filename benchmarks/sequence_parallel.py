@@ -42,9 +42,9 @@ def child(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from verl.batch import RolloutBatch
     from verl.distributed.sequence_parallel import SequenceParallel, enable_sequence_parallel
-    from verl.trainer.batch import RolloutBatch
-    from verl.trainer.forward import logprobs_of
+    from verl.trainer.forward.logprobs import logprobs_of
 
     torch.set_num_threads(1)
     size = args.size if args.rank is not None else 1

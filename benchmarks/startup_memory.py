@@ -40,7 +40,7 @@ def worker(args: argparse.Namespace) -> int:
     from verl import RLTrainer
     from verl.config import load_config
     from verl.models.sharded_load import bytes_read
-    from verl.trainer import components
+    from verl.trainer.compose import components
 
     if args.old:
         components.sharded_start = lambda config, process: False  # every model loaded whole, then sharded
@@ -84,7 +84,7 @@ def main() -> int:
     if args.worker:
         return worker(args)
 
-    from verl.trainer.models import resolve_model_path
+    from verl.trainer.build.models import resolve_model_path
 
     path = Path(resolve_model_path(args.model))  # built once here, not by every rank
     full = sum(f.stat().st_size for f in path.glob("*.safetensors"))  # the float32 file: one whole copy

@@ -24,6 +24,7 @@ LAYERS: dict[str, int] = {
     "sandbox": 1,        # running model-written code: standard library and errors only
     "utils": 1,          # dtype spellings, position ids: torch only
     "algorithms": 1,     # pure tensor math (further restricted below)
+    "batch": 2,          # RolloutBatch and its layout table: errors and utils only
     "config": 2,         # the typed schema; reads the estimator table and the dtype table
     "data": 3,
     "rewards": 3,
@@ -185,3 +186,128 @@ def test_allowed_imports_pass():
     assert violations("from verl.utils.dtype import resolve_dtype\nfrom . import fsdp\n", "verl/config/x.py") == []
     assert violations("from verl.models.hf_loader import load_hf_model\n", "verl/utils/hf_loader.py") == []
     assert violations("from verl.models.hf_loader import load_hf_model\n", "verl/utils/other.py") != []
+
+
+# Rooms of verl/trainer, lowest first: a room imports its own modules and those of strictly lower rooms; the
+# modules at trainer/'s top (the entry points) sit above every room.
+TRAINER_ROOMS: dict[str, int] = {
+    "forward": 1,   # response log-probs, packing, sequence parallelism
+    "build": 1,     # a role's model, process setup, FSDP launch, precision, optimizer
+    "rollout": 1,   # prompts, asynchronous rollout, multi-turn and agent episodes
+    "rl": 2,        # the RL step's stages after sampling
+    "checks": 3,    # start-up checks
+    "compose": 4,   # the parts a trainer is built from, the runtime, the loop
+    "offline": 5,   # SFT, DPO, reward models
+}
+TRAINER_TOP = max(TRAINER_ROOMS.values()) + 1
+
+
+def _modules_by_name() -> dict[str, Path]:
+    return {module_name(p): p for p in _modules()}
+
+
+def module_imports(path: Path, known: dict[str, Path]) -> set[str]:
+    """The verl modules `path` imports, each resolved to a module file: `from pkg import sub` names `pkg.sub`
+    where that is a module, a dotted name past a module is cut back to it."""
+    found: set[str] = set()
+    module = module_name(path)
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("verl"):
+            subs = {f"{node.module}.{a.name}" for a in node.names} & set(known)
+            if subs:
+                found |= subs
+    for target, _ in imported_modules(path.read_text(encoding="utf-8"), module, is_package=path.name == "__init__.py"):
+        if not target.startswith("verl.") and target != "verl":
+            continue
+        while target and target not in known:
+            target = target.rpartition(".")[0]
+        if target and target != module:
+            found.add(target)
+    # `from pkg import sub` resolved to the submodule above also yields `pkg` from imported_modules: drop it
+    # when every name imported from it is a submodule
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in known and all(
+                f"{node.module}.{a.name}" in known for a in node.names):
+            found.discard(node.module)
+    return found
+
+
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[2] in TRAINER_ROOMS else None
+
+
+def test_trainer_rooms_follow_their_order():
+    known = _modules_by_name()
+    rooms = {p.name for p in (PACKAGE / "trainer").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert rooms == set(TRAINER_ROOMS), f"rooms of verl/trainer missing from TRAINER_ROOMS or stale: {rooms ^ set(TRAINER_ROOMS)}"
+    problems = []
+    for module, path in known.items():
+        if not module.startswith("verl.trainer."):
+            continue
+        own = _room(module)
+        floor = TRAINER_ROOMS[own] if own else TRAINER_TOP
+        for target in module_imports(path, known):
+            if not target.startswith("verl.trainer.") or _room(target) == own:
+                continue
+            other = _room(target)
+            if other is None or TRAINER_ROOMS[other] >= floor:
+                problems.append(f"{path.relative_to(ROOT)}: {own or 'trainer top'} (floor {floor}) imports {target} "
+                                f"({other or 'trainer top'}); a room imports only lower rooms")
+    assert not problems, "trainer room violations:\n" + "\n".join(problems)
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in graph:
+                    continue
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+def test_no_module_of_verl_is_part_of_an_import_cycle():
+    """Function-level and TYPE_CHECKING imports count: neither may hide a cycle."""
+    known = _modules_by_name()
+    graph = {module: module_imports(path, known) for module, path in known.items()}
+    assert not import_cycles(graph), f"import cycles: {import_cycles(graph)}"
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []

@@ -23,9 +23,9 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "RLTrainer": "verl.trainer.rl_trainer",
-    "DPOTrainer": "verl.trainer.dpo_trainer",
-    "SFTTrainer": "verl.trainer.sft_trainer",
-    "RMTrainer": "verl.trainer.rm_trainer",
+    "DPOTrainer": "verl.trainer.offline.dpo_trainer",
+    "SFTTrainer": "verl.trainer.offline.sft_trainer",
+    "RMTrainer": "verl.trainer.offline.rm_trainer",
     "load_hf_model": "verl.utils.hf_loader",  # the documented path (a re-export)
     "FSDPConfig": "verl.trainer.fsdp_config",
     "RunConfig": "verl.config.schema",

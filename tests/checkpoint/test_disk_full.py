@@ -73,7 +73,7 @@ def test_run_dir_check_names_a_full_disk(tmp_path, monkeypatch):
     import tempfile
 
     from verl.config.loader import load_config
-    from verl.trainer.startup import check_run_dir
+    from verl.trainer.checks.startup import check_run_dir
 
     monkeypatch.setattr(tempfile, "TemporaryDirectory", _enospc)
     cfg = load_config(overrides=[f"trainer.run_dir={tmp_path / 'run'}"])
@@ -182,7 +182,7 @@ def test_check_warns_when_checkpoints_outgrow_the_disk(tmp_path, monkeypatch):
     from collections import namedtuple
 
     from verl.config.loader import load_config
-    from verl.trainer.startup import checkpoint_disk_warning
+    from verl.trainer.checks.startup import checkpoint_disk_warning
 
     usage = namedtuple("usage", "total used free")
     cfg = load_config(overrides=[f"trainer.run_dir={tmp_path / 'a' / 'b'}", "checkpoint.save_total_limit=2",

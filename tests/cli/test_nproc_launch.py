@@ -63,7 +63,7 @@ def test_rank_errors_are_grouped_by_message(tmp_path):
 def test_worker_error_prints_once_with_its_ranks(tmp_path):
     """Weights only the workers read are broken: each worker fails the same way; the launcher prints it once,
     with no torchrun traceback."""
-    from verl.trainer.models import resolve_model_path
+    from verl.trainer.build.models import resolve_model_path
 
     broken = tmp_path / "model"
     shutil.copytree(resolve_model_path("tiny"), broken)

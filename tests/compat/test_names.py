@@ -10,7 +10,7 @@ from verl.compat.keys import VERL_KEYS, VERL_SFT_KEYS
 from verl.config import config_to_yaml, load_config
 from verl.config.schema import RunConfig
 from verl.errors import ConfigError
-from verl.trainer.startup import check_response_length
+from verl.trainer.checks.startup import check_response_length
 
 
 def _our_keys() -> set[str]:

@@ -56,7 +56,7 @@ def test_importance_sampling_sequence_still_means_gspo_with_a_deprecation_warnin
 
 def test_the_covariance_losses_turn_zero_advantage_skipping_off():
     """clip_cov/kl_cov select tokens across the micro-batch, so leaving rows out would change the loss."""
-    from verl.trainer.update import skips_zero_advantage
+    from verl.trainer.rl.update import skips_zero_advantage
 
     assert skips_zero_advantage(load_config().actor)
     assert skips_zero_advantage(load_config(overrides=["actor.policy_loss=cispo"]).actor)

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 
 from verl.config import load_config
-from verl.trainer.host_memory import GiB, check_host_memory
-from verl.trainer.models import resolve_model_path
-from verl.trainer.startup import check_startup
+from verl.trainer.build.models import resolve_model_path
+from verl.trainer.checks.host_memory import GiB, check_host_memory
+from verl.trainer.checks.startup import check_startup
 
 
 @pytest.fixture(scope="module")

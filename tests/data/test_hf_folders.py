@@ -12,8 +12,8 @@ from hf_support import save_dict_to_disk, save_to_disk
 
 from verl.config.loader import build_config
 from verl.data import expand_paths, index_rows, load_rows
+from verl.data.split import split_train_val
 from verl.errors import DataError
-from verl.trainer.data_split import split_train_val
 
 ROWS = [{"question": f"what is {i}+1?", "answer": i + 1, "data_source": "arith"} for i in range(7)]
 

@@ -12,10 +12,10 @@ import pytest
 from verl.config.loader import build_config
 from verl.data.mixture import MixtureRows
 from verl.data.sampler import MixtureOrder, order_for, quotas
+from verl.data.split import split_train_val
 from verl.env import DatasetEnv
 from verl.errors import CheckpointError, ConfigError, DataError
 from verl.rewards import RewardManager
-from verl.trainer.data_split import split_train_val
 
 
 def _jsonl(path: Path, n: int, tag: str) -> Path:

@@ -295,7 +295,7 @@ def critic_backward(critic: torch.nn.Module, batch: dict[str, torch.Tensor], *, 
     """The value loss as RLTrainer.update_critic computes it, then backward. With `in_place`, the raw
     critic output is first modified in place (an identity `mul_`), which a view output cannot survive."""
     from verl.algorithms.losses import value_loss
-    from verl.trainer.forward import response_values
+    from verl.trainer.forward.logprobs import response_values
 
     if in_place:
         raw = critic(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -368,7 +368,7 @@ def chunked_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, chun
     `shared="packed"`: the rows packed into one (actor.remove_padding)."""
     from types import SimpleNamespace
 
-    from verl.trainer.forward import packed_logprobs, response_logprobs, shared_prompt_logprobs
+    from verl.trainer.forward.logprobs import packed_logprobs, response_logprobs, shared_prompt_logprobs
     from verl.utils.positions import position_ids_from_mask
 
     kwargs = dict(temperature=0.8, with_entropy=True, chunked=chunked)
@@ -418,7 +418,7 @@ def chunked_logprob_worker(rank: int, world: int, port: int, out_dir: str) -> No
         chunked_loss(sharded, local, chunked=True, shared=shared, scale=float(world))  # FSDP2 averages
         result[f"chunked{shared}"] = critic_grads(sharded)
         result[f"gathered_after_backward{shared}"] = sharded._get_fsdp_state()._fsdp_param_group.is_unsharded
-    from verl.trainer.forward import response_logprobs
+    from verl.trainer.forward.logprobs import response_logprobs
     from verl.utils.positions import position_ids_from_mask
 
     ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], 1)
@@ -431,7 +431,7 @@ def chunked_logprob_worker(rank: int, world: int, port: int, out_dir: str) -> No
             want, _ = response_logprobs(model(), ids, mask, position_ids_from_mask(mask), 5)
             result["no_grad"] = (got, want[rows])
     # LoRA: the peft wrapper over the FSDP2-sharded model (its Hugging Face model is the root, as
-    # verl.trainer.components.shard does it); the adapters' gradients against one plain process
+    # verl.trainer.compose.components.shard does it); the adapters' gradients against one plain process
     from verl.config.schema import LoraConfig
     from verl.models.lora import apply_lora, base_of
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from _dist_workers import setup
 
+from verl.batch import varied_groups
 from verl.config import load_config
-from verl.trainer.batch import varied_groups
 from verl.trainer.rl_trainer import RLTrainer
 
 TRAIN_BATCH, N = 8, 2

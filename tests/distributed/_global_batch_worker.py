@@ -8,11 +8,11 @@ import torch
 from _dist_workers import setup
 
 from verl.algorithms import AdaptiveKLController
+from verl.batch import RolloutBatch
 from verl.config.schema import AlgorithmConfig
 from verl.distributed import RoleGroups, validate_device_mapping
 from verl.distributed.placement import Placement
-from verl.trainer.advantages import apply_kl_in_reward, estimate_advantages
-from verl.trainer.batch import RolloutBatch
+from verl.trainer.rl.advantages import apply_kl_in_reward, estimate_advantages
 
 N, R, KL_STEPS = 8, 6, 3
 

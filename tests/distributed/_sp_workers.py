@@ -30,7 +30,7 @@ def tiny(kv_heads: int = 2, attn: str = "sdpa", seed: int = 0) -> torch.nn.Modul
 def rollout_batch(rows: int = 6, seed: int = 3, extra_left: int = 0, extra_right: int = 0):
     """Left-padded prompts and right-padded responses of different lengths, with what a PPO update reads.
     `extra_left`/`extra_right` add padding columns (the same rows, padded wider)."""
-    from verl.trainer.batch import RolloutBatch
+    from verl.batch import RolloutBatch
 
     g = torch.Generator().manual_seed(seed)
     prompt_len = torch.randint(1, PROMPT + 1, (rows,), generator=g)
@@ -57,8 +57,8 @@ def actor_config(**overrides):
 
 
 def micro_loss(model, cfg, sp, temperature: float = 0.7, chunked: bool = False):
-    from verl.trainer import update
-    from verl.trainer.forward import logprobs_of
+    from verl.trainer.forward.logprobs import logprobs_of
+    from verl.trainer.rl import update
 
     return update.policy_loss(cfg, RESPONSE, lambda mb: logprobs_of(
         model, mb, share=False, temperature=temperature, with_entropy=True, sp=sp, chunked=chunked))
@@ -82,7 +82,7 @@ def forward_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     input), and the same rows padded wider."""
     from verl.distributed.fsdp import checkpoint_decoder_layers
     from verl.distributed.sequence_parallel import enable_sequence_parallel
-    from verl.trainer.forward import logprobs_of
+    from verl.trainer.forward.logprobs import logprobs_of
 
     setup(rank, world, port)
     sp = _sp(rank, world)
@@ -144,9 +144,9 @@ def optimize_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     from verl.distributed.mapping import validate_device_mapping
     from verl.distributed.placement import Placement
     from verl.distributed.sequence_parallel import enable_sequence_parallel
-    from verl.trainer import update
-    from verl.trainer.batch_math import plan_batches
-    from verl.trainer.sequence_parallel import group_plan, pool_rows
+    from verl.trainer.forward.batch_math import plan_batches
+    from verl.trainer.forward.sequence_parallel import group_plan, pool_rows
+    from verl.trainer.rl import update
 
     setup(rank, world, port)
     size = 2
@@ -198,7 +198,7 @@ def pool_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     pooled rows, padded on the right side of each field, and its own rows back out of a result."""
     from verl.distributed import RoleGroups
     from verl.distributed.mapping import validate_device_mapping
-    from verl.trainer.sequence_parallel import pool_rows
+    from verl.trainer.forward.sequence_parallel import pool_rows
 
     setup(rank, world, port)
     mapping = validate_device_mapping(None, world_size=world, algorithm_needs_critic=False, needs_ref=False,
@@ -230,7 +230,7 @@ def sft_batch(rows: int = 5, seed: int = 4) -> dict:
     different lengths, the loss on each row's last tokens (one row's target tokens interrupted, as a
     multi-turn row's observation is)."""
     from verl.data.datasets import IGNORE_INDEX
-    from verl.trainer.sft_trainer import collate_sequences, shifted_targets
+    from verl.trainer.offline.sft_trainer import collate_sequences, shifted_targets
 
     g = torch.Generator().manual_seed(seed)
     items = []
@@ -251,7 +251,7 @@ def target_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     the plain head and the chunked one, and for a row with one target (on one rank only)."""
     from verl.data.datasets import IGNORE_INDEX
     from verl.distributed.sequence_parallel import enable_sequence_parallel
-    from verl.trainer.sft_trainer import collate_sequences, shifted_targets, target_logprobs
+    from verl.trainer.offline.sft_trainer import collate_sequences, shifted_targets, target_logprobs
 
     setup(rank, world, port)
     sp = _sp(rank, world)
@@ -284,8 +284,8 @@ def critic_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     from verl.config.schema import CriticConfig
     from verl.distributed.sequence_parallel import enable_sequence_parallel
     from verl.models.critic import ValueModel
-    from verl.trainer import update
-    from verl.trainer.forward import values_of
+    from verl.trainer.forward.logprobs import values_of
+    from verl.trainer.rl import update
 
     setup(rank, world, port)
     sp = _sp(rank, world)

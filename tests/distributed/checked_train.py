@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from collective_check import MARKER, check_collective_devices  # noqa: E402
 
-import verl.trainer.setup as setup  # noqa: E402
+import verl.trainer.build.setup as setup  # noqa: E402
 from verl.config import load_config  # noqa: E402
 from verl.distributed.process import init_distributed, shutdown_distributed  # noqa: E402
 from verl.trainer.rl_trainer import RLTrainer  # noqa: E402

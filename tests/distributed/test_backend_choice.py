@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import verl.trainer.setup as setup_mod
+import verl.trainer.build.setup as setup_mod
 from verl.config import load_config
 from verl.distributed import process
-from verl.trainer.setup import ProcessIdentity, setup_process
+from verl.trainer.build.setup import ProcessIdentity, setup_process
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from verl.algorithms import AdaptiveKLController
-from verl.trainer.advantages import apply_kl_in_reward, estimate_advantages
+from verl.trainer.rl.advantages import apply_kl_in_reward, estimate_advantages
 
 pytestmark = pytest.mark.dist
 

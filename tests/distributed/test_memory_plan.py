@@ -15,8 +15,8 @@ from qwen2_config import write_qwen2_config  # pytest puts this folder on sys.pa
 from verl.cli.main import main
 from verl.config.loader import load_config
 from verl.distributed.memory_plan import plan_memory, suggestions
-from verl.trainer.memory_inputs import model_shape, vllm_memory_utilization
-from verl.trainer.startup import check_startup
+from verl.trainer.checks.memory_inputs import model_shape, vllm_memory_utilization
+from verl.trainer.checks.startup import check_startup
 
 GIB = 2**30
 H100 = 79.1  # GiB: the total memory torch reports for an H100 80GB

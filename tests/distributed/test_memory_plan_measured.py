@@ -17,7 +17,7 @@ from torch.utils._pytree import tree_leaves
 from verl.algorithms import ppo_policy_loss
 from verl.distributed.fsdp import checkpoint_decoder_layers, find_decoder_layers
 from verl.distributed.memory_plan import CUDA_RUNTIME_BYTES, ModelShape, PlanInputs, plan_memory
-from verl.trainer.forward import response_logprobs
+from verl.trainer.forward.logprobs import response_logprobs
 
 PROMPT, RESPONSE = 16, 1024
 
@@ -96,7 +96,7 @@ def test_the_sft_plan_is_within_20_percent_of_a_measured_sft_micro_batch(monkeyp
     phase counts for a response of the answer's length (`plan_inputs(kind="sft")` builds these inputs)."""
     import verl.algorithms.head_logprobs as head_mod
     from verl.data.datasets import IGNORE_INDEX
-    from verl.trainer.sft_trainer import collate_sequences, shifted_targets, target_logprobs
+    from verl.trainer.offline.sft_trainer import collate_sequences, shifted_targets, target_logprobs
 
     monkeypatch.setattr(head_mod, "CHUNK_ELEMENTS", 8192 * 64)
     model = _model(checkpointing=True)

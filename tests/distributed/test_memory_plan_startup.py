@@ -17,7 +17,7 @@ from qwen2_config import write_qwen2_config  # pytest puts this folder on sys.pa
 from verl.cli.main import main
 from verl.config.loader import load_config
 from verl.distributed.memory_plan import plan_memory, suggestions
-from verl.trainer.startup import check_startup
+from verl.trainer.checks.startup import check_startup
 
 GIB = 2**30
 GPU = 80  # --gpu-memory, GiB

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from verl.batch import RolloutBatch
 from verl.config import load_config
 from verl.distributed.sequence_parallel import (
     enable_sequence_parallel,
@@ -14,11 +15,10 @@ from verl.distributed.sequence_parallel import (
     sequence_parallel_problems,
 )
 from verl.errors import ConfigError
-from verl.trainer.batch import RolloutBatch
-from verl.trainer.batch_math import plan_batches
-from verl.trainer.preflight import preflight
-from verl.trainer.sequence_parallel import group_plan
-from verl.trainer.update import micro_weights
+from verl.trainer.checks.preflight import preflight
+from verl.trainer.forward.batch_math import plan_batches
+from verl.trainer.forward.sequence_parallel import group_plan
+from verl.trainer.rl.update import micro_weights
 
 
 def _tiny(heads: int = 4, kv: int = 2, **extra):
@@ -175,7 +175,7 @@ def test_the_policy_and_a_sequence_parallel_reference_split_a_teacher_does_not()
     from types import SimpleNamespace
 
     from verl.models.lora import AdapterOff
-    from verl.trainer.sequence_parallel import ActorSequenceParallel, splits_sequences
+    from verl.trainer.forward.sequence_parallel import ActorSequenceParallel, splits_sequences
 
     policy, reference, teacher = _tiny(), _tiny(), _tiny()
     enable_sequence_parallel(reference, 2)  # what start-up does for a reference on the actor's ranks
@@ -209,8 +209,8 @@ class _Groups:
 def test_a_critic_on_the_actors_ranks_splits_its_sequences_one_on_its_own_runs_whole_ones(critic_ranks, splits):
     from types import SimpleNamespace
 
-    from verl.trainer.components import setup_critic
-    from verl.trainer.sequence_parallel import splits_sequences
+    from verl.trainer.compose.components import setup_critic
+    from verl.trainer.forward.sequence_parallel import splits_sequences
 
     config = load_config(overrides=["env.name=arithmetic", "trainer.device=cpu", "algorithm.adv_estimator=gae",
                                     "actor.sequence_parallel_size=2"])
@@ -226,10 +226,10 @@ def test_a_critic_on_the_actors_ranks_splits_its_sequences_one_on_its_own_runs_w
 def test_a_teacher_on_the_actors_ranks_splits_its_sequences(teacher_ranks, splits, monkeypatch):
     from types import SimpleNamespace
 
-    from verl.trainer import components
-    from verl.trainer.components import setup_teacher
-    from verl.trainer.models import resolve_model_path
-    from verl.trainer.sequence_parallel import splits_sequences
+    from verl.trainer.build.models import resolve_model_path
+    from verl.trainer.compose import components
+    from verl.trainer.compose.components import setup_teacher
+    from verl.trainer.forward.sequence_parallel import splits_sequences
     from verl.utils.hf_loader import load_tokenizer
 
     config = load_config(overrides=["env.name=arithmetic", "trainer.device=cpu", "algorithm.distill.teacher_path=tiny",
@@ -262,7 +262,7 @@ def test_verl_check_says_which_models_split_with_the_actor_and_checks_their_own(
 def test_an_offline_batch_that_the_replicas_cannot_share_is_refused_by_replica():
     from types import SimpleNamespace
 
-    from verl.trainer.offline import OfflineTrainer
+    from verl.trainer.offline.base import OfflineTrainer
 
     trainer = object.__new__(OfflineTrainer)  # the attributes build_sampler reads: 4 ranks in 2 groups of 2
     trainer.config, trainer.dp_size, trainer.sp = load_config(overrides=["trainer.device=cpu"]), 2, SimpleNamespace(size=2)

@@ -17,7 +17,7 @@ SPEC = "tiny:qwen2:64:2"
 def _process(config, rank: int, world: int):
     from verl.distributed import RoleGroups
     from verl.distributed.mapping import validate_device_mapping
-    from verl.trainer.setup import ProcessSetup
+    from verl.trainer.build.setup import ProcessSetup
 
     mapping = validate_device_mapping(config.devices, world_size=world, algorithm_needs_critic=True,
                                       needs_ref=True, needs_reward_model=False, role_dtypes={},
@@ -32,8 +32,8 @@ def _process(config, rank: int, world: int):
 
 def _roles(config, process, path: str, *, defer: bool):
     """Policy, reference and critic as `compose_rl` builds them (the policy sharded last)."""
-    from verl.trainer.components import setup_critic, setup_reference, setup_teacher, shard
-    from verl.trainer.models import load_policy_with_report
+    from verl.trainer.build.models import load_policy_with_report
+    from verl.trainer.compose.components import setup_critic, setup_reference, setup_teacher, shard
 
     torch.manual_seed(config.trainer.seed)  # setup_process seeds every rank alike before the policy loads
     policy, tokenizer, _ = load_policy_with_report(config, path, device=process.device, dtype=process.dtype,
@@ -63,8 +63,8 @@ def loading_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
     from verl.config import load_config
     from verl.models.sharded_load import bytes_read
-    from verl.trainer.components import sharded_start
-    from verl.trainer.models import resolve_model_path
+    from verl.trainer.build.models import resolve_model_path
+    from verl.trainer.compose.components import sharded_start
 
     W.setup(rank, world, port)
     path = resolve_model_path(SPEC)
@@ -95,7 +95,7 @@ def loading_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 def test_sharded_start_equals_unsharded_load_and_reads_half_per_rank(tmp_path):
     from safetensors import safe_open
 
-    from verl.trainer.models import resolve_model_path
+    from verl.trainer.build.models import resolve_model_path
 
     W.launch(loading_worker, 2, str(tmp_path))
     file = Path(resolve_model_path(SPEC)) / "model.safetensors"

@@ -16,10 +16,10 @@ def reference_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     from verl.config import load_config
     from verl.distributed import RoleGroups
     from verl.distributed.mapping import validate_device_mapping
-    from verl.trainer.components import setup_reference
-    from verl.trainer.forward import response_logprobs
-    from verl.trainer.models import copy_in, frozen
-    from verl.trainer.setup import ProcessSetup
+    from verl.trainer.build.models import copy_in, frozen
+    from verl.trainer.build.setup import ProcessSetup
+    from verl.trainer.compose.components import setup_reference
+    from verl.trainer.forward.logprobs import response_logprobs
 
     W.setup(rank, world, port)
     config = load_config(overrides=["trainer.device=cpu", "actor.kl_loss_coef=0.01"])

@@ -34,7 +34,7 @@ def _micro_batch(model, ids, *, chunked: bool, offload: bool) -> tuple[int, dict
     """Peak bytes beyond weights + gradients of one micro-batch, and the gradients it adds."""
     from verl.algorithms import ppo_policy_loss
     from verl.distributed.offload import activations_offloaded
-    from verl.trainer.forward import response_logprobs
+    from verl.trainer.forward.logprobs import response_logprobs
 
     for p in model.parameters():
         p.grad.zero_()

@@ -101,7 +101,7 @@ def test_fsdp2_over_nccl_one_rank_fp32_master_bf16_compute(tmp_path, checkpointi
 def test_weights_move_at_lr_1e6_with_the_default_precision(tmp_path, precision):
     """One GRPO step at actor.lr=1e-6 as `verl train cfg` runs it on one GPU (no torchrun: a 1-rank NCCL group
     of its own). model.dtype=auto holds float32 master weights and computes in bfloat16 (FSDP2
-    MixedPrecisionPolicy, verl.trainer.precision), so AdamW's first step (about lr per weight) moves nearly
+    MixedPrecisionPolicy, verl.trainer.build.precision), so AdamW's first step (about lr per weight) moves nearly
     every weight; bfloat16 masters (the old default, now only on insisting) round most of those steps away.
     The same two runs over gloo on CPU: tests/distributed/test_one_rank_fsdp.py."""
     model = ({"dtype": "auto"} if precision == "default"

@@ -15,7 +15,7 @@ from verl.models.hf_loader import load_hf_model
 from verl.models.tiny import build_tiny_model
 from verl.rollout import HFKVCacheEngine, SamplingParams
 from verl.rollout.multiturn import MultiTurnRollout
-from verl.trainer.forward import response_logprobs
+from verl.trainer.forward.logprobs import response_logprobs
 from verl.utils.positions import position_ids_from_mask
 
 # Frequent characters as stop strings: a random model's turns then end at varied lengths.

@@ -1,4 +1,4 @@
-"""`rollout.vllm.*` reaching the engine the trainer builds (verl.trainer.components.setup_engine), over the
+"""`rollout.vllm.*` reaching the engine the trainer builds (verl.trainer.compose.components.setup_engine), over the
 stand-in `vllm.LLM` of test_vllm_sync.py, which records the keyword arguments it was built with: the
 asynchronous rollout ranks' own gpu_memory_utilization, per_request_seeds, and the dtype vLLM holds its
 weights in, which is the dtype each push is cast to before it is gathered."""
@@ -13,7 +13,7 @@ from verl.models.tiny import build_tiny_model
 from verl.rollout import SamplingParams
 from verl.rollout.engine_check import ROLLOUT_RANK_GPU_MEMORY_UTILIZATION, describe_vllm_memory
 from verl.rollout.weight_sync import synced
-from verl.trainer.components import setup_engine
+from verl.trainer.compose.components import setup_engine
 
 from .test_vllm_sync import rl_config, stand_in_vllm  # noqa: F401 - the fixture
 
@@ -79,7 +79,7 @@ def test_check_notes_the_kv_cache_budget_of_asynchronous_vllm_runs():
 
 
 def test_verl_check_prints_the_note_for_an_asynchronous_vllm_run(tmp_path):
-    from verl.trainer.startup import check_startup
+    from verl.trainer.checks.startup import check_startup
 
     config = rl_config(tmp_path, "rollout.engine=vllm", "devices.actor=[0]", "devices.rollout=[1]")
     report = check_startup(config, world_size=2, device_type="cuda", nodes=1)

@@ -216,7 +216,7 @@ def stand_in_vllm(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", module)
     monkeypatch.setattr(StandInLLM, "instances", [])
     # The start-up pass refuses vllm on a CPU machine (tests/cli/test_check_vllm.py); the stand-in runs on CPU.
-    monkeypatch.setattr("verl.trainer.startup.check_rollout_engine", lambda engine, device_type: [])
+    monkeypatch.setattr("verl.trainer.checks.startup.check_rollout_engine", lambda engine, device_type: [])
     return module
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from verl.config.loader import build_config
 from verl.sandbox import isolation
-from verl.trainer.startup import check_startup
+from verl.trainer.checks.startup import check_startup
 
 isolation_module = importlib.import_module("verl.sandbox.isolation")  # the package's `isolation` is the function
 

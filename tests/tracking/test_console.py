@@ -111,7 +111,7 @@ def test_missing_backend_names_the_pip_package(tmp_path, backend, module):
 
 
 def test_import_verl_imports_no_optional_backend():
-    code = ("import sys, verl, verl.tracking, verl.tracking.plot, verl.trainer.loop; "
+    code = ("import sys, verl, verl.tracking, verl.tracking.plot, verl.trainer.compose.loop; "
             "print([m for m in ('wandb', 'mlflow', 'tensorboard', 'matplotlib') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -116,7 +116,7 @@ def state_tensors(trainer: Any) -> Iterator[tuple[str, torch.Tensor]]:
 def batch_of_lengths(lengths, prompt_mask=(0, 0, 0, 1, 1), width=10):
     """A RolloutBatch of one sequence per length: a prompt of `prompt_mask` (2 tokens left-padded to 5) and a
     response of that many tokens (right-padded to `width`), for micro-batch grouping."""
-    from verl.trainer.batch import RolloutBatch
+    from verl.batch import RolloutBatch
 
     n = len(lengths)
     mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long()

@@ -14,7 +14,7 @@ from verl.config.schema import LoraConfig
 from verl.errors import ConfigError, ModelError
 from verl.models.head import HeadCapture, head_unsupported
 from verl.models.lora import AdapterOff, apply_lora
-from verl.trainer.forward import response_logprobs, shared_prompt_logprobs, use_chunked_logprobs
+from verl.trainer.forward.logprobs import response_logprobs, shared_prompt_logprobs, use_chunked_logprobs
 from verl.utils.positions import position_ids_from_mask
 
 TEMPERATURE = 0.7

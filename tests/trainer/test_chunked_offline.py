@@ -17,8 +17,8 @@ from test_sft import make_config as sft_config
 
 import verl.algorithms.head_logprobs as head_mod
 from verl.data.datasets import IGNORE_INDEX
-from verl.trainer.dpo_trainer import DPOTrainer, shared_pair_layout, shared_sequence_logps
-from verl.trainer.sft_trainer import SFTTrainer, collate_sequences, shifted_targets, target_logprobs
+from verl.trainer.offline.dpo_trainer import DPOTrainer, shared_pair_layout, shared_sequence_logps
+from verl.trainer.offline.sft_trainer import SFTTrainer, collate_sequences, shifted_targets, target_logprobs
 
 TOL = 1e-10
 CPU = torch.device("cpu")

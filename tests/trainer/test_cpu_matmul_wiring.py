@@ -8,7 +8,7 @@ import torch
 from rl_support import rl_config
 
 from verl.config.loader import build_config
-from verl.trainer.dpo_trainer import DPOTrainer
+from verl.trainer.offline.dpo_trainer import DPOTrainer
 from verl.trainer.rl_trainer import RLTrainer
 from verl.utils.cpu_matmul import OneDNNLinear, onednn_available
 

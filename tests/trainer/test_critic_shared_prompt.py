@@ -10,7 +10,7 @@ import torch
 from rl_support import captured_update, random_groups, rl_config
 
 from verl.algorithms import value_loss
-from verl.trainer.forward import can_share_prompt, response_values, shared_prompt_values
+from verl.trainer.forward.logprobs import can_share_prompt, response_values, shared_prompt_values
 from verl.trainer.rl_trainer import RLTrainer
 from verl.utils.positions import position_ids_from_mask
 
@@ -93,7 +93,7 @@ def _batch(trainer: RLTrainer):
 def _critic_update(trainer: RLTrainer, batch, share: bool, monkeypatch):
     """update_critic's accumulated gradient (captured instead of stepped), its forwards, and its value loss
     put together from the micro-batches' losses (each weighted by its share of tokens or sequences)."""
-    import verl.trainer.update as rl
+    import verl.trainer.rl.update as rl
 
     trainer.config.critic.share_prompt_forward = share
     losses = []

@@ -9,7 +9,7 @@ import pytest
 from verl.config.loader import build_config
 from verl.demos.arithmetic import warm_start_until
 from verl.errors import ConfigError
-from verl.trainer.startup import check_demo_env, check_startup
+from verl.trainer.checks.startup import check_demo_env, check_startup
 
 
 def _config(demo, env):

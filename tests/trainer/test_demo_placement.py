@@ -1,5 +1,5 @@
 """Which demos take split placements: the arithmetic one runs its warm start on the actor's ranks
-(`verl.trainer.warm_start`); the tool, agent and RLHF demos are refused one before anything loads."""
+(`verl.demos.warm_start`); the tool, agent and RLHF demos are refused one before anything loads."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 
 from verl.config import load_config
+from verl.demos.warm_start import first_actor_rank, on_actor_ranks
 from verl.errors import DeviceMappingError, DistributedError, VerlError
-from verl.trainer.runtime import on_parts
-from verl.trainer.startup import check_startup
-from verl.trainer.warm_start import first_actor_rank, on_actor_ranks
+from verl.trainer.checks.startup import check_startup
+from verl.trainer.compose.runtime import on_parts
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ASYNC = ["devices.actor=[0]", "devices.rollout=[1]", "rollout.max_staleness=1", "trainer.device=cpu"]

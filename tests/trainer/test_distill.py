@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from verl import RLTrainer
 from verl.config import load_config, split_legacy_flags
 from verl.errors import ConfigError, ModelError
-from verl.trainer.models import resolve_model_path
-from verl.trainer.preflight import preflight
+from verl.trainer.build.models import resolve_model_path
+from verl.trainer.checks.preflight import preflight
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ import torch
 
 from verl.config.loader import build_config
 from verl.errors import ConfigError, DataError, ModelError
-from verl.trainer.dpo_trainer import DPOTrainer
+from verl.trainer.offline.dpo_trainer import DPOTrainer
 
 
 def arithmetic_pairs(n: int, seed: int = 0) -> list[dict[str, str]]:
@@ -222,7 +222,7 @@ def test_build_trainer_dispatches_to_dpo(tmp_path):
 
 
 def test_ref_path_with_another_tokenizer_is_refused_as_in_rl(tiny, tmp_path):
-    # DPO and RL build their reference with one function (verl.trainer.models.build_reference)
+    # DPO and RL build their reference with one function (verl.trainer.build.models.build_reference)
     from verl.models.tiny import build_tiny_model
 
     other = build_tiny_model(tmp_path / "other", vocab_size=512)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_dpo import ROWS, make_config, tiny  # noqa: F401 - the module-scoped model fixture
 
-from verl.trainer.dpo_trainer import DPOTrainer, PairBatch
+from verl.trainer.offline.dpo_trainer import DPOTrainer, PairBatch
 
 
 def _trainer(tiny, share: bool, **actor):  # noqa: F811
@@ -51,7 +51,7 @@ def test_dpo_steps_with_and_without_sharing_agree(tiny):  # noqa: F811
 
 
 def test_pairs_without_a_common_prefix_and_one_token_answers(tiny):  # noqa: F811
-    from verl.trainer.dpo_trainer import shared_pair_layout
+    from verl.trainer.offline.dpo_trainer import shared_pair_layout
 
     tr = _trainer(tiny, share=True)
     IGN = -100

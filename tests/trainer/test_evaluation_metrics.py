@@ -11,7 +11,7 @@ import torch
 
 from verl.errors import ConfigError
 from verl.rewards.manager import RewardManager
-from verl.trainer.evaluation import Answers, evaluate_rows, validation_ks, vote_keys
+from verl.trainer.rl.evaluation import Answers, evaluate_rows, validation_ks, vote_keys
 
 # Per prompt: its data_source and its 4 answers as (text, score).
 ROWS = [
@@ -149,7 +149,7 @@ def test_ranks_answering_shares_reduce_to_the_one_rank_numbers():
 def test_bad_k_values_and_misplaced_keys_are_explained():
     from verl.config import load_config
     from verl.errors import RewardError
-    from verl.trainer.evaluation import check_ks
+    from verl.trainer.rl.evaluation import check_ks
 
     with pytest.raises(ConfigError, match=r"rollout.val_k=\[0, 2\]: \[0\] must be positive"):
         check_ks(4, [0, 2])

@@ -10,7 +10,7 @@ from verl.cli.main import main
 from verl.demos.arithmetic import demo_config_path
 from verl.distributed.fsdp import find_decoder_layers
 from verl.distributed.process import shutdown_distributed
-from verl.trainer.components import compose
+from verl.trainer.compose.components import compose
 from verl.trainer.rl_trainer import RLTrainer
 
 

@@ -13,8 +13,8 @@ from verl.checkpoint import list_checkpoints
 from verl.checkpoint.best import BestRecord, improves, read_best
 from verl.cli.main import main
 from verl.errors import ConfigError
+from verl.trainer.checks.startup import check_startup
 from verl.trainer.rl_trainer import RLTrainer
-from verl.trainer.startup import check_startup
 
 KEEP = ("trainer.val_every=1", "checkpoint.save_interval=0", "checkpoint.save_total_limit=1",
         "checkpoint.keep_best=val/score", "rollout.max_new_tokens=2")
@@ -127,7 +127,7 @@ def test_async_saves_mark_the_best_once_committed(tmp_path):
 
 
 def test_sft_keeps_the_smallest_validation_loss(tmp_path):
-    from verl.trainer.sft_trainer import SFTTrainer
+    from verl.trainer.offline.sft_trainer import SFTTrainer
 
     data = tmp_path / "sft.jsonl"
     data.write_text("".join(json.dumps({"input": f"{i}+1=", "output": str(i + 1)}) + "\n" for i in range(8)))

@@ -55,7 +55,7 @@ class _LargestFloat32(TorchDispatchMode):
 
 
 def _run(model, *, with_entropy: bool, entropy_grad: bool):
-    from verl.trainer.forward import response_logprobs
+    from verl.trainer.forward.logprobs import response_logprobs
 
     ids, mask, positions = _batch(model.config.vocab_size)
     return response_logprobs(model, ids, mask, positions, R, temperature=TEMPERATURE, with_entropy=with_entropy,

@@ -19,10 +19,10 @@ from transformers import AutoModelForCausalLM
 from verl.checkpoint import TrainingInterrupted, export_hf, list_checkpoints, verify
 from verl.config.loader import apply_overrides, build_config
 from verl.models.lora import AdapterOff, base_of, is_peft_model
-from verl.trainer.dpo_trainer import DPOTrainer
-from verl.trainer.forward import response_logprobs
+from verl.trainer.forward.logprobs import response_logprobs
+from verl.trainer.offline.dpo_trainer import DPOTrainer
+from verl.trainer.offline.sft_trainer import SFTTrainer
 from verl.trainer.rl_trainer import RLTrainer
-from verl.trainer.sft_trainer import SFTTrainer
 
 peft = pytest.importorskip("peft")
 
@@ -285,7 +285,7 @@ def test_a_given_model_object_gets_its_adapters_once(tmp_path):
 
 
 def test_importing_verl_never_imports_peft():
-    code = ("import sys, verl, verl.trainer.rl_trainer, verl.trainer.dpo_trainer, verl.cli.main; "
+    code = ("import sys, verl, verl.trainer.rl_trainer, verl.trainer.offline.dpo_trainer, verl.cli.main; "
             "print('peft' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

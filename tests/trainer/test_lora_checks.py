@@ -12,8 +12,8 @@ from verl.config.loader import build_config
 from verl.distributed.mapping import validate_device_mapping
 from verl.distributed.memory import estimate_memory
 from verl.errors import ConfigError
-from verl.trainer.models import resolve_model_path
-from verl.trainer.startup import check_startup
+from verl.trainer.build.models import resolve_model_path
+from verl.trainer.checks.startup import check_startup
 
 peft = pytest.importorskip("peft")
 

@@ -11,7 +11,7 @@ from rl_support import captured_update, random_groups, rl_config
 
 from verl.config.schema import LoraConfig
 from verl.models.lora import AdapterOff, apply_lora, base_of, is_peft_model
-from verl.trainer.forward import can_share_prompt, response_logprobs, shared_prompt_logprobs
+from verl.trainer.forward.logprobs import can_share_prompt, response_logprobs, shared_prompt_logprobs
 from verl.utils.positions import position_ids_from_mask
 
 TOL = 1e-5

@@ -12,9 +12,9 @@ import pytest
 import torch
 from rl_support import captured_update, rl_config
 
-import verl.trainer.update as update_mod
+import verl.trainer.rl.update as update_mod
 from verl.distributed.offload import activations_offloaded, offloads_activations
-from verl.trainer.fsdp_launch import fsdp_launch
+from verl.trainer.build.fsdp_launch import fsdp_launch
 
 
 def test_cpu_offload_per_role_defaults_to_fsdp_cpu_offload(tmp_path):
@@ -89,7 +89,7 @@ def test_activation_offload_leaves_the_update_gradients_unchanged(tmp_path, monk
 def test_each_role_is_sharded_with_its_own_offload_switch(tmp_path, monkeypatch):
     import types
 
-    import verl.trainer.components as components
+    import verl.trainer.compose.components as components
 
     applied = {}
     monkeypatch.setattr(components, "apply_fsdp", lambda module, cfg, **kw: applied.setdefault(module, cfg))

@@ -7,7 +7,7 @@ import math
 import torch
 
 from verl.config.schema import OptimConfig
-from verl.trainer.optim import build_optimizer
+from verl.trainer.build.optim import build_optimizer
 
 
 def _adamw_reference(p0, grads, lr, betas, eps, wd):

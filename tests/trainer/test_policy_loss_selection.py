@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from verl.algorithms.policy_losses import POLICY_LOSSES, get_policy_loss
+from verl.batch import RolloutBatch
 from verl.config import load_config
-from verl.trainer import update
-from verl.trainer.batch import RolloutBatch
+from verl.trainer.rl import update
 
 OPTIONS = {"ppo": ["actor.clip_high=0.05", "actor.dual_clip=1.5"], "gspo": ["actor.clip_low=0.05", "actor.clip_high=0.05"],
            "cispo": ["actor.clip_high=0.1"], "gmpo": ["actor.loss_options={clip_low: 0.1}"],

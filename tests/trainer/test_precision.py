@@ -6,9 +6,9 @@ import torch
 
 from verl.config import load_config
 from verl.errors import ConfigError
-from verl.trainer.fsdp_launch import fsdp_launch
-from verl.trainer.precision import Precision, resolve_precision, role_dtype_names
-from verl.trainer.startup import check_startup
+from verl.trainer.build.fsdp_launch import fsdp_launch
+from verl.trainer.build.precision import Precision, resolve_precision, role_dtype_names
+from verl.trainer.checks.startup import check_startup
 
 
 def _share_moved_by_one_adamw_step(master: torch.dtype, compute: torch.dtype) -> float:

@@ -11,10 +11,10 @@ from verl.cli.check_cmd import collect
 from verl.cli.main import main
 from verl.config import load_config
 from verl.errors import ConfigError, VerlError
-from verl.trainer import preflight as preflight_module
+from verl.trainer.checks import preflight as preflight_module
+from verl.trainer.checks.startup import plans_for
 from verl.trainer.entry import build_trainer
 from verl.trainer.rl_trainer import RLTrainer
-from verl.trainer.startup import plans_for
 
 
 def _long_prompt_file(tmp_path):
@@ -49,7 +49,7 @@ def _no_ground_truth(tmp_path):
 
 
 def _other_tokenizer(tmp_path):
-    from verl.trainer.models import resolve_model_path
+    from verl.trainer.build.models import resolve_model_path
 
     return [f"model.tokenizer_path={resolve_model_path('tiny:llama')}"]
 
@@ -133,7 +133,7 @@ def test_the_problems_name_what_went_wrong(tmp_path):
 def test_the_trainer_loads_the_model_once_and_keeps_the_checked_rows(tmp_path, monkeypatch):
     """The check pass reads no weights; the composition loads the policy once, with the pass's tokenizer,
     and trains on the rows and environment the pass built (no second read of the files)."""
-    from verl.trainer import components
+    from verl.trainer.compose import components
 
     calls, reads = [], []
     real = components.load_policy_with_report
@@ -195,7 +195,7 @@ def test_allowed_tokenizer_mismatch_is_a_warning_and_the_check_passes(tmp_path, 
 
 
 def test_same_tokenizer_folder_is_not_a_mismatch(tmp_path):
-    from verl.trainer.models import resolve_model_path
+    from verl.trainer.build.models import resolve_model_path
 
     overrides = [*base_overrides(tmp_path / "run"), f"model.tokenizer_path={resolve_model_path('tiny')}"]
     pf = collect(load_config(overrides=overrides), nproc=1)

@@ -8,7 +8,7 @@ import torch
 
 from verl.errors import ConfigError
 from verl.models.lora import is_peft_model
-from verl.trainer.python_api import lora_section, python_run
+from verl.trainer.rl.python_api import lora_section, python_run
 from verl.trainer.rl_trainer import RLTrainer
 
 ROWS = [{"prompt": f"{a}+1=", "ground_truth": str(a + 1)} for a in range(4)]

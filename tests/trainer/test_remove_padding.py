@@ -15,8 +15,8 @@ from rl_support import batch_of_lengths, random_groups, rl_config
 
 from verl.errors import ConfigError
 from verl.models.critic import ValueModel
-from verl.trainer import packing
-from verl.trainer.forward import packed_logprobs, packed_values, response_logprobs, response_values
+from verl.trainer.forward import packing
+from verl.trainer.forward.logprobs import packed_logprobs, packed_values, response_logprobs, response_values
 from verl.trainer.rl_trainer import RLTrainer
 from verl.utils.positions import position_ids_from_mask
 
@@ -189,7 +189,7 @@ def test_an_rl_run_trains_the_same_weights_packed_or_padded(tmp_path, case):
 
 
 def test_a_token_budget_counts_the_real_tokens_when_packed():
-    from verl.trainer import update
+    from verl.trainer.rl import update
 
     batch = batch_of_lengths([2, 9, 3, 8, 1, 7])
     groups = update.micro_batch_groups(batch, 8, 24, packed=True)
@@ -200,7 +200,7 @@ def test_a_token_budget_counts_the_real_tokens_when_packed():
 
 def test_verl_check_says_how_sequences_are_packed(tmp_path):
     from verl.config import load_config
-    from verl.trainer.packing import describe_remove_padding
+    from verl.trainer.forward.packing import describe_remove_padding
 
     def says(*overrides, facts=None):
         config = load_config(overrides=["env.name=arithmetic", "rollout.n=4", *overrides])

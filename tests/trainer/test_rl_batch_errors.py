@@ -8,7 +8,7 @@ from rl_support import base_overrides
 from verl.config import load_config
 from verl.config.schema import OptimConfig
 from verl.errors import ConfigError
-from verl.trainer.batch_math import plan_batches
+from verl.trainer.forward.batch_math import plan_batches
 from verl.trainer.rl_trainer import RLTrainer
 
 
@@ -19,7 +19,7 @@ def no_model_load(monkeypatch):
         raise AssertionError("a model was loaded before the batch arithmetic was checked")
 
     monkeypatch.setattr("verl.models.hf_loader.load_hf_model", refuse)
-    monkeypatch.setattr("verl.trainer.components.load_policy_with_report", refuse)  # the one policy loader
+    monkeypatch.setattr("verl.trainer.compose.components.load_policy_with_report", refuse)  # the one policy loader
 
 
 def _trainer(tmp_path, *overrides):

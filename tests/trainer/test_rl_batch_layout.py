@@ -1,4 +1,4 @@
-"""The batch's layout table (`verl.trainer.batch.LAYOUT`) and what derives from it: every field survives
+"""The batch's layout table (`verl.batch.LAYOUT`) and what derives from it: every field survives
 selecting rows, concatenating batches (dynamic sampling), padding shards to one width and a split
 placement's transfer to a role's ranks and back. Walks the table, so a new field is covered by adding it."""
 
@@ -10,10 +10,7 @@ import json
 import pytest
 import torch
 
-from verl.distributed.placement import SplitPlacement
-from verl.distributed.transfer import _schema, _to_dtype
-from verl.errors import VerlError
-from verl.trainer.batch import (
+from verl.batch import (
     LAYOUT,
     PAD_TOKEN,
     PROMPT,
@@ -30,6 +27,9 @@ from verl.trainer.batch import (
     read_by,
     written_by,
 )
+from verl.distributed.placement import SplitPlacement
+from verl.distributed.transfer import _schema, _to_dtype
+from verl.errors import VerlError
 
 PAD, REWARD_PAD = 7, 9
 

@@ -7,7 +7,7 @@ import torch
 from rl_support import read_metrics, rl_config
 
 from verl.models.dropout import disable_dropout
-from verl.trainer.models import resolve_model_path
+from verl.trainer.build.models import resolve_model_path
 from verl.trainer.rl_trainer import RLTrainer
 from verl.utils.hf_loader import load_hf_model
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from rl_support import rl_config
 
-from verl.trainer.batch import varied_groups
+from verl.batch import varied_groups
 from verl.trainer.rl_trainer import RLTrainer
 
 
@@ -80,7 +80,7 @@ def test_a_step_with_filter_groups_trains_and_logs(tmp_path):
 def test_dynamic_sampling_with_a_reward_model_on_its_own_ranks_is_refused_at_start_up():
     """Found by the start-up checks (verl check, before any model loads), not at the first step."""
     from verl.config import load_config
-    from verl.trainer.startup import check_startup
+    from verl.trainer.checks.startup import check_startup
 
     overrides = ["algorithm.filter_groups=true", "reward.model_path=tiny", "devices.actor=[0]", "devices.reward=[1]"]
     problems = [str(p) for p in check_startup(load_config(overrides=overrides), world_size=2, device_type="cpu").problems]

@@ -15,7 +15,7 @@ from verl.algorithms import aggregate_loss, kl_penalty, ppo_policy_loss
 from verl.checkpoint import TrainingInterrupted
 from verl.config import load_config
 from verl.errors import ConfigError
-from verl.trainer.forward import response_logprobs
+from verl.trainer.forward.logprobs import response_logprobs
 from verl.trainer.rl_trainer import RLTrainer
 
 HERE = Path(__file__).resolve().parent
@@ -127,8 +127,8 @@ def test_token_budget_trim_keeps_observation_tokens_inside_an_episode():
     loss mask, which has holes where the environment answered."""
     import torch
 
-    from verl.trainer import update
-    from verl.trainer.batch import RolloutBatch
+    from verl.batch import RolloutBatch
+    from verl.trainer.rl import update
 
     attended = torch.tensor([[1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0]])
     model_tokens = torch.tensor([[1, 1, 0, 0, 0, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0]])  # 3 observation tokens
@@ -147,7 +147,7 @@ def test_shared_prompt_forward_on_episodes_equals_the_plain_forward(tmp_path):
     not the loss mask), so both forwards give the same log-probs on model-written tokens."""
     import torch
 
-    from verl.trainer.forward import response_logprobs
+    from verl.trainer.forward.logprobs import response_logprobs
 
     trainer = RLTrainer(mt_config(tmp_path))
     batch = trainer.generate(trainer.get_batch())

@@ -266,7 +266,7 @@ def test_a_trl_reward_function_gets_the_sampled_token_ids_as_completion_ids(tmp_
 def test_the_overlong_buffer_penalises_responses_that_run_into_the_length_limit(tmp_path):
     """DAPO's overlong reward shaping on the step's scores: the functions' score plus the length penalty."""
     from verl.algorithms import overlong_penalty
-    from verl.trainer.startup import check_startup
+    from verl.trainer.checks.startup import check_startup
 
     trainer = RLTrainer(rl_config(tmp_path, "rollout.max_new_tokens=6", "algorithm.overlong_buffer=3",
                                   "algorithm.overlong_penalty=0.5"))

@@ -14,8 +14,8 @@ from rl_support import batch_of_lengths, captured_update, random_groups, rl_conf
 
 from verl.algorithms import aggregate_loss, place_score_on_last_token, ppo_policy_loss
 from verl.errors import RolloutError
-from verl.trainer import update
-from verl.trainer.forward import response_logprobs
+from verl.trainer.forward.logprobs import response_logprobs
+from verl.trainer.rl import update
 from verl.trainer.rl_trainer import RLTrainer
 
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -176,7 +176,7 @@ def test_shared_prompt_forward_gives_the_unshared_logprobs_and_gradients(dtype, 
     from transformers import AutoModelForCausalLM
 
     from verl.models.tiny import build_tiny_model
-    from verl.trainer.forward import can_share_prompt, shared_prompt_logprobs
+    from verl.trainer.forward.logprobs import can_share_prompt, shared_prompt_logprobs
     from verl.utils.positions import position_ids_from_mask
 
     model = AutoModelForCausalLM.from_pretrained(build_tiny_model(seed=0), dtype=dtype)
@@ -246,7 +246,7 @@ def test_unsharded_shared_prompt_backward_skips_the_prompt_logits():
     from transformers import AutoModelForCausalLM
 
     from verl.models.tiny import build_tiny_model
-    from verl.trainer.forward import shared_prompt_logprobs
+    from verl.trainer.forward.logprobs import shared_prompt_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(build_tiny_model(seed=0), dtype=torch.float32)
     prompt_ids, prompt_mask, response_ids, response_mask, weights = random_groups()
@@ -265,7 +265,7 @@ def test_only_positions_whose_logit_is_used_run(shared):
     from transformers import AutoModelForCausalLM
 
     from verl.models.tiny import build_tiny_model
-    from verl.trainer.forward import sequence_logits, shared_prompt_logits
+    from verl.trainer.forward.logprobs import sequence_logits, shared_prompt_logits
     from verl.utils.positions import position_ids_from_mask
 
     model = AutoModelForCausalLM.from_pretrained(build_tiny_model(seed=0), dtype=torch.float32)
@@ -378,7 +378,7 @@ def test_critic_seq_mean_token_sum_norm_gradient_does_not_depend_on_the_micro_ba
     actor's: max(batch width, rollout.max_new_tokens)), not by each (trimmed) micro-batch's own width: one
     micro-batch and several budget-packed ones give the one-big-batch gradient (loss in float64)."""
     from verl.algorithms import value_loss
-    from verl.trainer.forward import response_values
+    from verl.trainer.forward.logprobs import response_values
 
     trainer = _trainer(tmp_path, "algorithm.adv_estimator=gae", "critic.loss_agg=seq-mean-token-sum-norm",
                        "critic.shuffle=false", "critic.share_prompt_forward=false", *split)

@@ -19,7 +19,7 @@ from verl.config.loader import build_config
 from verl.data.datasets import left_pad
 from verl.errors import ConfigError, DataError, ModelError
 from verl.models.reward_model import RewardModelScorer, sequence_scores
-from verl.trainer.rm_trainer import EXPORT_DIR, RMTrainer
+from verl.trainer.offline.rm_trainer import EXPORT_DIR, RMTrainer
 
 
 def arithmetic_pairs(n: int, seed: int = 0) -> list[dict[str, str]]:
@@ -207,7 +207,7 @@ def test_bad_rows_are_data_errors_with_their_location(tiny, tmp_path):
 def test_chat_rows_are_read_as_reward_model_path_scores_them(tiny):
     """Messages go through the chat template with the answer as the assistant turn, the same text RL's reward
     model function builds for a chat prompt and its response, so training and scoring see the same tokens."""
-    from verl.trainer.reward_model import RewardModelFunction
+    from verl.trainer.rl.reward_model import RewardModelFunction
 
     model, tok = tiny
     prompt = [{"role": "system", "content": "Add."}, {"role": "user", "content": "What is 2+3?"}]

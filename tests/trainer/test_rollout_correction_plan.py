@@ -11,8 +11,8 @@ from rl_support import rl_config, snapshot
 
 from verl.config import load_config
 from verl.errors import ConfigError
-from verl.trainer.correction import plan_correction
-from verl.trainer.precision import resolve_precision
+from verl.trainer.build.precision import resolve_precision
+from verl.trainer.rl.correction import plan_correction
 from verl.trainer.rl_trainer import RLTrainer
 
 
@@ -82,7 +82,7 @@ def test_rejected_responses_add_nothing_to_the_gradient(tmp_path, mode):
     plain one with that response's advantages zeroed (it stays in the normaliser), and masked_frac says so."""
     from test_rl_update_efficiency import _assert_same, _batch, _reference_grads, _trainer, _update_grads
 
-    from verl.trainer.forward import response_logprobs
+    from verl.trainer.forward.logprobs import response_logprobs
 
     trainer = _trainer(tmp_path, f"actor.rollout_correction.mode={mode}", "rollout.max_logprob_drift=null")
     batch = _batch(trainer, equal_groups=())
@@ -101,7 +101,7 @@ def test_rejected_responses_add_nothing_to_the_gradient(tmp_path, mode):
 
 
 def test_ratio_extremes_are_the_extremes_over_micro_batches_and_steps():
-    from verl.trainer import update
+    from verl.trainer.rl import update
 
     sums = update._MetricSums(update.ACTOR_METRICS)
     t = torch.tensor

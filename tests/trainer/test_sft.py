@@ -12,7 +12,7 @@ import torch
 
 from verl.config.loader import build_config
 from verl.errors import ConfigError, DataError, ModelError
-from verl.trainer.sft_trainer import SFTTrainer, pack_examples
+from verl.trainer.offline.sft_trainer import SFTTrainer, pack_examples
 
 ROWS = [{"input": f"What is {a}+{b}?", "output": f" The answer is {a + b}."} for a in range(4) for b in range(3)]
 
@@ -110,7 +110,7 @@ def test_packing_gives_the_unpacked_loss_and_update(tiny64):
 
 def test_packing_would_differ_if_examples_saw_each_other(tiny):
     """The packed/unpacked equality is meaningful: the same row with one causal mask gives another loss."""
-    from verl.trainer.sft_trainer import target_logprobs
+    from verl.trainer.offline.sft_trainer import target_logprobs
 
     tr = trainer(tiny, make_config(sft={"packing": True}))
     mb = tr.micro_batches(tr.examples[:6], packed=True)[0]

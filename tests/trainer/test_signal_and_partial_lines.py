@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from rl_support import read_metrics, rl_config
 
+from verl.trainer.rl.signal_watch import NO_SIGNAL_STEPS, SignalWatch
 from verl.trainer.rl_trainer import RLTrainer
-from verl.trainer.signal_watch import NO_SIGNAL_STEPS, SignalWatch
 
 GOOD = {"reward/zero_std_group_frac": 0.25, "actor/grad_norm": 0.3}
 FLAT = {"reward/zero_std_group_frac": 1.0, "actor/grad_norm": 0.0}

@@ -5,8 +5,8 @@ import pytest
 
 from verl.config import load_config
 from verl.errors import ConfigError, DeviceMappingError
-from verl.trainer.batch_math import plan_rl
-from verl.trainer.dpo_trainer import DPOTrainer
+from verl.trainer.forward.batch_math import plan_rl
+from verl.trainer.offline.dpo_trainer import DPOTrainer
 
 
 def _ppo(*overrides):

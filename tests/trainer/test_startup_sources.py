@@ -71,7 +71,7 @@ def test_unreachable_hub_is_probed_once(empty_hub_cache, monkeypatch):
     import time
 
     from verl.config import load_config
-    from verl.trainer import source_checks
+    from verl.trainer.checks import source_checks
 
     calls = []
     probe = source_checks.probe_hub
@@ -89,7 +89,7 @@ def test_unreachable_hub_is_probed_once(empty_hub_cache, monkeypatch):
 
 def test_cached_hub_id_passes_offline_and_warns_when_the_hub_is_unreachable(empty_hub_cache, monkeypatch):
     from verl.config import load_config
-    from verl.trainer.source_checks import check_model_sources
+    from verl.trainer.checks.source_checks import check_model_sources
 
     (empty_hub_cache / "models--Qwen--Qwen2.5-0.5B-Instruct" / "snapshots" / "abc").mkdir(parents=True)
     cfg = load_config(overrides=[f"model.path={HUB_ID}"])
@@ -101,7 +101,7 @@ def test_cached_hub_id_passes_offline_and_warns_when_the_hub_is_unreachable(empt
 
 def test_local_paths_and_tiny_are_never_probed(tmp_path, monkeypatch):
     from verl.config import load_config
-    from verl.trainer import source_checks
+    from verl.trainer.checks import source_checks
 
     monkeypatch.setattr(source_checks, "probe_hub", lambda *a, **k: pytest.fail("probed the hub"))
     (tmp_path / "org" / "model").mkdir(parents=True)
@@ -130,7 +130,7 @@ def test_run_dir_under_a_file_is_a_start_up_problem(tmp_path, capsys):
 
 def test_run_dir_check_leaves_nothing_behind(tmp_path):
     from verl.config import load_config
-    from verl.trainer.startup import check_run_dir
+    from verl.trainer.checks.startup import check_run_dir
 
     assert check_run_dir(load_config(overrides=[f"trainer.run_dir={tmp_path / 'a' / 'b'}"])) == []
     assert list(tmp_path.iterdir()) == []  # probed with a temporary folder in tmp_path, removed again
@@ -143,7 +143,7 @@ def test_run_dir_check_leaves_nothing_behind(tmp_path):
 def test_run_dir_in_a_read_only_folder(tmp_path):
     """/sys refuses new entries even for root, where a chmod-ed folder would not."""
     from verl.config import load_config
-    from verl.trainer.startup import check_run_dir
+    from verl.trainer.checks.startup import check_run_dir
 
     problems = check_run_dir(load_config(overrides=["trainer.run_dir=/sys/kernel/verl-run/x"]))
     assert len(problems) == 1 and str(problems[0]).startswith(
@@ -156,7 +156,7 @@ def test_a_proxy_error_counts_as_unreachable_and_a_missing_repo_does_not(monkeyp
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
-    from verl.trainer.source_checks import probe_hub
+    from verl.trainer.checks.source_checks import probe_hub
 
     class Handler(BaseHTTPRequestHandler):
         def do_HEAD(self):  # noqa: N802

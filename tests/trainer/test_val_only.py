@@ -11,9 +11,9 @@ from rl_support import read_metrics, rl_config
 
 from verl.checkpoint import list_checkpoints
 from verl.errors import ConfigError
-from verl.trainer.loop import banner_lines
+from verl.trainer.checks.startup import check_startup
+from verl.trainer.compose.loop import banner_lines
 from verl.trainer.rl_trainer import RLTrainer
-from verl.trainer.startup import check_startup
 
 RUN = ("trainer.total_steps=3", "checkpoint.save_interval=2", "trainer.val_every=2", "trainer.val_before_train=false")
 
@@ -51,7 +51,7 @@ def test_val_only_without_a_checkpoint_validates_the_loaded_model(tmp_path):
 
 
 def test_val_only_needs_held_out_rows(tmp_path):
-    from verl.trainer.sft_trainer import SFTTrainer
+    from verl.trainer.offline.sft_trainer import SFTTrainer
 
     data = tmp_path / "sft.jsonl"
     data.write_text("".join(json.dumps({"input": f"{i}+1=", "output": str(i + 1)}) + "\n" for i in range(8)))

@@ -1,6 +1,6 @@
 """`verl check CONFIG.yaml`: the trainer's start-up pass without training, printed.
 
-The checking itself is `verl.trainer.preflight.preflight`, the function every trainer runs at start-up,
+The checking itself is `verl.trainer.checks.preflight.preflight`, the function every trainer runs at start-up,
 so a config passes here exactly when training would start; this module only chooses the world size and
 device to check against and prints what the pass found. The world size is the one the same command line
 would train on: `verl check cfg.yaml` checks one process, `verl check cfg.yaml --nproc 8` checks 8.
@@ -17,7 +17,7 @@ from rich.text import Text
 from verl.cli.check_model import print_report
 from verl.config.schema import RunConfig
 from verl.distributed.memory_plan import GIB, plan_memory, suggestions
-from verl.trainer.preflight import Preflight, preflight
+from verl.trainer.checks.preflight import Preflight, preflight
 from verl.utils.console import labelled, plain_console
 from verl.utils.cpu_matmul import describe
 

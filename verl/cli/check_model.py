@@ -58,7 +58,7 @@ def run_check_model(name_or_path: str, tokenizer: str | None = None, trust_remot
     from rich.text import Text
 
     from verl.models.hf_loader import load_hf_model_with_report
-    from verl.trainer.models import resolve_model_path
+    from verl.trainer.build.models import resolve_model_path
     from verl.utils.console import labelled, plain_console
 
     console = console or plain_console()

@@ -102,7 +102,7 @@ def launch_training(config, nproc: int, argv: list[str], **multinode: Any) -> in
 
     from verl.cli.check_cmd import check_device_type
     from verl.distributed.launch import RANK_ERRORS_ENV, read_rank_errors, spawn_torchrun
-    from verl.trainer.preflight import preflight
+    from verl.trainer.checks.preflight import preflight
 
     nodes = multinode.get("nnodes", 1)
     world = nproc * nodes

@@ -47,7 +47,7 @@ class FSDPConfig(BaseModel):
 
     sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"] = "FULL_SHARD"
     # "auto": bfloat16 compute with float32 reductions over float32 master weights on a GPU that has
-    # bfloat16, off on CPU (verl.trainer.precision explains why masters stay float32).
+    # bfloat16, off on CPU (verl.trainer.build.precision explains why masters stay float32).
     mixed_precision: bool | Literal["auto"] | MixedPrecisionSpec = "auto"
     activation_checkpointing: bool = False
     cpu_offload: bool = False

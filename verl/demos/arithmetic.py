@@ -16,11 +16,11 @@ from rich.console import Console
 from rich.table import Table
 
 from verl.config.schema import RunConfig
+from verl.demos.warm_start import first_actor_rank, on_actor_ranks
 from verl.errors import ConfigError
 from verl.tracking.console import ConsoleReporter, format_points
+from verl.trainer.offline.sft_trainer import SFTTrainer
 from verl.trainer.rl_trainer import RLTrainer
-from verl.trainer.sft_trainer import SFTTrainer
-from verl.trainer.warm_start import first_actor_rank, on_actor_ranks
 
 # The warm start stops once the model answers this share of its *training* problems (greedy).
 SFT_TARGET_ACCURACY = 0.4

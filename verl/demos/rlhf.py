@@ -36,8 +36,8 @@ from verl.rewards.builtin import extract_number
 from verl.rollout import SamplingParams
 from verl.rollout.weight_sync import ready_to_sample
 from verl.tracking.console import ConsoleReporter, format_points
+from verl.trainer.offline.rm_trainer import RMTrainer
 from verl.trainer.rl_trainer import RLTrainer
-from verl.trainer.rm_trainer import RMTrainer
 
 # Answers the SFT policy samples per training problem (temperature 1) to find its wrong answers: the
 # rejected side of the preference pairs, so the reward model learns on the mistakes RL will meet. Many and

@@ -111,7 +111,7 @@ class RolloutRank:
     dtype the trainer holds it in (the master dtype: a rollout rank is not sharded), then either hands the GPU
     to vLLM (the policy moved to the CPU first; vLLM stays awake, taking its `gpu_memory_utilization` share)
     or samples with our sampler from that copy; every weight delivery arrives in buckets in the rollout's
-    dtype (`verl.trainer.async_rollout`)."""
+    dtype (`verl.trainer.rollout.async_rollout`)."""
 
     ranks: int  # how many rollout ranks
     weights_bytes: int  # the whole policy as loaded (master dtype)
@@ -337,7 +337,7 @@ def _offloaded(x: PlanInputs, role: str) -> bool:
 
 def startup_moments(x: PlanInputs, device_bytes: int | None) -> list[tuple[str, list[tuple[str, int]]]]:
     """What an actor rank holds at each moment of the start-up that may be its peak, in the order the trainer
-    builds its models (`verl.trainer.components.compose_rl`): the reference and the teacher sharded first,
+    builds its models (`verl.trainer.compose.components.compose_rl`): the reference and the teacher sharded first,
     then the actor, then a colocated vLLM starts (awake, its share of the device, then asleep), then the
     critic is sharded. No gradients and no optimizer moments yet: FSDP2 allocates gradients in the first
     backward and torch's AdamW its moments at the first `step()` (a resumed checkpoint loads them when the

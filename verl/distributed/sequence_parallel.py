@@ -7,7 +7,7 @@ of a long sequence goes. Attention is the one place that needs the whole sequenc
 [B, H, T/S, D] (all heads, my tokens) into [B, H/S, T, D] (my heads, all tokens), put back in row order,
 attention runs causally over each sequence, and the output goes back the same way. Both all-to-alls are
 autograd functions whose backward is the opposite all-to-all. The forwards split one row of sequences packed
-back to back without padding (`verl.trainer.forward.SplitRow`), so the attention runs each sequence alone.
+back to back without padding (`verl.trainer.forward.logprobs.SplitRow`), so the attention runs each sequence alone.
 
 The attention function is installed through transformers' `AttentionInterface` registry for the attention
 modules of one model only (they get a copy of the config naming it; the model's own config, its masks and the

@@ -83,7 +83,7 @@ class ValueModel(nn.Module):
 
         With `use_cache=True` (and optionally the `cache` of an earlier call to continue from) it returns a
         `ValueOutput` holding the values and the backbone's KV cache: the shared-prompt forward runs a
-        group's prompt once and its responses on the cached keys/values (`verl.trainer.forward`). Other
+        group's prompt once and its responses on the cached keys/values (`verl.trainer.forward.logprobs`). Other
         keywords go to the backbone's layers (the packed forward's sequence lengths).
         """
         if position_ids is None:

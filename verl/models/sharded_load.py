@@ -132,7 +132,7 @@ def reads_shards(config: Any, *, world_size: int, split: bool, actor_ranks: int)
     shards of the weights after sharding, instead of loading each whole first. Every role on every rank (a
     colocated run) over more than one rank, so each model is sharded, and whatever a copy of the policy needs
     is in the files (no pretrained adapters to merge into the critic's or the reference's weights). The
-    trainer (`verl.trainer.components.sharded_start`) and the memory plan both ask it."""
+    trainer (`verl.trainer.compose.components.sharded_start`) and the memory plan both ask it."""
     return (world_size > 1 and not split and actor_ranks > 1 and not config.model.lora.path
             and not config.critic.lora.path)
 

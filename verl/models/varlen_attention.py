@@ -1,7 +1,7 @@
 """Attention over packed sequences one sequence at a time: what flash-attention's varlen kernel does on GPUs,
 for the attention implementations that have no such kernel (sdpa, eager; CPUs).
 
-A packed row (`actor.remove_padding`, `verl.trainer.packing`) holds several sequences back to back. Given only
+A packed row (`actor.remove_padding`, `verl.trainer.forward.packing`) holds several sequences back to back. Given only
 position ids, transformers builds a [T, T] block-diagonal mask and the attention computes all T x T scores, most
 of them masked: a packed row of 900 tokens made of 8 sequences costs 4-5x the attention of the sequences alone,
 which on a CPU outweighed the padding it saved. With the `verl_packed_lengths` keyword (the sequences' lengths)

@@ -141,7 +141,7 @@ class VLLMEngine(RolloutEngine):
 
     holds_own_weights = True  # the trainer pushes the policy's weights in (verl.rollout.weight_sync)
     # An asynchronous rollout rank's engine: every delivery is loaded as it arrives (weight_sync.DeliveryReceiver),
-    # so a rollout pushes nothing (set by verl.trainer.components.setup_engine).
+    # so a rollout pushes nothing (set by verl.trainer.compose.components.setup_engine).
     fed_by_deliveries = False
     SLEEP_LEVEL = 2  # discard the weights: they are pushed again before every rollout (level 1 copies them out)
 

@@ -200,14 +200,14 @@ def ready_to_sample(engine: Any, model: torch.nn.Module,
 
 
 class DeliveryReceiver:
-    """A rollout rank's end of an asynchronous weight delivery (`verl.trainer.async_rollout.AsyncRollout.deliver`):
+    """A rollout rank's end of an asynchronous weight delivery (`verl.trainer.rollout.async_rollout.AsyncRollout.deliver`):
     where the broadcast buckets of the trained parameters go.
 
     Our sampler runs the rollout rank's copy of the policy, so the buckets are unpacked into it. An engine with
     its own weights (vLLM) must end each delivery holding them: a full policy's buckets are loaded into it as
     they arrive, straight from the received (device) buffer under their Hugging Face names, and the copy is not
     updated (on a vLLM rollout rank it stays on the CPU as the delivery's layout only, see
-    `verl.trainer.components.setup_engine`); a LoRA policy's buckets are its adapters, which need the base
+    `verl.trainer.compose.components.setup_engine`); a LoRA policy's buckets are its adapters, which need the base
     weights to mean anything, so they are unpacked into the copy and, once all have arrived, the merged
     weights of the adapted layers are loaded (`policy_weights(adapted_only=True)`: the frozen base weights
     the engine loaded from disk never change)."""

@@ -86,7 +86,7 @@ class Isolation:
                                f"not give ({self.describe()}). Fix: {FIX}.")
 
 
-# Set once from the run's `sandbox` config section (verl.trainer.startup); run_code's own arguments win.
+# Set once from the run's `sandbox` config section (verl.trainer.checks.startup); run_code's own arguments win.
 DEFAULTS: dict[str, Any] = {"python": None, "require": ()}
 
 

@@ -64,7 +64,7 @@ def write_plot(run_dir: Path) -> list[str]:
 
 
 def run_summary_lines(trainer: Any, keep_best: Any, checkpoint: Path | None, seconds: float) -> list[str]:
-    """The end-of-run summary of `trainer` (a `verl.trainer.loop.Trainer`) after `loop.fit`: `keep_best` (a
+    """The end-of-run summary of `trainer` (a `verl.trainer.compose.loop.Trainer`) after `loop.fit`: `keep_best` (a
     `KeepBest` or None), the newest checkpoint, and the wall time of this `fit`."""
     cfg, run_dir, history = trainer.config, Path(trainer.run_dir), trainer.history
     lines = [f"run summary: {cfg.trainer.kind}, step {trainer.step_count}/{cfg.trainer.total_steps}, "

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from verl.config.schema import RunConfig
-from verl.trainer.dpo_trainer import DPOTrainer
+from verl.trainer.compose.runtime import TrainerRuntime
+from verl.trainer.offline.dpo_trainer import DPOTrainer
+from verl.trainer.offline.rm_trainer import RMTrainer
+from verl.trainer.offline.sft_trainer import SFTTrainer
 from verl.trainer.rl_trainer import RLTrainer
-from verl.trainer.rm_trainer import RMTrainer
-from verl.trainer.runtime import TrainerRuntime
-from verl.trainer.sft_trainer import SFTTrainer
 
 
 def build_trainer(config: RunConfig) -> TrainerRuntime:

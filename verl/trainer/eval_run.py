@@ -32,7 +32,7 @@ from verl.checkpoint.manifest import MANIFEST_NAME, read_manifest
 from verl.config.loader import apply_overrides, build_config, read_yaml, set_dotted
 from verl.config.schema import RunConfig
 from verl.errors import CheckpointError, ConfigError
-from verl.trainer.evaluation import check_ks, validation_ks
+from verl.trainer.rl.evaluation import check_ks, validation_ks
 
 
 @dataclass

@@ -14,21 +14,7 @@ from typing import Any
 import torch
 
 from verl.algorithms import explained_variance, masked_mean, place_score_on_last_token
-from verl.config.schema import OptimConfig, RunConfig
-from verl.errors import ConfigError
-from verl.rewards import TrainingProgress
-from verl.rewards.manager import report_progress
-from verl.rollout import SamplingParams
-from verl.rollout.weight_sync import ready_to_sample
-from verl.trainer import evaluation, update
-from verl.trainer.advantages import (
-    apply_kl_in_reward,
-    apply_overlong_penalty,
-    estimate_advantages,
-    kl_controller,
-)
-from verl.trainer.agent_episodes import episodes_for
-from verl.trainer.batch import (
+from verl.batch import (
     PROMPT,
     RESPONSE,
     RolloutBatch,
@@ -38,22 +24,36 @@ from verl.trainer.batch import (
     read_by,
     written_by,
 )
-from verl.trainer.batch_math import BatchPlan
-from verl.trainer.components import async_rollout_for
-from verl.trainer.correction import CorrectionPlan, plan_correction
-from verl.trainer.distill import apply_distillation
-from verl.trainer.drift import DriftGuard, combined_moments, drift_moments, judge_drift
-from verl.trainer.dynamic_sampling import accuracy_of, filter_groups
-from verl.trainer.evaluation import Answers, evaluate_rows
-from verl.trainer.forward import can_share_prompt, logprobs_of, use_chunked_logprobs, values_of
-from verl.trainer.precision import compute_dtype
-from verl.trainer.python_api import RewardArg, python_run
-from verl.trainer.reward_model import RemoteRewardModel
-from verl.trainer.reward_overlap import RewardOverlap, score_responses
-from verl.trainer.rl_state import RLCheckpointState
-from verl.trainer.runtime import TrainerRuntime
-from verl.trainer.sequence_parallel import ActorSequenceParallel
-from verl.trainer.step_metrics import batch_metrics, timed
+from verl.config.schema import OptimConfig, RunConfig
+from verl.errors import ConfigError
+from verl.rewards import TrainingProgress
+from verl.rewards.manager import report_progress
+from verl.rollout import SamplingParams
+from verl.rollout.weight_sync import ready_to_sample
+from verl.trainer.build.precision import compute_dtype
+from verl.trainer.compose.components import async_rollout_for
+from verl.trainer.compose.runtime import TrainerRuntime
+from verl.trainer.forward.batch_math import BatchPlan
+from verl.trainer.forward.logprobs import can_share_prompt, logprobs_of, use_chunked_logprobs, values_of
+from verl.trainer.forward.sequence_parallel import ActorSequenceParallel
+from verl.trainer.rl import evaluation, update
+from verl.trainer.rl.advantages import (
+    apply_kl_in_reward,
+    apply_overlong_penalty,
+    estimate_advantages,
+    kl_controller,
+)
+from verl.trainer.rl.correction import CorrectionPlan, plan_correction
+from verl.trainer.rl.distill import apply_distillation
+from verl.trainer.rl.drift import DriftGuard, combined_moments, drift_moments, judge_drift
+from verl.trainer.rl.dynamic_sampling import accuracy_of, filter_groups
+from verl.trainer.rl.evaluation import Answers, evaluate_rows
+from verl.trainer.rl.python_api import RewardArg, python_run
+from verl.trainer.rl.reward_model import RemoteRewardModel
+from verl.trainer.rl.reward_overlap import RewardOverlap, score_responses
+from verl.trainer.rl.rl_state import RLCheckpointState
+from verl.trainer.rl.step_metrics import batch_metrics, timed
+from verl.trainer.rollout.agent_episodes import episodes_for
 
 
 class RLTrainer(RLCheckpointState, TrainerRuntime):
@@ -79,7 +79,7 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         parts = self.parts
         self.plans: dict[str, BatchPlan] = self.checks.startup.plans
         # The actor's sequence-parallel group (actor.sequence_parallel_size > 1): its ranks pool their rows for
-        # the actor's forwards and split every sequence (`verl.trainer.sequence_parallel`).
+        # the actor's forwards and split every sequence (`verl.trainer.forward.sequence_parallel`).
         self.sp = ActorSequenceParallel(
             self.groups.sequence_parallel() if self.groups is not None and "actor" in self.roles else None,
             getattr(self.groups, "guard", None), self.tokenizer.pad_token_id, parts.placement.device)

@@ -1,0 +1,1 @@
+"""Trainers on fixed data: SFT, DPO and reward models, over a shared base."""

@@ -1,0 +1,98 @@
+"""Reward calls that start while the batch is still generating (`reward.overlap`).
+
+The rollout engine decodes all rows of a batch together, and rows finish at different steps (an eos early,
+the length limit last). `HFKVCacheEngine.on_rows_finished` says which rows just finished; `generating`
+decodes their text there and hands it to the environment's scoring (`PromptEnv.start_scoring`), whose
+per-sample reward calls start on the reward pool at once, so a slow reward (a sandbox, a remote call) runs
+while the other rows are still being sampled. `finish`, in `compute_reward`, hands over the whole batch (the
+batched and TRL-style functions start there) and waits. The calls get the same arguments as when scoring
+after generation, and the result is assembled in a fixed order, so the scores are the same bit for bit.
+
+Single-turn rollouts only: multi-turn episodes are scored by their environment, and an asynchronous rollout
+samples on other ranks, so both score after generation, as does an engine without the hook (vLLM).
+
+The pending scoring is kept here, on the trainer, not as a batch field: a split placement moves only the
+fields of the batch's layout table between ranks. It is keyed by the batch's row list (and `Scoring.finish`
+scores again any response that differs from the one it was given), and `finish` returns None, meaning
+"score the plain way", for a batch it was not started for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from verl.batch import RolloutBatch
+from verl.rewards import RewardResult
+from verl.rewards.functions import takes_parameter
+
+
+def response_id_lists(response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[list[int]]:
+    """Each response's sampled token ids (eos included), as the environment's `response_ids` takes them."""
+    lengths = response_mask.sum(dim=1).tolist()
+    return [row[: int(length)].tolist() for row, length in zip(response_ids.cpu(), lengths, strict=True)]
+
+
+def score_responses(env: Any, rows: Sequence[Mapping[str, Any]], responses: Sequence[str],
+                    response_ids: torch.Tensor, response_mask: torch.Tensor) -> RewardResult:
+    """`env`'s scores of the responses, after generation; an environment that takes `response_ids` gets each
+    response's sampled token ids too (TRL's `completion_ids`), eos included."""
+    if not takes_parameter(env.compute_reward, "response_ids"):
+        return env.compute_reward(rows, responses)
+    return env.compute_reward(rows, responses, response_ids=response_id_lists(response_ids, response_mask))
+
+
+class RewardOverlap:
+    """Starts a batch's reward calls as its rows finish generating (see the module docstring)."""
+
+    def __init__(self, enabled: bool, env: Any, engine: Any,
+                 decode: Callable[[torch.Tensor, torch.Tensor], list[str]]) -> None:
+        self.enabled = (enabled and callable(getattr(env, "start_scoring", None))
+                        and hasattr(engine, "on_rows_finished"))
+        self.env, self.engine, self.decode = env, engine, decode
+        self._pending: tuple[list[Any], Any] | None = None  # (the batch's rows, its Scoring)
+        self._texts: dict[int, str] = {}  # the last generation's responses, decoded as their rows finished
+
+    @contextlib.contextmanager
+    def generating(self, batch: RolloutBatch) -> Iterator[None]:
+        """Around the engine's `generate` of `batch`: each finished row's response goes to the scoring."""
+        self._pending, self._texts = None, {}
+        scoring = self.env.start_scoring(batch.rows) if self.enabled else None
+        if scoring is None:
+            yield
+            return
+
+        def finished(rows: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor) -> None:
+            steps = torch.arange(tokens.shape[1], device=tokens.device)
+            mask = steps < lengths[rows].unsqueeze(1)
+            texts = self.decode(tokens[rows].cpu(), mask.cpu())
+            self._texts.update(zip(rows.tolist(), texts, strict=True))
+            scoring.add(rows.tolist(), texts)
+
+        before, self.engine.on_rows_finished = self.engine.on_rows_finished, finished
+        try:
+            yield
+        finally:
+            self.engine.on_rows_finished = before
+        self._pending = (batch.rows, scoring)
+
+    def responses(self, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
+        """The text of the generation that just ended: as decoded for the reward calls when every row was (a
+        response is decoded once), else decoded now."""
+        texts, self._texts = self._texts, {}
+        if len(texts) == len(response_ids):
+            return [texts[i] for i in range(len(texts))]
+        return self.decode(response_ids, response_mask)
+
+    def finish(self, batch: RolloutBatch) -> RewardResult | None:
+        """The result of the scoring started for `batch`, once every call is done; None when none was."""
+        pending, self._pending = self._pending, None
+        if pending is None or pending[0] is not batch.rows or len(pending[1]) != len(batch.rows):
+            return None
+        return pending[1].finish(batch.responses, response_id_lists(batch.response_ids, batch.response_mask))
+
+
+__all__ = ["RewardOverlap", "response_id_lists", "score_responses"]
