@@ -2,10 +2,11 @@
 
 Each script owns one table in a docs page (docs/performance.md unless it says otherwise), between
 `<!-- bench:NAME:begin -->` and `<!-- bench:NAME:end -->`, NAME being the script's file name without `.py`.
-A row is (command, CPU, date, result); the result is the script's summary lines (its ratio lines unless the
-script picks others). A new run replaces the row with the same command and CPU, so a table holds the
-latest figure per (script, command, CPU) and never grows with reruns. Prose in the docs cites these tables
-and carries no figures of its own.
+A row is (command, CPU, date, result): the command as run from the repository root, any path outside the
+checkout shown as a placeholder (`--trl-path TRL_PATH`, so no machine's scratch folders), and the result the
+script's summary lines (its ratio lines unless the script picks others). A new run replaces the row with the
+same command and CPU, so a table holds the latest figure per (script, command, CPU) and never grows with
+reruns. Prose in the docs cites these tables and carries no figures of its own.
 
 Wiring a script: end it with ``raise SystemExit(doc_table.run(main))`` (or ``run(main, pick=...)``);
 ``python benchmarks/x.py ARGS --write-docs`` then runs ``main`` as usual, echoing its output, and records
@@ -41,8 +42,39 @@ def cpu_label(cores: int | None = None) -> str:
     return f"{cpu_model()} ({cores} cores)"
 
 
+def _is_path(value: str) -> bool:
+    return value.startswith(("/", "~")) or value == ".." or value.startswith("../")
+
+
+def _portable(value: str, name: str) -> str:
+    """`value` as a row shows it: a path in this checkout relative to it, any other path (a scratch folder of
+    one machine: /tmp/..., a home directory, a sibling worktree) as the placeholder `name`."""
+    if not _is_path(value):
+        return value
+    path = Path(value).expanduser()
+    path = (path if path.is_absolute() else Path.cwd() / path).resolve()
+    if path == ROOT or ROOT in path.parents:
+        return path.relative_to(ROOT).as_posix() or "."
+    return name
+
+
+def _placeholder(option: str) -> str:
+    """The placeholder of an option's path value: `--run-root` -> RUN_ROOT, `trainer.run_dir` -> RUN_DIR."""
+    return option.lstrip("-").rpartition(".")[2].replace("-", "_").upper() or "PATH"
+
+
 def command_line(script: str, args: list[str]) -> str:
-    return shlex.join(["python", f"benchmarks/{Path(script).name}", *args])
+    """The command a row records, as run from the repository root: paths outside the checkout become
+    placeholders (`--trl-path TRL_PATH`), so a row carries no machine's scratch folders."""
+    shown: list[str] = []
+    for i, arg in enumerate(args):
+        option = args[i - 1] if i and args[i - 1].startswith("--") and "=" not in args[i - 1] else ""
+        if "=" in arg and not _is_path(arg):  # --opt=VALUE or key=VALUE
+            key, _, value = arg.partition("=")
+            shown.append(f"{key}={_portable(value, _placeholder(key))}")
+        else:
+            shown.append(_portable(arg, _placeholder(option) if option else "PATH"))
+    return shlex.join(["python", f"benchmarks/{Path(script).name}", *shown])
 
 
 def _cell(text: str) -> str:
