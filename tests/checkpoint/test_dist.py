@@ -42,6 +42,6 @@ def test_two_rank_save_one_rank_load(tmp_path, caplog):
     # a rank that did not exist at save time gets rank 0's extra state and a warning
     from verl.checkpoint.manager import load_checkpoint
 
-    with caplog.at_level(logging.WARNING, logger="verl.checkpoint.manager"):
+    with caplog.at_level(logging.WARNING, logger="verl.checkpoint.load"):
         extra = load_checkpoint(ckpt, app_state={"model": model}, rank=5)
     assert extra["rank"] == 0 and "world_size=2" in caplog.text

@@ -35,17 +35,12 @@ extra file (rank 0 gathers the hashes into the manifest), and at resume each ran
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
 import os
-import re
 import secrets
 import shutil
-import warnings
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -63,21 +58,29 @@ from verl.checkpoint._fs import (
     write_bytes_durable,
 )
 from verl.checkpoint.best import BestRecord, read_best, write_best
-from verl.checkpoint.dcp_io import (
-    SafeFileSystemReader,
-    apply_state_dict,
-    read_metadata_safely,
-    to_state_dict,
-    top_level_keys,
+from verl.checkpoint.dcp_io import read_metadata_safely, to_state_dict, top_level_keys
+from verl.checkpoint.layout import (
+    _TRASH_RE,
+    CHECKPOINTS_DIR,
+    EXTRA_DIR,
+    HF_DIR,
+    LATEST_NAME,
+    CheckpointInfo,
+    _checkpoints_root,
+    _committed_steps,
+    extra_file,
+    list_checkpoints,
+    read_latest,
 )
+from verl.checkpoint.load import _quiet_single_process, describe_error, load_checkpoint
 from verl.checkpoint.manifest import (
     DCP_DIR,
-    MANIFEST_NAME,
     build_manifest,
-    read_manifest,
     verify,
     write_manifest,
 )
+from verl.checkpoint.resume import ResumeSearch
+from verl.checkpoint.save_parts import CheckpointHandle, serialize_extra
 from verl.errors import (
     CheckpointError,
     ConfigError,
@@ -87,20 +90,24 @@ from verl.errors import (
     disk_full_error,
 )
 
+# The layout's names, listing, loading and the save's parts live in modules of their own; importable from here too.
+__all__ = [
+    "CHECKPOINTS_DIR",
+    "EXTRA_DIR",
+    "HF_DIR",
+    "LATEST_NAME",
+    "CheckpointHandle",
+    "CheckpointInfo",
+    "CheckpointManager",
+    "describe_error",
+    "extra_file",
+    "list_checkpoints",
+    "load_checkpoint",
+    "read_latest",
+    "serialize_extra",
+]
+
 logger = logging.getLogger(__name__)
-
-CHECKPOINTS_DIR = "checkpoints"
-LATEST_NAME = "latest"
-EXTRA_DIR = "extra"
-HF_DIR = "hf"
-_STEP_RE = re.compile(r"^step_(\d+)$")
-# Leftovers of an interrupted save: a step folder being written, deleted or swapped, or the `latest`
-# pointer's temporary file (killed between its write and the rename).
-_TRASH_RE = re.compile(r"^(step_\d+\.(tmp|deleting|old)-[0-9a-f]+|(latest|best\.json)\.tmp-\d+)$")
-
-
-def extra_file(rank: int) -> str:
-    return f"{EXTRA_DIR}/rank_{rank:05d}.pt"
 
 
 def _dcp_save(state_dict: dict[str, Any], path: Path, pg: Any, no_dist: bool) -> None:
@@ -114,154 +121,7 @@ def _dcp_save(state_dict: dict[str, Any], path: Path, pg: Any, no_dist: bool) ->
         )
 
 
-@contextlib.contextmanager
-def _quiet_single_process() -> Iterator[None]:
-    """DCP warns on every call without a process group; one process is a supported case for us."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to .* in a single process")
-        yield
-
-
-def describe_error(exc: BaseException) -> str:
-    """One line per failing rank instead of DCP's multi-rank traceback dump."""
-    if isinstance(exc, CheckpointException):
-        parts = []
-        for rank, (inner, _trace) in sorted(exc.failures.items()):
-            if isinstance(inner, CheckpointError):
-                parts.append(f"rank {rank}: {inner}")
-            else:
-                parts.append(f"rank {rank}: {type(inner).__name__}: {inner}")
-        return "; ".join(parts) or "CheckpointException"
-    return f"{type(exc).__name__}: {exc}"
-
-
-def serialize_extra(extra: dict[str, object]) -> bytes:
-    """``torch.save`` bytes of ``extra``, proven to load with ``weights_only=True`` before we rely on it.
-
-    Failing here, at save time, beats finding out at resume time that a checkpoint cannot be loaded.
-    """
-    if not isinstance(extra, dict):
-        raise CheckpointError(f"`extra` must be a dict, got {type(extra).__name__}.")
-    buf = io.BytesIO()
-    torch.save(extra, buf)
-    data = buf.getvalue()
-    try:
-        torch.load(io.BytesIO(data), weights_only=True)
-    except Exception as exc:
-        reason = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
-        why = f"it holds {reason.group(1)}" if reason else f"{type(exc).__name__}"
-        bad = "?"
-        for key, value in extra.items():
-            b = io.BytesIO()
-            try:
-                torch.save(value, b)
-                torch.load(io.BytesIO(b.getvalue()), weights_only=True)
-            except Exception:
-                bad = key
-                break
-        raise CheckpointError(
-            f"extra['{bad}'] cannot be loaded back with torch.load(weights_only=True) ({why}); store only "
-            "tensors, numbers, strings, lists, tuples and dicts there (e.g. a numpy array as a tensor, "
-            "a config as YAML text)."
-        ) from exc
-    return data
-
-
-@dataclass
-class CheckpointInfo:
-    """One entry of :meth:`CheckpointManager.list` / :func:`list_checkpoints`."""
-
-    step: int
-    path: Path
-    size_bytes: int
-    created: str | None
-    is_latest: bool
-    problems: list[str] | None  # None: not verified (verify=False)
-    best: BestRecord | None = None  # the checkpoint.keep_best record, on the checkpoint it names
-
-    @property
-    def verified(self) -> bool:
-        return self.problems is not None and not self.problems
-
-
-class CheckpointHandle:
-    """A save in flight (async) or done (sync). ``result()`` returns the committed path or raises."""
-
-    def __init__(self, step: int, path: Path, future: Future | None = None) -> None:
-        self.step = step
-        self.path = path
-        self._future = future
-
-    def done(self) -> bool:
-        return self._future is None or self._future.done()
-
-    def result(self, timeout: float | None = None) -> Path:
-        if self._future is not None:
-            try:
-                self._future.result(timeout=timeout)
-            except VerlError:
-                raise
-            except Exception as exc:
-                raise CheckpointError(
-                    f"checkpoint for step {self.step} ({self.path}) failed in the background: "
-                    f"{type(exc).__name__}: {exc}. It was not committed; `latest` still points to the "
-                    "previous checkpoint."
-                ) from exc
-        return self.path
-
-
-def _checkpoints_root(run_dir: Path) -> Path:
-    return run_dir / CHECKPOINTS_DIR
-
-
-def _committed_steps(root: Path) -> list[tuple[int, Path]]:
-    if not root.is_dir():
-        return []
-    out = []
-    for p in root.iterdir():
-        m = _STEP_RE.match(p.name)
-        if m and p.is_dir():
-            out.append((int(m.group(1)), p))
-    return sorted(out)
-
-
-def read_latest(root: Path) -> str | None:
-    """Folder name in ``<checkpoints>/latest``, or None."""
-    try:
-        return (root / LATEST_NAME).read_text(encoding="utf-8").strip() or None
-    except OSError:
-        return None
-
-
-def list_checkpoints(run_dir: str | Path, *, verify_files: bool = True) -> list[CheckpointInfo]:
-    """Every committed checkpoint under ``run_dir`` (or a ``checkpoints`` folder), oldest first."""
-    run_dir = Path(run_dir)
-    root = run_dir if run_dir.name == CHECKPOINTS_DIR else _checkpoints_root(run_dir)
-    latest = read_latest(root)
-    best = read_best(root)
-    infos = []
-    for step, path in _committed_steps(root):
-        size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-        created = None
-        try:
-            created = read_manifest(path).get("created")
-        except CheckpointError:
-            pass
-        infos.append(
-            CheckpointInfo(
-                step=step,
-                path=path,
-                size_bytes=size,
-                created=created,
-                is_latest=path.name == latest,
-                problems=verify(path) if verify_files else None,
-                best=best if best is not None and best.folder == path.name else None,
-            )
-        )
-    return infos
-
-
-class CheckpointManager:
+class CheckpointManager(ResumeSearch):
     """Saves, verifies, prunes and finds checkpoints of one run (see the module docstring for the layout)."""
 
     def __init__(
@@ -603,93 +463,6 @@ class CheckpointManager:
         self.close()
 
     # ------------------------------------------------------------------ resume
-    def find_resume(self, resume: str | Path | None) -> Path | None:
-        """``"never"``/None -> None; ``"auto"`` -> the ``latest`` checkpoint, or if it does not verify the
-        newest one that does (or None);
-        a path -> that checkpoint (a step folder) or the newest good one under it (a run folder),
-        raising CheckpointError naming the file when it does not verify.
-
-        Collective: rank 0 lists the candidates, then every rank re-hashes its share of each one it tries,
-        and every rank reaches the same answer (or raises the same error)."""
-        if resume is None or resume == "never":
-            return None
-        plan: tuple[str, Any] | None = None
-        if self.rank == 0:
-            try:
-                plan = self._resume_candidates(resume)
-            except CheckpointError as exc:
-                plan = ("error", str(exc))
-        plan = self._broadcast_object(plan)
-        if plan[0] == "error":
-            raise CheckpointError(plan[1])
-        if plan[0] == "one":
-            path = Path(plan[1])
-            problems = self._verify(path)
-            if problems:
-                raise CheckpointError(
-                    f"trainer.resume={resume}: the checkpoint does not verify:\n  " + "\n  ".join(problems)
-                    + "\nUse an earlier checkpoint, or trainer.resume=auto to pick the newest good one."
-                )
-            return path
-        _, root, candidates, required = plan
-        return self._newest_verified(Path(root), [Path(c) for c in candidates], required=required)
-
-    def _resume_candidates(self, resume: str | Path) -> tuple[Any, ...]:
-        """Rank 0's reading of `resume`: ("one", step folder) or ("newest", root, folders to try in order,
-        whether one is required); raises CheckpointError for a path that does not exist."""
-        if resume == "auto":
-            return ("newest", str(self.root), self._candidates(self.root), False)
-        path = Path(resume)
-        if not path.exists():
-            raise CheckpointError(
-                f"trainer.resume={resume}: no such file or folder; pass a checkpoint folder "
-                "(<run_dir>/checkpoints/step_<N>), a run folder, 'auto' or 'never'."
-            )
-        if (path / MANIFEST_NAME).exists() or _STEP_RE.match(path.name):
-            return ("one", str(path))
-        root = path / CHECKPOINTS_DIR if (path / CHECKPOINTS_DIR).is_dir() else path
-        return ("newest", str(root), self._candidates(root), True)
-
-    @staticmethod
-    def _candidates(root: Path) -> list[str]:
-        # `latest` first: after resuming from an older checkpoint, newer folders of the abandoned run may
-        # still exist, and the run we are continuing is the one `latest` names
-        candidates = [p for _, p in reversed(_committed_steps(root))]
-        latest = read_latest(root)
-        candidates.sort(key=lambda p: p.name != latest)  # stable: the rest stay newest first
-        return [str(p) for p in candidates]
-
-    def _newest_verified(self, root: Path, candidates: list[Path], *, required: bool) -> Path | None:
-        """The first candidate that verifies. One rule for every damaged file (manifest, shards, DCP metadata,
-        extra state): the checkpoint is skipped, and ONE warning names each one skipped, why, and the one
-        used instead (every rank decides the same; rank 0 says so)."""
-        skipped = []
-        latest = read_latest(root)
-        if latest is not None and not (root / latest).is_dir() and _STEP_RE.match(latest):
-            skipped.append(f"{root / latest} (named by {root / LATEST_NAME}): does not exist")
-        for path in candidates:
-            problems = self._verify(path)
-            if not problems:
-                if skipped:
-                    self._say_skipped(skipped, f"resuming from {path} instead")
-                return path
-            skipped.append(f"{path}: " + "; ".join(problems))
-        if required:
-            raise CheckpointError(
-                f"{root}: no checkpoint that verifies" + (":\n  " + "\n  ".join(skipped) if skipped else ".")
-            )
-        if skipped:
-            self._say_skipped(skipped, "no checkpoint verifies; starting fresh from step 0")
-        return None
-
-    def _say_skipped(self, skipped: list[str], outcome: str) -> None:
-        if self.rank != 0:
-            return
-        what = "a checkpoint that does not verify" if len(skipped) == 1 else f"{len(skipped)} checkpoints that do not verify"
-        msg = f"skipped {what} ({'; '.join(skipped)}); {outcome}. `verl ckpt verify PATH` re-checks one."
-        logger.info(msg)  # for log files; the warning is what a console shows, once
-        warnings.warn(msg, UserWarning, stacklevel=4)
-
     def load(self, path: str | Path, *, app_state: dict[str, object]) -> dict[str, Any]:
         """Restore ``app_state`` in place from checkpoint ``path``; return this rank's ``extra`` dict.
 
@@ -698,52 +471,3 @@ class CheckpointManager:
         RNG streams cannot be carried over exactly).
         """
         return load_checkpoint(path, app_state=app_state, rank=self.rank, process_group=self._pg)
-
-
-def load_checkpoint(
-    path: str | Path, *, app_state: dict[str, object], rank: int = 0, process_group: Any = None
-) -> dict[str, Any]:
-    """Restore ``app_state`` from a checkpoint folder; see :meth:`CheckpointManager.load`."""
-    path = Path(path)
-    manifest = read_manifest(path)
-    md = read_metadata_safely(path / DCP_DIR / ".metadata")
-    present = top_level_keys(md)
-    state_dict = to_state_dict(app_state)
-    missing = sorted(set(state_dict) - present)
-    if missing:
-        raise CheckpointError(
-            f"{path}: holds no state for {', '.join(repr(k) for k in missing)} (it holds "
-            f"{', '.join(sorted(present))}); the checkpoint is from a different kind of run (e.g. GRPO vs "
-            "PPO with a critic). Resume from a matching checkpoint or trainer.resume=never."
-        )
-    try:
-        with _quiet_single_process():
-            dcp.load(
-                state_dict,
-                storage_reader=SafeFileSystemReader(str(path / DCP_DIR)),
-                process_group=process_group,
-                no_dist=process_group is None,
-            )
-    except CheckpointError:
-        raise
-    except (Exception, CheckpointException) as exc:
-        raise CheckpointError(
-            f"{path / DCP_DIR}: loading model/optimizer state failed ({describe_error(exc)}); the "
-            "model or optimizer differs from the one that was saved (architecture, parameter names, "
-            "optimizer type)."
-        ) from exc
-    apply_state_dict(app_state, state_dict)
-    own = path / extra_file(rank)
-    if not own.is_file():
-        own = path / extra_file(0)
-        logger.warning(
-            "%s was saved with world_size=%s; rank %d has no extra state of its own and uses rank 0's "
-            "(its RNG stream is not the one it would have had).",
-            path,
-            manifest.get("world_size"),
-            rank,
-        )
-    try:
-        return torch.load(own, weights_only=True, map_location="cpu")
-    except Exception as exc:
-        raise CheckpointError(f"{own}: cannot be loaded with weights_only=True ({exc}).") from exc
