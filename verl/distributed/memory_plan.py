@@ -12,245 +12,33 @@ machine without a GPU, and it says which settings make a plan that does not fit 
 
 Activations are counted tensor by tensor for a Llama/Qwen-style decoder layer (RMSNorm, GQA attention with
 a fused kernel that keeps no [T, T] scores, SwiGLU MLP), as Hugging Face's implementation saves them for
-backward. Constants that are assumptions, not derivations, are named below (`CUDA_RUNTIME_BYTES`,
-`VLLM_ASLEEP_BYTES`); nothing here has been compared with a measured GPU run yet.
+backward. Constants that are assumptions, not derivations, are named in `verl.distributed.memory_plan_types`
+(`CUDA_RUNTIME_BYTES`, `VLLM_ASLEEP_BYTES`); nothing here has been compared with a measured GPU run yet.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
 
-from verl.algorithms.head_logprobs import chunk_tokens
-from verl.algorithms.logits import _CHUNK_ELEMENTS as LOGPROB_CHUNK_ELEMENTS
-
-GIB = 2**30
-CUDA_RUNTIME_BYTES = 1 * GIB
-"""CUDA context, cuBLAS workspaces and NCCL buffers per process (assumed, typical for an H100 process)."""
-VLLM_ASLEEP_BYTES = 1 * GIB
-"""What a sleeping colocated vLLM keeps (CUDA graphs, its own buffers) once its KV cache and weights are
-released (assumed)."""
-
-
-CHUNKED_AUTO_LOGITS = 1 << 28
-"""`actor.chunked_logprobs: auto` turns on where a micro-batch's response logits reach this many elements
-(1 GiB in float32; 1,767 tokens at Qwen2.5's vocabulary): below it the logits cost less than the extra head
-projection is worth."""
-
-
-def chunks_logits(setting: bool | str, response_tokens: int, vocab: int) -> bool:
-    """Whether `actor.chunked_logprobs` computes the log-probs without the logits, for a micro-batch of
-    `response_tokens` (the plan and the trainer decide by this one rule)."""
-    if setting == "auto":
-        return response_tokens * vocab >= CHUNKED_AUTO_LOGITS
-    return bool(setting)
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the plan needs of a decoder-only LM: its sizes and where its parameters sit."""
-
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    total_params: int
-    embed_params: int  # input embedding
-    head_params: int  # output projection (0 when tied to the embedding)
-    layer_params: int  # one decoder layer
-
-    @property
-    def kv_dim(self) -> int:
-        return self.kv_heads * self.head_dim
-
-    @property
-    def root_params(self) -> int:
-        """Parameters outside the decoder layers (FSDP2's root unit: embeddings, final norm, head)."""
-        return self.total_params - self.layers * self.layer_params
-
-    @classmethod
-    def from_model(cls, model: object, layer: object) -> ModelShape:
-        """From a (meta-device) Hugging Face causal LM and one of its decoder layers."""
-        cfg = model.config  # type: ignore[attr-defined]
-        cfg = getattr(cfg, "get_text_config", lambda: cfg)()
-        heads = int(cfg.num_attention_heads)
-        hidden = int(cfg.hidden_size)
-        embed = model.get_input_embeddings().weight  # type: ignore[attr-defined]
-        out = model.get_output_embeddings()  # type: ignore[attr-defined]
-        tied = out is None or out.weight is embed or bool(getattr(cfg, "tie_word_embeddings", False))
-        return cls(hidden=hidden, layers=int(cfg.num_hidden_layers), heads=heads,
-                   kv_heads=int(getattr(cfg, "num_key_value_heads", None) or heads),
-                   head_dim=int(getattr(cfg, "head_dim", None) or hidden // heads),
-                   intermediate=int(getattr(cfg, "intermediate_size", None) or 4 * hidden),
-                   vocab=int(cfg.vocab_size), total_params=sum(p.numel() for p in model.parameters()),
-                   embed_params=embed.numel(), head_params=0 if tied else out.weight.numel(),
-                   layer_params=sum(p.numel() for p in layer.parameters()))  # type: ignore[attr-defined]
-
-
-def activation_bytes_per_token(shape: ModelShape, compute_bytes: int) -> int:
-    """Bytes one decoder layer keeps for backward per token (no checkpointing).
-
-    Each RMSNorm keeps its float32 input and its output (the weight's input); attention keeps the q/k/v
-    projections' input, the rotated q and k and v (what the fused kernel saves), its output (and float32
-    log-sum-exp per head) and the o-projection's input; the SwiGLU MLP keeps its input, gate, silu(gate),
-    up and their product."""
-    c, h, kv, i = compute_bytes, shape.hidden, shape.kv_dim, shape.intermediate
-    norms = 2 * (4 * h + c * h)
-    attention = c * (h + h + 2 * kv + h + h) + 4 * shape.heads
-    mlp = c * (h + 4 * i)
-    return norms + attention + mlp
-
-
-@dataclass(frozen=True)
-class RolloutRank:
-    """A rank of an asynchronous run that only generates (`devices.rollout`): it loads the whole policy in the
-    dtype the trainer holds it in (the master dtype: a rollout rank is not sharded), then either hands the GPU
-    to vLLM (the policy moved to the CPU first; vLLM stays awake, taking its `gpu_memory_utilization` share)
-    or samples with our sampler from that copy; every weight delivery arrives in buckets in the rollout's
-    dtype (`verl.trainer.rollout.async_rollout`)."""
-
-    ranks: int  # how many rollout ranks
-    weights_bytes: int  # the whole policy as loaded (master dtype)
-    weight_bytes_per_element: int  # ... its element size: our sampler's KV cache and logits are in it
-    wire_bytes: int  # element size of a delivery (the rollout's compute dtype)
-    rows: int  # sequences one rollout rank samples per step
-    engine: str = "hf"
-    gpu_memory_utilization: float = 0.5
-    bucket_bytes: int = 64 * 2**20  # the size deliveries are cut into (`async_rollout.BUCKET_BYTES`)
-
-
-@dataclass(frozen=True)
-class PlanInputs:
-    """Everything the plan depends on, in bytes and counts (built from a RunConfig by the trainer's start-up).
-
-    `resident` is the model state per role on an actor rank as (params, grads, optimizer) bytes, from
-    `verl.distributed.memory.estimate_memory` (sharding, placement and LoRA already applied)."""
-
-    shape: ModelShape
-    resident: dict[str, tuple[int, int, int]]
-    compute_bytes: int  # dtype of the forward/backward (FSDP2's param_dtype, or the master dtype)
-    master_bytes: int  # dtype of the actor's sharded weights, gradients and optimizer moments
-    micro_batch: int  # sequences per forward/backward (actor.micro_batch_size)
-    prompt_len: int
-    response_len: int
-    tokens_per_micro_batch: int | None = None  # actor.max_tokens_per_micro_batch (overrides micro_batch)
-    activation_checkpointing: bool = False
-    cpu_offload: bool = False  # fsdp.cpu_offload: the roles' sharded state in host memory, but those in `kept`
-    offloaded: frozenset[str] = frozenset()  # roles offloaded by a switch of their own (actor/critic.cpu_offload)
-    kept: frozenset[str] = frozenset()  # roles whose own switch keeps them on the device (actor/critic.cpu_offload)
-    activation_offload: bool = False  # actor.activation_offload: saved tensors wait in host memory
-    chunked_logprobs: bool = False  # actor.chunked_logprobs in effect: no [tokens, V] logits
-    head_trained: bool = True  # the output head gets a gradient (not under LoRA)
-    sequence_parallel: int = 1  # actor.sequence_parallel_size: one sequence's tokens split over this many ranks
-    sharded: bool = True  # FSDP2 wraps the actor (gathered layers, unsharded gradients); False: one plain process
-    padded_mask: bool = True  # rows of a micro-batch differ in padding: sdpa gets a 4-D mask (not flash-attn,
-    # packed or split forwards)
-    engine: str = "hf"  # "vllm" (colocated on the actor's ranks) or "hf"
-    gpu_memory_utilization: float = 0.5
-    rows_per_rank: int = 1  # sequences one actor rank samples per step
-    vllm_colocated: bool = True
-    samples: bool = True  # an RL run: a rollout phase before the update (SFT, DPO: none)
-    # start-up: (role, the whole model's bytes in the dtype it is held in, ranks its weights are sharded over)
-    loading: tuple[tuple[str, int, int], ...] = ()
-    reads_shards: bool = True  # built on the meta device, each rank reads its shards; False: loaded whole first
-    whole_reason: str = ""  # why the start-up loads whole models (with reads_shards=False)
-    world_size: int = 1
-    rollout_rank: RolloutRank | None = None  # devices.rollout: the ranks that only generate
-
-    def with_(self, **changes: object) -> PlanInputs:
-        return dataclasses.replace(self, **changes)
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    """Per-GPU peak of each phase, part by part, against the device's memory (None: not known here)."""
-
-    inputs: PlanInputs
-    rollout: list[tuple[str, int]]
-    update: list[tuple[str, int]]
-    device_bytes: int | None
-    notes: list[str]
-    startup: list[tuple[str, int]] = dataclasses.field(default_factory=list)  # the start-up's peak moment
-    startup_moment: str = ""  # which moment of the start-up that is
-    rollout_rank_startup: list[tuple[str, int]] = dataclasses.field(default_factory=list)
-    rollout_rank: list[tuple[str, int]] = dataclasses.field(default_factory=list)  # a rollout rank generating
-    rollout_rank_notes: list[str] = dataclasses.field(default_factory=list)
-
-    @property
-    def startup_peak(self) -> int:
-        return sum(b for _, b in self.startup)
-
-    @property
-    def rollout_rank_peak(self) -> int:
-        return max(sum(b for _, b in self.rollout_rank_startup), sum(b for _, b in self.rollout_rank))
-
-    @property
-    def rollout_peak(self) -> int:
-        return sum(b for _, b in self.rollout)
-
-    @property
-    def update_peak(self) -> int:
-        return sum(b for _, b in self.update)
-
-    @property
-    def fits(self) -> bool | None:
-        if self.device_bytes is None:
-            return None
-        peaks = [self.startup_peak, self.rollout_peak, self.update_peak]
-        if self.rollout_rank:
-            peaks.append(self.rollout_rank_peak)
-        return max(peaks) <= self.device_bytes
-
-    def render(self) -> str:
-        """The phases as a table (GiB per GPU), the peaks against the device, and the notes; then a rollout
-        rank's, for an asynchronous run."""
-        startup = f"start-up phase (models loading, before the first step; peak: {self.startup_moment})"
-        phases = [(startup, self.startup), ("rollout phase", self.rollout), ("update phase", self.update)]
-        lines = ["memory plan per GPU on an actor rank (GiB)", *self._table([p for p in phases if p[1]])]
-        if self.device_bytes is None:
-            lines.append("  device memory unknown here: pass --gpu-memory GIB to check the fit")
-        lines += [f"  note: {n}" for n in self.notes]
-        if self.rollout_rank:
-            lines.append(f"memory plan per GPU on a rollout rank (GiB; devices.rollout, "
-                         f"{self.inputs.rollout_rank.ranks} rank(s) that only generate)")
-            lines += self._table([("start-up phase (the policy loading)", self.rollout_rank_startup),
-                                  ("generating phase", self.rollout_rank)])
-            lines += [f"  note: {n}" for n in self.rollout_rank_notes]
-        return "\n".join(lines)
-
-    def _table(self, phases: list[tuple[str, list[tuple[str, int]]]]) -> list[str]:
-        width = max(len(name) for _, parts in phases for name, _ in parts)
-        lines = []
-        for title, parts in phases:
-            peak = sum(b for _, b in parts)
-            lines.append(f"  {title}")
-            lines += [f"    {name.ljust(width)}  {b / GIB:8.2f}" for name, b in parts]
-            lines.append(f"    {'peak'.ljust(width)}  {peak / GIB:8.2f}{self._verdict(peak)}")
-        return lines
-
-    def _verdict(self, peak: int) -> str:
-        if self.device_bytes is None:
-            return ""
-        return f"  of {self.device_bytes / GIB:.1f} ({'fits' if peak <= self.device_bytes else 'DOES NOT FIT'})"
-
-
-def micro_batch_tokens(micro_batch: int, tokens_per_micro_batch: int | None, prompt_len: int,
-                       response_len: int) -> tuple[int, int]:
-    """(tokens, response tokens) of one update micro-batch at full length: `micro_batch` sequences, or a
-    token budget (`actor.max_tokens_per_micro_batch`) filled with sequences of that shape."""
-    seq = prompt_len + response_len
-    if tokens_per_micro_batch is not None:
-        return tokens_per_micro_batch, tokens_per_micro_batch * response_len // seq
-    return micro_batch * seq, micro_batch * response_len
-
-
-def _mb_tokens(x: PlanInputs) -> tuple[int, int]:
-    """(tokens, response tokens) of one micro-batch."""
-    return micro_batch_tokens(x.micro_batch, x.tokens_per_micro_batch, x.prompt_len, x.response_len)
+from verl.distributed.memory_plan_micro_batch import (
+    CHUNKED_AUTO_LOGITS,
+    activation_bytes_per_token,
+    chunks_logits,
+    forward_backward_parts,
+    micro_batch_tokens,
+    offloaded_activation_bytes,
+)
+from verl.distributed.memory_plan_startup import sharded_startup_peak, startup_moments, startup_notes
+from verl.distributed.memory_plan_types import (
+    CUDA_RUNTIME_BYTES,
+    GIB,
+    VLLM_ASLEEP_BYTES,
+    MemoryPlan,
+    ModelShape,
+    PlanInputs,
+    RolloutRank,
+)
 
 
 def plan_memory(x: PlanInputs, device_bytes: int | None) -> MemoryPlan:
@@ -328,103 +116,6 @@ def _complete(x: PlanInputs, rollout: list[tuple[str, int]], update: list[tuple[
                       rollout_rank=rank_generating, rollout_rank_notes=rank_notes)
 
 
-ROLE_NAMES = {"actor": "policy", "ref": "reference", "teacher": "teacher", "critic": "critic"}
-
-
-def _offloaded(x: PlanInputs, role: str) -> bool:
-    return role in x.offloaded or (x.cpu_offload and role not in x.kept)
-
-
-def startup_moments(x: PlanInputs, device_bytes: int | None) -> list[tuple[str, list[tuple[str, int]]]]:
-    """What an actor rank holds at each moment of the start-up that may be its peak, in the order the trainer
-    builds its models (`verl.trainer.compose.components.compose_rl`): the reference and the teacher sharded first,
-    then the actor, then a colocated vLLM starts (awake, its share of the device, then asleep), then the
-    critic is sharded. No gradients and no optimizer moments yet: FSDP2 allocates gradients in the first
-    backward and torch's AdamW its moments at the first `step()` (a resumed checkpoint loads them when the
-    loop starts, which the rollout phase's plan covers).
-
-    `x.reads_shards` (each role built on the meta device, FSDP2-sharded, then each rank reads only its rows
-    of the safetensors files: `verl.models.sharded_load`): a role holds its shard in the dtype it is
-    held in (the master dtype for trained roles, the compute dtype for frozen ones; none on the GPU where its
-    `cpu_offload` puts the shards in host memory); the rows in flight pass through host memory, one tensor
-    at a time, and are written into the shard. Otherwise each rank loads the policy whole on its device and
-    makes whole copies of it (the reference, the critic; the teacher loads whole from its own path), each
-    sharded in turn: the policy stays whole until every copy is made.
-    A role sharded over one rank (one process, NO_SHARD) holds its whole model either way."""
-    ctx = ("CUDA context, NCCL buffers (assumed)", CUDA_RUNTIME_BYTES)
-    load = {role: (whole, ranks) for role, whole, ranks in x.loading}
-    held: dict[str, tuple[str, int]] = {}
-    moments: list[tuple[str, list[tuple[str, int]]]] = []
-
-    def shard(role: str) -> None:
-        whole, ranks = load[role]
-        name = ROLE_NAMES[role]
-        if _offloaded(x, role):
-            held[role] = (f"{name} weights: shards in host memory (cpu_offload)", 0)
-        elif ranks > 1:
-            held[role] = (f"{name} weights: this rank's shard (1/{ranks})", -(-whole // ranks))
-        else:
-            held[role] = (f"{name} weights: whole (not sharded over several ranks)", whole)
-
-    def snap(moment: str) -> None:
-        moments.append((moment, [*held.values(), ctx]))
-
-    frozen = [role for role in ("ref", "teacher") if role in load]
-    if x.reads_shards:
-        for role in frozen:
-            shard(role)
-    elif "actor" in load:
-        def whole(role: str, how: str) -> tuple[str, int]:
-            later = "before sharding" if load[role][1] > 1 else "not sharded over several ranks"
-            return (f"{ROLE_NAMES[role]} weights: {how} whole ({later})", load[role][0])
-
-        held["actor"] = whole("actor", "loaded")
-        for role in (*frozen, "critic"):
-            if role in load:
-                how = "loaded" if role == "teacher" else "copied from the policy"
-                held[role] = whole(role, how)
-                snap(f"{ROLE_NAMES[role]} {how} whole")
-                if role != "critic":  # the critic is sharded after the actor (and after vLLM starts)
-                    shard(role)
-        if len(load) == 1:
-            snap("policy loaded whole")
-    if "actor" in load:
-        shard("actor")
-    if x.samples and x.engine == "vllm" and x.vllm_colocated and device_bytes is not None:
-        budget = int(x.gpu_memory_utilization * device_bytes)
-        held["vllm"] = (f"vLLM starting: gpu_memory_utilization {x.gpu_memory_utilization:g} x device", budget)
-        snap("while vLLM starts")
-        held["vllm"] = ("vLLM asleep (KV cache and weights released)", VLLM_ASLEEP_BYTES)
-    if "critic" in load:
-        shard("critic")
-    snap("models loaded")
-    return moments
-
-
-def startup_notes(x: PlanInputs) -> list[str]:
-    """How the start-up loads (each rank its shards, or whole copies first, and why)."""
-    if not x.loading:
-        return []
-    whole = [ROLE_NAMES[r] for r, _, ranks in x.loading if ranks <= 1 and not _offloaded(x, r)]
-    held_whole = f"; {', '.join(whole)} held whole on every rank (not sharded over several ranks)" if whole else ""
-    if x.reads_shards:
-        largest = max(x.shape.embed_params, x.shape.head_params, x.shape.intermediate * x.shape.hidden)
-        ranks = max((n for _, _, n in x.loading), default=1)
-        return [f"start-up: each role is built on the meta device and each rank reads only its shards from the "
-                f"safetensors files (one tensor's rows at a time through host memory: at most "
-                f"{largest * x.master_bytes / max(ranks, 1) / GIB:.2f} GiB here); gradients and optimizer "
-                f"moments are allocated at the first step{held_whole}"]
-    return [f"start-up: because of {x.whole_reason or 'a whole load'}, each actor rank loads the policy whole on "
-            f"its GPU and copies it whole (reference, critic) before sharding{held_whole}"]
-
-
-def sharded_startup_peak(x: PlanInputs, ranks: int | None, device_bytes: int | None) -> int:
-    """The start-up peak if each rank read only its own shards: each role's 1/`ranks` (None: over the ranks
-    it is sharded over in `x`)."""
-    y = x.with_(reads_shards=True, loading=tuple((r, whole, ranks or n) for r, whole, n in x.loading))
-    return max(sum(b for _, b in parts) for _, parts in startup_moments(y, device_bytes))
-
-
 def rollout_rank_parts(x: PlanInputs, device_bytes: int | None
                        ) -> tuple[list[tuple[str, int]], list[tuple[str, int]], list[str]]:
     """(start-up, generating, notes) of a rollout rank (`RolloutRank`): it loads the whole policy first; vLLM
@@ -460,76 +151,6 @@ def rollout_rank_parts(x: PlanInputs, device_bytes: int | None
                       (f"sampler: KV cache ({r.rows} rows x {seq} tokens)", r.rows * seq * s.layers * 2 * s.kv_dim * w),
                       ("sampler: next-token logits (float32)", r.rows * s.vocab * 4), bucket, ctx]
     return startup, generating, notes
-
-
-def forward_backward_parts(x: PlanInputs, notes: list[str] | None = None) -> list[tuple[str, int]]:
-    """What one micro-batch's forward and backward hold beyond the model state, as parts whose sum is its peak.
-
-    What stays from the forward to the backward: the activations saved for backward (every layer's, or with
-    checkpointing each layer's input; with activation offload only what is in flight), and with padded rows
-    the 4-D attention mask sdpa is given ([B, 1, T, T], boolean and additive in the compute dtype, kept by
-    every layer). On top of it, the
-    backward's largest working set, which is one of three at different times:
-    * the log-probs' backward, while the final norm's and head's inputs still exist: without chunking, the
-      response logits kept for backward and their gradient (each logits-sized, in the compute dtype) and the
-      float32 row chunks of the log-softmax (one in float32, three upcast from bf16); chunked, one chunk of
-      tokens x vocabulary at a time (its projection, the float32 log-softmax and softmax, the gradient written
-      over one of them) and the float32 accumulator of the head's gradient;
-    * one layer's backward: its activations (recomputed under checkpointing) and the gradients of its MLP's
-      two widest tensors; one process holds a tied head's gradient meanwhile (autograd adds it to the
-      embeddings' gradient at the very end);
-    * unsharded with tied embeddings, the end: that held gradient, the embeddings' own and their sum.
-    Sequence parallelism splits a micro-batch's tokens over `sequence_parallel` ranks, so the activations and
-    logits shrink by it (its split forward packs the rows and builds no mask).
-    """
-    s, c, m, sp = x.shape, x.compute_bytes, x.master_bytes, max(x.sequence_parallel, 1)
-    tokens, response_tokens = _mb_tokens(x)
-    rows = max(1, tokens // max(x.prompt_len + x.response_len, 1))
-    seq = tokens // rows
-    tokens, response_tokens = -(-tokens // sp), -(-response_tokens // sp)
-    where = f"{tokens} tokens" + (f" per rank of {sp}" if sp > 1 else "")
-    per_token = activation_bytes_per_token(s, c)
-    final = (4 + 2 * c) * s.hidden  # final norm (float32 input, output) and the head's input
-    parts: list[tuple[str, int]] = []
-    if x.padded_mask:
-        parts.append((f"attention mask (sdpa, {rows} padded rows x {seq}^2)", rows * seq * seq * (c + 1)))
-    if x.activation_offload:
-        kept, kept_name = 0, f"activations ({where}): offloaded to host memory"
-        if notes is not None:
-            notes.append(f"actor.activation_offload: {offloaded_activation_bytes(x) / GIB:.1f} GiB of saved "
-                         "activations per micro-batch wait in pinned host memory")
-    elif x.activation_checkpointing:
-        kept, kept_name = tokens * s.layers * c * s.hidden, f"activations ({where}, checkpointed: layer inputs)"
-    else:
-        kept, kept_name = tokens * s.layers * per_token, f"activations ({where}, all {s.layers} layers)"
-    parts.append((kept_name, kept))
-    tied_held = s.vocab * s.hidden * m if not x.sharded and s.head_params == 0 and x.head_trained else 0
-    layer = tokens * ((per_token if x.activation_checkpointing or x.activation_offload else 0) + 2 * c * s.intermediate)
-    chunk_rows = min(chunk_tokens(s.vocab), response_tokens)
-    if x.chunked_logprobs:
-        logprobs = (chunk_rows * s.vocab * (3 * 4 + (c if c != 4 else 0))
-                    + (s.vocab * s.hidden * 4 if x.head_trained else 0))
-        logprobs_name = f"chunked log-probs ({chunk_rows} of {response_tokens} response tokens x {s.vocab} at a time)"
-    else:
-        upcast = 1 if c == 4 else 3
-        logprobs = (2 * response_tokens * s.vocab * c
-                    + upcast * min(LOGPROB_CHUNK_ELEMENTS, response_tokens * s.vocab) * 4)
-        logprobs_name = f"logits + their gradient ({response_tokens} response tokens x {s.vocab})"
-    phases = [(f"backward: {logprobs_name}", tokens * final + logprobs),
-              (f"backward: one layer ({where})" + (" + the tied head's gradient" if tied_held else ""),
-               layer + tied_held),
-              ("backward: the tied embeddings' gradients (held, own, sum)", 3 * tied_held - kept)]
-    parts.append(max(phases, key=lambda part: part[1]))
-    return parts
-
-
-def offloaded_activation_bytes(x: PlanInputs) -> int:
-    """Host memory that activation offload fills per micro-batch (per GPU): every layer's saved tensors, or
-    with checkpointing its input only."""
-    s, c = x.shape, x.compute_bytes
-    tokens = -(-_mb_tokens(x)[0] // max(x.sequence_parallel, 1))
-    layer = c * s.hidden if x.activation_checkpointing else activation_bytes_per_token(s, c)
-    return tokens * (s.layers * layer + (4 + 2 * c) * s.hidden)
 
 
 def _micro_batch_fit(x: PlanInputs, device_bytes: int) -> int | None:
