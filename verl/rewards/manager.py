@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -28,84 +26,18 @@ from verl.rewards.functions import (
     ACCURACY_KEY,
     GROUND_TRUTH_NAMES,
     LoadedFunction,
-    at_user_line,
     call_one,
     load_function,
-    short_repr,
     takes_parameter,
-    thread_hint,
 )
 from verl.rewards.pool import RewardCall, RewardPool
 from verl.rewards.processes import ProcessRewardPool, recipe
+from verl.rewards.scoring_types import RewardResult, TrainingProgress, _Samples
 from verl.rewards.spec import RewardFunctionSpec
+from verl.rewards.user_calls import UserCodeCalls
 
 
-@dataclass
-class RewardResult:
-    """Per-sample rewards plus what to log.
-
-    scores: float32 [N], the weighted sum of the functions that apply to each sample.
-    metrics: means to log, `reward/<fn>/score` and `reward/<fn>/<key>` for numeric extra keys of dict returns.
-    per_function: unweighted float32 [N] scores per function; 0 where the function does not apply.
-    applied: bool [N] per function, True where it applies (so a mean over per_function can skip the rest).
-    extras: per sample, {function: {key: value}} for the extra keys of dict returns that are not finite
-        numbers (verl's math_dapo returns its parsed answer as `pred`): they cannot be averaged, so they go
-        with the sample (samples.jsonl) instead of the metrics; empty dicts where there are none.
-    accuracy: float32 [N], the weighted sum of the `acc` extras of the functions that return one for a sample,
-        NaN where none does; None when no function returned one. DAPO's dynamic sampling filters on it
-        (correctness, not the shaped score).
-    """
-
-    scores: torch.Tensor
-    metrics: dict[str, float] = field(default_factory=dict)
-    per_function: dict[str, torch.Tensor] = field(default_factory=dict)
-    applied: dict[str, torch.Tensor] = field(default_factory=dict)
-    extras: list[dict[str, dict[str, Any]]] = field(default_factory=list)
-    accuracy: torch.Tensor | None = None
-
-
-@dataclass(frozen=True)
-class TrainingProgress:
-    """Where training is, for reward functions that shape rewards by it: what TRL passes as `trainer_state`
-    (the fields of transformers' `TrainerState` that such functions read). `global_step` counts the
-    optimizer steps done before this batch; `epoch` the passes over the training prompts completed."""
-
-    global_step: int = 0
-    max_steps: int | None = None
-    epoch: int = 0
-
-
-class _Samples(NamedTuple):
-    """One batch to score, a list entry per sample in each field."""
-
-    prompts: Sequence[Any]
-    responses: Sequence[str]
-    ground_truths: Sequence[Any]
-    metas: list[dict[str, Any]]
-    data_sources: Sequence[str | None]
-    response_ids: Sequence[Sequence[int]] | None = None  # each response's token ids, where the caller has them
-
-
-def _to_float(value: Any) -> float | None:
-    """The value as a Python float, or None when it is not a single real number. A bool counts as 0/1 (`return
-    answer == truth` is a reward); an int too large for a float (10**400) is +-inf, which callers refuse."""
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, numbers.Real):
-        try:
-            return float(value)
-        except OverflowError:
-            return math.inf if value > 0 else -math.inf
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
-        return float(value.item())
-    if getattr(value, "shape", None) == () and hasattr(value, "item"):  # numpy 0-d array
-        item = value.item()
-        if isinstance(item, numbers.Real):
-            return float(item)
-    return None
-
-
-class RewardManager:
+class RewardManager(UserCodeCalls):
     """Loads reward functions up front and scores batches with their weighted sum."""
 
     def __init__(
@@ -412,131 +344,6 @@ class RewardManager:
             "killer) scores its sample 0, but this many means the function is broken: fix it (run it with "
             "reward.executor=thread to see where it fails; a SIGKILL is often the OOM killer, see dmesg), or "
             "raise reward.max_worker_crashes.")
-
-    # -- calling user code -------------------------------------------------------------------------
-
-    def _call_batched(self, ld: LoadedFunction, idx: list[int], b: _Samples) -> list[Any]:
-        if not idx:
-            return []
-        return self._batch_results(ld, idx, lambda: ld.fn(
-            [b.data_sources[i] for i in idx] if ld.verl_style else [b.prompts[i] for i in idx],
-            [b.responses[i] for i in idx],
-            [b.ground_truths[i] for i in idx],
-            [b.metas[i].get("extra_info") for i in idx] if ld.verl_style else [b.metas[i] for i in idx],
-            **ld.spec.kwargs,
-        ))
-
-    def _batch_results(self, ld: LoadedFunction, idx: list[int], call: Callable[[], Any]) -> list[Any]:
-        """`call()`'s one result per sample of `idx`, as a list; any other outcome is a RewardError."""
-        span = f"samples {idx[0]}..{idx[-1]} ({len(idx)} samples)"
-        try:
-            out = call()
-        except Exception as e:
-            raise RewardError(
-                f"batched reward function '{ld.label}' ({ld.where}) raised {type(e).__name__}: {e} on the "
-                f"call over {span}{at_user_line(e)}. Fix the function.{thread_hint(e)}"
-            ) from e
-        if isinstance(out, torch.Tensor):
-            out = out.reshape(-1).tolist() if out.dim() <= 1 else out
-        elif hasattr(out, "tolist") and getattr(out, "ndim", None) == 1:  # numpy array
-            out = out.tolist()
-        if isinstance(out, (str, bytes, Mapping)) or not isinstance(out, Sequence):
-            raise RewardError(
-                f"batched reward function '{ld.label}' ({ld.where}) returned a {type(out).__name__}; it must "
-                f"return a list with one float (or dict with 'score') per sample, {len(idx)} here."
-            )
-        if len(out) != len(idx):
-            raise RewardError(
-                f"batched reward function '{ld.label}' ({ld.where}) returned {len(out)} results for "
-                f"{len(idx)} samples ({span}); return exactly one float or dict per sample, in order."
-            )
-        return list(out)
-
-    def _call_trl(self, ld: LoadedFunction, idx: list[int], b: _Samples, logged: dict[str, list[float]]) -> list[Any]:
-        """A TRL reward function, `fn(prompts=..., completions=..., <column>=..., **kwargs)`: one call over the
-        samples, keywords only, every dataset column as a list (the ground truth under each name it may have
-        come from: ground_truth, answer, solution, ...). A completion is chat-formatted
-        (`[{"role": "assistant", "content": ...}]`) where its prompt is chat messages, as in TRL.
-
-        As TRL does, it also gets `completion_ids` (where the caller passed the responses' token ids: the
-        trainer does), `trainer_state` (`self.progress`), `log_metric(name, value)` (logged as
-        `reward/<fn>/<name>`, the mean of the values given this batch; into `logged`) and
-        `log_extra(column, values)`, whose columns TRL shows only in its completions table, which is not
-        kept here (as TRL without `log_completions`)."""
-        if not idx:
-            return []
-
-        def log_metric(name: str, value: float) -> None:
-            number = _to_float(value)
-            if number is None or not math.isfinite(number):
-                raise RewardError(f"reward function '{ld.label}' ({ld.where}) logged {name!r}={short_repr(value)} with "
-                                  "log_metric; a metric must be a finite number.")
-            logged.setdefault(str(name), []).append(number)
-
-        columns: dict[str, list[Any]] = {
-            "prompts": [b.prompts[i] for i in idx],
-            "completions": [[{"role": "assistant", "content": b.responses[i]}] if isinstance(b.prompts[i], list)
-                            else b.responses[i] for i in idx],
-            "data_source": [b.data_sources[i] for i in idx],
-        }
-        if b.response_ids is not None:
-            columns["completion_ids"] = [[int(t) for t in b.response_ids[i]] for i in idx]
-        for name in GROUND_TRUTH_NAMES:
-            columns[name] = [b.ground_truths[i] for i in idx]
-        for key in dict.fromkeys(k for i in idx for k in b.metas[i]):
-            columns.setdefault(key, [b.metas[i].get(key) for i in idx])
-        columns |= {"trainer_state": self.progress, "log_metric": log_metric, "log_extra": lambda column, values: None}
-        params = ld.parameters
-        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            kwargs = columns
-        else:
-            kwargs = {k: v for k, v in columns.items() if k in params}
-        kwargs = {**kwargs, **ld.spec.kwargs}
-        missing = [n for n, p in params.items() if p.default is p.empty and n not in kwargs
-                   and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-        if missing:
-            raise RewardError(
-                f"reward function '{ld.label}' ({ld.where}) is a TRL-style function (it takes `completions`) and "
-                f"needs {missing}, which the rows do not have; columns here: {sorted(columns)}. Fix: name the "
-                "parameters after the dataset's columns, give them defaults, or take **kwargs.")
-        return self._batch_results(ld, idx, lambda: ld.fn(**kwargs))
-
-    def _parse(
-        self, ld: LoadedFunction, i: int, value: Any, data_source: str | None
-    ) -> tuple[float, dict[str, float], dict[str, Any]]:
-        """(score, numeric extras for the metrics, the other extras for the sample's record)."""
-        at = f"reward function '{ld.label}' ({ld.where}) on sample {i} (data_source={data_source!r})"
-        extras: dict[str, float] = {}
-        other: dict[str, Any] = {}
-        if isinstance(value, Mapping):
-            if "score" not in value:
-                raise RewardError(
-                    f"{at} returned a dict without a 'score' key (keys: {sorted(map(str, value))}); "
-                    "return {'score': float, ...extras}."
-                )
-            for k, v in value.items():
-                if k == "score":
-                    continue
-                f = _to_float(v)
-                if f is None or not math.isfinite(f):  # text, None, lists, NaN: kept with the sample
-                    other[str(k)] = v
-                else:
-                    extras[str(k)] = f
-            value = value["score"]
-        score = _to_float(value)
-        if score is None:
-            raise RewardError(
-                f"{at} returned {short_repr(value)} ({type(value).__name__}); a reward must be a "
-                "finite number or a dict with a numeric 'score'. Make every code path return "
-                "one (a missing return gives None)."
-            )
-        if not math.isfinite(score):
-            raise RewardError(
-                f"{at} returned {short_repr(value)}; a reward must be finite "
-                f"({'an integer larger than a float holds' if isinstance(value, int) else 'not NaN/inf'}"
-                "). Guard the division, log or power that yields it, or clip the score."
-            )
-        return score, extras, other
 
     def __repr__(self) -> str:
         parts = [
