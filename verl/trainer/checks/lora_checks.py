@@ -204,16 +204,17 @@ def _trainable_with_lora(model: torch.nn.Module, cfg: LoraConfig, *, task_type: 
             sum(p.numel() for p in wrapped.parameters()))
 
 
-def check_lora(config: RunConfig, *, model_path: str | None, mapping: Any = None, kind: str = "rl") -> LoraCheck:
-    """Every LoRA problem of `config` (collected, not raised) and the parameter counts for `verl check`."""
+def check_lora(config: RunConfig, *, model_path: str | None, mapping: Any = None, kind: str = "rl",
+               model: torch.nn.Module | None = None) -> LoraCheck:
+    """Every LoRA problem of `config` (collected, not raised) and the parameter counts for `verl check`;
+    `model`: the policy on the meta device when the caller built it already (`PolicyFacts.meta_model`)."""
     out = LoraCheck()
     lora, critic_lora = config.model.lora, config.critic.lora
     sections = [("model.lora", lora)] if lora.enabled else []
     critic_on = kind == "rl" and config.needs_critic and critic_lora.enabled
     if critic_on:
         sections.append(("critic.lora", critic_lora))
-    model = None
-    if model_path is not None:
+    if model is None and model_path is not None:
         model = meta_causal_lm(model_path, trust_remote_code=config.model.trust_remote_code,
                                revision=config.model.revision)
     for section, cfg in sections:

@@ -54,11 +54,12 @@ def targets_gpu(config: RunConfig, device_type: str) -> bool:
     return device_type == "cuda" or config.trainer.device == "cuda" or config.rollout.engine == "vllm"
 
 
-def model_shape(config: RunConfig, model_path: str) -> ModelShape | None:
-    """The policy's shape from its config (meta device), or None where it cannot be built here or is not a
-    decoder of the kind the plan models (the plan is advice: its absence stops nothing)."""
-    model = meta_causal_lm(model_path, trust_remote_code=config.model.trust_remote_code,
-                           revision=config.model.revision)
+def model_shape(config: RunConfig, model_path: str, *, model: Any = None) -> ModelShape | None:
+    """The policy's shape from its config (meta device; `model`: one already built), or None where it cannot be
+    built here or is not a decoder of the kind the plan models (the plan is advice: its absence stops nothing)."""
+    if model is None:
+        model = meta_causal_lm(model_path, trust_remote_code=config.model.trust_remote_code,
+                               revision=config.model.revision)
     layers = find_decoder_layers(model) if model is not None else []
     try:
         return ModelShape.from_model(model, layers[0]) if layers else None
