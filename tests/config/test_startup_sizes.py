@@ -4,37 +4,29 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import pytest
-
 from verl.config import load_config
-from verl.trainer.build.models import resolve_model_path
 from verl.trainer.checks.host_memory import GiB, check_host_memory
 from verl.trainer.checks.startup import check_startup
 
 
-@pytest.fixture(scope="module")
-def tiny() -> str:
-    return resolve_model_path("tiny")
-
-
-def _problems(tiny: str, tmp_path, *overrides: str) -> list[str]:
+def _problems(tiny_path: str, tmp_path, *overrides: str) -> list[str]:
     config = load_config(None, [f"trainer.run_dir={tmp_path / 'run'}", "trainer.device=cpu", *overrides])
-    return [str(p) for p in check_startup(config, world_size=1, model_path=tiny, device_type="cpu").problems]
+    return [str(p) for p in check_startup(config, world_size=1, model_path=tiny_path, device_type="cpu").problems]
 
 
-def test_a_response_past_the_models_positions_is_refused_before_the_first_step(tiny, tmp_path) -> None:
-    problems = _problems(tiny, tmp_path, "rollout.max_new_tokens=1e8")
+def test_a_response_past_the_models_positions_is_refused_before_the_first_step(tiny_path, tmp_path) -> None:
+    problems = _problems(tiny_path, tmp_path, "rollout.max_new_tokens=1e8")
     assert any("data.max_prompt_length=512 + rollout.max_new_tokens=100000000" in p and "past the 1024 positions"
                in p and "Fix: set rollout.max_new_tokens to at most 512" in p for p in problems), problems
-    assert not [p for p in _problems(tiny, tmp_path, "rollout.max_new_tokens=512") if "positions" in p]
+    assert not [p for p in _problems(tiny_path, tmp_path, "rollout.max_new_tokens=512") if "positions" in p]
 
 
-def test_a_cpu_step_that_cannot_fit_in_ram_is_refused_with_the_numbers_and_settings(tiny, tmp_path) -> None:
-    problems = _problems(tiny, tmp_path, "rollout.n=1e9")
+def test_a_cpu_step_that_cannot_fit_in_ram_is_refused_with_the_numbers_and_settings(tiny_path, tmp_path) -> None:
+    problems = _problems(tiny_path, tmp_path, "rollout.n=1e9")
     memory = [p for p in problems if p.startswith("host memory")]
     assert memory and "8,000,000,000 sequences" in memory[0] and "GiB available" in memory[0]
     assert "Fix: lower rollout.n=1000000000 or data.train_batch_size=8" in memory[0]
-    assert not [p for p in _problems(tiny, tmp_path) if p.startswith("host memory")]
+    assert not [p for p in _problems(tiny_path, tmp_path) if p.startswith("host memory")]
 
 
 def test_the_plan_compares_with_what_the_host_has() -> None:

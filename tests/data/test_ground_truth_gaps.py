@@ -48,13 +48,12 @@ def reads_truth(prompt: Any, response: str, ground_truth: Any, **meta: Any) -> f
 
 
 def test_rl_start_up_reports_them(tmp_path):
-    from verl.config import load_config
+    from tiny_support import tiny_run_config
+
     from verl.trainer.rl_trainer import RLTrainer
 
-    config = load_config(overrides=[
-        "model.path=tiny", "model.dtype=float32", "trainer.device=cpu", "data.train_batch_size=4", "rollout.n=2",
-        "rollout.max_new_tokens=3", "logging.backends=[jsonl]", "trainer.val_before_train=false",
-        "trainer.resume=never", f"trainer.run_dir={tmp_path / 'run'}", f"data.train_files=[{_file(tmp_path)}]"])
+    config = tiny_run_config(tmp_path / "run", "data.train_batch_size=4", "rollout.n=2", "rollout.max_new_tokens=3",
+                             f"data.train_files=[{_file(tmp_path)}]")
     config.reward.functions = [{"name": f"{Path(__file__).resolve()}:reads_truth"}]
     with pytest.raises(DataError, match=r"train data: 2 row\(s\) have no ground truth, but reward function\(s\) "
                                         r"reads_truth need one to score them: .*train\.jsonl:5, .*train\.jsonl:12"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_support import load_tiny
 
 from tests.rollout.test_multiturn import assert_one_forward_logprobs
 from verl.data.chat import encode_prompt
@@ -13,7 +14,6 @@ from verl.env.multiturn import Done, Observation
 from verl.env.tool_env import ToolEnv
 from verl.env.tools import Tool, check_tools
 from verl.errors import ConfigError
-from verl.models.hf_loader import load_hf_model
 from verl.models.tiny import build_tiny_model
 from verl.rollout import HFKVCacheEngine, SamplingParams
 from verl.rollout.multiturn import MultiTurnRollout
@@ -43,10 +43,8 @@ def _env(**kw):
 
 @pytest.fixture(scope="module")
 def tiny():
-    model, tok = load_hf_model(build_tiny_model(), torch_dtype=torch.float32, device="cpu")
-    tok.padding_side = "left"
-    tok.chat_template = HERMES_TEMPLATE
-    return model.eval(), tok
+    """The tiny instruct model, left-padded, with the Hermes tool template, in eval mode (tests/tiny_support.py)."""
+    return load_tiny(padding_side="left", chat_template=HERMES_TEMPLATE, eval_mode=True)
 
 
 def test_schemas_are_checked_when_the_environment_is_built():
@@ -95,7 +93,7 @@ def test_the_prompt_lists_the_tools_and_a_template_without_them_is_refused(tiny)
     ids = encode_prompt(tok, [{"role": "user", "content": "12*3="}], "auto", {"tools": env.tool_schemas})
     text = tok.decode(ids)
     assert "<tools>" in text and '"name": "calculator"' in text and text.endswith("<|im_start|>assistant\n")
-    plain = load_hf_model(build_tiny_model(), torch_dtype=torch.float32, device="cpu")[1]  # ChatML, no tools
+    plain = load_tiny()[1]  # ChatML, no tools
     with pytest.raises(ConfigError, match="environment Products: the chat template has no tool section"):
         env.bind_tokenizer(plain)
 

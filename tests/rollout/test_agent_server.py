@@ -12,10 +12,10 @@ import torch
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
+from tiny_support import load_tiny  # noqa: E402
+
 from tests.rollout.test_multiturn import assert_one_forward_logprobs  # noqa: E402
 from verl.data.tool_template import HERMES_TEMPLATE  # noqa: E402
-from verl.models.hf_loader import load_hf_model  # noqa: E402
-from verl.models.tiny import build_tiny_model  # noqa: E402
 from verl.rollout import HFKVCacheEngine  # noqa: E402
 from verl.rollout.agent_server import AgentServer, Sampled  # noqa: E402
 from verl.rollout.multiturn import EpisodeRecord, MultiTurnOutput  # noqa: E402
@@ -27,9 +27,8 @@ TOOLS = [{"type": "function", "function": {"name": "calculator", "description": 
 
 @pytest.fixture(scope="module")
 def tiny():
-    model, tok = load_hf_model(build_tiny_model(), torch_dtype=torch.float32, device="cpu")
-    tok.chat_template = HERMES_TEMPLATE
-    return model.eval(), tok
+    """The tiny instruct model with the Hermes tool template, in eval mode (tests/tiny_support.py)."""
+    return load_tiny(chat_template=HERMES_TEMPLATE, eval_mode=True)
 
 
 def _server(tiny, **kw):

@@ -9,11 +9,10 @@ import sys
 
 import pytest
 import torch
+from tiny_support import load_tiny
 
 from tests.rollout.conftest import left_padded
 from tests.rollout.test_multiturn import STOP, _env_with_val, assert_one_forward_logprobs
-from verl.models.hf_loader import load_hf_model
-from verl.models.tiny import build_tiny_model
 from verl.rollout import HFKVCacheEngine, SamplingParams
 from verl.rollout import hf_engine as hf_engine_module
 from verl.rollout.multiturn import MultiTurnRollout
@@ -191,9 +190,7 @@ def test_host_syncs_drop_by_about_k(qwen2, monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny():
-    model, tok = load_hf_model(build_tiny_model(variant="base"), torch_dtype=torch.float32, device="cpu")
-    tok.padding_side = "left"
-    return model.eval(), tok
+    return load_tiny("base", padding_side="left", eval_mode=True)
 
 
 def _episodes(tiny, every, temperature, seed=1, env=None, stop=STOP, max_new=12, monkeypatch=None):
@@ -258,9 +255,7 @@ def test_tool_env_episodes_are_the_same(monkeypatch):
     from verl.data.chat import encode_prompt
     from verl.data.tool_template import HERMES_TEMPLATE
 
-    model, tok = load_hf_model(build_tiny_model(), torch_dtype=torch.float32, device="cpu")
-    tok.padding_side = "left"
-    tok.chat_template = HERMES_TEMPLATE
+    model, tok = load_tiny(padding_side="left", chat_template=HERMES_TEMPLATE)
 
     def run(every):
         env = _env(tool_call_format="test_e_calls")  # a turn with an "e" calls the tool

@@ -7,12 +7,11 @@ import math
 
 import pytest
 import torch
+from tiny_support import load_tiny
 
 from verl.env.calculator import CalculatorEnv, evaluate_expression
 from verl.env.multiturn import Done, MultiTurnEnv, Observation
 from verl.errors import ConfigError, EnvError
-from verl.models.hf_loader import load_hf_model
-from verl.models.tiny import build_tiny_model
 from verl.rollout import HFKVCacheEngine, SamplingParams
 from verl.rollout.multiturn import MultiTurnRollout
 from verl.trainer.forward.logprobs import response_logprobs
@@ -24,9 +23,8 @@ STOP = ["e", "a"]
 
 @pytest.fixture(scope="module")
 def tiny():
-    model, tok = load_hf_model(build_tiny_model(variant="base"), torch_dtype=torch.float32, device="cpu")
-    tok.padding_side = "left"
-    return model.eval(), tok
+    """The base tiny model, left-padded, in eval mode (tests/tiny_support.py)."""
+    return load_tiny("base", padding_side="left", eval_mode=True)
 
 
 class ScriptedEnv(MultiTurnEnv):

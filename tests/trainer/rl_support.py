@@ -2,6 +2,9 @@
 
 Imported by tests/trainer/test_rl_*.py (pytest puts this folder on sys.path). The tiny model runs ~30x
 faster with one intra-op thread on a busy 2-core machine, so the tests pin torch to one thread.
+
+This file is also a reward module (`DIGIT_REWARD_SPEC`, loaded by its path in `verl train` processes that do
+not have tests/ on sys.path), so it imports the shared test helpers (tests/tiny_support.py) where they are used.
 """
 
 from __future__ import annotations
@@ -40,12 +43,14 @@ DIGIT_REWARD_SPEC = {"name": f"{HERE / 'rl_support.py'}:digit_reward"}
 
 
 def base_overrides(run_dir: Path | str) -> list[str]:
+    """The tiny RL run (tests/tiny_support.py) on arithmetic prompts, 4 prompts x 4 samples of 4 tokens."""
+    from tiny_support import tiny_overrides
+
     return [
-        "model.path=tiny", "model.dtype=float32", "trainer.device=cpu",
+        *tiny_overrides(run_dir),
         "env.name=arithmetic", "env.kwargs.max_operand=9", "env.kwargs.num_val=16",
         "data.train_batch_size=4", "rollout.n=4", "rollout.max_new_tokens=4",
-        "logging.backends=[jsonl]", f"trainer.run_dir={run_dir}", "trainer.val_before_train=false",
-        "trainer.resume=never", "actor.lr=1e-3", "critic.lr=1e-3",
+        "actor.lr=1e-3", "critic.lr=1e-3",
     ]
 
 

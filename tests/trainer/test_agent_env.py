@@ -159,16 +159,13 @@ async def leaves_it(row, base_url):
 
 
 def _own_reward_config(tmp_path, agent):
-    from verl.config import load_config
+    from tiny_support import tiny_run_config
 
     (tmp_path / "agent.py").write_text(OWN_REWARD)
     rows = "".join(f'{{"prompt": "{i}+1=", "answer": "{i + 1}"}}\n' for i in range(8))
     (tmp_path / "rows.jsonl").write_text(rows)
-    return load_config(overrides=[
-        "model.path=tiny", "model.dtype=float32", "trainer.device=cpu", f"trainer.run_dir={tmp_path / 'run'}",
-        f"data.train_files=[{tmp_path / 'rows.jsonl'}]", "data.train_batch_size=2", "rollout.n=2",
-        "rollout.max_new_tokens=3", f"env.agent={tmp_path / 'agent.py'}:{agent}", "trainer.val_before_train=false",
-        "logging.backends=[jsonl]", "trainer.resume=never"])
+    return tiny_run_config(tmp_path / "run", f"data.train_files=[{tmp_path / 'rows.jsonl'}]", "data.train_batch_size=2",
+                           "rollout.n=2", "rollout.max_new_tokens=3", f"env.agent={tmp_path / 'agent.py'}:{agent}")
 
 
 def test_an_agent_that_returns_its_own_rewards_needs_no_reward_functions(tmp_path):

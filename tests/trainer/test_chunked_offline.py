@@ -14,6 +14,7 @@ from test_dpo import ROWS as PAIRS
 from test_dpo import make_config as dpo_config
 from test_sft import ROWS as SFT_ROWS
 from test_sft import make_config as sft_config
+from tiny_support import load_tiny
 
 import verl.algorithms.head_logprobs as head_mod
 from verl.data.datasets import IGNORE_INDEX
@@ -126,10 +127,7 @@ def _one_step(trainer):
 
 @pytest.mark.parametrize("kind", ["sft", "dpo"])
 def test_a_trainer_step_is_the_same_with_and_without(kind):
-    from verl.models.hf_loader import load_hf_model
-    from verl.models.tiny import build_tiny_model
-
-    model, tok = load_hf_model(build_tiny_model(), torch_dtype=torch.float32, device="cpu", for_training=True)
+    model, tok = load_tiny()
     runs = {}
     for chunked in (False, True):
         if kind == "sft":

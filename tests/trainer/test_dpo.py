@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_support import tiny_config
 
-from verl.config.loader import build_config
 from verl.errors import ConfigError, DataError, ModelError
 from verl.trainer.offline.dpo_trainer import DPOTrainer
 
@@ -33,31 +33,19 @@ ROWS = arithmetic_pairs(16)
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    from verl.models.hf_loader import load_hf_model
-    from verl.models.tiny import build_tiny_model
-
-    return load_hf_model(build_tiny_model(), torch_dtype=torch.float32, device="cpu", for_training=True)
-
-
-@pytest.fixture(scope="module")
 def tiny64(tiny):
     """The same model in float64, for comparisons of weights after an optimizer step."""
     model, tok = tiny
     return copy.deepcopy(model).double(), tok
 
 
-def make_config(tmp_path: Path | None = None, **sections):
-    tree = {"model": {"path": "tiny", "dtype": "float32"},
-            "trainer": {"device": "cpu", "kind": "dpo", "total_steps": 4,
-                        "run_dir": str(tmp_path / "run") if tmp_path else None},
-            "logging": {"backends": ["jsonl"]},
-            "dpo": {"lr": 2e-3, "beta": 0.1},
-            "actor": {"micro_batch_size": 8},
+DEFAULTS = {"trainer": {"total_steps": 4}, "dpo": {"lr": 2e-3, "beta": 0.1}, "actor": {"micro_batch_size": 8},
             "data": {"train_batch_size": 8, "max_prompt_length": 32, "max_response_length": 16}}
-    for key, value in sections.items():
-        tree.setdefault(key, {}).update(value)
-    return build_config(tree)
+
+
+def make_config(tmp_path: Path | None = None, **sections):
+    """The tiny DPO run (`tiny` is the module's shared model: tests/conftest.py) with `sections` on top."""
+    return tiny_config(tmp_path / "run" if tmp_path else None, "dpo", DEFAULTS, sections)
 
 
 def trainer(tiny, cfg, rows=ROWS, **kw) -> DPOTrainer:

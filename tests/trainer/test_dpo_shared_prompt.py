@@ -7,18 +7,18 @@ import copy
 
 import pytest
 import torch
-from test_dpo import ROWS, make_config, tiny  # noqa: F401 - the module-scoped model fixture
+from test_dpo import ROWS, make_config
 
 from verl.trainer.offline.dpo_trainer import DPOTrainer, PairBatch
 
 
-def _trainer(tiny, share: bool, **actor):  # noqa: F811
+def _trainer(tiny, share: bool, **actor):
     model, tok = tiny
     cfg = make_config(actor={"share_prompt_forward": share, **actor})
     return DPOTrainer(cfg, model=copy.deepcopy(model), tokenizer=tok, train_rows=ROWS)
 
 
-def test_shared_pair_logps_and_gradients_equal_the_concatenated_forward(tiny):  # noqa: F811
+def test_shared_pair_logps_and_gradients_equal_the_concatenated_forward(tiny):
     tr = _trainer(tiny, share=True)
     items = [tr.train_data[i] for i in range(6)]
     batch = tr.pair_batch(items)
@@ -43,14 +43,14 @@ def test_shared_pair_logps_and_gradients_equal_the_concatenated_forward(tiny):  
         assert float((got[name] - g).abs().max()) <= 1e-5 * max(float(g.abs().max()), 1e-12), name
 
 
-def test_dpo_steps_with_and_without_sharing_agree(tiny):  # noqa: F811
+def test_dpo_steps_with_and_without_sharing_agree(tiny):
     shared, plain = _trainer(tiny, True, micro_batch_size=4), _trainer(tiny, False, micro_batch_size=4)
     a, b = shared.step(), plain.step()
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
 
 
-def test_pairs_without_a_common_prefix_and_one_token_answers(tiny):  # noqa: F811
+def test_pairs_without_a_common_prefix_and_one_token_answers(tiny):
     from verl.trainer.offline.dpo_trainer import shared_pair_layout
 
     tr = _trainer(tiny, share=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from rl_support import deterministic_rows, read_metrics, rl_config, state_tensors
+from tiny_support import load_tiny, tiny_config, tiny_tree
 from transformers import AutoModelForCausalLM
 
 from verl.checkpoint import TrainingInterrupted, export_hf, list_checkpoints, verify
@@ -156,10 +157,9 @@ SFT_ROWS = [{"input": f"{a}+{b}=", "output": str(a + b)} for a in range(4) for b
 
 
 def sft_config(run_dir, *overrides, model="tiny:qwen2:256:2"):
-    tree = {"model": {"path": model, "dtype": "float32"},
-            "trainer": {"kind": "sft", "device": "cpu", "total_steps": 2, "run_dir": str(run_dir), "resume": "never"},
-            "sft": {"batch_size": 4, "lr": 1e-2}, "actor": {"micro_batch_size": 4},
-            "data": {"max_prompt_length": 16, "max_response_length": 8}, "logging": {"backends": ["jsonl"]}}
+    tree = tiny_tree(run_dir, "sft", {"model": {"path": model}, "trainer": {"total_steps": 2, "resume": "never"},
+                                      "sft": {"batch_size": 4, "lr": 1e-2}, "actor": {"micro_batch_size": 4},
+                                      "data": {"max_prompt_length": 16, "max_response_length": 8}})
     apply_overrides(tree, list(overrides))
     return build_config(tree)
 
@@ -201,12 +201,10 @@ DPO_ROWS = [{"prompt": f"What is {a}+{b}?", "chosen": f" {a + b}", "rejected": f
 
 
 def dpo_config(run_dir, **dpo):
-    return build_config({"model": {"path": "tiny", "dtype": "float32", "lora": {"rank": 8}},
-                         "trainer": {"kind": "dpo", "device": "cpu", "total_steps": 3, "run_dir": str(run_dir),
-                                     "resume": "never"},
-                         "dpo": {"lr": 2e-2, "beta": 0.1, **dpo}, "actor": {"micro_batch_size": 8},
-                         "data": {"train_batch_size": 8, "max_prompt_length": 32, "max_response_length": 8},
-                         "logging": {"backends": ["jsonl"]}})
+    return tiny_config(run_dir, "dpo", {"model": {"lora": {"rank": 8}}, "trainer": {"total_steps": 3, "resume": "never"},
+                                        "dpo": {"lr": 2e-2, "beta": 0.1, **dpo}, "actor": {"micro_batch_size": 8},
+                                        "data": {"train_batch_size": 8, "max_prompt_length": 32,
+                                                 "max_response_length": 8}})
 
 
 def test_dpo_with_lora_uses_the_policy_with_adapters_off_as_reference(tmp_path):
@@ -274,10 +272,7 @@ def test_ppo_critic_with_lora_trains_adapters_and_the_value_head(tmp_path):
 
 
 def test_a_given_model_object_gets_its_adapters_once(tmp_path):
-    from verl.models.hf_loader import load_hf_model
-    from verl.models.tiny import build_tiny_model
-
-    model, tok = load_hf_model(build_tiny_model(), torch_dtype=torch.float32, device="cpu", for_training=True)
+    model, tok = load_tiny()
     trainer = SFTTrainer(sft_config(tmp_path / "run", "model.lora.rank=4", model="tiny"), model=copy.deepcopy(model),
                          tokenizer=tok, train_rows=SFT_ROWS)
     assert is_peft_model(trainer.model)

@@ -10,17 +10,15 @@ from pathlib import Path
 
 import pytest
 from rl_support import DIGIT_REWARD_SPEC, read_metrics
+from tiny_support import tiny_run_config
 
-from verl.config import load_config
 from verl.errors import DataError
 from verl.trainer.rl_trainer import RLTrainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 from hf_support import FakeDataset, save_to_disk  # noqa: E402
 
-BASE = ["model.path=tiny", "model.dtype=float32", "trainer.device=cpu", "data.train_batch_size=4", "rollout.n=2",
-        "rollout.max_new_tokens=3", "logging.backends=[jsonl]", "trainer.val_before_train=false",
-        "trainer.resume=never"]
+SMALL = ["data.train_batch_size=4", "rollout.n=2", "rollout.max_new_tokens=3"]
 
 
 def _rows(n: int, tag: str, source: str | None = None) -> list[dict]:
@@ -34,7 +32,7 @@ def _jsonl(path: Path, rows: list[dict]) -> str:
 
 
 def _config(run_dir: Path, *overrides: str, tree: dict | None = None):
-    config = load_config(overrides=[*BASE, f"trainer.run_dir={run_dir}", *overrides])
+    config = tiny_run_config(run_dir, *SMALL, *overrides)
     if tree:
         for key, value in tree.items():
             setattr(config.data, key, value)

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 from rl_support import deterministic_rows, read_metrics, state_tensors
+from tiny_support import tiny_run_config
 
 from verl.algorithms import aggregate_loss, kl_penalty, ppo_policy_loss
 from verl.checkpoint import TrainingInterrupted
-from verl.config import load_config
 from verl.errors import ConfigError
 from verl.trainer.forward.logprobs import response_logprobs
 from verl.trainer.rl_trainer import RLTrainer
@@ -22,12 +22,10 @@ HERE = Path(__file__).resolve().parent
 
 
 def mt_config(run_dir, *overrides):
-    return load_config(overrides=[
-        "model.path=tiny", "model.dtype=float32", "trainer.device=cpu",
-        f"env.name={HERE / 'multiturn_env.py'}:ToolEnv", "data.train_batch_size=4", "rollout.n=4",
-        "rollout.max_new_tokens=6", "rollout.stop=[e,a]", "logging.backends=[jsonl]", f"trainer.run_dir={run_dir}",
-        "trainer.val_before_train=false", "trainer.resume=never", "actor.lr=1e-3", "critic.lr=1e-3",
-        "actor.micro_batch_size=4", *overrides])
+    return tiny_run_config(
+        run_dir, f"env.name={HERE / 'multiturn_env.py'}:ToolEnv", "data.train_batch_size=4", "rollout.n=4",
+        "rollout.max_new_tokens=6", "rollout.stop=[e,a]", "actor.lr=1e-3", "critic.lr=1e-3",
+        "actor.micro_batch_size=4", *overrides)
 
 
 def test_episode_batch_masks_reward_placement_and_logprobs(tmp_path):

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
+from tiny_support import tiny_config
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from verl.config.loader import build_config
 from verl.data.datasets import left_pad
 from verl.errors import ConfigError, DataError, ModelError
 from verl.models.reward_model import RewardModelScorer, sequence_scores
@@ -34,25 +34,13 @@ def arithmetic_pairs(n: int, seed: int = 0) -> list[dict[str, str]]:
 ROWS = arithmetic_pairs(16)
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    from verl.models.hf_loader import load_hf_model
-    from verl.models.tiny import build_tiny_model
-
-    return load_hf_model(build_tiny_model(), torch_dtype=torch.float32, device="cpu", for_training=True)
+DEFAULTS = {"trainer": {"total_steps": 4, "resume": "never"}, "rm": {"lr": 3e-3}, "actor": {"micro_batch_size": 16},
+            "data": {"train_batch_size": 8, "max_prompt_length": 16, "max_response_length": 8}}
 
 
 def make_config(tmp_path: Path | None = None, **sections):
-    tree = {"model": {"path": "tiny", "dtype": "float32"},
-            "trainer": {"device": "cpu", "kind": "rm", "total_steps": 4, "resume": "never",
-                        "run_dir": str(tmp_path / "run") if tmp_path else None},
-            "logging": {"backends": ["jsonl"]},
-            "rm": {"lr": 3e-3},
-            "actor": {"micro_batch_size": 16},
-            "data": {"train_batch_size": 8, "max_prompt_length": 16, "max_response_length": 8}}
-    for key, value in sections.items():
-        tree.setdefault(key, {}).update(value)
-    return build_config(tree)
+    """The tiny reward-model run (`tiny` is the module's shared model: tests/conftest.py) with `sections` on top."""
+    return tiny_config(tmp_path / "run" if tmp_path else None, "rm", DEFAULTS, sections)
 
 
 def trainer(tiny, cfg, rows=ROWS, **kw) -> RMTrainer:

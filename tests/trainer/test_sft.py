@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_support import tiny_config
 
-from verl.config.loader import build_config
 from verl.errors import ConfigError, DataError, ModelError
 from verl.trainer.offline.sft_trainer import SFTTrainer, pack_examples
 
@@ -18,13 +18,10 @@ ROWS = [{"input": f"What is {a}+{b}?", "output": f" The answer is {a + b}."} for
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    """(model, tokenizer) loaded once; tests take deep copies. Attention is sharpened so that a wrong
-    mask or wrong positions change the loss visibly (random init gives nearly uniform attention)."""
-    from verl.models.hf_loader import load_hf_model
-    from verl.models.tiny import build_tiny_model
-
-    model, tok = load_hf_model(build_tiny_model(), torch_dtype=torch.float32, device="cpu", for_training=True)
+def tiny(tiny):
+    """The module's tiny (model, tokenizer) (tests/conftest.py); tests take deep copies. Attention is sharpened
+    so that a wrong mask or wrong positions change the loss visibly (random init gives nearly uniform attention)."""
+    model, tok = tiny
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(0)
         for layer in model.model.layers:
@@ -40,17 +37,13 @@ def tiny64(tiny):
     return copy.deepcopy(model).double(), tok
 
 
-def make_config(tmp_path: Path | None = None, **sections) -> object:
-    tree = {"model": {"path": "tiny", "dtype": "float32"},
-            "trainer": {"device": "cpu", "kind": "sft", "total_steps": 4,
-                        "run_dir": str(tmp_path / "run") if tmp_path else None},
-            "logging": {"backends": ["jsonl"]},
-            "sft": {"batch_size": 6, "lr": 1e-3},
-            "actor": {"micro_batch_size": 4},
+DEFAULTS = {"trainer": {"total_steps": 4}, "sft": {"batch_size": 6, "lr": 1e-3}, "actor": {"micro_batch_size": 4},
             "data": {"max_prompt_length": 32, "max_response_length": 32}}
-    for key, value in sections.items():
-        tree.setdefault(key, {}).update(value)
-    return build_config(tree)
+
+
+def make_config(tmp_path: Path | None = None, **sections) -> object:
+    """The tiny SFT run with `sections` on top."""
+    return tiny_config(tmp_path / "run" if tmp_path else None, "sft", DEFAULTS, sections)
 
 
 def trainer(tiny, cfg, rows=ROWS, **kw) -> SFTTrainer:
