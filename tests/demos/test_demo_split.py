@@ -7,13 +7,16 @@ warm start on the actor's rank is the one-process warm start, and the rollout ra
 weights (delivered at the first step), not the initial ones."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from launch_support import metrics, verl_train  # pytest puts this folder on sys.path
 
 from verl.demos.arithmetic import demo_config_path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
+from launch_support import metrics, verl_train  # noqa: E402 - `verl train` on N gloo processes (tests/distributed)
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
