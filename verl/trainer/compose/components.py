@@ -161,12 +161,14 @@ def setup_env(config: RunConfig, checks: Preflight, given: Given, reward_functio
                      shuffle=config.data.shuffle, rewards_optional=config.env.agent is not None)
 
 
-def setup_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any,
-                    process: ProcessSetup) -> torch.nn.Module:
-    """The frozen KL anchor: `ref.path` when set, else the actor's initial weights; held in the dtype the
-    actor computes in and, wherever the actor is sharded, sharded over the reference's ranks."""
+def setup_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any, process: ProcessSetup, *,
+                    given: torch.nn.Module | None = None, defer: bool | None = None) -> torch.nn.Module:
+    """The frozen KL anchor (RL) or DPO's reference: `given` (from Python), else `ref.path`, else the actor's
+    initial weights; held in the dtype the actor computes in, split like the policy's rows on the actor's
+    ranks and, wherever the actor is sharded, sharded over the reference's ranks. `defer` (default: RL's
+    `sharded_start`) builds a copy of a meta-device policy on the meta device too."""
     ref = build_reference(config, policy, tokenizer, device=process.device, dtype=process.frozen_dtype or process.dtype,
-                          defer=sharded_start(config, process))
+                          given=given, defer=sharded_start(config, process) if defer is None else defer)
     if not isinstance(ref, AdapterOff) and on_actor_ranks(config, process, "ref"):
         enable_sequence_parallel(base_of(ref), config.actor.sequence_parallel_size)  # split as the policy's rows
     return shard_frozen(ref, "ref", config, process)
@@ -276,6 +278,15 @@ def setup_optimizer(module: torch.nn.Module, cfg: OptimConfig, *, total_steps: i
     return Optimizer(*build_optimizer(module.parameters(), cfg, total_steps=total_steps, lr=lr))
 
 
+def compose_offline(parts: Components, config: RunConfig, *, lr: float, total_steps: int) -> Optimizer:
+    """An offline trainer's (SFT, DPO, reward model) last parts, once its rows are read (SFT's steps count on
+    them, DPO's reference may score them first): the policy sharded over the actor's ranks (after any
+    reference copy: that starts from full weights) and its optimizer. The optimizer is returned, not stored:
+    a warm start on an RL trainer's parts (`runtime.on_parts`) must not replace that trainer's."""
+    parts.policy = shard(parts.policy, "actor", config, parts.process)
+    return setup_optimizer(parts.policy, config.actor, total_steps=total_steps, lr=lr)
+
+
 def setup_engine(config: RunConfig, policy: torch.nn.Module, *, rollout_rank: bool = False,
                  dtype: torch.dtype | None = None) -> RolloutEngine:
     """With LoRA the engine runs the model under the peft wrapper: its LoRA layers apply the current
@@ -327,8 +338,9 @@ def setup_tracker(config: RunConfig, run_dir: Path, process: ProcessSetup, *, re
 
 # ---------------------------------------------------------------------------------------------- the recipe
 def compose(config: RunConfig, *, kind: str, runs_split: bool = False, given: Given = Given()) -> Components:
-    """Build every part of a `kind` run ("rl", "sft", "dpo", "rm"), in order; the offline trainers add their
-    datasets, reference and optimizer themselves (they depend on the rows, see `OfflineTrainer`)."""
+    """Build every part of a `kind` run ("rl", "sft", "dpo", "rm"), in order. The offline trainers read their
+    rows first, then take their reference (`setup_reference`) and sharded policy and optimizer
+    (`compose_offline`) from here as well: those depend on the rows."""
     identity = ProcessIdentity.from_env()
     device = resolve_device(config.trainer.device, identity.local_rank)
     if config.trainer.cpu_threads is not None:
@@ -406,6 +418,6 @@ def async_rollout_for(config: RunConfig, parts: Components, draw: Callable[[], R
                         pad_token_id=pad_token_id(parts.tokenizer))
 
 
-__all__ = ["Components", "Optimizer", "async_rollout_for", "compose", "compose_rl", "setup_checks", "setup_critic",
+__all__ = ["Components", "Optimizer", "async_rollout_for", "compose", "compose_offline", "compose_rl", "setup_checks", "setup_critic",
            "setup_checkpoints", "setup_engine", "setup_env", "setup_optimizer", "setup_policy", "setup_reference",
            "setup_reward_model", "setup_teacher", "setup_tracker", "shard", "shard_frozen", "sharded_start"]

@@ -20,11 +20,8 @@ import torch
 from verl.algorithms import dpo_loss
 from verl.config.schema import RunConfig
 from verl.data.datasets import IGNORE_INDEX, PreferenceDataset, pad_token_id
-from verl.distributed.sequence_parallel import enable_sequence_parallel
-from verl.models.lora import AdapterOff, base_of, is_peft_model
-from verl.trainer.build.models import build_reference
-from verl.trainer.build.optim import build_optimizer
-from verl.trainer.compose.components import shard_frozen
+from verl.models.lora import is_peft_model
+from verl.trainer.compose.components import compose_offline, setup_reference
 from verl.trainer.forward.logprobs import (
     can_share_prompt,
     head_capture,
@@ -141,9 +138,8 @@ class DPOTrainer(PairTrainer):
             self.ref_model = None  # freed: training never runs the reference again
         else:
             self.ref_model = self._load_ref(ref_model)
-        self.model = self.shard(self.model, "actor")  # after any reference copy: it starts from full weights
-        self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), config.actor,
-                                                         total_steps=config.trainer.total_steps, lr=p.lr)
+        optim = compose_offline(self.parts, config, lr=p.lr, total_steps=config.trainer.total_steps)
+        self.model, (self.optimizer, self.scheduler) = self.parts.policy, optim.pair()
 
     def _dataset(self, rows: list[dict[str, Any]], split: str) -> PreferenceDataset:
         d = self.config.data
@@ -152,16 +148,10 @@ class DPOTrainer(PairTrainer):
         return data
 
     def _load_ref(self, given: torch.nn.Module | None) -> torch.nn.Module:
-        """The frozen reference: `given`, else `ref.path`, else a copy of the policy's initial weights (with
-        LoRA: the policy itself with its adapters off)."""
-        if given is self.model:
-            given = None
-        process = self.parts.process
-        ref = build_reference(self.config, self.model, self.tokenizer, device=self.device,
-                              dtype=process.frozen_dtype or self.dtype, given=given)
-        if self.sp is not None and not isinstance(ref, AdapterOff):  # a copy of the policy splits already
-            enable_sequence_parallel(base_of(ref), self.sp.size)
-        return shard_frozen(ref, "ref", self.config, process)  # sharded wherever the policy is
+        """The frozen reference (`components.setup_reference`): `given`, else `ref.path`, else a copy of the
+        policy's initial weights (with LoRA: the policy itself with its adapters off)."""
+        return setup_reference(self.config, self.model, self.tokenizer, self.parts.process,
+                               given=None if given is self.model else given, defer=False)
 
     # ------------------------------------------------------------------ log-probs
     def pair_batch(self, items: Sequence[PairItem]) -> PairBatch:

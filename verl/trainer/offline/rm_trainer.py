@@ -24,7 +24,7 @@ from verl.config.schema import RunConfig
 from verl.data.datasets import RewardPairDataset, left_pad, pad_token_id
 from verl.errors import CheckpointError
 from verl.models.reward_model import sequence_scores
-from verl.trainer.build.optim import build_optimizer
+from verl.trainer.compose.components import compose_offline
 from verl.trainer.offline.base import PairTrainer, Rows
 
 EXPORT_DIR = "reward_model"
@@ -59,9 +59,8 @@ class RMTrainer(PairTrainer):
         self.val_data = self._dataset(val) if val else None
         self.sampler = self.build_sampler(len(self.train_data), d.train_batch_size, "data.train_batch_size")
         self.pairs_per_micro = max(1, config.actor.micro_batch_size // 2)
-        self.model = self.shard(self.model, "actor")
-        self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), config.actor,
-                                                         total_steps=config.trainer.total_steps, lr=config.rm.lr)
+        optim = compose_offline(self.parts, config, lr=config.rm.lr, total_steps=config.trainer.total_steps)
+        self.model, (self.optimizer, self.scheduler) = self.parts.policy, optim.pair()
         self.export_dir: Path | None = None  # set by `fit` once written
 
     def _dataset(self, rows: list[dict[str, Any]]) -> RewardPairDataset:

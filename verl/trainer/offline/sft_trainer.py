@@ -27,8 +27,7 @@ from verl.distributed.sequence_parallel import SequenceParallel
 from verl.errors import ConfigError, DataError, ModelError
 from verl.models.head import HeadOutput
 from verl.models.signature import forward_accepts
-from verl.trainer.build.optim import build_optimizer
-from verl.trainer.compose.components import Components
+from verl.trainer.compose.components import Components, compose_offline
 from verl.trainer.forward.logprobs import (
     SplitRow,
     forward_output,
@@ -220,9 +219,8 @@ class SFTTrainer(OfflineTrainer):
         if total != config.trainer.total_steps:
             self.config = config.model_copy(
                 update={"trainer": config.trainer.model_copy(update={"total_steps": total})})
-        self.model = self.shard(self.model, "actor")  # after any reference copy: it starts from full weights
-        self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), config.actor,
-                                                         total_steps=total, lr=s.lr)
+        optim = compose_offline(self.parts, self.config, lr=s.lr, total_steps=total)
+        self.model, (self.optimizer, self.scheduler) = self.parts.policy, optim.pair()
         if s.packing:
             self.check_packing_isolation()
 
