@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from verl.errors import ConfigError, DataError, ModelError
+from verl.utils.tokenizer_protocol import Tokenizer
 
 TEMPLATE_MODES = ("auto", "always", "never")
 Messages = list[dict[str, str]]
@@ -35,7 +36,7 @@ def _where(row: dict[str, Any] | None) -> str:
 
 
 def render(
-    tokenizer: Any, messages: Messages, add_generation_prompt: bool, row: dict[str, Any] | None = None
+    tokenizer: Tokenizer, messages: Messages, add_generation_prompt: bool, row: dict[str, Any] | None = None
 ) -> str:
     """The chat template applied as text (tokenised separately so offsets are available), with the row's
     `tools` (JSON schemas, the OpenAI function format) when it has them."""
@@ -53,16 +54,16 @@ def render(
         raise DataError(f"{_where(row)}the chat template rejected these messages: {e}") from None
 
 
-def encode(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
+def encode(tokenizer: Tokenizer, text: str, add_special_tokens: bool) -> list[int]:
     return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
 
-def _eos(tokenizer: Any) -> int | None:
+def _eos(tokenizer: Tokenizer) -> int | None:
     return getattr(tokenizer, "eos_token_id", None)
 
 
 def encode_prompt(
-    tokenizer: Any, prompt: str | Messages, mode: str, row: dict[str, Any] | None = None
+    tokenizer: Tokenizer, prompt: str | Messages, mode: str, row: dict[str, Any] | None = None
 ) -> list[int]:
     """Prompt ids for generation: templated with a generation prompt if messages (or mode='always')."""
     if isinstance(prompt, list) or mode == "always":
@@ -75,7 +76,7 @@ def encode_prompt(
     return encode(tokenizer, prompt, add_special_tokens=True)
 
 
-def _offsets(tokenizer: Any, text: str, add_special_tokens: bool) -> tuple[list[int], list[tuple[int, int]]]:
+def _offsets(tokenizer: Tokenizer, text: str, add_special_tokens: bool) -> tuple[list[int], list[tuple[int, int]]]:
     enc = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
     return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
 
@@ -89,7 +90,7 @@ def _common_prefix(a: str, b: str) -> int:
 
 
 def encode_pair(
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     prompt: str | Messages,
     response: str | Messages,
     mode: str,
@@ -127,7 +128,7 @@ def encode_pair(
     return full_ids, boundary, True
 
 
-def reward_text(tokenizer: Any, prompt: str | Messages, response: str | Messages,
+def reward_text(tokenizer: Tokenizer, prompt: str | Messages, response: str | Messages,
                 row: dict[str, Any] | None = None) -> str:
     """What a reward model reads: prompt + response as RL scores them (`reward.model_path`) and the reward-model
     trainer trains on them, so the two never differ. Chat messages go through the tokenizer's chat template
@@ -141,7 +142,7 @@ def reward_text(tokenizer: Any, prompt: str | Messages, response: str | Messages
 
 
 def encode_conversation(
-    tokenizer: Any, messages: Messages, row: dict[str, Any] | None = None
+    tokenizer: Tokenizer, messages: Messages, row: dict[str, Any] | None = None
 ) -> tuple[list[int], list[bool], bool]:
     """(ids, per-token 'is assistant output', mismatch) for a whole templated conversation.
 
@@ -166,7 +167,7 @@ def encode_conversation(
     return ids, mask, mismatch
 
 
-def _render_or_empty(tokenizer: Any, messages: Messages, row: dict[str, Any] | None) -> str:
+def _render_or_empty(tokenizer: Tokenizer, messages: Messages, row: dict[str, Any] | None) -> str:
     """Text before an assistant turn; some templates refuse an empty conversation, which means ''."""
     try:
         return render(tokenizer, messages, True, row)

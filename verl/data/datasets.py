@@ -18,12 +18,13 @@ from verl.data.chat import encode, encode_conversation, encode_pair, encode_prom
 from verl.data.report import location
 from verl.errors import ConfigError, DataError, ModelError
 from verl.utils.positions import position_ids_from_mask
+from verl.utils.tokenizer_protocol import Tokenizer
 
 IGNORE_INDEX = -100
 SEQ_TRUNCATION = ("error", "drop", "truncate_left", "truncate_right")
 
 
-def pad_token_id(tokenizer: Any) -> int:
+def pad_token_id(tokenizer: Tokenizer) -> int:
     """The pad id, falling back to EOS (the usual choice for decoder-only models without a pad token)."""
     pid = getattr(tokenizer, "pad_token_id", None)
     if pid is None:
@@ -80,7 +81,7 @@ class PromptDataset(Dataset):
     def __init__(
         self,
         rows: Sequence[dict[str, Any]],
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         max_prompt_length: int,
         truncation: str = "error",
         apply_chat_template: bool | str = "auto",
@@ -162,7 +163,7 @@ class SFTDataset(Dataset):
     def __init__(
         self,
         rows: Sequence[dict[str, Any]],
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         max_length: int,
         truncation: str = "error",
         apply_chat_template: bool | str = "auto",
@@ -228,7 +229,7 @@ class PreferenceDataset(Dataset):
     def __init__(
         self,
         rows: Sequence[dict[str, Any]],
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         max_length: int,
         truncation: str = "error",
         apply_chat_template: bool | str = "auto",
@@ -304,7 +305,7 @@ class RewardPairDataset(Dataset):
     def __init__(
         self,
         rows: Sequence[dict[str, Any]],
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         max_length: int,
         truncation: str = "error",
         apply_chat_template: bool | str = "auto",

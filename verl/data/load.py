@@ -23,6 +23,7 @@ from verl.data.index import RowIndex
 from verl.data.readers import Record, expand_paths, iter_records
 from verl.data.report import DataReport, TokenStats
 from verl.errors import ConfigError, DataError
+from verl.utils.tokenizer_protocol import Tokenizer
 
 TRUNCATION = ("error", "drop", "truncate_left")
 ON_BAD_ROW = ("error", "skip")
@@ -34,7 +35,7 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise ConfigError(f"data.{name}={value!r} is not allowed; use one of {', '.join(choices)}")
 
 
-def _length(tokenizer: Any, kind: str, row: dict[str, Any], mode: str) -> int:
+def _length(tokenizer: Tokenizer, kind: str, row: dict[str, Any], mode: str) -> int:
     """Tokens of the part max_prompt_length limits: the prompt (prompt/preference), the input (sft)."""
     if kind == "sft":
         if "messages" in row:
@@ -51,7 +52,7 @@ def iter_rows(
     *,
     report: DataReport | None = None,
     fields: dict[str, str] | None = None,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     max_prompt_length: int | None = None,
     truncation: str = "error",
     apply_chat_template: bool | str = True,
@@ -108,7 +109,7 @@ def _checked(
     kind: str,
     report: DataReport,
     fields: dict[str, str] | None,
-    tokenizer: Any,
+    tokenizer: Tokenizer | None,
     max_prompt_length: int | None,
     truncation: str,
     apply_chat_template: bool | str,
@@ -186,7 +187,7 @@ def load_rows(
     *,
     fields: dict[str, str] | None = None,
     on_bad_row: str = "error",
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     max_prompt_length: int | None = None,
     truncation: str = "error",
     apply_chat_template: bool | str = True,
@@ -212,7 +213,7 @@ def index_rows(
     *,
     fields: dict[str, str] | None = None,
     on_bad_row: str = "error",
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     max_prompt_length: int | None = None,
     truncation: str = "error",
     apply_chat_template: bool | str = True,
@@ -238,7 +239,7 @@ def index_dataset(
     purpose: str = "train",
     fields: dict[str, str] | None = None,
     on_bad_row: str = "error",
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     max_prompt_length: int | None = None,
     truncation: str = "error",
     apply_chat_template: bool | str = True,
@@ -284,7 +285,7 @@ def normalize_files(
     *,
     fields: dict[str, str] | None = None,
     on_bad_row: str = "skip",
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     max_prompt_length: int | None = None,
     truncation: str = "error",
     apply_chat_template: bool | str = True,

@@ -19,6 +19,7 @@ from verl.data.index import RowIndex, is_lazy
 from verl.data.load import index_dataset, index_rows
 from verl.data.mixture import MixtureRows
 from verl.errors import ConfigError, DataError, VerlError
+from verl.utils.tokenizer_protocol import Tokenizer
 
 # The row kind each trainer reads (`trainer.kind` -> data kind).
 DATA_KINDS = {"rl": "prompt", "sft": "sft", "dpo": "preference", "rm": "preference"}
@@ -30,7 +31,7 @@ def _resolve(config: RunConfig, path: str) -> str:
     return config.resolve_path(base) + (f":{split}" if split is not None else "")
 
 
-def read_rows(config: RunConfig, files: Sequence[str], kind: str, tokenizer: Any = None,
+def read_rows(config: RunConfig, files: Sequence[str], kind: str, tokenizer: Tokenizer | None = None,
               purpose: str = "train") -> tuple[RowIndex, DataReport]:
     """Canonical rows of `files` and their report, length-checked when a tokenizer is given. The rows stay
     in their files (`verl.data.index`): a multi-gigabyte dataset is checked as it streams and read back a
@@ -71,7 +72,7 @@ class DataSplit:
         return self.train or [], self.val
 
 
-def split_train_val(config: RunConfig, kind: str, tokenizer: Any = None,
+def split_train_val(config: RunConfig, kind: str, tokenizer: Tokenizer | None = None,
                     train: Sequence[dict[str, Any]] | None = None) -> DataSplit:
     """Train rows (`train`, rows given in Python, data.train_files or data.mixture), then validation rows
     from data.val_files, else `data.val_size` rows held out of train, else none."""
@@ -114,7 +115,7 @@ def split_train_val(config: RunConfig, kind: str, tokenizer: Any = None,
 
 
 def python_rows(dataset: Any, config: RunConfig, kind: str, name: str, purpose: str = "train",
-                tokenizer: Any = None) -> RowIndex:
+                tokenizer: Tokenizer | None = None) -> RowIndex:
     """A `datasets.Dataset` / `DatasetDict` passed in from Python through the same checks and report as
     files (a bad row is named `name[i]`; data.on_bad_row and data.truncation apply); rows are read from the
     object on demand."""
@@ -125,7 +126,7 @@ def python_rows(dataset: Any, config: RunConfig, kind: str, name: str, purpose: 
     return rows
 
 
-def canonical_rows(rows: Any, config: RunConfig, tokenizer: Any = None) -> Sequence[dict[str, Any]]:
+def canonical_rows(rows: Any, config: RunConfig, tokenizer: Tokenizer | None = None) -> Sequence[dict[str, Any]]:
     """Prompt rows passed in from Python through the same field aliases as files (`question`/`answer`,
     `data.fields`): a list of dicts, or a `datasets.Dataset` / `DatasetDict` (its train split)."""
     from verl.data.fields import RowError, RowNormalizer

@@ -19,6 +19,7 @@ from typing import Any
 
 from verl.errors import ConfigError
 from verl.utils.chat_render import HERMES_TEMPLATE, render_chat, turn_end
+from verl.utils.tokenizer_protocol import Tokenizer
 
 BUILTIN_TEMPLATES = {"hermes": HERMES_TEMPLATE}
 
@@ -41,7 +42,7 @@ _PROBE_USER = "What is 2+3?"
 _PROBE_ANSWER = "Let me check."
 
 
-def _end_of_turn(tokenizer: Any) -> list[str]:
+def _end_of_turn(tokenizer: Tokenizer) -> list[str]:
     """The strings of the tokens that end a model turn (the generation eos ids, else the tokenizer's eos)."""
     ids = getattr(getattr(tokenizer, "generation_config", None), "eos_token_id", None)
     if ids is None:
@@ -53,7 +54,8 @@ def _end_of_turn(tokenizer: Any) -> list[str]:
 class ToolTurns:
     """The text a tool turn appends after a model turn that ended at its end-of-turn token (see the module)."""
 
-    def __init__(self, tokenizer: Any, tools: Sequence[Mapping[str, Any]], where: str = "the chat template") -> None:
+    def __init__(self, tokenizer: Tokenizer, tools: Sequence[Mapping[str, Any]],
+                 where: str = "the chat template") -> None:
         self.tokenizer, self.tools = tokenizer, list(tools)
         if not getattr(tokenizer, "chat_template", None):
             raise ConfigError(f"{where}: the tokenizer has no chat template, so tool calls cannot go through it. Fix: "
@@ -105,7 +107,7 @@ def probe_conversation() -> list[dict[str, Any]]:
             {"role": "assistant", "content": "<think>6.</think>The answer is 6."}]
 
 
-def prefix_preserving(tokenizer: Any, tools: Sequence[Mapping[str, Any]] | None = None) -> tuple[bool, str]:
+def prefix_preserving(tokenizer: Tokenizer, tools: Sequence[Mapping[str, Any]] | None = None) -> tuple[bool, str]:
     """Whether rendering the probe conversation turn by turn only ever appends (turn k's text is a prefix of
     turn k+1's), and if not, where it stops being so."""
     conversation = probe_conversation()

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from verl.utils.tokenizer_protocol import Tokenizer
+
 # The tools as JSON lines in <tools> tags of the system turn (no instructions: a tiny model does not read them),
 # calls in <tool_call> tags, results in <tool_response> tags of a user turn. No whitespace control: every
 # newline is written out, none follows a block tag.
@@ -37,8 +39,8 @@ HERMES_TEMPLATE = (
 )
 
 
-def render_chat(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None,
-                add_generation_prompt: bool) -> str:
+def render_chat(tokenizer: Tokenizer, messages: Sequence[Mapping[str, Any]], *,
+                tools: Sequence[Mapping[str, Any]] | None, add_generation_prompt: bool) -> str:
     kwargs = {"tools": list(tools)} if tools else {}
     return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt,
                                          **kwargs)

@@ -23,7 +23,7 @@ class Tokenizer(Protocol):
     bos_token_id: int | None
     unk_token: str | None
     unk_token_id: int | None
-    chat_template: str | None
+    chat_template: str | dict[str, str] | None  # a dict: named templates (older tokenizers)
 
     def __call__(self, text: Any, **kwargs: Any) -> Any:
         """Encode text (or a list of texts): a `BatchEncoding` with `input_ids` (and the mask, offsets, ...)."""
