@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl.errors import ModelError
+from verl.utils.tokenizer_protocol import Tokenizer
 
 # Special-token markers chat templates emit: ChatML/Llama-3 style "<|...|>", sentencepiece "<s>"/"</s>",
 # Gemma's turn markers. Plain-text markers such as Llama-2's "[INST]" are ordinary text and not checked.
@@ -123,7 +124,7 @@ def _as_id_list(value: Any) -> list[int]:
     return [int(value)]
 
 
-def _token_id(tokenizer: Any, token: str) -> int | None:
+def _token_id(tokenizer: Tokenizer, token: str) -> int | None:
     """The single id of ``token`` or None when the tokenizer does not have it as one token."""
     vocab_id = tokenizer.convert_tokens_to_ids(token)
     if vocab_id is None:
@@ -134,14 +135,14 @@ def _token_id(tokenizer: Any, token: str) -> int | None:
     return vocab_id if ids == [vocab_id] else None
 
 
-def _template_text(tokenizer: Any) -> str | None:
+def _template_text(tokenizer: Tokenizer) -> str | None:
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, dict):
         template = template.get("default") or next(iter(template.values()), None)
     return template or None
 
 
-def render_probe(tokenizer: Any, *, template: str | None = None) -> str:
+def render_probe(tokenizer: Tokenizer, *, template: str | None = None) -> str:
     """Render the probe conversation (falling back to no system turn for templates that reject one)."""
     kwargs: dict[str, Any] = {"tokenize": False}
     if template is not None:
@@ -154,12 +155,12 @@ def render_probe(tokenizer: Any, *, template: str | None = None) -> str:
 
 def check_model_and_tokenizer(
     model: Any,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     *,
     chat: bool | None = None,
     model_source: str = "<model>",
     tokenizer_source: str | None = None,
-    reference_tokenizer: Any = None,
+    reference_tokenizer: Tokenizer | None = None,
     pad_token: str | None = None,
     eos_token: str | None = None,
     fix: bool = True,
@@ -198,7 +199,7 @@ def check_model_and_tokenizer(
     return report
 
 
-def _check_vocab_size(report: LoadReport, tokenizer: Any, rows: int, both: str, tokenizer_key: str) -> None:
+def _check_vocab_size(report: LoadReport, tokenizer: Tokenizer, rows: int, both: str, tokenizer_key: str) -> None:
     if len(tokenizer) <= rows:
         return
     beyond = sorted(
@@ -212,7 +213,7 @@ def _check_vocab_size(report: LoadReport, tokenizer: Any, rows: int, both: str, 
         "added tokens on purpose, call model.resize_token_embeddings(len(tokenizer)) before training.")
 
 
-def _check_same_text_ids(report: LoadReport, tokenizer: Any, reference: Any, model_source: str,
+def _check_same_text_ids(report: LoadReport, tokenizer: Tokenizer, reference: Tokenizer, model_source: str,
                          tok_src: str, tokenizer_key: str) -> None:
     for text in PROBE_TEXTS:
         ours = tokenizer.encode(text, add_special_tokens=False)
@@ -226,7 +227,7 @@ def _check_same_text_ids(report: LoadReport, tokenizer: Any, reference: Any, mod
             return
 
 
-def _resolve_eos(report: LoadReport, model: Any, tokenizer: Any, rows: int, both: str, *,
+def _resolve_eos(report: LoadReport, model: Any, tokenizer: Tokenizer, rows: int, both: str, *,
                  eos_token: str | None, fix: bool) -> None:
     if eos_token is not None:
         if _token_id(tokenizer, eos_token) is None:
@@ -276,7 +277,7 @@ def _resolve_eos(report: LoadReport, model: Any, tokenizer: Any, rows: int, both
         gen_config.eos_token_id = stop if len(stop) > 1 else stop[0]
 
 
-def _resolve_pad(report: LoadReport, model: Any, tokenizer: Any, rows: int, both: str, *,
+def _resolve_pad(report: LoadReport, model: Any, tokenizer: Tokenizer, rows: int, both: str, *,
                  pad_token: str | None, fix: bool) -> None:
     note = ""
     if pad_token is not None:
@@ -313,7 +314,7 @@ def _resolve_pad(report: LoadReport, model: Any, tokenizer: Any, rows: int, both
             model.generation_config.pad_token_id = pad_id
 
 
-def _resolve_bos_unk(report: LoadReport, tokenizer: Any, rows: int, both: str) -> None:
+def _resolve_bos_unk(report: LoadReport, tokenizer: Tokenizer, rows: int, both: str) -> None:
     for role in ("bos", "unk"):
         token = getattr(tokenizer, f"{role}_token")
         token_id = getattr(tokenizer, f"{role}_token_id") if token is not None else None
@@ -323,8 +324,8 @@ def _resolve_bos_unk(report: LoadReport, tokenizer: Any, rows: int, both: str) -
                                    f"{both}. Fix: use the tokenizer that ships with the model.")
 
 
-def _check_chat_template(report: LoadReport, tokenizer: Any, reference: Any, rows: int, *, chat: bool | None,
-                         model_source: str, tok_src: str, both: str, tokenizer_key: str) -> None:
+def _check_chat_template(report: LoadReport, tokenizer: Tokenizer, reference: Tokenizer | None, rows: int, *,
+                         chat: bool | None, model_source: str, tok_src: str, both: str, tokenizer_key: str) -> None:
     own = _template_text(tokenizer)
     ref = _template_text(reference) if reference is not None else None
     if own is None:
@@ -352,7 +353,7 @@ def _check_chat_template(report: LoadReport, tokenizer: Any, reference: Any, row
     report.chat_template = "present, probe ok" if ok else "present, probe FAILED"
 
 
-def _check_template_tokens(report: LoadReport, tokenizer: Any, renderer: Any, template: str, rows: int,
+def _check_template_tokens(report: LoadReport, tokenizer: Tokenizer, renderer: Tokenizer, template: str, rows: int,
                            both: str, *, origin: str, fix_hint: str) -> bool:
     try:
         text = render_probe(renderer, template=template)
@@ -388,7 +389,7 @@ def _check_template_tokens(report: LoadReport, tokenizer: Any, renderer: Any, te
     return ok
 
 
-def vocabulary_difference(tokenizer: Any, reference: Any,
+def vocabulary_difference(tokenizer: Tokenizer, reference: Tokenizer,
                           names: tuple[str, str] = ("the tokenizer", "the model's")) -> str | None:
     """How two tokenizers' vocabularies (token -> id, added tokens included) differ, or None if equal;
     `names` say whose each is in the text."""

@@ -27,6 +27,7 @@ from verl.models.checks import LoadReport, check_model_and_tokenizer
 from verl.models.sharded_load import defer_weights
 from verl.utils.dtype import check_dtype_for_device, dtype_name, resolve_dtype
 from verl.utils.suggest import did_you_mean
+from verl.utils.tokenizer_protocol import Tokenizer
 
 # How each loader argument is spelled in the messages: Python callers see the argument names; the trainer
 # passes CONFIG_KEYS so a config user reads the key to change (`model.dtype`, not `torch_dtype`).
@@ -177,7 +178,7 @@ def _target_device(device: str | torch.device | None, key: str = "device",
     return dev, dev.type
 
 
-def load_tokenizer(name_or_path: str, *, revision: str | None = None, trust_remote_code: bool = False) -> Any:
+def load_tokenizer(name_or_path: str, *, revision: str | None = None, trust_remote_code: bool = False) -> Tokenizer:
     """Load a tokenizer with AutoTokenizer, turning loader exceptions into a ModelError that says the fix."""
     from transformers import AutoTokenizer
 
@@ -224,10 +225,10 @@ def load_hf_model_with_report(
     eos_token: str | None = None,
     model_class: Any = None,
     names: dict[str, str] | None = None,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     weights: bool = True,
     defer: bool = False,
-) -> tuple[Any, Any, LoadReport]:
+) -> tuple[Any, Tokenizer, LoadReport]:
     """`load_hf_model` without raising on model/tokenizer problems: they are in the returned report.
 
     `tokenizer` is one already loaded (and compared with the model's own) by the caller, so it is not
@@ -372,7 +373,7 @@ def load_hf_model(
     chat: bool | None = None,
     pad_token: str | None = None,
     eos_token: str | None = None,
-) -> tuple[Any, Any]:
+) -> tuple[Any, Tokenizer]:
     """Load a causal LM and its tokenizer, checked against each other; returns ``(model, tokenizer)``.
 
     Raises ModelError (what, where, fix) for every mismatch `verl.models.checks` finds; the full report is

@@ -20,6 +20,7 @@ from torch import nn
 from verl.errors import ModelError
 from verl.utils.lora import is_peft_model
 from verl.utils.positions import position_ids_from_mask
+from verl.utils.tokenizer_protocol import Tokenizer
 
 
 def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -117,7 +118,7 @@ def reward_model_from_causal_lm(causal_lm: nn.Module, pad_token_id: int) -> nn.M
 class RewardModelScorer:
     """Scores text or token ids with a one-label sequence-classification model: one float per sequence."""
 
-    def __init__(self, path_or_model: str | os.PathLike | nn.Module, tokenizer: Any = None, *,
+    def __init__(self, path_or_model: str | os.PathLike | nn.Module, tokenizer: Tokenizer | None = None, *,
                  dtype: torch.dtype | str = torch.float32, device: str | torch.device | None = None,
                  max_length: int | None = None, batch_size: int = 16, trust_remote_code: bool = False) -> None:
         from verl.models.hf_loader import check_remote_code, load_tokenizer, quiet_hf_progress
