@@ -45,6 +45,7 @@ from verl.errors import ConfigError, install_hint
 from verl.rollout.base import SamplingParams
 from verl.rollout.tool_parsers import ToolCallFormat
 from verl.utils.chat_render import render_chat, turn_end
+from verl.utils.tokenizer_protocol import Tokenizer
 
 INSTALL_HINT = install_hint("fastapi uvicorn openai", "agent")
 
@@ -184,7 +185,7 @@ class AgentServer:
     """The endpoint for one rollout: `episode_url(id)` per episode, `serve_until(finished)` on the trainer's
     thread, `close()` after (see the module docstring)."""
 
-    def __init__(self, tokenizer: Any, sample: SampleFn, *, eos_token_ids: Sequence[int], max_tokens: int,
+    def __init__(self, tokenizer: Tokenizer, sample: SampleFn, *, eos_token_ids: Sequence[int], max_tokens: int,
                  temperature: float, tool_format: ToolCallFormat | None = None, call_budget: int = 32,
                  max_batch: int = 256, model_name: str = "verl-policy", vocab_size: int | None = None,
                  max_length: int | None = None, max_body_bytes: int = 1 << 20) -> None:

@@ -30,6 +30,7 @@ from verl.errors import ConfigError, EnvError, VerlError
 from verl.rollout.base import SamplingParams
 from verl.rollout.episode import Done, Observation, check_reward, env_name, truncated_reward
 from verl.rollout.hf_engine import EndCheck, HFKVCacheEngine
+from verl.utils.tokenizer_protocol import Tokenizer
 
 
 @dataclass
@@ -97,7 +98,7 @@ def _row_where(record: EpisodeRecord) -> str:
     return where
 
 
-def _stop_hit(tokenizer: Any, turn_tail: list[int], stop: Sequence[str]) -> bool:
+def _stop_hit(tokenizer: Tokenizer, turn_tail: list[int], stop: Sequence[str]) -> bool:
     """Whether the turn's decoded text now contains a stop string. Tokenizers merge characters across token
     boundaries, so the check runs on the decoded suffix of the turn (a stop string can only have appeared
     with the latest token: the earlier suffixes were checked already)."""
@@ -110,7 +111,7 @@ def _stop_hit(tokenizer: Any, turn_tail: list[int], stop: Sequence[str]) -> bool
 class MultiTurnRollout:
     """Runs batches of episodes of a multi-turn environment on an `HFKVCacheEngine`'s model."""
 
-    def __init__(self, engine: Any, tokenizer: Any, stop: Sequence[str] = ()) -> None:
+    def __init__(self, engine: Any, tokenizer: Tokenizer, stop: Sequence[str] = ()) -> None:
         if not isinstance(engine, HFKVCacheEngine):
             raise ConfigError(f"multi-turn episodes run on the 'hf' rollout engine (observations are prefilled "
                               f"on its KV cache); got {type(engine).__name__}. Set rollout.engine=hf.")
