@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from verl.env.base import PromptEnv
+from verl.env.base import Environment, PromptEnv
 from verl.errors import ConfigError
 from verl.rollout.episode import Done, Observation, env_name, truncated_reward  # the types the rollout reads
 
@@ -56,12 +56,12 @@ class MultiTurnEnvironment(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
-def is_multiturn(env: Any) -> bool:
+def is_multiturn(env: Environment | MultiTurnEnvironment) -> bool:
     """An environment is multi-turn when it has `start` and `step` (the trainer then runs episodes)."""
     return callable(getattr(env, "start", None)) and callable(getattr(env, "step", None))
 
 
-def check_multiturn_env(env: Any) -> None:
+def check_multiturn_env(env: MultiTurnEnvironment) -> None:
     """The episode limits must be usable before the first rollout, not after hours of training."""
     name = env_name(env)
     problems = []

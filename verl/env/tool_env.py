@@ -28,6 +28,7 @@ from verl.env.tools import Tool, ToolResult, check_tools, run_tool
 from verl.errors import ConfigError
 from verl.rewards.builtin import extract_number
 from verl.rollout.tool_parsers import tool_call_format as format_named
+from verl.utils.tokenizer_protocol import Tokenizer
 
 
 class ToolEnv(MultiTurnEnv):
@@ -50,7 +51,7 @@ class ToolEnv(MultiTurnEnv):
         self.max_calls_per_turn = max_calls_per_turn
         self.turns: ToolTurns | None = None
 
-    def bind_tokenizer(self, tokenizer: Any) -> None:
+    def bind_tokenizer(self, tokenizer: Tokenizer) -> None:
         """Learn the tool turn from the policy's chat template (refused here when it has no tool section); say
         when the template is not prefix-preserving (episodes are token-level, so they do not depend on it)."""
         self.turns = ToolTurns(tokenizer, self.tool_schemas, where=f"environment {type(self).__name__}")
