@@ -25,6 +25,8 @@ from verl.batch import (
     written_by,
 )
 from verl.config.schema import OptimConfig, RunConfig
+from verl.env.base import Environment
+from verl.env.multiturn import MultiTurnEnvironment
 from verl.errors import ConfigError
 from verl.rewards import TrainingProgress
 from verl.rewards.manager import report_progress
@@ -54,6 +56,7 @@ from verl.trainer.rl.reward_overlap import RewardOverlap, score_responses
 from verl.trainer.rl.rl_state import RLCheckpointState
 from verl.trainer.rl.step_metrics import batch_metrics, timed
 from verl.trainer.rollout.agent_episodes import episodes_for
+from verl.utils.tokenizer_protocol import Tokenizer
 
 
 class RLTrainer(RLCheckpointState, TrainerRuntime):
@@ -67,8 +70,8 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         config: RunConfig,
         *,
         model: torch.nn.Module | None = None,
-        tokenizer: Any = None,
-        env: Any = None,
+        tokenizer: Tokenizer | None = None,
+        env: Environment | MultiTurnEnvironment | None = None,
         rows: Sequence[Mapping[str, Any]] | None = None,
         reward_functions: Sequence[Any] | None = None,
     ) -> None:
@@ -111,10 +114,10 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         cls,
         model: str | torch.nn.Module | Mapping[str, Any] = "tiny",
         *,
-        tokenizer: Any = None,
+        tokenizer: Tokenizer | None = None,
         reward_fn: RewardArg = None,
         dataset: str | Sequence[str] | Sequence[Mapping[str, Any]] | Any | None = None,
-        env: Any = None,
+        env: Environment | MultiTurnEnvironment | None = None,
         peft_config: Any = None,
         reward_funcs: RewardArg = None,
         teacher_model: str | None = None,

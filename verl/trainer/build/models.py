@@ -22,6 +22,7 @@ from verl.models.reward_model import reward_model_from_causal_lm
 from verl.models.sharded_load import adapters_off_meta, is_deferred
 from verl.models.tiny import build_from_spec, is_tiny_spec
 from verl.utils.cpu_matmul import resolve, use_cpu_matmul
+from verl.utils.tokenizer_protocol import Tokenizer
 
 
 def resolve_model_path(path: str, *, key: str = "model.path", reward: bool = False) -> str:
@@ -30,8 +31,8 @@ def resolve_model_path(path: str, *, key: str = "model.path", reward: bool = Fal
 
 
 def load_policy_with_report(config: RunConfig, model_path: str, *, device: torch.device, dtype: torch.dtype,
-                            tokenizer: Any = None, weights: bool = True, reward_head: bool = False,
-                            defer: bool = False) -> tuple[torch.nn.Module, Any, LoadReport]:
+                            tokenizer: Tokenizer | None = None, weights: bool = True, reward_head: bool = False,
+                            defer: bool = False) -> tuple[torch.nn.Module, Tokenizer, LoadReport]:
     """The policy and its tokenizer as training loads them, with the model/tokenizer problems in the report
     (not raised), so `verl check` and the trainer's start-up list the same ones. `tokenizer`: the one the
     check pass loaded (not loaded again); `weights=False`: built on the meta device, nothing read;
@@ -52,7 +53,7 @@ def load_policy_with_report(config: RunConfig, model_path: str, *, device: torch
     return with_cpu_matmul(config, model, device).train(), tokenizer, report
 
 
-def with_score_head(model: torch.nn.Module, tokenizer: Any) -> torch.nn.Module:
+def with_score_head(model: torch.nn.Module, tokenizer: Tokenizer) -> torch.nn.Module:
     """`model` as a reward model: a one-label sequence classifier as it is, a causal LM with a zero score head
     on its own backbone (`verl.models.reward_model.reward_model_from_causal_lm`)."""
     if is_peft_model(model):
@@ -92,8 +93,9 @@ def with_lora(config: RunConfig, model: torch.nn.Module, base_path: str | None =
         return apply_lora(model, lora, base_model_name_or_path=base_path, task_type=task_type)
 
 
-def given_policy(model: torch.nn.Module, tokenizer: Any, device: torch.device,
-                 config: RunConfig | None = None, *, reward_head: bool = False) -> tuple[torch.nn.Module, Any]:
+def given_policy(model: torch.nn.Module, tokenizer: Tokenizer | None, device: torch.device,
+                 config: RunConfig | None = None, *,
+                 reward_head: bool = False) -> tuple[torch.nn.Module, Tokenizer]:
     """A model object passed from Python, moved to the run's device; it must come with its tokenizer.
     With `model.lora` on (and `config` given) it gets its adapters here, as a loaded policy does;
     `reward_head`: as `load_policy_with_report` (a causal LM gets a score head on its own backbone, so
@@ -126,7 +128,7 @@ def copy_in(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def build_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any, *, device: torch.device,
+def build_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Tokenizer, *, device: torch.device,
                     dtype: torch.dtype, given: torch.nn.Module | None = None, defer: bool = False) -> torch.nn.Module:
     """The frozen reference in `dtype`: `given`, else `ref.path`, else the policy's initial weights: with LoRA
     the policy itself with its adapters off (no copy), otherwise a copy. A copy of a policy whose weights are
@@ -143,7 +145,7 @@ def build_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any, 
     return load_frozen(config, path, tokenizer, key="ref.path", device=device, dtype=dtype, defer=defer)
 
 
-def load_frozen(config: RunConfig, path: str, tokenizer: Any, *, key: str, device: torch.device,
+def load_frozen(config: RunConfig, path: str, tokenizer: Tokenizer, *, key: str, device: torch.device,
                 dtype: torch.dtype, defer: bool = False) -> torch.nn.Module:
     """A frozen causal LM from `path` (`key` names it in errors: `ref.path`, `algorithm.distill.teacher_path`)
     in `dtype`; it must share the policy's tokenizer vocabulary (the start-up checks compare the tokenizers

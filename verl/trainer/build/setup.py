@@ -19,6 +19,7 @@ import torch
 from verl.config.schema import RunConfig
 from verl.distributed import RoleGroups, init_distributed
 from verl.distributed.heartbeat import start_heartbeat
+from verl.distributed.mapping import DeviceMapping
 from verl.distributed.process import init_single_process_group
 from verl.errors import ConfigError
 from verl.trainer.build.fsdp_launch import fsdp_launch
@@ -100,7 +101,8 @@ def resolve_run_dir(config: RunConfig, kind: str) -> Path:
     return Path("runs") / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def setup_process(config: RunConfig, mapping: Any, identity: ProcessIdentity, device: torch.device) -> ProcessSetup:
+def setup_process(config: RunConfig, mapping: DeviceMapping, identity: ProcessIdentity,
+                  device: torch.device) -> ProcessSetup:
     """Join the process group (several processes), build the role groups, pick dtype and seed the RNGs.
 
     `mapping` is the checked role -> rank mapping from the start-up checks; a split placement has

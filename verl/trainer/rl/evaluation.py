@@ -23,6 +23,8 @@ import numpy as np
 import torch
 
 from verl.algorithms.pass_at_k import answer_ids, best_at_k, maj_at_k
+from verl.env.base import Environment
+from verl.env.multiturn import MultiTurnEnvironment
 from verl.errors import ConfigError
 
 # Non-numeric extras of a reward function's dict return that hold the answer it extracted (volcengine/verl's
@@ -66,7 +68,7 @@ def validation_generator(seed: int, step: int, rank: int, device: torch.device) 
     return torch.Generator(device=device).manual_seed(int(entropy.generate_state(1)[0]))
 
 
-def answer_extractor(env: Any) -> AnswerExtractor | None:
+def answer_extractor(env: Environment | MultiTurnEnvironment) -> AnswerExtractor | None:
     """The environment's reward functions' answer extraction (`RewardManager.extracted_answers`), if any."""
     manager = getattr(env, "reward_manager", None)
     return getattr(manager, "extracted_answers", None)

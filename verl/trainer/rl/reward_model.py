@@ -17,6 +17,7 @@ from verl.batch import REWARD_TOKENS, RolloutBatch, fields_of, padding, read_by,
 from verl.data.chat import reward_text  # what the reward model reads: the same text it was trained on
 from verl.distributed.placement import Placement
 from verl.models.reward_model import RewardModelScorer
+from verl.utils.tokenizer_protocol import Tokenizer
 
 
 class RewardModelFunction:
@@ -34,8 +35,8 @@ class RewardModelFunction:
         return self.scorer.score_texts(texts).tolist()
 
 
-def reward_model_inputs(tokenizer: Any, prompts: Sequence[Any], responses: Sequence[str]) -> tuple[torch.Tensor,
-                                                                                               torch.Tensor]:
+def reward_model_inputs(tokenizer: Tokenizer, prompts: Sequence[Any],
+                        responses: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, attention mask) of prompt + response in the reward model's own tokens, right-padded."""
     texts = [reward_text(tokenizer, p, r) for p, r in zip(prompts, responses, strict=True)]
     enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -48,7 +49,7 @@ class RemoteRewardModel:
     prompt + response in its tokens, its ranks score them, the actor ranks add `weight` x the scores, as the
     reward function would colocated. `scorer` is None off the reward ranks."""
 
-    tokenizer: Any
+    tokenizer: Tokenizer
     scorer: RewardModelScorer | None
     weight: float
 

@@ -26,6 +26,8 @@ from typing import Any
 import torch
 
 from verl.batch import RolloutBatch
+from verl.env.base import Environment
+from verl.env.multiturn import MultiTurnEnvironment
 from verl.rewards import RewardResult
 from verl.rewards.functions import takes_parameter
 
@@ -36,7 +38,7 @@ def response_id_lists(response_ids: torch.Tensor, response_mask: torch.Tensor) -
     return [row[: int(length)].tolist() for row, length in zip(response_ids.cpu(), lengths, strict=True)]
 
 
-def score_responses(env: Any, rows: Sequence[Mapping[str, Any]], responses: Sequence[str],
+def score_responses(env: Environment, rows: Sequence[Mapping[str, Any]], responses: Sequence[str],
                     response_ids: torch.Tensor, response_mask: torch.Tensor) -> RewardResult:
     """`env`'s scores of the responses, after generation; an environment that takes `response_ids` gets each
     response's sampled token ids too (TRL's `completion_ids`), eos included."""
@@ -48,7 +50,7 @@ def score_responses(env: Any, rows: Sequence[Mapping[str, Any]], responses: Sequ
 class RewardOverlap:
     """Starts a batch's reward calls as its rows finish generating (see the module docstring)."""
 
-    def __init__(self, enabled: bool, env: Any, engine: Any,
+    def __init__(self, enabled: bool, env: Environment | MultiTurnEnvironment, engine: Any,
                  decode: Callable[[torch.Tensor, torch.Tensor], list[str]]) -> None:
         self.enabled = (enabled and callable(getattr(env, "start_scoring", None))
                         and hasattr(engine, "on_rows_finished"))

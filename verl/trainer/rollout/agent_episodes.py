@@ -37,7 +37,8 @@ import torch
 
 from verl.config.schema import RunConfig
 from verl.data.tool_template import prefix_preserving
-from verl.env.multiturn import is_multiturn
+from verl.env.base import Environment
+from verl.env.multiturn import MultiTurnEnvironment, is_multiturn
 from verl.errors import ConfigError
 from verl.rollout import SamplingParams
 from verl.rollout.agent_server import AgentServer, EpisodeTokens, Sampled, require_server_libraries
@@ -104,11 +105,12 @@ class _Outcome:
 class AgentEpisodes(Episodes):
     """`Episodes` whose turns are an agent's calls to the endpoint (see the module docstring)."""
 
+    env: Environment  # single-turn: its compute_reward scores an episode whose agent returned None
     agent: AgentFn
     config: RunConfig
 
     @classmethod
-    def for_agent(cls, config: RunConfig, env: Any, engine: Any, prompts: Any, *, policy: torch.nn.Module,
+    def for_agent(cls, config: RunConfig, env: Environment, engine: Any, prompts: Any, *, policy: torch.nn.Module,
                   gathered: Any, device: torch.device) -> AgentEpisodes | None:
         if engine is None:
             return None
@@ -235,7 +237,8 @@ def _layout(records: list[tuple[list[int], EpisodeRecord]], params: SamplingPara
     return layout_episodes([r for _, r in records], prompt_ids, prompt_mask, pad, device)
 
 
-def episodes_for(config: RunConfig, env: Any, engine: Any, prompts: Any, **parts: Any) -> Episodes | None:
+def episodes_for(config: RunConfig, env: Environment | MultiTurnEnvironment, engine: Any, prompts: Any,
+                 **parts: Any) -> Episodes | None:
     """This rank's episode runner: an agent's (`env.agent`), a multi-turn environment's, or None (single turn)."""
     if config.env.agent is not None:
         return AgentEpisodes.for_agent(config, env, engine, prompts, **parts)

@@ -48,7 +48,8 @@ from verl.distributed.groups import RoleGroups
 from verl.distributed.guard import role_key
 from verl.distributed.mapping import DeviceMapping
 from verl.distributed.transfer import pad_to_group_width
-from verl.env.multiturn import is_multiturn
+from verl.env.base import Environment
+from verl.env.multiturn import MultiTurnEnvironment, is_multiturn
 from verl.errors import DistributedError
 from verl.rollout.weight_sync import DeliveryReceiver
 
@@ -113,7 +114,8 @@ class AsyncRollout:
     draw: Callable[[], RolloutBatch]
     generate: Callable[[RolloutBatch], RolloutBatch]
     decode: Callable[[torch.Tensor, torch.Tensor], list[str]]  # the responses' text, on the actor ranks
-    env: Any  # the prompt stream (its position is saved by the trainer ranks, who draw as they train)
+    # the prompt stream (its position is saved by the trainer ranks, who draw as they train)
+    env: Environment | MultiTurnEnvironment
     device: torch.device
     engine: Any = None  # this rank's sampler: a delivery's target (vLLM) or, via `between_tokens`, a partial rollout's
     wire: torch.dtype | None = None  # the dtype weights travel in: the rollout's compute dtype (None: as held)
@@ -403,7 +405,7 @@ def describe(config: RunConfig, mapping: DeviceMapping) -> str:
     return line
 
 
-def takes_partial_rollouts(config: RunConfig, env: Any) -> bool:
+def takes_partial_rollouts(config: RunConfig, env: Environment | MultiTurnEnvironment) -> bool:
     """Whether rollout ranks take a delivery between two tokens (`rollout.partial_rollout`): only our own
     sampler can (its `between_tokens` hook), and only where a token's decode step is its response column."""
     # A multi-turn or agent episode decodes turn by turn, so a token's decode step is not its response column:

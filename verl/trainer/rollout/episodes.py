@@ -17,7 +17,8 @@ import torch
 
 from verl.batch import RolloutBatch
 from verl.data.datasets import IGNORE_INDEX
-from verl.env.multiturn import check_multiturn_env
+from verl.env.base import Environment
+from verl.env.multiturn import MultiTurnEnvironment, check_multiturn_env
 from verl.rollout import RolloutEngine, SamplingParams
 from verl.rollout.multiturn import MultiTurnOutput, MultiTurnRollout
 from verl.trainer.rollout.prompts import PromptCodec
@@ -28,15 +29,16 @@ class Episodes:
     """Runs a multi-turn environment's episodes on the policy: the parts it needs, nothing more."""
 
     runner: MultiTurnRollout
-    env: Any
+    env: MultiTurnEnvironment | Environment  # a multi-turn one; AgentEpisodes': the single-turn one
     prompts: PromptCodec
     policy: torch.nn.Module
     gathered: Callable[[torch.nn.Module], AbstractContextManager[None]]  # sharded weights kept together
     device: torch.device
 
     @classmethod
-    def create(cls, env: Any, engine: RolloutEngine | None, prompts: PromptCodec, stop: Sequence[str], *,
-               policy: torch.nn.Module, gathered: Callable[[torch.nn.Module], AbstractContextManager[None]],
+    def create(cls, env: MultiTurnEnvironment, engine: RolloutEngine | None, prompts: PromptCodec,
+               stop: Sequence[str], *, policy: torch.nn.Module,
+               gathered: Callable[[torch.nn.Module], AbstractContextManager[None]],
                device: torch.device) -> Episodes | None:
         """The episode runner of an actor rank (None elsewhere), after checking the environment's limits."""
         check_multiturn_env(env)

@@ -14,11 +14,12 @@ import torch
 
 from verl.config.schema import DataConfig
 from verl.data import PromptDataset
+from verl.utils.tokenizer_protocol import Tokenizer
 
 
 @dataclass(frozen=True)
 class PromptCodec:
-    tokenizer: Any
+    tokenizer: Tokenizer
     data: DataConfig
 
     def encode(self, rows: Sequence[Mapping[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
