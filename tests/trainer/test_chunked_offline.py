@@ -18,8 +18,9 @@ from tiny_support import load_tiny
 
 import verl.algorithms.head_logprobs as head_mod
 from verl.data.datasets import IGNORE_INDEX
+from verl.trainer.forward.logprobs import target_logprobs
 from verl.trainer.offline.dpo_trainer import DPOTrainer, shared_pair_layout, shared_sequence_logps
-from verl.trainer.offline.sft_trainer import SFTTrainer, collate_sequences, shifted_targets, target_logprobs
+from verl.trainer.offline.sft_trainer import SFTTrainer, collate_sequences, shifted_targets
 
 TOL = 1e-10
 CPU = torch.device("cpu")

@@ -12,7 +12,7 @@ from rl_support import read_metrics, rl_config
 from verl.config import load_config
 from verl.errors import RolloutError
 from verl.rollout import HFKVCacheEngine
-from verl.trainer.rl.drift import DriftGuard
+from verl.trainer.rl.correction import DriftGuard
 from verl.trainer.rl_trainer import RLTrainer
 
 

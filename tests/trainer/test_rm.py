@@ -195,7 +195,7 @@ def test_bad_rows_are_data_errors_with_their_location(tiny, tmp_path):
 def test_chat_rows_are_read_as_reward_model_path_scores_them(tiny):
     """Messages go through the chat template with the answer as the assistant turn, the same text RL's reward
     model function builds for a chat prompt and its response, so training and scoring see the same tokens."""
-    from verl.trainer.rl.reward_model import RewardModelFunction
+    from verl.trainer.rl.rewards import RewardModelFunction
 
     model, tok = tiny
     prompt = [{"role": "system", "content": "Add."}, {"role": "user", "content": "What is 2+3?"}]

@@ -45,14 +45,19 @@ from verl.trainer.rl.advantages import (
     estimate_advantages,
     kl_controller,
 )
-from verl.trainer.rl.correction import CorrectionPlan, plan_correction
+from verl.trainer.rl.correction import (
+    CorrectionPlan,
+    DriftGuard,
+    combined_moments,
+    drift_moments,
+    judge_drift,
+    plan_correction,
+)
 from verl.trainer.rl.distill import apply_distillation
-from verl.trainer.rl.drift import DriftGuard, combined_moments, drift_moments, judge_drift
-from verl.trainer.rl.dynamic_sampling import accuracy_of, filter_groups
+from verl.trainer.rl.dynamic_sampling import filter_groups
 from verl.trainer.rl.evaluation import Answers, evaluate_rows
 from verl.trainer.rl.python_api import RewardArg, python_run
-from verl.trainer.rl.reward_model import RemoteRewardModel
-from verl.trainer.rl.reward_overlap import RewardOverlap, score_responses
+from verl.trainer.rl.rewards import RemoteRewardModel, RewardOverlap, accuracy_of, score_responses
 from verl.trainer.rl.rl_state import RLCheckpointState
 from verl.trainer.rl.step_metrics import batch_metrics, timed
 from verl.trainer.rollout.agent_episodes import episodes_for

@@ -61,7 +61,7 @@ from verl.trainer.build.setup import (
 )
 from verl.trainer.checks.preflight import Given, Preflight, preflight, validation_rewards
 from verl.trainer.checks.startup import check_env_options
-from verl.trainer.rl.reward_model import RewardModelFunction
+from verl.trainer.rl.rewards import RewardModelFunction
 from verl.trainer.rollout.async_rollout import AsyncRollout, takes_partial_rollouts
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -487,3 +488,41 @@ def values_of(critic: torch.nn.Module, mb: Any, *, share: bool, packed: bool = F
     if share:
         return shared_prompt_values(critic, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_attention)
     return response_values(critic, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_ids.shape[1])
+
+
+def target_logprobs(model: torch.nn.Module, batch: Mapping[str, Any], device: torch.device,
+                    chunked: bool = False, sp: SequenceParallel | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-prob of every target token [N], row index of each [N]) for the positions that have a target.
+
+    Only the N target positions are turned into float32 log-probs, never the whole [B, L, V] logits,
+    and with `logits_to_keep` the model projects only the last `keep_last` positions onto the vocabulary.
+    `chunked` (actor.chunked_logprobs) makes no [B, L, V] logits at all: the N targets' hidden states are
+    projected a chunk of tokens at a time, forward and backward (`labelled_logprobs`).
+    `sp` (the same rows on every rank of a sequence-parallel group) packs the rows' tokens into one row without
+    padding and splits it over the group (`split_logprobs`).
+    """
+    mask = batch["attention_mask"]
+    if sp is not None and sp.size > 1:  # the rows' tokens (packed rows' too) as one row, split over the group
+        keep = torch.ones_like(batch["input_ids"], dtype=torch.bool) if mask is None else mask.bool()
+        targets = batch["targets"][keep].to(device)
+        has = targets != IGNORE_INDEX  # the target of a position is the token after it
+        split = SplitRow.of(batch["input_ids"][keep][None].to(device), batch["position_ids"][keep][None].to(device),
+                            has.nonzero()[:, 0], sp)
+        logprobs, _ = split_logprobs(model, split, chunked=chunked)
+        return logprobs, keep.nonzero()[:, 0].to(device)[has]
+    kwargs = {"input_ids": batch["input_ids"].to(device), "position_ids": batch["position_ids"].to(device),
+              "attention_mask": None if mask is None else mask.to(device), "use_cache": False}
+    rows, width = batch["input_ids"].shape
+    keep = batch.get("keep_last", width)
+    if keep < width and forward_accepts(model, "logits_to_keep"):
+        kwargs["logits_to_keep"] = keep
+    packed = mask is None
+    if packed:  # packed rows as one row of segments, each attending alone (verl.trainer.forward.packing)
+        kwargs |= packed_row_inputs(model, kwargs["input_ids"], kwargs["position_ids"])
+    with head_capture(model, chunked) as capture:
+        output = forward_output(model(**kwargs), capture)
+        if packed:  # the one row back to the batch's rows
+            output = (HeadOutput(output.hidden.view(rows, width, -1), output.weight, output.bias)
+                      if isinstance(output, HeadOutput) else output.view(rows, width, -1))
+        kept = (output.hidden if isinstance(output, HeadOutput) else output).shape[1]
+        return labelled_logprobs(output, batch["targets"][:, width - kept :].to(device))

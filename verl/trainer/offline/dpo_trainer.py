@@ -27,9 +27,10 @@ from verl.trainer.forward.logprobs import (
     head_capture,
     labelled_logprobs,
     shared_prompt_logits,
+    target_logprobs,
 )
 from verl.trainer.offline.base import PairTrainer, Rows
-from verl.trainer.offline.sft_trainer import collate_sequences, shifted_targets, target_logprobs
+from verl.trainer.offline.sft_trainer import collate_sequences, shifted_targets
 
 PairItem = Mapping[str, Any]
 

@@ -7,23 +7,11 @@ here, the drawing (get a batch, generate, score) is the trainer's stages, passed
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from verl.batch import LAYOUT, ROW_LIST, WHOLE, RolloutBatch, concat_batches, varied_groups
 from verl.distributed.placement import Placement
-
-
-def accuracy_of(result: Any, scores: torch.Tensor) -> torch.Tensor:
-    """[N] what the groups are filtered on: the reward's `acc` extra (`RewardResult.accuracy`) where it gave
-    one, else the score before shaping (call it before the overlong penalty is added)."""
-    base = scores.detach().clone()
-    acc = getattr(result, "accuracy", None)  # an environment's own result type may not have it
-    if acc is None:
-        return base
-    acc = acc.to(base)
-    return torch.where(torch.isnan(acc), base, acc)
 
 
 def filter_groups(batch: RolloutBatch | None, draw: Callable[[int], RolloutBatch | None], *, placement: Placement,
@@ -122,4 +110,4 @@ def _to_devices(batch: RolloutBatch, like: RolloutBatch) -> RolloutBatch:
     return batch
 
 
-__all__ = ["accuracy_of", "filter_groups", "share_varied"]
+__all__ = ["filter_groups", "share_varied"]
