@@ -64,9 +64,39 @@ from verl.trainer.rollout.agent_episodes import episodes_for
 from verl.utils.tokenizer_protocol import Tokenizer
 
 
+class Part:
+    """An `RLTrainer` attribute that is one of its composed parts (`trainer.parts.<name>`), read and written
+    there: the stages use the composed parts themselves, under the names they read best, never copies."""
+
+    def __init__(self, name: str, field: str | None = None) -> None:
+        self.name, self.field = name, field  # `field`: an attribute of the part (an optimizer's scheduler)
+
+    def __get__(self, trainer: Any, owner: type | None = None) -> Any:
+        if trainer is None:
+            return self
+        part = getattr(trainer.parts, self.name)
+        return part if self.field is None or part is None else getattr(part, self.field)
+
+    def __set__(self, trainer: Any, value: Any) -> None:
+        if self.field is not None:
+            raise AttributeError(f"{self.name}.{self.field} is set by composing the trainer")
+        setattr(trainer.parts, self.name, value)
+
+
 class RLTrainer(RLCheckpointState, TrainerRuntime):
     """Online RL trainer. `RLTrainer(config).fit()`; see `from_pretrained` for use without YAML."""
 
+    env = Part("env")  # prompts + rewards
+    ref_model = Part("reference")
+    critic = Part("critic")
+    teacher = Part("teacher")
+    engine = Part("engine")
+    placement = Part("placement")
+    val_rewards = Part("val_rewards")  # `reward.val_functions`, or None: validation scores as training does
+    optimizer = Part("actor_optim", "optimizer")
+    scheduler = Part("actor_optim", "scheduler")
+    critic_optimizer = Part("critic_optim", "optimizer")
+    critic_scheduler = Part("critic_optim", "scheduler")
     kind = "rl"
     runs_split_placements = True
 
@@ -91,12 +121,8 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         self.sp = ActorSequenceParallel(
             self.groups.sequence_parallel() if self.groups is not None and "actor" in self.roles else None,
             getattr(self.groups, "guard", None), self.tokenizer.pad_token_id, parts.placement.device)
-        self.env, self.ref_model, self.critic, self.engine = parts.env, parts.reference, parts.critic, parts.engine
-        self.teacher, self.placement = parts.teacher, parts.placement
         self.remote_reward_model = (RemoteRewardModel(parts.reward_tokenizer, parts.reward_scorer, config.reward.model_weight)
                                     if parts.remote_reward_model else None)  # a reward model on ranks of its own
-        self.optimizer, self.scheduler = parts.actor_optim.pair() if parts.actor_optim else (None, None)
-        self.critic_optimizer, self.critic_scheduler = parts.critic_optim.pair() if parts.critic_optim else (None, None)
         self._hf_assets = TrainerRuntime.hf_assets(self)  # before a critic/ref-only rank drops the policy
         self.sampling = self._sampling_params(config.rollout.temperature, config.rollout.n)
         if not {"actor", "rollout"} & self.roles:  # a critic/ref-only rank of a split placement drops the policy
@@ -107,7 +133,6 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         self.kl_ctrl, self.drift_guard = kl_controller(config.algorithm), DriftGuard()  # the guard's calibration
         self.entropy_ctrl = update.entropy_controller(config.actor)  # None: the fixed actor.entropy_coef
         self.async_rollout = async_rollout_for(config, parts, self.get_batch, self.generate, self.decode_responses)
-        self.val_rewards = parts.val_rewards  # `reward.val_functions`, or None: validation scores as training does
         self.reward_overlap = RewardOverlap(config.reward.overlap and self.multiturn is None and not config.is_async,
                                             self.env, self.engine, self.decode_responses)  # scoring while generating
         if self.model is not None:  # actor.chunked_logprobs=true on a head it cannot take: refused now
