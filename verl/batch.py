@@ -34,8 +34,8 @@ PAD_TOKEN = "pad_token_id"  # the policy tokenizer's pad id
 REWARD_PAD_TOKEN = "reward_pad_token_id"  # the reward model tokenizer's pad id
 
 # Roles that read fields on ranks of their own (what a split placement sends them): the reference, the
-# distillation teacher and the critic's value pass run on the sequences, the critic's update also on the values and returns, a reward
-# model on its own tokens.
+# distillation teacher and the critic's value pass run on the sequences, the critic's update also on the values and
+# returns, a reward model on its own tokens.
 SEQUENCE_READERS = frozenset({"ref", "teacher", "critic", "critic_update"})
 
 

@@ -78,7 +78,8 @@ def disk_full_cause(exc: BaseException | None) -> OSError | None:
             return e
         failures = getattr(e, "failures", None)  # CheckpointException: {rank: (exception, traceback)}
         if isinstance(failures, dict):
-            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values() if isinstance(f, (tuple, BaseException))]
+            todo += [f[0] if isinstance(f, tuple) else f
+                     for f in failures.values() if isinstance(f, (tuple, BaseException))]
         todo += [e.__cause__, e.__context__]
     return None
 

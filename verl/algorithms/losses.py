@@ -42,8 +42,9 @@ def ppo_policy_loss(
     cannot dominate the batch. The log-ratio is clamped to +-20 before exp() so that a stale or corrupt
     old log-probability gives a large finite loss instead of inf or NaN.
 
-    Returns (loss, metrics) with 0-dim tensor metrics (no host sync; callers convert once) `clipfrac` (share of unmasked tokens where the clipped
-    term won), `dual_clipfrac` (share where the dual clip won) and `approx_kl` (mean of old - logp).
+    Returns (loss, metrics) with 0-dim tensor metrics (no host sync; callers convert once) `clipfrac` (share of unmasked
+    tokens where the clipped term won), `dual_clipfrac` (share where the dual clip won) and `approx_kl`
+    (mean of old - logp).
     """
     _check_same_shape("logprob", logprob, old_logprob=old_logprob, advantages=advantages, mask=mask)
     _check_positive("clip_low", clip_low)

@@ -135,7 +135,8 @@ def _prepare(logprob: Tensor, old_logprob: Tensor, advantages: Tensor, mask: Ten
         _check_same_shape("logprob", logprob, token_weights=token_weights)
     _check_agg(agg, "agg")
     m = _bool_mask(mask, logprob)
-    return m, torch.where(m, logprob, 0), torch.where(m, old_logprob.detach(), 0), torch.where(m, advantages.detach(), 0)
+    return (m, torch.where(m, logprob, 0), torch.where(m, old_logprob.detach(), 0),
+            torch.where(m, advantages.detach(), 0))
 
 
 def _finish(per_token: Tensor, m: Tensor, logp: Tensor, old: Tensor, hit: Tensor, agg: str,

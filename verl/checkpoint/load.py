@@ -1,4 +1,5 @@
-"""Restoring a run's state from a checkpoint folder on any world size; DCP made quiet in one process and its errors one line per rank."""
+"""Restoring a run's state from a checkpoint folder on any world size; DCP made quiet in one process and its errors one
+line per rank."""
 
 from __future__ import annotations
 

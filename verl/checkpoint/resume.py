@@ -99,7 +99,8 @@ class ResumeSearch:
     def _say_skipped(self, skipped: list[str], outcome: str) -> None:
         if self.rank != 0:
             return
-        what = "a checkpoint that does not verify" if len(skipped) == 1 else f"{len(skipped)} checkpoints that do not verify"
+        what = ("a checkpoint that does not verify" if len(skipped) == 1
+                else f"{len(skipped)} checkpoints that do not verify")
         msg = f"skipped {what} ({'; '.join(skipped)}); {outcome}. `verl ckpt verify PATH` re-checks one."
         logger.info(msg)  # for log files; the warning is what a console shows, once
         warnings.warn(msg, UserWarning, stacklevel=4)

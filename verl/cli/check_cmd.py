@@ -150,7 +150,8 @@ def run_checks(config: RunConfig, *, nproc: int | None = None, nodes: int | None
         if pf.reward_names:
             console.print(f"reward functions: {', '.join(pf.reward_names)}")
             r = config.reward
-            console.print(f"reward calls: up to {r.workers} at once on {'worker processes' if r.executor == 'process' else 'threads'}"
+            console.print(f"reward calls: up to {r.workers} at once on "
+                          f"{'worker processes' if r.executor == 'process' else 'threads'}"
                           f" (reward.executor={r.executor}), {r.timeout_s:g} s each at most"
                           + (", starting as rows finish generating" if r.overlap else ""))
         if pf.env is not None:

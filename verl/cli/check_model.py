@@ -69,7 +69,8 @@ def run_check_model(name_or_path: str, tokenizer: str | None = None, trust_remot
         _model, _tok, report = load_hf_model_with_report(
             name_or_path, tokenizer_name=tokenizer, torch_dtype=dtype, trust_remote_code=trust_remote_code,
             device="cpu", for_training=False, chat=chat,
-            names={"tokenizer_name": "--tokenizer", "torch_dtype": "--dtype", "trust_remote_code": "--trust-remote-code"})
+            names={"tokenizer_name": "--tokenizer", "torch_dtype": "--dtype",
+                   "trust_remote_code": "--trust-remote-code"})
     except VerlError as exc:
         console.print(labelled("problem: ", str(exc), "red"))
         return 1

@@ -72,12 +72,14 @@ def cmd_export(args: argparse.Namespace) -> int:
         dtype = resolve_dtype(args.dtype, where="--dtype")
     out = export_hf(args.path, args.out, dtype=dtype, adapter=args.adapter, base=args.base)
     if args.adapter:
-        print(f"exported the adapter of {args.path} -> {out} (load with PeftModel.from_pretrained(base_model, '{out}'))")
+        print(f"exported the adapter of {args.path} -> {out} "
+              f"(load with PeftModel.from_pretrained(base_model, '{out}'))")
     else:
         import json
 
         architectures = json.loads((out / "config.json").read_text(encoding="utf-8")).get("architectures") or []
-        auto = ("AutoModelForSequenceClassification" if any(a.endswith("ForSequenceClassification") for a in architectures)
+        auto = ("AutoModelForSequenceClassification"
+                if any(a.endswith("ForSequenceClassification") for a in architectures)
                 else "AutoModelForCausalLM")
         print(f"exported {args.path} -> {out} (load with {auto}.from_pretrained('{out}'))")
     return 0

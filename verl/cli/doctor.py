@@ -124,7 +124,8 @@ def collect() -> list[tuple[str, str, str]]:
     else:
         rows.append(("cuda", "warn", "no GPU visible: training runs on CPU (gloo for multi-process)"))
     dist_ok = torch.distributed.is_available()
-    rows.append(("torch.distributed", "ok" if dist_ok else "missing", "gloo" + (", nccl" if dist_ok and torch.distributed.is_nccl_available() else "")))
+    rows.append(("torch.distributed", "ok" if dist_ok else "missing",
+                 "gloo" + (", nccl" if dist_ok and torch.distributed.is_nccl_available() else "")))
     for module, hint in OPTIONAL.items():
         found = importlib.util.find_spec(module) is not None
         rows.append((module, "ok" if found else "missing", _version(module.replace("_", "-")) or "" if found else hint))

@@ -212,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a model. With no config, runs the built-in demo: a tiny local model learns "
         "arithmetic with SFT then GRPO on CPU in a few minutes. Legacy flags (--actor_device_ids 0,1, "
         "--critic_device_ids, --ref_device_id, --reward_device_id, --teacher_device_ids, --num_gpus_per_node, "
-        "--save_interval, --async_save, --save_total_limit) are accepted as aliases of the devices.* / checkpoint.* keys. "
+        "--save_interval, --async_save, --save_total_limit) are accepted as aliases of the devices.* / "
+        "checkpoint.* keys. "
         "Overrides apply over the config file in the order typed: the last key=value or legacy flag that sets "
         "a key wins, wherever other flags sit.",
         epilog="example: verl train examples/grpo_gsm8k.yaml trainer.total_steps=200 actor.lr=1e-6",

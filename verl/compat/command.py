@@ -453,4 +453,5 @@ def report(module: str, translation: Translation) -> tuple[str, str]:
     return out, "\n".join(lines) + "\n"
 
 
-__all__ = ["CPU_SUFFIX", "CPU_SUFFIX_SFT", "ENTRY_POINTS", "Translation", "translate_command", "cpu_command", "is_our_key", "report", "translate", "translate_sft"]
+__all__ = ["CPU_SUFFIX", "CPU_SUFFIX_SFT", "ENTRY_POINTS", "Translation", "translate_command", "cpu_command",
+           "is_our_key", "report", "translate", "translate_sft"]

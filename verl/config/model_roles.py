@@ -263,11 +263,11 @@ class ActorConfig(OptimConfig):
                                         "sequences is split along its tokens over this many consecutive actor ranks "
                                         "(all-to-all over attention heads), so one rank holds 1/S of every layer's "
                                         "activations. Must divide the actor's ranks and the model's attention heads; "
-                                        "the actor's log-prob and update forwards, and those of a reference, critic and "
-                                        "teacher on the actor's ranks; in SFT and DPO each example, "
+                                        "the actor's log-prob and update forwards, and those of a reference, "
+                                        "critic and teacher on the actor's ranks; in SFT and DPO each example, "
                                         "the ranks of a group reading the same rows (not trainer.kind=rm). A "
-                                        "micro-batch's sequences run as one row without padding; the memory plan divides activations and logits by it. "
-                                        "1 = off. See docs/multigpu.md.")
+                                        "micro-batch's sequences run as one row without padding; the memory plan "
+                                        "divides activations and logits by it. 1 = off. See docs/multigpu.md.")
 
 
 class CriticConfig(OptimConfig):

@@ -54,8 +54,8 @@ NOTES: dict[str, str] = {
                        "from the left.",
     "data.on_bad_row": "A malformed row: error stops before training with file:line, skip drops and counts it.",
     "data.shuffle": "Shuffle the training rows each epoch (seeded by trainer.seed; resumable).",
-    "data.apply_chat_template": "auto = only to rows that are chat messages; always = to plain-text prompts too; never = never (chat "
-                             "messages are then an error).",
+    "data.apply_chat_template": "auto = only to rows that are chat messages; always = to plain-text prompts too; "
+                                "never = never (chat messages are then an error).",
     "env.kwargs": "Keyword arguments of the environment's constructor (an unknown one fails with a suggestion).",
     "rollout.engine": "hf = verl's own KV-cache sampler; vllm when vLLM is installed (GPU).",
     "rollout.max_new_tokens": "Response tokens at most (per turn in multi-turn environments).",

@@ -83,7 +83,8 @@ class MixtureRows(Sequence):
         for i in indices:
             k, j = self._locate(int(i))
             per[k].append(j)
-        parts = [p.subset(js) if hasattr(p, "subset") else [p[j] for j in js] for p, js in zip(self.parts, per, strict=True)]
+        parts = [p.subset(js) if hasattr(p, "subset") else [p[j] for j in js]
+                 for p, js in zip(self.parts, per, strict=True)]
         return MixtureRows(parts, self.names, self.weights)
 
     def facts(self) -> Iterator[RowFacts]:

@@ -22,8 +22,10 @@ HINTS: dict[str, str] = {
     "not_an_object": 'each row must be a JSON object like {"{field}": ...}',
     "csv_columns": "the row has a different number of cells than the header; check quoting of commas/newlines",
     "duplicate_key": "the same key appears twice in one object; keep one",
-    "duplicate_field": "two keys resolve to '{field}'; pick one with data.fields.{field}=<key> (verl data: --map {field}=<key>)",
-    "missing": "add '{field}' to every row, or map your key to it: data.fields.{field}=<key> (verl data: --map {field}=<key>)",
+    "duplicate_field": ("two keys resolve to '{field}'; pick one with data.fields.{field}=<key> "
+                        "(verl data: --map {field}=<key>)"),
+    "missing": ("add '{field}' to every row, or map your key to it: data.fields.{field}=<key> "
+                "(verl data: --map {field}=<key>)"),
     "null": "give '{field}' a value, or set data.on_bad_row=skip to drop these rows",
     "wrong_type": "'{field}' must be a string (or chat messages where allowed); convert the column",
     "empty": "'{field}' is empty or whitespace only; fill it in or set data.on_bad_row=skip",

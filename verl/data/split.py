@@ -42,7 +42,8 @@ def read_rows(config: RunConfig, files: Sequence[str], kind: str, tokenizer: Tok
                       apply_chat_template=d.apply_chat_template, purpose=purpose)
 
 
-def hold_out(rows: Sequence[dict[str, Any]], val_size: int, seed: int) -> tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]]:
+def hold_out(rows: Sequence[dict[str, Any]], val_size: int,
+             seed: int) -> tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]]:
     """(train, val): `val_size` rows picked by a seeded permutation become the validation set (views of
     rows read on demand, lists of rows in memory)."""
     if val_size >= len(rows):

@@ -68,7 +68,8 @@ class ToolTurns:
         if missing:
             raise ConfigError(f"{where}: the chat template has no tool section: the tools {missing} do not appear in "
                               "the prompt it renders with tools=[...], so the model would never learn they exist. Fix: "
-                              "use the model's tool-calling template (its tokenizer_config.json / chat_template.jinja), "
+                              "use the model's tool-calling template "
+                              "(its tokenizer_config.json / chat_template.jinja), "
                               "or set tokenizer.chat_template to one with tools (verl.data.tool_template."
                               "HERMES_TEMPLATE is one for ChatML models)")
         self.conversation = [{"role": "user", "content": _PROBE_USER},
@@ -125,4 +126,5 @@ def prefix_preserving(tokenizer: Tokenizer, tools: Sequence[Mapping[str, Any]] |
     return True, f"prefix-preserving over a {len(conversation)}-turn probe with a tool call"
 
 
-__all__ = ["BUILTIN_TEMPLATES", "HERMES_TEMPLATE", "ToolTurns", "chat_template_text", "prefix_preserving", "probe_conversation"]
+__all__ = ["BUILTIN_TEMPLATES", "HERMES_TEMPLATE", "ToolTurns", "chat_template_text", "prefix_preserving",
+           "probe_conversation"]

@@ -110,7 +110,8 @@ class CollectiveGuard:
                 raise self._store_gone(stage, ranks, seq, me, err) from err
             detail = f"; ranks at a different stage: {elsewhere}" if elsewhere else ""
             beat = heartbeat.current()
-            seen = f" Heartbeats: {'; '.join(beat.describe(r) for r in missing)}." if beat is not None and missing else ""
+            seen = (f" Heartbeats: {'; '.join(beat.describe(r) for r in missing)}."
+                    if beat is not None and missing else "")
             raise DistributedError(
                 f"collective timeout at stage {stage!r} (group {list(ranks)}, call #{seq}) on rank {me}: "
                 f"rank(s) {missing} did not arrive within {self.timeout_s:g}s{detail}.{seen} Every rank of the group "

@@ -188,7 +188,8 @@ class Heartbeat:
             if old is None or old.n != got["n"]:
                 if r in self.silent and old is not None:
                     self.silent.discard(r)
-                    self._say(f"[verl heartbeat] rank {self.rank}: rank {r} answers again after {now - old.seen_at:.0f}s "
+                    self._say(f"[verl heartbeat] rank {self.rank}: rank {r} answers again "
+                              f"after {now - old.seen_at:.0f}s "
                               f"of silence ({Beat(**self._fields(got), seen_at=now).doing()}).")
                 self.beats[r] = Beat(**self._fields(got), seen_at=now)
         for r, beat in self.beats.items():

@@ -6,9 +6,9 @@ asynchronous run, also a rollout rank's (`devices.rollout`: ranks that only gene
 what a step needs on top on a rank that holds the actor: FSDP2's gathered layers and unsharded gradients,
 activations (with and without activation checkpointing, kept on the device or offloaded to host memory, split
 over sequence-parallel ranks), the response logits and their gradient (or, with chunked log-probs, one chunk
-of them at a time), and the rollout engine (colocated vLLM's `gpu_memory_utilization` share of the device, or our sampler's gathered
-weights and KV cache). It is arithmetic on the model's shape and the config, so `verl check` prints it on a
-machine without a GPU, and it says which settings make a plan that does not fit fit.
+of them at a time), and the rollout engine (colocated vLLM's `gpu_memory_utilization` share of the device, or our
+sampler's gathered weights and KV cache). It is arithmetic on the model's shape and the config, so `verl check` prints
+it on a machine without a GPU, and it says which settings make a plan that does not fit fit.
 
 Activations are counted tensor by tensor for a Llama/Qwen-style decoder layer (RMSNorm, GQA attention with
 a fused kernel that keeps no [T, T] scores, SwiGLU MLP), as Hugging Face's implementation saves them for
@@ -127,7 +127,8 @@ def rollout_rank_parts(x: PlanInputs, device_bytes: int | None
     ctx = ("CUDA context, NCCL buffers (assumed)", CUDA_RUNTIME_BYTES)
     startup = [("policy weights: loaded whole (master dtype; a rollout rank is not sharded)", r.weights_bytes), ctx]
     largest = max(s.embed_params, s.head_params, s.intermediate * s.hidden)
-    bucket = ("weight delivery: one bucket (64 MiB, or the largest tensor)", max(r.bucket_bytes, largest * r.wire_bytes))
+    bucket = ("weight delivery: one bucket (64 MiB, or the largest tensor)",
+              max(r.bucket_bytes, largest * r.wire_bytes))
     seq = x.prompt_len + x.response_len
     notes: list[str] = []
     if r.engine == "vllm":

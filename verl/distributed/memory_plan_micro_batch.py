@@ -1,4 +1,5 @@
-"""What one update micro-batch holds on the device beyond the model state: its activations, mask, logits and backward."""
+"""What one update micro-batch holds on the device beyond the model state: its activations, mask, logits and
+backward."""
 
 from __future__ import annotations
 

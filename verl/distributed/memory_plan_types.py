@@ -1,4 +1,5 @@
-"""The memory plan's inputs (the model's shape, the run's settings, a rollout rank), its result, and its assumed constants."""
+"""The memory plan's inputs (the model's shape, the run's settings, a rollout rank), its result, and its assumed
+constants."""
 
 from __future__ import annotations
 

@@ -170,8 +170,10 @@ class SplitPlacement(Placement):
         if not self.groups.has(HOME):
             return batch
         fields = _fields(batch, list(sides), present=True)
-        padded = pad_to_group_width(fields, {k: sides[k] for k in fields}, all_reduce_max=lambda t: self.groups.all_reduce(
-            t, HOME, "align:width", op=dist.ReduceOp.MAX), device=self.device)
+        padded = pad_to_group_width(
+            fields, {k: sides[k] for k in fields},
+            all_reduce_max=lambda t: self.groups.all_reduce(t, HOME, "align:width", op=dist.ReduceOp.MAX),
+            device=self.device)
         for key, value in padded.items():
             setattr(batch, key, value)
         return batch

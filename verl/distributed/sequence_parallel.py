@@ -273,7 +273,7 @@ def enable_sequence_parallel(model: torch.nn.Module, size: int) -> int:
     return len(modules)
 
 
-__all__ = ["ATTENTION_NAME", "KWARG", "SUPPORTED_MODEL_TYPES", "SequenceParallel", "SplitCall", "describe_sequence_parallel",
-           "enable_sequence_parallel",
+__all__ = ["ATTENTION_NAME", "KWARG", "SUPPORTED_MODEL_TYPES", "SequenceParallel", "SplitCall",
+           "describe_sequence_parallel", "enable_sequence_parallel",
            "gather_sequence", "heads_to_seq", "kv_heads_sent", "model_facts", "seq_to_heads",
            "sequence_parallel_layout", "sequence_parallel_problems", "ulysses_attention"]

@@ -166,4 +166,5 @@ def build_user_env(
         ) from e
 
 
-__all__ = ["MULTITURN_METHODS", "REQUIRED_METHODS", "required_methods", "build_user_env", "is_user_env_spec", "load_env_class"]
+__all__ = ["MULTITURN_METHODS", "REQUIRED_METHODS", "required_methods", "build_user_env", "is_user_env_spec",
+           "load_env_class"]

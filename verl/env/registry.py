@@ -61,7 +61,8 @@ def _bind_kwargs(
 
 def _build_arithmetic(ctx: EnvBuildContext, **kwargs: Any) -> Environment:
     _bind_kwargs("arithmetic", ArithmeticEnv.__init__, kwargs, {"seed", "shuffle", "reward_manager"})
-    manager = RewardManager(ctx.reward_functions, base_dir=ctx.base_dir, required=not ctx.rewards_optional) if ctx.reward_functions else None
+    manager = (RewardManager(ctx.reward_functions, base_dir=ctx.base_dir, required=not ctx.rewards_optional)
+               if ctx.reward_functions else None)
     return ArithmeticEnv(seed=ctx.seed, shuffle=ctx.shuffle, reward_manager=manager, **kwargs)
 
 

@@ -105,7 +105,8 @@ def python_tool(*, timeout_s: float = 10.0, memory_mb: int = 512, max_output_cha
     from verl.sandbox import run_code
 
     def run(code: str) -> str:
-        result = run_code(code, timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max(1 << 16, 4 * max_output_chars))
+        result = run_code(code, timeout_s=timeout_s, memory_mb=memory_mb,
+                          max_output_bytes=max(1 << 16, 4 * max_output_chars))
         text = (result.stdout + ("\n" + result.stderr if result.stderr else "")).strip()
         if len(text) > max_output_chars:
             text = text[:max_output_chars] + f"... ({len(text) - max_output_chars} more characters)"

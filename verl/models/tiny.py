@@ -6,8 +6,8 @@ trained on arithmetic and plain English ("What is 12+7? The answer is 19."): eve
 (numbers are split into single digits, as Qwen does), so the arithmetic demo can learn digit by digit.
 
 A third, ``"tools"``, is instruct with the Hermes tool format (`TOOL_TAGS`, `HERMES_TEMPLATE`) for the
-tool and agent demos. Two variants reproduce the classic instruct/base mix-up: ``"instruct"`` has the ChatML special tokens
-``<|im_start|>``/``<|im_end|>`` and a chat template, ``"base"`` has neither. Both share the same ids for
+tool and agent demos. Two variants reproduce the classic instruct/base mix-up: ``"instruct"`` has the ChatML special
+tokens ``<|im_start|>``/``<|im_end|>`` and a chat template, ``"base"`` has neither. Both share the same ids for
 ordinary text, as a real base/instruct pair does.
 
 The tokenizer is trained with exactly the pipeline transformers 5.x rebuilds for ``model_type="qwen2"``

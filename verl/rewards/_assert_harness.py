@@ -4,8 +4,8 @@ It reads the run's secret from stdin before the program runs (the program finds 
 setup and then the program (solution.py) as module `solution`, says `loaded`, then evaluates the test's
 holes (test.json: the sub-expressions that need the program, e.g. `f(1)`) with the builtins as they were
 before the program ran, and prints each value as plain data (built-in types only: a subclass is read through
-its base type, so an `__eq__` of the program's own never runs; an iterator as its items), every line prefixed with the secret. The
-verdict is the launcher's: it compares these values with the test's expected values, which never enter this
+its base type, so an `__eq__` of the program's own never runs; an iterator as its items), every line prefixed with the
+secret. The verdict is the launcher's: it compares these values with the test's expected values, which never enter this
 process. A test that is not one `assert` runs whole here and reports `passed` (the weaker case).
 """
 

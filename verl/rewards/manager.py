@@ -105,7 +105,8 @@ class RewardManager(UserCodeCalls):
             (len(ld.positional) > 2 and not ld.trl_style and ld.positional[2] in GROUND_TRUTH_NAMES)
             or takes_parameter(ld.fn, "ground_truth"))]
 
-    def extracted_answers(self, responses: Sequence[str], data_sources: Sequence[str | None] | None = None) -> list[Any]:
+    def extracted_answers(self, responses: Sequence[str],
+                          data_sources: Sequence[str | None] | None = None) -> list[Any]:
         """Per response, what the first function that applies to it and has an `extract_answer(response,
         **kwargs)` attribute (numeric_match, exact_match, or a user function that sets one) reads as its answer
         (None where no function does): what maj@k votes on instead of the whole text."""
@@ -216,7 +217,8 @@ class RewardManager(UserCodeCalls):
                           self.pool.timeout_s if timeout_s is None else timeout_s)
         self.pool = pool  # a scoring already started finishes on the pools it started on
         if max_worker_crashes is not None:
-            if isinstance(max_worker_crashes, bool) or not isinstance(max_worker_crashes, int) or max_worker_crashes < 0:
+            if (isinstance(max_worker_crashes, bool) or not isinstance(max_worker_crashes, int)
+                    or max_worker_crashes < 0):
                 raise ConfigError(f"reward.max_worker_crashes must be an integer >= 0 (worker processes that may die "
                                   f"in one step before the run stops), got {max_worker_crashes!r}.")
             self.max_worker_crashes = max_worker_crashes

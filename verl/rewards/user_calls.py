@@ -1,4 +1,5 @@
-"""How the manager calls reward functions over a batch (batched, TRL's convention) and checks what any of them returns."""
+"""How the manager calls reward functions over a batch (batched, TRL's convention) and checks what any of them
+returns."""
 
 from __future__ import annotations
 

@@ -74,7 +74,8 @@ def describe_vllm_memory(engine: str, gpu_memory_utilization: float, rollout_ran
     capped = ("; the rollout ranks' larger share does not enlarge it" if rollout > gpu_memory_utilization else
               "; the rollout ranks' smaller share shrinks the actor ranks' too" if rollout < gpu_memory_utilization
               else "")
-    return (f"vLLM memory: the actor ranks' engines take rollout.vllm.gpu_memory_utilization={gpu_memory_utilization:g} "
+    return ("vLLM memory: the actor ranks' engines take "
+            f"rollout.vllm.gpu_memory_utilization={gpu_memory_utilization:g} "
             f"of their GPU, the rollout ranks' {list(rollout_ranks)} rollout_rank_gpu_memory_utilization={rollout:g}"
             f"{default}. Under torchrun vLLM gives every rank the smallest KV cache of all ranks (a MIN all-reduce "
             f"in its external_launcher executor), so each rank's KV-cache budget is {share:g} x GPU memory - vLLM's "
@@ -83,4 +84,5 @@ def describe_vllm_memory(engine: str, gpu_memory_utilization: float, rollout_ran
             "(see the memory plan).")
 
 
-__all__ = ["ROLLOUT_RANK_GPU_MEMORY_UTILIZATION", "check_rollout_engine", "check_vllm_placement", "describe_vllm_memory"]
+__all__ = ["ROLLOUT_RANK_GPU_MEMORY_UTILIZATION", "check_rollout_engine", "check_vllm_placement",
+           "describe_vllm_memory"]

@@ -353,7 +353,8 @@ class HFKVCacheEngine(RolloutEngine):
                         n, m = len(ended), len(ended) + len(go_h)
                         packed = _to_device([*ended, *ends.by_eos, *go_h, *(i for i, s in enumerate(ended) if s >= 0)],
                                             device)
-                        at_end, by_eos, go, gone = packed[:n], packed[n: 2 * n].bool(), packed[2 * n: n + m], packed[n + m:]
+                        at_end, by_eos, go, gone = (packed[:n], packed[n: 2 * n].bool(), packed[2 * n: n + m],
+                                                    packed[n + m:])
                         done = at_end >= 0
                         # What rows sampled after their end: padding and log-prob 0, as if never sampled.
                         past = (torch.arange(lo, step + 1, device=device) > at_end.unsqueeze(1)) & done.unsqueeze(1)

@@ -281,7 +281,8 @@ class VLLMEngine(RolloutEngine):
 
 
 def layout_results(results: Any, n: int, max_new: int, pad: int, eos_token_ids: Iterable[int], *,
-                   mask_dtype: torch.dtype = torch.long) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                   mask_dtype: torch.dtype = torch.long
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """vLLM's ``RequestOutput`` list as [rows, max_new] tensors: (response ids padded with ``pad``, response mask,
     the sampled tokens' log-probs (0 past a response's end, or where vLLM returned none), finished at an eos).
     Row ``i * n + j`` is completion ``j`` of request ``i``; a completion longer than ``max_new`` is cut.

@@ -200,8 +200,9 @@ def ready_to_sample(engine: Any, model: torch.nn.Module,
 
 
 class DeliveryReceiver:
-    """A rollout rank's end of an asynchronous weight delivery (`verl.trainer.rollout.async_rollout.AsyncRollout.deliver`):
-    where the broadcast buckets of the trained parameters go.
+    """A rollout rank's end of an asynchronous weight delivery
+    (`verl.trainer.rollout.async_rollout.AsyncRollout.deliver`): where the broadcast buckets of the trained
+    parameters go.
 
     Our sampler runs the rollout rank's copy of the policy, so the buckets are unpacked into it. An engine with
     its own weights (vLLM) must end each delivery holding them: a full policy's buckets are loaded into it as

@@ -155,7 +155,8 @@ def _child(spec):
         os.setgid(uid)
         os.setuid(uid)
     _limits(spec)  # after setuid: RLIMIT_NPROC then counts this run's uid only
-    os.execve(spec["python"], [spec["python"], "-I", "-S", "-B", "-u", "-c", LOADER % {"main": spec["main"]}], spec["env"])
+    os.execve(spec["python"], [spec["python"], "-I", "-S", "-B", "-u", "-c", LOADER % {"main": spec["main"]}],
+              spec["env"])
 
 
 def _stragglers(uid, pgid, keep):

@@ -26,7 +26,8 @@ def run_spec(*, python: str, uid: int | None, files: Mapping[str, str | bytes], 
     return {"uid": uid, "main": "main.py", "python": python, "filesystem": view_dirs, "private_tmp": namespaces,
             "pid_namespace": namespaces, "cgroup": cgroup, "tmp": tmp,
             "env": {**BASE_ENV, "HOME": home, "TMPDIR": home},
-            "files": {name: {"latin1": c.decode("latin-1")} if isinstance(c, bytes) else c for name, c in files.items()},
+            "files": {name: {"latin1": c.decode("latin-1")} if isinstance(c, bytes) else c
+                      for name, c in files.items()},
             "cpu_s": cpu_s, "memory_mb": memory_mb, "max_processes": max_processes, "max_open_files": max_open_files,
             "max_file_mb": max_file_mb, "max_disk_mb": max_disk_mb}
 

@@ -163,7 +163,8 @@ def _execute(iso: Isolation, spec: dict, stdin: str, cgroup: RunCgroup | None, *
     def over(stream: str) -> Callable[[], object]:
         return lambda: (flooded.append(stream), _kill_group(proc.pid))
 
-    out, err = _Capped(proc.stdout, max_output_bytes, over("stdout")), _Capped(proc.stderr, max_output_bytes, over("stderr"))
+    out, err = (_Capped(proc.stdout, max_output_bytes, over("stdout")),
+                _Capped(proc.stderr, max_output_bytes, over("stderr")))
     threading.Thread(target=_feed, args=(proc.stdin, stdin.encode()), daemon=True).start()
     timed_out = False
     try:

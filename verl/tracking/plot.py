@@ -74,7 +74,8 @@ def svg_charts(charts: dict[str, list[tuple[int, float]]], title: str) -> str:
     return "\n".join(parts)
 
 
-def plot_run(run_dir: str | Path, keys: Sequence[str] | None = None, out: str | Path | None = None) -> tuple[Path, dict]:
+def plot_run(run_dir: str | Path, keys: Sequence[str] | None = None,
+             out: str | Path | None = None) -> tuple[Path, dict]:
     run_dir = Path(run_dir)
     metrics = run_dir / "metrics.jsonl"
     if not metrics.is_file():
@@ -135,7 +136,8 @@ def run(args) -> int:
     width = max(len(k) for k in charts)
     for key, points in charts.items():
         values = [v for _, v in points]
-        console.print(f"{key:<{width}}  {sparkline(values)}  {values[0]:.4g} -> {values[-1]:.4g}", highlight=False, markup=False)
+        console.print(f"{key:<{width}}  {sparkline(values)}  {values[0]:.4g} -> {values[-1]:.4g}",
+                      highlight=False, markup=False)
     console.print(f"wrote {path}", highlight=False, markup=False)
     if not args.no_png:
         png = Path(args.png) if args.png else Path(args.run_dir) / "metrics.png"

@@ -99,7 +99,8 @@ def resolve_source(model: str) -> EvalSource:
     problems = verify(path)
     if problems:
         raise CheckpointError(f"{path}: refusing to evaluate a checkpoint that does not verify:\n  "
-                              + "\n  ".join(problems) + "\nUse another checkpoint (`verl ckpt list` shows which verify)")
+                              + "\n  ".join(problems)
+                              + "\nUse another checkpoint (`verl ckpt list` shows which verify)")
     extra = torch.load(path / extra_file(0), weights_only=True, map_location="cpu")
     saved = extra.get("config_yaml") if isinstance(extra, dict) else None
     if not saved:

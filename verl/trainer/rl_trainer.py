@@ -113,7 +113,8 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         """`rows` (in-memory prompt rows) and `reward_functions` (specs or Python callables) replace
         `data.train_files` and `reward.functions` when given; `env` replaces the whole environment.
         Every part is built by `components.compose` (read it for the start-up order)."""
-        super().__init__(config, model=model, tokenizer=tokenizer, rows=rows, env=env, reward_functions=reward_functions)
+        super().__init__(config, model=model, tokenizer=tokenizer, rows=rows, env=env,
+                         reward_functions=reward_functions)
         parts = self.parts
         self.plans: dict[str, BatchPlan] = self.checks.startup.plans
         # The actor's sequence-parallel group (actor.sequence_parallel_size > 1): its ranks pool their rows for
@@ -121,7 +122,8 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         self.sp = ActorSequenceParallel(
             self.groups.sequence_parallel() if self.groups is not None and "actor" in self.roles else None,
             getattr(self.groups, "guard", None), self.tokenizer.pad_token_id, parts.placement.device)
-        self.remote_reward_model = (RemoteRewardModel(parts.reward_tokenizer, parts.reward_scorer, config.reward.model_weight)
+        self.remote_reward_model = (RemoteRewardModel(parts.reward_tokenizer, parts.reward_scorer,
+                                                      config.reward.model_weight)
                                     if parts.remote_reward_model else None)  # a reward model on ranks of its own
         self._hf_assets = TrainerRuntime.hf_assets(self)  # before a critic/ref-only rank drops the policy
         self.sampling = self._sampling_params(config.rollout.temperature, config.rollout.n)
@@ -159,7 +161,8 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         `reward_fn` (or TRL's `reward_funcs`): a spec name (`"numeric_match"`, `"path.py:fn"`), a callable
         `fn(prompt, response, ground_truth, **meta)`, or a list mixing them. `dataset`: file path(s) (a
         save_to_disk folder too), prompt rows, or a `datasets.Dataset` / `DatasetDict` (its train split), checked
-        like a file. `teacher_model`: a path or hub id to distil from (TRL's GKD argument; `algorithm.distill`). `overrides`: sections as dicts (`actor={"lr": 1e-6}`) or dotted keys."""
+        like a file. `teacher_model`: a path or hub id to distil from (TRL's GKD argument; `algorithm.distill`).
+        `overrides`: sections as dicts (`actor={"lr": 1e-6}`) or dotted keys."""
         if reward_fn is not None and reward_funcs is not None:
             raise ConfigError("from_pretrained got both reward_fn and reward_funcs (TRL's name for it); pass one")
         run = python_run(model, reward_fn=reward_fn if reward_funcs is None else reward_funcs, dataset=dataset,
@@ -201,7 +204,8 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
                 batch = run("ref", self.compute_ref_log_probs, batch, send=self.SEQUENCES, back=written_by("ref"))
         if self.config.needs_teacher:
             with timed(timing, "teacher"):
-                batch = run("teacher", self.compute_teacher_log_probs, batch, send=self.SEQUENCES, back=written_by("teacher"))
+                batch = run("teacher", self.compute_teacher_log_probs, batch, send=self.SEQUENCES,
+                            back=written_by("teacher"))
         if self.config.needs_critic:
             with timed(timing, "critic"):
                 batch = run("critic", self.compute_values, batch, send=self.SEQUENCES, back=written_by("critic"))
@@ -251,7 +255,8 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
                 more.group_ids = more.group_ids + round_ * self.config.data.train_batch_size  # unique over rounds
             return run("actor", self.compute_reward, more)
 
-        return filter_groups(batch, draw, placement=self.placement, max_rounds=self.config.algorithm.max_resample_rounds,
+        return filter_groups(batch, draw, placement=self.placement,
+                             max_rounds=self.config.algorithm.max_resample_rounds,
                              pad_token_id=self.tokenizer.pad_token_id, metrics=metrics)
 
     @property
@@ -353,7 +358,8 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         its sequence-parallel group's pooled rows, when it has one."""
         temperature = self.config.rollout.temperature or 1.0
         return self.sp.own_rows_of(self.sp.splits(model, self.model), batch, "old_logprobs", lambda rows: (
-            self.forward_in_micro_batches(model, rows, lambda mb: self.policy_logprobs(model, mb, temperature=temperature)[0],
+            self.forward_in_micro_batches(model, rows,
+                                          lambda mb: self.policy_logprobs(model, mb, temperature=temperature)[0],
                                           self.config.actor.max_tokens_per_micro_batch)))
 
     def shares_prompt(self, model: torch.nn.Module) -> bool:
@@ -379,7 +385,8 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         return batch
 
     def critic_values(self, mb: RolloutBatch) -> torch.Tensor:
-        return values_of(self.critic, mb, share=self.shares_prompt(self.critic), packed=self.config.critic.remove_padding,
+        return values_of(self.critic, mb, share=self.shares_prompt(self.critic),
+                         packed=self.config.critic.remove_padding,
                          sp=self.sp.sp if self.sp.splits(self.critic, self.model) else None)
 
     def compute_advantages(self, batch: RolloutBatch) -> RolloutBatch:
@@ -445,7 +452,8 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
     @property
     def skips_zero_advantage(self) -> bool:
         distill = self.config.algorithm.distill  # its loss term trains sequences of zero advantage too
-        return update.skips_zero_advantage(self.config.actor) and not (self.config.needs_teacher and distill.mode == "loss")
+        return (update.skips_zero_advantage(self.config.actor)
+                and not (self.config.needs_teacher and distill.mode == "loss"))
 
     contributing_sequences = staticmethod(update.contributing_sequences)
 

@@ -3,10 +3,10 @@
 Both ship inside the torch wheel. MKL takes a generic code path on some AMD processors, so there it runs float32
 products at about half the speed oneDNN reaches on the same core; on others the two are close (the
 `benchmarks/cpu_matmul.py` rows in docs/performance.md). Which one wins depends on the processor and the torch
-build, so nothing is assumed: `trainer.cpu_matmul` `auto` times both on this host (:func:`measured_speedup`: an update's products forward and backward and a
-decode step's, the median of interleaved rounds' ratios, so a busy machine slows both sides alike) and takes
-oneDNN only where it is at least :data:`AUTO_MARGIN` times faster: a near tie keeps ATen, so a noisy
-measurement cannot flip the choice. The measurement is made once per host, torch version and thread count
+build, so nothing is assumed: `trainer.cpu_matmul` `auto` times both on this host (:func:`measured_speedup`: an update's
+products forward and backward and a decode step's, the median of interleaved rounds' ratios, so a busy machine slows
+both sides alike) and takes oneDNN only where it is at least :data:`AUTO_MARGIN` times faster: a near tie keeps ATen, so
+a noisy measurement cannot flip the choice. The measurement is made once per host, torch version and thread count
 and kept in ``$VERL_CACHE_DIR/cpu_matmul/`` (first writer wins), so every later run and every rank on the
 host makes the same choice; `aten` or `onednn` force one, and so does the environment variable
 ``VERL_CPU_MATMUL`` for every `auto` in its process and children (a whole test session on one kernel).
@@ -239,5 +239,5 @@ def use_cpu_matmul(model: torch.nn.Module, library: Literal["aten", "onednn"]) -
     return model
 
 
-__all__ = ["AUTO_MARGIN", "ENV_VAR", "LIBRARY_NAMES", "MIN_MACS", "OneDNNLinear", "cpu_model", "cpu_vendor", "describe", "host_speedup",
-           "measured_speedup", "onednn_available", "onednn_linear", "resolve", "use_cpu_matmul"]
+__all__ = ["AUTO_MARGIN", "ENV_VAR", "LIBRARY_NAMES", "MIN_MACS", "OneDNNLinear", "cpu_model", "cpu_vendor", "describe",
+           "host_speedup", "measured_speedup", "onednn_available", "onednn_linear", "resolve", "use_cpu_matmul"]

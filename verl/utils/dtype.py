@@ -88,7 +88,8 @@ def check_dtype_for_device(dtype: torch.dtype, device_type: str, *, where: str =
     if device_type == "cpu" and dtype == torch.float16:
         raise ModelError(f"{where}=fp16 was requested for a model on CPU, where fp16 matmuls are unsupported or "
                          "very slow. Fix: use dtype 'fp32' (or 'bf16') on CPU, or run on a CUDA GPU.")
-    if device_type == "cuda" and dtype == torch.bfloat16 and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+    if (device_type == "cuda" and dtype == torch.bfloat16 and torch.cuda.is_available()
+            and not torch.cuda.is_bf16_supported()):
         name = torch.cuda.get_device_name()
         raise ModelError(f"{where}=bf16 was requested but {name} does not support bfloat16 (it needs compute "
                          "capability 8.0+, e.g. A100/H100/RTX 30xx). Fix: use dtype 'fp16' (with loss "

@@ -47,7 +47,8 @@ def raised_at(exc: BaseException) -> str:
     Empty when every frame is verl's (the error is ours, and its message says so)."""
     frames = traceback.extract_tb(exc.__traceback__)
     libraries = _library_roots()
-    outside_verl = [f for f in frames if not _under(Path(f.filename).resolve(), _VERL) and not f.filename.startswith("<")]
+    outside_verl = [f for f in frames
+                    if not _under(Path(f.filename).resolve(), _VERL) and not f.filename.startswith("<")]
     users = [f for f in outside_verl if not any(_under(Path(f.filename).resolve(), root) for root in libraries)]
     chosen = (users or outside_verl or [None])[-1]
     if chosen is None:

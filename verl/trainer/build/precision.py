@@ -105,7 +105,8 @@ def role_dtype_names(config: RunConfig, device_type: str, *, held: bool = False,
             "teacher": reference if config.needs_teacher else None, "rollout": actor if config.is_async else None}
 
 
-__all__ = ["LOW_PRECISION", "Precision", "check_master_precision", "resolve_precision", "role_dtype_names", "trained_roles"]
+__all__ = ["LOW_PRECISION", "Precision", "check_master_precision", "resolve_precision", "role_dtype_names",
+           "trained_roles"]
 
 
 def compute_dtype(config: RunConfig, device_type: str, model_dtype: torch.dtype) -> torch.dtype:

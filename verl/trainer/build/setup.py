@@ -145,5 +145,5 @@ def setup_process(config: RunConfig, mapping: DeviceMapping, identity: ProcessId
                         frozen_dtype=frozen_dtype(config, device.type))
 
 
-__all__ = ["ProcessIdentity", "ProcessSetup", "frozen_dtype", "resolve_device", "resolve_run_dir", "run_dtype", "seed_everything",
-           "setup_process"]
+__all__ = ["ProcessIdentity", "ProcessSetup", "frozen_dtype", "resolve_device", "resolve_run_dir", "run_dtype",
+           "seed_everything", "setup_process"]

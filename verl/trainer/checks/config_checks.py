@@ -128,11 +128,12 @@ def check_offline_options(config: RunConfig, kind: str) -> list[VerlError]:
         problems.append(ConfigError(f"dpo.label_smoothing={p.label_smoothing} only applies to dpo.loss_type=sigmoid, "
                                     f"not {p.loss_type!r}; set dpo.label_smoothing=0"))
     if kind == "rm" and config.data.apply_chat_template == "always":
-        problems.append(ConfigError("data.apply_chat_template=always with trainer.kind=rm: the reward model reads prompt "
-                                    "+ answer as reward.model_path scores them in RL (chat messages through the chat "
-                                    "template, plain strings as they are), so templating string rows here would train "
-                                    "it on text it never scores. Fix: set data.apply_chat_template=auto, or give the "
-                                    "rows as chat messages"))
+        problems.append(ConfigError(
+            "data.apply_chat_template=always with trainer.kind=rm: the reward model reads prompt "
+            "+ answer as reward.model_path scores them in RL (chat messages through the chat "
+            "template, plain strings as they are), so templating string rows here would train "
+            "it on text it never scores. Fix: set data.apply_chat_template=auto, or give the "
+            "rows as chat messages"))
     return problems
 
 def check_val_n(config: RunConfig) -> list[VerlError]:

@@ -89,7 +89,8 @@ def host_plan(config: RunConfig, cfg: Any, processes: int = 1, *, on_gpu: bool =
     micro = config.actor.micro_batch_size
     if on_gpu:
         per_node = -(-sequences // max(1, nodes))
-        return per_node * tokens * 32, [(f"the step's {sequences:,} sequences x {tokens} tokens", per_node * tokens * 32)]
+        return per_node * tokens * 32, [(f"the step's {sequences:,} sequences x {tokens} tokens",
+                                         per_node * tokens * 32)]
     parts = [("weights and optimizer (float32)", params * 4 * copies),
              (f"the step's {sequences:,} sequences x {tokens} tokens", sequences * tokens * 32),
              ("the generation's KV cache", sequences * tokens * layers * 2 * kv_dim * 4),

@@ -51,7 +51,8 @@ class LoraCheck:
     counts: ParameterCounts | None = None
 
 
-def meta_causal_lm(path: str, *, trust_remote_code: bool = False, revision: str | None = None) -> torch.nn.Module | None:
+def meta_causal_lm(path: str, *, trust_remote_code: bool = False,
+                   revision: str | None = None) -> torch.nn.Module | None:
     """The causal LM of `path` on the meta device (from its config only), or None when it cannot be built
     here (a hub id not downloaded yet, an unreadable folder: the model check reports those)."""
     if not Path(path).expanduser().exists():

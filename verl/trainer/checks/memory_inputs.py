@@ -106,7 +106,8 @@ def plan_inputs(config: RunConfig, *, mapping: Any, shape: ModelShape, world_siz
     master = held["actor"] or "float32"
     mixed = config.fsdp.mixed_precision_dtypes("cuda", bf16_supported=True)
     compute = str(mixed[0]).removeprefix("torch.") if mixed else master
-    dtypes = {"actor": master, "critic": master, **{role: held[role] or compute for role in ("ref", "reward", "teacher")}}
+    dtypes = {"actor": master, "critic": master,
+              **{role: held[role] or compute for role in ("ref", "reward", "teacher")}}
     if counts is None:
         counts = {role: shape.total_params for role in mapping.roles if role != "reward"}
     if kind != "rl":  # the dataset trainers hold no reward model; DPO's precomputed reference is freed
@@ -135,7 +136,8 @@ def plan_inputs(config: RunConfig, *, mapping: Any, shape: ModelShape, world_siz
     rollout_rank = None
     if rl and config.is_async and "rollout" in mapping.roles:
         samplers = len(mapping.ranks("rollout"))
-        rollout_rank = RolloutRank(bucket_bytes=BUCKET_BYTES, ranks=samplers, weights_bytes=shape.total_params * master_bytes,
+        rollout_rank = RolloutRank(bucket_bytes=BUCKET_BYTES, ranks=samplers,
+                                   weights_bytes=shape.total_params * master_bytes,
                                    weight_bytes_per_element=master_bytes, wire_bytes=compute_bytes,
                                    rows=-(-rows // samplers), engine=config.rollout.engine,
                                    gpu_memory_utilization=rollout_rank_memory_utilization(config))

@@ -95,7 +95,8 @@ def probe_hub(repo_id: str, revision: str | None = None, *, timeout: float = HUB
         return f"{hub_endpoint()}: {f'no answer within {timeout:g} s' if isinstance(reason, TimeoutError) else reason}"
 
 
-def check_model_sources(config: Any, kind: str, *, policy_given: bool = False) -> tuple[list[VerlError], list[VerlError]]:
+def check_model_sources(config: Any, kind: str, *,
+                        policy_given: bool = False) -> tuple[list[VerlError], list[VerlError]]:
     """(problems, warnings) for the hub ids among the run's model paths: not cached and the hub is offline
     or unreachable is a problem; cached while the hub is unreachable is a warning (the loader would still
     spend its retries before it falls back to the cache)."""
@@ -120,7 +121,8 @@ def check_model_sources(config: Any, kind: str, *, policy_given: bool = False) -
             continue
         if cached:
             warnings.append(ModelError(
-                f"{where} is in the local Hugging Face cache, but the hub cannot be reached ({unreachable}); the loader would try the hub "
+                f"{where} is in the local Hugging Face cache, but the hub cannot be reached ({unreachable}); "
+                "the loader would try the hub "
                 "(retrying for about a minute) before using the cache. Fix: set HF_HUB_OFFLINE=1"))
             continue
         why = (f"{offline}={os.environ[offline]} forbids downloading it" if offline

@@ -1,8 +1,9 @@
 """Start-up validation shared by every trainer and by `verl check`: one check, one place.
 
 Everything here runs before any weights load: batch arithmetic, the role -> device mapping, the FSDP
-option rules, the logging backends, a writable run folder and a memory estimate from parameter counts (read off the model config on the meta
-device). A run that cannot work fails in seconds with every problem listed, not after the model loaded.
+option rules, the logging backends, a writable run folder and a memory estimate from parameter counts (read off the
+model config on the meta device). A run that cannot work fails in seconds with every problem listed, not after the
+model loaded.
 """
 
 from __future__ import annotations
@@ -421,8 +422,8 @@ def _memory_estimate(c: CheckPass) -> None:
         device_bytes = (torch.cuda.get_device_properties(0).total_memory
                         if device_type == "cuda" and torch.cuda.is_available() else None)
         report.memory_warnings = report.memory.check(device_bytes)
-        report.memory_warnings += checkpoint_disk_warning(config, counts, role_dtype_names(config, device_type, held=True),
-                                                          trainable)
+        report.memory_warnings += checkpoint_disk_warning(
+            config, counts, role_dtype_names(config, device_type, held=True), trainable)
         if report.plan_inputs is not None and device_bytes is not None:
             plan = plan_memory(report.plan_inputs, device_bytes)
             if not plan.fits:

@@ -200,7 +200,8 @@ def setup_critic(config: RunConfig, policy: torch.nn.Module, process: ProcessSet
         critic = ValueModel.from_actor(policy)
     if cfg.lora.enabled:
         critic.add_lora(cfg.lora, base_model_name_or_path=cfg.path or base_path)
-    critic = with_cpu_matmul(config, critic if is_deferred(critic) else critic.to(process.device), process.device).train()
+    critic = with_cpu_matmul(config, critic if is_deferred(critic) else critic.to(process.device),
+                             process.device).train()
     if cfg.disable_dropout:
         disable_dropout(critic)
     if on_actor_ranks(config, process, "critic"):  # the actor's groups split the critic's rows too
@@ -297,8 +298,8 @@ def setup_engine(config: RunConfig, policy: torch.nn.Module, *, rollout_rank: bo
     vLLM on an asynchronous rollout rank (`rollout_rank`) has the GPU to itself: it stays awake (no sleep
     mode: nothing else needs the memory between two batches), takes
     `rollout.vllm.rollout_rank_gpu_memory_utilization` (default 0.9) of it, and takes every delivery into its
-    own weights (`weight_sync.DeliveryReceiver`), so rollouts push nothing (`fed_by_deliveries`). The rank's Hugging Face
-    copy of the policy moves to the CPU first, so the GPU does not hold the weights twice: it is only the
+    own weights (`weight_sync.DeliveryReceiver`), so rollouts push nothing (`fed_by_deliveries`). The rank's Hugging
+    Face copy of the policy moves to the CPU first, so the GPU does not hold the weights twice: it is only the
     deliveries' layout (names, shapes, dtypes) and, with LoRA, the base weights the adapters merge into.
     (vLLM's external_launcher gives every rank the smallest KV cache over all ranks, so the actor ranks' share
     still bounds it: `engine_check.describe_vllm_memory`.)"""
@@ -370,7 +371,8 @@ def compose_rl(parts: Components, given: Given) -> None:
     configure_rewards(parts.env, workers=config.reward.workers, timeout_s=config.reward.timeout_s,
                       executor=config.reward.executor, max_worker_crashes=config.reward.max_worker_crashes,
                       max_rss_mb=config.reward.max_rss_mb)  # the pool
-    for problem in check_env_options(config, parts.env, parts.tokenizer):  # an environment passed in, or one with a reward model
+    # an environment passed in, or one with a reward model
+    for problem in check_env_options(config, parts.env, parts.tokenizer):
         raise problem
     parts.val_rewards = validation_rewards(config, parts.env)
     if config.needs_ref and "ref" in roles:
@@ -418,6 +420,7 @@ def async_rollout_for(config: RunConfig, parts: Components, draw: Callable[[], R
                         pad_token_id=pad_token_id(parts.tokenizer))
 
 
-__all__ = ["Components", "Optimizer", "async_rollout_for", "compose", "compose_offline", "compose_rl", "setup_checks", "setup_critic",
-           "setup_checkpoints", "setup_engine", "setup_env", "setup_optimizer", "setup_policy", "setup_reference",
-           "setup_reward_model", "setup_teacher", "setup_tracker", "shard", "shard_frozen", "sharded_start"]
+__all__ = ["Components", "Optimizer", "async_rollout_for", "compose", "compose_offline", "compose_rl", "setup_checks",
+           "setup_critic", "setup_checkpoints", "setup_engine", "setup_env", "setup_optimizer", "setup_policy",
+           "setup_reference", "setup_reward_model", "setup_teacher", "setup_tracker", "shard", "shard_frozen",
+           "sharded_start"]

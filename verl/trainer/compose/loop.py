@@ -295,7 +295,8 @@ def fit(trainer: Trainer) -> list[dict[str, float]]:
                 stopping = stop.agree(trainer.parts.process.device)  # every rank, or none, stops here
                 if ckpt.should_save(trainer.step_count, last) or stopping or best is not None:
                     phase = "save"
-                    extra = trainer._extra_state() | ({} if keep_best is None else {"keep_best": keep_best.state_dict()})
+                    extra = trainer._extra_state() | ({} if keep_best is None
+                                                      else {"keep_best": keep_best.state_dict()})
                     ckpt.save(trainer.step_count, app_state=trainer.app_state(), extra=extra,
                               hf_assets=trainer.hf_assets(), best=best)
                     saved = newest = ckpt.root / f"step_{trainer.step_count}"
@@ -354,5 +355,5 @@ def _save_after_error(trainer: Trainer, ckpt: Any, exc: BaseException, phase: st
     return path
 
 
-__all__ = ["WeightWatch", "banner_lines", "config_changes", "extra_state", "fit", "log_metrics", "log_validation_samples",
-           "restore_extra"]
+__all__ = ["WeightWatch", "banner_lines", "config_changes", "extra_state", "fit", "log_metrics",
+           "log_validation_samples", "restore_extra"]

@@ -93,7 +93,8 @@ class TrainerRuntime:
     def decode_responses(self, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
         return self.prompts.decode(response_ids, response_mask)
 
-    def clip_and_step(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float | None) -> float:
+    def clip_and_step(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                      grad_clip: float | None) -> float:
         """Clip (when configured), refuse a non-finite gradient, step; returns the pre-clip norm."""
         params = [p for p in module.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else float("inf"))

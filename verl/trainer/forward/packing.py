@@ -75,7 +75,8 @@ def packed_row_inputs(model: torch.nn.Module, ids: torch.Tensor, positions: torc
 def describe_remove_padding(config: Any, facts: dict[str, Any]) -> str | None:
     """What `actor.remove_padding` / `critic.remove_padding` will do in an RL run, for `verl check` (`facts`:
     the model's attention, read off its config: `verl.distributed.sequence_parallel.model_facts`)."""
-    roles = [r for r in ("actor", "critic") if getattr(config, r).remove_padding and (r == "actor" or config.needs_critic)]
+    roles = [r for r in ("actor", "critic")
+             if getattr(config, r).remove_padding and (r == "actor" or config.needs_critic)]
     if not roles:
         return None
     attention = config.model.attn_implementation or "sdpa"

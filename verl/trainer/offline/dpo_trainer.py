@@ -3,8 +3,8 @@
 A step takes `data.train_batch_size` (prompt, chosen, rejected) pairs. Chosen and rejected sequences
 of a micro-batch go through the policy in one concatenated forward pass; each sequence's log-prob is
 the sum over its response tokens (the mean for IPO, whose margin is defined on length-averaged
-log-ratios). The reference log-probs come from a frozen copy of the initial policy (with LoRA: the policy with its adapters off, no
-copy; or `ref.path`), or,
+log-ratios). The reference log-probs come from a frozen copy of the initial policy (with LoRA: the policy with its
+adapters off, no copy; or `ref.path`), or,
 with `dpo.precompute_ref=true`, from one pass over the data before training, after which the reference
 model is freed. The loss formula is `verl.algorithms.dpo_loss`; this file only feeds it.
 """
@@ -196,7 +196,8 @@ class DPOTrainer(PairTrainer):
         with torch.no_grad():
             return torch.stack(self.sequence_logps(self.ref_model, batch).float().chunk(2), dim=1)
 
-    def pair_loss(self, split: str, data: PreferenceDataset, indices: Sequence[int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def pair_loss(self, split: str, data: PreferenceDataset,
+                  indices: Sequence[int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Per-pair DPO losses [m] and per-pair statistics for the pairs `indices` of `data`."""
         p = self.config.dpo
         items = [data[i] for i in indices]

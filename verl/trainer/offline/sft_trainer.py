@@ -1,8 +1,8 @@
 """`SFTTrainer`: supervised fine-tuning, and the sequence helpers SFT and DPO share.
 
-Both trainers (`OfflineTrainer`, in offline.py) learn from a fixed dataset through the same runtime as `RLTrainer` (config, device, checkpoints,
-tracking, exact resume): a `ResumableSampler` picks each step's rows, the step's batch is split into
-micro-batches whose losses are weighted so that gradient accumulation equals one big batch, and one
+Both trainers (`OfflineTrainer`, in offline.py) learn from a fixed dataset through the same runtime as `RLTrainer`
+(config, device, checkpoints, tracking, exact resume): a `ResumableSampler` picks each step's rows, the step's batch is
+split into micro-batches whose losses are weighted so that gradient accumulation equals one big batch, and one
 clipped optimizer step follows. `train_steps(n)` runs steps without the checkpointing loop, for callers
 such as the demo's warm start that only want the updated model.
 

@@ -173,4 +173,5 @@ def combined_moments(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[to
     return torch.stack([m for m, _ in parts]).sum(0), torch.stack([w for _, w in parts]).max()
 
 
-__all__ = ["AUTO_MODE", "CorrectionPlan", "DriftGuard", "combined_moments", "drift_moments", "explicit_plan", "judge_drift", "max_staleness", "plan_correction", "why_samplers_differ"]
+__all__ = ["AUTO_MODE", "CorrectionPlan", "DriftGuard", "combined_moments", "drift_moments", "explicit_plan",
+           "judge_drift", "max_staleness", "plan_correction", "why_samplers_differ"]

@@ -201,5 +201,5 @@ def evaluate_rows(rows: Sequence[Mapping[str, Any]], answer: Callable[[list[Mapp
     return metrics
 
 
-__all__ = ["ANSWER_EXTRAS", "AT_K_METRICS", "Answers", "answer_extractor", "check_ks", "evaluate_rows", "row_stats", "stat_metrics",
-           "validation_generator", "validation_ks", "vote_keys"]
+__all__ = ["ANSWER_EXTRAS", "AT_K_METRICS", "Answers", "answer_extractor", "check_ks", "evaluate_rows", "row_stats",
+           "stat_metrics", "validation_generator", "validation_ks", "vote_keys"]

@@ -2,11 +2,11 @@
 accuracy that dynamic sampling filters groups on, and the reward calls that start while the batch is
 still generating.
 
-Reward model (`reward.model_path`): Going through the reward manager means a reward model combines with rule-based rewards by weight,
-gets the same error handling and shows up in the metrics as `reward/reward_model/score`.
+Reward model (`reward.model_path`): Going through the reward manager means a reward model combines with rule-based
+rewards by weight, gets the same error handling and shows up in the metrics as `reward/reward_model/score`.
 
-Overlap (`reward.overlap`): The rollout engine decodes all rows of a batch together, and rows finish at different steps (an eos early,
-the length limit last). `HFKVCacheEngine.on_rows_finished` says which rows just finished; `generating`
+Overlap (`reward.overlap`): The rollout engine decodes all rows of a batch together, and rows finish at different steps
+(an eos early, the length limit last). `HFKVCacheEngine.on_rows_finished` says which rows just finished; `generating`
 decodes their text there and hands it to the environment's scoring (`PromptEnv.start_scoring`), whose
 per-sample reward calls start on the reward pool at once, so a slow reward (a sandbox, a remote call) runs
 while the other rows are still being sampled. `finish`, in `compute_reward`, hands over the whole batch (the

@@ -476,8 +476,8 @@ def contributing_sequences(batch: RolloutBatch) -> torch.Tensor:
     return ((batch.advantages != 0) & (batch.response_mask != 0)).any(-1)
 
 
-__all__ = ["norm_length", "without_truncated", "contributing_sequences", "entropy_controller", "steer_entropy", "ENTROPY_QUANTILES",
-           "skips_zero_advantage", "correct_rollout", "ACTOR_METRICS", "CRITIC_METRICS", "MetricKinds", "critic_loss",
-           "policy_loss", "PROMPT_FIELDS", "RESPONSE_FIELDS", "forward_in_micro_batches", "micro_batch",
-           "micro_batch_groups", "micro_batch_rounds", "micro_batches", "micro_weights", "optimize",
+__all__ = ["norm_length", "without_truncated", "contributing_sequences", "entropy_controller", "steer_entropy",
+           "ENTROPY_QUANTILES", "skips_zero_advantage", "correct_rollout", "ACTOR_METRICS", "CRITIC_METRICS",
+           "MetricKinds", "critic_loss", "policy_loss", "PROMPT_FIELDS", "RESPONSE_FIELDS", "forward_in_micro_batches",
+           "micro_batch", "micro_batch_groups", "micro_batch_rounds", "micro_batches", "micro_weights", "optimize",
            "update_order"]

@@ -170,7 +170,8 @@ class AsyncRollout:
         text = received.pop(TEXT, None)
         batch = merge(batch, received, step)
         batch.responses = (texts_of(text) if text is not None else
-                           self.decode(batch.response_ids, received.get("response_attention_mask", batch.response_mask)))
+                           self.decode(batch.response_ids,
+                                       received.get("response_attention_mask", batch.response_mask)))
         return batch, metrics | staleness_metrics(received, step)
 
     def _one_width(self, fields: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
