@@ -68,12 +68,9 @@ def test_a_row_carries_no_scratch_path_of_the_machine_it_ran_on() -> None:
 
 # Rows written before `command_line` dropped scratch paths, on pages edited elsewhere: (page, text). Rerun the
 # row's script (or edit the row) and delete its entry here.
-SCRATCH_PATHS_PENDING = {("docs/demos.md", "--run-root /tmp/demo/tool")}
-
-
 def test_no_row_in_the_docs_names_a_scratch_path() -> None:
     """Rows carry the command and the CPU, not one machine's folders (/tmp/..., /work/...)."""
-    problems, pending_seen = [], set()
+    problems = []
     for page in [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]:
         rel = page.relative_to(ROOT).as_posix()
         text = page.read_text(encoding="utf-8")
@@ -81,11 +78,6 @@ def test_no_row_in_the_docs_names_a_scratch_path() -> None:
             for row in block[1].splitlines():
                 if not row.startswith("|") or not ("/tmp/" in row or "/work/" in row):
                     continue
-                pending = {(p, s) for p, s in SCRATCH_PATHS_PENDING if p == rel and s in row}
-                pending_seen |= pending
-                if not pending:
-                    problems.append(f"{rel}: {row[:160]}")
+                problems.append(f"{rel}: {row[:160]}")
     assert not problems, "rows with a machine's scratch path (benchmarks/doc_table.command_line drops them):\n" + (
         "\n".join(problems))
-    assert pending_seen == SCRATCH_PATHS_PENDING, (
-        f"fixed, so delete from SCRATCH_PATHS_PENDING: {sorted(SCRATCH_PATHS_PENDING - pending_seen)}")
