@@ -2,8 +2,8 @@
 
 Module-level, function-level, TYPE_CHECKING and relative imports all count, as do lazy imports (a dict
 value or an `importlib.import_module` argument that is exactly a dotted `verl.*` module path). A command
-line naming a module to run in a subprocess (distributed/launch.py's `-m verl.cli.main`) is not an import. A package may import itself and any
-package of a strictly lower layer; `algorithms` may import only torch and the standard library.
+line naming a module to run in a subprocess (distributed/launch.py's `-m verl.cli.main`) is not an import. A package may
+import itself and any package of a strictly lower layer; `algorithms` may import only torch and the standard library.
 """
 
 from __future__ import annotations
@@ -143,7 +143,8 @@ def _modules() -> list[Path]:
 
 def test_every_package_has_a_layer():
     tops = {p.relative_to(PACKAGE).parts[0].removesuffix(".py") for p in _modules()} - {"__init__"}
-    assert tops == set(LAYERS), f"add these to LAYERS: {sorted(tops - set(LAYERS))}; stale: {sorted(set(LAYERS) - tops)}"
+    assert tops == set(LAYERS), (f"add these to LAYERS: {sorted(tops - set(LAYERS))}; "
+                                 f"stale: {sorted(set(LAYERS) - tops)}")
 
 
 def test_exemptions_exist():
@@ -161,7 +162,8 @@ def test_imports_follow_the_layer_order():
 @pytest.mark.parametrize(
     ("rel_path", "source", "expected"),
     [
-        ("verl/trainer/x.py", "def f():\n    from verl.cli.main import main\n", "trainer (layer 5) imports verl.cli.main"),
+        ("verl/trainer/x.py", "def f():\n    from verl.cli.main import main\n",
+         "trainer (layer 5) imports verl.cli.main"),
         ("verl/utils/x.py", "import verl.models.tiny\n", "utils (layer 1) imports verl.models.tiny"),
         ("verl/data/x.py", "from verl.trainer import batch\n", "data (layer 3) imports verl.trainer"),
         ("verl/models/x.py", "if True:\n    from verl.trainer.rl_trainer import RLTrainer\n", "imports verl.trainer"),
@@ -241,7 +243,8 @@ def _room(module: str) -> str | None:
 def test_trainer_rooms_follow_their_order():
     known = _modules_by_name()
     rooms = {p.name for p in (PACKAGE / "trainer").iterdir() if p.is_dir() and p.name != "__pycache__"}
-    assert rooms == set(TRAINER_ROOMS), f"rooms of verl/trainer missing from TRAINER_ROOMS or stale: {rooms ^ set(TRAINER_ROOMS)}"
+    assert rooms == set(TRAINER_ROOMS), (
+        f"rooms of verl/trainer missing from TRAINER_ROOMS or stale: {rooms ^ set(TRAINER_ROOMS)}")
     problems = []
     for module, path in known.items():
         if not module.startswith("verl.trainer."):

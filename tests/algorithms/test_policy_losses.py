@@ -98,7 +98,8 @@ def test_cispo_is_reinforce_weighted_by_the_clipped_detached_ratio():
     # the value is -A w (PPO's scale), not one that moves with log pi
     torch.testing.assert_close(loss.detach(), -torch.stack([w * adv[i, t] for w, (i, t) in
                                                             zip(weights, tokens(mask), strict=True)]).mean())
-    truncated = sum(float(torch.exp(logp[i, t].detach() - old[i, t])) > 1 + hi for i, t in tokens(mask)) / len(tokens(mask))
+    truncated = (sum(float(torch.exp(logp[i, t].detach() - old[i, t])) > 1 + hi for i, t in tokens(mask))
+                 / len(tokens(mask)))
     assert float(stats["clipfrac"]) == pytest.approx(truncated) and truncated > 0
     # a tokens whose ratio left the range keeps a gradient (PPO would zero it)
     assert (grad_of(get_policy_loss("cispo")(logp, old, adv, mask, clip_high=hi)[0], logp)[mask.bool()] != 0).all()

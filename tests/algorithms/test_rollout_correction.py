@@ -19,7 +19,8 @@ def _run(mode, **kw):
 
 
 def _tokens():
-    return [[(p, b) for p, b, k in zip(pr, br, kr, strict=True) if k] for pr, br, kr in zip(PROX, BEHAV, MASK, strict=True)]
+    return [[(p, b) for p, b, k in zip(pr, br, kr, strict=True) if k]
+            for pr, br, kr in zip(PROX, BEHAV, MASK, strict=True)]
 
 
 def _ratios():
@@ -50,8 +51,10 @@ def test_seq_tis_uses_the_product_of_the_ratios_and_seq_tis_geo_their_geometric_
     products = [math.prod(row) for row in _ratios()]
     geo = [math.prod(row) ** (1 / len(row)) for row in _ratios()]
     cap = 3.0
-    _assert_close(_run("seq_tis", cap=cap).weights, _padded([[min(p, cap)] * n for p, n in zip(products, (3, 2), strict=True)]))
-    _assert_close(_run("seq_tis_geo", cap=cap).weights, _padded([[min(g, cap)] * n for g, n in zip(geo, (3, 2), strict=True)]))
+    _assert_close(_run("seq_tis", cap=cap).weights,
+                  _padded([[min(p, cap)] * n for p, n in zip(products, (3, 2), strict=True)]))
+    _assert_close(_run("seq_tis_geo", cap=cap).weights,
+                  _padded([[min(g, cap)] * n for g, n in zip(geo, (3, 2), strict=True)]))
     assert products[0] > cap > geo[0]  # the first response is truncated as a product, not as a mean
     assert _run("seq_tis", cap=cap).metrics["truncated_frac"].item() == pytest.approx(3 / 5)
 

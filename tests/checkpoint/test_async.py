@@ -53,7 +53,8 @@ def test_failed_background_save_is_loud_and_never_latest(tmp_path, monkeypatch, 
     monkeypatch.setattr(manager_mod, "_dcp_save", _disk_full)
     with caplog.at_level(logging.ERROR, logger="verl.checkpoint.manager"):
         mgr.save(2, app_state=state, extra={})  # returns at once; the failure happens in the background
-        with pytest.raises(DiskFullError, match=r"step 2 .*no space left on device.*last verified checkpoint: .*step_1"):
+        with pytest.raises(DiskFullError,
+                           match=r"step 2 .*no space left on device.*last verified checkpoint: .*step_1"):
             mgr.wait()
     assert "ASYNC CHECKPOINT FAILED for step 2" in caplog.text
     root = tmp_path / "checkpoints"

@@ -99,7 +99,8 @@ def test_edited_manifest_and_added_file(run):
     assert "its own checksum does not match" in verify(step4)[0]
     step2 = run / "checkpoints" / "step_2"
     (step2 / "state" / "stray.bin").write_bytes(b"x")
-    assert verify(step2) == [f"{step2 / 'state' / 'stray.bin'}: not listed in manifest.json; it was added after the commit."]
+    assert verify(step2) == [
+        f"{step2 / 'state' / 'stray.bin'}: not listed in manifest.json; it was added after the commit."]
 
 
 def test_all_bad_auto_starts_fresh_and_path_errors(run):

@@ -33,7 +33,8 @@ def _project(tmp_path: Path, *, batch: int, model: str = "tiny") -> Path:
     return path
 
 
-def _verl(*args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def _verl(*args: str, cwd: Path, timeout: float = 300,
+          env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", RANK_ERRORS_ENV)}
     environ.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
     return subprocess.run([sys.executable, "-m", "verl.cli", *args], cwd=cwd, env=environ, capture_output=True,

@@ -55,7 +55,8 @@ def test_a_verl_command_becomes_ours_where_the_meaning_is_the_same():
     assert words[:4] == ["verl", "train", "--nproc", "2"] and words[4:] == t.ours
     config = load_config(None, t.ours)
     assert config.data.truncation == "drop"
-    assert config.actor.kl_loss_coef == 0.01 and config.actor.kl_loss_type == "k3" and config.rollout.max_new_tokens == 16
+    assert (config.actor.kl_loss_coef == 0.01 and config.actor.kl_loss_type == "k3"
+            and config.rollout.max_new_tokens == 16)
     assert config.reward.functions == [{"name": "reward.py:compute_score"}]
 
 
@@ -249,7 +250,8 @@ def test_the_cpu_line_replaces_the_runs_sizes_and_keeps_one_item_per_key():
     assert items["reward.functions"] == "[{name: reward.py:compute_score}]"  # the user's own function stays
     config = load_config(None, words[4:])
     assert config.data.train_batch_size == 2 and config.devices.num_gpus_per_node is None
-    sft = shlex.split(cpu_command(translate_sft(["model.partial_pretrain=Qwen/Qwen2.5-0.5B", "trainer.total_epochs=3"])))
+    sft = shlex.split(cpu_command(translate_sft(["model.partial_pretrain=Qwen/Qwen2.5-0.5B",
+                                                 "trainer.total_epochs=3"])))
     sft_items = dict(w.split("=", 1) for w in sft[4:])
     assert sft_items["sft.steps"] == "2" and sft_items["sft.epochs"] == "null" and "rollout.n" not in sft_items
     assert load_config(None, sft[4:]).sft.epochs is None

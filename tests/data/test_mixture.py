@@ -78,11 +78,13 @@ def test_weights_that_cannot_work_are_refused() -> None:
         build_config({"data": {"mixture": [{"files": ["a.jsonl"]}, {"files": ["b.jsonl"], "weight": -0.5}]}})
     with pytest.raises(ConfigError, match=r"data.mixture weights sum to 0 \(a: 0.0, b: 0.0\); give at least one "
                                           r"source a weight > 0"):
-        build_config({"data": {"mixture": [{"files": ["x/a.jsonl"], "weight": 0}, {"files": ["b.parquet"], "weight": 0}]}})
+        build_config({"data": {"mixture": [{"files": ["x/a.jsonl"], "weight": 0},
+                                           {"files": ["b.parquet"], "weight": 0}]}})
     with pytest.raises(ConfigError, match=r"data.mixture and data.train_files \(t.jsonl\) are both set"):
         build_config({"data": {"train_files": "t.jsonl", "mixture": [{"files": "a.jsonl"}]}})
     with pytest.raises(ConfigError, match=r"data.mixture names math more than one source"):
-        build_config({"data": {"mixture": [{"name": "math", "files": "a.jsonl"}, {"name": "math", "files": "b.jsonl"}]}})
+        build_config({"data": {"mixture": [{"name": "math", "files": "a.jsonl"},
+                                           {"name": "math", "files": "b.jsonl"}]}})
     with pytest.raises(ConfigError, match=r"a mixture source needs files"):
         build_config({"data": {"mixture": [{"name": "math"}]}})
     with pytest.raises(ConfigError, match=r"weights \[1.0, nan\]: each must be a number >= 0"):

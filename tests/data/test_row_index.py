@@ -52,7 +52,8 @@ def test_the_index_gives_the_rows_loading_gives(tmp_path: Path) -> None:
 
 def test_rows_are_fresh_dicts_and_the_index_is_small(tmp_path: Path) -> None:
     path = tmp_path / "big.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"p{i} " + "x" * 200, "answer": str(i)}) + "\n" for i in range(20000)))
+    path.write_text("".join(json.dumps({"prompt": f"p{i} " + "x" * 200, "answer": str(i)}) + "\n"
+                            for i in range(20000)))
     index, _ = index_rows(path, "prompt")
     first = index[0]
     first["prompt"] = "changed"

@@ -1,4 +1,5 @@
-"""ResumableOrder and ResumableSampler: seeded, reshuffled per epoch, independent of global RNG, exact across a resume."""
+"""ResumableOrder and ResumableSampler: seeded, reshuffled per epoch, independent of global RNG, exact across a
+resume."""
 
 from __future__ import annotations
 

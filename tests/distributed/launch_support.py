@@ -42,7 +42,8 @@ def _tails(text: str, chars: int = 3000) -> str:
     parts = re.split(r"^(\[rank \d+ exit .*?\]\n)", text, flags=re.MULTILINE)
     if len(parts) == 1:
         return text[-2 * chars:]
-    return parts[0][-chars:] + "".join(head + body[-chars:] for head, body in zip(parts[1::2], parts[2::2], strict=True))
+    return parts[0][-chars:] + "".join(head + body[-chars:]
+                                       for head, body in zip(parts[1::2], parts[2::2], strict=True))
 
 
 def _torchrun(config: Path, cwd: Path, nproc: int, script: Path | None) -> subprocess.CompletedProcess:

@@ -1,8 +1,8 @@
 """Chunked log-probs (`actor.chunked_logprobs`) under FSDP2 on 2 gloo ranks: the head's weight is read while
 FSDP2 holds it gathered, and its gradient (tied to the embedding) reaches the reduce-scatter; every parameter's
 gradient equals one unsharded process running the plain logits on the whole batch, unshared, with shared
-prompts and packed without padding (actor.remove_padding); without gradients (a reference's pass) the capture reshards the head itself; LoRA adapters on the
-sharded model get one plain process's gradients."""
+prompts and packed without padding (actor.remove_padding); without gradients (a reference's pass) the capture reshards
+the head itself; LoRA adapters on the sharded model get one plain process's gradients."""
 
 import _dist_workers as W  # noqa: E402 - pytest puts tests/distributed on sys.path
 import pytest

@@ -69,8 +69,8 @@ def test_store_requests_per_rank_and_collective_do_not_grow_with_the_group(world
 def test_a_missing_rank_is_named_with_the_stage():
     _, errors = run_ranks(3, lambda r, i: "ref_logprobs", timeout_s=0.5, absent=(2,))
     for r in (0, 1):
-        assert errors[r].startswith(f"collective timeout at stage 'ref_logprobs' (group [0, 1, 2], call #0) on rank {r}: "
-                                    "rank(s) [2] did not arrive within 0.5s")
+        assert errors[r].startswith("collective timeout at stage 'ref_logprobs' (group [0, 1, 2], call #0) "
+                                    f"on rank {r}: rank(s) [2] did not arrive within 0.5s")
 
 
 def test_ranks_at_different_stages_all_raise_at_once():

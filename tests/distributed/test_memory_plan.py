@@ -105,7 +105,8 @@ def test_verl_check_prints_the_plan_on_a_cpu_machine_from_a_config_only_folder(q
     peaks = [float(v) for v in re.findall(r"peak\s+([\d.]+)\s+of 79\.1", out)]
     x = _inputs(qwen7b)
     plan = plan_memory(x, int(H100 * GIB))
-    assert peaks == [round(plan.startup_peak / GIB, 2), round(plan.rollout_peak / GIB, 2), round(plan.update_peak / GIB, 2)]
+    assert peaks == [round(plan.startup_peak / GIB, 2), round(plan.rollout_peak / GIB, 2),
+                     round(plan.update_peak / GIB, 2)]
     assert "DOES NOT FIT" in out  # 8 sequences of 5k tokens, every layer's activations kept
     assert "fsdp.activation_checkpointing=true: rollout" in out and "(fits)" in out
     assert f"gpu_memory_utilization {vllm_memory_utilization(load_config(str(qwen7b), []))}" in out

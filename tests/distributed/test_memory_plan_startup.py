@@ -154,7 +154,8 @@ def test_a_rollout_rank_has_a_plan_of_its_own(configs, capsys):
     # start-up: the policy whole in its fp32 master dtype; then vLLM awake with its share, the weight
     # deliveries landing one bucket at a time (the largest tensor, the embeddings, in bf16)
     assert sum(b for _, b in plan.rollout_rank_startup) == p * 4 + GIB
-    assert sum(b for _, b in plan.rollout_rank) == int(x.rollout_rank.gpu_memory_utilization * GPU * GIB) + V * h * 2 + GIB
+    assert (sum(b for _, b in plan.rollout_rank)
+            == int(x.rollout_rank.gpu_memory_utilization * GPU * GIB) + V * h * 2 + GIB)
     assert plan.rollout_rank_peak == max(p * 4 + GIB, sum(b for _, b in plan.rollout_rank))  # vLLM: 0.9 there
     assert re.search(r"generating phase\n(?:    [^\n]*\n)*?    peak\s+[\d.]+\s+of 80\.0 \(fits\)", out)
     # our sampler instead: the fp32 copy, its fp32 KV cache for this rank's rows (4096 / 2), the logits

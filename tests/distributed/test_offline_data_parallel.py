@@ -82,7 +82,8 @@ def test_sequence_parallel_run_equals_one_process(tmp_path, kind, nproc, packing
     for name, n, size in (("one", 1, 1), ("split", nproc, 2)):
         verl_train(_offline_config(tmp_path, kind, name, packing, sequence_parallel_size=size), tmp_path, nproc=n)
         runs[name] = metrics(tmp_path / name)
-    keys = ["loss", "grad_norm", "val/loss"] + (["accuracy", "rewards/margins", "val/accuracy"] if kind == "dpo" else [])
+    keys = (["loss", "grad_norm", "val/loss"]
+            + (["accuracy", "rewards/margins", "val/accuracy"] if kind == "dpo" else []))
     for one, split in zip(runs["one"], runs["split"], strict=True):
         assert one["step"] == split["step"]
         for key in keys:

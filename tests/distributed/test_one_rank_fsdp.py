@@ -56,4 +56,5 @@ def test_float32_masters_move_at_lr_1e6_through_the_trainer_and_bf16_masters_do_
     (tmp_path / "fp32").mkdir()
     (tmp_path / "bf16").mkdir()
     assert _moved_share_of_one_step(tmp_path / "fp32", {"dtype": "float32"}) > 0.99
-    assert _moved_share_of_one_step(tmp_path / "bf16", {"dtype": "bfloat16", "low_precision_master_weights": True}) < 0.10
+    assert _moved_share_of_one_step(tmp_path / "bf16",
+                                    {"dtype": "bfloat16", "low_precision_master_weights": True}) < 0.10

@@ -1,7 +1,7 @@
 """Skipping zero-advantage groups, token-budget micro-batches and shared-prompt forwards (actor, LoRA
-actor with its adapters-off reference, critic) on 2 FSDP ranks: rank 0's groups all have equal rewards (it skips everything) while rank 1 skips nothing,
-so the ranks have different numbers of micro-batches to run. Each still runs the same forward/backward collectives (no hang), and the gradient
-equals the run that skips nothing."""
+actor with its adapters-off reference, critic) on 2 FSDP ranks: rank 0's groups all have equal rewards (it skips
+everything) while rank 1 skips nothing, so the ranks have different numbers of micro-batches to run. Each still runs the
+same forward/backward collectives (no hang), and the gradient equals the run that skips nothing."""
 
 import pytest
 import yaml

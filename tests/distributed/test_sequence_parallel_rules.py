@@ -40,7 +40,8 @@ def test_problems_name_the_key_the_numbers_and_the_fix():
     assert heads == ("actor.sequence_parallel_size=3 does not divide the model's 4 attention heads: each rank "
                      "attends with whole heads. Fix: use one of [1, 2, 4]")
     [arch] = sequence_parallel_problems(2, model_type="gemma2")
-    assert "not model_type='gemma2'" in arch and "qwen2, llama" in arch and "Fix: set actor.sequence_parallel_size=1" in arch
+    assert ("not model_type='gemma2'" in arch and "qwen2, llama" in arch
+            and "Fix: set actor.sequence_parallel_size=1" in arch)
     [window] = sequence_parallel_problems(2, sliding_window=True)
     assert "sliding-window attention" in window and "use_sliding_window: false" in window
     # key/value heads need not divide: they are repeated up to lcm(KV, S)
@@ -63,8 +64,8 @@ def _check(*overrides, world=2):
 def test_verl_check_refuses_what_cannot_split_and_says_what_can():
     # the tiny model has 4 attention heads and 2 key/value heads
     assert _check("actor.sequence_parallel_size=3", "data.train_batch_size=6", world=6).messages == [
-        "[start-up] actor.sequence_parallel_size=3 does not divide the model's 4 attention heads: each rank attends with whole "
-        "heads. Fix: use one of [1, 2, 4]"]
+        "[start-up] actor.sequence_parallel_size=3 does not divide the model's 4 attention heads: each rank attends "
+        "with whole heads. Fix: use one of [1, 2, 4]"]
     [ranks] = _check("actor.sequence_parallel_size=2", world=1).messages
     assert "does not divide the actor's 1 rank(s)" in ranks
     [placed] = _check("actor.sequence_parallel_size=2", "devices.actor=[0,1,2]", "data.train_batch_size=6",
@@ -265,7 +266,8 @@ def test_an_offline_batch_that_the_replicas_cannot_share_is_refused_by_replica()
     from verl.trainer.offline.base import OfflineTrainer
 
     trainer = object.__new__(OfflineTrainer)  # the attributes build_sampler reads: 4 ranks in 2 groups of 2
-    trainer.config, trainer.dp_size, trainer.sp = load_config(overrides=["trainer.device=cpu"]), 2, SimpleNamespace(size=2)
+    trainer.config, trainer.dp_size, trainer.sp = (load_config(overrides=["trainer.device=cpu"]), 2,
+                                                   SimpleNamespace(size=2))
     with pytest.raises(ConfigError, match=r"sft.batch_size=3 is not divisible by the 2 data-parallel replicas "
                                           r"\(sequence-parallel groups of 2 ranks\); use a multiple of 2"):
         trainer.build_sampler(10, 3, "sft.batch_size")

@@ -84,7 +84,8 @@ def loading_worker(rank: int, world: int, port: int, out_dir: str) -> None:
                          "local": sum(p.to_local().numel() for p in sharded[0].parameters()),
                          "states": [[_state(m) for m in (*run[:3], run[4]) if m is not None]
                                     for run in (sharded, unsharded)],
-                         "classes": [[type(m).__name__.removeprefix("FSDP") for m in run[:3]] for run in (sharded, unsharded)],
+                         "classes": [[type(m).__name__.removeprefix("FSDP") for m in run[:3]]
+                                     for run in (sharded, unsharded)],
                          "trainable": [[sorted(n for n, p in m.named_parameters() if p.requires_grad)
                                         for m in run[:3]] for run in (sharded, unsharded)]}
     torch.save(results, Path(out_dir) / f"load{rank}.pt")

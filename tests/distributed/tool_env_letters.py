@@ -3,9 +3,9 @@ tool_env_letters.py:Letters, on the `tiny:qwen2:64:2:tools` model, whose Hermes 
 
 The random tiny model never writes a `<tool_call>` tag, so the environment reads its turns in a format of its
 own (registered like any model family's): a turn that ended at the stop string "e" (its last "e" after its last
-"a") calls the `count` tool on its last characters, one that ended at "a" is the final answer. The tool's result comes back as the template's tool
-turn (`ToolTurns`), and the answer is scored by its length (dense and varied within a group, so every step has a
-gradient)."""
+"a") calls the `count` tool on its last characters, one that ended at "a" is the final answer. The tool's result comes
+back as the template's tool turn (`ToolTurns`), and the answer is scored by its length (dense and varied within a group,
+so every step has a gradient)."""
 
 from verl.env import Tool, ToolEnv
 from verl.rollout.tool_parsers import ParsedTurn, ToolCall, format_hermes, register_tool_call_format

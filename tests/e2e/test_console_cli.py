@@ -34,7 +34,7 @@ actor: {{lr: 1.0e-3}}
 checkpoint: {{save_interval: {save_interval}}}
 trainer: {{total_steps: {steps}, device: cpu, val_before_train: false, val_every: 2, log_samples: 4, run_dir: {run_dir}}}
 logging: {{backends: [console, jsonl]}}
-"""
+"""  # noqa: E501 (a YAML config: its trainer line is one flow mapping)
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 
 

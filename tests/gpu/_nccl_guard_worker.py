@@ -34,7 +34,8 @@ def _full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def _moved_share(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> float:
     """The share of weight elements that differ (exactly) after the run."""
-    changed = sum(int((after[k].to("cpu", torch.float32) != v.to("cpu", torch.float32)).sum()) for k, v in before.items())
+    changed = sum(int((after[k].to("cpu", torch.float32) != v.to("cpu", torch.float32)).sum())
+                  for k, v in before.items())
     return changed / sum(v.numel() for v in before.values())
 
 

@@ -2,7 +2,8 @@
 (`actor.activation_offload`) lower the peak of a GRPO micro-batch on an 8k-token response at the Qwen2.5-0.5B
 width and vocabulary (4 layers, bf16, checkpointed) with the same gradients, and the memory plan's estimate of
 that peak is within 25% of `torch.cuda.max_memory_allocated`. The CPU counterparts:
-tests/distributed/test_memory_plan_measured.py, tests/trainer/test_chunked_logprobs.py, tests/trainer/test_offload.py."""
+tests/distributed/test_memory_plan_measured.py, tests/trainer/test_chunked_logprobs.py,
+tests/trainer/test_offload.py."""
 
 from __future__ import annotations
 

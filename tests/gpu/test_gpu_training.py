@@ -1,8 +1,8 @@
 """Training on CUDA: bf16 parameters; fp32 master weights with bf16 compute (`fsdp.mixed_precision`);
 sdpa attention; FSDP2 over NCCL with one rank; gradient checkpointing; weights that move at lr 1e-6 in the
 default precision; CPU offload; GRPO with a KL loss split over 2 GPUs (skipped on one); the collective
-guard's timeout with an NCCL process group. Marked `gpu`; skipped where CUDA is absent. The multi-process parts run under
-torchrun in subprocesses, as a user runs them."""
+guard's timeout with an NCCL process group. Marked `gpu`; skipped where CUDA is absent. The multi-process parts run
+under torchrun in subprocesses, as a user runs them."""
 
 from __future__ import annotations
 

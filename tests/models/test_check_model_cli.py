@@ -52,4 +52,5 @@ def test_tiny_specs_build_locally_as_model_path_does(monkeypatch):
     code, out = _run("tiny")
     assert code == 0 and "consistent" in out and "qwen2" in out
     code, out = _run("tiny:llama:x")
-    assert code == 1 and "problem: model.path='tiny:llama:x': expected tiny[:arch[:hidden_size[:num_layers[:variant]]]]" in out
+    assert (code == 1
+            and "problem: model.path='tiny:llama:x': expected tiny[:arch[:hidden_size[:num_layers[:variant]]]]" in out)

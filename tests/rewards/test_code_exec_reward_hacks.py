@@ -85,7 +85,8 @@ def test_the_honest_solution_and_everyday_test_shapes_pass():
 
 
 def test_a_test_that_is_not_one_assert_still_runs():
-    out = code_exec(None, "def add(a, b):\n    return a + b", ["x = add(1, 2)\nassert x == 3", "y = add(1, 1)\nassert y == 3"])
+    out = code_exec(None, "def add(a, b):\n    return a + b",
+                    ["x = add(1, 2)\nassert x == 3", "y = add(1, 1)\nassert y == 3"])
     assert (out["passed"], out["tests"]) == (1, 2) and out["status"] == "error"
 
 

@@ -107,8 +107,9 @@ def test_rl_trains_on_a_remote_reward(server, tmp_path):
 
     s = server(lambda body: (200, {"rewards": [float(r[:1].isdigit()) for r in body["responses"]]}))
     config = load_config(overrides=["model.path=tiny", "trainer.device=cpu", f"trainer.run_dir={tmp_path}",
-                                    "trainer.total_steps=2", "trainer.val_before_train=false", "data.train_batch_size=2",
-                                    "rollout.n=2", "rollout.max_new_tokens=3", "logging.backends=[jsonl]",
+                                    "trainer.total_steps=2", "trainer.val_before_train=false",
+                                    "data.train_batch_size=2", "rollout.n=2", "rollout.max_new_tokens=3",
+                                    "logging.backends=[jsonl]",
                                     f"reward.functions=[{{name: remote, kwargs: {{url: '{s.url}'}}}}]"])
     history = RLTrainer(config, rows=[{"prompt": f"{i}+1=", "ground_truth": str(i + 1)} for i in range(4)]).fit()
     assert len(history) == 2 and "reward/remote/score" in history[0] and len(s.bodies) == 2

@@ -66,7 +66,8 @@ def test_process_scores_equal_thread_scores(rewards):
     specs = [{"name": f"{rewards}:digits", "kwargs": {"scale": 2.0}}, {"name": "numeric_match", "weight": 0.5},
              {"name": f"{rewards}:each", "batched": True, "weight": 0.0}]
     metadata = [{"extra": i} for i in range(4)]
-    results = {ex: manager(specs, ex).score(PROMPTS, RESPONSES, GROUND_TRUTHS, metadata) for ex in ("thread", "process")}
+    results = {ex: manager(specs, ex).score(PROMPTS, RESPONSES, GROUND_TRUTHS, metadata)
+               for ex in ("thread", "process")}
     thread, process = results["thread"], results["process"]
     assert torch.equal(thread.scores, process.scores)
     assert {k: v for k, v in thread.metrics.items()} == process.metrics
@@ -116,7 +117,8 @@ def test_a_worker_that_died_while_idle_is_replaced_without_failing_a_call(reward
 
 def test_a_raising_function_names_the_sample_and_the_line(rewards):
     m = manager([{"name": f"{rewards}:broken"}])
-    with pytest.raises(RewardError, match=r"(?s)'broken' .* raised ZeroDivisionError.* on sample 2.*rewards.py\", line"):
+    with pytest.raises(RewardError,
+                       match=r"(?s)'broken' .* raised ZeroDivisionError.* on sample 2.*rewards.py\", line"):
         m.score(PROMPTS, RESPONSES, GROUND_TRUTHS)
 
 
@@ -169,7 +171,8 @@ def test_workers_get_the_sandbox_settings(rewards, monkeypatch):
     from verl.sandbox.isolation import DEFAULTS
 
     monkeypatch.setitem(DEFAULTS, "require", ("tmp",))  # what `sandbox.require` set at start-up
-    assert manager([{"name": f"{rewards}:sandbox_defaults"}]).score(PROMPTS, RESPONSES, GROUND_TRUTHS).scores.tolist() == [1.0] * 4
+    assert manager([{"name": f"{rewards}:sandbox_defaults"}]).score(
+        PROMPTS, RESPONSES, GROUND_TRUTHS).scores.tolist() == [1.0] * 4
 
 
 def test_workers_end_with_the_trainer_even_mid_call(rewards, tmp_path):

@@ -37,7 +37,8 @@ def manager(tmp_path: Path):
 @pytest.mark.parametrize(("fn", "pattern"), [
     ("huge", r"'huge'.*on sample 0.*returned 1000000.*must be finite \(an integer larger than a float holds\)"),
     ("huge_negative_in_dict", r"'huge_negative_in_dict'.*on sample 0.*returned -1000.*larger than a float holds"),
-    ("numpy_inf", r"'numpy_inf'.*on sample 1 \(data_source=None\).*returned (np.float32\()?inf.*must be finite \(not NaN/inf\)"),
+    ("numpy_inf",
+     r"'numpy_inf'.*on sample 1 \(data_source=None\).*returned (np.float32\()?inf.*must be finite \(not NaN/inf\)"),
 ])
 def test_a_reward_out_of_a_floats_range_is_a_reward_error_naming_function_and_sample(manager, fn, pattern) -> None:
     with pytest.raises(RewardError, match=pattern):

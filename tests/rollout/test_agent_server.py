@@ -148,7 +148,8 @@ def test_turns_that_ended_on_their_own_or_were_cut_splice_to_the_chat_templates_
     _, tok = tiny
     eos = tok.eos_token_id
     words = ["first answer", "second", "third try"]
-    replies = [tok(w, add_special_tokens=False)["input_ids"] + ([eos] if e else []) for w, e in zip(words, ends, strict=True)]
+    replies = [tok(w, add_special_tokens=False)["input_ids"] + ([eos] if e else [])
+               for w, e in zip(words, ends, strict=True)]
     server = _server(tiny)
     calls = iter(range(len(replies)))
     server.sample = lambda prompts, params: [

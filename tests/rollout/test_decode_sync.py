@@ -48,7 +48,8 @@ class SyncCounter:
     @staticmethod
     def _from_engine() -> bool:  # _HostEnds works on the host's copies (CPU tensors, lists) only
         frame = sys._getframe(2)
-        return frame.f_code.co_filename.endswith("hf_engine.py") and frame.f_code.co_name not in ("to_host", "_to_host", "settle")
+        return (frame.f_code.co_filename.endswith("hf_engine.py")
+                and frame.f_code.co_name not in ("to_host", "_to_host", "settle"))
 
     def _wrap(self, real):
         def counted(t, *args, **kwargs):

@@ -332,7 +332,8 @@ def test_rejects_bad_inputs(qwen2):
         engine.generate(bad, mask, SamplingParams())
     with pytest.raises(ConfigError, match=r"eos_token_ids \[400\] are outside"):
         engine.generate(ids, mask, SamplingParams(eos_token_ids=[400]))
-    with pytest.raises(ConfigError, match=r"3 \+ max_new_tokens 126 = 129 exceeds the model's max_position_embeddings 128"):
+    with pytest.raises(ConfigError,
+                       match=r"3 \+ max_new_tokens 126 = 129 exceeds the model's max_position_embeddings 128"):
         engine.generate(ids, mask, SamplingParams(max_new_tokens=126))
     with pytest.raises(ConfigError, match=r"takes a verl.rollout.SamplingParams"):
         engine.generate(ids, mask, {"temperature": 1.0})

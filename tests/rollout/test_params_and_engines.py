@@ -58,7 +58,8 @@ def test_build_engine_vllm_needs_a_path():
 def test_vllm_missing_is_a_config_error_with_install_hint():
     # `verl` on the package index is another project: the hint names vllm itself, and the checkout's extra.
     assert VLLM_INSTALL_HINT == "pip install vllm (or, in a verl checkout: pip install -e '.[vllm]')"
-    with pytest.raises(ConfigError, match=r"needs the vllm package.*pip install vllm .*'\.\[vllm\]'.*rollout engine 'hf'"):
+    with pytest.raises(ConfigError,
+                       match=r"needs the vllm package.*pip install vllm .*'\.\[vllm\]'.*rollout engine 'hf'"):
         VLLMEngine("/models/qwen")
     with pytest.raises(ConfigError, match=r"pip install -e '\.\[vllm\]'"):
         build_engine("vllm", "/models/qwen")

@@ -24,7 +24,8 @@ def test_what_a_format_writes_it_parses_back(name, calls):
 
 
 def test_hermes_keeps_the_text_around_calls_and_reads_string_arguments():
-    text = 'I will compute it.\n<tool_call>\n{"name": "calculator", "arguments": "{\\"expression\\": \\"1+2\\"}"}\n</tool_call>'
+    text = ('I will compute it.\n<tool_call>\n'
+            '{"name": "calculator", "arguments": "{\\"expression\\": \\"1+2\\"}"}\n</tool_call>')
     parsed = parse_hermes(text)
     assert parsed.content == "I will compute it." and parsed.calls == [ToolCall("calculator", {"expression": "1+2"})]
     plain = parse_hermes("The answer is 5.")
@@ -55,5 +56,6 @@ def test_llama3_json_calls_with_the_python_tag_and_malformed_ones():
 
 
 def test_an_unknown_format_is_refused_with_the_known_ones():
-    with pytest.raises(ConfigError, match="unknown tool-call format 'hermse'.*hermes, llama3_json.*Did you mean 'hermes'"):
+    with pytest.raises(ConfigError,
+                       match="unknown tool-call format 'hermse'.*hermes, llama3_json.*Did you mean 'hermes'"):
         tool_call_format("hermse")

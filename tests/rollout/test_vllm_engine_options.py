@@ -70,7 +70,8 @@ def test_the_engine_holds_the_rollout_dtype_and_pushes_are_cast_to_it(tmp_path):
 
 def test_check_notes_the_kv_cache_budget_of_asynchronous_vllm_runs():
     note = describe_vllm_memory("vllm", 0.5, None, (2, 3))
-    assert "gpu_memory_utilization=0.5" in note and "rollout ranks' [2, 3] rollout_rank_gpu_memory_utilization=0.9" in note
+    assert ("gpu_memory_utilization=0.5" in note
+            and "rollout ranks' [2, 3] rollout_rank_gpu_memory_utilization=0.9" in note)
     assert "smallest KV cache of all ranks" in note and "0.5 x GPU memory" in note
     assert "does not enlarge it" in note
     assert "shrinks the actor ranks' too" in describe_vllm_memory("vllm", 0.5, 0.3, (1,))

@@ -127,7 +127,8 @@ def test_writing_outside_its_folder(namespaces, tmp_path):
     run_dir = tmp_path / "run"  # as a trainer's run folder: the launcher's, not world-writable
     run_dir.mkdir(mode=0o755)
     targets = [run_dir / "checkpoint.pt", tmp_path / "x.txt", Path(__file__).with_name("pwned.py")]
-    code = "\n".join(f"try:\n    open({str(p)!r}, 'w').write('pwned')\nexcept OSError as e:\n    print(type(e).__name__)"
+    code = "\n".join(f"try:\n    open({str(p)!r}, 'w').write('pwned')\n"
+                     "except OSError as e:\n    print(type(e).__name__)"
                      for p in targets)
     result = run_code(code + "\nopen('mine.txt', 'w').write('fine')\nprint('done')", namespaces=namespaces)
     # Not writable, or (a folder under /tmp, as a clone in /tmp is) not even there with a private /tmp.

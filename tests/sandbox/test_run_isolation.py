@@ -147,7 +147,8 @@ def test_the_run_dies_with_its_launcher():
     launcher = subprocess.Popen(
         [sys.executable, "-c", "from verl.sandbox import run_code\n"
          "run_code('import time\\nprint(1, flush=True)\\ntime.sleep(60)', timeout_s=50)"])
-    uids = range(SANDBOX_UID_BASE + 1 + (launcher.pid % 500) * 200, SANDBOX_UID_BASE + 1 + (launcher.pid % 500) * 200 + 200)
+    uids = range(SANDBOX_UID_BASE + 1 + (launcher.pid % 500) * 200,
+                 SANDBOX_UID_BASE + 1 + (launcher.pid % 500) * 200 + 200)
 
     def alive() -> list[int]:
         found = []

@@ -133,7 +133,8 @@ def test_mlflow_backend_logs_metrics_and_samples_to_a_file_store_in_the_run_dir(
     (run,) = client.search_runs([exp.experiment_id])
     assert run.info.run_name == "e1" and run.info.status == "FINISHED"
     assert run.data.params["actor.lr"] == "0.001"
-    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "reward/mean")] == [(1, 0.5), (2, 0.75)]
+    assert ([(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "reward/mean")]
+            == [(1, 0.5), (2, 0.75)])
     local = client.download_artifacts(run.info.run_id, "samples/step_0000002.jsonl", str(tmp_path / "dl"))
     assert [json.loads(line)["prompt"] for line in Path(local).read_text().splitlines()] == ["0+1=", "1+1="]
 

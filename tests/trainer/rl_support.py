@@ -63,7 +63,8 @@ def rl_config(run_dir: Path | str, *overrides: str, reward: dict[str, Any] | Non
     return config
 
 
-def captured_update(trainer: Any, module: torch.nn.Module, update: Any, batch: Any) -> tuple[dict[str, torch.Tensor], Any, int]:
+def captured_update(trainer: Any, module: torch.nn.Module, update: Any,
+                    batch: Any) -> tuple[dict[str, torch.Tensor], Any, int]:
     """Run `update(batch)` (e.g. `trainer.update_policy`) with the optimizer step replaced by a capture of
     the accumulated gradients: (gradient per parameter name, what `update` returned, `module`'s forwards)."""
     captured: dict[str, torch.Tensor] = {}

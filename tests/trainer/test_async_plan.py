@@ -42,7 +42,8 @@ def test_verl_check_prints_the_async_plan():
 def test_vllm_on_rollout_ranks_is_planned_with_partial_rollouts_off():
     """Not refused (only this CPU machine and the missing vllm are); `verl check` says what changes."""
     checks = _check("devices.actor=[0]", "devices.rollout=[1]", "rollout.engine=vllm")
-    assert all("needs a CUDA GPU" in m or "vllm package is not installed" in m for m in checks.messages), checks.messages
+    assert all("needs a CUDA GPU" in m or "vllm package is not installed" in m
+               for m in checks.messages), checks.messages
     [note] = [n for n in checks.startup.rl_notes if n.startswith("asynchronous rollout")]
     assert "loaded into the rollout ranks' vLLM engines (kept awake; their Hugging Face copy of the policy stays " \
            "on the CPU)" in note
@@ -68,7 +69,8 @@ def test_verl_check_says_where_agent_episodes_run():
     assert any("env.agent: the agents' OpenAI endpoint runs on the rollout rank(s) and their stitched episodes "
                "(tokens, log-probs, masks, rewards, text, episode metrics) go to the actor rank(s)" in n
                for n in report.startup.rl_notes)
-    messages = _check("devices.actor=[0]", "devices.rollout=[1]", f"env.agent={agent}:run", "rollout.engine=vllm").messages
+    messages = _check("devices.actor=[0]", "devices.rollout=[1]", f"env.agent={agent}:run",
+                      "rollout.engine=vllm").messages
     assert any("env.agent samples on the 'hf' rollout engine" in m and "Fix: rollout.engine=hf" in m
                for m in messages), messages
 
@@ -107,8 +109,8 @@ def test_an_episode_prompt_is_checked_against_the_drawn_one():
     """A tool environment's or an agent's episode prompt is another rendering of the row: the rollout ranks
     send the prompts as they drew them (DRAWN), which the trainer's must equal."""
     drawn = _drawn([[0, 5, 6], [7, 8, 9]])
-    episode = {"prompt_ids": torch.tensor([[1, 2, 5, 6], [1, 2, 7, 8]]), "prompt_mask": torch.ones(2, 4, dtype=torch.long),
-               DRAWN: torch.tensor([[2, 11], [3, 24]])}
+    episode = {"prompt_ids": torch.tensor([[1, 2, 5, 6], [1, 2, 7, 8]]),
+               "prompt_mask": torch.ones(2, 4, dtype=torch.long), DRAWN: torch.tensor([[2, 11], [3, 24]])}
     merged = merge(drawn, dict(episode), step=0)
     assert torch.equal(merged.prompt_ids, episode["prompt_ids"]) and not hasattr(merged, DRAWN)
     with pytest.raises(DistributedError, match="step 1: the rollout ranks sampled other prompts"):

@@ -220,7 +220,8 @@ def test_the_rl_update_is_the_same_with_and_without(tmp_path, monkeypatch):
     trainer = RLTrainer(rl_config(tmp_path, "actor.kl_loss_coef=0.1", "actor.entropy_coef=0.01",
                                   "trainer.total_steps=1", "rollout.max_new_tokens=6", "actor.micro_batch_size=8",
                                   "actor.shuffle=false", "rollout.temperature=0.8", "actor.chunked_logprobs=true"))
-    assert use_chunked_logprobs(trainer.config, trainer.model) and use_chunked_logprobs(trainer.config, trainer.ref_model)
+    assert (use_chunked_logprobs(trainer.config, trainer.model)
+            and use_chunked_logprobs(trainer.config, trainer.ref_model))
     batch = trainer.compute_reward(trainer.generate(trainer.get_batch()))
     batch = trainer.compute_advantages(trainer.compute_ref_log_probs(trainer.compute_log_probs(batch)))
     chunked_ref = batch.ref_logprobs.clone()

@@ -56,8 +56,8 @@ def test_shared_prompt_values_and_gradients_equal_the_unshared_forward(prompt, l
     assert can_share_prompt(critic)
     prompt_ids, prompt_mask, response_ids, response_mask, weights = random_groups(prompt=prompt)
     forwards = []
-    base_of(critic.backbone).register_forward_hook(lambda m, args, kwargs, out: forwards.append(kwargs["input_ids"].shape),
-                                          with_kwargs=True)
+    base_of(critic.backbone).register_forward_hook(
+        lambda m, args, kwargs, out: forwards.append(kwargs["input_ids"].shape), with_kwargs=True)
 
     def run(fn):
         critic.zero_grad(set_to_none=True)

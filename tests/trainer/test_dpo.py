@@ -101,7 +101,8 @@ def test_pair_loss_matches_float64_reference(tiny, loss_type, ls):
     tr = trainer(tiny, cfg, rows=rows, ref_model=copy.deepcopy(ref))
     tr.model.eval()
     batch = tr.pair_batch([tr.train_data[i] for i in range(3)])
-    assert 1 < batch.collated["keep_last"] < batch.collated["input_ids"].shape[1]  # left-padded; logits only for responses
+    # left-padded; logits only for responses
+    assert 1 < batch.collated["keep_last"] < batch.collated["input_ids"].shape[1]
     with torch.no_grad():
         losses, stats = tr.pair_loss("train", tr.train_data, [0, 1, 2])  # one concatenated, padded forward
     expected = reference_dpo(model.eval(), ref.eval(), tok, rows, 0.5, loss_type, ls)

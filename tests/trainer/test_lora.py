@@ -201,7 +201,8 @@ DPO_ROWS = [{"prompt": f"What is {a}+{b}?", "chosen": f" {a + b}", "rejected": f
 
 
 def dpo_config(run_dir, **dpo):
-    return tiny_config(run_dir, "dpo", {"model": {"lora": {"rank": 8}}, "trainer": {"total_steps": 3, "resume": "never"},
+    return tiny_config(run_dir, "dpo", {"model": {"lora": {"rank": 8}},
+                                        "trainer": {"total_steps": 3, "resume": "never"},
                                         "dpo": {"lr": 2e-2, "beta": 0.1, **dpo}, "actor": {"micro_batch_size": 8},
                                         "data": {"train_batch_size": 8, "max_prompt_length": 32,
                                                  "max_response_length": 8}})

@@ -88,7 +88,8 @@ def test_rank_and_alpha_must_be_positive():
 
 def test_lora_needs_use_orig_params():
     message = one(problems(config(fsdp={"use_orig_params": False}), world_size=1)[1])
-    assert "fsdp.use_orig_params=False with LoRA: LoRA trains a few adapter parameters next to frozen base weights" in message
+    assert ("fsdp.use_orig_params=False with LoRA: LoRA trains a few adapter parameters next to frozen base weights"
+            in message)
     assert "Fix: set fsdp.use_orig_params=true." in message
     assert problems(config(model={"lora": {"rank": 0}}, fsdp={"use_orig_params": False}))[1] == []
 
@@ -130,7 +131,8 @@ def test_an_adapter_of_another_base_model_is_refused(other_adapter):
                         f"'tiny'; an adapter only fits the model it was trained on. Fix: set the model path to "
                         f"{base!r}, or use an adapter trained on 'tiny'")
     assert found[1].startswith(f"model.lora.path={path}: the adapter's shapes do not fit this run's model 'tiny' "
-                               "(8 tensor(s), e.g. base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight [4, 128]")
+                               "(8 tensor(s), e.g. base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight "
+                               "[4, 128]")
     assert found[1].endswith("Fix: use the base model the adapter was trained on, or another adapter")
     # on its own base model it passes, and its own rank applies
     report, ok = problems(config(model={"path": "tiny:qwen2:128:2", "lora": {"rank": 0, "path": str(path)}}))
@@ -147,8 +149,10 @@ def test_adapter_rank_mismatch_and_missing_folder(other_adapter, tmp_path):
                        "(adapter_config.json + adapter_model.safetensors), or remove the key to start new adapters")
     (tmp_path / "empty").mkdir()
     message = one(problems(config(model={"lora": {"rank": 8, "path": str(tmp_path / "empty")}}))[1])
-    assert message.startswith(f"model.lora.path={tmp_path / 'empty'}: cannot read {tmp_path / 'empty' / 'adapter_config.json'}")
-    assert "Fix: point it at a folder written by PeftModel.save_pretrained or `verl ckpt export STEP --adapter`" in message
+    assert message.startswith(f"model.lora.path={tmp_path / 'empty'}: "
+                              f"cannot read {tmp_path / 'empty' / 'adapter_config.json'}")
+    assert ("Fix: point it at a folder written by PeftModel.save_pretrained or `verl ckpt export STEP --adapter`"
+            in message)
 
 
 def test_missing_peft_is_a_start_up_problem(monkeypatch):
@@ -198,7 +202,8 @@ def test_verl_check_prints_parameters_and_memory_with_lora(tmp_path, capsys):
 
 
 def test_lora_keys_are_known_to_the_config():
-    cfg = config(model={"lora": {"rank": 16, "dropout": 0.05, "target_modules": ["q_proj"], "modules_to_save": "lm_head"}})
+    cfg = config(model={"lora": {"rank": 16, "dropout": 0.05, "target_modules": ["q_proj"],
+                                 "modules_to_save": "lm_head"}})
     assert cfg.model.lora.scale_alpha == 32.0 and cfg.model.lora.modules_to_save == ["lm_head"]
     assert cfg.critic.lora.enabled is False
     with pytest.raises(ConfigError) as info:

@@ -9,7 +9,8 @@ from verl.batch import RolloutBatch
 from verl.config import load_config
 from verl.trainer.rl import update
 
-OPTIONS = {"ppo": ["actor.clip_high=0.05", "actor.dual_clip=1.5"], "gspo": ["actor.clip_low=0.05", "actor.clip_high=0.05"],
+OPTIONS = {"ppo": ["actor.clip_high=0.05", "actor.dual_clip=1.5"],
+           "gspo": ["actor.clip_low=0.05", "actor.clip_high=0.05"],
            "cispo": ["actor.clip_high=0.1"], "gmpo": ["actor.loss_options={clip_low: 0.1}"],
            "clip_cov": ["actor.loss_options={fraction: 0.2, cov_low: -9, cov_high: 9}"],
            "kl_cov": ["actor.loss_options={fraction: 0.3, kl_coef: 0.5}"]}

@@ -37,8 +37,8 @@ def _rows_file(tmp_path, name, rows):
 
 
 def _few_rows(tmp_path):
-    return _data_overrides(tmp_path, _rows_file(tmp_path, "few.jsonl", [{"prompt": f"{i}+1=", "ground_truth": str(i + 1)}
-                                                                         for i in range(3)]))
+    return _data_overrides(tmp_path, _rows_file(tmp_path, "few.jsonl",
+                                                [{"prompt": f"{i}+1=", "ground_truth": str(i + 1)} for i in range(3)]))
 
 
 def _no_ground_truth(tmp_path):

@@ -173,8 +173,9 @@ def test_an_rl_run_trains_the_same_weights_packed_or_padded(tmp_path, case):
     def run(packed: bool):
         torch.manual_seed(0)
         trainer = RLTrainer(rl_config(tmp_path / f"{case}-{packed}", "model.dtype=float64",
-                                      f"actor.remove_padding={packed}", f"critic.remove_padding={packed}", "actor.kl_loss_coef=0.1",
-                                      "actor.ppo_epochs=2", "rollout.max_new_tokens=8", *extra))
+                                      f"actor.remove_padding={packed}", f"critic.remove_padding={packed}",
+                                      "actor.kl_loss_coef=0.1", "actor.ppo_epochs=2", "rollout.max_new_tokens=8",
+                                      *extra))
         start = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
         metrics = [trainer.step() for _ in range(2)]
         weights = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
@@ -210,7 +211,8 @@ def test_verl_check_says_how_sequences_are_packed(tmp_path):
     assert says("actor.remove_padding=true") == (
         "actor.remove_padding: micro-batches packed into one row without padding; each packed sequence attends "
         "alone (verl's per-sequence attention); it replaces the actor's shared-prompt forward")
-    assert "transformers' packed-sequence mask, probed" in says("actor.remove_padding=true", facts={"model_type": "gemma2"})
+    assert "transformers' packed-sequence mask, probed" in says("actor.remove_padding=true",
+                                                                facts={"model_type": "gemma2"})
     assert "flash_attention_2 attends within each packed sequence itself" in says(
         "actor.remove_padding=true", "model.attn_implementation=flash_attention_2")
     assert says("critic.remove_padding=true") is None  # GRPO has no critic

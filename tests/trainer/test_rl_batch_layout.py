@@ -206,6 +206,7 @@ def test_aligning_shards_pads_every_prompt_and_response_field():
 
 
 def test_a_token_pad_without_a_pad_token_is_an_error():
-    with pytest.raises(VerlError, match="'prompt_ids' pads with the pad_token_id, which is None. Fix: give the tokenizer"):
+    with pytest.raises(VerlError,
+                       match="'prompt_ids' pads with the pad_token_id, which is None. Fix: give the tokenizer"):
         padding(fields_of(PROMPT), pad_token_id=None)
     assert padding(["prompt_mask", "values", "scores"]) == {"prompt_mask": ("left", 0), "values": ("right", 0.0)}

@@ -83,7 +83,8 @@ def test_dynamic_sampling_with_a_reward_model_on_its_own_ranks_is_refused_at_sta
     from verl.trainer.checks.startup import check_startup
 
     overrides = ["algorithm.filter_groups=true", "reward.model_path=tiny", "devices.actor=[0]", "devices.reward=[1]"]
-    problems = [str(p) for p in check_startup(load_config(overrides=overrides), world_size=2, device_type="cpu").problems]
+    problems = [str(p)
+                for p in check_startup(load_config(overrides=overrides), world_size=2, device_type="cpu").problems]
     assert any("algorithm.filter_groups needs the rewards on the actor's ranks" in p and "devices.reward=[1]" in p
                and "set algorithm.filter_groups=false" in p for p in problems), problems
     colocated = check_startup(load_config(overrides=overrides[:2]), world_size=1, device_type="cpu").problems

@@ -98,9 +98,9 @@ def test_from_pretrained_with_callable_reward_and_rows_learns(tmp_path):
     trainer = RLTrainer.from_pretrained(
         "tiny", reward_fn=digit_reward, dataset=rows,
         actor={"lr": 3e-3},
-        **{"model.dtype": "float32", "trainer.device": "cpu", "trainer.run_dir": str(tmp_path), "trainer.total_steps": 30,
-           "trainer.val_before_train": False, "trainer.resume": "never", "data.train_batch_size": 8,
-           "rollout.n": 8, "rollout.max_new_tokens": 4, "logging.backends": ["jsonl"]},
+        **{"model.dtype": "float32", "trainer.device": "cpu", "trainer.run_dir": str(tmp_path),
+           "trainer.total_steps": 30, "trainer.val_before_train": False, "trainer.resume": "never",
+           "data.train_batch_size": 8, "rollout.n": 8, "rollout.max_new_tokens": 4, "logging.backends": ["jsonl"]},
     )
     assert trainer.config.actor.lr == 3e-3 and trainer.config.model.path == "tiny"
     # the rows went through the data layer's aliases: question -> prompt, answer -> ground_truth (text)

@@ -314,7 +314,8 @@ def test_truncated_importance_sampling_weighs_each_token_by_the_samplers_probabi
     assert metrics["rollout_corr/truncated_frac"] == pytest.approx(float(mask[1:].sum() / mask.sum()))
 
     batch.rollout_logprobs = None
-    with pytest.raises(RolloutError, match="actor.rollout_correction.mode=token_tis weighs each token by the sampler's"):
+    with pytest.raises(RolloutError,
+                       match="actor.rollout_correction.mode=token_tis weighs each token by the sampler's"):
         trainer.update_policy(batch)
 
 

@@ -44,7 +44,8 @@ def test_forward_and_every_gradient_equal_float64(shape, with_bias):
     out = onednn_linear(x, weight, bias)
     out.backward(grad_out)
     want, want_x, want_w, want_b = _float64_linear_grads(x, weight, bias, grad_out)
-    for got, exact in ((out, want), (x.grad, want_x), (weight.grad, want_w), (bias.grad if with_bias else None, want_b)):
+    for got, exact in ((out, want), (x.grad, want_x), (weight.grad, want_w),
+                       (bias.grad if with_bias else None, want_b)):
         if exact is not None:
             scale = exact.abs().max().item()
             assert (got.double() - exact).abs().max().item() <= 1e-5 * scale
@@ -191,4 +192,5 @@ def test_doctor_names_the_library_auto_takes_here_and_why(monkeypatch, tmp_path)
     name, status, note = doctor._cpu_matmul_row()
     cpu_matmul.host_speedup.cache_clear()
     assert (name, status) == ("cpu matmul", "ok")
-    assert note == "AMD EPYC 9B14: trainer.cpu_matmul=auto uses oneDNN (measured on this host: oneDNN 1.80x ATen's speed, auto takes oneDNN from 1.3x)"
+    assert note == ("AMD EPYC 9B14: trainer.cpu_matmul=auto uses oneDNN (measured on this host: oneDNN 1.80x ATen's "
+                    "speed, auto takes oneDNN from 1.3x)")
