@@ -23,7 +23,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ab import cpu_model, interleaved_times, load_average, ratios  # noqa: E402
 
-IMPLEMENTATIONS = {"for-loop": {"foreach": False, "fused": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+IMPLEMENTATIONS = {
+    "for-loop": {"foreach": False, "fused": False}, "foreach": {"foreach": True}, "fused": {"fused": True}
+}
 
 
 def model_parameters(spec: str) -> list[torch.Tensor]:

@@ -15,7 +15,8 @@ the same held-out problems, `env.kwargs.split_seed`), and a side's steps to 65% 
 repeats' curves; each repeat's own first step at 65% is printed too. (`verl train trainer.demo=arithmetic
 devices.actor=[0] devices.rollout=[1] rollout.max_staleness=1 --nproc 2` runs the same demo whole, its warm
 start on the actor's rank; here one warm start per seed serves every repeat of both sides.)
-Run by hand: ``python benchmarks/async_demo_seeds.py [--seeds 1 2 3] [--repeats 5] [--steps 200] [--reuse] [--write-docs]``.
+Run by hand:
+``python benchmarks/async_demo_seeds.py [--seeds 1 2 3] [--repeats 5] [--steps 200] [--reuse] [--write-docs]``.
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ tied embeddings), random bfloat16 weights, each parameter split in two along dim
 --ranks gloo processes (1 torch thread each). `--scale 0.25` keeps a quarter of the layers and of the vocab
 for a slow disk. Each way saves one checkpoint with CheckpointManager (DCP write + fsync + hashing +
 manifest + commit), then resolves `trainer.resume` to it (every file re-hashed); the time is the slowest
-rank's, the best of two rounds per way (in the order old, new, new, old). The files are in the page cache when they are re-hashed (they were just written); on a cold
-network filesystem the hashing share of both times, and so the gain, is larger. Printed: a table of
-seconds per way, then the ratios old/new (> 1: the shared hashing is faster).
+rank's, the best of two rounds per way (in the order old, new, new, old). The files are in the page cache when
+they are re-hashed (they were just written); on a cold network filesystem the hashing share of both times, and
+so the gain, is larger. Printed: a table of seconds per way, then the ratios old/new (> 1: the shared hashing is
+faster).
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ def main() -> int:
         results = os.path.join(root, "results.txt")
         mp.start_processes(worker, args=(args.ranks, _free_port(), args.scale, root, results), nprocs=args.ranks,
                            join=True, start_method="fork" if sys.platform == "linux" else "spawn")
-        rows = {w: [float(x) for x in rest] for w, *rest in (line.split() for line in Path(results).read_text().splitlines())}
+        rows = {w: [float(x) for x in rest]
+                for w, *rest in (line.split() for line in Path(results).read_text().splitlines())}
     print("| hashing | save s | verify s |")
     print("|---|---|---|")
     print(f"| rank 0 hashes every file | {rows['old'][0]:.2f} | {rows['old'][1]:.2f} |")

@@ -44,4 +44,6 @@ def main() -> int:
 if __name__ == "__main__":
     import doc_table
 
-    raise SystemExit(doc_table.run(main, doc_table.table_and("seeds clearing"), doc=doc_table.ROOT / "docs" / "demos.md"))
+    raise SystemExit(
+        doc_table.run(main, doc_table.table_and("seeds clearing"), doc=doc_table.ROOT / "docs" / "demos.md")
+    )

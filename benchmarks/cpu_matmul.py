@@ -88,7 +88,8 @@ def main() -> None:
                   f"{statistics.median(per_round):.2f}x ({min(per_round):.2f}-{max(per_round):.2f})")
         per_round = [a / b for a, b in zip(totals["aten"], totals["onednn"], strict=True)]
         print(f"ratio oneDNN vs ATen, all layers forward+backward at {rows} rows: {statistics.median(per_round):.2f}x "
-              f"(min {min(per_round):.2f}x, max {max(per_round):.2f}x); ATen {1e3 * statistics.median(totals['aten']):.2f} ms, "
+              f"(min {min(per_round):.2f}x, max {max(per_round):.2f}x); "
+              f"ATen {1e3 * statistics.median(totals['aten']):.2f} ms, "
               f"oneDNN {1e3 * statistics.median(totals['onednn']):.2f} ms; "
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     if args.whole_model:

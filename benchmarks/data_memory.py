@@ -118,7 +118,9 @@ def rss_now():  # (anonymous, file-backed) MB now: mapped Arrow pages read so fa
     get = lambda key: int(status.split(key + ":")[1].split()[0]) / 1024
     return get("RssAnon"), get("RssFile")
 
-mode, path, tokenizer_spec, batches, batch_size = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+mode, path, tokenizer_spec, batches, batch_size = (
+    sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+)
 tokenizer = None
 if tokenizer_spec != "none":
     from verl.models.hf_loader import load_tokenizer
@@ -128,8 +130,8 @@ after_imports, anon_after_imports = rss_mb(), rss_now()[0]
 t0 = time.perf_counter()
 if mode == "list":  # the baseline: every row held in memory
     rows, report = load_rows(path, "prompt", on_bad_row="skip")
-    print(json.dumps({"after_imports": after_imports, "peak": rss_mb(), "anon_growth": rss_now()[0] - anon_after_imports,
-                      "rows": report.total_rows}))
+    print(json.dumps({"after_imports": after_imports, "peak": rss_mb(),
+                      "anon_growth": rss_now()[0] - anon_after_imports, "rows": report.total_rows}))
     sys.exit(0)
 config = build_config({"data": {"train_files": [path], "on_bad_row": "skip", "max_prompt_length": 4096},
                        "reward": {"functions": [{"name": "exact_match"}]}, "trainer": {"seed": 1}})
@@ -219,13 +221,14 @@ def main() -> int:
         print(f"| {fmt} | {size:.0f} | {r['rows']} | {r['bad']} ({', '.join(r['examples'])}) | {r['peak']:.0f} "
               f"| {r['after_imports']:.0f} | {r['peak'] - r['after_imports']:.0f} | {r['anon_growth']:.0f} "
               f"| {r['file_backed']:.0f} | {r['index_mb']:.0f} | {r['check_s']:.0f} | {r['batch_ms']:.1f} |")
-    print(f"baseline: the rows held as dicts (load_rows) grow RSS by {per_mb:.2f} MB per MB of JSONL ({small_mb:.0f} MB "
-          f"measured: {baseline['peak'] - baseline['after_imports']:.0f} MB)")
+    print(f"baseline: the rows held as dicts (load_rows) grow RSS by {per_mb:.2f} MB per MB of JSONL "
+          f"({small_mb:.0f} MB measured: {baseline['peak'] - baseline['after_imports']:.0f} MB)")
     for fmt, size, r in results:
         held, private = per_mb * size, max(r["anon_growth"], 1.0)
         print(f"ratio {fmt} ({size:.0f} MB, {r['rows'] / 1e6:.2f} M rows, {r['bad']} bad rows named, e.g. "
               f"{r['examples'][0] if r['examples'] else '-'}): rows held in memory (scaled: {held:.0f} MB) / verl's "
-              f"private memory growth ({private:.0f} MB) = {held / private:.0f}x; peak RSS +{r['peak'] - r['after_imports']:.0f}"
+              f"private memory growth ({private:.0f} MB) = {held / private:.0f}x; "
+              f"peak RSS +{r['peak'] - r['after_imports']:.0f}"
               f" MB over {r['after_imports']:.0f} MB after imports; checked in {r['check_s']:.0f} s; "
               f"{r['batch_ms']:.0f} ms per batch of {args.batch_size}")
     return 0
@@ -234,4 +237,6 @@ def main() -> int:
 if __name__ == "__main__":
     import doc_table
 
-    raise SystemExit(doc_table.run(main, doc_table.prefixed("baseline", "ratio"), doc=doc_table.ROOT / "docs" / "data.md"))
+    raise SystemExit(
+        doc_table.run(main, doc_table.prefixed("baseline", "ratio"), doc=doc_table.ROOT / "docs" / "data.md")
+    )

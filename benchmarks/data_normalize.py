@@ -104,4 +104,6 @@ def main() -> int:
 if __name__ == "__main__":
     import doc_table
 
-    raise SystemExit(doc_table.run(main, doc_table.prefixed("verl data normalize", "ratio"), doc=doc_table.ROOT / "docs" / "data.md"))
+    raise SystemExit(
+        doc_table.run(main, doc_table.prefixed("verl data normalize", "ratio"), doc=doc_table.ROOT / "docs" / "data.md")
+    )

@@ -110,7 +110,8 @@ def row(result: dict[str, Any], cpu: str, date: str) -> str:
         cells += ["", "", "", bar_text(demo), f"no: {result['error']}", f"{result['seconds']:.0f} s", result["load"]]
     else:
         timeouts = timeout_steps(Path(summary["run_dir"]))
-        verdict = ("yes" if clears(demo, summary) else "no") + (f" ({timeouts} steps with a timeout)" if timeouts else "")
+        verdict = (("yes" if clears(demo, summary) else "no")
+                   + (f" ({timeouts} steps with a timeout)" if timeouts else ""))
         cells += [f"{summary['accuracy_after_sft']:.1%}", f"{summary['accuracy_after_rl']:.1%}",
                   f"{100 * summary['accuracy_gain']:+.1f} pts", bar_text(demo), verdict,
                   f"{summary['wall_seconds']:.0f} s", result["load"]]

@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nseeds clearing the bar (>= +{MIN_GAIN_PTS:.0f} pts, >= {MIN_AFTER:.0%} after RL, "
           f"< {MAX_SECONDS:.0f} s): {passed}/{len(summaries)}; smallest gain "
           f"{min(100 * s['accuracy_gain'] for s in summaries):+.1f} pts, lowest after RL "
-          f"{min(s['accuracy_after_rl'] for s in summaries):.1%}, slowest {max(s['wall_seconds'] for s in summaries):.0f} s")
+          f"{min(s['accuracy_after_rl'] for s in summaries):.1%}, "
+          f"slowest {max(s['wall_seconds'] for s in summaries):.0f} s")
     if args.write_readme:
         args.readme.write_text(replace_block(args.readme.read_text(encoding="utf-8"), block, str(args.readme)),
                                encoding="utf-8")
@@ -116,4 +117,6 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     import doc_table
 
-    raise SystemExit(doc_table.run(main, doc_table.prefixed("seed ", "seeds clearing"), doc=doc_table.ROOT / "docs" / "demos.md"))
+    raise SystemExit(
+        doc_table.run(main, doc_table.prefixed("seed ", "seeds clearing"), doc=doc_table.ROOT / "docs" / "demos.md")
+    )

@@ -1,8 +1,8 @@
 """On-policy distillation against GRPO on the arithmetic demo: held-out accuracy after the same RL wall time.
 
 A teacher is trained first: the demo itself (`verl train`: warm start, then GRPO for its 400 steps) with
-`--teacher-seed` (default 3), exported with `verl ckpt export`. Then, for each seed, the same warm start (same seed, same
-steps) continues three ways, each in its own process, one after the other:
+`--teacher-seed` (default 3), exported with `verl ckpt export`. Then, for each seed, the same warm start (same seed,
+same steps) continues three ways, each in its own process, one after the other:
 - `grpo`: the demo's GRPO;
 - `distill`: distillation alone (`algorithm.distill.teacher_path=TEACHER algorithm.distill.task_reward=false`:
   the reverse KL to the teacher as per-token advantages, no reward);
@@ -76,7 +76,9 @@ def run_variant(name: str, seed: int, teacher: Path, steps: int, val_every: int,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--teacher-seed", type=int, default=3, help="the demo seed whose run is the teacher (3: one of the seeds the demo takes to over 90%% held-out)")
+    parser.add_argument("--teacher-seed", type=int, default=3,
+                        help="the demo seed whose run is the teacher "
+                             "(3: one of the seeds the demo takes to over 90%% held-out)")
     parser.add_argument("--steps", type=int, default=150, help="RL steps of each student run")
     parser.add_argument("--val-every", type=int, default=15)
     parser.add_argument("--run-root", type=Path, default=ROOT / "runs" / "distill-seeds")
@@ -109,4 +111,6 @@ if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import doc_table
 
-    raise SystemExit(doc_table.run(main, doc_table.prefixed("variant ", "ratio "), doc=doc_table.ROOT / "docs" / "training.md"))
+    raise SystemExit(
+        doc_table.run(main, doc_table.prefixed("variant ", "ratio "), doc=doc_table.ROOT / "docs" / "training.md")
+    )

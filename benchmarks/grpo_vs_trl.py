@@ -137,7 +137,8 @@ class TRLSide:
                     if logs and key in logs:
                         outer.lengths.append(float(logs[key]))
 
-        wanted = {"output_dir": tempfile.mkdtemp(prefix="trl-bench-"), "per_device_train_batch_size": args.prompts * args.n,
+        wanted = {"output_dir": tempfile.mkdtemp(prefix="trl-bench-"),
+                  "per_device_train_batch_size": args.prompts * args.n,
                   "num_generations": args.n, "max_completion_length": args.new_tokens, "beta": 0.0,
                   "learning_rate": args.lr, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "num_iterations": 1,
                   "gradient_accumulation_steps": 1, "gradient_checkpointing": False, "bf16": False, "fp16": False,

@@ -88,8 +88,9 @@ def main(argv: list[str] | None = None) -> int:
             reward.delay = args.reward_share * statistics.median(generation[-2 * args.steps:]) / samples
 
         calibrate()
-        print(f"calibration: generation {statistics.median(generation[-2 * args.steps:]) * 1000:.1f} ms per step; reward "
-              f"{reward.delay * 1000:.2f} ms per call x {samples} calls (recalibrated after each baseline round)",
+        print(f"calibration: generation {statistics.median(generation[-2 * args.steps:]) * 1000:.1f} ms per step; "
+              f"reward {reward.delay * 1000:.2f} ms per call x {samples} calls "
+              f"(recalibrated after each baseline round)",
               flush=True)
         stages: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
 
@@ -106,8 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     means = {name: {k: statistics.mean(r[f"timing/{k}"] for r in rows) * 1000 for k in ("generate", "reward", "step")}
              for name, rows in stages.items()}
     for name, m in means.items():
-        print(f"{name}: mean ms per step: generate {m['generate']:.0f}, reward {m['reward']:.0f}, step {m['step']:.0f}; "
-              f"response length {statistics.mean(r['response/length_mean'] for r in stages[name]):.1f} mean", flush=True)
+        print(f"{name}: mean ms per step: generate {m['generate']:.0f}, reward {m['reward']:.0f}, "
+              f"step {m['step']:.0f}; "
+              f"response length {statistics.mean(r['response/length_mean'] for r in stages[name]):.1f} mean",
+              flush=True)
     base, cand = means["baseline"], means["candidate"]
     saved = base["step"] - cand["step"]
     bound = base["step"] / (base["step"] - base["reward"])  # every reward call hidden behind generation

@@ -134,8 +134,8 @@ def main(argv: list[str] | None = None) -> float:
         for name, fn in pair if r % 2 == 0 else pair[::-1]:
             times[name].append(timed(fn))
         ratios.append(times["hf generate"][-1] / times["verl HFKVCacheEngine"][-1])
-    print(f"batch {args.batch} x n {args.n}, prompt <= {args.prompt_len}, {args.new_tokens} new tokens, sampling T=1.0, "
-          f"{args.threads} thread(s), {args.repeats} repeats, vocab {vocab}"
+    print(f"batch {args.batch} x n {args.n}, prompt <= {args.prompt_len}, {args.new_tokens} new tokens, "
+          f"sampling T=1.0, {args.threads} thread(s), {args.repeats} repeats, vocab {vocab}"
           f"{', weights changed before every rollout' if args.update_weights else ''}"
           f"{', CPU time' if args.cpu_time else ', wall time'}; verl's cpu_matmul={resolve(args.cpu_matmul)[0]}")
     print(f"{'engine':<24}{'median s':>10}{'best s':>10}{'tokens/s (median)':>20}")

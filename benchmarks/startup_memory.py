@@ -106,8 +106,9 @@ def main() -> int:
     new, extra = peaks[("sharded", "policy")], peaks[("sharded", "policy+ref+critic")]
     old, old_extra = peaks[("old", "policy")], peaks[("old", "policy+ref+critic")]
     print(f"ratio peak RSS per rank / one full fp32 copy ({full / gib:.2f} GiB): sharded start-up {new / full:.2f}x "
-          f"({args.nproc} ranks, policy), {extra / full:.2f}x with a reference and a critic (+{(extra - new) / full:.2f}x "
-          f"for two shards of {1 / args.nproc:.2f}x); old path {old / full:.2f}x ({args.old_nproc} ranks, policy: "
+          f"({args.nproc} ranks, policy), {extra / full:.2f}x with a reference and a critic "
+          f"(+{(extra - new) / full:.2f}x for two shards of {1 / args.nproc:.2f}x); "
+          f"old path {old / full:.2f}x ({args.old_nproc} ranks, policy: "
           f"from_pretrained maps the file and sharding touches only this rank's pages on a CPU), "
           f"{old_extra / full:.2f}x with a reference and a critic ({args.old_roles_nproc} ranks: their whole copies "
           f"on {args.nproc} ranks do not fit this machine's memory)")

@@ -37,7 +37,9 @@ async def run(row, base_url):
     client = AsyncOpenAI(base_url=base_url, api_key="verl", max_retries=0, http_client=http_client())
     messages = [{"role": "user", "content": row["prompt"]}]
     for _ in range(MAX_CALLS + 1):
-        message = (await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)).choices[0].message
+        message = (
+            await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+        ).choices[0].message
         if not message.tool_calls:
             return float(extract_number(message.content or "") == int(row["ground_truth"]))
         messages.append({"role": "assistant", "content": message.content,
