@@ -29,11 +29,17 @@ from typing import Any, Protocol, runtime_checkable
 
 from verl.env.base import Environment, PromptEnv
 from verl.errors import ConfigError
-from verl.rollout.episode import Done, Observation, env_name, truncated_reward  # the types the rollout reads
+from verl.rollout.episode import (  # the types the rollout reads
+    Done,
+    EpisodeEnv,
+    Observation,
+    env_name,
+    truncated_reward,
+)
 
 
 @runtime_checkable
-class MultiTurnEnvironment(Protocol):
+class MultiTurnEnvironment(EpisodeEnv, Protocol):
     """What the trainer calls on a multi-turn environment."""
 
     max_turns: int  # model turns per episode

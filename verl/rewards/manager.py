@@ -417,7 +417,7 @@ class Scoring:
         return manager._assemble(batch, calls, logged, self.pool, self.sample_pool)
 
 
-def configure_rewards(env: Any, *, workers: int, timeout_s: float, executor: str = "thread",
+def configure_rewards(env: object, *, workers: int, timeout_s: float, executor: str = "thread",
                       max_worker_crashes: int | None = None, max_rss_mb: float | None = None) -> None:
     """Give `env`'s reward manager the run's `reward.workers`, `reward.timeout_s`, `reward.executor`,
     `reward.max_worker_crashes` and `reward.max_rss_mb` (environments without one score their own way)."""
@@ -427,7 +427,7 @@ def configure_rewards(env: Any, *, workers: int, timeout_s: float, executor: str
                           max_worker_crashes=max_worker_crashes, max_rss_mb=max_rss_mb)
 
 
-def report_progress(env: Any, progress: TrainingProgress) -> None:
+def report_progress(env: object, progress: TrainingProgress) -> None:
     """Tell `env`'s reward functions how far training is, for those that shape rewards by it (TRL's
     `trainer_state`); environments without a reward manager have nothing to tell."""
     manager = getattr(env, "reward_manager", None)

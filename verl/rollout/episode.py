@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from verl.errors import EnvError
 
@@ -31,21 +32,33 @@ class Done:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def env_name(env: Any) -> str:
+class EpisodeEnv(Protocol):
+    """What a multi-turn rollout calls on an environment (`verl.env.multiturn.MultiTurnEnvironment` is one):
+    its limits, `start` and `step`; `truncated_reward(state)` too where it defines one."""
+
+    max_turns: int  # model turns per episode
+    max_episode_tokens: int  # tokens after the prompt (model + observations) per episode
+
+    def start(self, row: Mapping[str, Any]) -> tuple[Any, Any]: ...
+
+    def step(self, state: Any, model_text: str) -> Observation | Done: ...
+
+
+def env_name(env: object) -> str:
     return type(env).__name__
 
 
-def truncated_reward(env: Any, state: Any) -> float:
+def truncated_reward(env: EpisodeEnv, state: Any) -> float:
     """The reward of an episode that ended without Done: `env.truncated_reward(state)` if defined, else 0."""
     fn = getattr(env, "truncated_reward", None)
     return float(fn(state)) if callable(fn) else 0.0
 
 
-def check_reward(env: Any, reward: Any, where: str) -> float:
+def check_reward(env: EpisodeEnv, reward: Any, where: str) -> float:
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(float(reward)):
         raise EnvError(f"environment {env_name(env)} returned Done(reward={reward!r}) {where}; the reward must "
                        "be a finite number. Fix step() of the environment.")
     return float(reward)
 
 
-__all__ = ["Done", "Observation", "check_reward", "env_name", "truncated_reward"]
+__all__ = ["Done", "EpisodeEnv", "Observation", "check_reward", "env_name", "truncated_reward"]

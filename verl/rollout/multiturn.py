@@ -28,7 +28,7 @@ import torch
 
 from verl.errors import ConfigError, EnvError, VerlError
 from verl.rollout.base import SamplingParams
-from verl.rollout.episode import Done, Observation, check_reward, env_name, truncated_reward
+from verl.rollout.episode import Done, EpisodeEnv, Observation, check_reward, env_name, truncated_reward
 from verl.rollout.hf_engine import EndCheck, HFKVCacheEngine
 from verl.utils.tokenizer_protocol import Tokenizer
 
@@ -127,7 +127,7 @@ class MultiTurnRollout:
         self.window = max((len(s.encode()) for s in self.stop), default=1) + 4
 
     # -- the environment, with errors that name it, the episode's row and the turn ----------------
-    def _call_env(self, env: Any, record: EpisodeRecord, what: str, fn: Callable[[], Any]) -> Any:
+    def _call_env(self, env: EpisodeEnv, record: EpisodeRecord, what: str, fn: Callable[[], Any]) -> Any:
         try:
             return fn()
         except VerlError:
@@ -141,7 +141,8 @@ class MultiTurnRollout:
                 + ". Fix the environment: a malformed tool call or model answer is the environment's to answer "
                 "with an error Observation or Done(reward=...), not to raise on.") from e
 
-    def start(self, env: Any, rows: Sequence[Mapping[str, Any]], n: int) -> tuple[list[Any], list[EpisodeRecord]]:
+    def start(self, env: EpisodeEnv, rows: Sequence[Mapping[str, Any]],
+              n: int) -> tuple[list[Any], list[EpisodeRecord]]:
         """env.start for n episodes of every row: (first messages per episode, records)."""
         prompts, records = [], []
         for i, row in enumerate(rows):
@@ -161,7 +162,7 @@ class MultiTurnRollout:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     # -- the rollout ------------------------------------------------------------------------------
-    def run(self, env: Any, records: list[EpisodeRecord], input_ids: torch.Tensor, attention_mask: torch.Tensor,
+    def run(self, env: EpisodeEnv, records: list[EpisodeRecord], input_ids: torch.Tensor, attention_mask: torch.Tensor,
             params: SamplingParams, generator: torch.Generator | None = None) -> MultiTurnOutput:
         """Run the episodes of `records` from their encoded first messages ([E, P], left-padded)."""
         if params.n != 1:
@@ -188,7 +189,7 @@ class MultiTurnRollout:
             model.train(was_training)
         return self._output(records, input_ids, attention_mask, params)
 
-    def _run(self, env: Any, records: list[EpisodeRecord], input_ids: torch.Tensor, attention_mask: torch.Tensor,
+    def _run(self, env: EpisodeEnv, records: list[EpisodeRecord], input_ids: torch.Tensor, attention_mask: torch.Tensor,
              params: SamplingParams, generator: torch.Generator | None, budget: int, max_turns: int) -> None:
         engine = self.engine
         state = engine.prefill(input_ids, attention_mask, input_ids.shape[1] + budget + 16)
@@ -283,7 +284,7 @@ class MultiTurnRollout:
 
         return end
 
-    def _truncate(self, env: Any, rec: EpisodeRecord, reason: str) -> None:
+    def _truncate(self, env: EpisodeEnv, rec: EpisodeRecord, reason: str) -> None:
         rec.truncated = reason
         rec.reward = check_reward(env, self._call_env(env, rec, "truncated_reward",
                                                       lambda: truncated_reward(env, rec.state)),

@@ -6,15 +6,18 @@ from __future__ import annotations
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from verl.config.schema import RunConfig
+from verl.distributed.mapping import DeviceMapping
+from verl.env.base import Environment
+from verl.env.multiturn import MultiTurnEnvironment
 from verl.env.registry import SELF_CONTAINED_ENVS
 from verl.errors import ConfigError, DeviceMappingError, VerlError, disk_full_cause, disk_full_error
 from verl.trainer.rl.evaluation import check_ks, validation_ks
+from verl.utils.tokenizer_protocol import Tokenizer
 
 
-def split_refusal(kind: str, mapping: Any, world_size: int, runs_split: bool) -> DeviceMappingError | None:
+def split_refusal(kind: str, mapping: DeviceMapping, world_size: int, runs_split: bool) -> DeviceMappingError | None:
     """Only the RL trainer runs roles on different ranks; the offline trainers refuse such a mapping."""
     if runs_split or world_size <= 1 or mapping.is_colocated():
         return None
@@ -52,7 +55,7 @@ def check_demo_env(config: RunConfig) -> list[VerlError]:
 # ranks, `verl.demos.warm_start`, so it takes any placement the RL trainer does).
 COLOCATED_DEMOS = ("tool", "agent", "rlhf")
 
-def check_demo_placement(config: RunConfig, mapping: Any, world_size: int) -> list[VerlError]:
+def check_demo_placement(config: RunConfig, mapping: DeviceMapping | None, world_size: int) -> list[VerlError]:
     """A demo that needs every role on every rank is refused a split placement here, before anything loads."""
     demo = config.trainer.demo
     if demo not in COLOCATED_DEMOS or world_size <= 1 or mapping.is_colocated():
@@ -85,7 +88,7 @@ def check_overlong_buffer(config: RunConfig) -> list[VerlError]:
                         "(the penalty starts overlong_buffer tokens before that length). Fix: lower it below "
                         f"{length}, or set 0 to turn it off")]
 
-def check_filter_groups_placement(config: RunConfig, mapping: Any) -> list[VerlError]:
+def check_filter_groups_placement(config: RunConfig, mapping: DeviceMapping | None) -> list[VerlError]:
     """Dynamic sampling keeps groups by their rewards on the actor's ranks, so a reward model that scores on
     ranks of its own cannot take part."""
     r = config.reward
@@ -96,7 +99,9 @@ def check_filter_groups_placement(config: RunConfig, mapping: Any) -> list[VerlE
                         f"of its own (devices.reward={config.devices.reward}) is not supported with it: colocate "
                         "the reward model (remove devices.reward) or set algorithm.filter_groups=false")]
 
-def check_env_options(config: RunConfig, env: Any, tokenizer: Any = None) -> list[VerlError]:
+
+def check_env_options(config: RunConfig, env: Environment | MultiTurnEnvironment,
+                      tokenizer: Tokenizer | None = None) -> list[VerlError]:
     """Options that a built environment rules out (the overlong penalty shapes single-turn rewards), and a
     tool environment's tools against the policy's chat template (`ToolEnv.bind_tokenizer`)."""
     from verl.env.multiturn import is_multiturn

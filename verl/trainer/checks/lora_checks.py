@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from verl.config.schema import LoraConfig, RunConfig
+from verl.distributed.mapping import DeviceMapping
 from verl.errors import ConfigError, DeviceMappingError, VerlError
 from verl.models.lora import PEFT_HINT, peft_config, read_adapter_config
 
@@ -205,7 +205,7 @@ def _trainable_with_lora(model: torch.nn.Module, cfg: LoraConfig, *, task_type: 
             sum(p.numel() for p in wrapped.parameters()))
 
 
-def check_lora(config: RunConfig, *, model_path: str | None, mapping: Any = None, kind: str = "rl",
+def check_lora(config: RunConfig, *, model_path: str | None, mapping: DeviceMapping | None = None, kind: str = "rl",
                model: torch.nn.Module | None = None) -> LoraCheck:
     """Every LoRA problem of `config` (collected, not raised) and the parameter counts for `verl check`;
     `model`: the policy on the meta device when the caller built it already (`PolicyFacts.meta_model`)."""
@@ -250,7 +250,8 @@ def check_lora(config: RunConfig, *, model_path: str | None, mapping: Any = None
     return out
 
 
-def memory_counts(config: RunConfig, counts: ParameterCounts, mapping: Any) -> tuple[dict[str, int], dict[str, int]]:
+def memory_counts(config: RunConfig, counts: ParameterCounts,
+                  mapping: DeviceMapping) -> tuple[dict[str, int], dict[str, int]]:
     """(parameters, trainable parameters) per role for the memory estimate: with LoRA the actor's gradients
     and optimizer moments cover the adapters only, and a reference that is the policy with its adapters off
     costs nothing where it shares the actor's ranks."""

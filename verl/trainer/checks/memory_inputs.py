@@ -13,6 +13,7 @@ from typing import Any
 
 from verl.config.schema import RunConfig
 from verl.distributed.fsdp import find_decoder_layers
+from verl.distributed.mapping import DeviceMapping
 from verl.distributed.memory import _shard_factor, estimate_memory
 from verl.distributed.memory_plan import (
     ModelShape,
@@ -67,7 +68,7 @@ def model_shape(config: RunConfig, model_path: str, *, model: Any = None) -> Mod
         return None
 
 
-def whole_load_reason(config: RunConfig, *, mapping: Any, world_size: int, kind: str) -> str:
+def whole_load_reason(config: RunConfig, *, mapping: DeviceMapping | None, world_size: int, kind: str) -> str:
     """Why the trainer's start-up would load its models whole before sharding them, or "" where each rank
     reads only its own shards (`verl.models.sharded_load.reads_shards`, asked with this mapping; then the
     loader's own conditions: safetensors files it can read, no remote code). A folder with config.json alone
@@ -91,7 +92,7 @@ def whole_load_reason(config: RunConfig, *, mapping: Any, world_size: int, kind:
     return ""
 
 
-def plan_inputs(config: RunConfig, *, mapping: Any, shape: ModelShape, world_size: int,
+def plan_inputs(config: RunConfig, *, mapping: DeviceMapping | None, shape: ModelShape, world_size: int,
                 counts: dict[str, int] | None = None, trainable: dict[str, int] | None = None,
                 kind: str = "rl") -> PlanInputs:
     """The plan's inputs for an actor rank of an RL, SFT or DPO run (`kind`) on CUDA. SFT and DPO have no

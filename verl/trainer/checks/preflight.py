@@ -31,8 +31,8 @@ from verl.config.schema import RunConfig
 from verl.data.split import DATA_KINDS, DataSplit, canonical_rows, split_train_val
 from verl.data.tool_template import chat_template_text
 from verl.env import build_env
-from verl.env.base import check_ground_truths
-from verl.env.multiturn import is_multiturn
+from verl.env.base import Environment, check_ground_truths
+from verl.env.multiturn import MultiTurnEnvironment, is_multiturn
 from verl.errors import ConfigError, DataError, ModelError, RewardError, VerlError
 from verl.models.checks import vocabulary_difference
 from verl.models.hf_loader import load_tokenizer
@@ -43,6 +43,7 @@ from verl.trainer.build.models import load_policy_with_report, resolve_model_pat
 from verl.trainer.build.setup import run_dtype
 from verl.trainer.checks.source_checks import check_model_sources, model_sources
 from verl.trainer.checks.startup import VAL_ONLY_NEEDS_ROWS, StartupReport, check_env_options, check_startup
+from verl.utils.tokenizer_protocol import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -65,10 +66,10 @@ class Given:
     """What a Python caller passed in place of the config; those parts are not built from the config."""
 
     model: Any = None
-    tokenizer: Any = None
+    tokenizer: Tokenizer | None = None
     rows: Sequence[Any] | None = None  # training rows in memory (RL prompts, SFT/DPO train_rows or examples)
     val_rows: Sequence[Any] | None = None
-    env: Any = None
+    env: Environment | MultiTurnEnvironment | None = None
     reward_functions: Sequence[Any] | None = None
 
 
@@ -83,11 +84,11 @@ class Preflight:
     startup: StartupReport | None = None
     problems: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)  # worth a look, but the run can start
-    tokenizer: Any = None
+    tokenizer: Tokenizer | None = None
     model_report: Any = None  # the meta-device model check (`check_model`)
     data: DataSplit | None = None
     given_rows: Sequence[dict[str, Any]] | None = None  # RL prompt rows passed in, in canonical form
-    env: Any = None
+    env: Environment | MultiTurnEnvironment | None = None
     reward_names: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # section -> why it did not run
 
@@ -312,7 +313,7 @@ def _data_pass(pf: Preflight, given: Given) -> None:
         pf.add("data", exc)
 
 
-def validation_rewards(config: RunConfig, env: Any) -> RewardManager | None:
+def validation_rewards(config: RunConfig, env: Environment | MultiTurnEnvironment) -> RewardManager | None:
     """`reward.val_functions` as the reward manager validation scores with (None: as training scores), checked
     against the environment's held-out rows (a function that needs a ground truth a row lacks, file:line)."""
     if not config.reward.val_functions:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from verl.config.schema import RunConfig
-from verl.distributed.mapping import validate_device_mapping
+from verl.distributed.mapping import DeviceMapping, validate_device_mapping
 from verl.distributed.memory import OPTIMIZER_STATES, TRAINABLE_ROLES, estimate_memory
 from verl.distributed.memory_plan import plan_memory, suggestions
 from verl.distributed.sequence_parallel import (
@@ -73,7 +73,7 @@ class StartupReport:
     world_size: int
     problems: list[VerlError] = field(default_factory=list)
     plans: dict[str, Any] = field(default_factory=dict)
-    mapping: Any = None
+    mapping: DeviceMapping | None = None
     fsdp_notes: list[str] = field(default_factory=list)
     rl_notes: list[str] = field(default_factory=list)  # what the RL step will do (e.g. the rollout correction)
     memory: Any = None
@@ -96,7 +96,7 @@ def plans_for(config: RunConfig, dp_size: int, critic_dp_size: int | None = None
     return {}
 
 
-def splitting_roles(config: RunConfig, mapping: Any) -> dict[str, tuple[str, str | None]]:
+def splitting_roles(config: RunConfig, mapping: DeviceMapping | None) -> dict[str, tuple[str, str | None]]:
     """The models besides the policy whose sequences split with the actor's groups (`actor.sequence_parallel_size`
     > 1: the reference, critic and teacher on exactly the actor's ranks): name -> (the key naming its own
     model, that model's path; None: a copy of the actor's)."""

@@ -34,6 +34,8 @@ from verl.distributed.fsdp import apply_fsdp, checkpoint_decoder_layers
 from verl.distributed.placement import Placement
 from verl.distributed.sequence_parallel import enable_sequence_parallel
 from verl.env import build_env
+from verl.env.base import Environment
+from verl.env.multiturn import MultiTurnEnvironment
 from verl.models.dropout import disable_dropout
 from verl.models.hf_loader import load_tokenizer
 from verl.models.lora import AdapterOff, base_of
@@ -63,6 +65,7 @@ from verl.trainer.checks.preflight import Given, Preflight, preflight, validatio
 from verl.trainer.checks.startup import check_env_options
 from verl.trainer.rl.rewards import RewardModelFunction
 from verl.trainer.rollout.async_rollout import AsyncRollout, takes_partial_rollouts
+from verl.utils.tokenizer_protocol import Tokenizer
 
 
 @dataclass
@@ -84,14 +87,14 @@ class Components:
     config: RunConfig
     checks: Preflight  # what the weight-free pass found: plans, mapping, rows, warnings
     process: ProcessSetup
-    tokenizer: Any
+    tokenizer: Tokenizer
     policy: torch.nn.Module | None
-    env: Any = None  # RL: prompts + rewards
+    env: Environment | MultiTurnEnvironment | None = None  # RL: prompts + rewards
     reference: torch.nn.Module | None = None
     teacher: torch.nn.Module | None = None  # on-policy distillation (algorithm.distill)
     critic: torch.nn.Module | None = None
     reward_scorer: RewardModelScorer | None = None  # a reward model on ranks of its own
-    reward_tokenizer: Any = None  # ... and the tokenizer the actor ranks encode its inputs with
+    reward_tokenizer: Tokenizer | None = None  # ... and the tokenizer the actor ranks encode its inputs with
     val_rewards: Any = None  # `reward.val_functions`: what validation scores with instead of the training reward
     actor_optim: Optimizer | None = None
     critic_optim: Optimizer | None = None
@@ -161,7 +164,7 @@ def setup_env(config: RunConfig, checks: Preflight, given: Given, reward_functio
                      shuffle=config.data.shuffle, rewards_optional=config.env.agent is not None)
 
 
-def setup_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any, process: ProcessSetup, *,
+def setup_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Tokenizer, process: ProcessSetup, *,
                     given: torch.nn.Module | None = None, defer: bool | None = None) -> torch.nn.Module:
     """The frozen KL anchor (RL) or DPO's reference: `given` (from Python), else `ref.path`, else the actor's
     initial weights; held in the dtype the actor computes in, split like the policy's rows on the actor's
@@ -174,7 +177,7 @@ def setup_reference(config: RunConfig, policy: torch.nn.Module, tokenizer: Any, 
     return shard_frozen(ref, "ref", config, process)
 
 
-def setup_teacher(config: RunConfig, tokenizer: Any, process: ProcessSetup) -> torch.nn.Module:
+def setup_teacher(config: RunConfig, tokenizer: Tokenizer, process: ProcessSetup) -> torch.nn.Module:
     """The distillation teacher (`algorithm.distill.teacher_path`), frozen, in the dtype a reference is held
     in, sharded over the teacher's ranks wherever the actor is sharded; on the actor's ranks it splits its
     sequences with the actor's groups."""

@@ -21,6 +21,8 @@ import torch
 
 from verl.config.schema import RunConfig
 from verl.distributed.fsdp import gathered
+from verl.env.base import Environment
+from verl.env.multiturn import MultiTurnEnvironment
 from verl.errors import VerlError
 from verl.models.lora import is_peft_model
 from verl.trainer.build.setup import resolve_run_dir, seed_everything
@@ -30,14 +32,16 @@ from verl.trainer.compose.components import Components, compose, shard
 from verl.trainer.rollout.prompts import PromptCodec
 from verl.utils.cpu_matmul import cpu_model
 from verl.utils.cpu_matmul import resolve as resolve_cpu_matmul
+from verl.utils.tokenizer_protocol import Tokenizer
 
 
 class TrainerRuntime:
     kind = "base"
     runs_split_placements = False  # roles on different ranks (RLTrainer, through its Placement)
 
-    def __init__(self, config: RunConfig, *, model: torch.nn.Module | None = None, tokenizer: Any = None,
-                 rows: Any = None, val_rows: Any = None, env: Any = None, reward_functions: Any = None,
+    def __init__(self, config: RunConfig, *, model: torch.nn.Module | None = None,
+                 tokenizer: Tokenizer | None = None, rows: Any = None, val_rows: Any = None,
+                 env: Environment | MultiTurnEnvironment | None = None, reward_functions: Any = None,
                  parts: Components | None = None) -> None:
         """`model`, `tokenizer`, `rows`, `val_rows`, `env` and `reward_functions` are what a Python caller
         passes instead of the config; the checks use them and check only the rest. `parts`: another trainer's

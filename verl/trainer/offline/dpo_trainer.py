@@ -31,6 +31,7 @@ from verl.trainer.forward.logprobs import (
 )
 from verl.trainer.offline.base import PairTrainer, Rows
 from verl.trainer.offline.sft_trainer import collate_sequences, shifted_targets
+from verl.utils.tokenizer_protocol import Tokenizer
 
 PairItem = Mapping[str, Any]
 
@@ -111,7 +112,7 @@ class DPOTrainer(PairTrainer):
         config: RunConfig,
         *,
         model: torch.nn.Module | None = None,
-        tokenizer: Any = None,
+        tokenizer: Tokenizer | None = None,
         ref_model: torch.nn.Module | None = None,
         train_rows: Rows | None = None,
         val_rows: Rows | None = None,

@@ -26,6 +26,7 @@ from verl.errors import CheckpointError
 from verl.models.reward_model import sequence_scores
 from verl.trainer.compose.components import compose_offline
 from verl.trainer.offline.base import PairTrainer, Rows
+from verl.utils.tokenizer_protocol import Tokenizer
 
 EXPORT_DIR = "reward_model"
 
@@ -47,7 +48,7 @@ class RMTrainer(PairTrainer):
         config: RunConfig,
         *,
         model: torch.nn.Module | None = None,
-        tokenizer: Any = None,
+        tokenizer: Tokenizer | None = None,
         train_rows: Rows | None = None,
         val_rows: Rows | None = None,
     ) -> None:

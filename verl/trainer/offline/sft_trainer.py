@@ -27,6 +27,7 @@ from verl.errors import ConfigError, DataError, ModelError
 from verl.trainer.compose.components import Components, compose_offline
 from verl.trainer.forward.logprobs import target_logprobs
 from verl.trainer.offline.base import OfflineTrainer, Rows
+from verl.utils.tokenizer_protocol import Tokenizer
 
 
 def shifted_targets(labels: Sequence[int]) -> list[int]:
@@ -140,7 +141,7 @@ class SFTTrainer(OfflineTrainer):
         config: RunConfig,
         *,
         model: torch.nn.Module | None = None,
-        tokenizer: Any = None,
+        tokenizer: Tokenizer | None = None,
         train_rows: Rows | None = None,
         val_rows: Rows | None = None,
         train_examples: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
