@@ -80,11 +80,6 @@ def teacher_parameters(config: RunConfig) -> int | None:
     return count_parameters(path, trust_remote_code=config.model.trust_remote_code)
 
 def read_model_facts(config: RunConfig, model_path: str | None) -> dict[str, Any]:
-    """The attention facts of a local model's config (`model_facts`; no weights); {} if there is none to read."""
-    if model_path is None or not Path(model_path).expanduser().exists():
-        return {}
-    try:
-        return model_facts(AutoConfig.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code,
-                                                      revision=config.model.revision))
-    except Exception:  # an unreadable model is reported by the model check itself
-        return {}
+    """The attention facts of a local model's config (`model_facts`; no weights); {} if there is none to read
+    (another role's model: the policy's are read once by the pass's `PolicyFacts`)."""
+    return PolicyFacts(config, model_path).attention
