@@ -29,15 +29,15 @@ LAYERS: dict[str, int] = {
     "data": 3,
     "rewards": 3,
     "models": 3,
-    "rollout": 3,
     "checkpoint": 3,
     "tracking": 3,
     "distributed": 3,
-    "env": 4,            # prompt source (data) + reward (rewards)
-    "trainer": 5,
-    "demos": 6,          # recipes on top of the trainers
-    "compat": 6,         # volcengine/verl entry points and command translation
-    "cli": 7,
+    "env": 4,            # prompt source (data) + reward (rewards); the episode protocol a rollout runs
+    "rollout": 5,        # engines, multi-turn and agent episodes, asynchronous rollout ranks
+    "trainer": 6,
+    "demos": 7,          # recipes on top of the trainers
+    "compat": 7,         # volcengine/verl entry points and command translation
+    "cli": 8,
 }
 
 # Third-party packages `algorithms` may import, besides the standard library and itself.
@@ -163,13 +163,13 @@ def test_imports_follow_the_layer_order():
     ("rel_path", "source", "expected"),
     [
         ("verl/trainer/x.py", "def f():\n    from verl.cli.main import main\n",
-         "trainer (layer 5) imports verl.cli.main"),
+         "trainer (layer 6) imports verl.cli.main"),
         ("verl/utils/x.py", "import verl.models.tiny\n", "utils (layer 1) imports verl.models.tiny"),
         ("verl/data/x.py", "from verl.trainer import batch\n", "data (layer 3) imports verl.trainer"),
         ("verl/models/x.py", "if True:\n    from verl.trainer.rl_trainer import RLTrainer\n", "imports verl.trainer"),
         ("verl/distributed/x.py", "from verl.cli import main\n", "imports verl.cli"),
         ("verl/env/x.py", "from ..trainer.batch import RolloutBatch\n", "env (layer 4) imports verl.trainer.batch"),
-        ("verl/rollout/sub/x.py", "from ...cli import main\n", "rollout (layer 3) imports verl.cli"),
+        ("verl/rollout/sub/x.py", "from ...cli import main\n", "rollout (layer 5) imports verl.cli"),
         ("verl/algorithms/x.py", "import numpy as np\n", "algorithms imports numpy"),
         ("verl/algorithms/x.py", "from verl.errors import ConfigError\n", "algorithms imports verl.errors"),
         ("verl/config/x.py", "_LAZY = {'A': 'verl.data.load'}\n", "config (layer 2) imports verl.data.load"),
@@ -196,7 +196,6 @@ def test_allowed_imports_pass():
 TRAINER_ROOMS: dict[str, int] = {
     "forward": 1,   # response log-probs, packing, sequence parallelism
     "build": 1,     # a role's model, process setup, FSDP launch, precision, optimizer
-    "rollout": 1,   # prompts, asynchronous rollout, multi-turn and agent episodes
     "rl": 2,        # the RL step's stages after sampling
     "checks": 3,    # start-up checks
     "compose": 4,   # the parts a trainer is built from, the runtime, the loop

@@ -7,8 +7,8 @@ own (registered like any model family's): a turn that ended at the stop string "
 back as the template's tool turn (`ToolTurns`), and the answer is scored by its length (dense and varied within a group,
 so every step has a gradient)."""
 
+from verl.data.tool_parsers import ParsedTurn, ToolCall, format_hermes, register_tool_call_format
 from verl.env import Tool, ToolEnv
-from verl.rollout.tool_parsers import ParsedTurn, ToolCall, format_hermes, register_tool_call_format
 
 SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
 

@@ -9,6 +9,7 @@ from tiny_support import load_tiny
 
 from tests.rollout.test_multiturn import assert_one_forward_logprobs
 from verl.data.chat import encode_prompt
+from verl.data.tool_parsers import ParsedTurn, ToolCall, register_tool_call_format
 from verl.data.tool_template import HERMES_TEMPLATE, ToolTurns, prefix_preserving
 from verl.env.multiturn import Done, Observation
 from verl.env.tool_env import ToolEnv
@@ -17,7 +18,6 @@ from verl.errors import ConfigError
 from verl.models.tiny import build_tiny_model
 from verl.rollout import HFKVCacheEngine, SamplingParams
 from verl.rollout.multiturn import MultiTurnRollout
-from verl.rollout.tool_parsers import ParsedTurn, ToolCall, register_tool_call_format
 
 EXPR = {"type": "object", "properties": {"expression": {"type": "string", "maxLength": 20}},
         "required": ["expression"], "additionalProperties": False}

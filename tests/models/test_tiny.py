@@ -158,8 +158,8 @@ def test_the_tools_variant_writes_tool_calls_in_few_tokens_and_keeps_their_tags(
     """`tiny:...:tools`: the Hermes template and tags (kept in decoded text, for the parser), JSON merges."""
     from transformers import AutoTokenizer
 
+    from verl.data.tool_parsers import ToolCall, format_hermes, parse_hermes
     from verl.models.tiny import TOOL_TAGS, build_from_spec
-    from verl.rollout.tool_parsers import ToolCall, format_hermes, parse_hermes
     from verl.utils.chat_render import HERMES_TEMPLATE
 
     tok = AutoTokenizer.from_pretrained(build_from_spec("tiny:qwen2:64:2:tools"))

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from verl.data.tool_parsers import ToolCall
 from verl.env.tools import check_tools, python_tool, run_tool
 from verl.errors import RewardError
 from verl.rewards import code_exec as code_exec_module
 from verl.rewards.code_exec import cases_of, code_exec, extract_code
 from verl.rewards.manager import RewardManager
-from verl.rollout.tool_parsers import ToolCall
 
 ADD = "def add(a, b):\n    return a + b"
 

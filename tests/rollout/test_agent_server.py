@@ -15,11 +15,11 @@ openai = pytest.importorskip("openai")
 from tiny_support import load_tiny  # noqa: E402
 
 from tests.rollout.test_multiturn import assert_one_forward_logprobs  # noqa: E402
+from verl.data.tool_parsers import tool_call_format  # noqa: E402
 from verl.data.tool_template import HERMES_TEMPLATE  # noqa: E402
 from verl.rollout import HFKVCacheEngine  # noqa: E402
 from verl.rollout.agent_server import AgentServer, Sampled  # noqa: E402
 from verl.rollout.multiturn import EpisodeRecord, MultiTurnOutput  # noqa: E402
-from verl.rollout.tool_parsers import tool_call_format  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate.", "parameters": {
     "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from verl.errors import ConfigError
-from verl.rollout.tool_parsers import (
+from verl.data.tool_parsers import (
     ToolCall,
     parse_hermes,
     parse_llama3_json,
     tool_call_format,
 )
+from verl.errors import ConfigError
 
 CALLS = [ToolCall("calculator", {"expression": "347*29"}), ToolCall("search", {"q": "ü \"quoted\"", "k": [1, 2]})]
 

@@ -16,8 +16,8 @@ from transformers import AutoModelForCausalLM
 
 from verl.models.tiny import build_tiny_model
 from verl.rollout import HFKVCacheEngine
+from verl.rollout.async_rollout import buckets, trainable
 from verl.rollout.weight_sync import DeliveryReceiver, policy_weights, synced
-from verl.trainer.rollout.async_rollout import buckets, trainable
 
 from .test_vllm_sync import W, read_metrics, rl_config, stand_in_vllm  # noqa: F401 - the fixture
 
@@ -117,8 +117,8 @@ def _checksum(named: dict[str, torch.Tensor]) -> str:
 
 def _async_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     """Rank 0 trains, rank 1 samples with vLLM: per delivered version, the checksum of what each side holds."""
+    from verl.rollout import async_rollout
     from verl.trainer.rl_trainer import RLTrainer
-    from verl.trainer.rollout import async_rollout
 
     W.setup(rank, world, port)
     out = Path(out_dir)

@@ -10,8 +10,8 @@ pytest.importorskip("openai")
 
 from tests.trainer.rl_support import rl_config  # noqa: E402
 from verl.errors import ConfigError  # noqa: E402
+from verl.rollout.agent_episodes import agent_problems  # noqa: E402
 from verl.trainer.rl_trainer import RLTrainer  # noqa: E402
-from verl.trainer.rollout.agent_episodes import agent_problems  # noqa: E402
 
 AGENT = '''
 import asyncio

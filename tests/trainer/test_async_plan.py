@@ -9,8 +9,8 @@ import torch
 from verl.batch import RolloutBatch
 from verl.config import load_config, split_legacy_flags
 from verl.errors import DistributedError
+from verl.rollout.async_rollout import DRAWN, buckets, merge, staleness_metrics, text_tensor, texts_of
 from verl.trainer.checks.preflight import preflight
-from verl.trainer.rollout.async_rollout import DRAWN, buckets, merge, staleness_metrics, text_tensor, texts_of
 
 
 def _check(*overrides, world=2):
@@ -54,7 +54,7 @@ def test_vllm_on_rollout_ranks_is_planned_with_partial_rollouts_off():
 
 
 def test_partial_rollouts_only_on_our_sampler():
-    from verl.trainer.rollout.async_rollout import takes_partial_rollouts
+    from verl.rollout.async_rollout import takes_partial_rollouts
 
     def takes(*overrides):
         return takes_partial_rollouts(load_config(overrides=["env.name=arithmetic", *overrides]), env=None)

@@ -21,11 +21,11 @@ import torch
 
 from verl.data.chat import encode_prompt
 from verl.data.datasets import IGNORE_INDEX
+from verl.data.tool_parsers import ToolCall, tool_call_format
 from verl.data.tool_template import ToolTurns
 from verl.demos.arithmetic import constant_lr_sft, sft_until
 from verl.env.calculator import CalculatorEnv
 from verl.errors import ConfigError
-from verl.rollout.tool_parsers import ToolCall, tool_call_format
 from verl.trainer.rl_trainer import RLTrainer
 
 SFT_EPISODES = 2000  # every training problem but the probe: fewer were learnt by heart instead of copied

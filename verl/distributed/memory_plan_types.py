@@ -64,7 +64,7 @@ class RolloutRank:
     dtype the trainer holds it in (the master dtype: a rollout rank is not sharded), then either hands the GPU
     to vLLM (the policy moved to the CPU first; vLLM stays awake, taking its `gpu_memory_utilization` share)
     or samples with our sampler from that copy; every weight delivery arrives in buckets in the rollout's
-    dtype (`verl.trainer.rollout.async_rollout`)."""
+    dtype (`verl.rollout.async_rollout`)."""
 
     ranks: int  # how many rollout ranks
     weights_bytes: int  # the whole policy as loaded (master dtype)

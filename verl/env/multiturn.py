@@ -28,14 +28,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from verl.env.base import Environment, PromptEnv
-from verl.errors import ConfigError
-from verl.rollout.episode import (  # the types the rollout reads
+from verl.env.episode import (  # the types the rollout reads
     Done,
     EpisodeEnv,
     Observation,
     env_name,
     truncated_reward,
 )
+from verl.errors import ConfigError
 
 
 @runtime_checkable

@@ -22,12 +22,12 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from verl.data.tool_parsers import tool_call_format as format_named
 from verl.data.tool_template import ToolTurns, prefix_preserving
 from verl.env.multiturn import Done, MultiTurnEnv, Observation
 from verl.env.tools import Tool, ToolResult, check_tools, run_tool
 from verl.errors import ConfigError
 from verl.rewards.builtin import extract_number
-from verl.rollout.tool_parsers import tool_call_format as format_named
 from verl.utils.tokenizer_protocol import Tokenizer
 
 

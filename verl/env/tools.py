@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from verl.data.tool_parsers import ToolCall
 from verl.errors import ConfigError
-from verl.rollout.tool_parsers import ToolCall
 from verl.utils.suggest import did_you_mean
 
 

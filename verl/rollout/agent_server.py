@@ -41,9 +41,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from verl.data.tool_parsers import ToolCallFormat
 from verl.errors import ConfigError, install_hint
 from verl.rollout.base import SamplingParams
-from verl.rollout.tool_parsers import ToolCallFormat
 from verl.utils.chat_render import render_chat, turn_end
 from verl.utils.tokenizer_protocol import Tokenizer
 

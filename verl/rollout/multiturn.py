@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
+from verl.env.episode import Done, EpisodeEnv, Observation, check_reward, env_name, truncated_reward
 from verl.errors import ConfigError, EnvError, VerlError
 from verl.rollout.base import SamplingParams
-from verl.rollout.episode import Done, EpisodeEnv, Observation, check_reward, env_name, truncated_reward
 from verl.rollout.hf_engine import EndCheck, HFKVCacheEngine
 from verl.utils.tokenizer_protocol import Tokenizer
 

@@ -201,7 +201,7 @@ def ready_to_sample(engine: Any, model: torch.nn.Module,
 
 class DeliveryReceiver:
     """A rollout rank's end of an asynchronous weight delivery
-    (`verl.trainer.rollout.async_rollout.AsyncRollout.deliver`): where the broadcast buckets of the trained
+    (`verl.rollout.async_rollout.AsyncRollout.deliver`): where the broadcast buckets of the trained
     parameters go.
 
     Our sampler runs the rollout rank's copy of the policy, so the buckets are unpacked into it. An engine with

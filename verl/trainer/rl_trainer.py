@@ -31,6 +31,7 @@ from verl.errors import ConfigError
 from verl.rewards import TrainingProgress
 from verl.rewards.manager import report_progress
 from verl.rollout import SamplingParams
+from verl.rollout.agent_episodes import episodes_for
 from verl.rollout.weight_sync import ready_to_sample
 from verl.trainer.build.precision import compute_dtype
 from verl.trainer.compose.components import async_rollout_for
@@ -60,7 +61,6 @@ from verl.trainer.rl.python_api import RewardArg, python_run
 from verl.trainer.rl.rewards import RemoteRewardModel, RewardOverlap, accuracy_of, score_responses
 from verl.trainer.rl.rl_state import RLCheckpointState
 from verl.trainer.rl.step_metrics import batch_metrics, timed
-from verl.trainer.rollout.agent_episodes import episodes_for
 from verl.utils.tokenizer_protocol import Tokenizer
 
 

@@ -23,11 +23,11 @@ from verl.distributed.memory_plan import (
     micro_batch_tokens,
 )
 from verl.models.sharded_load import reads_shards
+from verl.rollout.async_rollout import BUCKET_BYTES
 from verl.rollout.engine_check import ROLLOUT_RANK_GPU_MEMORY_UTILIZATION
 from verl.trainer.build.fsdp_launch import fsdp_launch
 from verl.trainer.build.precision import role_dtype_names
 from verl.trainer.checks.lora_checks import meta_causal_lm
-from verl.trainer.rollout.async_rollout import BUCKET_BYTES
 from verl.utils.dtype import bytes_per_element
 
 

@@ -26,6 +26,8 @@ from verl.distributed.sequence_parallel import (
     sequence_parallel_problems,
 )
 from verl.errors import ConfigError, VerlError
+from verl.rollout.agent_episodes import agent_problems
+from verl.rollout.async_rollout import describe as describe_async
 from verl.rollout.engine_check import check_rollout_engine, check_vllm_placement, describe_vllm_memory
 from verl.tracking.tracker import backend_problems
 from verl.trainer.build.fsdp_launch import fsdp_launch
@@ -61,8 +63,6 @@ from verl.trainer.forward.batch_math import plan_rl
 from verl.trainer.forward.packing import describe_remove_padding
 from verl.trainer.rl.correction import plan_correction
 from verl.trainer.rl.distill import describe as describe_distillation
-from verl.trainer.rollout.agent_episodes import agent_problems
-from verl.trainer.rollout.async_rollout import describe as describe_async
 from verl.utils.dtype import bytes_per_element, check_dtype_for_device
 
 

@@ -43,6 +43,7 @@ from verl.models.reward_model import RewardModelScorer
 from verl.models.sharded_load import is_deferred, materialise, reads_shards
 from verl.rewards.manager import configure_rewards
 from verl.rollout import RolloutEngine, build_engine
+from verl.rollout.async_rollout import AsyncRollout, takes_partial_rollouts
 from verl.rollout.engine_check import ROLLOUT_RANK_GPU_MEMORY_UTILIZATION
 from verl.tracking import Tracker
 from verl.trainer.build.fsdp_launch import fsdp_launch
@@ -64,7 +65,6 @@ from verl.trainer.build.setup import (
 from verl.trainer.checks.preflight import Given, Preflight, preflight, validation_rewards
 from verl.trainer.checks.startup import check_env_options
 from verl.trainer.rl.rewards import RewardModelFunction
-from verl.trainer.rollout.async_rollout import AsyncRollout, takes_partial_rollouts
 from verl.utils.tokenizer_protocol import Tokenizer
 
 

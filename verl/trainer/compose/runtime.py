@@ -25,11 +25,11 @@ from verl.env.base import Environment
 from verl.env.multiturn import MultiTurnEnvironment
 from verl.errors import VerlError
 from verl.models.lora import is_peft_model
+from verl.rollout.prompts import PromptCodec
 from verl.trainer.build.setup import resolve_run_dir, seed_everything
 from verl.trainer.checks.preflight import Given
 from verl.trainer.compose import loop
 from verl.trainer.compose.components import Components, compose, shard
-from verl.trainer.rollout.prompts import PromptCodec
 from verl.utils.cpu_matmul import cpu_model
 from verl.utils.cpu_matmul import resolve as resolve_cpu_matmul
 from verl.utils.tokenizer_protocol import Tokenizer

@@ -21,7 +21,7 @@ from verl.env.base import Environment
 from verl.env.multiturn import MultiTurnEnvironment, check_multiturn_env
 from verl.rollout import RolloutEngine, SamplingParams
 from verl.rollout.multiturn import MultiTurnOutput, MultiTurnRollout
-from verl.trainer.rollout.prompts import PromptCodec
+from verl.rollout.prompts import PromptCodec
 
 
 @dataclass

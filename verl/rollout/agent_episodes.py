@@ -18,7 +18,7 @@ trained on (its tokens are masked), its traceback goes to the samples and `episo
 neither stops the run. Which calls share a batch depends on when the agents make them, so concurrent agents are
 not reproducible bit for bit; with `env.agent_concurrency: 1` the calls come in episode order and a run is.
 With rollout ranks of their own (asynchronous RL) all this runs there, next to the engine, and the episodes
-travel to the actor ranks (`verl.trainer.rollout.async_rollout`).
+travel to the actor ranks (`verl.rollout.async_rollout`).
 """
 
 from __future__ import annotations
@@ -36,15 +36,15 @@ from typing import Any
 import torch
 
 from verl.config.schema import RunConfig
+from verl.data.tool_parsers import tool_call_format
 from verl.data.tool_template import prefix_preserving
 from verl.env.base import Environment
 from verl.env.multiturn import MultiTurnEnvironment, is_multiturn
 from verl.errors import ConfigError
 from verl.rollout import SamplingParams
 from verl.rollout.agent_server import AgentServer, EpisodeTokens, Sampled, require_server_libraries
+from verl.rollout.episodes import Episodes
 from verl.rollout.multiturn import EpisodeRecord, MultiTurnOutput, layout_episodes
-from verl.rollout.tool_parsers import tool_call_format
-from verl.trainer.rollout.episodes import Episodes
 from verl.utils.user_code import exec_user_file, resolve_user_path
 
 AgentFn = Callable[[dict[str, Any], str], Any]
