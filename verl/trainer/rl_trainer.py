@@ -34,6 +34,7 @@ from verl.rollout import SamplingParams
 from verl.rollout.agent_episodes import episodes_for
 from verl.rollout.weight_sync import ready_to_sample
 from verl.trainer.build.precision import compute_dtype
+from verl.trainer.checks.preflight import Given
 from verl.trainer.compose.components import async_rollout_for
 from verl.trainer.compose.runtime import TrainerRuntime
 from verl.trainer.forward.batch_math import BatchPlan
@@ -113,8 +114,8 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         """`rows` (in-memory prompt rows) and `reward_functions` (specs or Python callables) replace
         `data.train_files` and `reward.functions` when given; `env` replaces the whole environment.
         Every part is built by `components.compose` (read it for the start-up order)."""
-        super().__init__(config, model=model, tokenizer=tokenizer, rows=rows, env=env,
-                         reward_functions=reward_functions)
+        super().__init__(config, given=Given(model=model, tokenizer=tokenizer, rows=rows, env=env,
+                                             reward_functions=reward_functions))
         parts = self.parts
         self.plans: dict[str, BatchPlan] = self.checks.startup.plans
         # The actor's sequence-parallel group (actor.sequence_parallel_size > 1): its ranks pool their rows for

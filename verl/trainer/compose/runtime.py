@@ -21,8 +21,6 @@ import torch
 
 from verl.config.schema import RunConfig
 from verl.distributed.fsdp import gathered
-from verl.env.base import Environment
-from verl.env.multiturn import MultiTurnEnvironment
 from verl.errors import VerlError
 from verl.models.lora import is_peft_model
 from verl.rollout.prompts import PromptCodec
@@ -32,28 +30,22 @@ from verl.trainer.compose import loop
 from verl.trainer.compose.components import Components, compose, shard
 from verl.utils.cpu_matmul import cpu_model
 from verl.utils.cpu_matmul import resolve as resolve_cpu_matmul
-from verl.utils.tokenizer_protocol import Tokenizer
 
 
 class TrainerRuntime:
     kind = "base"
     runs_split_placements = False  # roles on different ranks (RLTrainer, through its Placement)
 
-    def __init__(self, config: RunConfig, *, model: torch.nn.Module | None = None,
-                 tokenizer: Tokenizer | None = None, rows: Any = None, val_rows: Any = None,
-                 env: Environment | MultiTurnEnvironment | None = None, reward_functions: Any = None,
-                 parts: Components | None = None) -> None:
-        """`model`, `tokenizer`, `rows`, `val_rows`, `env` and `reward_functions` are what a Python caller
-        passes instead of the config; the checks use them and check only the rest. `parts`: another trainer's
-        composed parts to run on instead (`on_parts`)."""
+    def __init__(self, config: RunConfig, *, given: Given = Given(), parts: Components | None = None) -> None:
+        """`given`: what a Python caller passed instead of the config (model, tokenizer, rows, environment,
+        reward functions: each trainer's constructor takes its own names for them); the checks use them and
+        check only the rest. `parts`: another trainer's composed parts to run on instead (`on_parts`)."""
         self.config = config
         if parts is None:
-            given = Given(model=model, tokenizer=tokenizer, rows=rows, val_rows=val_rows, env=env,
-                          reward_functions=reward_functions)
             self.parts: Components = compose(config, kind=self.kind, runs_split=self.runs_split_placements,
                                              given=given)
         else:
-            self.parts = on_parts(parts, config, model)
+            self.parts = on_parts(parts, config, given.model)
         p = self.parts.process
         self.rank, self.world_size, self.local_rank = p.rank, p.world_size, p.local_rank
         self.device, self.dtype, self.groups, self.roles, self.split = p.device, p.dtype, p.groups, p.roles, p.split

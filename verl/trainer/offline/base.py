@@ -24,6 +24,7 @@ from verl.distributed.offload import activations_offloaded
 from verl.distributed.sequence_parallel import SequenceParallel, enable_sequence_parallel
 from verl.errors import ConfigError, DataError
 from verl.models.lora import base_of
+from verl.trainer.checks.preflight import Given
 from verl.trainer.compose.components import Components
 from verl.trainer.compose.runtime import TrainerRuntime
 from verl.trainer.forward.logprobs import use_chunked_logprobs
@@ -39,8 +40,8 @@ class OfflineTrainer(TrainerRuntime):
     train_data: Any = None  # the datasets the subclass builds (SFT: None for pre-tokenised examples)
     val_data: Any = None
 
-    def __init__(self, config: RunConfig, *, parts: Components | None = None, **given: Any) -> None:
-        super().__init__(config, parts=parts, **given)
+    def __init__(self, config: RunConfig, *, given: Given = Given(), parts: Components | None = None) -> None:
+        super().__init__(config, given=given, parts=parts)
         self.sp = self.split_sequences() if parts is None else None  # a warm start on parts runs whole sequences
 
     # ------------------------------------------------------------------ sequence parallelism

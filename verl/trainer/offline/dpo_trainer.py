@@ -21,6 +21,7 @@ from verl.algorithms import dpo_loss
 from verl.config.schema import RunConfig
 from verl.data.datasets import IGNORE_INDEX, PreferenceDataset, pad_token_id
 from verl.models.lora import is_peft_model
+from verl.trainer.checks.preflight import Given
 from verl.trainer.compose.components import compose_offline, setup_reference
 from verl.trainer.forward.logprobs import (
     can_share_prompt,
@@ -117,7 +118,7 @@ class DPOTrainer(PairTrainer):
         train_rows: Rows | None = None,
         val_rows: Rows | None = None,
     ) -> None:
-        super().__init__(config, model=model, tokenizer=tokenizer, rows=train_rows, val_rows=val_rows)
+        super().__init__(config, given=Given(model=model, tokenizer=tokenizer, rows=train_rows, val_rows=val_rows))
         p, d = config.dpo, config.data
         self.pad_id = pad_token_id(self.tokenizer)
         train, val = self.train_val_rows(train_rows, val_rows)

@@ -24,6 +24,7 @@ from verl.config.schema import RunConfig
 from verl.data.datasets import RewardPairDataset, left_pad, pad_token_id
 from verl.errors import CheckpointError
 from verl.models.reward_model import sequence_scores
+from verl.trainer.checks.preflight import Given
 from verl.trainer.compose.components import compose_offline
 from verl.trainer.offline.base import PairTrainer, Rows
 from verl.utils.tokenizer_protocol import Tokenizer
@@ -52,7 +53,7 @@ class RMTrainer(PairTrainer):
         train_rows: Rows | None = None,
         val_rows: Rows | None = None,
     ) -> None:
-        super().__init__(config, model=model, tokenizer=tokenizer, rows=train_rows, val_rows=val_rows)
+        super().__init__(config, given=Given(model=model, tokenizer=tokenizer, rows=train_rows, val_rows=val_rows))
         d = config.data
         self.pad_id = pad_token_id(self.tokenizer)
         train, val = self.train_val_rows(train_rows, val_rows)

@@ -24,6 +24,7 @@ from verl.config.schema import RunConfig
 from verl.data.datasets import IGNORE_INDEX, SFTDataset, pad_token_id
 from verl.distributed.offload import activations_offloaded
 from verl.errors import ConfigError, DataError, ModelError
+from verl.trainer.checks.preflight import Given
 from verl.trainer.compose.components import Components, compose_offline
 from verl.trainer.forward.logprobs import target_logprobs
 from verl.trainer.offline.base import OfflineTrainer, Rows
@@ -147,8 +148,8 @@ class SFTTrainer(OfflineTrainer):
         train_examples: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
         parts: Components | None = None,
     ) -> None:
-        super().__init__(config, model=model, tokenizer=tokenizer,
-                         rows=train_examples if train_examples is not None else train_rows, val_rows=val_rows,
+        super().__init__(config, given=Given(model=model, tokenizer=tokenizer, val_rows=val_rows,
+                                             rows=train_examples if train_examples is not None else train_rows),
                          parts=parts)
         s, d = config.sft, config.data
         self.pad_id = pad_token_id(self.tokenizer)
