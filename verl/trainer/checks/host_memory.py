@@ -8,22 +8,14 @@ from typing import Any
 
 from verl.config.schema import RunConfig
 from verl.errors import ConfigError, VerlError
+from verl.trainer.checks.policy_facts import PolicyFacts
 
 GiB = 1024**3
 
 
 def text_config(config: RunConfig, model_path: str | None) -> Any:
     """The model's (text) config read off its folder, or None where there is no local config.json to read."""
-    if model_path is None or not (Path(model_path).expanduser() / "config.json").is_file():
-        return None
-    try:
-        from transformers import AutoConfig
-
-        cfg = AutoConfig.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code,
-                                         revision=config.model.revision)
-    except Exception:  # an unreadable model is reported by the model check itself
-        return None
-    return getattr(cfg, "get_text_config", lambda: cfg)()
+    return PolicyFacts(config, model_path).text_config
 
 
 def lengths(config: RunConfig, kind: str) -> tuple[str, int, str, int]:

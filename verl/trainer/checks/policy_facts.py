@@ -15,6 +15,7 @@ from verl.config.schema import RunConfig
 from verl.distributed.sequence_parallel import model_facts
 from verl.errors import VerlError
 from verl.trainer.build.models import resolve_model_path
+from verl.trainer.checks.lora_checks import meta_causal_lm
 
 
 class PolicyFacts:
@@ -60,16 +61,10 @@ class PolicyFacts:
 
 
 def count_parameters(path: str, *, trust_remote_code: bool = False, revision: str | None = None) -> int | None:
-    """Parameters of a causal LM from its config alone (meta device: no weights read, no memory used)."""
-    if not Path(path).expanduser().exists():
-        return None  # a hub id not downloaded yet, or a missing path (the model check reports it)
-    try:
-        cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, revision=revision)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust_remote_code)
-    except Exception:  # an unreadable path is reported by the model check itself
-        return None
-    return sum(p.numel() for p in model.parameters())
+    """Parameters of a causal LM from its config alone (`meta_causal_lm`: no weights read, no memory used);
+    None where it cannot be built here (the model check reports that)."""
+    model = meta_causal_lm(path, trust_remote_code=trust_remote_code, revision=revision)
+    return None if model is None else sum(p.numel() for p in model.parameters())
 
 def teacher_parameters(config: RunConfig) -> int | None:
     """Parameters of the distillation teacher (from its config; None when it cannot be read here)."""

@@ -51,6 +51,7 @@ from verl.trainer.checks.config_checks import (  # noqa: F401  (re-exported: the
     runs_model_code,
     split_refusal,
 )
+from verl.trainer.checks.host_memory import check_host_memory, check_positions, text_config
 from verl.trainer.checks.lora_checks import check_lora, memory_counts, uses_lora
 from verl.trainer.checks.memory_inputs import model_shape, plan_inputs, targets_gpu
 from verl.trainer.checks.policy_facts import (  # noqa: F401  (re-exported)
@@ -155,8 +156,6 @@ def host_memory_checks(config: RunConfig, kind: str, model_path: str | None, dev
                        nodes: int | None, *, cfg: Any = None) -> list[VerlError]:
     """Tokens within the model's positions, and the host-memory plan (`verl.trainer.checks.host_memory`): the whole
     step on a CPU run, the step's sequences on a GPU run."""
-    from verl.trainer.checks.host_memory import check_host_memory, check_positions, text_config
-
     cfg = text_config(config, model_path) if cfg is None else cfg
     problems = check_positions(config, kind, model_path, cfg)
     on_gpu = targets_gpu(config, device_type)
@@ -399,9 +398,9 @@ def _memory_estimate(c: CheckPass) -> None:
     counts, trainable = None, None
     if lora.counts is not None:
         counts, trainable = memory_counts(config, lora.counts, report.mapping)
+    meta = c.facts.meta_model  # built once for the pass (the LoRA check counted it when it found no problem)
     count = lora.counts.total if lora.counts is not None else shape.total_params if shape is not None else (
-        count_parameters(model_path, trust_remote_code=config.model.trust_remote_code,
-                         revision=config.model.revision))
+        sum(p.numel() for p in meta.parameters()) if meta is not None else None)
     if counts is None and count is not None:
         counts = {role: count for role in report.mapping.roles if role != "reward"}
     if counts is not None and "teacher" in counts:  # a teacher of another size than the student

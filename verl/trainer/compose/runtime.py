@@ -27,7 +27,7 @@ from verl.rollout.prompts import PromptCodec
 from verl.trainer.build.setup import resolve_run_dir, seed_everything
 from verl.trainer.checks.preflight import Given
 from verl.trainer.compose import loop
-from verl.trainer.compose.components import Components, compose, shard
+from verl.trainer.compose.components import Components, compose
 from verl.utils.cpu_matmul import cpu_model
 from verl.utils.cpu_matmul import resolve as resolve_cpu_matmul
 
@@ -63,10 +63,6 @@ class TrainerRuntime:
         self.validation_samples: list[dict[str, Any]] | None = None  # the last validation's, for the loop
 
     # ------------------------------------------------------------------ data parallelism
-    def shard(self, module: torch.nn.Module, role: str) -> torch.nn.Module:
-        """FSDP2-shard a trainable model over its role's ranks (a no-op in one process)."""
-        return shard(module, role, self.config, self.parts.process)
-
     def gathered(self, module: torch.nn.Module) -> AbstractContextManager[None]:
         """A sharded model's weights gathered for generation (`distributed.fsdp.gathered`)."""
         return gathered(module, self.config.fsdp.reshard_after_forward)
