@@ -41,6 +41,8 @@ def test_a_file_where_no_row_has_a_ground_truth_is_clean_unless_one_is_required(
     out = capsys.readouterr().out
     assert "missing: ground_truth: 4 rows (lines 1, 2, 3, 4)" in out
     assert f"{path}:1: no ground truth, and --require-ground-truth says the reward reads one" in out
+    assert main(["data", "check", str(path), "--kind", "sft", "--require-ground-truth"]) == 2  # a wrong kind
+    assert "--require-ground-truth checks prompt rows" in capsys.readouterr().err
 
 
 def reads_truth(prompt: Any, response: str, ground_truth: Any, **meta: Any) -> float:

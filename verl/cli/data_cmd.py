@@ -88,6 +88,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     from verl.data.load import iter_rows
     from verl.data.report import DataReport, GroundTruthGaps
 
+    if args.require_ground_truth and args.kind != "prompt":
+        raise ConfigError(f"--require-ground-truth checks prompt rows (a reward's ground truth), not --kind "
+                          f"{args.kind} rows. Fix: drop it, or check the RL data with --kind prompt")
     tokenizer = load_tokenizer(args.tokenizer)
     report = DataReport(args.kind)
     gaps = GroundTruthGaps(required=args.require_ground_truth)
