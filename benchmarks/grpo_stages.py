@@ -2,10 +2,14 @@
 benchmarks/grpo_vs_trl.py (same model, prompts, batch shape and settings; verl only, TRL not needed).
 
 Run by hand (not a test):
-    python benchmarks/grpo_stages.py [--sizes tiny,10m] [--steps 30]
-Prints the minimum (the least disturbed step on a shared machine) and the median of each stage in ms;
-`--count-ops K` also counts the work of K steps (aten ops, matmul FLOPs, model forwards), which, unlike
-times, does not depend on the machine's load.
+    python benchmarks/grpo_stages.py [--sizes tiny,10m] [--steps 30] [--kernels aten,onednn] [--peak]
+Prints the minimum (the least disturbed step on a shared machine) and the median of each stage in ms, per
+CPU matmul kernel (`trainer.cpu_matmul`, `--kernels`); `--count-ops K` also counts the work of K steps (aten
+ops, matmul FLOPs and model forwards), which, unlike times, does not depend on the machine's load.
+`--peak` also counts each stage's matmul FLOPs (torch's FlopCounterMode, forward and backward, on 2 steps) and
+measures this machine's float32 matmul peak on one thread for each kernel (the best of repeated
+1024 x 1024 x 1024 products), and prints the share of that peak each stage reaches (its FLOPs over its median
+time): the distance to the physical limit, stage by stage.
 Point PYTHONPATH at another checkout to measure that code with the same script.
 """
 
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -53,6 +58,53 @@ def stages(args: argparse.Namespace, size: str) -> dict[str, tuple[float, float]
     return out
 
 
+# The stages `--peak` counts FLOPs for: timing key -> the RLTrainer method that runs it
+STAGE_METHODS = {"generate": "generate", "old_logprobs": "compute_log_probs", "ref": "compute_ref_log_probs",
+                 "reward": "compute_reward", "advantages": "compute_advantages", "update": "update_policy"}
+
+
+def stage_flops(args: argparse.Namespace, size: str, steps: int = 2) -> dict[str, float]:
+    """Matmul FLOPs per step of each stage (forward and backward), counted on ATen: oneDNN's products run
+    the same multiplications outside the ops torch's counter sees."""
+    from dpo import model_dir
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoTokenizer
+
+    model_path = model_dir(SIZES.get(size, size))
+    prompts = make_prompts(AutoTokenizer.from_pretrained(model_path), args.prompts, args.prompt_tokens)
+    torch.manual_seed(args.seed)
+    side = VerlSide(argparse.Namespace(**{**vars(args), "cpu_matmul": "aten"}), model_path, prompts)
+    side.steps(1, untimed=0)  # warm-up
+    flops = dict.fromkeys(STAGE_METHODS, 0.0)
+    for stage, name in STAGE_METHODS.items():
+        real = getattr(side.trainer, name)
+
+        def counted(*a, _real=real, _stage=stage, **k):
+            with FlopCounterMode(display=False) as counter:
+                out = _real(*a, **k)
+            flops[_stage] += counter.get_total_flops() / steps
+            return out
+
+        setattr(side.trainer, name, counted)  # an instance attribute: the step looks it up at each call
+    side.steps(steps, untimed=0)
+    return flops
+
+
+def matmul_peak(kernel: str, size: int = 1024, repeats: int = 15) -> float:
+    """This machine's float32 GFLOP/s on one thread for `kernel`: the best of `repeats` size^3 products."""
+    from verl.utils.cpu_matmul import onednn_linear
+
+    a, w = torch.randn(size, size), torch.randn(size, size)
+    product = (lambda: torch.nn.functional.linear(a, w)) if kernel == "aten" else (lambda: onednn_linear(a, w))
+    best = float("inf")
+    with torch.no_grad():
+        for _ in range(repeats + 2):
+            start = time.perf_counter()
+            product()
+            best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="tiny")
@@ -65,17 +117,39 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-share", action="store_true")
     add_cpu_matmul_argument(parser)
+    parser.add_argument("--kernels", default=None,
+                        help="comma-separated trainer.cpu_matmul values to measure in turn (default: --cpu-matmul)")
+    parser.add_argument("--peak", action="store_true",
+                        help="also each stage's matmul FLOPs and its share of this machine's measured peak")
     parser.add_argument("--count-ops", type=int, default=0, metavar="K",
                         help="also profile K more steps: aten ops, matmul FLOPs and model forwards per step")
     args = parser.parse_args()
     torch.set_num_threads(1)
     for size in args.sizes.split(","):
-        result = stages(args, size)
-        print(f"\n{size}: {args.prompts} prompts x {args.n}, prompt {args.prompt_tokens} tokens, {args.new_tokens} "
-              f"new tokens; {args.steps} steps; 1 thread; load average {load_average()}")
-        print(f"{'stage':<22} {'min ms':>9} {'median ms':>10}")
-        for key, (low, mid) in result.items():
-            print(f"{key:<22} {low:>9.2f} {mid:>10.2f}")
+        flops = stage_flops(args, size) if args.peak else {}
+        for kernel in (args.kernels or args.cpu_matmul).split(","):
+            run = argparse.Namespace(**{**vars(args), "cpu_matmul": kernel})
+            result = stages(run, size)
+            peak = matmul_peak(kernel) if args.peak else None
+            print(f"\n{size}: {args.prompts} prompts x {args.n}, prompt {args.prompt_tokens} tokens, "
+                  f"{args.new_tokens} new tokens; {args.steps} steps; 1 thread; trainer.cpu_matmul={kernel}; "
+                  f"load average {load_average()}")
+            if peak is None:
+                print(f"{'stage':<22} {'min ms':>9} {'median ms':>10}")
+                for key, (low, mid) in result.items():
+                    print(f"{key:<22} {low:>9.2f} {mid:>10.2f}")
+                continue
+            print(f"{'stage':<22} {'min ms':>9} {'median ms':>10} {'GFLOP':>8} {'GFLOP/s':>8} {'% of peak':>10}")
+            flops["step"] = sum(flops[k] for k in STAGE_METHODS)
+            shares = []
+            for key, (low, mid) in result.items():
+                stage = key.removeprefix("timing/")
+                work = flops.get(stage, 0.0) / 1e9
+                rate = work / (mid / 1000) if mid > 0 else 0.0
+                print(f"{key:<22} {low:>9.2f} {mid:>10.2f} {work:>8.2f} {rate:>8.1f} {100 * rate / peak:>9.1f}%")
+                if work > 0:
+                    shares.append(f"{stage} {mid:.0f} ms, {work:.2f} GFLOP, {100 * rate / peak:.0f}%")
+            print(f"summary: {size} {kernel}, peak {peak:.0f} GFLOP/s (1 thread): " + "; ".join(shares))
 
 
 if __name__ == "__main__":

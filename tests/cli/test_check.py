@@ -28,7 +28,9 @@ def test_demo_preset_passes(capsys):
     out = capsys.readouterr().out
     assert "all checks passed" in out and "model and tokenizer are consistent" in out
     assert "linear layers on CPU: " in out and "trainer.cpu_matmul=auto: " in out
-    assert "note: rollout correction: off: the hf engine samples with the trainer's own float32 weights" in out
+    assert "note: old log-probs (where the update needs them): the sampler's: the hf engine samples with the " \
+           "trainer's own float32 weights" in out
+    assert "note: rollout correction: off: actor.old_logprobs takes the sampler's log-probs" in out
 
 
 def test_the_rollout_correction_mode_and_its_reason_are_printed(capsys):

@@ -47,8 +47,9 @@ def _exact_reverse_kl(trainer, batch):
 def test_a_teacher_equal_to_the_student_adds_nothing(tmp_path):
     """Same weights, same dtype: the reverse KL is exactly 0 on every token, so distillation alone gives
     zero advantages (and the update skips every sequence)."""
-    trainer = RLTrainer(rl_config(tmp_path, "algorithm.distill.teacher_path=tiny",
-                                  "algorithm.distill.task_reward=false", "trainer.total_steps=1"))
+    trainer = RLTrainer(rl_config(tmp_path, "algorithm.distill.teacher_path=tiny",  # the trainer's old log-probs
+                                  "algorithm.distill.task_reward=false", "trainer.total_steps=1",
+                                  "actor.old_logprobs=recompute"))
     seen = {}
     real = trainer.compute_advantages
 

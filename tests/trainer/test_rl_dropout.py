@@ -28,7 +28,8 @@ def model_with_dropout(p: float = 0.1):
 
 def test_policy_dropout_is_disabled_by_default_and_the_first_ratio_is_exactly_one(tmp_path):
     model, tokenizer = model_with_dropout()
-    config = rl_config(tmp_path, "trainer.total_steps=1", "actor.kl_loss_coef=0.01")  # old log-probs computed
+    config = rl_config(tmp_path, "trainer.total_steps=1", "actor.kl_loss_coef=0.01",
+                       "actor.old_logprobs=recompute")  # old log-probs computed by the trainer's no-grad pass
     trainer = RLTrainer(config, model=model, tokenizer=tokenizer)
     assert set(dropout_rates(trainer.model)) == {0.0} and trainer.model.config.attention_dropout == 0.0
     assert set(dropout_rates(trainer.ref_model)) == {0.0}

@@ -22,8 +22,10 @@ def _plan(*overrides, device="cpu"):
 
 
 def test_auto_is_on_where_the_sampler_can_differ_and_off_where_it_cannot():
-    off = _plan("rollout.engine=hf")
+    off = _plan("rollout.engine=hf", "actor.old_logprobs=recompute")
     assert off.mode == "off" and "bit-identical" in off.reason
+    sampler = _plan("rollout.engine=hf")  # auto: the sampler's log-probs are the old policy's
+    assert sampler.mode == "off" and "nothing to correct" in sampler.reason
     vllm = _plan("rollout.engine=vllm")
     assert vllm.mode == "token_tis" and "rollout.engine=vllm" in vllm.reason
     bf16 = _plan(device="cuda")  # float32 masters, bfloat16 compute (fsdp.mixed_precision=auto)

@@ -34,6 +34,10 @@ _VALUES: dict[str, tuple[str, dict[str, str], str]] = {
     "data.truncation": ("data.truncation", {"error": "error", "left": "truncate_left"},
                         "data.truncation (error, drop or truncate_left)"),
     f"{_ARR}.rollout.name": ("rollout.engine", {"hf": "hf", "vllm": "vllm"}, "rollout.engine (hf or vllm)"),
+    # bypass mode: the rollout's log-probs are the old policy (no recomputing pass)
+    "algorithm.rollout_correction.bypass_mode": ("actor.old_logprobs", {"true": "sampler", "True": "sampler",
+                                                                       "false": "recompute", "False": "recompute"},
+                                                 "actor.old_logprobs (sampler, recompute or auto)"),
     # prime's manager scores in a process pool; naive's one sample after another in the driver (threads here)
     "reward_model.reward_manager": ("reward.executor", {"naive": "thread", "prime": "process"},
                                     "reward.executor (thread or process); a batched function is `batched: true` in "

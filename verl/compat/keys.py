@@ -101,6 +101,7 @@ VERL_KEYS: dict[str, str] = {
     "algorithm.kl_ctrl.target_kl": "algorithm.kl_target",
     "algorithm.kl_ctrl.horizon": "algorithm.kl_horizon",
     "algorithm.norm_adv_by_std_in_grpo": "algorithm.norm_by_std",
+    "algorithm.rollout_correction.bypass_mode": "actor.old_logprobs (true is sampler, false recompute)",
     "algorithm.filter_groups.enable": "algorithm.filter_groups",
     "algorithm.filter_groups.max_num_gen_batches": "algorithm.max_resample_rounds (extra rounds: verl's count - 1)",
     "data.prompt_key": "data.fields (e.g. data.fields.prompt=question)",

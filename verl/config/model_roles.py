@@ -203,10 +203,29 @@ class ActorConfig(OptimConfig):
         default_factory=RolloutCorrectionConfig, description="Correction for a sampler whose log-probs differ "
         "from the trainer's (vLLM, bf16, stale weights); on by default where they can differ.")
 
+    old_logprobs: Literal["auto", "recompute", "sampler"] = Field(
+        "auto", description="The old policy's log-probs, where the update needs them (several mini-batches or "
+        "epochs, a KL, distillation): recompute = a no-grad forward of the actor over every response; sampler = "
+        "the log-probs the rollout sampled with (verl's bypass mode: no pass, and no rollout correction, which "
+        "then has nothing to correct); auto = sampler where the sampler is our hf engine on the trainer's own "
+        "float32 weights (its log-probs are the trainer's up to rounding), with no top-k/top-p and no explicit "
+        "rollout_correction, else recompute. With sampler, a forward over rollout.drift_check_samples responses "
+        "per rank still measures the drift every step, so the stale-engine guard holds.")
+
     @model_validator(mode="before")
     @classmethod
     def _tis_alias(cls, data: Any) -> Any:
         return _tis_cap_alias(data)
+
+    @model_validator(mode="after")
+    def _sampler_has_nothing_to_correct(self) -> ActorConfig:
+        if self.old_logprobs == "sampler" and self.rollout_correction.mode not in ("auto", "off"):
+            raise ValueError(
+                f"actor.old_logprobs=sampler makes the sampler's log-probs the old policy, so "
+                f"actor.rollout_correction.mode={self.rollout_correction.mode} has nothing to correct (its ratio "
+                "pi_old / pi_rollout is 1). Fix: actor.old_logprobs=recompute to correct the sampler towards the "
+                "trainer, or actor.rollout_correction.mode=auto")
+        return self
     kl_loss_coef: float = Field(0.0, ge=0.0, description="> 0 adds KL to the reference as a loss term.")
     kl_loss_type: Literal["k1", "k2", "k3", "abs"] = "k3"
     _verl_kl = field_validator("kl_loss_type", mode="before")(verl_name("kl_type"))

@@ -27,7 +27,7 @@ from verl.batch import (
 from verl.config.schema import OptimConfig, RunConfig
 from verl.env.base import Environment
 from verl.env.multiturn import MultiTurnEnvironment
-from verl.errors import ConfigError
+from verl.errors import ConfigError, RolloutError
 from verl.rewards import TrainingProgress
 from verl.rewards.manager import report_progress
 from verl.rollout import SamplingParams
@@ -50,10 +50,12 @@ from verl.trainer.rl.advantages import (
 from verl.trainer.rl.correction import (
     CorrectionPlan,
     DriftGuard,
+    OldLogprobPlan,
     combined_moments,
     drift_moments,
     judge_drift,
     plan_correction,
+    plan_old_logprobs,
 )
 from verl.trainer.rl.distill import apply_distillation
 from verl.trainer.rl.dynamic_sampling import filter_groups
@@ -304,24 +306,33 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         return batch
 
     def compute_log_probs(self, batch: RolloutBatch) -> RolloutBatch:
-        """Log-probs of the sampled tokens under the actor before the update (when the update needs them),
-        and the on-policy check of the sampler against them."""
-        if self.needs_old_logprobs:
-            batch.old_logprobs = self.sequence_logprobs(self.model, batch)
+        """Log-probs of the sampled tokens under the actor before the update (when the update needs them:
+        the sampler's, or a forward's, by `actor.old_logprobs`), and the on-policy check of the sampler."""
+        if not self.needs_old_logprobs:
+            return self.check_rollout_drift(batch)
+        if self.old_logprobs_plan.from_sampler and batch.rollout_logprobs is not None:
+            batch.old_logprobs = batch.rollout_logprobs.clone()
+            return self.check_rollout_drift(batch, trainer_has_them=False)
+        if self.config.actor.old_logprobs == "sampler":
+            raise RolloutError(f"actor.old_logprobs=sampler, but the {self.config.rollout.engine!r} rollout gave no "
+                               "log-probs of its tokens (a custom engine or episode runner that leaves "
+                               "RolloutBatch.rollout_logprobs unset). Fix: actor.old_logprobs=recompute, or "
+                               "return the sampled tokens' log-probs from the rollout")
+        batch.old_logprobs = self.sequence_logprobs(self.model, batch)
         return self.check_rollout_drift(batch)
 
-    def check_rollout_drift(self, batch: RolloutBatch) -> RolloutBatch:
+    def check_rollout_drift(self, batch: RolloutBatch, *, trainer_has_them: bool = True) -> RolloutBatch:
         """The sampler's log-probs against the trainer's on the same tokens (`drift`): free when the old
-        log-probs exist or the update's forward checks (`update_checks_drift`), else on
-        `rollout.drift_check_samples` responses."""
+        log-probs are the trainer's (`trainer_has_them`) or the update's forward checks
+        (`update_checks_drift`), else on `rollout.drift_check_samples` responses."""
         if batch.rollout_logprobs is None:
             return batch
+        own = batch.old_logprobs is not None and trainer_has_them
         if batch.old_logprobs is None and self.update_checks_drift:
             return batch  # the update's forward is this step's on-policy pass: it checks (see update_policy)
-        checked = batch if batch.old_logprobs is not None else batch.select(
-            torch.arange(min(self.config.rollout.drift_check_samples, len(batch))))
-        trainer = checked.old_logprobs if checked.old_logprobs is not None else self.sequence_logprobs(
-            self.model, checked)
+        checked = batch if own else batch.select(torch.arange(min(self.config.rollout.drift_check_samples,
+                                                                  len(batch))))
+        trainer = checked.old_logprobs if own else self.sequence_logprobs(self.model, checked)
         self.judge_drift(batch, *drift_moments(trainer, checked))
         return batch
 
@@ -444,6 +455,11 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         metrics["critic/explained_var"] = float(explained_variance(batch.values, batch.returns, mask))
         metrics["critic/values_mean"] = float(masked_mean(batch.values, mask))
         return metrics
+
+    @functools.cached_property
+    def old_logprobs_plan(self) -> OldLogprobPlan:
+        """`actor.old_logprobs` for this run's engine and compute dtype (`plan_old_logprobs`)."""
+        return plan_old_logprobs(self.config, compute_dtype(self.config, self.device.type, self.dtype))
 
     @functools.cached_property
     def correction(self) -> CorrectionPlan:

@@ -88,6 +88,17 @@ def check_overlong_buffer(config: RunConfig) -> list[VerlError]:
                         "(the penalty starts overlong_buffer tokens before that length). Fix: lower it below "
                         f"{length}, or set 0 to turn it off")]
 
+def check_old_logprobs(config: RunConfig) -> list[VerlError]:
+    """The sampler's log-probs are the old policy's only where it samples from the policy's own distribution."""
+    rollout = config.rollout
+    if config.actor.old_logprobs != "sampler" or (rollout.top_k == 0 and rollout.top_p == 1.0):
+        return []
+    return [ConfigError(f"actor.old_logprobs=sampler with rollout.top_k={rollout.top_k}, rollout.top_p="
+                        f"{rollout.top_p}: the sampler's log-probs are those of the filtered, renormalised "
+                        "distribution, not the policy's, so PPO's ratio against them would be biased. Fix: "
+                        "actor.old_logprobs=recompute (or auto), or sample without top-k/top-p")]
+
+
 def check_filter_groups_placement(config: RunConfig, mapping: DeviceMapping | None) -> list[VerlError]:
     """Dynamic sampling keeps groups by their rewards on the actor's ranks, so a reward model that scores on
     ranks of its own cannot take part."""

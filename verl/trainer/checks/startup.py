@@ -43,6 +43,7 @@ from verl.trainer.checks.config_checks import (  # noqa: F401  (re-exported: the
     check_filter_groups_placement,
     check_keep_best,
     check_offline_options,
+    check_old_logprobs,
     check_overlong_buffer,
     check_response_length,
     check_run_dir,
@@ -62,7 +63,7 @@ from verl.trainer.checks.policy_facts import (  # noqa: F401  (re-exported)
 )
 from verl.trainer.forward.batch_math import plan_rl
 from verl.trainer.forward.packing import describe_remove_padding
-from verl.trainer.rl.correction import plan_correction
+from verl.trainer.rl.correction import plan_correction, plan_old_logprobs
 from verl.trainer.rl.distill import describe as describe_distillation
 from verl.utils.dtype import bytes_per_element, check_dtype_for_device
 
@@ -241,6 +242,7 @@ def _precision(c: CheckPass) -> list[VerlError]:
         return []  # an unknown spelling: the mapping check reports it with its key
     if c.kind == "rl":
         notes = c.report.rl_notes
+        notes.append(plan_old_logprobs(config, precision.compute).describe())
         notes.append(plan_correction(config, precision.compute).describe())
         notes += [describe_distillation(config.algorithm.distill)] if config.needs_teacher else []
         if mapping is not None and (config.is_async or "max_staleness" in config.rollout.model_fields_set):
@@ -342,6 +344,7 @@ CHECKS: tuple[Check, ...] = (
     Check("sequence parallelism", ALL_KINDS, _sequence_parallel),
     Check("packed sequences", RL, _packing),
     Check("overlong buffer", RL, lambda c: check_overlong_buffer(c.config)),
+    Check("old log-probs", RL, lambda c: check_old_logprobs(c.config)),
     Check("validation samples", RL, lambda c: check_val_n(c.config)),
     Check("keep best", ALL_KINDS, lambda c: check_keep_best(c.config, c.kind)),
     Check("sizes and host memory", ALL_KINDS, lambda c: host_memory_checks(

@@ -75,11 +75,59 @@ def explicit_plan(settings: RolloutCorrectionConfig) -> CorrectionPlan:
                           auto=False)
 
 
+@dataclass(frozen=True)
+class OldLogprobPlan:
+    """Where an update that needs the old policy's log-probs takes them (`actor.old_logprobs` resolved)."""
+
+    from_sampler: bool  # the rollout's log-probs; else a no-grad forward of the actor recomputes them
+    reason: str
+
+    def describe(self) -> str:
+        source = "the sampler's" if self.from_sampler else "recomputed"
+        return f"old log-probs (where the update needs them): {source}: {self.reason}"
+
+
+def why_recompute(config: RunConfig, compute: torch.dtype) -> str | None:
+    """Why the sampler's log-probs cannot stand for the old policy's, or None when they can."""
+    differ = why_samplers_differ(config, compute)
+    if differ is not None:
+        return differ
+    if config.rollout.top_k > 0 or config.rollout.top_p < 1.0:
+        return ("rollout.top_k/top_p: the sampler reports log-probs of the filtered, renormalised distribution, "
+                "not the policy's")
+    mode = config.actor.rollout_correction.mode
+    if mode not in ("auto", "off"):
+        return f"actor.rollout_correction.mode={mode} corrects the sampler towards the trainer's old log-probs"
+    return None
+
+
+def plan_old_logprobs(config: RunConfig, compute: torch.dtype) -> OldLogprobPlan:
+    """`actor.old_logprobs` for a policy that computes in `compute`, with its reason."""
+    setting, check = config.actor.old_logprobs, config.rollout.drift_check_samples
+    guard = f"a forward over {check} response(s) per rank still measures the drift every step"
+    if setting == "recompute":
+        return OldLogprobPlan(False, "set by actor.old_logprobs=recompute")
+    if setting == "sampler":
+        caveat = why_samplers_differ(config, compute)  # allowed (verl's bypass mode); top-k/top-p is refused
+        return OldLogprobPlan(True, "set by actor.old_logprobs=sampler (verl's bypass mode); PPO's ratio is then "
+                              f"taken against the sampler{f', although {caveat}' if caveat else ''}; {guard}")
+    why = why_recompute(config, compute)
+    if why is not None:
+        return OldLogprobPlan(False, f"{why} (actor.old_logprobs=auto)")
+    return OldLogprobPlan(True, "the hf engine samples with the trainer's own float32 weights, so its log-probs "
+                          f"are the old policy's up to rounding and no pass is spent on them; {guard} "
+                          "(actor.old_logprobs=auto)")
+
+
 def plan_correction(config: RunConfig, compute: torch.dtype) -> CorrectionPlan:
     """The mode of `actor.rollout_correction` for a policy that computes in `compute`, with its reason."""
     settings = config.actor.rollout_correction
     if settings.mode != "auto":
         return explicit_plan(settings)
+    if plan_old_logprobs(config, compute).from_sampler:
+        return CorrectionPlan("off", "actor.old_logprobs takes the sampler's log-probs as the old policy, so "
+                              "pi_old / pi_rollout is 1 and there is nothing to correct (mode=auto)", settings,
+                              auto=True)
     differ = why_samplers_differ(config, compute)
     if differ is None:
         return CorrectionPlan("off", "the hf engine samples with the trainer's own float32 weights, so the update "
