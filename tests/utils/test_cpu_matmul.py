@@ -4,6 +4,7 @@ processor and shape only, and invisible to everything that looks at the modules.
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -94,13 +95,13 @@ def test_auto_takes_the_library_measured_faster_on_this_host_once(monkeypatch, t
         cpu_matmul.host_speedup.cache_clear()
         for stale in tmp_path.rglob("*.json"):
             stale.unlink()
-        monkeypatch.setattr(cpu_matmul, "measured_speedup", lambda s=speedup: s)
+        monkeypatch.setattr(cpu_matmul, "measured_speedup", lambda s=speedup, **_: s)
         got, why = resolve("auto")
         assert got == library and f"oneDNN {speedup:.2f}x" in why
     assert resolve("aten")[0] == "aten" and resolve("onednn")[0] == "onednn"
 
     cpu_matmul.host_speedup.cache_clear()  # a new process: reads the host's value, does not measure
-    monkeypatch.setattr(cpu_matmul, "measured_speedup", lambda: pytest.fail("measured twice"))
+    monkeypatch.setattr(cpu_matmul, "measured_speedup", lambda **_: pytest.fail("measured twice"))
     assert resolve("auto")[0] == "aten" and cpu_matmul.host_speedup() == 0.6
     cpu_matmul.host_speedup.cache_clear()
 
@@ -115,7 +116,7 @@ def test_the_measurement_is_the_median_of_interleaved_rounds(monkeypatch):
     """A burst of load on one side of one round moves that round's ratio, not the result: the median of the
     rounds' ratios is taken, and each round times both libraries back to back, the first side in turn."""
     calls, clock = [], {"t": 0.0}
-    per_side = sum(3 if backward else 1 for *_, backward in cpu_matmul.TIMED_PRODUCTS)
+    per_side = sum(3 if backward else 1 for *_, backward, _weight in cpu_matmul.TIMED_PRODUCTS)
 
     def product(name):
         def run(a, b):
@@ -132,8 +133,8 @@ def test_the_measurement_is_the_median_of_interleaved_rounds(monkeypatch):
 
 
 def test_the_environment_variable_decides_auto_for_a_whole_session(monkeypatch):
-    monkeypatch.setattr(cpu_matmul, "measured_speedup", lambda: pytest.fail("a forced kernel measures nothing"))
-    monkeypatch.setattr(cpu_matmul, "host_speedup", lambda: pytest.fail("a forced kernel measures nothing"))
+    monkeypatch.setattr(cpu_matmul, "measured_speedup", lambda **_: pytest.fail("a forced kernel measures nothing"))
+    monkeypatch.setattr(cpu_matmul, "host_speedup", lambda *_: pytest.fail("a forced kernel measures nothing"))
     monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: True)
     for value, library in (("aten", "aten"), ("onednn", "onednn"), (" OneDNN ", "onednn")):
         monkeypatch.setenv("VERL_CPU_MATMUL", value)
@@ -186,11 +187,70 @@ def test_doctor_names_the_library_auto_takes_here_and_why(monkeypatch, tmp_path)
     monkeypatch.delenv("VERL_CPU_MATMUL", raising=False)
     monkeypatch.setenv("VERL_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: True)
-    monkeypatch.setattr(cpu_matmul, "measured_speedup", lambda: 1.8)
+    monkeypatch.setattr(cpu_matmul, "measured_speedup", lambda **_: 1.8)
     monkeypatch.setattr(cpu_matmul, "cpu_model", lambda: "AMD EPYC 9B14")
     cpu_matmul.host_speedup.cache_clear()
     name, status, note = doctor._cpu_matmul_row()
     cpu_matmul.host_speedup.cache_clear()
     assert (name, status) == ("cpu matmul", "ok")
-    assert note == ("AMD EPYC 9B14: trainer.cpu_matmul=auto uses oneDNN (measured on this host: oneDNN 1.80x ATen's "
-                    "speed, auto takes oneDNN from 1.3x)")
+    assert note == ("AMD EPYC 9B14: trainer.cpu_matmul=auto uses oneDNN (measured on this host on a 10M model's "
+                    "layers: oneDNN 1.80x ATen's speed, auto takes oneDNN from 1.3x)")
+
+
+def test_a_run_times_its_own_layers_at_its_own_rows():
+    """auto measures what the run multiplies: each distinct layer shape once, weighted by how many layers have
+    it, at a training micro-batch's tokens (forward and backward) and a decode step's rows; products too small
+    for oneDNN are left out, and a large layer's rows are cut with the weight scaling its time back up."""
+    from verl.config import load_config
+    from verl.trainer.build.models import run_products
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(64, 256), torch.nn.Linear(8, 8),
+                                torch.nn.Linear(4096, 8192))
+    products = cpu_matmul.model_products(model, update_rows=512, decode_rows=16)
+    assert (512, 64, 256, True, 2.0) in products and not any(p[:3] == (16, 64, 256) for p in products)  # < MIN_MACS
+    assert not any(p[1:3] == (8, 8) for p in products)
+    cut = [p for p in products if p[1:3] == (4096, 8192)]
+    assert [(rows, backward) for rows, *_, backward, _ in cut] == [(2, True), (2, False)]  # 2 x 4096 x 8192 = 2^26
+    assert [weight for *_, weight in cut] == [256.0, 8.0]  # 512 and 16 rows' worth of time
+    config = load_config(overrides=["data.max_prompt_length=100", "rollout.max_new_tokens=28",
+                                    "actor.micro_batch_size=4", "data.train_batch_size=8", "rollout.n=4"])
+    assert run_products(config, model) == cpu_matmul.model_products(model, 4 * 128, 32)
+    budget = load_config(overrides=["actor.max_tokens_per_micro_batch=2048", "trainer.kind=sft"])
+    assert run_products(budget, model) == cpu_matmul.model_products(model, 2048, 0)
+
+
+def test_check_and_the_summary_name_the_choice_made_on_the_runs_layers(monkeypatch, tmp_path, capsys):
+    from verl.cli.main import main
+    from verl.trainer.rl_trainer import RLTrainer
+
+    monkeypatch.setenv("VERL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("VERL_CPU_MATMUL", raising=False)
+    monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: True)
+    timed = []
+
+    def measured(repeats=7, products=cpu_matmul.TIMED_PRODUCTS):
+        timed.append(products)
+        return 0.7 if products == cpu_matmul.TIMED_PRODUCTS else 1.6  # a 10M model's layers would say aten
+
+    monkeypatch.setattr(cpu_matmul, "measured_speedup", measured)
+    cpu_matmul.host_speedup.cache_clear()
+    from tiny_support import tiny_run_config
+
+    config = tiny_run_config(tmp_path / "run", "actor.micro_batch_size=64", "rollout.max_new_tokens=64",
+                             "data.max_prompt_length=64", "trainer.total_steps=1", "env.name=arithmetic",
+                             "reward.functions=[{name: numeric_match}]")
+    path = tmp_path / "run.yaml"
+    from verl.config.loader import config_to_yaml
+
+    path.write_text(config_to_yaml(config))
+    try:
+        assert main(["check", str(path)]) == 0
+        trainer = RLTrainer(config)
+        summary = json.loads(trainer.write_summary({}).read_text())
+    finally:
+        cpu_matmul.host_speedup.cache_clear()
+    assert len(set(timed)) == 1 and timed[0] != cpu_matmul.TIMED_PRODUCTS  # measured once, on the run's layers
+    why = "measured on this host on this run's layers: oneDNN 1.60x ATen's speed"
+    assert f"linear layers on CPU: oneDNN (trainer.cpu_matmul=auto: {why}" in capsys.readouterr().out
+    assert summary["cpu_matmul"] == "onednn" and why in summary["cpu_matmul_why"]
+    assert any(type(m) is OneDNNLinear for m in trainer.model.modules())

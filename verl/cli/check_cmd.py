@@ -19,7 +19,6 @@ from verl.config.schema import RunConfig
 from verl.distributed.memory_plan import GIB, plan_memory, suggestions
 from verl.trainer.checks.preflight import Preflight, preflight
 from verl.utils.console import labelled, plain_console
-from verl.utils.cpu_matmul import describe
 
 
 def default_world_size(config: RunConfig) -> int:
@@ -132,8 +131,8 @@ def run_checks(config: RunConfig, *, nproc: int | None = None, nodes: int | None
     if not problems("model") and pf.model_report is not None:
         console.print(Text("model and tokenizer are consistent (checked on the meta device: no weights read).",
                            style="green"))
-        if check_device_type(config) == "cpu":
-            console.print(describe(config.trainer.cpu_matmul))
+        if pf.cpu_matmul is not None:
+            console.print(pf.cpu_matmul)
 
     section("data")
     skipped("data")

@@ -3,13 +3,15 @@
 Both ship inside the torch wheel. MKL takes a generic code path on some AMD processors, so there it runs float32
 products at about half the speed oneDNN reaches on the same core; on others the two are close (the
 `benchmarks/cpu_matmul.py` rows in docs/performance.md). Which one wins depends on the processor and the torch
-build, so nothing is assumed: `trainer.cpu_matmul` `auto` times both on this host (:func:`measured_speedup`: an update's
-products forward and backward and a decode step's, the median of interleaved rounds' ratios, so a busy machine slows
-both sides alike) and takes oneDNN only where it is at least :data:`AUTO_MARGIN` times faster: a near tie keeps ATen, so
-a noisy measurement cannot flip the choice. The measurement is made once per host, torch version and thread count
-and kept in ``$VERL_CACHE_DIR/cpu_matmul/`` (first writer wins), so every later run and every rank on the
-host makes the same choice; `aten` or `onednn` force one, and so does the environment variable
-``VERL_CPU_MATMUL`` for every `auto` in its process and children (a whole test session on one kernel).
+build, so nothing is assumed: `trainer.cpu_matmul` `auto` times both on this host on the products the run multiplies
+(:func:`model_products`: each distinct shape of its model's linear layers at a training micro-batch's tokens, forward
+and backward, and at a decode step's rows; :func:`measured_speedup`: the median of interleaved rounds' ratios, so a
+busy machine slows both sides alike) and takes oneDNN only where it is at least :data:`AUTO_MARGIN` times faster: a
+near tie keeps ATen, so a noisy measurement cannot flip the choice. The measurement is made once per host, torch
+version, thread count and set of products and kept in ``$VERL_CACHE_DIR/cpu_matmul/`` (first writer wins), so every
+later run of that model and every rank on the host makes the same choice; `aten` or `onednn` force one, and so does
+the environment variable ``VERL_CPU_MATMUL`` for every `auto` in its process and children (a whole test session on
+one kernel).
 Outcomes must not depend on the choice: the two libraries round differently, like two batch sizes.
 
 With oneDNN, every plain `nn.Linear` of a model becomes a :class:`OneDNNLinear` (same parameters, same state
@@ -46,9 +48,15 @@ MIN_MACS = 2**21
 # the others within 10% of 1x, so a margin far from both keeps noise from flipping the choice.
 AUTO_MARGIN = 1.3
 ENV_VAR = "VERL_CPU_MATMUL"  # aten | onednn: what `auto` means in this process and its children
-# What auto times: (rows, in, out, with the two backward products): an update's micro-batch of tokens through a
-# 10M model's largest layers, and a decode step of 4 prompts x 4 samples.
-TIMED_PRODUCTS = ((512, 256, 1024, True), (512, 1024, 256, True), (16, 256, 1024, False))
+# What auto times: (rows, in, out, with the two backward products, weight of its time). Without a model (`verl
+# doctor`): an update's micro-batch of tokens through a 10M model's largest layers, and a decode step of 4
+# prompts x 4 samples. A run times its own model's layers instead (`model_products`).
+Product = tuple[int, int, int, bool, float]
+TIMED_PRODUCTS: tuple[Product, ...] = ((512, 256, 1024, True, 1.0), (512, 1024, 256, True, 1.0),
+                                       (16, 256, 1024, False, 1.0))
+# A timed product of a large layer runs fewer rows (its weight scales its time back up): rows past a few
+# hundred change a product's speed little, and the measurement stays under a second for a 7B model's layers.
+MAX_TIMED_MACS = 2**26
 
 
 @cache
@@ -86,9 +94,11 @@ def onednn_available() -> bool:
         return False
 
 
-def resolve(setting: CpuMatmul) -> tuple[Literal["aten", "onednn"], str]:
-    """The library `setting` means on this machine, and why (what `verl check`, `verl doctor`, the banner of
-    every run and the demos' summary.json say)."""
+def resolve(setting: CpuMatmul, products: tuple[Product, ...] = TIMED_PRODUCTS
+            ) -> tuple[Literal["aten", "onednn"], str]:
+    """The library `setting` means on this machine for a run that multiplies `products` (`model_products`;
+    by default a 10M model's), and why (what `verl check`, `verl doctor`, the banner of every run and the
+    demos' summary.json say)."""
     forced = os.environ.get(ENV_VAR, "").strip().lower()
     if setting == "auto" and forced not in ("", "auto"):
         if forced not in LIBRARY_NAMES:
@@ -108,62 +118,88 @@ def resolve(setting: CpuMatmul) -> tuple[Literal["aten", "onednn"], str]:
         return "aten", why
     if setting == "onednn":
         return "onednn", "as set"
-    speedup = host_speedup()
+    if not products:
+        return "aten", "no product of this run is large enough for oneDNN"
+    speedup = host_speedup(products)
     library = "onednn" if speedup >= AUTO_MARGIN else "aten"
-    return library, (f"measured on this host: oneDNN {speedup:.2f}x ATen's speed, "
+    shapes = "a 10M model's layers" if products == TIMED_PRODUCTS else "this run's layers"
+    return library, (f"measured on this host on {shapes}: oneDNN {speedup:.2f}x ATen's speed, "
                      f"auto takes oneDNN from {AUTO_MARGIN:.1f}x")
 
 
-def describe(setting: CpuMatmul) -> str:
+def describe(setting: CpuMatmul, products: tuple[Product, ...] = TIMED_PRODUCTS) -> str:
     """One line naming the library `setting` runs and why: `verl check` and every CPU run's banner print it."""
-    library, why = resolve(setting)
+    library, why = resolve(setting, products)
     return f"linear layers on CPU: {LIBRARY_NAMES[library]} (trainer.cpu_matmul={setting}: {why})"
 
 
-def measured_speedup(repeats: int = 7) -> float:
-    """How many times faster oneDNN runs :data:`TIMED_PRODUCTS` than ATen on this machine: the median over
-    `repeats` rounds of each round's ratio of the two libraries' times (each round times both, in turns, so
-    a load that comes and goes slows both sides of a ratio alike)."""
+def model_products(model: torch.nn.Module, update_rows: int, decode_rows: int) -> tuple[Product, ...]:
+    """The products a run of `model` multiplies, for `auto` to time: each distinct (in, out) of its linear
+    layers with `update_rows` tokens forward and backward (a training micro-batch) and `decode_rows` forward
+    (a decode step), weighted by how many layers have it; only those large enough for oneDNN
+    (:data:`MIN_MACS`: smaller ones run `F.linear` on either setting). Rows over :data:`MAX_TIMED_MACS` are
+    cut, and the weight scales the time back up."""
+    shapes: dict[tuple[int, int], int] = {}
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            key = (module.in_features, module.out_features)
+            shapes[key] = shapes.get(key, 0) + 1
+    products = []
+    for (fan_in, fan_out), count in sorted(shapes.items()):
+        for rows, backward in ((update_rows, True), (decode_rows, False)):
+            if rows * fan_in * fan_out < MIN_MACS:
+                continue
+            timed = max(1, min(rows, MAX_TIMED_MACS // (fan_in * fan_out)))
+            products.append((timed, fan_in, fan_out, backward, round(count * rows / timed, 3)))
+    return tuple(products)
+
+
+def measured_speedup(repeats: int = 7, products: tuple[Product, ...] = TIMED_PRODUCTS) -> float:
+    """How many times faster oneDNN runs `products` than ATen on this machine (each product's time times its
+    weight): the median over `repeats` rounds of each round's ratio of the two libraries' times (each round
+    times both, in turns, so a load that comes and goes slows both sides of a ratio alike)."""
     generator = torch.Generator().manual_seed(0)
     cases = []
-    for rows, fan_in, fan_out, backward in TIMED_PRODUCTS:
+    for rows, fan_in, fan_out, backward, weight in products:
         x, w = torch.randn(rows, fan_in, generator=generator), torch.randn(fan_out, fan_in, generator=generator)
         grad = torch.randn(rows, fan_out, generator=generator)
-        cases.append([(x, w)] + ([(grad, w.t()), (grad.t(), x.t())] if backward else []))
+        cases.append((weight, [(x, w)] + ([(grad, w.t()), (grad.t(), x.t())] if backward else [])))
     ratios = []
     with torch.no_grad():
         for round_ in range(repeats + 1):  # the first round warms both up (oneDNN builds its primitives)
             seconds = {}
             sides = (("aten", F.linear), ("onednn", _onednn))
             for library, product in sides if round_ % 2 else sides[::-1]:  # either side goes first in turn
-                start = time.perf_counter()
-                for case in cases:
+                total = 0.0
+                for weight, case in cases:
+                    start = time.perf_counter()
                     for a, b in case:
                         product(a, b)
-                seconds[library] = time.perf_counter() - start
+                    total += weight * (time.perf_counter() - start)
+                seconds[library] = total
             if round_:
                 ratios.append(seconds["aten"] / max(seconds["onednn"], 1e-12))
     return statistics.median(ratios)
 
 
-def _speedup_file() -> Path:
+def _speedup_file(products: tuple[Product, ...]) -> Path:
     key = (f"{cpu_vendor()}|{cpu_model()}|torch {torch.__version__}|threads {torch.get_num_threads()}|"
-           f"{TIMED_PRODUCTS}|median")
+           f"{products}|median")
     root = Path(os.environ.get("VERL_CACHE_DIR") or Path.home() / ".cache" / "verl") / "cpu_matmul"
     return root / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
 @cache
-def host_speedup() -> float:
-    """:func:`measured_speedup` of this host, measured once and kept on disk: the first process to finish
-    measuring writes it, every other process (other ranks, later runs) reads that value."""
-    path = _speedup_file()
+def host_speedup(products: tuple[Product, ...] = TIMED_PRODUCTS) -> float:
+    """:func:`measured_speedup` of `products` on this host, measured once and kept on disk: the first process to
+    finish measuring writes it, every other process (other ranks, later runs) reads that value."""
+    path = _speedup_file(products)
     try:
         return float(json.loads(path.read_text())["onednn_speedup"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    record = {"onednn_speedup": measured_speedup(), "cpu": cpu_model(), "torch": torch.__version__,
-              "threads": torch.get_num_threads(), "products": TIMED_PRODUCTS}
+    record = {"onednn_speedup": measured_speedup(products=products), "cpu": cpu_model(),
+              "torch": torch.__version__, "threads": torch.get_num_threads(), "products": products}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
@@ -239,5 +275,6 @@ def use_cpu_matmul(model: torch.nn.Module, library: Literal["aten", "onednn"]) -
     return model
 
 
-__all__ = ["AUTO_MARGIN", "ENV_VAR", "LIBRARY_NAMES", "MIN_MACS", "OneDNNLinear", "cpu_model", "cpu_vendor", "describe",
-           "host_speedup", "measured_speedup", "onednn_available", "onednn_linear", "resolve", "use_cpu_matmul"]
+__all__ = ["AUTO_MARGIN", "ENV_VAR", "LIBRARY_NAMES", "MIN_MACS", "OneDNNLinear", "Product", "cpu_model", "cpu_vendor",
+           "describe", "host_speedup", "measured_speedup", "model_products", "onednn_available", "onednn_linear",
+           "resolve", "use_cpu_matmul"]

@@ -21,7 +21,7 @@ from verl.models.lora import AdapterOff, apply_lora, is_peft_model
 from verl.models.reward_model import reward_model_from_causal_lm
 from verl.models.sharded_load import adapters_off_meta, is_deferred
 from verl.models.tiny import build_from_spec, is_tiny_spec
-from verl.utils.cpu_matmul import resolve, use_cpu_matmul
+from verl.utils.cpu_matmul import Product, describe, model_products, resolve, use_cpu_matmul
 from verl.utils.tokenizer_protocol import Tokenizer
 
 
@@ -77,7 +77,27 @@ def with_cpu_matmul(config: RunConfig, model: torch.nn.Module,
     where = next(model.parameters(), torch.empty(0)).device
     if (device if where.type == "meta" and device is not None else where).type != "cpu":
         return model
-    return use_cpu_matmul(model, resolve(config.trainer.cpu_matmul)[0])
+    return use_cpu_matmul(model, cpu_matmul_choice(config, model)[0])
+
+
+def run_products(config: RunConfig, model: torch.nn.Module) -> tuple[Product, ...]:
+    """The products of `model`'s linear layers this run multiplies, which `trainer.cpu_matmul=auto` times: a
+    training micro-batch's tokens (its token budget, or micro_batch_size full-length sequences) and, in RL,
+    a decode step's rows (the batch's prompts x samples)."""
+    data, actor, rl = config.data, config.actor, config.trainer.kind == "rl"
+    length = data.max_prompt_length + (config.rollout.max_new_tokens if rl else data.max_response_length)
+    update = actor.max_tokens_per_micro_batch or actor.micro_batch_size * length
+    return model_products(model, update, data.train_batch_size * config.rollout.n if rl else 0)
+
+
+def cpu_matmul_choice(config: RunConfig, model: torch.nn.Module) -> tuple[str, str]:
+    """The CPU matmul library `trainer.cpu_matmul` means for `model` in this run, and why."""
+    return resolve(config.trainer.cpu_matmul, run_products(config, model))
+
+
+def describe_cpu_matmul(config: RunConfig, model: torch.nn.Module) -> str:
+    """The line `verl check` and the run's banner print about it (`verl.utils.cpu_matmul.describe`)."""
+    return describe(config.trainer.cpu_matmul, run_products(config, model))
 
 
 def with_lora(config: RunConfig, model: torch.nn.Module, base_path: str | None = None, *,
@@ -172,5 +192,6 @@ def tokenizer_mismatch_message(key: str, path: str, policy_path: str, mismatch: 
     return (f"{key}={path!r} has a different tokenizer from model.path={policy_path!r} ({mismatch}), so {what} "
             f"would score other tokens than the ones sampled. Fix: {fix}.")
 
-__all__ = ["build_reference", "copy_in", "frozen", "given_policy", "load_frozen", "load_policy_with_report",
-           "resolve_model_path", "tokenizer_mismatch_message", "with_cpu_matmul", "with_lora", "with_score_head"]
+__all__ = ["build_reference", "copy_in", "cpu_matmul_choice", "describe_cpu_matmul", "frozen", "given_policy",
+           "load_frozen", "load_policy_with_report", "resolve_model_path", "run_products",
+           "tokenizer_mismatch_message", "with_cpu_matmul", "with_lora", "with_score_head"]

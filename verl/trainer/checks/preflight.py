@@ -39,7 +39,12 @@ from verl.models.hf_loader import load_tokenizer
 from verl.models.reward_model import saved_head_problem
 from verl.models.tiny import is_tiny_spec
 from verl.rewards import RewardManager
-from verl.trainer.build.models import load_policy_with_report, resolve_model_path, tokenizer_mismatch_message
+from verl.trainer.build.models import (
+    describe_cpu_matmul,
+    load_policy_with_report,
+    resolve_model_path,
+    tokenizer_mismatch_message,
+)
 from verl.trainer.build.setup import run_dtype
 from verl.trainer.checks.source_checks import check_model_sources, model_sources
 from verl.trainer.checks.startup import VAL_ONLY_NEEDS_ROWS, StartupReport, check_env_options, check_startup
@@ -86,6 +91,7 @@ class Preflight:
     warnings: list[Problem] = field(default_factory=list)  # worth a look, but the run can start
     tokenizer: Tokenizer | None = None
     model_report: Any = None  # the meta-device model check (`check_model`)
+    cpu_matmul: str | None = None  # what trainer.cpu_matmul means for this run's policy on CPU, and why
     data: DataSplit | None = None
     given_rows: Sequence[dict[str, Any]] | None = None  # RL prompt rows passed in, in canonical form
     env: Environment | MultiTurnEnvironment | None = None
@@ -279,12 +285,13 @@ def _model_pass(pf: Preflight, given: Given, device: torch.device, dtype: torch.
     if given.model is not None or pf.tokenizer is None:
         return  # a model object passed in is checked as it is handed over; no tokenizer: reported above
     try:
-        _, _, pf.model_report = load_policy_with_report(pf.config, pf.model_path, device=device, dtype=dtype,
-                                                        tokenizer=pf.tokenizer, weights=False,
-                                                        reward_head=pf.kind == "rm")
+        model, _, pf.model_report = load_policy_with_report(pf.config, pf.model_path, device=device, dtype=dtype,
+                                                            tokenizer=pf.tokenizer, weights=False,
+                                                            reward_head=pf.kind == "rm")
     except VerlError as exc:
         pf.add("model", exc)
         return
+    pf.cpu_matmul = describe_cpu_matmul(pf.config, model) if device.type == "cpu" else None
     for problem in pf.model_report.problems:
         pf.add("model", ModelError(problem))
     for warning in pf.model_report.warnings:

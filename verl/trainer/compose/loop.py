@@ -32,6 +32,7 @@ from verl.config.schema import RunConfig
 from verl.distributed import heartbeat
 from verl.errors import CheckpointError, ConfigError, VerlError
 from verl.tracking.summary import run_summary_lines
+from verl.trainer.build.models import describe_cpu_matmul
 from verl.trainer.checks.startup import VAL_ONLY_NEEDS_ROWS, check_sandbox
 from verl.trainer.compose.components import Components, setup_checkpoints, setup_tracker
 from verl.trainer.compose.keep_best import KeepBest
@@ -161,7 +162,7 @@ def banner_lines(trainer: Trainer, resume_from: Path | None, saved_yaml: str | N
         lines.append(f"data: {rows}")
     lines.append(f"run directory: {trainer.run_dir}")
     if trainer.device.type == "cpu":  # the kernel rounds differently: a result is reproduced on the same one
-        lines.append(describe(cfg.trainer.cpu_matmul))
+        lines.append(describe(cfg.trainer.cpu_matmul) if model is None else describe_cpu_matmul(cfg, model))
     sandbox = check_sandbox(cfg)[1]  # the isolation model-written code gets on this host
     lines += [sandbox] if sandbox else []
     if resume_from is None:

@@ -24,12 +24,12 @@ from verl.distributed.fsdp import gathered
 from verl.errors import VerlError
 from verl.models.lora import is_peft_model
 from verl.rollout.prompts import PromptCodec
+from verl.trainer.build.models import cpu_matmul_choice
 from verl.trainer.build.setup import resolve_run_dir, seed_everything
 from verl.trainer.checks.preflight import Given
 from verl.trainer.compose import loop
 from verl.trainer.compose.components import Components, compose
 from verl.utils.cpu_matmul import cpu_model
-from verl.utils.cpu_matmul import resolve as resolve_cpu_matmul
 
 
 class TrainerRuntime:
@@ -148,7 +148,7 @@ class TrainerRuntime:
         (in place: what a demo returns is what it wrote)."""
         path = self.run_dir / "summary.json"
         if self.device.type == "cpu":
-            library, why = resolve_cpu_matmul(self.config.trainer.cpu_matmul)
+            library, why = cpu_matmul_choice(self.config, self.model)
             summary.update(cpu_matmul=library, cpu_matmul_why=why, cpu=cpu_model())
         if self.rank == 0:
             path.parent.mkdir(parents=True, exist_ok=True)
