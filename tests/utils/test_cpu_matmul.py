@@ -112,24 +112,26 @@ def test_the_measurement_times_both_libraries():
     assert 0.05 < speedup < 20
 
 
-def test_the_measurement_is_the_median_of_interleaved_rounds(monkeypatch):
-    """A burst of load on one side of one round moves that round's ratio, not the result: the median of the
-    rounds' ratios is taken, and each round times both libraries back to back, the first side in turn."""
+def test_the_measurement_is_each_products_undisturbed_time_weighted(monkeypatch):
+    """A burst of load slows the repeats it hits, never speeds one up: each product's fastest repeat per
+    library is its time, so bursts on either side leave the result alone; the libraries go first in turn, and a
+    product's weight (its layers, its cut rows) scales its time."""
     calls, clock = [], {"t": 0.0}
-    per_side = sum(3 if backward else 1 for *_, backward, _weight in cpu_matmul.TIMED_PRODUCTS)
+    cost = {"aten": {4: 1.0, 8: 3.0}, "onednn": {4: 0.5, 8: 3.0}}  # seconds per call, by the product's rows
 
     def product(name):
         def run(a, b):
             calls.append(name)
-            burst = 50.0 if (len(calls) - 1) // per_side == 6 else 1.0  # round 3's first side, under load
-            clock["t"] += (1.0 if name == "aten" else 0.5) * burst
+            burst = 50.0 if len(calls) % 7 == 0 else 1.0  # every 7th call, on either side, under load
+            clock["t"] += cost[name][a.shape[0]] * burst  # forward products: a is [rows, in]
         return run
 
     monkeypatch.setattr(cpu_matmul.F, "linear", product("aten"))
     monkeypatch.setattr(cpu_matmul, "_onednn", product("onednn"))
     monkeypatch.setattr(cpu_matmul.time, "perf_counter", lambda: clock["t"])
-    assert cpu_matmul.measured_speedup(repeats=7) == pytest.approx(2.0)
-    assert calls[::per_side][:4] == ["onednn", "aten", "aten", "onednn"]
+    products = ((4, 16, 32, False, 2.0), (8, 16, 32, False, 1.0))
+    assert cpu_matmul.measured_speedup(repeats=9, products=products) == pytest.approx((2 * 1.0 + 3.0) / (2 * 0.5 + 3.0))
+    assert calls[:4] == ["onednn", "aten", "aten", "onednn"]
 
 
 def test_the_environment_variable_decides_auto_for_a_whole_session(monkeypatch):

@@ -72,7 +72,8 @@ class TrainerConfig(Section):
                                     f"tiny models (at most {MAX_THREADS}).")
     cpu_matmul: CpuMatmul = Field(
         "auto", description="Library for float32 linear layers on CPU: auto = oneDNN where it is clearly faster on "
-        "this host (at least 1.3x, the median of interleaved rounds, measured once and kept in "
+        "this host (at least 1.3x on the run's own layer shapes, each product's fastest of interleaved repeats, "
+        "measured once and kept in "
         "$VERL_CACHE_DIR/cpu_matmul; AMD processors where MKL takes a generic path), else ATen; the environment "
         "variable VERL_CPU_MATMUL=aten|onednn decides auto instead; aten | onednn force one "
         "(verl.utils.cpu_matmul; benchmarks/cpu_matmul.py times both).")

@@ -5,13 +5,13 @@ products at about half the speed oneDNN reaches on the same core; on others the 
 `benchmarks/cpu_matmul.py` rows in docs/performance.md). Which one wins depends on the processor and the torch
 build, so nothing is assumed: `trainer.cpu_matmul` `auto` times both on this host on the products the run multiplies
 (:func:`model_products`: each distinct shape of its model's linear layers at a training micro-batch's tokens, forward
-and backward, and at a decode step's rows; :func:`measured_speedup`: the median of interleaved rounds' ratios, so a
-busy machine slows both sides alike) and takes oneDNN only where it is at least :data:`AUTO_MARGIN` times faster: a
-near tie keeps ATen, so a noisy measurement cannot flip the choice. The measurement is made once per host, torch
-version, thread count and set of products and kept in ``$VERL_CACHE_DIR/cpu_matmul/`` (first writer wins), so every
-later run of that model and every rank on the host makes the same choice; `aten` or `onednn` force one, and so does
-the environment variable ``VERL_CPU_MATMUL`` for every `auto` in its process and children (a whole test session on
-one kernel).
+and backward, and at a decode step's rows; :func:`measured_speedup`: each product's fastest of interleaved repeats per
+library, the undisturbed time even on a busy machine) and takes oneDNN only where it is at least :data:`AUTO_MARGIN`
+times faster: a near tie keeps ATen, so a noisy measurement cannot flip the choice. The measurement is made once per
+host, torch version, thread count and set of products and kept in ``$VERL_CACHE_DIR/cpu_matmul/`` (first writer
+wins), so every later run of that model and every rank on the host makes the same choice; `aten` or `onednn` force
+one, and so does the environment variable ``VERL_CPU_MATMUL`` for every `auto` in its process and children (a whole
+test session on one kernel).
 Outcomes must not depend on the choice: the two libraries round differently, like two batch sizes.
 
 With oneDNN, every plain `nn.Linear` of a model becomes a :class:`OneDNNLinear` (same parameters, same state
@@ -28,7 +28,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import tempfile
 import time
 from functools import cache
@@ -154,37 +153,35 @@ def model_products(model: torch.nn.Module, update_rows: int, decode_rows: int) -
     return tuple(products)
 
 
-def measured_speedup(repeats: int = 7, products: tuple[Product, ...] = TIMED_PRODUCTS) -> float:
-    """How many times faster oneDNN runs `products` than ATen on this machine (each product's time times its
-    weight): the median over `repeats` rounds of each round's ratio of the two libraries' times (each round
-    times both, in turns, so a load that comes and goes slows both sides of a ratio alike)."""
+def measured_speedup(repeats: int = 9, products: tuple[Product, ...] = TIMED_PRODUCTS) -> float:
+    """How many times faster oneDNN runs `products` than ATen on this machine: each product (forward, and its
+    two backward products where it has them) timed `repeats` times on each library in turns, its fastest time
+    per library (a run another process interrupted is only ever slower, so the minimum is the undisturbed time,
+    stable on a busy machine where the ratio of whole rounds is not), times its weight, summed."""
     generator = torch.Generator().manual_seed(0)
-    cases = []
-    for rows, fan_in, fan_out, backward, weight in products:
-        x, w = torch.randn(rows, fan_in, generator=generator), torch.randn(fan_out, fan_in, generator=generator)
-        grad = torch.randn(rows, fan_out, generator=generator)
-        cases.append((weight, [(x, w)] + ([(grad, w.t()), (grad.t(), x.t())] if backward else [])))
-    ratios = []
+    totals = {"aten": 0.0, "onednn": 0.0}
+    sides = (("aten", F.linear), ("onednn", _onednn))
     with torch.no_grad():
-        for round_ in range(repeats + 1):  # the first round warms both up (oneDNN builds its primitives)
-            seconds = {}
-            sides = (("aten", F.linear), ("onednn", _onednn))
-            for library, product in sides if round_ % 2 else sides[::-1]:  # either side goes first in turn
-                total = 0.0
-                for weight, case in cases:
+        for rows, fan_in, fan_out, backward, weight in products:
+            x, w = torch.randn(rows, fan_in, generator=generator), torch.randn(fan_out, fan_in, generator=generator)
+            grad = torch.randn(rows, fan_out, generator=generator)
+            case = [(x, w)] + ([(grad, w.t()), (grad.t(), x.t())] if backward else [])
+            best = {"aten": math.inf, "onednn": math.inf}
+            for round_ in range(repeats + 1):  # the first round warms both up (oneDNN builds its primitives)
+                for library, product in sides if round_ % 2 else sides[::-1]:  # either side goes first in turn
                     start = time.perf_counter()
                     for a, b in case:
                         product(a, b)
-                    total += weight * (time.perf_counter() - start)
-                seconds[library] = total
-            if round_:
-                ratios.append(seconds["aten"] / max(seconds["onednn"], 1e-12))
-    return statistics.median(ratios)
+                    if round_:
+                        best[library] = min(best[library], time.perf_counter() - start)
+            for library in totals:
+                totals[library] += weight * best[library]
+    return totals["aten"] / max(totals["onednn"], 1e-12)
 
 
 def _speedup_file(products: tuple[Product, ...]) -> Path:
     key = (f"{cpu_vendor()}|{cpu_model()}|torch {torch.__version__}|threads {torch.get_num_threads()}|"
-           f"{products}|median")
+           f"{products}|min")
     root = Path(os.environ.get("VERL_CACHE_DIR") or Path.home() / ".cache" / "verl") / "cpu_matmul"
     return root / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
