@@ -81,17 +81,21 @@ def _counted(trainer: RLTrainer) -> list[int]:
 
 @pytest.mark.parametrize("setting", ["auto", "sampler", "recompute"])
 def test_only_recompute_spends_a_pass_over_every_response(tmp_path, setting):
+    """With the sampler's old log-probs no no-grad pass runs at all: the update's forwards before its first
+    optimizer step run on the sampling weights and measure the drift there."""
     trainer = RLTrainer(rl_config(tmp_path, "actor.ppo_epochs=2", f"actor.old_logprobs={setting}"))
-    assert trainer.needs_old_logprobs
-    rows = _counted(trainer)
-    batch = trainer.compute_log_probs(trainer.compute_reward(trainer.generate(trainer.get_batch())))
+    assert trainer.needs_old_logprobs and trainer.update_checks_drift == (setting != "recompute")
+    rows, seen = _counted(trainer), {}
+    real = trainer.compute_log_probs
+    trainer.compute_log_probs = lambda batch: seen.setdefault("batch", real(batch))
+    metrics = trainer.step()
+    batch = seen["batch"]
     if setting == "recompute":
         assert rows == [len(batch)]  # the old log-probs' pass, which the drift check reads for free
         assert not torch.equal(batch.old_logprobs, batch.rollout_logprobs)  # the trainer's, to rounding
     else:
-        assert rows == [trainer.config.rollout.drift_check_samples]  # only the drift check's rows
-        assert torch.equal(batch.old_logprobs, batch.rollout_logprobs)
-    assert 0 <= batch.metrics["rollout/logprob_diff_mean"] < 1e-5
+        assert rows == [] and torch.equal(batch.old_logprobs, batch.rollout_logprobs)
+    assert 0 <= metrics["rollout/logprob_diff_mean"] < 1e-5
 
 
 def test_the_update_is_the_same_function_of_the_old_logprobs_from_either_source(tmp_path):

@@ -58,8 +58,12 @@ def test_a_single_on_policy_update_checks_drift_on_its_own_forward(tmp_path):
         assert 0.0 <= metrics["rollout/logprob_diff_mean"] <= metrics["rollout/logprob_diff_max"] < 1e-4
 
 
-def test_a_stale_engine_is_caught_before_the_optimizer_step(tmp_path):
-    trainer = RLTrainer(rl_config(tmp_path, "actor.lr=0.05", "actor.grad_clip=null"))
+@pytest.mark.parametrize("extra", [[], ["actor.ppo_epochs=2", "actor.mini_batch_size=2"]],
+                         ids=["single-update", "sampler-old-logprobs"])
+def test_a_stale_engine_is_caught_before_the_optimizer_step(tmp_path, extra):
+    """One on-policy update, or several on the sampler's old log-probs: the forwards before the first optimizer
+    step check the drift, and a failed check moves no weight."""
+    trainer = RLTrainer(rl_config(tmp_path, "actor.lr=0.05", "actor.grad_clip=null", *extra))
     assert trainer.update_checks_drift
     trainer.engine = HFKVCacheEngine(copy.deepcopy(trainer.model))
     steps = {"n": 0}
@@ -94,7 +98,8 @@ class OwnOptimize(RLTrainer):
 def test_the_separate_check_runs_where_the_update_cannot_check(tmp_path, case):
     """A subclass's own update_policy or optimize might not check; with dropout kept the train-mode forward is
     not the sampler's; with old log-probs the check is on them. Each step still logs the drift."""
-    extra = {"dropout-kept": ["actor.disable_dropout=false"], "old-logprobs": ["actor.ppo_epochs=2"]}.get(case, [])
+    extra = {"dropout-kept": ["actor.disable_dropout=false"],
+             "old-logprobs": ["actor.ppo_epochs=2", "actor.old_logprobs=recompute"]}.get(case, [])
     cls = {"own-update": OwnUpdate, "own-optimize": OwnOptimize}.get(case, RLTrainer)
     trainer = cls(rl_config(tmp_path, *extra))
     assert not trainer.update_checks_drift

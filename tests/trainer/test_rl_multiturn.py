@@ -29,7 +29,8 @@ def mt_config(run_dir, *overrides):
 
 
 def test_episode_batch_masks_reward_placement_and_logprobs(tmp_path):
-    trainer = RLTrainer(mt_config(tmp_path, "actor.ppo_epochs=2", "actor.kl_loss_coef=0.01"))
+    trainer = RLTrainer(mt_config(tmp_path, "actor.ppo_epochs=2", "actor.kl_loss_coef=0.01",
+                                  "actor.old_logprobs=recompute"))  # the trainer's own pass over each episode
     assert trainer.multiturn is not None
     batch = trainer.generate(trainer.get_batch())
     batch = trainer.compute_log_probs(trainer.compute_reward(batch))
@@ -67,12 +68,27 @@ def test_episode_batch_masks_reward_placement_and_logprobs(tmp_path):
     assert set(batch.metrics) >= {"episode/turns_mean", "episode/tool_calls_mean", "episode/tool_errors_mean",
                                   "episode/truncated_ratio"}
 
+def test_episodes_train_on_the_samplers_old_logprobs_with_the_drift_checked(tmp_path):
+    """actor.old_logprobs=auto on episodes: the sampler's log-probs on model tokens are the old policy (0 on
+    observation tokens, which no loss reads), and the update's first forwards measure the drift."""
+    trainer = RLTrainer(mt_config(tmp_path, "actor.ppo_epochs=2"))
+    seen = {}
+    real = trainer.compute_log_probs
+    trainer.compute_log_probs = lambda batch: seen.setdefault("batch", real(batch))
+    metrics = trainer.step()
+    batch = seen["batch"]
+    assert torch.equal(batch.old_logprobs, batch.rollout_logprobs)
+    assert (batch.response_attention_mask.bool() & ~batch.response_mask.bool()).any()  # observations present
+    assert 0 <= metrics["rollout/logprob_diff_mean"] <= metrics["rollout/logprob_diff_max"] < 1e-5
+
 
 @pytest.mark.parametrize("algo", [
     ("algorithm.adv_estimator=grpo", "actor.kl_loss_coef=0.01"),
     ("algorithm.adv_estimator=rloo",),
     ("algorithm.adv_estimator=gae", "algorithm.kl_in_reward=true"),
 ])
+
+
 def test_estimators_train_on_episodes(tmp_path, algo):
     trainer = RLTrainer(mt_config(tmp_path, "trainer.total_steps=2", "trainer.val_every=2", *algo))
     trainer.fit()

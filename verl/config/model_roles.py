@@ -209,8 +209,8 @@ class ActorConfig(OptimConfig):
         "the log-probs the rollout sampled with (verl's bypass mode: no pass, and no rollout correction, which "
         "then has nothing to correct); auto = sampler where the sampler is our hf engine on the trainer's own "
         "float32 weights (its log-probs are the trainer's up to rounding), with no top-k/top-p and no explicit "
-        "rollout_correction, else recompute. With sampler, a forward over rollout.drift_check_samples responses "
-        "per rank still measures the drift every step, so the stale-engine guard holds.")
+        "rollout_correction, else recompute. With sampler, the update's forwards before its first optimizer step "
+        "(on the weights that sampled) still measure the drift every step, so the stale-engine guard holds.")
 
     @model_validator(mode="before")
     @classmethod

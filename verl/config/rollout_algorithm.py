@@ -74,9 +74,10 @@ class RolloutConfig(Section):
         6, ge=0, description="Stop when the drift rose on most of the last N steps, doubled over them and is "
         "above 4x the noise: an engine falling further behind with every update. 0 = off.")
     drift_check_samples: int = Field(
-        4, gt=0, description="Responses per rank checked for drift when the step computes no old log-probs and "
-        "the update's forward cannot check (a single on-policy update with dropout off checks every row it "
-        "trains on, at no cost).")
+        4, gt=0, description="Responses per rank checked for drift when no pass computes the trainer's old "
+        "log-probs and the update's forward cannot check (with dropout off, a single on-policy update, or one on "
+        "the sampler's old log-probs, checks every row it trains on before its first optimizer step, at no "
+        "cost).")
     stop: list[str] = Field(default_factory=list, description="Multi-turn environments: a model turn ends at "
                             "the first of these strings (e.g. '</calc>') or at eos; the environment answers it.")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings (rollout.engine=vllm).")

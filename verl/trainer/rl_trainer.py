@@ -310,7 +310,7 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         the sampler's, or a forward's, by `actor.old_logprobs`), and the on-policy check of the sampler."""
         if not self.needs_old_logprobs:
             return self.check_rollout_drift(batch)
-        if self.old_logprobs_plan.from_sampler and batch.rollout_logprobs is not None:
+        if self.old_logprobs_from_sampler(batch):
             batch.old_logprobs = batch.rollout_logprobs.clone()
             return self.check_rollout_drift(batch, trainer_has_them=False)
         if self.config.actor.old_logprobs == "sampler":
@@ -328,22 +328,27 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         if batch.rollout_logprobs is None:
             return batch
         own = batch.old_logprobs is not None and trainer_has_them
-        if batch.old_logprobs is None and self.update_checks_drift:
-            return batch  # the update's forward is this step's on-policy pass: it checks (see update_policy)
+        if not own and self.update_checks_drift:
+            return batch  # the update's first forwards are this step's on-policy pass: they check (update_policy)
         checked = batch if own else batch.select(torch.arange(min(self.config.rollout.drift_check_samples,
                                                                   len(batch))))
         trainer = checked.old_logprobs if own else self.sequence_logprobs(self.model, checked)
         self.judge_drift(batch, *drift_moments(trainer, checked))
         return batch
 
+    def old_logprobs_from_sampler(self, batch: RolloutBatch) -> bool:
+        """Whether this step's old log-probs are the sampler's (`actor.old_logprobs`, where the rollout gave them)."""
+        return self.needs_old_logprobs and self.old_logprobs_plan.from_sampler and batch.rollout_logprobs is not None
+
     @property
     def update_checks_drift(self) -> bool:
-        """Whether the policy update's own forward does the drift check, saving a forward pass: a single
-        on-policy step (no old log-probs, so that forward runs on the weights that sampled), dropout off
-        (its train-mode forward is then the sampler's eval-mode one), the update runs this step, and it is
-        this class's (a subclass's own update_policy, or an optimize that may not call before_step, would not
-        check)."""
-        return (not self.needs_old_logprobs and self.config.actor.disable_dropout and self.updates_actor
+        """Whether the policy update's own forwards do the drift check, saving a forward pass: those before its
+        first optimizer step run on the weights that sampled, so they check where no pass computed the
+        trainer's old log-probs (a single on-policy step, or the sampler's old log-probs); dropout off (the
+        train-mode forward is then the sampler's eval-mode one), the update runs this step, and it is this
+        class's (a subclass's own update_policy, or an optimize that may not call before_step, would not check)."""
+        no_pass = not self.needs_old_logprobs or self.old_logprobs_plan.from_sampler
+        return (no_pass and self.config.actor.disable_dropout and self.updates_actor
                 and type(self).update_policy is RLTrainer.update_policy and type(self).optimize is RLTrainer.optimize)
 
     @property
@@ -410,24 +415,31 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
 
     def update_policy(self, batch: RolloutBatch) -> dict[str, float]:
         """PPO-clip epochs over shuffled mini-batches with gradient accumulation over micro-batches."""
-        cfg, temperature = self.config.actor, self.config.rollout.temperature or 1.0
+        cfg, temperature, step_batch = self.config.actor, self.config.rollout.temperature or 1.0, batch
         if cfg.mask_truncated:
             batch = update.without_truncated(batch)
         batch, plan, replicas = self.sp.update_rows(self.sp.size > 1, batch, self.plans["actor"], cfg)
         norm_len = update.norm_length(batch, self.config.rollout.max_new_tokens)
-        # The drift check on this forward (see update_checks_drift): the rows of every micro-batch run
+        # The drift check on this update's forwards before its first optimizer step (see update_checks_drift)
         drift = [] if batch.rollout_logprobs is not None and self.update_checks_drift else None
+        judged: list[bool] = []
+
+        def on_policy_forward(logprobs: torch.Tensor, mb: RolloutBatch) -> None:
+            if not judged:  # only the forwards before the first optimizer step ran on the sampling weights
+                drift.append(drift_moments(logprobs, mb))
 
         entropy_coef = cfg.entropy_coef if self.entropy_ctrl is None else self.entropy_ctrl.value
         micro_loss = update.policy_loss(
             cfg, norm_len, lambda mb: self.policy_logprobs(self.model, mb, temperature=temperature, with_entropy=True,
                                                            entropy_grad=entropy_coef > 0),
-            on_logprobs=None if drift is None else lambda logprobs, mb: drift.append(drift_moments(logprobs, mb)),
+            on_logprobs=None if drift is None else on_policy_forward,
             entropy_coef=entropy_coef, correction=self.correction,
             distill=self.config.algorithm.distill if self.config.needs_teacher else None)
 
-        def check_drift() -> None:  # before the optimizer step: a failed check leaves the weights alone
-            self.judge_drift(batch, *combined_moments(drift))
+        def check_drift() -> None:  # before the first optimizer step: a failed check leaves the weights alone
+            if not judged:
+                judged.append(True)
+                self.judge_drift(step_batch, *combined_moments(drift))  # its metrics are the step's
 
         metrics = self.optimize(self.model, self.optimizer, self.scheduler, batch, cfg, plan,
                                 micro_loss, prefix="actor", replicas=replicas,

@@ -103,8 +103,9 @@ def why_recompute(config: RunConfig, compute: torch.dtype) -> str | None:
 
 def plan_old_logprobs(config: RunConfig, compute: torch.dtype) -> OldLogprobPlan:
     """`actor.old_logprobs` for a policy that computes in `compute`, with its reason."""
-    setting, check = config.actor.old_logprobs, config.rollout.drift_check_samples
-    guard = f"a forward over {check} response(s) per rank still measures the drift every step"
+    setting = config.actor.old_logprobs
+    guard = ("the update's forwards before its first optimizer step, on the weights that sampled, still measure "
+             "the drift every step")
     if setting == "recompute":
         return OldLogprobPlan(False, "set by actor.old_logprobs=recompute")
     if setting == "sampler":
