@@ -136,7 +136,7 @@ class ValueModel(nn.Module):
         whole where its files cannot be read that way)."""
         from transformers import AutoConfig, AutoModel
 
-        from verl.models.hf_loader import check_remote_code, quiet_hf_progress
+        from verl.models.hf_loader import check_remote_code, quiet_hf_progress, without_hub_kernels
         from verl.models.tiny import build_from_spec, is_tiny_spec
         from verl.utils.dtype import resolve_dtype
 
@@ -161,7 +161,7 @@ class ValueModel(nn.Module):
                     backbone = None
             if backbone is None:
                 with quiet_hf_progress():
-                    backbone = AutoModel.from_pretrained(path, **kwargs)
+                    backbone = without_hub_kernels(AutoModel.from_pretrained(path, **kwargs))
         except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
             raise ModelError(f"could not load a critic backbone from {path!r}: {type(exc).__name__}: {exc}. "
                              "Fix: point critic.path at a causal-LM directory (config.json + "

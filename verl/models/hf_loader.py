@@ -50,6 +50,16 @@ def _transformers_version() -> tuple[int, int]:
     return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
 
 
+def without_hub_kernels(model: Any) -> Any:
+    """`model` on its own torch layers: transformers >= 5 kernelizes what it loads with Hub kernels (code fetched
+    from the Hub, which only `trust_remote_code` may allow here) and kernelizes again at every train()/eval()
+    switch, a walk of the whole model that a training step pays several times. Same outputs where no Hub kernel
+    was fetched (the CPU case); returns `model`."""
+    if getattr(model, "use_kernels", False) and hasattr(model, "reset_kernels"):
+        model.reset_kernels()
+    return model
+
+
 @contextlib.contextmanager
 def quiet_hf_progress() -> Iterator[None]:
     """Hide transformers' per-file progress bars, which flood logs of short runs and tests."""
@@ -299,7 +309,7 @@ def load_hf_model_with_report(
                     _as_from_pretrained(model, model_name, directory)
         if weights and not deferred:
             with quiet_hf_progress():
-                model = auto.from_pretrained(model_name, **kwargs)
+                model = without_hub_kernels(auto.from_pretrained(model_name, **kwargs))
     except (OSError, ValueError, ImportError, KeyError, RuntimeError, SafetensorError) as exc:
         raise ModelError(
             f"could not load the weights of model {model_name!r} as {getattr(auto, '__name__', auto)}: "

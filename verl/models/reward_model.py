@@ -121,7 +121,7 @@ class RewardModelScorer:
     def __init__(self, path_or_model: str | os.PathLike | nn.Module, tokenizer: Tokenizer | None = None, *,
                  dtype: torch.dtype | str = torch.float32, device: str | torch.device | None = None,
                  max_length: int | None = None, batch_size: int = 16, trust_remote_code: bool = False) -> None:
-        from verl.models.hf_loader import check_remote_code, load_tokenizer, quiet_hf_progress
+        from verl.models.hf_loader import check_remote_code, load_tokenizer, quiet_hf_progress, without_hub_kernels
         from verl.utils.dtype import resolve_dtype
 
         if isinstance(path_or_model, nn.Module):
@@ -145,6 +145,7 @@ class RewardModelScorer:
                 raise ModelError(f"could not load reward model {source!r} as a sequence-classification model: "
                                  f"{type(exc).__name__}: {exc}. Fix: point reward.model_path at a directory "
                                  "saved from AutoModelForSequenceClassification (num_labels=1).") from exc
+            without_hub_kernels(model)
             check_head_loaded(source, model, info)
             if tokenizer is None:
                 tokenizer = load_tokenizer(source, trust_remote_code=trust_remote_code)
