@@ -29,14 +29,19 @@ from ab import add_cpu_matmul_argument, load_average  # noqa: E402
 from grpo_vs_trl import SIZES, VerlSide, make_prompts  # noqa: E402
 
 
-def stages(args: argparse.Namespace, size: str) -> dict[str, tuple[float, float]]:
+def verl_side(args: argparse.Namespace, size: str) -> VerlSide:
+    """grpo_vs_trl.py's verl side on model `size`, seeded, with its prompts."""
     from dpo import model_dir
     from transformers import AutoTokenizer
 
     model_path = model_dir(SIZES.get(size, size))
     prompts = make_prompts(AutoTokenizer.from_pretrained(model_path), args.prompts, args.prompt_tokens)
     torch.manual_seed(args.seed)
-    side = VerlSide(args, model_path, prompts)
+    return VerlSide(args, model_path, prompts)
+
+
+def stages(args: argparse.Namespace, size: str) -> dict[str, tuple[float, float]]:
+    side = verl_side(args, size)
     side.steps(2, untimed=0)  # warm-up
     side.metrics.clear()
     side.steps(args.steps, untimed=0)
@@ -66,14 +71,9 @@ STAGE_METHODS = {"generate": "generate", "old_logprobs": "compute_log_probs", "r
 def stage_flops(args: argparse.Namespace, size: str, steps: int = 2) -> dict[str, float]:
     """Matmul FLOPs per step of each stage (forward and backward), counted on ATen: oneDNN's products run
     the same multiplications outside the ops torch's counter sees."""
-    from dpo import model_dir
     from torch.utils.flop_counter import FlopCounterMode
-    from transformers import AutoTokenizer
 
-    model_path = model_dir(SIZES.get(size, size))
-    prompts = make_prompts(AutoTokenizer.from_pretrained(model_path), args.prompts, args.prompt_tokens)
-    torch.manual_seed(args.seed)
-    side = VerlSide(argparse.Namespace(**{**vars(args), "cpu_matmul": "aten"}), model_path, prompts)
+    side = verl_side(argparse.Namespace(**{**vars(args), "cpu_matmul": "aten"}), size)
     side.steps(1, untimed=0)  # warm-up
     flops = dict.fromkeys(STAGE_METHODS, 0.0)
     for stage, name in STAGE_METHODS.items():

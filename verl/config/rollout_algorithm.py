@@ -82,6 +82,12 @@ class RolloutConfig(Section):
                             "the first of these strings (e.g. '</calc>') or at eos; the environment answers it.")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings (rollout.engine=vllm).")
 
+    @property
+    def filters(self) -> bool:
+        """Whether top-k / top-p filter the sampled distribution: the sampler's log-probs are then those of
+        the renormalised distribution, not the policy's."""
+        return self.top_k > 0 or self.top_p < 1.0
+
 
 class DistillConfig(Section):
     """On-policy distillation (`verl.algorithms.distill`): the student samples, a teacher scores the

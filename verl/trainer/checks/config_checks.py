@@ -91,7 +91,7 @@ def check_overlong_buffer(config: RunConfig) -> list[VerlError]:
 def check_old_logprobs(config: RunConfig) -> list[VerlError]:
     """The sampler's log-probs are the old policy's only where it samples from the policy's own distribution."""
     rollout = config.rollout
-    if config.actor.old_logprobs != "sampler" or (rollout.top_k == 0 and rollout.top_p == 1.0):
+    if config.actor.old_logprobs != "sampler" or not rollout.filters:
         return []
     return [ConfigError(f"actor.old_logprobs=sampler with rollout.top_k={rollout.top_k}, rollout.top_p="
                         f"{rollout.top_p}: the sampler's log-probs are those of the filtered, renormalised "

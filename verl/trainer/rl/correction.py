@@ -92,7 +92,7 @@ def why_recompute(config: RunConfig, compute: torch.dtype) -> str | None:
     differ = why_samplers_differ(config, compute)
     if differ is not None:
         return differ
-    if config.rollout.top_k > 0 or config.rollout.top_p < 1.0:
+    if config.rollout.filters:
         return ("rollout.top_k/top_p: the sampler reports log-probs of the filtered, renormalised distribution, "
                 "not the policy's")
     mode = config.actor.rollout_correction.mode
@@ -196,7 +196,7 @@ def judge_drift(metrics: dict[str, float], moments: torch.Tensor, worst: torch.T
     mean = total / max(count, 1.0)
     worst_value = float(placement.all_reduce_max(worst.reshape(1), "actor"))
     metrics["rollout/logprob_diff_mean"], metrics["rollout/logprob_diff_max"] = mean, worst_value
-    processed = rollout.top_k > 0 or rollout.top_p < 1.0
+    processed = rollout.filters
     if processed or log_only:
         return
     if rollout.max_logprob_drift is not None and mean > rollout.max_logprob_drift:
