@@ -1,19 +1,22 @@
 """The agent of examples/agent_tools.yaml: plain OpenAI-client code, trained unchanged through the trainer's
 endpoint. It offers the model a calculator tool, runs the calls the model makes, and rewards an answer equal
-to the product."""
+to the product; a wrong answer earns PARTIAL_CREDIT times the share of the product's digits it has in place
+(as the tool demo's `partial_credit`): a signal before the first right answers, for the operands copied into the
+call and for the result copied into the answer alike."""
 
 import asyncio
 import json
 
 from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
-from verl.env.calculator import evaluate_expression
+from verl.env.calculator import digit_overlap, evaluate_expression
 from verl.rewards.builtin import extract_number
 
 TOOLS = [{"type": "function", "function": {
     "name": "calculator", "description": "Multiply integers: a*b.",
     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
 MAX_CALLS = 2
+PARTIAL_CREDIT = 0.5
 _HTTP = {}  # one HTTP client per event loop, shared by its episodes: a new one loads the certificates
 
 
@@ -41,7 +44,8 @@ async def run(row, base_url):
             await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
         ).choices[0].message
         if not message.tool_calls:
-            return float(extract_number(message.content or "") == int(row["ground_truth"]))
+            answer, product = extract_number(message.content or ""), int(row["ground_truth"])
+            return 1.0 if answer == product else PARTIAL_CREDIT * digit_overlap(answer, product)
         messages.append({"role": "assistant", "content": message.content,
                          "tool_calls": [call.model_dump() for call in message.tool_calls]})
         messages += [{"role": "tool", "tool_call_id": call.id, "content": calculate(call.function.arguments)}

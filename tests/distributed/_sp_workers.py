@@ -160,8 +160,9 @@ def optimize_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     mine = full.select(torch.arange(rank * 8 // world, (rank + 1) * 8 // world))  # this rank's rows
     record: dict[str, object] = {"sp_ranks": sp.ranks}
 
-    def step(module, optimizer, grad_clip):
+    def step(module, optimizer, grad_clip, scheduler):
         optimizer.step()
+        scheduler.step()
         return 0.0
 
     for name, options in [("micro", {}), ("budget", {"max_tokens_per_micro_batch": 40}),

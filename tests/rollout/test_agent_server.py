@@ -36,7 +36,7 @@ def _server(tiny, **kw):
     engine = HFKVCacheEngine(model)
     generator = torch.Generator().manual_seed(0)
 
-    def sample(prompts, params):
+    def sample(prompts, params, keys):
         width = max(map(len, prompts))
         ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
@@ -110,7 +110,7 @@ def test_concurrent_chat_calls_are_batched_and_stitched_token_for_token(tiny):
 def test_tool_calls_come_back_as_openai_tool_calls_and_bad_requests_as_errors(tiny):
     server = _server(tiny, call_budget=1)
     forced = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2*3"}}\n</tool_call>'
-    server.sample = lambda prompts, params: [  # a model that always calls the tool
+    server.sample = lambda prompts, params, keys: [  # a model that always calls the tool
         Sampled(tiny[1](forced, add_special_tokens=False)["input_ids"] + [tiny[1].eos_token_id], [0.0] * 40, True)
         for _ in prompts]
 
@@ -152,7 +152,7 @@ def test_turns_that_ended_on_their_own_or_were_cut_splice_to_the_chat_templates_
                for w, e in zip(words, ends, strict=True)]
     server = _server(tiny)
     calls = iter(range(len(replies)))
-    server.sample = lambda prompts, params: [
+    server.sample = lambda prompts, params, keys: [
         Sampled(r, [-0.5] * len(r), r[-1] == eos) for r in (replies[next(calls)] for _ in prompts)]
 
     async def agent(url):

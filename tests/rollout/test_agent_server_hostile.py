@@ -42,7 +42,7 @@ def tok():
 def serving(tok, sample=None, running=None, **kw):
     """An endpoint whose requests a thread of its own samples (by default: "ok" and eos, for every prompt)."""
     reply = tok("ok", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    sample = sample or (lambda prompts, params: [Sampled(reply, [0.0] * len(reply), True) for _ in prompts])
+    sample = sample or (lambda prompts, params, keys: [Sampled(reply, [0.0] * len(reply), True) for _ in prompts])
     server = AgentServer(tok, sample, eos_token_ids=[tok.eos_token_id], max_tokens=8, temperature=1.0,
                          max_length=CONTEXT, vocab_size=len(tok), **kw)
     stop = threading.Event()
@@ -245,7 +245,7 @@ def test_an_oversized_body_is_refused_before_it_is_read(tok):
 def test_the_call_budget_holds_under_concurrent_calls(tok):
     reply = tok("ok", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
 
-    def slow(prompts, params):
+    def slow(prompts, params, keys):
         time.sleep(0.05)  # the calls overlap
         return [Sampled(reply, [0.0] * len(reply), True) for _ in prompts]
 
@@ -287,7 +287,7 @@ def test_a_big_message_does_not_hold_up_another_episode(tok):
 def test_a_call_the_engine_cannot_sample_fails_only_itself(tok):
     reply = [5, tok.eos_token_id]
 
-    def sample(prompts, params):
+    def sample(prompts, params, keys):
         if any(p[0] == 13 for p in prompts):  # a prompt this "engine" cannot sample
             raise ValueError("cannot sample this prompt")
         return [Sampled(reply, [0.0, 0.0], True) for _ in prompts]
@@ -302,7 +302,7 @@ def test_a_call_the_engine_cannot_sample_fails_only_itself(tok):
     assert server.failure is None  # the rollout goes on; the failed call is its episode's alone
     assert untouched(server.episodes["a"]) and server.episodes["b"].calls == 1
 
-    def broken(prompts, params):
+    def broken(prompts, params, keys):
         raise RuntimeError("the engine is broken")
 
     with serving(tok, broken) as server:  # an engine that samples nothing: the rollout raises it

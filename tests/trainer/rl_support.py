@@ -70,7 +70,7 @@ def captured_update(trainer: Any, module: torch.nn.Module, update: Any,
     captured: dict[str, torch.Tensor] = {}
     forwards = []
 
-    def capture(stepped: torch.nn.Module, optimizer: Any, clip: Any) -> float:
+    def capture(stepped: torch.nn.Module, optimizer: Any, clip: Any, scheduler: Any) -> float:
         captured.update({n: p.grad.detach().clone() for n, p in stepped.named_parameters() if p.grad is not None})
         return 1.0
 

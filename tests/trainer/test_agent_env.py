@@ -4,6 +4,7 @@ agent that raises or runs out of time fails its episode only, and a bad agent sp
 from __future__ import annotations
 
 import pytest
+import torch
 
 pytest.importorskip("fastapi")
 pytest.importorskip("openai")
@@ -35,6 +36,18 @@ async def run(row, base_url):
                  {"role": "user", "content": "Sure?"}]
     second = await client.chat.completions.create(model="policy", messages=messages)
     return float(any(c.isdigit() for c in second.choices[0].message.content))
+
+
+async def two_calls(row, base_url):
+    loop = asyncio.get_running_loop()
+    http = HTTP.setdefault(loop, DefaultAsyncHttpxClient())
+    client = AsyncOpenAI(base_url=base_url, api_key="verl", max_retries=0, http_client=http)
+    messages = [{"role": "user", "content": row["prompt"]}]
+    for _ in range(2):
+        reply = await client.chat.completions.create(model="policy", messages=messages)
+        messages += [{"role": "assistant", "content": reply.choices[0].message.content},
+                     {"role": "user", "content": "Sure?"}]
+    return float(any(c.isdigit() for c in reply.choices[0].message.content))
 
 
 def not_async(row, base_url):
@@ -114,9 +127,29 @@ def test_agent_episodes_train_and_failures_stay_in_their_episode(tmp_path):
     assert healthy and all(e.turns == 2 and e.reward in (0.0, 1.0) for e in healthy)
 
 
+def test_what_an_episode_samples_does_not_depend_on_which_calls_share_its_batch(tmp_path):
+    """Concurrent agents' calls batch by arrival time; each call samples with uniform numbers of its own key (its
+    episode, its call number), so one agent at a time and 32 at once sample the same episodes, and another seed
+    others."""
+    trainer = RLTrainer(_config(tmp_path, "agent.py:two_calls"))
+    rows = trainer.env.val_rows()[:8]
+
+    def rollout(concurrency, seed):
+        trainer.config.env.agent_concurrency = concurrency
+        server_batches = []
+        out = trainer.multiturn.run(rows, 4, trainer.sampling, torch.Generator().manual_seed(seed))
+        server_batches.append(out)
+        return [(e.row["prompt"], e.tokens, e.reward) for e in out.episodes]
+
+    one_at_a_time = rollout(1, 7)
+    assert one_at_a_time == rollout(32, 7)
+    assert one_at_a_time != rollout(32, 8)
+    assert all(len(tokens) > 0 for _, tokens, _ in one_at_a_time)
+
+
 @pytest.mark.parametrize("agent, says", [
     ("missing.py:run", "agent file"),
-    ("agent.py:nothing", "has no function 'nothing' (its async functions: ['run', 'one_argument', 'hostile'])"),
+    ("agent.py:nothing", "has no function 'nothing' (its async functions: ['run', 'two_calls', 'one_argument', 'hostile'])"),
     ("agent.py:not_async", "must be an async function"),
     ("agent.py:one_argument", "must take (row, base_url)"),
 ])

@@ -27,6 +27,14 @@ _CALL = re.compile(r"<calc>(.*?)</calc>", re.DOTALL)
 _EXPR = re.compile(r"\s*-?\d+(\s*[-+*]\s*-?\d+)*\s*")
 
 
+def digit_overlap(number: Any, answer: int) -> float:
+    """Share of the answer's digits that the given number has in the same place (0 for no number)."""
+    if number is None:
+        return 0.0
+    got, want = str(number), str(answer)
+    return sum(a == b for a, b in zip(got, want, strict=False)) / max(len(got), len(want))
+
+
 def evaluate_expression(expr: str) -> int | None:
     """The value of `a op b op c ...` with integers and + - * (usual precedence), or None if malformed."""
     if len(expr) > 64 or not _EXPR.fullmatch(expr):
@@ -111,17 +119,9 @@ class CalculatorEnv(MultiTurnEnv):
         number = extract_number(model_text)
         correct = number is not None and number == state["answer"]
         state["correct"] = correct
-        reward = 1.0 if correct else self.partial_credit * self._digit_overlap(number, state["answer"])
+        reward = 1.0 if correct else self.partial_credit * digit_overlap(number, state["answer"])
         return Done(reward=reward, info={"correct": correct, "tool_calls": state["calls"],
                                          "correct_calls": state["correct_calls"]})
-
-    @staticmethod
-    def _digit_overlap(number: Any, answer: int) -> float:
-        """Share of the answer's digits that the given number has in the same place (0 for no number)."""
-        if number is None:
-            return 0.0
-        got, want = str(number), str(answer)
-        return sum(a == b for a, b in zip(got, want, strict=False)) / max(len(got), len(want))
 
     def truncated_reward(self, state: dict[str, Any]) -> float:
         return 0.0
@@ -154,4 +154,4 @@ class CalculatorEnv(MultiTurnEnv):
         return row, [(call, True), (observation.text, False), (f" {a * b}", True)]
 
 
-__all__ = ["CalculatorEnv", "evaluate_expression"]
+__all__ = ["CalculatorEnv", "digit_overlap", "evaluate_expression"]

@@ -12,11 +12,13 @@
 For every prompt of the batch, n episodes run concurrently: each calls `run(row, base_url)` with a base URL of
 its own (`verl.rollout.agent_server`), makes any number of calls, and returns its reward (or None: the
 environment's reward over the last reply). The calls are sampled in batches on the rollout engine and
-stitched, token for token, into the episode's training sequence. An episode that runs past
-`env.agent_timeout_s` ends with reward 0 and is trained on what it wrote; one whose agent raises is not
-trained on (its tokens are masked), its traceback goes to the samples and `episode/agent_failed` counts it:
-neither stops the run. Which calls share a batch depends on when the agents make them, so concurrent agents are
-not reproducible bit for bit; with `env.agent_concurrency: 1` the calls come in episode order and a run is.
+stitched, token for token, into the episode's training sequence. Each call samples with uniform numbers of its
+own, drawn from a seed of (the rollout's draw from the trainer's generator, its episode, its call number): which
+calls share a batch depends on when the agents make them, but what a call samples does not, so a run is
+reproducible for a seed up to float rounding (batches of other widths may round a logit differently).
+An episode that runs past `env.agent_timeout_s` ends with reward 0 and is trained on what it wrote; one whose
+agent raises is not trained on (its tokens are masked), its traceback goes to the samples and
+`episode/agent_failed` counts it: neither stops the run.
 With rollout ranks of their own (asynchronous RL) all this runs there, next to the engine, and the episodes
 travel to the actor ranks (`verl.rollout.async_rollout`).
 """
@@ -24,6 +26,7 @@ travel to the actor ranks (`verl.rollout.async_rollout`).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import math
 import threading
@@ -169,29 +172,33 @@ class AgentEpisodes(Episodes):
 
         await asyncio.gather(*(one(i) for i in range(len(episodes))))
 
-    def _sampler(self, generator: torch.Generator | None) -> Callable[[list[list[int]], SamplingParams], list[Sampled]]:
-        """Samples a batch of prompts on the engine. The n episodes of a row open with the same prompt: when
-        every prompt of the batch comes equally often, each is prefilled once and sampled that many times."""
-        def sample(prompts: list[list[int]], params: SamplingParams) -> list[Sampled]:
+    def _sampler(self, generator: torch.Generator | None) -> Callable[[list[list[int]], SamplingParams, list[str]],
+                                                                      list[Sampled]]:
+        """Samples a batch of prompts on the engine, each call with the uniform numbers of its key (see the module
+        docstring). The n episodes of a row open with the same prompt: when every prompt of the batch comes equally
+        often, each is prefilled once and sampled that many times."""
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator))  # one draw per rollout, however it batches
+
+        def sample(prompts: list[list[int]], params: SamplingParams, keys: list[str]) -> list[Sampled]:
             where: dict[tuple[int, ...], list[int]] = {}
             for i, p in enumerate(prompts):
                 where.setdefault(tuple(p), []).append(i)
             copies = {len(rows) for rows in where.values()}
+            order = list(range(len(prompts)))  # the engine's rows, as indices into prompts
             if len(copies) == 1 and (n := copies.pop()) > 1:
-                out = self._generate([list(p) for p in where], replace(params, n=n), generator)
-                order = [i for rows in where.values() for i in rows]  # the engine's rows: each prompt n times
-                return [out[order.index(i)] for i in range(len(prompts))]
-            return self._generate(prompts, params, generator)
+                order = [i for rows in where.values() for i in rows]  # each prompt n times, in turn
+                prompts, params = [list(p) for p in where], replace(params, n=n)
+            out = self._generate(prompts, params, call_noise(seed, [keys[i] for i in order], params.max_new_tokens))
+            return [out[order.index(i)] for i in range(len(order))]
 
         return sample
 
-    def _generate(self, prompts: list[list[int]], params: SamplingParams,
-                  generator: torch.Generator | None) -> list[Sampled]:
+    def _generate(self, prompts: list[list[int]], params: SamplingParams, noise: torch.Tensor) -> list[Sampled]:
         width = max(len(p) for p in prompts)
         pad = self.prompts.tokenizer.pad_token_id
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
-        out = self.engine.generate(ids, mask, params, generator=generator)
+        out = self.engine.generate(ids, mask, params, noise=noise)
         lengths = out.response_mask.sum(-1).tolist()
         return [Sampled(out.response_ids[r, :k].tolist(), out.logprobs[r, :k].tolist(), bool(out.finished[r]))
                 for r, k in enumerate(lengths)]
@@ -225,6 +232,17 @@ class AgentEpisodes(Episodes):
         texts = super().texts(out)
         return [t + (f"\n[agent failed]\n{e.transcript[0][1]}" if e.info.get("agent_failed") else "")
                 for t, e in zip(texts, out.episodes, strict=True)]
+
+
+def call_noise(seed: int, keys: Sequence[str], steps: int) -> torch.Tensor:
+    """[steps, len(keys)] uniform numbers in [0, 1), float64, each column from a generator seeded by (seed, key):
+    a call's own, whatever else shares its batch."""
+    columns = []
+    for key in keys:
+        digest = hashlib.blake2b(f"{seed}/{key}".encode(), digest_size=8).digest()
+        g = torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
+        columns.append(torch.rand(steps, generator=g, dtype=torch.float64))
+    return torch.stack(columns, dim=1)
 
 
 def _layout(records: list[tuple[list[int], EpisodeRecord]], params: SamplingParams,

@@ -6,6 +6,8 @@ During a rollout, `AgentServer` serves `POST /v1/chat/completions` and `POST /v1
 base URL (`http://127.0.0.1:PORT/episodes/ID/KEY/v1`), so the calls of one episode are known to belong together.
 Requests only queue: the trainer's thread takes whatever is pending, groups it by sampling parameters and
 samples each group as one batch on the engine (`serve_until`), so concurrent agents share the model's batch.
+Each call goes to the sampler with its key (episode id and call number), so that what it samples can be made to
+depend on the call alone, not on which others share its batch or when they arrived (`AgentEpisodes`).
 
 Any local process can reach the port, so the endpoint serves only its episodes' agents: KEY is an unguessable
 secret of the episode (a call without it gets 401 and touches nothing), the body is capped before it is read
@@ -66,8 +68,9 @@ class Sampled:
     eos: bool  # ended by an eos token (else by max_tokens)
 
 
-# What the trainer's thread runs for a batch of prompts with one set of sampling parameters.
-SampleFn = Callable[[list[list[int]], SamplingParams], list[Sampled]]
+# What the trainer's thread runs for a batch of prompts with one set of sampling parameters, each prompt with its
+# call's key ("episode id/call number"): what a call samples may depend on its key, never on its batch.
+SampleFn = Callable[[list[list[int]], SamplingParams, list[str]], list[Sampled]]
 
 
 @dataclass
@@ -121,6 +124,7 @@ class _Pending:
     prompt: list[int]
     params: SamplingParams
     done: Callable[[Sampled | BaseException], None]
+    key: str  # "episode id/call number": the episode's calls are sampled one at a time, so this is its Nth
 
 
 class _Refused(Exception):
@@ -269,7 +273,7 @@ class AgentServer:
                     break
             self.largest_batch = max(self.largest_batch, len(batch))
             groups: dict[tuple, list[_Pending]] = {}
-            for p in batch:
+            for p in sorted(batch, key=lambda p: p.key):  # in one order whatever the order of arrival
                 groups.setdefault((p.params.temperature, p.params.top_p, p.params.max_new_tokens), []).append(p)
             for group in groups.values():
                 for p, result in zip(group, self._sample_group(group), strict=True):
@@ -279,7 +283,7 @@ class AgentServer:
         """The group's samples. When the batch fails, each call is sampled alone, so that a call the engine
         cannot sample fails that call only (its agent gets the error)."""
         try:
-            results = list(self.sample([p.prompt for p in group], group[0].params))
+            results = list(self.sample([p.prompt for p in group], group[0].params, [p.key for p in group]))
             if len(results) != len(group):
                 raise RuntimeError(f"the sampler returned {len(results)} samples for {len(group)} prompts")
         except Exception as e:  # noqa: BLE001 - an agent's call must not end the rollout
@@ -342,7 +346,7 @@ class AgentServer:
                 raw = await self._read_body(request)
                 async with self._turns[episode_id]:
                     params, prompt = await asyncio.to_thread(self._prepare, episode, raw, chat)
-                    result = await self._sample_one(prompt.ids, params)
+                    result = await self._sample_one(prompt.ids, params, f"{episode_id}/{episode.calls}")
                     completion = self.tokenizer.decode(result.ids, skip_special_tokens=True)
                     if prompt.between is None:
                         episode.begin(prompt.ids)
@@ -374,7 +378,7 @@ class AgentServer:
                 raise too_big
         return bytes(body)
 
-    async def _sample_one(self, prompt: list[int], params: SamplingParams) -> Sampled:
+    async def _sample_one(self, prompt: list[int], params: SamplingParams, key: str) -> Sampled:
         """Queue a prompt for the trainer's thread and wait for its sample."""
         if self._closed:
             raise _Refused(503, "the rollout has ended")
@@ -384,7 +388,7 @@ class AgentServer:
         def done(result: Sampled | BaseException) -> None:
             loop.call_soon_threadsafe(lambda: future.done() or future.set_result(result))
 
-        self.pending.put(_Pending(prompt, params, done))
+        self.pending.put(_Pending(prompt, params, done, key))
         result = await future
         if isinstance(result, BaseException):
             raise _Refused(500, f"sampling failed: {type(result).__name__}: {result}")

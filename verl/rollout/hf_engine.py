@@ -282,7 +282,8 @@ class HFKVCacheEngine(RolloutEngine):
         state.next_pos = state.next_pos + mask.long().sum(1)
 
     def decode(self, state: Decoding, params: SamplingParams, steps: int, generator: torch.Generator | None = None,
-               *, keep: bool = False, end: EndCheck | None = None, finished: RowsFinished | None = None) -> Decoded:
+               *, keep: bool = False, end: EndCheck | None = None, finished: RowsFinished | None = None,
+               noise: torch.Tensor | None = None) -> Decoded:
         """Sample up to `steps` tokens per row of `state`. A row ends at an eos id, when `end` says so, or
         after `steps` tokens; ended rows leave the decode batch, so they cost nothing.
 
@@ -293,7 +294,8 @@ class HFKVCacheEngine(RolloutEngine):
         back in `state` afterwards, in its place, with the tokens it wrote on the cache except its last one
         (the caller feeds it, with what follows it); without, `state` is used up. `finished(rows, tokens,
         lengths)` is told of each row once, when its tokens are final (see `on_rows_finished`). Call inside
-        ``torch.inference_mode()``.
+        ``torch.inference_mode()``. `noise` [steps, B] gives each row's uniform number for each step instead of
+        the generator (see below).
         """
         cache, logits, next_pos = state.cache, state.logits, state.next_pos
         device, rows, width = logits.device, logits.shape[0], state.mask.shape[1]
@@ -327,8 +329,11 @@ class HFKVCacheEngine(RolloutEngine):
         # With `end`, row r samples step t with its own uniform number noise[t, r], drawn for every row and
         # step up front: what the generator gives a row then does not depend on when others left the batch,
         # nor on how many steps the batch was computed past its end.
-        noise = None
-        if ends is not None and temperature != 0:
+        if noise is not None and tuple(noise.shape) != (steps, rows):
+            raise ValueError(f"noise has shape {tuple(noise.shape)}, expected ({steps}, {rows}): steps x rows")
+        if temperature == 0:
+            noise = None
+        elif noise is None and ends is not None:
             noise = torch.rand((steps, rows), generator=generator, device=device,
                                dtype=torch.float64 if logits.dtype == torch.float64 else torch.float32)
 
@@ -463,8 +468,11 @@ class HFKVCacheEngine(RolloutEngine):
         attention_mask: torch.Tensor,
         params: SamplingParams,
         generator: torch.Generator | None = None,
+        noise: torch.Tensor | None = None,
     ) -> RolloutOutput:
-        """Sample ``params.n`` responses per prompt; tensors come back on the model's device."""
+        """Sample ``params.n`` responses per prompt; tensors come back on the model's device. `noise`
+        [max_new_tokens, rows] (rows: each prompt n times, in turn) fixes each row's uniform number for each step,
+        so that what a row samples does not depend on which other rows share its batch."""
         self.check_inputs(input_ids, attention_mask, params)
         was_training = self.model.training
         self.model.eval()
@@ -473,7 +481,8 @@ class HFKVCacheEngine(RolloutEngine):
                 # Prefill each prompt once; the cache is repeated for the n samples afterwards.
                 state = self.prefill(input_ids, attention_mask, input_ids.shape[1] + params.max_new_tokens)
                 state.repeat(params.n)
-                out = self.decode(state, params, params.max_new_tokens, generator, finished=self.on_rows_finished)
+                out = self.decode(state, params, params.max_new_tokens, generator, finished=self.on_rows_finished,
+                                  noise=None if noise is None else noise.to(state.logits.device))
         finally:
             self.model.train(was_training)
         prompt_ids = input_ids.to(device=out.tokens.device, dtype=torch.long).repeat_interleave(params.n, dim=0)

@@ -85,9 +85,13 @@ class TrainerRuntime:
     def decode_responses(self, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
         return self.prompts.decode(response_ids, response_mask)
 
-    def clip_and_step(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                      grad_clip: float | None) -> float:
-        """Clip (when configured), refuse a non-finite gradient, step; returns the pre-clip norm."""
+    def clip_and_step(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float | None,
+                      scheduler: Any = None) -> float:
+        """Clip (when configured), refuse a non-finite gradient, step the optimizer and then its learning-rate
+        `scheduler`; returns the pre-clip norm. A gradient that is exactly zero on every rank (every advantage 0,
+        e.g. each GRPO group's rewards equal) carries nothing to learn, and AdamW stepping on it would still move
+        every weight by its momentum and weight decay (for about ten steps after a collapse): that step is
+        skipped, schedule included (warm-up and decay count optimizer steps)."""
         params = [p for p in module.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else float("inf"))
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2 gives a DTensor
@@ -96,7 +100,12 @@ class TrainerRuntime:
             raise VerlError(f"step {self.step_count + 1}: the gradient norm is {float(norm)}; the update was "
                             "skipped. Lower the learning rate, keep grad clipping on (actor.grad_clip) or use "
                             "float32 (model.dtype=float32)")
+        if float(norm) == 0.0:  # the norm is global (FSDP: all shards), so every rank skips alike
+            optimizer.zero_grad(set_to_none=True)
+            return 0.0
         optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
         return float(norm)
 
     # ------------------------------------------------------------------ to be provided by trainers

@@ -228,8 +228,7 @@ class PairTrainer(OfflineTrainer):
             (losses.sum() * weight).backward()
             for k, v in {"loss": losses.detach(), **stats}.items():
                 sums[k] = sums.get(k, 0.0) + float(v.double().sum())
-        grad_norm = self.clip_and_step(self.model, self.optimizer, self.config.actor.grad_clip)
-        self.scheduler.step()
+        grad_norm = self.clip_and_step(self.model, self.optimizer, self.config.actor.grad_clip, self.scheduler)
         seconds = time.perf_counter() - start
         tokens = sum(len(self.train_data[i][f"{side}_input_ids"]) for i in indices for side in ("chosen", "rejected"))
         # Logged as means over the global batch, like the gradient (not this rank's share).

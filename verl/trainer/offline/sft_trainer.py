@@ -201,8 +201,7 @@ class SFTTrainer(OfflineTrainer):
             nll = -logprobs.sum()
             (nll * scale).backward()
             nll_sum += float(nll.detach())
-        grad_norm = self.clip_and_step(self.model, self.optimizer, cfg.grad_clip)
-        self.scheduler.step()
+        grad_norm = self.clip_and_step(self.model, self.optimizer, cfg.grad_clip, self.scheduler)
         (global_nll,), _ = self.global_sum([nll_sum])  # the logged loss is the global batch's, like the gradient
         seconds = time.perf_counter() - start
         input_tokens = sum(len(ids) for ids, _ in items)

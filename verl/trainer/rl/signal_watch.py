@@ -27,7 +27,7 @@ def no_signal(metrics: Mapping[str, float]) -> str | None:
         return "reward/zero_std_group_frac=1.0 (every group's rewards are equal, so every advantage is 0)"
     grad = metrics.get("actor/grad_norm")
     if grad is not None and grad == 0.0:
-        return "actor/grad_norm=0 (the policy update changed nothing)"
+        return "actor/grad_norm=0 (no gradient: the optimizer step was skipped)"
     return None
 
 

@@ -35,7 +35,7 @@ RESPONSE_FIELDS = fields_of(RESPONSE)  # [N, R], right-padded: a trim cuts the r
 
 # A micro-batch's loss and its metrics as 0-dim tensors: they stay on the device until the step's end.
 MicroLoss = Callable[[RolloutBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
-ClipAndStep = Callable[[torch.nn.Module, torch.optim.Optimizer, "float | None"], float]
+ClipAndStep = Callable[[torch.nn.Module, torch.optim.Optimizer, "float | None", Any], float]
 
 
 # ---------------------------------------------------------------------- micro-batch planning
@@ -372,8 +372,8 @@ def optimize(
     largest count, padding with zero-weight micro-batches: FSDP's all-gathers stay in step.
     `keep_groups` shuffles whole groups (the samples of one prompt stay together, so a shared-prompt
     forward finds them in one micro-batch). `before_step()` runs after each mini-batch's backward passes,
-    before its optimizer step; `clip_and_step(module, optimizer, grad_clip)` steps and returns the
-    gradient norm. The metrics are combined as `metric_kinds` says, then averaged over the optimizer steps.
+    before its optimizer step; `clip_and_step(module, optimizer, grad_clip, scheduler)` steps both and returns
+    the gradient norm. The metrics are combined as `metric_kinds` says, then averaged over the optimizer steps.
     `replicas` ranks hold the same `batch` and each computes the gradient through its share of every
     sequence's tokens (sequence parallelism: `micro_weights`).
     """
@@ -415,8 +415,7 @@ def optimize(
                 skipped, seen = skipped + int((~keep).sum()), seen + len(mini)
             if before_step is not None:
                 before_step()
-            grad_norms.append(clip_and_step(module, optimizer, cfg.grad_clip))
-            scheduler.step()
+            grad_norms.append(clip_and_step(module, optimizer, cfg.grad_clip, scheduler))
     metrics = sums.result(pad_stats)
     for key, sign in [*((k, 1.0) for k in metric_kinds.maxima), *((k, -1.0) for k in metric_kinds.minima)]:
         if key in metrics:  # this rank's extreme; the run's is over every rank of the role
