@@ -15,6 +15,7 @@ from torch.distributed.tensor import DTensor
 TEMPERATURE = 0.7
 ROWS, WIDTH = 4, 12
 ENTROPY_COEF = 0.01
+MAX_NORM = 0.05  # below every model's gradient norm here: the clipping scales
 
 
 def tiny_path() -> str:
@@ -67,13 +68,18 @@ def reference(model: torch.nn.Module, ids: torch.Tensor, adv: torch.Tensor) -> d
     entropy = entropy_from_logits(logits, temperature=TEMPERATURE)
     loss = grpo_loss(logprobs, entropy, adv)
     loss.backward()
-    return {"logprobs": logprobs.detach(), "entropy": entropy.detach(), "loss": float(loss),
-            "grads": {n: p.grad.detach().clone() for n, p in model.named_parameters()}}
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM))
+    torch.optim.SGD(model.parameters(), lr=1.0).step()
+    return {"logprobs": logprobs.detach(), "entropy": entropy.detach(), "loss": float(loss.detach()),
+            "grads": grads, "norm": norm, "state": model.state_dict()}
 
 
 def split(model: torch.nn.Module, ids: torch.Tensor, adv: torch.Tensor) -> dict:
-    """The same numbers from a TP model: logits stay sharded over the vocabulary; gradients gathered whole."""
-    from verl.distributed.tensor_parallel import vocab_parallel_logprobs
+    """The same numbers from a TP model: logits stay sharded over the vocabulary; gradients gathered whole;
+    then a clipped SGD step and the full state dict (gathered on rank 0)."""
+    from verl.distributed.fsdp import full_state_dict
+    from verl.distributed.tensor_parallel import clip_grad_norm_, vocab_parallel_logprobs
 
     logits = model(input_ids=ids[:, :-1], use_cache=False).logits
     assert isinstance(logits, DTensor), type(logits)
@@ -83,11 +89,13 @@ def split(model: torch.nn.Module, ids: torch.Tensor, adv: torch.Tensor) -> dict:
     loss.backward()
     layouts = {n: (p.grad.placements, p.grad.to_local().shape) == (p.placements, p.to_local().shape)
                for n, p in model.named_parameters() if isinstance(p, DTensor)}
-    grads = {n: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad.detach().clone()
+    grads = {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().clone()
              for n, p in model.named_parameters()}
-    return {"logprobs": logprobs.detach(), "entropy": entropy.detach(), "loss": float(loss), "grads": grads,
-            "local_vocab": (local_width, logits.shape[-1]), "layouts": layouts,
-            "tied": model.lm_head.weight is model.model.embed_tokens.weight}
+    norm = float(clip_grad_norm_(model.parameters(), MAX_NORM))
+    torch.optim.SGD(model.parameters(), lr=1.0).step()
+    return {"logprobs": logprobs.detach(), "entropy": entropy.detach(), "loss": float(loss.detach()), "grads": grads,
+            "norm": norm, "state": full_state_dict(model), "local_vocab": (local_width, logits.shape[-1]),
+            "layouts": layouts, "tied": model.lm_head.weight is model.model.embed_tokens.weight}
 
 
 def _finish(out: dict, out_dir: str, name: str, rank: int) -> None:
@@ -113,7 +121,32 @@ def tp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         out[kind] = {"want": reference(plain, ids, adv),
                      "got": split(apply_tensor_parallel(build(kind), mesh), ids, adv)}
     out["float64"] = float64_case(rank, world, mesh)
+    out["meta"] = meta_case(mesh)
     _finish(out, out_dir, "tp", rank)
+
+
+def meta_case(mesh) -> dict:
+    """A model built on the meta device, split, then loaded from a full state dict that only rank 0 holds
+    (the way a sharded role starts): the same log-probs as the plain model."""
+    from verl.algorithms import token_logprobs_and_entropy
+    from verl.distributed.fsdp import load_full_state_dict
+    from verl.distributed.tensor_parallel import apply_tensor_parallel, vocab_parallel_logprobs
+
+    plain = build("qwen2_tied")
+    with torch.device("meta"):
+        model = type(plain)(plain.config)
+    apply_tensor_parallel(model, mesh)
+    model.to_empty(device="cpu")
+    state = dict(plain.state_dict()) if dist.get_rank() == 0 else {}  # (the load replaces the dict's values)
+    load_full_state_dict(model, state, from_rank0=True)
+    buffers = dict(plain.named_buffers())
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():  # rotary buffers: not in a state dict, recomputed on load
+            buffer.copy_(buffers[name])
+        ids, _ = batch(plain.config.vocab_size)
+        got = vocab_parallel_logprobs(model(input_ids=ids[:, :-1]).logits, ids[:, 1:], temperature=TEMPERATURE)
+        want = token_logprobs_and_entropy(plain(input_ids=ids[:, :-1]).logits, ids[:, 1:], temperature=TEMPERATURE)
+    return {"got": got, "want": want, "tied": model.lm_head.weight is model.model.embed_tokens.weight}
 
 
 def float64_case(rank: int, world: int, mesh) -> dict:

@@ -19,7 +19,7 @@ def _close(got: torch.Tensor, want: torch.Tensor, what: str, tol: float = 1e-5) 
     torch.testing.assert_close(got, want, rtol=tol, atol=tol * scale, msg=lambda m: f"{what}: {m}")
 
 
-def _same(case: dict, what: str) -> None:
+def _same(case: dict, what: str, rank: int) -> None:
     got, want = case["got"], case["want"]
     assert got["loss"] == pytest.approx(want["loss"], rel=1e-5), what
     _close(got["logprobs"], want["logprobs"], f"{what} logprobs")
@@ -28,6 +28,11 @@ def _same(case: dict, what: str) -> None:
     assert sum(float(g.abs().sum()) for g in want["grads"].values()) > 0
     for name, g in want["grads"].items():
         _close(got["grads"][name], g, f"{what} grad {name}")
+    assert got["norm"] == pytest.approx(want["norm"], rel=1e-5) and want["norm"] > TP.MAX_NORM, what
+    if rank == 0:  # the full state dict is gathered on rank 0: after the clipped SGD step, the same weights
+        assert got["state"].keys() == want["state"].keys(), what
+        for name, value in want["state"].items():
+            _close(got["state"][name], value, f"{what} weight {name} after the step")
     assert got["layouts"] and all(got["layouts"].values()), f"{what}: gradients shaped as their parameters"
     local, vocab = got["local_vocab"]
     assert local * 2 == vocab, f"{what}: the logits stay sharded over the vocabulary"
@@ -35,13 +40,17 @@ def _same(case: dict, what: str) -> None:
 
 @pytest.mark.dist
 @pytest.mark.slow
-def test_tp2_equals_one_process_for_qwen2_llama_qwen3_and_float64_vocab_parallel_logprobs(tmp_path):
+def test_tp2_equals_one_process_for_qwen2_llama_qwen3_meta_load_and_float64_vocab_parallel_logprobs(tmp_path):
     W.launch(TP.tp_worker, 2, str(tmp_path))
     for rank in range(2):
         res = torch.load(tmp_path / f"tp{rank}.pt", weights_only=False)
         for kind in ("qwen2_tied", "llama", "qwen3"):
-            _same(res[kind], f"rank {rank} {kind}")
+            _same(res[kind], f"rank {rank} {kind}", rank)
         assert res["qwen2_tied"]["got"]["tied"] and not res["llama"]["got"]["tied"]
+        meta = res["meta"]
+        assert meta["tied"]
+        for got, want, what in zip(meta["got"], meta["want"], ("logprobs", "entropy"), strict=True):
+            _close(got, want, f"rank {rank} meta-built, loaded from rank 0: {what}")
         want_lp, want_ent, want_grad = res["float64"]["want"]
         assert want_lp.isfinite().all() and want_ent.isfinite().all() and want_grad.isfinite().all()
         for name in ("local", "dtensor"):
@@ -60,7 +69,7 @@ def test_tp2_by_fsdp_dp2_equals_one_process(tmp_path):
         res = torch.load(tmp_path / f"dptp{rank}.pt", weights_only=False)
         coords.add(res["coords"])
         for kind in ("qwen2_tied", "llama"):
-            _same(res[kind], f"rank {rank} {kind}")
+            _same(res[kind], f"rank {rank} {kind}", rank)
     assert coords == {(0, 0), (0, 1), (1, 0), (1, 1)}
 
 

@@ -161,6 +161,25 @@ def dp_tp_mesh(dp: int, tp: int, device_type: str | None = None) -> DeviceMesh:
     return init_device_mesh(dev, (dp, tp), mesh_dim_names=("dp", "tp"))
 
 
+def clip_grad_norm_(parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """`torch.nn.utils.clip_grad_norm_` for a TP model; returns the total norm (a plain tensor, the same on
+    every rank). Torch's stacks the per-gradient norms, which fails where plain tensors and DTensors meet (TP
+    alone: the norms' weights stay plain) or DTensors of two meshes (TP x FSDP2: norms on the dp mesh, the rest
+    on (dp, tp)); here each mesh's norm is made whole (`full_tensor`) and the norms combined."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for grad in grads:
+        groups.setdefault(grad.device_mesh if isinstance(grad, DTensor) else None, []).append(grad)
+    norms = [torch.nn.utils.get_total_norm(group, norm_type) for group in groups.values()]
+    norms = [n.full_tensor() if isinstance(n, DTensor) else n for n in norms]
+    total = torch.nn.utils.get_total_norm(norms, norm_type) if norms else torch.tensor(0.0)
+    coef = float(max_norm) / (float(total) + 1e-6)  # torch's coefficient (a finite norm: the caller checks)
+    if coef < 1.0:
+        for grad in grads:
+            grad.mul_(coef)
+    return total
+
+
 class _SumOverShards(torch.autograd.Function):
     """All-reduce (sum) forward, identity backward (Megatron's reduce-from-TP-region).
 
@@ -252,6 +271,7 @@ __all__ = [
     "SUPPORTED",
     "apply_tensor_parallel",
     "check_tensor_parallel",
+    "clip_grad_norm_",
     "dp_tp_mesh",
     "tp_plan",
     "vocab_parallel_logprobs",
