@@ -194,7 +194,7 @@ def dp_tp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     mesh = dp_tp_mesh(world // 2, 2)
     dp = mesh["dp"].get_local_rank()
     out: dict = {"coords": (dp, mesh["tp"].get_local_rank())}
-    for kind in ("qwen2_tied", "llama"):
+    for kind in ("qwen2_tied", "llama", "qwen3"):
         plain = build(kind)
         ids, adv = batch(plain.config.vocab_size)
         want = reference(plain, ids, adv)

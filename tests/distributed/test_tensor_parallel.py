@@ -68,7 +68,7 @@ def test_tp2_by_fsdp_dp2_equals_one_process(tmp_path):
     for rank in range(4):
         res = torch.load(tmp_path / f"dptp{rank}.pt", weights_only=False)
         coords.add(res["coords"])
-        for kind in ("qwen2_tied", "llama"):
+        for kind in ("qwen2_tied", "llama", "qwen3"):
             _same(res[kind], f"rank {rank} {kind}", rank)
     assert coords == {(0, 0), (0, 1), (1, 0), (1, 1)}
 
@@ -111,3 +111,31 @@ def test_unsupported_model_type_and_bad_size():
         check_tensor_parallel(cfg, 2)
     with pytest.raises(ConfigError, match="must be >= 1"):
         check_tensor_parallel(_qwen2(), 0)
+
+
+def test_plan_names_every_projection_and_keeps_the_logits_sharded():
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+
+    from verl.distributed.tensor_parallel import tp_plan
+
+    plan = tp_plan(TP.build("qwen3"))
+    layer = "model.layers.1."
+    assert {k for k, v in plan.items() if isinstance(v, ColwiseParallel) and k.startswith(layer)} == {
+        layer + n for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")}
+    assert {k for k, v in plan.items() if isinstance(v, RowwiseParallel) and k.startswith(layer)} == {
+        layer + "self_attn.o_proj", layer + "mlp.down_proj"}
+    assert isinstance(plan[layer + "self_attn.q_norm"], SequenceParallel)
+    assert isinstance(plan["model.embed_tokens"], RowwiseParallel)
+    head = plan["lm_head"]
+    assert head.output_layouts == (Shard(-1),) and not head.use_local_output
+    assert len(plan) == 1 + 2 * 9 + 1
+
+
+def test_vocab_parallel_logprobs_refuses_a_local_shard_without_its_group_and_a_zero_temperature():
+    from verl.distributed.tensor_parallel import vocab_parallel_logprobs
+
+    with pytest.raises(ValueError, match="without tp_group"):
+        vocab_parallel_logprobs(torch.zeros(2, 4), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="temperature > 0"):
+        vocab_parallel_logprobs(torch.zeros(2, 4), torch.zeros(2, dtype=torch.long), temperature=0.0)

@@ -206,7 +206,8 @@ def _local_logits(logits: torch.Tensor, tp_group: Any) -> tuple[torch.Tensor, An
                              "vocabulary is sharded over (or the head's DTensor output)")
         return logits, tp_group
     mesh = logits.device_mesh
-    if mesh.ndim != 1 or logits.placements != (Shard(logits.dim() - 1),) and logits.placements != (Shard(-1),):
+    placement = logits.placements[0]
+    if mesh.ndim != 1 or not (placement.is_shard() and placement.dim in (-1, logits.dim() - 1)):
         raise ValueError(f"vocab_parallel_logprobs needs logits sharded over the vocabulary on a 1-D mesh "
                          f"(Shard(-1)), got placements {logits.placements} on a {mesh.ndim}-D mesh")
     if logits.shape[-1] % mesh.size():
