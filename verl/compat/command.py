@@ -77,6 +77,9 @@ _BUDGETS = ((f"{_ARR}.actor.ppo_max_token_len_per_gpu", "actor.max_tokens_per_mi
              f"{_ARR}.actor.ulysses_sequence_parallel_size"),
             ("critic.ppo_max_token_len_per_gpu", "critic.max_tokens_per_micro_batch",
              "critic.ulysses_sequence_parallel_size"))
+# verl's Megatron tensor-parallel sizes: the actor's is ours; the reference follows the actor's mesh here
+_TP_ACTOR = f"{_ARR}.actor.megatron.tensor_model_parallel_size"
+_TP_REF = f"{_ARR}.ref.megatron.tensor_model_parallel_size"
 _FILTER_LONG = "data.filter_overlong_prompts"
 _GPUS, _NODES = "trainer.n_gpus_per_node", "trainer.nnodes"
 _LAUNCH = (_GPUS, _NODES)
@@ -250,6 +253,16 @@ def _epochs(given: Mapping[str, str], items: Sequence[str], out: Translation) ->
     return steps
 
 
+def _tensor_parallel(given: Mapping[str, str], out: Translation) -> None:
+    """verl's Megatron tensor-parallel sizes: the actor's is ours (the reference follows the actor's mesh here);
+    a reference size of its own is to decide."""
+    if _TP_ACTOR in given:
+        out.ours.append(f"actor.tensor_parallel_size={given[_TP_ACTOR]}")
+    if _TP_REF in given and given[_TP_REF].strip() != given.get(_TP_ACTOR, "1").strip():
+        out.decide.append((f"{_TP_REF}={given[_TP_REF]}", "actor.tensor_parallel_size (the reference follows the "
+                           "actor's mesh here; it has no size of its own)"))
+
+
 def _sequence_parallel(given: Mapping[str, str], out: Translation) -> None:
     """verl's Ulysses sizes: the actor's is ours (a reference, critic and teacher on the actor's ranks split
     with its groups); a critic size of its own is to decide. A token budget given with a size is verl's per
@@ -283,7 +296,8 @@ def translate(items: Sequence[str]) -> Translation:
     warmup = [f"{section}.{name}" for section in _WARMUP for name in ("lr_warmup_steps", "lr_warmup_steps_ratio")]
     budgets = [key for triple in _BUDGETS for key in (triple[0], triple[2])]
     out, given = _sort(items, VERL_KEYS, (_REWARD_PATH, _REWARD_NAME, _USE_KL, _KL_COEF, _OVERLONG, _OVERLONG_LEN,
-                                          _FILTER_LONG, _MAX_RESP_LEN, _TOTAL_STEPS, _EPOCHS, *warmup, *budgets),
+                                          _FILTER_LONG, _MAX_RESP_LEN, _TOTAL_STEPS, _EPOCHS, _TP_ACTOR, _TP_REF,
+                                          *warmup, *budgets),
                        _RENAMED)
     if _TOTAL_STEPS in given:
         out.ours.append(f"trainer.total_steps={given[_TOTAL_STEPS]}")
@@ -322,6 +336,7 @@ def translate(items: Sequence[str]) -> Translation:
     if _true(given.get(_FILTER_LONG, "false")):  # verl drops too-long prompts before any truncation: this wins
         out.ours.append("data.truncation=drop")
     _sequence_parallel(given, out)
+    _tensor_parallel(given, out)
     _warmup(given, out)
     if not any(k in given for k in (_REWARD_PATH, _REWARD_NAME)) and not any(o.startswith("reward.") for o in out.ours):
         # verl's default scores each sample with a scorer chosen by its data_source; here the functions are named

@@ -49,6 +49,10 @@ VERL_KEYS: dict[str, str] = {
     f"{_ARR}.actor.ppo_max_token_len_per_gpu": "actor.max_tokens_per_micro_batch",
     f"{_ARR}.actor.ulysses_sequence_parallel_size": "actor.sequence_parallel_size (the actor's forwards, and a "
                                                     "reference, critic and teacher on its ranks)",
+    f"{_ARR}.actor.megatron.tensor_model_parallel_size": "actor.tensor_parallel_size (DTensor tensor parallelism "
+                                                         "with FSDP2 over the rest of the actor's ranks)",
+    f"{_ARR}.ref.megatron.tensor_model_parallel_size": "actor.tensor_parallel_size (the reference follows the "
+                                                       "actor's mesh)",
     f"{_ARR}.actor.grad_clip": "actor.grad_clip",
     f"{_ARR}.actor.clip_ratio": "actor.clip_low and actor.clip_high",
     f"{_ARR}.actor.clip_ratio_low": "actor.clip_low",

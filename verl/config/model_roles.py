@@ -287,6 +287,18 @@ class ActorConfig(OptimConfig):
                                         "the ranks of a group reading the same rows (not trainer.kind=rm). A "
                                         "micro-batch's sequences run as one row without padding; the memory plan "
                                         "divides activations and logits by it. 1 = off. See docs/multigpu.md.")
+    tensor_parallel_size: int = Field(1, ge=1, description="Tensor parallelism (DTensor, Megatron-style): each of "
+                                      "the actor's decoder layers, its embedding and its head are split over this "
+                                      "many consecutive actor ranks (attention by heads, the MLP by its "
+                                      "intermediate size, the head by the vocabulary, whose log-probs are computed "
+                                      "from the shards); FSDP2 shards over the rest (actor ranks / T data-parallel "
+                                      "replicas, each reading its own rows). The reference follows the actor's "
+                                      "mesh. Must divide the actor's ranks and the model's heads, key/value heads, "
+                                      "intermediate size and vocabulary; Qwen2, Qwen3 and Llama models, RL only. "
+                                      "Not yet combined with LoRA, sequence_parallel_size > 1, remove_padding, "
+                                      "chunked_logprobs=true, rollout.engine=vllm, CPU offload, HYBRID_SHARD/"
+                                      "NO_SHARD, a critic, or roles on ranks of their own (verl check refuses them). "
+                                      "1 = off. See docs/multigpu.md.")
 
 
 class CriticConfig(OptimConfig):

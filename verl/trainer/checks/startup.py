@@ -61,6 +61,7 @@ from verl.trainer.checks.policy_facts import (  # noqa: F401  (re-exported)
     read_model_facts,
     teacher_parameters,
 )
+from verl.trainer.checks.tensor_parallel_checks import describe_tensor_parallel, tensor_parallel_problems
 from verl.trainer.forward.batch_math import plan_rl
 from verl.trainer.forward.packing import describe_remove_padding
 from verl.trainer.rl.correction import plan_correction, plan_old_logprobs
@@ -219,6 +220,13 @@ class CheckPass:
     def actor_ranks(self) -> int:
         return len(self.report.mapping.ranks("actor")) if self.report.mapping is not None else self.world_size
 
+    @property
+    def dp_ranks(self) -> int:
+        """The actor's data-parallel replicas: its ranks, or its tensor-parallel groups (each reads one share of
+        the rows)."""
+        tp = self.config.actor.tensor_parallel_size
+        return self.actor_ranks // tp if tp > 1 and self.actor_ranks % tp == 0 else self.actor_ranks
+
 
 def _device_mapping(c: CheckPass) -> list[VerlError]:
     config, kind = c.config, c.kind
@@ -271,8 +279,16 @@ def _placement(c: CheckPass) -> list[VerlError]:
 def _batch_plans(c: CheckPass) -> list[VerlError]:
     mapping = c.report.mapping
     critic_ranks = len(mapping.ranks("critic")) if mapping is not None and "critic" in mapping.roles else None
-    c.report.plans = plans_for(c.config, c.actor_ranks, critic_ranks, kind=c.kind)
+    c.report.plans = plans_for(c.config, c.dp_ranks, critic_ranks, kind=c.kind)
     return []
+
+
+def _tensor_parallel(c: CheckPass) -> list[VerlError]:
+    problems = tensor_parallel_problems(c.config, c.kind, actor_ranks=c.actor_ranks, mapping=c.report.mapping,
+                                        hf_config=c.facts.hf_config)
+    note = None if problems else describe_tensor_parallel(c.config, c.actor_ranks)
+    c.report.rl_notes += [note] if note else []
+    return problems
 
 
 def _fsdp(c: CheckPass) -> list[VerlError]:
@@ -342,6 +358,7 @@ CHECKS: tuple[Check, ...] = (
     Check("response length", ALL_KINDS, lambda c: check_response_length(c.config, c.kind)),
     Check("offline options", ALL_KINDS, lambda c: check_offline_options(c.config, c.kind)),
     Check("sequence parallelism", ALL_KINDS, _sequence_parallel),
+    Check("tensor parallelism", ALL_KINDS, _tensor_parallel),
     Check("packed sequences", RL, _packing),
     Check("overlong buffer", RL, lambda c: check_overlong_buffer(c.config)),
     Check("old log-probs", RL, lambda c: check_old_logprobs(c.config)),
