@@ -37,6 +37,8 @@ class RoleGroups:
     _groups: dict[tuple[int, ...], Any] = field(default_factory=dict)
     _mesh_groups: dict[str, tuple[tuple[int, int], Any, Any]] = field(default_factory=dict)
     _sequence_parallel: SequenceParallel | None = None
+    # actor.tensor_parallel_size > 1: ((dp, tp), this rank's dp group and ranks, its tp group and ranks)
+    _tensor_parallel: tuple[tuple[int, int], Any, tuple[int, ...], Any, tuple[int, ...]] | None = None
 
     @classmethod
     def create(
@@ -48,13 +50,16 @@ class RoleGroups:
         num_gpus_per_node: int | None = None,
         device: torch.device | None = None,
         sequence_parallel: int = 1,
+        tensor_parallel: int = 1,
     ) -> RoleGroups:
         """Create the groups; must be called by every rank with the same arguments.
 
         Groups are keyed by their rank set, so colocated roles share one communicator. For roles whose
         FSDP strategy needs a 2-D mesh (HYBRID_SHARD, NO_SHARD) the shard and replicate sub-groups are
         created here too, so apply_fsdp never creates groups behind the back of non-member ranks, and so are
-        the actor's sequence-parallel groups (`sequence_parallel` consecutive actor ranks each).
+        the actor's sequence-parallel groups (`sequence_parallel` consecutive actor ranks each) and its
+        (data-parallel x tensor-parallel) mesh's groups (`tensor_parallel` consecutive actor ranks each, and the
+        columns across them; every role sits on the actor's ranks then: the start-up checks refuse others).
         """
         initialized = dist.is_initialized()
         rank = dist.get_rank() if initialized else 0
@@ -114,7 +119,49 @@ class RoleGroups:
                 g = group_for(members)
                 if rank in members:
                     self._sequence_parallel = SequenceParallel(g, members, members.index(rank))
+        if tensor_parallel > 1:
+            actor = mapping.roles["actor"]
+            if len(actor) % tensor_parallel:
+                raise DeviceMappingError(f"actor.tensor_parallel_size={tensor_parallel} does not divide the actor's "
+                                         f"{len(actor)} rank(s). Fix: launch a multiple of {tensor_parallel}")
+            dp = len(actor) // tensor_parallel
+            rows = [tuple(actor[i * tensor_parallel : (i + 1) * tensor_parallel]) for i in range(dp)]
+            cols = [tuple(row[j] for row in rows) for j in range(tensor_parallel)]
+            for members in [*rows, *cols]:  # every rank creates every group, in one order
+                group_for(members)
+            if rank in actor:
+                tp_ranks = next(r for r in rows if rank in r)
+                dp_ranks = next(c for c in cols if rank in c)
+                self._tensor_parallel = ((dp, tensor_parallel), group_for(dp_ranks), dp_ranks,
+                                         group_for(tp_ranks), tp_ranks)
         return self
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """The actor's tensor-parallel size on this rank (1: off, or not an actor rank)."""
+        return self._tensor_parallel[0][1] if self._tensor_parallel is not None else 1
+
+    def tensor_parallel_mesh(self, device_type: str | None = None) -> Any:
+        """The actor's 2-D (dp, tp) DeviceMesh (`verl.distributed.tensor_parallel`): `mesh["tp"]` for
+        `apply_tensor_parallel`, `mesh["dp"]` for FSDP2; None without tensor parallelism."""
+        from torch.distributed.device_mesh import DeviceMesh
+
+        if self._tensor_parallel is None:
+            return None
+        (dp, tp), dp_group, _, tp_group, _ = self._tensor_parallel
+        return DeviceMesh.from_group([dp_group, tp_group], device_type or self.device.type,
+                                     mesh=torch.tensor(self.mapping.roles["actor"], dtype=torch.int).view(dp, tp),
+                                     mesh_dim_names=("dp", "tp"))
+
+    def data_parallel(self, role: str) -> tuple[Any, tuple[int, ...]]:
+        """The group and ranks over which `role`'s rows are data-parallel: its ranks, or with tensor parallelism
+        this rank's column of the (dp, tp) mesh (one rank of each tensor-parallel group: the ranks of a group
+        hold the same rows, so a sum over the column counts each row once, and every rank of a group gets the
+        same result)."""
+        if self._tensor_parallel is not None:
+            _, group, ranks, _, _ = self._tensor_parallel
+            return group, ranks
+        return self.group(role), self.ranks(role)
 
     def sequence_parallel(self) -> SequenceParallel | None:
         """This actor rank's sequence-parallel group (None without sequence parallelism, or off the actor)."""

@@ -12,7 +12,9 @@ So the stage itself never knows where it runs, and a subclass that overrides one
 both modes. Every rank calls every `run` of a step in the same order (the collectives are guarded).
 
 The placement also owns the reductions "over the batch": sums over a role's data-parallel ranks (global
-whitening, the KL controller's input, loss weights) and metric means over the ranks that hold them.
+whitening, the KL controller's input, loss weights) and metric means over the ranks that hold them. With
+tensor parallelism the data-parallel ranks are one rank of each tensor-parallel group (`RoleGroups.data_parallel`):
+the ranks of a group hold the same rows.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ class Placement:
 
     def role_size(self, role: str) -> int:
         """How many ranks share `role`'s data (its data-parallel size)."""
-        return len(self.groups.ranks(role)) if self.groups is not None else 1
+        return len(self.groups.data_parallel(role)[1]) if self.groups is not None else 1
 
     # ------------------------------------------------------------------ stages
     def run(self, role: str, stage: Callable[[B], B], batch: B | None, *, send: Sequence[str] = (),
@@ -100,12 +102,15 @@ class Placement:
         if self.groups is None:
             return values
         t = values.detach().to(self.device, torch.float64).clone()
-        self.groups.all_reduce(t, role, stage, op=op)
+        group, ranks = self.groups.data_parallel(role)
+        if self.groups.has(role) and len(ranks) > 1 and dist.is_initialized():
+            self.groups.guard.run(stage, ranks, lambda: dist.all_reduce(t, op=op, group=group),
+                                  group_name=role_key(ranks))
         return t.to(values.device)
 
     def role_index(self, role: str = HOME) -> int:
         """This rank's position among `role`'s data-parallel ranks (0 in one process)."""
-        return self.groups.ranks(role).index(self.rank) if self.groups is not None else 0
+        return self.groups.data_parallel(role)[1].index(self.rank) if self.groups is not None else 0
 
     def all_gather_object(self, obj: Any, role: str = HOME) -> list[Any]:
         """Every `role` rank's `obj` (picklable; tensors on the CPU), in rank order; [obj] in one process.
@@ -113,10 +118,10 @@ class Placement:
         Only ranks of `role` may call it; all of them must."""
         if self.groups is None or self.role_size(role) == 1 or not dist.is_initialized():
             return [obj]
-        ranks = self.groups.ranks(role)
+        group, ranks = self.groups.data_parallel(role)
         out: list[Any] = [None] * len(ranks)
         self.groups.guard.run("gather:objects", ranks,
-                              lambda: dist.all_gather_object(out, obj, group=self.groups.group(role)),
+                              lambda: dist.all_gather_object(out, obj, group=group),
                               group_name=role_key(ranks))
         return out
 

@@ -135,7 +135,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:
         model.lm_head.weight = model.model.embed_tokens.weight
     _localize_attention(model, tp_size)
     for param in model.parameters():
-        if isinstance(param, DTensor):
+        if isinstance(param, DTensor) and param.requires_grad:  # (a frozen reference has no gradients)
             param.register_post_accumulate_grad_hook(_grad_like_param)
     return model
 
@@ -159,6 +159,12 @@ def dp_tp_mesh(dp: int, tp: int, device_type: str | None = None) -> DeviceMesh:
                           f"Fix: choose a tensor-parallel size that divides {world} (dp = world / tp)")
     dev = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
     return init_device_mesh(dev, (dp, tp), mesh_dim_names=("dp", "tp"))
+
+
+def is_tensor_parallel(parameters: Any) -> bool:
+    """Whether any of `parameters` is split over a tensor-parallel mesh dimension (`dp_tp_mesh`'s "tp", or a
+    1-D mesh of `apply_tensor_parallel` alone)."""
+    return any(isinstance(p, DTensor) and "tp" in (p.device_mesh.mesh_dim_names or ()) for p in parameters)
 
 
 def clip_grad_norm_(parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
@@ -274,6 +280,7 @@ __all__ = [
     "check_tensor_parallel",
     "clip_grad_norm_",
     "dp_tp_mesh",
+    "is_tensor_parallel",
     "tp_plan",
     "vocab_parallel_logprobs",
 ]

@@ -131,10 +131,11 @@ def reads_shards(config: Any, *, world_size: int, split: bool, actor_ranks: int)
     """The start-up rule: whether a run builds its models on the meta device and each rank reads only its
     shards of the weights after sharding, instead of loading each whole first. Every role on every rank (a
     colocated run) over more than one rank, so each model is sharded, and whatever a copy of the policy needs
-    is in the files (no pretrained adapters to merge into the critic's or the reference's weights). The
+    is in the files (no pretrained adapters to merge into the critic's or the reference's weights), and no
+tensor parallelism (its weights are sharded along their columns too, which this reader does not do yet). The
     trainer (`verl.trainer.compose.components.sharded_start`) and the memory plan both ask it."""
     return (world_size > 1 and not split and actor_ranks > 1 and not config.model.lora.path
-            and not config.critic.lora.path)
+            and not config.critic.lora.path and config.actor.tensor_parallel_size == 1)
 
 
 def _is_rotary(module: nn.Module) -> bool:

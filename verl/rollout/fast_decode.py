@@ -274,6 +274,8 @@ class LlamaStyleDecodeStep:
                 return False, "a decoder layer does not have the Llama attention layout"
             if not all(hasattr(layer, a) for a in ("input_layernorm", "post_attention_layernorm", "mlp")):
                 return False, "a decoder layer does not have the Llama block layout"
+        if any(isinstance(p, DTensor) and "tp" in (p.device_mesh.mesh_dim_names or ()) for p in model.parameters()):
+            return False, "the weights are split by tensor parallelism (the step reads whole weights)"
         if any(isinstance(p, DTensor) for p in model.parameters()):
             return False, ("the weights are sharded (FSDP2); gather them for the rollout "
                            "(verl.distributed.fsdp.gathered)")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from verl.errors import ConfigError, DataError, ModelError
 from verl.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
@@ -258,7 +259,10 @@ class HFKVCacheEngine(RolloutEngine):
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = 1
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **kwargs)
-        return out.logits[:, -1, :]
+        logits = out.logits[:, -1, :]
+        # A tensor-parallel head's logits are sharded over the vocabulary: the sampler takes them whole (the ranks
+        # of its group sample alike, from the same generator state).
+        return logits.full_tensor() if isinstance(logits, DTensor) else logits
 
     # -- the decode loop, shared by single-turn sampling and multi-turn episodes --------------------
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, capacity: int) -> Decoding:

@@ -135,6 +135,12 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         # Multi-turn environments run episodes (model turns + observations) in `generate` and validation.
         self.multiturn = episodes_for(config, self.env, self.engine, self.prompts, policy=self.model,
                                       gathered=self.gathered, device=self.device)  # multi-turn or agent episodes
+        if self.multiturn is not None and config.actor.tensor_parallel_size > 1:
+            raise ConfigError(f"actor.tensor_parallel_size={config.actor.tensor_parallel_size} with a multi-turn "
+                              f"environment ({type(self.env).__name__}): not combined with tensor parallelism yet: "
+                              "every rank of a tensor-parallel group must run the same forwards, and episodes' "
+                              "turns are not proven to. Fix: a single-turn environment, or set "
+                              "actor.tensor_parallel_size=1")
         self.kl_ctrl, self.drift_guard = kl_controller(config.algorithm), DriftGuard()  # the guard's calibration
         self.entropy_ctrl = update.entropy_controller(config.actor)  # None: the fixed actor.entropy_coef
         self.async_rollout = async_rollout_for(config, parts, self.get_batch, self.generate, self.decode_responses)
@@ -552,8 +558,9 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         params = self._sampling_params(r.val_temperature, r.val_n)
         # Its own stream, derived from (seed, step, rank): sampled validation is reproducible, survives a
         # resume, and never shifts the training samples (which `self.generator` alone decides).
-        generator = evaluation.validation_generator(self.config.trainer.seed, self.step_count, self.rank,
-                                                    self.device)
+        # (The ranks of a tensor-parallel group sample together: the stream of their replica.)
+        sampler = self.dp_rank if self.config.actor.tensor_parallel_size > 1 else self.rank
+        generator = evaluation.validation_generator(self.config.trainer.seed, self.step_count, sampler, self.device)
 
         def answer(chunk: list[Mapping[str, Any]]) -> Answers:
             if self.multiturn is not None:

@@ -116,6 +116,9 @@ def setup_process(config: RunConfig, mapping: DeviceMapping, identity: ProcessId
         samplers = mapping.ranks("rollout") if "rollout" in roles else mapping.ranks("actor")
         dp_rank = samplers.index(rank) if rank in samplers else 0
         dp_size = len(samplers)
+    tp = config.actor.tensor_parallel_size
+    if tp > 1:  # (every role on the actor's ranks: the checks refuse others) a tensor-parallel group is one replica
+        dp_rank, dp_size = rank // tp, world // tp
     groups = None
     # Under torchrun even one process joins a group and shards with FSDP2 (over NCCL on a GPU); one process
     # without torchrun joins a 1-rank group of its own when an fsdp option needs FSDP2 (mixed precision, the
@@ -130,13 +133,15 @@ def setup_process(config: RunConfig, mapping: DeviceMapping, identity: ProcessId
             device = env.device if config.trainer.device != "cpu" else torch.device("cpu")
         groups = RoleGroups.create(mapping, timeout_s=config.devices.timeout_s, fsdp=config.fsdp,
                                    num_gpus_per_node=config.devices.num_gpus_per_node, device=device,
-                                   sequence_parallel=config.actor.sequence_parallel_size)
+                                   sequence_parallel=config.actor.sequence_parallel_size, tensor_parallel=tp)
         start_heartbeat(config.devices.heartbeat_s, timeout_s=config.devices.timeout_s)  # 0 or 1 rank: none
     seed = config.trainer.seed
     seed_everything(seed)
     # Separate streams so that, e.g., validation sampling never shifts the training samples.
-    # A rollout rank samples what the actor rank of the same index would (k = 0 reproduces a synchronous run).
-    generator = torch.Generator(device=device).manual_seed(seed * 1000 + (dp_rank if "rollout" in roles else rank))
+    # A rollout rank samples what the actor rank of the same index would (k = 0 reproduces a synchronous run); the
+    # ranks of a tensor-parallel group sample the same tokens (their forwards are one forward), so as their replica.
+    sampler = dp_rank if "rollout" in roles or tp > 1 else rank
+    generator = torch.Generator(device=device).manual_seed(seed * 1000 + sampler)
     shuffle_generator = torch.Generator().manual_seed(seed + 1)
     return ProcessSetup(rank=rank, world_size=world, local_rank=identity.local_rank, device=device,
                         dtype=run_dtype(config.model.dtype, device.type), roles=roles, split=split,

@@ -79,8 +79,8 @@ def tensor_parallel_problems(config: RunConfig, kind: str, *, actor_ranks: int, 
                                  "fsdp.sharding_strategy=FULL_SHARD (or SHARD_GRAD_OP)"))
     if config.needs_critic:
         problems.append(_refusal(k, f"a critic (algorithm.adv_estimator={config.algorithm.adv_estimator})",
-                                 "the value model is the actor's size "
-                                 "but has no tensor-parallel plan (a value head where the vocabulary head was)", "use a critic-free estimator (grpo, rloo, "
+                                 "the value model is the actor's size but has no tensor-parallel plan (a value "
+                                 "head where the vocabulary head was)", "use a critic-free estimator (grpo, rloo, "
                                  "reinforce_plus_plus)"))
     if config.needs_teacher:
         problems.append(_refusal(k, "distillation (algorithm.distill.teacher_path)", "the teacher is loaded "

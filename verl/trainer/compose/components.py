@@ -33,6 +33,7 @@ from verl.data.datasets import pad_token_id
 from verl.distributed.fsdp import apply_fsdp, checkpoint_decoder_layers
 from verl.distributed.placement import Placement
 from verl.distributed.sequence_parallel import enable_sequence_parallel
+from verl.distributed.tensor_parallel import apply_tensor_parallel
 from verl.env import build_env
 from verl.env.base import Environment
 from verl.env.multiturn import MultiTurnEnvironment
@@ -65,6 +66,7 @@ from verl.trainer.build.setup import (
 from verl.trainer.checks.preflight import Given, Preflight, preflight, validation_rewards
 from verl.trainer.checks.startup import check_env_options
 from verl.trainer.rl.rewards import RewardModelFunction
+from verl.utils.cpu_matmul import use_cpu_matmul
 from verl.utils.tokenizer_protocol import Tokenizer
 
 
@@ -230,13 +232,41 @@ def shard(module: torch.nn.Module, role: str, config: RunConfig, process: Proces
         return module
     if isinstance(base_of(module), FSDPModule):  # sharded already
         return module
+    cfg = config.fsdp.model_copy(update={"cpu_offload": config.offloads(role)})  # actor/critic.cpu_offload
+    mesh = tensor_parallel_mesh(role, process)
+    if mesh is not None:
+        return shard_tensor_parallel(module, cfg, mesh, process)
     # A peft wrapper holds no parameters of its own: the Hugging Face model under it is the FSDP root, so
     # the rollout (which runs that model directly) and the peft forward both go through its hooks.
-    cfg = config.fsdp.model_copy(update={"cpu_offload": config.offloads(role)})  # actor/critic.cpu_offload
     apply_fsdp(base_of(module), cfg, mesh=process.groups.mesh(role, process.device.type),
                device_type=process.device.type)
     if is_deferred(module):  # built on meta: now each rank reads its shards only
         materialise(module, torch.device("cpu") if cfg.cpu_offload else process.device)
+    return module
+
+
+def tensor_parallel_mesh(role: str, process: ProcessSetup) -> Any:
+    """The actor's (dp, tp) mesh for a model of `role` split with the actor (the policy, and a reference on its
+    ranks: every role is, with `actor.tensor_parallel_size` > 1); None without tensor parallelism."""
+    if process.groups is None or role not in ("actor", "ref"):
+        return None
+    return process.groups.tensor_parallel_mesh(process.device.type)
+
+
+def shard_tensor_parallel(module: torch.nn.Module, cfg: Any, mesh: Any, process: ProcessSetup) -> torch.nn.Module:
+    """`actor.tensor_parallel_size` > 1: split `module`'s layers over the mesh's tensor-parallel ranks
+    (`apply_tensor_parallel`), then FSDP2-shard it over its data-parallel ranks (none with one replica: FSDP
+    over one rank only changes kernels). Its linear layers multiply with ATen: the oneDNN path takes whole
+    weights, not DTensor shards."""
+    model = base_of(module)
+    if is_deferred(model):  # (sharded_start is off with tensor parallelism: the reader takes row shards only)
+        materialise(model, process.device)
+    use_cpu_matmul(model, "aten")
+    apply_tensor_parallel(model, mesh["tp"])
+    if mesh["dp"].size() > 1:
+        apply_fsdp(model, cfg, mesh=mesh["dp"], device_type=process.device.type)
+    elif cfg.activation_checkpointing:
+        checkpoint_decoder_layers(model)
     return module
 
 
@@ -259,6 +289,9 @@ def shard_frozen(module: torch.nn.Module, role: str, config: RunConfig, process:
         return materialise(module, process.device) if is_deferred(module) else module
     cfg = config.fsdp.model_copy(update={"mixed_precision": False, "activation_checkpointing": False,
                                          "sharding_strategy": frozen_strategy(config.fsdp.sharding_strategy)})
+    mesh = tensor_parallel_mesh(role, process)
+    if mesh is not None:
+        return shard_tensor_parallel(module, cfg, mesh, process)
     apply_fsdp(module, cfg, mesh=process.groups.mesh(role, process.device.type), device_type=process.device.type)
     if is_deferred(module):  # built on meta: now each rank reads its shards only
         materialise(module, torch.device("cpu") if cfg.cpu_offload else process.device)
@@ -426,4 +459,4 @@ def async_rollout_for(config: RunConfig, parts: Components, draw: Callable[[], R
 __all__ = ["Components", "Optimizer", "async_rollout_for", "compose", "compose_offline", "compose_rl", "setup_checks",
            "setup_critic", "setup_checkpoints", "setup_engine", "setup_env", "setup_optimizer", "setup_policy",
            "setup_reference", "setup_reward_model", "setup_teacher", "setup_tracker", "shard", "shard_frozen",
-           "sharded_start"]
+           "shard_tensor_parallel", "sharded_start", "tensor_parallel_mesh"]

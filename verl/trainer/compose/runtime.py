@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from verl.config.schema import RunConfig
+from verl.distributed import tensor_parallel
 from verl.distributed.fsdp import gathered
 from verl.errors import VerlError
 from verl.models.lora import is_peft_model
@@ -93,7 +94,11 @@ class TrainerRuntime:
         every weight by its momentum and weight decay (for about ten steps after a collapse): that step is
         skipped, schedule included (warm-up and decay count optimizer steps)."""
         params = [p for p in module.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else float("inf"))
+        # Torch's clipping stacks per-gradient norms, which fails where a tensor-parallel model's DTensors of two
+        # meshes (or DTensors and plain norms' weights) meet; `tensor_parallel.clip_grad_norm_` combines them.
+        clip = tensor_parallel.clip_grad_norm_ if tensor_parallel.is_tensor_parallel(params) else (
+            torch.nn.utils.clip_grad_norm_)
+        norm = clip(params, grad_clip if grad_clip is not None else float("inf"))
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2 gives a DTensor
         if not torch.isfinite(norm):
             optimizer.zero_grad(set_to_none=True)

@@ -6,7 +6,8 @@ at a time (forward and backward), so a bf16 model never holds a float32 [B, R, V
 With `chunked` (actor.chunked_logprobs) the model does not make the [B, R, V] logits at all: its head's input
 is taken (`verl.models.head.HeadCapture`) and projected one chunk of tokens at a time, forward and backward
 (`verl.algorithms.head_token_logprobs`). SFT and DPO take the same switch for their target tokens
-(`labelled_logprobs`).
+(`labelled_logprobs`). A tensor-parallel head's logits are a DTensor sharded over the vocabulary: their log-probs
+and entropy come from the shards (`verl.distributed.tensor_parallel.vocab_parallel_logprobs`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import torch
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from verl.algorithms import (
     entropy_from_logits,
@@ -29,6 +31,7 @@ from verl.algorithms import (
 from verl.data.datasets import IGNORE_INDEX
 from verl.distributed.memory_plan import chunks_logits, micro_batch_tokens
 from verl.distributed.sequence_parallel import KWARG, SequenceParallel, SplitCall, gather_sequence
+from verl.distributed.tensor_parallel import is_tensor_parallel, vocab_parallel_logprobs
 from verl.errors import ConfigError
 from verl.models.head import HeadCapture, HeadOutput, head_unsupported, output_head
 from verl.models.lora import base_of
@@ -150,6 +153,9 @@ def _logprobs(output: torch.Tensor | HeadOutput, labels: torch.Tensor, temperatu
     if isinstance(output, HeadOutput):
         logprobs, entropy = head_token_logprobs(output.hidden, output.weight, labels, bias=output.bias,
                                                 temperature=t, with_entropy=with_entropy)
+        return logprobs, entropy if entropy is None or entropy_grad else entropy.detach()
+    if isinstance(output, DTensor):  # a tensor-parallel head's logits, sharded over the vocabulary
+        logprobs, entropy = vocab_parallel_logprobs(output, labels, temperature=t, with_entropy=with_entropy)
         return logprobs, entropy if entropy is None or entropy_grad else entropy.detach()
     logits = output.contiguous()  # one copy of a sliced view (if any), which the log-probs and entropy share
     if with_entropy and not entropy_grad:  # entropy for logging: from the log-softmax the log-probs take
@@ -291,8 +297,8 @@ def _decide_chunked(config: Any, model: torch.nn.Module, tokens: int) -> bool:
     weight = getattr(head, "weight", None)
     vocab = int(weight.shape[0]) if isinstance(weight, torch.Tensor) else 0
     setting = config.actor.chunked_logprobs
-    if not chunks_logits(setting, tokens, vocab):
-        return False
+    if not chunks_logits(setting, tokens, vocab) or isinstance(weight, DTensor):
+        return False  # (a tensor-parallel head: its logits are sharded over the vocabulary; true is refused)
     why = head_unsupported(model)
     if why is not None and setting is True:
         raise ConfigError(f"actor.chunked_logprobs=true, but {why}, so the log-probs cannot be computed from the "
@@ -304,7 +310,8 @@ def _decide_chunked(config: Any, model: torch.nn.Module, tokens: int) -> bool:
 def can_share_prompt(model: torch.nn.Module) -> bool:
     """Whether the shared-prompt forwards apply to `model`: a causal LM or `ValueModel` that continues from
     a KV cache (under a peft wrapper or `AdapterOff` too), without gradient or activation checkpointing
-    (which turn the cache off, or recompute into it, in training)."""
+    (which turn the cache off, or recompute into it, in training), nor split by tensor parallelism (its logits
+    are a vocabulary-sharded DTensor, which the shared forward's concatenations do not take yet)."""
     inner = getattr(model, "module", model)
     # fsdp.activation_checkpointing patches each decoder layer's forward (verl.distributed.fsdp): its
     # recomputation in backward would append the prompt's keys/values to the shared cache a second time.
@@ -312,7 +319,7 @@ def can_share_prompt(model: torch.nn.Module) -> bool:
     # its module tree: look under base_of).
     checkpointing = any(getattr(m, "gradient_checkpointing", False) is True or getattr(m, "_verl_checkpointed", False)
                         for m in base_of(inner).modules())
-    return takes_cache(model) and not checkpointing
+    return takes_cache(model) and not checkpointing and not is_tensor_parallel(base_of(inner).parameters())
 
 
 def _shared_prompt_output(
