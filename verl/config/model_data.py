@@ -161,8 +161,8 @@ class EnvConfig(Section):
     agent_max_body_bytes: int = Field(1 << 20, gt=0, description="The largest request body the agent endpoint reads; "
                                       "a larger one is refused (413) before it is read.")
     agent_concurrency: int = Field(64, gt=0, le=MAX_THREADS, description="Agent episodes running at once (at most "
-                                   f"{MAX_THREADS}: each holds a thread); 1 makes a run reproducible "
-                                   "(concurrent agents' timing decides which calls are sampled together).")
+                                   f"{MAX_THREADS}: each holds a thread). Their timing decides which calls share "
+                                   "a batch, not what a call samples: each has random numbers of its own.")
     tool_call_format: str = Field("hermes", description="How the policy writes tool calls (hermes: Qwen2.5/Qwen3/"
                                   "Hermes <tool_call> tags, llama3_json: Llama 3.x): the endpoint returns them as "
                                   "OpenAI tool_calls.")
