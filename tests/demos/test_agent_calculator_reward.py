@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _agent():
-    spec = importlib.util.spec_from_file_location("agent_calculator_under_test", ROOT / "examples" / "agent_calculator.py")
+    path = ROOT / "examples" / "agent_calculator.py"
+    spec = importlib.util.spec_from_file_location("agent_calculator_under_test", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

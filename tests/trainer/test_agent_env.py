@@ -149,7 +149,8 @@ def test_what_an_episode_samples_does_not_depend_on_which_calls_share_its_batch(
 
 @pytest.mark.parametrize("agent, says", [
     ("missing.py:run", "agent file"),
-    ("agent.py:nothing", "has no function 'nothing' (its async functions: ['run', 'two_calls', 'one_argument', 'hostile'])"),
+    ("agent.py:nothing",
+     "has no function 'nothing' (its async functions: ['run', 'two_calls', 'one_argument', 'hostile'])"),
     ("agent.py:not_async", "must be an async function"),
     ("agent.py:one_argument", "must take (row, base_url)"),
 ])
