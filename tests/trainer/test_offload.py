@@ -93,7 +93,8 @@ def test_each_role_is_sharded_with_its_own_offload_switch(tmp_path, monkeypatch)
 
     applied = {}
     monkeypatch.setattr(components, "apply_fsdp", lambda module, cfg, **kw: applied.setdefault(module, cfg))
-    groups = types.SimpleNamespace(ranks=lambda role: [0, 1], mesh=lambda role, device: None)
+    groups = types.SimpleNamespace(ranks=lambda role: [0, 1], mesh=lambda role, device: None,
+                                   tensor_parallel_mesh=lambda device: None)
     process = types.SimpleNamespace(groups=groups, device=torch.device("cpu"))
     config = rl_config(tmp_path, "fsdp.cpu_offload=false", "critic.cpu_offload=true")
     actor, critic = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
