@@ -30,7 +30,8 @@ from verl.trainer.rl_trainer import RLTrainer
 
 SFT_EPISODES = 8000  # every training problem but the probe: with fewer, a digit of the answer was learnt by heart
 SFT_TARGET_ACCURACY = 0.45  # greedy accuracy on PROBE_PROBLEMS other training problems that stops the warm start
-SFT_CHECK_EVERY = 5
+SFT_CHECK_EVERY = 10
+SFT_CHECK_NEAR = (0.1, 5)  # from 10% probe accuracy on, checked every 5 steps: copying is learnt abruptly
 PROBE_PROBLEMS = 64
 
 
@@ -84,7 +85,8 @@ def run_agent_demo(config: Any, quiet: bool = False) -> dict[str, Any]:
     t0 = time.perf_counter()
     sft = constant_lr_sft(trainer, train_examples=examples)
     sft_steps, probe_acc, history = sft_until(sft, lambda: agent_eval(trainer, probe)["accuracy"],
-                                              SFT_TARGET_ACCURACY, config.sft.steps or 300, SFT_CHECK_EVERY)
+                                              SFT_TARGET_ACCURACY, config.sft.steps or 300, SFT_CHECK_EVERY,
+                                              near=SFT_CHECK_NEAR)
     sft_seconds = time.perf_counter() - t0
     val = env.val_rows()
     before = agent_eval(trainer, val)

@@ -67,12 +67,16 @@ def constant_lr_sft(trainer: RLTrainer, **data: Any) -> SFTTrainer:
 
 
 def sft_until(sft: SFTTrainer, accuracy: Callable[[], float], target: float, max_steps: int, chunk: int = 10,
-              progress: ConsoleReporter | None = None) -> tuple[int, float, list]:
+              progress: ConsoleReporter | None = None,
+              near: tuple[float, int] | None = None) -> tuple[int, float, list]:
     """`sft.train_steps` in chunks of `chunk` until `accuracy()` reaches `target` or `max_steps` are taken:
-    (steps, last accuracy, per-step history)."""
+    (steps, last accuracy, per-step history). `near=(accuracy, steps)`: once `accuracy()` has reached that
+    accuracy, check every that many steps instead (a skill learnt abruptly is caught close to the target, and
+    the checks of the flat start cost less)."""
     steps, acc, history = 0, 0.0, []
     while steps < max_steps and acc < target:
-        history += sft.train_steps(min(chunk, max_steps - steps))
+        every = near[1] if near is not None and acc >= near[0] else chunk
+        history += sft.train_steps(min(every, max_steps - steps))
         steps = len(history)
         acc = accuracy()
         if progress is not None:
