@@ -198,3 +198,25 @@ def test_rng_roundtrip_float64_reference():
     assert got[0] == expect[0] and got[1] == expect[1] and torch.equal(got[2], expect[2])
     with pytest.raises(CheckpointError, match="capture_rng_state"):
         restore_rng_state({"python": {}})
+
+
+def test_a_resume_keeps_this_process_optimizer_kernel_flags(tmp_path):
+    """`fused`/`foreach` say how this process steps (the fused kernel takes plain tensors only), not what it
+    learnt: a checkpoint saved with the fused kernel, loaded where it does not apply (a resume at another
+    tensor-parallel size: DTensor parameters), keeps the live flags, and its Adam moments load."""
+    def parts(fused):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        return model, torch.optim.AdamW(model.parameters(), lr=0.1, **({"fused": True} if fused else {}))
+
+    model, opt = parts(fused=True)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    CheckpointManager(tmp_path, save_interval=1).save(1, app_state={"model": model, "optimizer": opt}, extra={})
+    fresh, fresh_opt = parts(fused=False)
+    CheckpointManager(tmp_path, save_interval=1).load(tmp_path / "checkpoints" / "step_1",
+                                                      app_state={"model": fresh, "optimizer": fresh_opt})
+    assert fresh_opt.param_groups[0].get("fused") in (None, False)  # as built here, not as saved
+    assert _same_weights(fresh, model)
+    saved, loaded = opt.state[model.weight], fresh_opt.state[fresh.weight]
+    assert torch.equal(saved["exp_avg"], loaded["exp_avg"]) and float(loaded["step"]) == 1.0

@@ -66,3 +66,35 @@ def test_tp2_by_dp2_on_four_ranks_trains_as_dp2(tmp_path):
     verl_train(_config(tmp_path, "tp2dp2", 2), tmp_path, nproc=4)
     verl_train(_config(tmp_path, "dp2", 1), tmp_path, nproc=2)
     _same_run(metrics(tmp_path / "tp2dp2"), metrics(tmp_path / "dp2"))
+
+
+def _resumed(tmp_path: Path, name: str, tp: int, checkpoint: Path) -> dict:
+    """Step 3 of a run resumed at tensor-parallel size `tp` from `checkpoint` (step 2's)."""
+    path = _config(tmp_path, name, tp)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["trainer"].update({"resume": str(checkpoint), "val_before_train": False})
+    path.write_text(yaml.safe_dump(cfg))
+    verl_train(path, tmp_path, nproc=tp)
+    (row,) = [r for r in metrics(tmp_path / name) if r["step"] == 3]
+    return row
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("saved_tp", [2, 1])
+def test_a_checkpoint_resumes_at_another_tensor_parallel_size_with_the_same_weights(tmp_path, saved_tp):
+    """Saved at one size, resumed at both: the first resumed step runs on the loaded weights before any optimizer
+    step, so its losses and gradient norm agree to the split matmuls' rounding (1e-5) only where the two sizes
+    loaded the same weights (a weight resharded wrongly, e.g. a transposed or misplaced row shard, moves them by
+    far more), and its rewards are the same samples."""
+    path = _config(tmp_path, "saved", saved_tp)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["trainer"]["total_steps"], cfg["checkpoint"]["save_interval"] = 2, 2
+    path.write_text(yaml.safe_dump(cfg))
+    verl_train(path, tmp_path, nproc=saved_tp)
+    checkpoint = tmp_path / "saved" / "checkpoints" / "step_2"
+    assert checkpoint.is_dir()
+    split, whole = _resumed(tmp_path, "tp2", 2, checkpoint), _resumed(tmp_path, "tp1", 1, checkpoint)
+    for key in (*STEP1, "actor/kl_loss"):
+        assert split[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-6), key
+    assert split["reward/mean"] == whole["reward/mean"] and split["reward/std"] == whole["reward/std"]
+    assert split["actor/kl_loss"] > 0  # the reference (the initial weights, not the checkpoint's) was loaded too

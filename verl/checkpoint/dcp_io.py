@@ -94,6 +94,12 @@ class SafeFileSystemReader(dcp.FileSystemReader):
 
 
 
+# How this process runs the optimizer step, not training state: a checkpoint saved where the fused kernel applied
+# (plain tensors) must not turn it on for parameters that are DTensors here (a resume at another tensor-parallel
+# size), nor off where it applies.
+_KERNEL_FLAGS = ("fused", "foreach")
+
+
 def _options(module: object, *, load: bool) -> StateDictOptions | None:
     """A module marked trainable-state-only (LoRA: frozen base weights, trainable adapters) saves and loads
     only its trainable parameters; the frozen ones come from the base model, never from the checkpoint."""
@@ -169,8 +175,12 @@ def apply_state_dict(app_state: dict[str, object], sd: dict[str, Any]) -> None:
     for key, okey in _plan(app_state):
         obj = app_state[key]
         if okey is not None:
-            set_state_dict(obj, app_state[okey], model_state_dict=sd[key], optim_state_dict=sd[okey],  # type: ignore[arg-type]
+            optimizer = app_state[okey]
+            kernels = [{k: g[k] for k in _KERNEL_FLAGS if k in g} for g in optimizer.param_groups]  # type: ignore[union-attr]
+            set_state_dict(obj, optimizer, model_state_dict=sd[key], optim_state_dict=sd[okey],  # type: ignore[arg-type]
                            options=_options(obj, load=True))
+            for group, flags in zip(optimizer.param_groups, kernels, strict=True):  # type: ignore[union-attr]
+                group.update(flags)
         elif isinstance(obj, torch.nn.Module):
             set_model_state_dict(obj, sd[key], options=_options(obj, load=True))
         elif isinstance(obj, dict):
