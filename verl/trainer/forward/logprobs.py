@@ -150,12 +150,11 @@ def labelled_logprobs(output: torch.Tensor | HeadOutput,
 def _logprobs(output: torch.Tensor | HeadOutput, labels: torch.Tensor, temperature: float, with_entropy: bool,
               entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     t = temperature if temperature > 0 else 1.0  # scaled chunk by chunk, after the upcast (not a [B, R, V] copy)
-    if isinstance(output, HeadOutput):
-        logprobs, entropy = head_token_logprobs(output.hidden, output.weight, labels, bias=output.bias,
-                                                temperature=t, with_entropy=with_entropy)
-        return logprobs, entropy if entropy is None or entropy_grad else entropy.detach()
-    if isinstance(output, DTensor):  # a tensor-parallel head's logits, sharded over the vocabulary
-        logprobs, entropy = vocab_parallel_logprobs(output, labels, temperature=t, with_entropy=with_entropy)
+    if isinstance(output, (HeadOutput, DTensor)):  # the head's input, or a tensor-parallel head's sharded logits
+        logprobs, entropy = (
+            head_token_logprobs(output.hidden, output.weight, labels, bias=output.bias, temperature=t,
+                                with_entropy=with_entropy) if isinstance(output, HeadOutput)
+            else vocab_parallel_logprobs(output, labels, temperature=t, with_entropy=with_entropy))
         return logprobs, entropy if entropy is None or entropy_grad else entropy.detach()
     logits = output.contiguous()  # one copy of a sliced view (if any), which the log-probs and entropy share
     if with_entropy and not entropy_grad:  # entropy for logging: from the log-softmax the log-probs take
