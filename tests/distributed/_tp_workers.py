@@ -106,8 +106,9 @@ def _finish(out: dict, out_dir: str, name: str, rank: int) -> None:
 
 # --------------------------------------------------------------------------------------------------
 def tp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    """TP over all ranks: each architecture against one process, and the float64 reference of the vocabulary-
-    parallel log-probs (local shards and DTensor input) against log_softmax on the whole logits."""
+    """TP over all ranks: each architecture against one process, the float64 reference of the vocabulary-
+    parallel log-probs (local shards and DTensor input) against log_softmax on the whole logits, and the
+    sampler's tokens."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from verl.distributed.tensor_parallel import apply_tensor_parallel
@@ -122,7 +123,32 @@ def tp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
                      "got": split(apply_tensor_parallel(build(kind), mesh), ids, adv)}
     out["float64"] = float64_case(rank, world, mesh)
     out["meta"] = meta_case(mesh)
+    out["sampler"] = sampler_case(mesh)
     _finish(out, out_dir, "tp", rank)
+
+
+def sampler_case(mesh) -> dict:
+    """verl's sampler (HFKVCacheEngine: prefill, KV cache, decode) on the TP-split model and on the plain one,
+    left-padded prompts, greedy and at temperature 1 with the same generator: {name: {temperature: (response
+    ids, log-probs)}}."""
+    from verl.distributed.tensor_parallel import apply_tensor_parallel
+    from verl.rollout.base import SamplingParams
+    from verl.rollout.hf_engine import HFKVCacheEngine
+
+    g = torch.Generator().manual_seed(11)
+    ids = torch.randint(0, 768, (3, 6), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0  # left padding, as prompts of different lengths come
+    mask[2, :4] = 0
+    out: dict = {}
+    for name, model in (("want", build("qwen2_tied")), ("got", apply_tensor_parallel(build("qwen2_tied"), mesh))):
+        engine = HFKVCacheEngine(model)
+        out[name] = {}
+        for temperature in (0.0, 1.0):
+            params = SamplingParams(temperature=temperature, max_new_tokens=8, pad_token_id=0)
+            res = engine.generate(ids, mask, params, generator=torch.Generator().manual_seed(3))
+            out[name][temperature] = (res.response_ids, res.logprobs)
+    return out
 
 
 def meta_case(mesh) -> dict:

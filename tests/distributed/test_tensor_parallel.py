@@ -1,7 +1,7 @@
 """Tensor parallelism (verl.distributed.tensor_parallel) on gloo ranks against one process, float32: log-probs,
 entropy, a GRPO-like loss and the gradients (gathered whole) for Qwen2 (tied embeddings), Llama and Qwen3 with
-TP=2, and TP=2 x FSDP2 dp=2; the vocabulary-parallel log-probs against log_softmax in float64; the
-divisibility errors."""
+TP=2, and TP=2 x FSDP2 dp=2; the vocabulary-parallel log-probs against log_softmax in float64; verl's sampler
+on the split model (the same tokens); the divisibility errors."""
 
 import _dist_workers as W  # noqa: E402 - pytest puts tests/distributed on sys.path
 import _tp_workers as TP  # noqa: E402
@@ -40,7 +40,8 @@ def _same(case: dict, what: str, rank: int) -> None:
 
 @pytest.mark.dist
 @pytest.mark.slow
-def test_tp2_equals_one_process_for_qwen2_llama_qwen3_meta_load_and_float64_vocab_parallel_logprobs(tmp_path):
+def test_tp2_equals_one_process_for_qwen2_llama_qwen3_meta_load_float64_vocab_parallel_logprobs_and_sampling(
+        tmp_path):
     W.launch(TP.tp_worker, 2, str(tmp_path))
     for rank in range(2):
         res = torch.load(tmp_path / f"tp{rank}.pt", weights_only=False)
@@ -58,6 +59,12 @@ def test_tp2_equals_one_process_for_qwen2_llama_qwen3_meta_load_and_float64_voca
             torch.testing.assert_close(lp, want_lp, rtol=1e-12, atol=1e-12)
             torch.testing.assert_close(ent, want_ent, rtol=1e-12, atol=1e-12)
             torch.testing.assert_close(grad, want_grad, rtol=1e-12, atol=1e-12)
+        sampled = res["sampler"]
+        for temperature, (want_ids, want_lp) in sampled["want"].items():
+            got_ids, got_lp = sampled["got"][temperature]
+            assert torch.equal(got_ids, want_ids), f"rank {rank}: TP sampled other tokens at T={temperature}"
+            _close(got_lp, want_lp, f"rank {rank} sampler log-probs at T={temperature}")
+        assert not torch.equal(sampled["want"][0.0][0], sampled["want"][1.0][0])  # temperature 1 did sample
 
 
 @pytest.mark.dist
