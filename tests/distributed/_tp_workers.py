@@ -124,7 +124,32 @@ def tp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     out["float64"] = float64_case(rank, world, mesh)
     out["meta"] = meta_case(mesh)
     out["sampler"] = sampler_case(mesh)
+    out["deferred"] = deferred_case(mesh)
     _finish(out, out_dir, "tp", rank)
+
+
+def deferred_case(tp_mesh, dp_mesh=None) -> dict:
+    """The tiny Qwen2 built on the meta device with its weights deferred to its safetensors file (as a sharded
+    start-up builds it), split over `tp_mesh` (and FSDP2-sharded over `dp_mesh`), then materialised: each rank
+    reads its rows and columns. The full state dict (gathered on rank 0) and the share of the file read."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from verl.config.fsdp import FSDPConfig
+    from verl.distributed.fsdp import apply_fsdp, full_state_dict
+    from verl.distributed.tensor_parallel import apply_tensor_parallel
+    from verl.models.sharded_load import bytes_read, defer_weights, materialise
+
+    path = tiny_path()
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
+    assert defer_weights(model, path)
+    apply_tensor_parallel(model, tp_mesh)
+    if dp_mesh is not None:
+        apply_fsdp(model, FSDPConfig(), mesh=dp_mesh)
+    before = bytes_read()
+    materialise(model, "cpu")
+    read = bytes_read() - before
+    return {"state": full_state_dict(model), "read": read / (Path(path) / "model.safetensors").stat().st_size}
 
 
 def sampler_case(mesh) -> dict:
@@ -231,4 +256,5 @@ def dp_tp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         want["logprobs"], want["entropy"] = want["logprobs"][rows], want["entropy"][rows]
         want["loss"] = float(grpo_loss(want["logprobs"], want["entropy"], adv[rows]))  # this rank's rows' loss
         out[kind] = {"want": want, "got": got, "rows": (rows.start, rows.stop)}
+    out["deferred"] = deferred_case(mesh["tp"], mesh["dp"])
     _finish(out, out_dir, "dptp", rank)

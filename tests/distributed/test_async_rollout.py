@@ -87,8 +87,9 @@ def _with_dynamic_sampling(path: Path) -> Path:
     return path
 
 
-def test_dynamic_sampling_draws_its_extra_rounds_from_the_rollout_ranks(tmp_path):
+def test_dynamic_sampling_draws_its_extra_rounds_from_the_rollout_ranks(tmp_path, monkeypatch):
     """k = 0: the same extra rounds, samples and updates as one process; k = 1: the rounds come from the queue."""
+    monkeypatch.syspath_prepend(str(REWARD.parent))  # the reward file imports rl_support (run alone, too)
     verl_train(_with_dynamic_sampling(_config(tmp_path, "sync", 2, rollout_rank=False)), tmp_path, nproc=1)
     verl_train(_with_dynamic_sampling(_config(tmp_path, "async", 2, rollout_rank=True, k=0)), tmp_path, nproc=2)
     sync, async_ = metrics(tmp_path / "sync"), metrics(tmp_path / "async")

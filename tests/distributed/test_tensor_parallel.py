@@ -65,6 +65,7 @@ def test_tp2_equals_one_process_for_qwen2_llama_qwen3_meta_load_float64_vocab_pa
             assert torch.equal(got_ids, want_ids), f"rank {rank}: TP sampled other tokens at T={temperature}"
             _close(got_lp, want_lp, f"rank {rank} sampler log-probs at T={temperature}")
         assert not torch.equal(sampled["want"][0.0][0], sampled["want"][1.0][0])  # temperature 1 did sample
+        _read_its_shards(res["deferred"], rank, at_most=0.7)  # row-wise weights: whole rows, then its columns
 
 
 @pytest.mark.dist
@@ -77,7 +78,19 @@ def test_tp2_by_fsdp_dp2_equals_one_process(tmp_path):
         coords.add(res["coords"])
         for kind in ("qwen2_tied", "llama", "qwen3"):
             _same(res[kind], f"rank {rank} {kind}", rank)
+        _read_its_shards(res["deferred"], rank, at_most=0.4)
     assert coords == {(0, 0), (0, 1), (1, 0), (1, 1)}
+
+
+def _read_its_shards(case: dict, rank: int, at_most: float) -> None:
+    """A sharded start-up's split model holds the weights from_pretrained loads, and each rank read only part
+    of the file."""
+    assert 0 < case["read"] <= at_most, f"rank {rank} read {case['read']:.0%} of the weights file"
+    if rank == 0:
+        want = TP.build("qwen2_tied").state_dict()
+        assert case["state"].keys() == want.keys()
+        for name, value in want.items():
+            assert torch.equal(case["state"][name], value), f"{name} read from the file"
 
 
 def _qwen2(**overrides) -> Qwen2Config:

@@ -63,12 +63,16 @@ def plan_memory(x: PlanInputs, device_bytes: int | None) -> MemoryPlan:
         notes.append(f"{', '.join(sorted(x.offloaded & set(x.resident)))}.cpu_offload: that state lives in host "
                      "memory")
 
+    t = max(x.tensor_parallel, 1)
+    split = f" (1/{t}: tensor-parallel)" if t > 1 else ""
     update = [*resident_update]
     if x.sharded:
         # FSDP2 keeps its root unit (embeddings, final norm, head) gathered from forward to backward, and its
-        # gradient unsharded until the backward ends; each layer is gathered (with one prefetched) in turn
-        update += [("gathered: root (embeddings, head) + 2 layers", (s.root_params + 2 * s.layer_params) * c),
-                   ("unsharded gradients: root + 1 layer", (s.root_params + s.layer_params) * c)]
+        # gradient unsharded until the backward ends; each layer is gathered (with one prefetched) in turn.
+        # With tensor parallelism FSDP2 gathers over the data-parallel replicas: a rank's tensor-parallel part.
+        update += [(f"gathered: root (embeddings, head) + 2 layers{split}",
+                    (s.root_params + 2 * s.layer_params) * c // t),
+                   (f"unsharded gradients: root + 1 layer{split}", (s.root_params + s.layer_params) * c // t)]
     update += forward_backward_parts(x, notes)
     update.append(("CUDA context, NCCL buffers (assumed)", CUDA_RUNTIME_BYTES))
     if not x.samples:
@@ -80,7 +84,10 @@ def plan_memory(x: PlanInputs, device_bytes: int | None) -> MemoryPlan:
                         max(s.embed_params, s.head_params, 1) * m))
         if device_bytes is not None:
             budget = int(x.gpu_memory_utilization * device_bytes)
-            rollout.append((f"vLLM: gpu_memory_utilization {x.gpu_memory_utilization:g} x device", budget))
+            if s.total_params * c <= budget:
+                rollout.append((f"vLLM: gpu_memory_utilization {x.gpu_memory_utilization:g} x device", budget))
+            else:  # vLLM refuses to start: no room for a KV cache
+                rollout.append(("vLLM: its weights alone, over its gpu_memory_utilization share", s.total_params * c))
             room = budget - s.total_params * c
             need = x.rows_per_rank * (x.prompt_len + x.response_len) * s.layers * 2 * s.kv_dim * c
             notes.append(f"vLLM's share holds its weights ({s.total_params * c / GIB:.1f} GiB) and about "
@@ -94,10 +101,10 @@ def plan_memory(x: PlanInputs, device_bytes: int | None) -> MemoryPlan:
         notes.append("vLLM runs on ranks of its own: its share of those devices is not on the actor's")
     else:
         rows = x.rows_per_rank
-        rollout.append(("sampler: gathered policy weights", s.total_params * c))
-        rollout.append((f"sampler: KV cache ({rows} rows x {x.prompt_len + x.response_len} tokens)",
-                        rows * (x.prompt_len + x.response_len) * s.layers * 2 * s.kv_dim * c))
-        rollout.append(("sampler: next-token logits (float32)", rows * s.vocab * 4))
+        rollout.append((f"sampler: gathered policy weights{split}", s.total_params * c // t))
+        rollout.append((f"sampler: KV cache ({rows} rows x {x.prompt_len + x.response_len} tokens){split}",
+                        rows * (x.prompt_len + x.response_len) * s.layers * 2 * s.kv_dim * c // t))
+        rollout.append((f"sampler: next-token logits (float32){split}", rows * s.vocab * 4 // t))
     rollout.append(("CUDA context, NCCL buffers (assumed)", CUDA_RUNTIME_BYTES))
     return _complete(x, rollout, update, device_bytes, notes)
 
@@ -208,6 +215,20 @@ def _rollout_rank_advice(x: PlanInputs, plan: MemoryPlan, device_bytes: int) -> 
     return out
 
 
+def _tensor_parallel_fix(x: PlanInputs, device_bytes: int) -> tuple[str, PlanInputs] | None:
+    """(keys, inputs) of the smallest tensor-parallel size whose plan fits (with activation checkpointing where
+    it needs it too); else the largest size the run allows, which still does not fit; None without one."""
+    for checkpointing in sorted({x.activation_checkpointing, True}):
+        for size in x.tensor_parallel_sizes:
+            y = x.with_tensor_parallel(size).with_(activation_checkpointing=checkpointing)
+            if plan_memory(y, device_bytes).fits or (checkpointing and size == x.tensor_parallel_sizes[-1]):
+                keys = [f"actor.tensor_parallel_size={size}", *x.tensor_parallel_keys]
+                if checkpointing and not x.activation_checkpointing:
+                    keys.append("fsdp.activation_checkpointing=true")
+                return ", ".join(keys), y
+    return None
+
+
 def suggestions(x: PlanInputs, device_bytes: int) -> list[str]:
     """Settings that make a plan fit, each with its peaks: one change at a time first, then combinations.
     Empty when the plan fits as it is."""
@@ -255,6 +276,9 @@ def suggestions(x: PlanInputs, device_bytes: int) -> list[str]:
     if not x.cpu_offload:
         fixes.append(("fsdp.cpu_offload=true", {"cpu_offload": True}))
     out += [describe(keys, x.with_(**changes)) for keys, changes in fixes]
+    split = _tensor_parallel_fix(x, device_bytes)  # the largest change: a run on a 2-D mesh
+    if split is not None:
+        out.append(describe(*split))
     if plan.update_peak <= device_bytes or plan.rollout_peak <= device_bytes:
         return list(dict.fromkeys(out))
     # both phases over: the first fix of each phase, together

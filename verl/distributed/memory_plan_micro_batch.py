@@ -21,17 +21,18 @@ def chunks_logits(setting: bool | str, response_tokens: int, vocab: int) -> bool
     return bool(setting)
 
 
-def activation_bytes_per_token(shape: ModelShape, compute_bytes: int) -> int:
-    """Bytes one decoder layer keeps for backward per token (no checkpointing).
+def activation_bytes_per_token(shape: ModelShape, compute_bytes: int, tensor_parallel: int = 1) -> int:
+    """Bytes one decoder layer keeps for backward per token (no checkpointing) on one rank.
 
     Each RMSNorm keeps its float32 input and its output (the weight's input); attention keeps the q/k/v
     projections' input, the rotated q and k and v (what the fused kernel saves), its output (and float32
     log-sum-exp per head) and the o-projection's input; the SwiGLU MLP keeps its input, gate, silu(gate),
-    up and their product."""
-    c, h, kv, i = compute_bytes, shape.hidden, shape.kv_dim, shape.intermediate
+    up and their product. Tensor parallelism splits what lies between a column-wise and a row-wise projection
+    (heads, the intermediate size); the norms' and the projections' inputs stay whole on every rank."""
+    c, h, kv, i, t = compute_bytes, shape.hidden, shape.kv_dim, shape.intermediate, max(tensor_parallel, 1)
     norms = 2 * (4 * h + c * h)
-    attention = c * (h + h + 2 * kv + h + h) + 4 * shape.heads
-    mlp = c * (h + 4 * i)
+    attention = c * h + (c * (h + 2 * kv + h + h) + 4 * shape.heads) // t
+    mlp = c * h + c * 4 * i // t
     return norms + attention + mlp
 
 
@@ -68,15 +69,17 @@ def forward_backward_parts(x: PlanInputs, notes: list[str] | None = None) -> lis
       embeddings' gradient at the very end);
     * unsharded with tied embeddings, the end: that held gradient, the embeddings' own and their sum.
     Sequence parallelism splits a micro-batch's tokens over `sequence_parallel` ranks, so the activations and
-    logits shrink by it (its split forward packs the rows and builds no mask).
+    logits shrink by it (its split forward packs the rows and builds no mask); tensor parallelism splits the
+    layers' inner activations and the logits over the vocabulary (`activation_bytes_per_token`).
     """
-    s, c, m, sp = x.shape, x.compute_bytes, x.master_bytes, max(x.sequence_parallel, 1)
+    s, c, m, sp, t = x.shape, x.compute_bytes, x.master_bytes, max(x.sequence_parallel, 1), max(x.tensor_parallel, 1)
     tokens, response_tokens = _mb_tokens(x)
     rows = max(1, tokens // max(x.prompt_len + x.response_len, 1))
     seq = tokens // rows
     tokens, response_tokens = -(-tokens // sp), -(-response_tokens // sp)
     where = f"{tokens} tokens" + (f" per rank of {sp}" if sp > 1 else "")
-    per_token = activation_bytes_per_token(s, c)
+    per_token = activation_bytes_per_token(s, c, t)
+    vocab = s.vocab // t  # the logits' and the head's share of this rank (vocabulary-parallel)
     final = (4 + 2 * c) * s.hidden  # final norm (float32 input, output) and the head's input
     parts: list[tuple[str, int]] = []
     if x.padded_mask:
@@ -91,8 +94,9 @@ def forward_backward_parts(x: PlanInputs, notes: list[str] | None = None) -> lis
     else:
         kept, kept_name = tokens * s.layers * per_token, f"activations ({where}, all {s.layers} layers)"
     parts.append((kept_name, kept))
-    tied_held = s.vocab * s.hidden * m if not x.sharded and s.head_params == 0 and x.head_trained else 0
-    layer = tokens * ((per_token if x.activation_checkpointing or x.activation_offload else 0) + 2 * c * s.intermediate)
+    tied_held = vocab * s.hidden * m if not x.sharded and s.head_params == 0 and x.head_trained else 0
+    layer = tokens * ((per_token if x.activation_checkpointing or x.activation_offload else 0)
+                      + 2 * c * s.intermediate // t)
     chunk_rows = min(chunk_tokens(s.vocab), response_tokens)
     if x.chunked_logprobs:
         logprobs = (chunk_rows * s.vocab * (3 * 4 + (c if c != 4 else 0))
@@ -100,9 +104,9 @@ def forward_backward_parts(x: PlanInputs, notes: list[str] | None = None) -> lis
         logprobs_name = f"chunked log-probs ({chunk_rows} of {response_tokens} response tokens x {s.vocab} at a time)"
     else:
         upcast = 1 if c == 4 else 3
-        logprobs = (2 * response_tokens * s.vocab * c
-                    + upcast * min(LOGPROB_CHUNK_ELEMENTS, response_tokens * s.vocab) * 4)
-        logprobs_name = f"logits + their gradient ({response_tokens} response tokens x {s.vocab})"
+        logprobs = (2 * response_tokens * vocab * c
+                    + upcast * min(LOGPROB_CHUNK_ELEMENTS, response_tokens * vocab) * 4)
+        logprobs_name = f"logits + their gradient ({response_tokens} response tokens x {vocab})"
     phases = [(f"backward: {logprobs_name}", tokens * final + logprobs),
               (f"backward: one layer ({where})" + (" + the tied head's gradient" if tied_held else ""),
                layer + tied_held),
@@ -116,5 +120,5 @@ def offloaded_activation_bytes(x: PlanInputs) -> int:
     with checkpointing its input only."""
     s, c = x.shape, x.compute_bytes
     tokens = -(-_mb_tokens(x)[0] // max(x.sequence_parallel, 1))
-    layer = c * s.hidden if x.activation_checkpointing else activation_bytes_per_token(s, c)
+    layer = c * s.hidden if x.activation_checkpointing else activation_bytes_per_token(s, c, x.tensor_parallel)
     return tokens * (s.layers * layer + (4 + 2 * c) * s.hidden)

@@ -104,7 +104,12 @@ class PlanInputs:
     # packed or split forwards)
     engine: str = "hf"  # "vllm" (colocated on the actor's ranks) or "hf"
     gpu_memory_utilization: float = 0.5
-    rows_per_rank: int = 1  # sequences one actor rank samples per step
+    rows_per_rank: int = 1  # sequences one actor rank samples per step (a tensor-parallel group: its replica's)
+    tensor_parallel: int = 1  # actor.tensor_parallel_size: every layer, the head and the sampler split this way
+    # the tensor-parallel sizes this model and launch allow, and the other keys a run needs to take one (a
+    # suggestion's; empty where something that tensor parallelism refuses cannot simply be switched off)
+    tensor_parallel_sizes: tuple[int, ...] = ()
+    tensor_parallel_keys: tuple[str, ...] = ()
     vllm_colocated: bool = True
     samples: bool = True  # an RL run: a rollout phase before the update (SFT, DPO: none)
     # start-up: (role, the whole model's bytes in the dtype it is held in, ranks its weights are sharded over)
@@ -116,6 +121,14 @@ class PlanInputs:
 
     def with_(self, **changes: object) -> PlanInputs:
         return dataclasses.replace(self, **changes)
+
+    def with_tensor_parallel(self, size: int) -> PlanInputs:
+        """The same run at `actor.tensor_parallel_size=size` (and `tensor_parallel_keys`): a group samples its
+        replica's rows, our sampler generates (vLLM is not split yet), the log-probs come from the vocabulary
+        shards (no chunking) of padded rows (the packed forward is not split)."""
+        rows = -(-self.rows_per_rank * size // self.tensor_parallel)
+        return self.with_(tensor_parallel=size, rows_per_rank=rows, engine="hf", chunked_logprobs=False,
+                          padded_mask=True)
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,9 @@ The old start-up loaded every model whole on every rank before sharding it (at 7
 plus its reference and critic copies per GPU). Here a role sharded over several ranks is built from its
 config on the meta device (`defer_weights` records where each weight lies in the safetensors files), sharded
 with `fully_shard`, and `materialise` then allocates this rank's shards and reads exactly their rows from the
-files (`Shard(0)` chunks as DTensor lays them out; the last rank's chunk is the short one), converting to
-each parameter's dtype as `from_pretrained` does. A copy of such a model (the reference as the policy's
+files (`Shard(0)` chunks as DTensor lays them out; the last rank's chunk is the short one; with tensor
+parallelism also the `Shard(1)` columns of row-wise weights, each rank reading the rows it holds a part of),
+converting to each parameter's dtype as `from_pretrained` does. A copy of such a model (the reference as the policy's
 initial weights, the critic's backbone) is a copy of the meta model, so it loads from the same files.
 
 Tensors that are not on the meta device when the model is sharded (LoRA adapters, a critic's value head:
@@ -131,11 +132,10 @@ def reads_shards(config: Any, *, world_size: int, split: bool, actor_ranks: int)
     """The start-up rule: whether a run builds its models on the meta device and each rank reads only its
     shards of the weights after sharding, instead of loading each whole first. Every role on every rank (a
     colocated run) over more than one rank, so each model is sharded, and whatever a copy of the policy needs
-    is in the files (no pretrained adapters to merge into the critic's or the reference's weights), and no
-tensor parallelism (its weights are sharded along their columns too, which this reader does not do yet). The
+    is in the files (no pretrained adapters to merge into the critic's or the reference's weights). The
     trainer (`verl.trainer.compose.components.sharded_start`) and the memory plan both ask it."""
     return (world_size > 1 and not split and actor_ranks > 1 and not config.model.lora.path
-            and not config.critic.lora.path and config.actor.tensor_parallel_size == 1)
+            and not config.critic.lora.path)
 
 
 def _is_rotary(module: nn.Module) -> bool:
@@ -230,25 +230,28 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def _rows(t: torch.Tensor) -> tuple[int, int]:
-    """The global rows [start, stop) of dim 0 this rank holds of `t` (all of them unsharded)."""
+def _region(t: torch.Tensor) -> tuple[tuple[int, int], tuple[int, int] | None]:
+    """This rank's part of `t` as global ([start, stop) of dim 0, [start, stop) of dim 1 or None for all of it):
+    FSDP2's `Shard(0)` rows, a row-wise tensor-parallel weight's `Shard(1)` columns, or both on a 2-D mesh."""
     if not hasattr(t, "device_mesh"):
-        return (0, t.shape[0] if t.dim() else 1)
+        return (0, t.shape[0] if t.dim() else 1), None
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
-    if any(offset[1:]) or tuple(shape[1:]) != tuple(t.shape[1:]):
-        raise ModelError(f"a deferred weight of shape {tuple(t.shape)} is sharded on a dimension other than 0 "
-                         f"({t.placements}); the sharded loader reads dim-0 rows only. Fix: shard with FSDP2's "
-                         "default Shard(0), or load the model whole.")
+    if any(offset[2:]) or tuple(shape[2:]) != tuple(t.shape[2:]):
+        raise ModelError(f"a deferred weight of shape {tuple(t.shape)} is sharded on a dimension past 1 "
+                         f"({t.placements}); the sharded loader reads rows and columns only. Fix: load the model "
+                         "whole.")
     local = _local(t)
-    if local.dim() and local.shape[0] != shape[0]:
-        raise ModelError(f"a deferred weight's local shard has {local.shape[0]} rows where its layout says "
-                         f"{shape[0]}; this is a bug in verl.models.sharded_load, please report it.")
-    return (offset[0], offset[0] + shape[0]) if t.dim() else (0, 1)
+    if tuple(local.shape) != tuple(shape):
+        raise ModelError(f"a deferred weight's local shard is {tuple(local.shape)} where its layout says "
+                         f"{tuple(shape)}; this is a bug in verl.models.sharded_load, please report it.")
+    if not t.dim():
+        return (0, 1), None
+    columns = None if t.dim() < 2 or tuple(shape[1:2]) == tuple(t.shape[1:2]) else (offset[1], offset[1] + shape[1])
+    return (offset[0], offset[0] + shape[0]), columns
 
 
-@torch.no_grad()
 def materialise(model: nn.Module, device: torch.device | str) -> nn.Module:
     """Give a deferred `model` (sharded with `fully_shard`, or not) real storage on `device` and fill this
     rank's part of every tensor: weights read from the files, values it already had (not on the meta device)
@@ -276,14 +279,17 @@ def materialise(model: nn.Module, device: torch.device | str) -> nn.Module:
             if t is None or id(t) in done:
                 continue
             done.add(id(t))
-            target = _local(t)
+            target = _local(t).detach()  # the storage itself (a DTensor's to_local() is a view autograd tracks)
             if (id(module), local) in kept:
                 target.copy_(kept[(id(module), local)])
             elif local in stored:
-                start, stop = _rows(t)
-                rows = stored[local].read_rows(start, stop, into=target)
-                if rows is not target:
-                    target.copy_(rows.reshape(target.shape))
+                (start, stop), columns = _region(t)
+                if columns is None:
+                    rows = stored[local].read_rows(start, stop, into=target)
+                    if rows is not target:
+                        target.copy_(rows.reshape(target.shape))
+                else:  # whole rows through host memory, then this rank's columns of them
+                    target.copy_(stored[local].read_rows(start, stop)[:, columns[0]:columns[1]])
             elif getattr(module, ROPE, False) and local in ("inv_freq", "original_inv_freq"):
                 target.copy_(_rope_value(module))
             else:

@@ -28,6 +28,7 @@ from verl.rollout.engine_check import ROLLOUT_RANK_GPU_MEMORY_UTILIZATION
 from verl.trainer.build.fsdp_launch import fsdp_launch
 from verl.trainer.build.precision import role_dtype_names
 from verl.trainer.checks.lora_checks import meta_causal_lm
+from verl.trainer.checks.tensor_parallel_checks import tensor_parallel_problems
 from verl.utils.dtype import bytes_per_element
 
 
@@ -142,6 +143,8 @@ def plan_inputs(config: RunConfig, *, mapping: DeviceMapping | None, shape: Mode
                                    weight_bytes_per_element=master_bytes, wire_bytes=compute_bytes,
                                    rows=-(-rows // samplers), engine=config.rollout.engine,
                                    gpu_memory_utilization=rollout_rank_memory_utilization(config))
+    tp = a.tensor_parallel_size if rl and len(actor_ranks) % a.tensor_parallel_size == 0 else 1
+    sizes, keys = tensor_parallel_options(config, shape, kind=kind, actor_ranks=len(actor_ranks), mapping=mapping)
     return PlanInputs(
         shape=shape, resident=resident, compute_bytes=compute_bytes, master_bytes=master_bytes,
         micro_batch=config.actor.micro_batch_size, prompt_len=config.data.max_prompt_length,
@@ -151,16 +154,45 @@ def plan_inputs(config: RunConfig, *, mapping: DeviceMapping | None, shape: Mode
         offloaded=frozenset(role for role in ("actor", "critic") if getattr(config, role).cpu_offload is True),
         kept=frozenset(role for role in ("actor", "critic") if getattr(config, role).cpu_offload is False),
         activation_offload=a.activation_offload, sequence_parallel=a.sequence_parallel_size,
-        # SFT/DPO's `auto` counts every position of a micro-batch (`OfflineTrainer.chunks_logprobs`)
-        chunked_logprobs=chunks_logits(a.chunked_logprobs, response_tokens if rl else tokens, shape.vocab),
+        # SFT/DPO's `auto` counts every position of a micro-batch (`OfflineTrainer.chunks_logprobs`); tensor
+        # parallelism takes the log-probs from each rank's vocabulary shard of the logits instead
+        chunked_logprobs=tp == 1 and chunks_logits(a.chunked_logprobs, response_tokens if rl else tokens, shape.vocab),
         head_trained=not lora.enabled or "lm_head" in (lora.modules_to_save or []), sharded=launch.sharded,
         # sdpa gets a [T, T] mask for padded rows; flash-attention, the split forward of sequence parallelism and
         # packed rows (remove_padding, sft.packing: one attention per sequence) build none
         padded_mask=(config.model.attn_implementation != "flash_attention_2" and a.sequence_parallel_size == 1
                      and not (a.remove_padding if rl else kind == "sft" and config.sft.packing)),
-        gpu_memory_utilization=vllm_memory_utilization(config), rows_per_rank=-(-rows // len(actor_ranks)),
+        gpu_memory_utilization=vllm_memory_utilization(config), tensor_parallel=tp,
+        rows_per_rank=-(-rows // (len(actor_ranks) // tp)),  # a tensor-parallel group samples its replica's rows
+        tensor_parallel_sizes=sizes, tensor_parallel_keys=keys,
         samples=rl, loading=loading, reads_shards=not reason, whole_reason=reason, world_size=world_size,
         rollout_rank=rollout_rank)
 
 
-__all__ = ["model_shape", "plan_inputs", "targets_gpu", "vllm_memory_utilization", "whole_load_reason"]
+def tensor_parallel_options(config: RunConfig, shape: ModelShape, *, kind: str, actor_ranks: int,
+                            mapping: DeviceMapping | None) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The `actor.tensor_parallel_size` values above the run's that its model and actor ranks allow, up to one
+    node's 8 GPUs (a group's collectives run on every layer: NVLink, not the network), and the keys the run
+    must also change to take one (vLLM and the packed and chunked forwards are not split yet); none where
+    something else it refuses (LoRA, a critic, sequence parallelism...) cannot simply be switched off."""
+    if kind != "rl":
+        return (), ()
+    keys = (("rollout.engine=hf",) if config.rollout.engine == "vllm" else ()) + (
+        ("actor.remove_padding=false",) if config.actor.remove_padding else ()) + (
+        ("actor.chunked_logprobs=auto",) if config.actor.chunked_logprobs is True else ())
+    sizes = []
+    for size in (2, 4, 8):
+        if size <= config.actor.tensor_parallel_size or actor_ranks % size or any(
+                n % size for n in (shape.heads, shape.kv_heads, shape.intermediate, shape.vocab)):
+            continue
+        actor = config.actor.model_copy(update={"tensor_parallel_size": size, "remove_padding": False,
+                                                "chunked_logprobs": "auto"})
+        rollout = config.rollout.model_copy(update={"engine": "hf"})
+        taken = config.model_copy(update={"actor": actor, "rollout": rollout})
+        if not tensor_parallel_problems(taken, kind, actor_ranks=actor_ranks, mapping=mapping):
+            sizes.append(size)
+    return tuple(sizes), keys if sizes else ()
+
+
+__all__ = ["model_shape", "plan_inputs", "targets_gpu", "tensor_parallel_options", "vllm_memory_utilization",
+           "whole_load_reason"]

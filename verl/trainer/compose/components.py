@@ -259,14 +259,14 @@ def shard_tensor_parallel(module: torch.nn.Module, cfg: Any, mesh: Any, process:
     over one rank only changes kernels). Its linear layers multiply with ATen: the oneDNN path takes whole
     weights, not DTensor shards."""
     model = base_of(module)
-    if is_deferred(model):  # (sharded_start is off with tensor parallelism: the reader takes row shards only)
-        materialise(model, process.device)
     use_cpu_matmul(model, "aten")
     apply_tensor_parallel(model, mesh["tp"])
     if mesh["dp"].size() > 1:
         apply_fsdp(model, cfg, mesh=mesh["dp"], device_type=process.device.type)
     elif cfg.activation_checkpointing:
         checkpoint_decoder_layers(model)
+    if is_deferred(model):  # built on meta: now each rank reads its rows and columns only
+        materialise(model, torch.device("cpu") if cfg.cpu_offload else process.device)
     return module
 
 
