@@ -50,6 +50,13 @@ def test_split_mapping_per_device_bytes():
     assert table.splitlines()[2].split()[:2] == ["0", "actor,ref"]
 
 
+def test_the_table_groups_consecutive_ranks_that_hold_the_same():
+    m = mapping({"actor": list(range(6)), "ref": [4, 5]}, world_size=6)
+    est = estimate_memory({"actor": 1_000_000, "ref": 1_000_000}, {"actor": "float32", "ref": "bfloat16"}, mapping=m)
+    rows = [line.split()[:2] for line in est.render_table().splitlines()[2:-1]]
+    assert rows == [["0-3", "actor"], ["4-5", "actor,ref"]]  # 128 ranks of a big launch: a line per kind of rank
+
+
 def test_sharding_strategies_and_optimizers():
     m = mapping(None, world_size=4)
     counts = {"actor": 10_000_000}

@@ -37,15 +37,21 @@ class MemoryEstimate:
         return rank, self.total(rank)
 
     def render_table(self) -> str:
-        """One row per rank: what each role costs there and the total, in GiB."""
+        """One row per rank, or per run of consecutive ranks holding the same (`0-127`): what each role costs
+        there and the total, in GiB."""
         header = ("rank", "roles", "params", "grads", "optimizer", "total")
-        rows = [header]
+        runs: list[tuple[int, int, tuple[str, ...]]] = []
         for rank in sorted(self.per_rank):
             parts = self.per_rank[rank]
             p = sum(v[0] for v in parts.values())
             g = sum(v[1] for v in parts.values())
             o = sum(v[2] for v in parts.values())
-            rows.append((str(rank), ",".join(parts) or "-", _gib(p), _gib(g), _gib(o), _gib(p + g + o)))
+            cells = (",".join(parts) or "-", _gib(p), _gib(g), _gib(o), _gib(p + g + o))
+            if runs and runs[-1][2] == cells and runs[-1][1] == rank - 1:
+                runs[-1] = (runs[-1][0], rank, cells)
+            else:
+                runs.append((rank, rank, cells))
+        rows = [header, *((str(a) if a == b else f"{a}-{b}", *cells) for a, b, cells in runs)]
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
         lines = [
             "  ".join(c.rjust(widths[i]) if i >= 2 else c.ljust(widths[i]) for i, c in enumerate(r))
