@@ -25,7 +25,7 @@ def test_verl_train_runs_the_agent_demo(tmp_path):
          "data.train_batch_size=4", "rollout.n=4", f"trainer.run_dir={run_dir}", "logging.backends=[jsonl]"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "warm start: 10 SFT steps on 236 conversations" in proc.stdout
+    assert "warm start: 10 SFT steps on 236 conversations (" in proc.stdout and " without the tool;" in proc.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["sft_steps"] == 10
     assert summary["cpu_matmul"] in ("aten", "onednn") and summary["cpu_matmul_why"]  # to reproduce it

@@ -7,6 +7,7 @@ before/after numbers come from the same greedy validation, so the gain is the RL
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 from importlib import resources
@@ -67,22 +68,45 @@ def constant_lr_sft(trainer: RLTrainer, **data: Any) -> SFTTrainer:
 
 
 def sft_until(sft: SFTTrainer, accuracy: Callable[[], float], target: float, max_steps: int, chunk: int = 10,
-              progress: ConsoleReporter | None = None,
-              near: tuple[float, int] | None = None) -> tuple[int, float, list]:
+              progress: ConsoleReporter | None = None, near: tuple[float, int] | None = None,
+              ceiling: float | None = None, retries: int = 4) -> tuple[int, float, list]:
     """`sft.train_steps` in chunks of `chunk` until `accuracy()` reaches `target` or `max_steps` are taken:
-    (steps, last accuracy, per-step history). `near=(accuracy, steps)`: once `accuracy()` has reached that
-    accuracy, check every that many steps instead (a skill learnt abruptly is caught close to the target, and
-    the checks of the flat start cost less)."""
-    steps, acc, history = 0, 0.0, []
-    while steps < max_steps and acc < target:
+    (steps, last accuracy, per-step history of the steps kept). `near=(accuracy, steps)`: once `accuracy()` has
+    reached that accuracy, check every that many steps instead (a skill learnt abruptly is caught close to the
+    target, and the checks of the flat start cost less). `ceiling`: a check above it (the skill came between
+    two checks and overshot: what RL can gain then depends on the draw) goes back to the weights and optimizer
+    state of the check before and takes the steps again on the next batches, at most `retries` times; the
+    steps taken again count against `max_steps`."""
+    steps, acc, history, taken, retried = 0, 0.0, [], 0, 0
+    saved = _sft_state(sft) if ceiling is not None else None
+    while taken < max_steps and acc < target:
         every = near[1] if near is not None and acc >= near[0] else chunk
-        history += sft.train_steps(min(every, max_steps - steps))
-        steps = len(history)
-        acc = accuracy()
+        new = sft.train_steps(min(every, max_steps - taken))
+        taken += len(new)
+        checked = accuracy()
+        if ceiling is not None and checked > ceiling and retried < retries and taken < max_steps:
+            retried += 1
+            _load_sft_state(sft, saved)  # acc, steps and history stay those of the check before
+            continue
+        history += new
+        steps, acc = len(history), checked
+        if saved is not None:
+            saved = _sft_state(sft)
         if progress is not None:
             progress.advance(steps)
             progress.log(steps, {"loss": history[-1]["loss"], "train/accuracy": acc})
     return steps, acc, history
+
+
+def _sft_state(sft: SFTTrainer) -> tuple[dict, dict]:
+    """A copy of the SFT's weights and optimizer state (a warm start's model: small enough to copy)."""
+    return copy.deepcopy(sft.model.state_dict()), copy.deepcopy(sft.optimizer.state_dict())
+
+
+def _load_sft_state(sft: SFTTrainer, state: tuple[dict, dict]) -> None:
+    model, optimizer = state
+    sft.model.load_state_dict(model)
+    sft.optimizer.load_state_dict(optimizer)
 
 
 def run_demo(config: RunConfig) -> dict[str, Any]:
