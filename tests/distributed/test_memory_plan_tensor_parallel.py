@@ -116,12 +116,18 @@ def test_verl_check_says_fsdp_alone_does_not_fit_and_which_tensor_parallel_size_
     assert code == 1
 
 
-def test_vllm_runs_are_told_the_keys_tensor_parallelism_needs_too(llama70b):
+def test_a_vllm_run_is_told_the_size_and_the_keys_tensor_parallelism_needs_too(llama70b):
     x = _inputs(llama70b, "rollout.engine=vllm", "actor.remove_padding=true")
-    assert x.tensor_parallel_sizes == (2, 4, 8)
-    assert x.tensor_parallel_keys == ("rollout.engine=hf", "actor.remove_padding=false")
+    plan = plan_memory(x, int(H100 * GIB))
+    assert not plan.fits and any(name.startswith("vLLM: its weights alone") for name, _ in plan.rollout)
+    assert x.tensor_parallel_sizes == (2, 4, 8) and x.tensor_parallel_keys == ("actor.remove_padding=false",)
     [fix] = [f for f in suggestions(x, int(H100 * GIB)) if f.startswith("actor.tensor_parallel_size=")]
-    assert fix.startswith("actor.tensor_parallel_size=4, rollout.engine=hf, actor.remove_padding=false:")
+    size = int(fix.split("=")[1].split(",")[0])
+    assert fix.startswith(f"actor.tensor_parallel_size={size}, actor.remove_padding=false:") and fix.endswith("(fits)")
+    # taken: vLLM's weights in its share are its 1/size part
+    y = _inputs(llama70b, "rollout.engine=vllm", f"actor.tensor_parallel_size={size}")
+    assert plan_memory(y, int(H100 * GIB)).fits
+    assert any(f"(1/{size}: tensor-parallel)" in n for n in plan_memory(y, int(H100 * GIB)).notes)
 
 
 def test_no_tensor_parallel_size_is_offered_where_the_run_cannot_take_one(llama70b):

@@ -27,6 +27,12 @@ def test_a_supported_run_is_described_and_planned_over_the_data_parallel_replica
     assert any("(one replica: no FSDP)" in n for n in one.startup.rl_notes)
 
 
+def test_vllm_is_combined_with_tensor_parallelism():
+    """vLLM's engines of a tensor-parallel group are one split engine (tests/rollout/test_vllm_sync.py)."""
+    report = _check("actor.tensor_parallel_size=2", "rollout.engine=vllm", world=2)
+    assert not [m for m in report.messages if "actor.tensor_parallel_size=2 with" in m], report.messages
+
+
 def test_the_size_must_divide_the_actor_ranks_and_the_model():
     [ranks] = _check("actor.tensor_parallel_size=2", world=1).messages
     assert ranks == ("[start-up] actor.tensor_parallel_size=2 does not divide the actor's 1 rank(s): each "
@@ -53,7 +59,6 @@ def test_other_trainers_are_refused():
      "set actor.sequence_parallel_size=1"),
     (["actor.remove_padding=true"], "packed sequences (actor.remove_padding=true)", "set actor.remove_padding=false"),
     (["actor.chunked_logprobs=true"], "actor.chunked_logprobs=true", "set actor.chunked_logprobs=auto"),
-    (["rollout.engine=vllm"], "rollout.engine=vllm", "set rollout.engine=hf"),
     (["fsdp.cpu_offload=true"], "CPU offload (fsdp.cpu_offload / actor.cpu_offload)",
      "set fsdp.cpu_offload=false and actor.cpu_offload=false"),
     (["actor.cpu_offload=true"], "CPU offload (fsdp.cpu_offload / actor.cpu_offload)",

@@ -477,3 +477,47 @@ def test_two_ranks_each_engine_on_its_gpu_and_the_actor_sharded_while_it_samples
     assert {r["backend"] for r in reports} == {"external_launcher"} and reports[0]["seed"] != reports[1]["seed"]
     for r in reports:
         assert r["pushed"] > 0 and r["sharded_during_push"] and r["sharded_during_generate"], r
+
+
+def _tensor_parallel_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """One rank of a TP=2 run with vLLM: its engine's launch arguments, the tensors pushed into it, and what it
+    sampled."""
+    import json
+
+    W.setup(rank, world, port)
+    trainer = _trainer(Path(out_dir), "trainer.total_steps=1", "actor.tensor_parallel_size=2",
+                       "actor.kl_loss_coef=0.0")
+    llm = trainer.engine.llm
+    pushed: dict[str, torch.Tensor] = {}
+    load = llm.loader.load_weights
+    llm.loader.load_weights = lambda weights: load(
+        (pushed.setdefault(name, t.detach().clone()), (name, t))[1] for name, t in weights)
+    sampled = []
+    generate = llm.generate
+    llm.generate = lambda *a, **k: (lambda out: (sampled.append([list(c.token_ids) for r in out
+                                                                for c in r.outputs]), out)[1])(generate(*a, **k))
+    trainer.fit()
+    plain = AutoModelForCausalLM.from_pretrained(trainer.engine.model_path, dtype=torch.float32).state_dict()
+    report = {"tp": llm.kwargs["tensor_parallel_size"], "seed": llm.kwargs["seed"], "sampled": sampled,
+              "pushed": sorted(pushed), "split": any(hasattr(p, "device_mesh") for p in trainer.model.parameters()),
+              "whole_and_initial": all(torch.equal(t.float(), plain[name]) for name, t in pushed.items())}
+    (Path(out_dir) / f"tp{rank}.json").write_text(json.dumps(report))
+    dist.destroy_process_group()
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_a_tensor_parallel_group_is_one_vllm_engine_fed_whole_tensors(tmp_path, stand_in_vllm):
+    """actor.tensor_parallel_size=2 on 2 gloo ranks: both ranks' engines are built as one 2-way vLLM engine
+    (tensor_parallel_size=2, the same seed: vLLM's external launcher needs the same prompts and seed on the ranks
+    of a group), each rank pushes the full tensors of the split policy (vLLM's loaders cut each rank's part), and
+    both sample the same responses."""
+    import json
+
+    W.launch(_tensor_parallel_worker, 2, str(tmp_path))
+    reports = [json.loads((tmp_path / f"tp{r}.json").read_text()) for r in range(2)]
+    assert [(r["tp"], r["seed"]) for r in reports] == [(2, reports[0]["seed"])] * 2
+    for r in reports:
+        assert r["split"] and r["pushed"] and r["whole_and_initial"], r
+    assert reports[0]["pushed"] == reports[1]["pushed"]
+    assert reports[0]["sampled"] and reports[0]["sampled"] == reports[1]["sampled"]

@@ -293,10 +293,11 @@ class ActorConfig(OptimConfig):
                                       "intermediate size, the head by the vocabulary, whose log-probs are computed "
                                       "from the shards); FSDP2 shards over the rest (actor ranks / T data-parallel "
                                       "replicas, each reading its own rows). The reference follows the actor's "
-                                      "mesh. Must divide the actor's ranks and the model's heads, key/value heads, "
+                                      "mesh, and so does vLLM (the group's engines are one engine split T ways). "
+                                      "Must divide the actor's ranks and the model's heads, key/value heads, "
                                       "intermediate size and vocabulary; Qwen2, Qwen3 and Llama models, RL only. "
                                       "Not yet combined with LoRA, sequence_parallel_size > 1, remove_padding, "
-                                      "chunked_logprobs=true, rollout.engine=vllm, CPU offload, HYBRID_SHARD/"
+                                      "chunked_logprobs=true, CPU offload, HYBRID_SHARD/"
                                       "NO_SHARD, a critic, or roles on ranks of their own (verl check refuses them). "
                                       "1 = off. See docs/multigpu.md.")
 

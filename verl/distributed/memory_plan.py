@@ -84,13 +84,14 @@ def plan_memory(x: PlanInputs, device_bytes: int | None) -> MemoryPlan:
                         max(s.embed_params, s.head_params, 1) * m))
         if device_bytes is not None:
             budget = int(x.gpu_memory_utilization * device_bytes)
-            if s.total_params * c <= budget:
+            weights = s.total_params * c // t  # a tensor-parallel engine's part
+            if weights <= budget:
                 rollout.append((f"vLLM: gpu_memory_utilization {x.gpu_memory_utilization:g} x device", budget))
             else:  # vLLM refuses to start: no room for a KV cache
-                rollout.append(("vLLM: its weights alone, over its gpu_memory_utilization share", s.total_params * c))
-            room = budget - s.total_params * c
-            need = x.rows_per_rank * (x.prompt_len + x.response_len) * s.layers * 2 * s.kv_dim * c
-            notes.append(f"vLLM's share holds its weights ({s.total_params * c / GIB:.1f} GiB) and about "
+                rollout.append((f"vLLM: its weights alone, over its gpu_memory_utilization share{split}", weights))
+            room = budget - weights
+            need = x.rows_per_rank * (x.prompt_len + x.response_len) * s.layers * 2 * s.kv_dim * c // t
+            notes.append(f"vLLM's share holds its weights ({weights / GIB:.1f} GiB{split}) and about "
                          f"{max(room, 0) / GIB:.1f} GiB of KV cache and activations; all {x.rows_per_rank} rows "
                          f"of this rank at full length need {need / GIB:.1f} GiB of KV cache"
                          + ("" if room >= need else " (vLLM runs them in waves: slower, not out of memory)"))

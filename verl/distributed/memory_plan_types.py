@@ -124,11 +124,10 @@ class PlanInputs:
 
     def with_tensor_parallel(self, size: int) -> PlanInputs:
         """The same run at `actor.tensor_parallel_size=size` (and `tensor_parallel_keys`): a group samples its
-        replica's rows, our sampler generates (vLLM is not split yet), the log-probs come from the vocabulary
-        shards (no chunking) of padded rows (the packed forward is not split)."""
+        replica's rows (with its engine split as the policy is), the log-probs come from the vocabulary shards (no
+        chunking) of padded rows (the packed forward is not split)."""
         rows = -(-self.rows_per_rank * size // self.tensor_parallel)
-        return self.with_(tensor_parallel=size, rows_per_rank=rows, engine="hf", chunked_logprobs=False,
-                          padded_mask=True)
+        return self.with_(tensor_parallel=size, rows_per_rank=rows, chunked_logprobs=False, padded_mask=True)
 
 
 @dataclass(frozen=True)

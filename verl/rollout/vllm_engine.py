@@ -13,7 +13,9 @@ the trainer updates, waking it
 whose engine does not follow the policy.
 
 Colocated under torchrun, every rank runs its own engine on its own GPU (vLLM's ``external_launcher``
-executor, tensor parallel size 1: each rank samples its own prompts). The engine reports the log-probs of
+executor; tensor parallel size 1: each rank samples its own prompts; with ``actor.tensor_parallel_size`` T the
+engines of a tensor-parallel group are one engine split T ways, and each rank's push of a full tensor is cut to
+its part by vLLM's weight loaders). The engine reports the log-probs of
 the distribution it sampled from (``logprobs_mode="processed_logprobs"``: after temperature, top-k, top-p),
 which is what the trainer's importance ratios and drift check compare against.
 
@@ -69,15 +71,18 @@ def _import_vllm() -> Any:
         ) from exc
 
 
-def launch_kwargs(seed: int) -> dict[str, Any]:
+def launch_kwargs(seed: int, tensor_parallel_size: int = 1) -> dict[str, Any]:
     """How vLLM should place itself in this process: with a torch.distributed group (torchrun), every rank's
     engine on its own GPU through vLLM's ``external_launcher`` executor; in one process, vLLM's default.
 
     ``external_launcher`` takes the rank and GPU from RANK / LOCAL_RANK (torchrun sets them) and joins the
-    process group that is already up; without it every rank's engine would start on GPU 0. Tensor parallel
-    size 1: each rank samples its own prompts (vLLM's "external data parallel" layout); ranks of one tensor
-    parallel group would need the same prompts and seed. The engine seed differs per rank, like the ranks'
-    sampling generators (vllm/config/parallel.py, vllm/v1/executor/uniproc_executor.py, vLLM 0.33.0).
+    process group that is already up; without it every rank's engine would start on GPU 0. With tensor parallel
+    size 1 each rank samples its own prompts (vLLM's "external data parallel" layout). With T > 1
+    (`actor.tensor_parallel_size`) the engines of T consecutive ranks are one tensor-parallel engine, each
+    holding its part of every layer: vLLM relies on them being given the same prompts, sampling parameters and
+    seed, so that their deterministic schedules agree (the ranks of a tensor-parallel group of the trainer read
+    the same prompts and share their replica's generator). The engine seed differs per replica, like the
+    replicas' sampling generators (vllm/config/parallel.py, vllm/v1/executor/uniproc_executor.py, vLLM 0.33.0).
     """
     if not (dist.is_available() and dist.is_initialized()):
         return {"tensor_parallel_size": 1, "seed": seed}
@@ -87,8 +92,8 @@ def launch_kwargs(seed: int) -> dict[str, Any]:
             f"rollout.engine=vllm on rank {dist.get_rank()} of {dist.get_world_size()}: vLLM's external_launcher "
             f"executor reads {', '.join(missing)} from the environment, which is not set. Fix: launch with "
             "torchrun (or `verl train --nproc N`), which sets RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT.")
-    return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1,
-            "seed": seed + dist.get_rank()}
+    return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": tensor_parallel_size,
+            "seed": seed + dist.get_rank() // tensor_parallel_size}
 
 
 _DTYPE_NAMES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.float16,
@@ -147,7 +152,7 @@ class VLLMEngine(RolloutEngine):
 
     def __init__(self, model_path: str, *, gpu_memory_utilization: float = 0.5, max_model_len: int | None = None,
                  enforce_eager: bool = False, sleep_mode: bool = True, seed: int = 0, per_request_seeds: bool = False,
-                 **llm_kwargs: Any) -> None:
+                 tensor_parallel_size: int = 1, **llm_kwargs: Any) -> None:
         self._vllm = _import_vllm()
         if not isinstance(model_path, str) or not model_path:
             raise ConfigError(f"VLLMEngine needs the model's path or hub id as a string, got {model_path!r}.")
@@ -162,7 +167,7 @@ class VLLMEngine(RolloutEngine):
         # The log-probs of the distribution sampled from (temperature, top-k, top-p applied), not the raw
         # model's: the trainer compares them with its own filtered log-probs (vllm/config/model.py).
         llm_kwargs.setdefault("logprobs_mode", "processed_logprobs")
-        llm_kwargs = {**launch_kwargs(seed), **llm_kwargs}
+        llm_kwargs = {**launch_kwargs(seed, tensor_parallel_size), **llm_kwargs}
         self.per_request_seeds = per_request_seeds
         self.engine_seed = int(llm_kwargs.get("seed") or 0)
         # The dtype vLLM holds its weights in: pushes are cast to it before they are gathered (weight_sync).
@@ -189,7 +194,8 @@ class VLLMEngine(RolloutEngine):
             f"cannot reach the weight loader of this vLLM ({getattr(self._vllm, '__version__', '?')}) in-process "
             "(llm.llm_engine.model_executor.driver_worker[.worker].model_runner.model.load_weights), so the "
             "policy's updated weights cannot be pushed and it would sample from the initial weights. Fix: run "
-            "with VLLM_ENABLE_V1_MULTIPROCESSING=0 and tensor_parallel_size=1, or use rollout.engine=hf.")
+            "with VLLM_ENABLE_V1_MULTIPROCESSING=0 (under torchrun for tensor parallelism), or use "
+            "rollout.engine=hf.")
 
     def load_policy_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Wake the weights, load the policy's (name, full tensor) pairs, then wake the KV cache; cached

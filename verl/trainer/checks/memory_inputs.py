@@ -173,12 +173,11 @@ def tensor_parallel_options(config: RunConfig, shape: ModelShape, *, kind: str, 
                             mapping: DeviceMapping | None) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """The `actor.tensor_parallel_size` values above the run's that its model and actor ranks allow, up to one
     node's 8 GPUs (a group's collectives run on every layer: NVLink, not the network), and the keys the run
-    must also change to take one (vLLM and the packed and chunked forwards are not split yet); none where
-    something else it refuses (LoRA, a critic, sequence parallelism...) cannot simply be switched off."""
+    must also change to take one (the packed and chunked forwards are not split yet); none where something else
+    it refuses (LoRA, a critic, sequence parallelism...) cannot simply be switched off."""
     if kind != "rl":
         return (), ()
-    keys = (("rollout.engine=hf",) if config.rollout.engine == "vllm" else ()) + (
-        ("actor.remove_padding=false",) if config.actor.remove_padding else ()) + (
+    keys = (("actor.remove_padding=false",) if config.actor.remove_padding else ()) + (
         ("actor.chunked_logprobs=auto",) if config.actor.chunked_logprobs is True else ())
     sizes = []
     for size in (2, 4, 8):
@@ -187,8 +186,7 @@ def tensor_parallel_options(config: RunConfig, shape: ModelShape, *, kind: str, 
             continue
         actor = config.actor.model_copy(update={"tensor_parallel_size": size, "remove_padding": False,
                                                 "chunked_logprobs": "auto"})
-        rollout = config.rollout.model_copy(update={"engine": "hf"})
-        taken = config.model_copy(update={"actor": actor, "rollout": rollout})
+        taken = config.model_copy(update={"actor": actor})
         if not tensor_parallel_problems(taken, kind, actor_ranks=actor_ranks, mapping=mapping):
             sizes.append(size)
     return tuple(sizes), keys if sizes else ()

@@ -66,9 +66,6 @@ def tensor_parallel_problems(config: RunConfig, kind: str, *, actor_ranks: int, 
         problems.append(_refusal(k, "actor.chunked_logprobs=true", "the head's weight is sharded over the "
                                  "vocabulary, and the log-probs are computed from each rank's [tokens, V/T] "
                                  "logits instead", "set actor.chunked_logprobs=auto"))
-    if config.rollout.engine == "vllm":
-        problems.append(_refusal(k, "rollout.engine=vllm", "vLLM's own tensor_parallel_size and the weight "
-                                 "push of each rank's shard are not wired yet", "set rollout.engine=hf"))
     if config.offloads("actor") or config.fsdp.cpu_offload:
         problems.append(_refusal(k, "CPU offload (fsdp.cpu_offload / actor.cpu_offload)", "FSDP2's offload "
                                  "policy is not tested over the 2-D mesh", "set fsdp.cpu_offload=false and "

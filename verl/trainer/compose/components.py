@@ -341,7 +341,8 @@ def setup_engine(config: RunConfig, policy: torch.nn.Module, *, rollout_rank: bo
     still bounds it: `engine_check.describe_vllm_memory`.)"""
     if config.rollout.engine != "vllm":
         return build_engine(config.rollout.engine, base_of(policy))
-    options = {**config.rollout.vllm.model_dump(), "seed": config.trainer.seed}
+    options = {**config.rollout.vllm.model_dump(), "seed": config.trainer.seed,
+               "tensor_parallel_size": config.actor.tensor_parallel_size}
     rollout_share = options.pop("rollout_rank_gpu_memory_utilization")
     if dtype is not None:
         options["dtype"] = dtype
