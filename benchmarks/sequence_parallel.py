@@ -18,22 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import doc_table  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _rss_kib() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+from rank_children import rss_kib, run_ranks  # noqa: E402
 
 
 def child(args: argparse.Namespace) -> None:
@@ -75,35 +66,13 @@ def child(args: argparse.Namespace) -> None:
 
     step(batch(64, 16))  # gradient buffers and allocator pools exist before the baseline
     model.zero_grad(set_to_none=False)
-    baseline, high_before = _rss_kib(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    baseline, high_before = rss_kib(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     step(batch(args.tokens, args.prompt))
     high = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"rank": args.rank or 0, "peak_mib": (high - baseline) / 1024, "raised": high > high_before,
                       "baseline_mib": baseline / 1024}), flush=True)
     if sp is not None:
         dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_ranks(args: argparse.Namespace, size: int) -> list[dict]:
-    """`size` fresh child processes (1: one rank, no group); their JSON lines."""
-    port = _free_port()
-    base = [sys.executable, __file__, "--child", *_shape_args(args), "--size", str(size), "--port", str(port)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    procs = [subprocess.Popen([*base, *(["--rank", str(r)] if size > 1 else [])], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for r in range(size)]
-    out = []
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=3600)
-        if p.returncode != 0:
-            raise SystemExit(f"a child failed ({p.returncode}):\n{stderr[-3000:]}")
-        out.append(json.loads(stdout.strip().splitlines()[-1]))
-    return sorted(out, key=lambda r: r["rank"])
 
 
 def _shape_args(args: argparse.Namespace) -> list[str]:
@@ -135,8 +104,8 @@ def main() -> int:
     if args.child:
         child(args)
         return 0
-    one = run_ranks(args, 1)[0]
-    split = run_ranks(args, args.size)
+    one = run_ranks(__file__, _shape_args(args), 1)[0]
+    split = run_ranks(__file__, _shape_args(args), args.size)
     if not one["raised"] or not all(r["raised"] for r in split):
         raise SystemExit("a step did not raise its process's high-water mark: the model build dominates; use a "
                          "longer --tokens or a smaller model")

@@ -18,24 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import doc_table  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _rss_kib() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+from rank_children import rss_kib, run_ranks  # noqa: E402
 
 
 def child(args: argparse.Namespace) -> None:
@@ -55,7 +46,7 @@ def child(args: argparse.Namespace) -> None:
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank, world_size=size)
         mesh = init_device_mesh("cpu", (size,), mesh_dim_names=("tp",))
-    baseline = _rss_kib()
+    baseline = rss_kib()
     cfg = Qwen2Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
                       num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
                       max_position_embeddings=args.tokens + 64, tie_word_embeddings=True, use_cache=False)
@@ -103,28 +94,6 @@ def child(args: argparse.Namespace) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_ranks(args: argparse.Namespace, size: int) -> list[dict]:
-    """`size` fresh child processes (1: one rank, no group); their JSON lines."""
-    port = _free_port()
-    base = [sys.executable, __file__, "--child", *_shape_args(args), "--size", str(size), "--port", str(port)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    procs = [subprocess.Popen([*base, *(["--rank", str(r)] if size > 1 else [])], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for r in range(size)]
-    out = []
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=3600)
-        if p.returncode != 0:
-            raise SystemExit(f"a child failed ({p.returncode}):\n{stderr[-3000:]}")
-        out.append(json.loads(stdout.strip().splitlines()[-1]))
-    return sorted(out, key=lambda r: r["rank"])
-
-
 def _shape_args(args: argparse.Namespace) -> list[str]:
     return ["--tokens", str(args.tokens), "--steps", str(args.steps), "--layers", str(args.layers), "--hidden",
             str(args.hidden), "--intermediate", str(args.intermediate), "--heads", str(args.heads), "--kv-heads",
@@ -154,8 +123,8 @@ def main() -> int:
     if args.child:
         child(args)
         return 0
-    one = run_ranks(args, 1)[0]
-    split = run_ranks(args, args.size)
+    one = run_ranks(__file__, _shape_args(args), 1)[0]
+    split = run_ranks(__file__, _shape_args(args), args.size)
     print(f"{args.steps} training steps (log-probs and entropy of 1 sequence of {args.tokens} tokens, a GRPO-like "
           f"loss, AdamW) of a Qwen2-shaped model: {one['params'] / 1e6:.0f}M parameters, {args.layers} layers, "
           f"hidden {args.hidden}, {args.heads} heads ({args.kv_heads} KV), vocab {args.vocab}, tied embeddings; "
