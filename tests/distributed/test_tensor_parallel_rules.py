@@ -89,3 +89,10 @@ def test_verl_megatron_tensor_parallel_sizes_translate():
     assert ("actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4",
             "actor.tensor_parallel_size (the reference follows the actor's mesh here; it has no size of its own)"
             ) in out.decide
+    # verl's FSDP actor with a 2-way vLLM: here vLLM is split only with the actor, so that is to decide
+    out = translate(["actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
+    [(key, why)] = [d for d in out.decide if "tensor_model_parallel_size" in d[0]]
+    assert key == "actor_rollout_ref.rollout.tensor_model_parallel_size=2" and "split as the actor is" in why
+    out = translate(["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                     "actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
+    assert "actor.tensor_parallel_size=2" in out.ours and not [d for d in out.decide if "tensor_model" in d[0]]

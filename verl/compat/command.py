@@ -80,6 +80,7 @@ _BUDGETS = ((f"{_ARR}.actor.ppo_max_token_len_per_gpu", "actor.max_tokens_per_mi
 # verl's Megatron tensor-parallel sizes: the actor's is ours; the reference follows the actor's mesh here
 _TP_ACTOR = f"{_ARR}.actor.megatron.tensor_model_parallel_size"
 _TP_REF = f"{_ARR}.ref.megatron.tensor_model_parallel_size"
+_TP_ROLLOUT = f"{_ARR}.rollout.tensor_model_parallel_size"
 _FILTER_LONG = "data.filter_overlong_prompts"
 _GPUS, _NODES = "trainer.n_gpus_per_node", "trainer.nnodes"
 _LAUNCH = (_GPUS, _NODES)
@@ -254,13 +255,19 @@ def _epochs(given: Mapping[str, str], items: Sequence[str], out: Translation) ->
 
 
 def _tensor_parallel(given: Mapping[str, str], out: Translation) -> None:
-    """verl's Megatron tensor-parallel sizes: the actor's is ours (the reference follows the actor's mesh here);
-    a reference size of its own is to decide."""
+    """verl's tensor-parallel sizes: the actor's (Megatron) is ours; the reference and vLLM follow the actor's
+    mesh here, so a size of their own is to decide (verl's common FSDP actor with a 2-way vLLM has no match:
+    here vLLM is split only with the actor)."""
+    actor = given.get(_TP_ACTOR, "1").strip()
     if _TP_ACTOR in given:
         out.ours.append(f"actor.tensor_parallel_size={given[_TP_ACTOR]}")
-    if _TP_REF in given and given[_TP_REF].strip() != given.get(_TP_ACTOR, "1").strip():
+    if _TP_REF in given and given[_TP_REF].strip() != actor:
         out.decide.append((f"{_TP_REF}={given[_TP_REF]}", "actor.tensor_parallel_size (the reference follows the "
                            "actor's mesh here; it has no size of its own)"))
+    if _TP_ROLLOUT in given and given[_TP_ROLLOUT].strip() != actor:
+        out.decide.append((f"{_TP_ROLLOUT}={given[_TP_ROLLOUT]}", "actor.tensor_parallel_size (vLLM's engines are "
+                           "split as the actor is, so set both, or leave vLLM whole with the actor: one engine "
+                           "per GPU)"))
 
 
 def _sequence_parallel(given: Mapping[str, str], out: Translation) -> None:
@@ -297,7 +304,7 @@ def translate(items: Sequence[str]) -> Translation:
     budgets = [key for triple in _BUDGETS for key in (triple[0], triple[2])]
     out, given = _sort(items, VERL_KEYS, (_REWARD_PATH, _REWARD_NAME, _USE_KL, _KL_COEF, _OVERLONG, _OVERLONG_LEN,
                                           _FILTER_LONG, _MAX_RESP_LEN, _TOTAL_STEPS, _EPOCHS, _TP_ACTOR, _TP_REF,
-                                          *warmup, *budgets),
+                                          _TP_ROLLOUT, *warmup, *budgets),
                        _RENAMED)
     if _TOTAL_STEPS in given:
         out.ours.append(f"trainer.total_steps={given[_TOTAL_STEPS]}")

@@ -53,6 +53,8 @@ VERL_KEYS: dict[str, str] = {
                                                          "with FSDP2 over the rest of the actor's ranks)",
     f"{_ARR}.ref.megatron.tensor_model_parallel_size": "actor.tensor_parallel_size (the reference follows the "
                                                        "actor's mesh)",
+    f"{_ARR}.rollout.tensor_model_parallel_size": "actor.tensor_parallel_size (vLLM's engines are split as the "
+                                                  "actor is)",
     f"{_ARR}.actor.grad_clip": "actor.grad_clip",
     f"{_ARR}.actor.clip_ratio": "actor.clip_low and actor.clip_high",
     f"{_ARR}.actor.clip_ratio_low": "actor.clip_low",
