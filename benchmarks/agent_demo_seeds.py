@@ -3,7 +3,8 @@ table of the results.
 
 `python benchmarks/agent_demo_seeds.py [--seeds 1 2 3] [key=value ...] [--write-docs]` (overrides go to every
 run); `--write-docs` replaces this command's row on this CPU in docs/demos.md (benchmarks/doc_table.py).
-The bar (issue 29): at least +30 points held-out on every seed, each run under 5 minutes on 2 cores.
+The bar (issue 29, then): at least +30 points held-out on every seed, each run under 5 minutes on 2 cores;
+benchmarks/demo_matrix.py holds today's (DEMOS['agent']).
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ class Demo:
 DEMOS = {
     "arithmetic": Demo(None, 25.0, 180.0, min_after=0.65),
     "tool": Demo("examples/tool_calculator.yaml", 30.0, 300.0),
-    "agent": Demo("examples/agent_tools.yaml", 30.0, 300.0),
+    "agent": Demo("examples/agent_tools.yaml", 30.0, 480.0),  # 80 GRPO steps of ~3.5 s: 512 OpenAI-client calls each
     "code": Demo("examples/code_expression.yaml", 25.0, 300.0),
     "rlhf": Demo("examples/rlhf_pipeline.yaml", 20.0, 300.0),
 }
