@@ -84,7 +84,7 @@ def plan_memory(x: PlanInputs, device_bytes: int | None) -> MemoryPlan:
                         max(s.embed_params, s.head_params, 1) * m))
         if device_bytes is not None:
             budget = int(x.gpu_memory_utilization * device_bytes)
-            weights = s.total_params * c // t  # a tensor-parallel engine's part
+            weights = _vllm_weights(x)
             if weights <= budget:
                 rollout.append((f"vLLM: gpu_memory_utilization {x.gpu_memory_utilization:g} x device", budget))
             else:  # vLLM refuses to start: no room for a KV cache
@@ -162,6 +162,11 @@ def rollout_rank_parts(x: PlanInputs, device_bytes: int | None
     return startup, generating, notes
 
 
+def _vllm_weights(x: PlanInputs) -> int:
+    """What vLLM's weights take of its share on one rank: its tensor-parallel part."""
+    return x.shape.total_params * x.compute_bytes // max(x.tensor_parallel, 1)
+
+
 def _micro_batch_fit(x: PlanInputs, device_bytes: int) -> int | None:
     """The largest micro-batch (sequences) whose update phase fits, or None if not even one does."""
     best = None
@@ -179,7 +184,7 @@ def _startup_advice(x: PlanInputs, plan: MemoryPlan, device_bytes: int,
     if plan.startup_moment == "while vLLM starts" and plan.rollout_peak <= device_bytes:
         budget = int(x.gpu_memory_utilization * device_bytes)
         util = math.floor(20 * (device_bytes - (plan.startup_peak - budget)) / device_bytes) / 20
-        if util * device_bytes > x.shape.total_params * x.compute_bytes:
+        if util * device_bytes > _vllm_weights(x):
             fixes.append((f"rollout.vllm.gpu_memory_utilization={util:g}", {"gpu_memory_utilization": util}))
     if not x.reads_shards:
         ranks, where = None, "over the ranks each role has here"
@@ -262,7 +267,7 @@ def suggestions(x: PlanInputs, device_bytes: int) -> list[str]:
     if plan.rollout_peak > device_bytes and x.engine == "vllm" and x.vllm_colocated:
         rest = plan.rollout_peak - int(x.gpu_memory_utilization * device_bytes)
         util = math.floor(20 * (device_bytes - rest) / device_bytes) / 20  # a multiple of 0.05 that fits
-        weights = x.shape.total_params * x.compute_bytes
+        weights = _vllm_weights(x)
         if util * device_bytes > weights:
             fixes.append((f"rollout.vllm.gpu_memory_utilization={util:g}", {"gpu_memory_utilization": util}))
         else:
