@@ -252,6 +252,7 @@ def _region(t: torch.Tensor) -> tuple[tuple[int, int], tuple[int, int] | None]:
     return (offset[0], offset[0] + shape[0]), columns
 
 
+@torch.no_grad()
 def materialise(model: nn.Module, device: torch.device | str) -> nn.Module:
     """Give a deferred `model` (sharded with `fully_shard`, or not) real storage on `device` and fill this
     rank's part of every tensor: weights read from the files, values it already had (not on the meta device)
@@ -279,7 +280,7 @@ def materialise(model: nn.Module, device: torch.device | str) -> nn.Module:
             if t is None or id(t) in done:
                 continue
             done.add(id(t))
-            target = _local(t).detach()  # the storage itself (a DTensor's to_local() is a view autograd tracks)
+            target = _local(t)
             if (id(module), local) in kept:
                 target.copy_(kept[(id(module), local)])
             elif local in stored:
