@@ -61,10 +61,10 @@ def conversation_example(trainer: RLTrainer, turns: ToolTurns, row: dict[str, An
     the tool."""
     tok, eos = trainer.tokenizer, trainer.sampling.eos_token_ids[0]
     prompt = encode_prompt(tok, [{"role": "user", "content": row["prompt"]}], "auto", {"tools": turns.tools})
-    call = tool_call_format(tool_format).format([ToolCall("calculator", {"expression": f"{a}*{b}"})])
-    segments = [(call, True), (turns.render([("calculator", str(a * b))]), False), (str(a * b), True)]
-    if direct:
-        segments = [(str(a * b), True)]
+    segments = [(str(a * b), True)]
+    if not direct:
+        call = tool_call_format(tool_format).format([ToolCall("calculator", {"expression": f"{a}*{b}"})])
+        segments = [(call, True), (turns.render([("calculator", str(a * b))]), False), *segments]
     ids, labels = list(prompt), [IGNORE_INDEX] * len(prompt)
     for text, from_model in segments:
         seg = list(tok(text, add_special_tokens=False)["input_ids"]) + ([eos] if from_model else [])
