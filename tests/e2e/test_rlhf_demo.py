@@ -20,6 +20,10 @@ def test_rlhf_demo_trains_on_the_reward_model_alone(tmp_path):
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert saved == json.loads(json.dumps(summary))
     assert saved["steps"] == 2 and saved["sft_steps"] <= 20 and 0 <= saved["accuracy_after_rl"] <= 1
+    # the reward model's budget ran out before its probe pairs reached the target (trainer.stop_when)
+    assert saved["rm_steps"] == 3 and 0 <= saved["rm_probe_accuracy"] <= 1 and 0 <= saved["rm_pair_accuracy"] <= 1
+    rm_rows = [json.loads(line) for line in (tmp_path / "rm" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rm_rows if "val/accuracy" in r] == [3]  # the probe, at the end (never before)
     rm_dir = tmp_path / "rm" / "reward_model"
     assert saved["reward_model"] == str(rm_dir) and (rm_dir / "model.safetensors").is_file()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
 from verl.config.section import MAX_SEED, MAX_THREADS, Section, _home, _split_csv
 from verl.utils.cpu_matmul import CpuMatmul
+
+_STOP_RULE = re.compile(r"^\s*(?P<metric>[^\s<>=]+)\s*(?P<op>>=|<=)\s*"
+                        r"(?P<value>[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?)\s*$")
+
+
+def parse_stop_rule(rule: str) -> tuple[str, str, float]:
+    """`trainer.stop_when` as (metric, ">=" or "<=", value)."""
+    m = _STOP_RULE.match(rule)
+    if m is None:
+        raise ValueError(f"trainer.stop_when={rule!r} is not METRIC>=VALUE or METRIC<=VALUE (e.g. "
+                         "'val/accuracy>=0.97' or 'val/loss<=0.2')")
+    return m["metric"], m["op"], float(m["value"])
 
 
 class DevicesConfig(Section):
@@ -60,8 +73,19 @@ class TrainerConfig(Section):
         return v
 
     _home = field_validator("run_dir", "resume", mode="before")(_home)
+
+    @field_validator("stop_when")
+    @classmethod
+    def _stop_rule(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_stop_rule(v)  # raises ValueError naming the expected form
+        return v
     val_every: int = Field(0, ge=0, description="Validate every N steps; 0 = only at the end.")
     val_before_train: bool = True
+    stop_when: str | None = Field(None, description="End training early at the first validation (after a step) "
+                                  "whose metric reaches a value: `METRIC>=VALUE` or `METRIC<=VALUE`, e.g. "
+                                  "`val/accuracy>=0.97` (a warm start or a reward model trained until it is good "
+                                  "enough); that step is saved as the last checkpoint. None = train total_steps.")
     val_only: bool = Field(False, description="Validate once, on the checkpoint `trainer.resume` finds (or the "
                            "model as loaded), and stop: no training step, no checkpoint (volcengine/verl's key).")
     device: str = Field("auto", description="auto | cpu | cuda")

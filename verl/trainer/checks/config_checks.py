@@ -7,6 +7,7 @@ import re
 import tempfile
 from pathlib import Path
 
+from verl.config.run_settings import parse_stop_rule
 from verl.config.schema import RunConfig
 from verl.distributed.mapping import DeviceMapping
 from verl.env.base import Environment
@@ -177,15 +178,36 @@ def check_keep_best(config: RunConfig, kind: str) -> list[VerlError]:
         return [ConfigError(f"checkpoint.keep_best={name}: only validation metrics (val/...) are compared, at the "
                             "steps that validate. Fix: e.g. checkpoint.keep_best=val/score (or val/pass@1), and "
                             "checkpoint.keep_best_mode=min for a loss")]
+    return _unlogged_at_k(config, kind, "checkpoint.keep_best", name, "or keep another metric")
+
+
+def check_stop_when(config: RunConfig, kind: str) -> list[VerlError]:
+    """`trainer.stop_when` is read at the validations after a step: a metric no validation logs, or a run that
+    validates only at its end (where it stops anyway), would make it a rule that never acts."""
+    rule = config.trainer.stop_when
+    if rule is None:
+        return []
+    name = parse_stop_rule(rule)[0]
+    if not name.startswith("val/"):
+        return [ConfigError(f"trainer.stop_when={rule}: only validation metrics (val/...) are read, at the steps "
+                            "that validate. Fix: e.g. trainer.stop_when='val/accuracy>=0.97'")]
+    if config.trainer.val_every == 0:
+        return [ConfigError(f"trainer.stop_when={rule} is read when the run validates, and trainer.val_every=0 "
+                            "validates only after the last step. Fix: set trainer.val_every (e.g. 50)")]
+    return _unlogged_at_k(config, kind, "trainer.stop_when", name, "or name another metric")
+
+
+def _unlogged_at_k(config: RunConfig, kind: str, key: str, name: str, other: str) -> list[VerlError]:
+    """A metric@k (val/pass@4) that an RL run's validation never logs, as the error for `key`."""
     at_k = _AT_K.match(name)
     ks = validation_ks(config.rollout.val_n, config.rollout.val_k)
     if kind != "rl" or at_k is None or int(at_k["k"]) in ks:
         return []
     k = int(at_k["k"])
     logged = ", ".join(f"@{x}" for x in ks) or "none (rollout.val_n=1 and rollout.val_k empty)"
-    return [ConfigError(f"checkpoint.keep_best={name}: validation never logs it; its metric@k are {logged}. Fix: "
+    return [ConfigError(f"{key}={name}: validation never logs it; its metric@k are {logged}. Fix: "
                         f"add {k} to rollout.val_k (with rollout.val_n >= {k} and rollout.val_temperature > 0), "
-                        "or keep another metric")]
+                        f"{other}")]
 
 def check_response_length(config: RunConfig, kind: str) -> list[VerlError]:
     """`data.max_response_length` sizes SFT/DPO data; an RL response is `rollout.max_new_tokens` long. In

@@ -48,6 +48,7 @@ from verl.trainer.checks.config_checks import (  # noqa: F401  (re-exported: the
     check_response_length,
     check_run_dir,
     check_sandbox,
+    check_stop_when,
     check_val_n,
     runs_model_code,
     split_refusal,
@@ -364,6 +365,7 @@ CHECKS: tuple[Check, ...] = (
     Check("old log-probs", RL, lambda c: check_old_logprobs(c.config)),
     Check("validation samples", RL, lambda c: check_val_n(c.config)),
     Check("keep best", ALL_KINDS, lambda c: check_keep_best(c.config, c.kind)),
+    Check("stop when", ALL_KINDS, lambda c: check_stop_when(c.config, c.kind)),
     Check("sizes and host memory", ALL_KINDS, lambda c: host_memory_checks(
         c.config, c.kind, c.model_path, c.device_type, c.world_size, c.nodes, cfg=c.facts.text_config)),
     Check("logging backends", ALL_KINDS, lambda c: backend_problems(c.config.logging.backends)),

@@ -35,9 +35,12 @@ from verl.tracking.summary import run_summary_lines
 from verl.trainer.build.models import describe_cpu_matmul
 from verl.trainer.checks.startup import VAL_ONLY_NEEDS_ROWS, check_sandbox
 from verl.trainer.compose.components import Components, setup_checkpoints, setup_tracker
-from verl.trainer.compose.keep_best import KeepBest
+from verl.trainer.compose.keep_best import KeepBest, StopRule
 from verl.trainer.rl import signal_watch
 from verl.utils.cpu_matmul import describe
+
+# The extra-state key of a checkpoint that trainer.stop_when saved as the run's end (its value: the rule).
+STOPPED_KEY = "stop_when_reached"
 
 
 class Trainer(Protocol):
@@ -232,9 +235,12 @@ def fit(trainer: Trainer) -> list[dict[str, float]]:
     resume_from = ckpt.find_resume(cfg.trainer.resume)
     saved_yaml = None
     keep_best = KeepBest.from_config(cfg)  # checkpoint.keep_best: the best validation's checkpoint is kept
+    stop_rule = StopRule.from_config(cfg)  # trainer.stop_when: a validation that ends training
+    ended = False  # this run's checkpoint is one trainer.stop_when ended (then a rerun trains no further)
     if resume_from is not None:
         extra = ckpt.load(resume_from, app_state=trainer.app_state())
         saved_yaml = extra.get("config_yaml")
+        ended = stop_rule is not None and extra.get(STOPPED_KEY) == stop_rule.rule
         trainer._restore_extra(extra)
         if keep_best is not None:
             keep_best.load_state_dict(extra.get("keep_best"), ckpt.root)
@@ -271,9 +277,14 @@ def fit(trainer: Trainer) -> list[dict[str, float]]:
                 metrics = trainer.validate()
                 if keep_best is not None:  # the model as loaded is no checkpoint: only the name is checked
                     keep_best.check(metrics)
+                if stop_rule is not None:  # nor does it end a run that has not trained
+                    stop_rule.check(metrics)
                 trainer._log(tracker, metrics, 0)
                 log_validation_samples(trainer, tracker, 0)
-            while trainer.step_count < cfg.trainer.total_steps:
+            if ended:
+                tracker.print(f"step {trainer.step_count}: trainer.stop_when={stop_rule.rule} ended this run there; "
+                              "nothing to train (a different trainer.stop_when, or none, trains on)")
+            while trainer.step_count < cfg.trainer.total_steps and not ended:
                 heartbeat.note(step=trainer.step_count + 1)  # what the other ranks name if this one falls silent
                 weights.changed, phase = False, "step"
                 metrics = trainer.step()
@@ -288,16 +299,19 @@ def fit(trainer: Trainer) -> list[dict[str, float]]:
                 if validated:
                     metrics |= trainer.validate()
                 best = keep_best.offer(trainer.step_count, metrics) if validated and keep_best is not None else None
+                ended = validated and stop_rule is not None and stop_rule.reached(metrics)
                 tracker.progress(trainer.step_count)
                 trainer._log(tracker, metrics, trainer.step_count)
                 signal_watch.watch(trainer, metrics, trainer.step_count)  # warns once after steps without signal
                 if validated:
                     log_validation_samples(trainer, tracker, trainer.step_count)
                 stopping = stop.agree(trainer.parts.process.device)  # every rank, or none, stops here
-                if ckpt.should_save(trainer.step_count, last) or stopping or best is not None:
+                if ckpt.should_save(trainer.step_count, last or ended) or stopping or best is not None:
                     phase = "save"
                     extra = trainer._extra_state() | ({} if keep_best is None
                                                       else {"keep_best": keep_best.state_dict()})
+                    if ended:
+                        extra[STOPPED_KEY] = stop_rule.rule
                     ckpt.save(trainer.step_count, app_state=trainer.app_state(), extra=extra,
                               hf_assets=trainer.hf_assets(), best=best)
                     saved = newest = ckpt.root / f"step_{trainer.step_count}"
@@ -305,7 +319,10 @@ def fit(trainer: Trainer) -> list[dict[str, float]]:
                 phase = "between"
                 if best is not None and trainer.rank == 0:
                     tracker.print(f"step {best.step}: best {best.describe()} so far; keeping {saved}")
-                if stopping:
+                if ended and trainer.rank == 0:
+                    tracker.print(f"step {trainer.step_count}: {stop_rule.metric}={metrics[stop_rule.metric]:.4g} "
+                                  f"reached trainer.stop_when={stop_rule.rule}: training ends here ({saved})")
+                if stopping or ended:
                     break
         phase = "end"
         ckpt.wait()

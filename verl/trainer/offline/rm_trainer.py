@@ -89,6 +89,11 @@ class RMTrainer(PairTrainer):
         return losses, {"rewards/chosen": chosen, "rewards/rejected": rejected, "rewards/margins": chosen - rejected,
                         "accuracy": (chosen > rejected).float()}
 
+    def evaluate(self, rows: Rows) -> dict[str, float]:
+        """Loss, accuracy (chosen preferred) and reward margins of the model as it is now on pairs that neither
+        train nor validate it (`{"prompt", "chosen", "rejected"}` rows, e.g. a test set)."""
+        return self.evaluate_pairs("eval", self._dataset(list(self.normalize_rows(rows, "rows", "test"))))
+
     # ------------------------------------------------------------------ the exported model
     def fit(self) -> list[dict[str, float]]:
         """Train (see `TrainerRuntime.fit`), then write `<run_dir>/reward_model` from the final checkpoint
