@@ -63,6 +63,8 @@ LAYOUT: dict[str, FieldLayout] = {
     "rollout_logprobs": FieldLayout(RESPONSE, 0.0),
     "rollout_version": FieldLayout(RESPONSE, 0.0),
     "responses": FieldLayout(ROW_LIST),
+    "episodes": FieldLayout(ROW_LIST),
+    "reward_parts": FieldLayout(ROW_LIST),
     "scores": FieldLayout(ROW),
     "accuracy": FieldLayout(ROW),
     "env_scores": FieldLayout(ROW),
@@ -126,6 +128,8 @@ class RolloutBatch:
     rollout_logprobs: torch.Tensor | None = None  # [N, R] the sampler's log-prob of each response token
     rollout_version: torch.Tensor | None = None  # [N, R] the weights version (updates applied) that sampled each token
     responses: list[str] = field(default_factory=list)
+    episodes: list[Any] = field(default_factory=list)  # multi-turn/agent: each row's EpisodeRecord (for traces)
+    reward_parts: list[dict[str, float]] = field(default_factory=list)  # each reward function's score, where it applies
     scores: torch.Tensor | None = None  # [N] sequence-level reward
     # [N] what dynamic sampling filters on: the reward's `acc` extra, else the score before shaping (overlong
     # penalty). None: the scores.

@@ -115,5 +115,12 @@ class LoggingConfig(Section):
     experiment: str | None = None
     mlflow_tracking_uri: str | None = Field(None, description="MLflow tracking URI; None = a file store in "
                                             "<run_dir>/mlruns.")
+    rollout_samples: int = Field(4, ge=0, description="Training rollouts per RL step written to rollouts.jsonl "
+                                 "(spread over the batch's prompts): prompt, response, reward and each reward "
+                                 "function's part, advantage, an episode's transcript; read by `verl view`. 0 = none.")
+    token_samples: int = Field(2, ge=0, description="Of those, responses per step whose per-token values go to "
+                               "tokens.jsonl (log-prob, entropy, sampler log-prob and the gap, advantage, "
+                               "rollout-correction weight, ratio after the update, clipped): two forwards of these "
+                               "rows without gradient per step. 0 = none.")
 
     _split = field_validator("backends", mode="before")(_split_csv)

@@ -95,6 +95,7 @@ class Episodes:
         batch.rollout_logprobs = out.logprobs
         batch.env_scores = out.rewards
         batch.responses = self.texts(out)
+        batch.episodes = list(out.episodes)
         batch.metrics = {**batch.metrics, **out.metrics()}
         return batch
 

@@ -51,6 +51,7 @@ class EpisodeRecord:
     finished: bool = False  # ended by Done (not truncated)
     truncated: str = ""  # why it was truncated: "max_turns", "budget", "max_new_tokens"
     transcript: list[tuple[str, str]] = field(default_factory=list)  # ("model" | "env", text)
+    observation_errors: list[bool] = field(default_factory=list)  # per observation read: a failed tool call
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -236,6 +237,7 @@ class MultiTurnRollout:
                                    f"{type(answer.text).__name__}) at turn {turn} of the episode of "
                                    f"{_row_where(rec)}; the observation must be a string.")
                 rec.transcript.append(("env", answer.text))
+                rec.observation_errors.append(bool(answer.tool_error))
                 obs = self.encode(answer.text)
                 if turn == max_turns:
                     self._truncate(env, rec, "max_turns")

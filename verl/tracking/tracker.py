@@ -21,7 +21,7 @@ from verl.utils.jsonl import drop_partial_tail, read_jsonl
 KNOWN_BACKENDS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 # Install hints: `verl` on PyPI is another project, so never `pip install 'verl[...]'`.
 INSTALL_HINTS = {name: install_hint(name, name) for name in ("tensorboard", "wandb", "mlflow")}
-ROTATED_FILES = ("metrics.jsonl", "samples.jsonl")
+ROTATED_FILES = ("metrics.jsonl", "samples.jsonl", "rollouts.jsonl", "tokens.jsonl")
 SAMPLE_FIELDS = ("step", "prompt", "response", "score", "ground_truth", "data_source")
 
 
@@ -240,17 +240,7 @@ class Tracker:
         # reward_extras: a reward function's non-numeric extras (e.g. the parsed answer), where there are any
         rows = [{"step": step, **{k: s.get(k) for k in SAMPLE_FIELDS if k != "step"},
                  **({"reward_extras": s["reward_extras"]} if s.get("reward_extras") else {})} for s in samples]
-        path = self.run_dir / "samples.jsonl"
-        fh = None
-        try:
-            fh = path.open("a", encoding="utf-8")
-            fh.write("".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows))
-            fh.close()
-        except OSError as exc:
-            err = self._write_failed(exc, fh, path, f"writing step {step}'s validation samples")
-            if err is exc:
-                raise
-            raise err from exc
+        path = self.log_rows("samples.jsonl", rows, f"step {step}'s validation samples")
         if self._tb is not None:
             self._tb.add_text("val/samples", samples_markdown(rows), step)
         if self._wandb is not None:
@@ -265,6 +255,23 @@ class Tracker:
                             f"samples/step_{step:07d}.jsonl")
         if self.console is not None:
             self.console.samples(step, rows, str(path))
+        return path
+
+    def log_rows(self, name: str, rows: Sequence[Mapping[str, Any]], what: str) -> Path:
+        """Append `rows` to `<run_dir>/<name>` as JSON lines (`what` names them in a disk-full error)."""
+        path = self.run_dir / name
+        if not self.enabled or not rows:
+            return path
+        fh = None
+        try:  # text from a model or an agent may hold a lone surrogate: written as its JSON escape
+            fh = path.open("a", encoding="utf-8", errors="backslashreplace")
+            fh.write("".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows))
+            fh.close()
+        except OSError as exc:
+            err = self._write_failed(exc, fh, path, f"writing {what}")
+            if err is exc:
+                raise
+            raise err from exc
         return path
 
     def _write_failed(self, exc: OSError, fh: IO[str] | None, path: Path, what: str) -> BaseException:

@@ -61,9 +61,10 @@ from verl.trainer.rl.distill import apply_distillation
 from verl.trainer.rl.dynamic_sampling import filter_groups
 from verl.trainer.rl.evaluation import Answers, evaluate_rows
 from verl.trainer.rl.python_api import RewardArg, python_run
-from verl.trainer.rl.rewards import RemoteRewardModel, RewardOverlap, accuracy_of, score_responses
+from verl.trainer.rl.rewards import RemoteRewardModel, RewardOverlap, accuracy_of, reward_parts, score_responses
 from verl.trainer.rl.rl_state import RLCheckpointState
 from verl.trainer.rl.step_metrics import batch_metrics, timed
+from verl.trainer.rl.trace import RolloutTrace
 from verl.utils.tokenizer_protocol import Tokenizer
 
 
@@ -148,6 +149,10 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
                                             self.env, self.engine, self.decode_responses)  # scoring while generating
         if self.model is not None:  # actor.chunked_logprobs=true on a head it cannot take: refused now
             use_chunked_logprobs(config, self.model)
+        # logging.rollout_samples / token_samples: a few rollouts per step for `verl view` (the loop writes them)
+        self.trace = (RolloutTrace(config, self.tokenizer, self.trace_forward,
+                                   functools.partial(update.correct_rollout, plan=self.correction))
+                      if RolloutTrace.wanted(config) and "actor" in self.roles else None)
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -222,6 +227,9 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
             batch = self.score_batch(batch, timing, metrics)
         with timed(timing, "advantages"):
             batch = run("actor", self.compute_advantages, batch)
+        if self.trace is not None:
+            with timed(timing, "trace"):
+                batch = run("actor", self.trace.before_update, batch)
         if self.config.needs_critic:
             with timed(timing, "update_critic"):
                 metrics |= self.placement.run_for_metrics("critic", self.update_critic, batch,
@@ -229,6 +237,9 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         if self.updates_actor:
             with timed(timing, "update"):
                 metrics |= self.placement.run_for_metrics("actor", self.update_policy, batch)
+        if self.trace is not None:
+            with timed(timing, "trace"):
+                run("actor", functools.partial(self.trace.after_update, step=self.step_count + 1), batch)
         if self.async_rollout is not None:  # the new weights to the rollout ranks
             with timed(timing, "weight_delivery"):
                 metrics |= self.async_rollout.deliver(self.model, self.step_count + 1)
@@ -305,6 +316,7 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
             result = self.reward_overlap.finish(batch) or score_responses(  # started in `generate`, or here
                 self.env, batch.rows, batch.responses, batch.response_ids, batch.response_mask)
             batch.scores = result.scores.to(self.device, torch.float32)
+            batch.reward_parts = reward_parts(result) if self.trace is not None else []
             batch.metrics = {**batch.metrics, **result.metrics}  # after the drift check's
             batch.accuracy = accuracy_of(result, batch.scores)
             apply_overlong_penalty(batch, self.config.algorithm, self.config.rollout.max_new_tokens)
@@ -384,6 +396,19 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
             self.forward_in_micro_batches(model, rows,
                                           lambda mb: self.policy_logprobs(model, mb, temperature=temperature)[0],
                                           self.config.actor.max_tokens_per_micro_batch)))
+
+    def trace_forward(self, rows: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probs, entropy) of `rows`' response tokens under the policy now, without gradient: the
+        traced rows' values (`RolloutTrace`), run like the old log-probs' pass."""
+        temperature = self.config.rollout.temperature or 1.0
+
+        def both(mb: RolloutBatch) -> torch.Tensor:
+            return torch.stack(self.policy_logprobs(self.model, mb, temperature=temperature, with_entropy=True,
+                                                    entropy_grad=False), dim=-1)
+
+        out = self.sp.own_rows_of(self.sp.splits(self.model, self.model), rows, "trace", lambda r: (
+            self.forward_in_micro_batches(self.model, r, both, self.config.actor.max_tokens_per_micro_batch)))
+        return out[..., 0], out[..., 1]
 
     def shares_prompt(self, model: torch.nn.Module) -> bool:
         """Whether `model`'s forwards run each group's prompt once (`critic.share_prompt_forward` for the

@@ -118,6 +118,16 @@ def log_validation_samples(trainer: Trainer, tracker: Any, step: int) -> None:
     trainer.validation_samples = None
 
 
+def log_traces(trainer: Trainer, tracker: Any, step: int) -> None:
+    """The step's traced rollouts and token values (`trainer.trace.rows`, RL only) into their files."""
+    trace = getattr(trainer, "trace", None)
+    if trace is None or not trace.rows:
+        return
+    for name, rows in trace.rows.items():
+        tracker.log_rows(name, rows, f"step {step}'s traced rollouts")
+    trace.rows = {}
+
+
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(tree, Mapping) and tree:
         out: dict[str, Any] = {}
@@ -302,6 +312,7 @@ def fit(trainer: Trainer) -> list[dict[str, float]]:
                 ended = validated and stop_rule is not None and stop_rule.reached(metrics)
                 tracker.progress(trainer.step_count)
                 trainer._log(tracker, metrics, trainer.step_count)
+                log_traces(trainer, tracker, trainer.step_count)
                 signal_watch.watch(trainer, metrics, trainer.step_count)  # warns once after steps without signal
                 if validated:
                     log_validation_samples(trainer, tracker, trainer.step_count)

@@ -176,4 +176,16 @@ def accuracy_of(result: Any, scores: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(acc), base, acc)
 
 
-__all__ = ["accuracy_of", "RewardOverlap", "response_id_lists", "score_responses"]
+def reward_parts(result: Any) -> list[dict[str, float]]:
+    """Per sample, each reward function's unweighted score where it applies (what `verl view` shows beside the
+    total); [] when the environment's result has no parts."""
+    per_function, applied = getattr(result, "per_function", None) or {}, getattr(result, "applied", None) or {}
+    if not per_function:
+        return []
+    names = list(per_function)
+    scores = {k: per_function[k].tolist() for k in names}
+    used = {k: applied[k].tolist() if k in applied else [True] * len(scores[k]) for k in names}
+    return [{k: scores[k][i] for k in names if used[k][i]} for i in range(len(result.scores))]
+
+
+__all__ = ["accuracy_of", "RewardOverlap", "response_id_lists", "reward_parts", "score_responses"]
