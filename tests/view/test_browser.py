@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+from urllib.parse import urlencode
 
 import pytest
 from view_fixtures import NEEDLE, TOKEN_VALUE, make_run
@@ -107,20 +108,24 @@ def test_live_page_filters_on_the_server_and_polls(tmp_path):
 
 @pytest.mark.slow
 def test_a_real_demo_run_in_the_browser(tmp_path):
-    """The built-in demo's run folder: all four views show its values."""
+    """The built-in demo's run folder (its trainer writes all four files): every view shows its values."""
     run = tmp_path / "demo"
     subprocess.run([sys.executable, "-m", "verl.cli.main", "train", "trainer.total_steps=3", f"trainer.run_dir={run}"],
                    check=True, capture_output=True, timeout=600, cwd=tmp_path)
-    if not (run / "tokens.jsonl").is_file():
-        pytest.skip("this trainer writes no rollouts.jsonl / tokens.jsonl yet")
     report = write_report(Runs(open_runs([run])), tmp_path / "report.html").as_uri()
     dom = checked(dump_dom(report + "#metrics"), "metrics")
     assert 'data-metric="reward/mean"' in dom and 'data-metric="val/accuracy"' in dom
-    first = json.loads((run / "rollouts.jsonl").read_text().splitlines()[0])
-    dom = checked(dump_dom(report + f"#samples?q={first['prompt']}&step={first['step']}"), "samples")
-    assert html.escape(first["response"], quote=False) in dom
+    rollouts = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    first = rollouts[0]
+    query = urlencode({"q": first["prompt"], "step": first["step"]})
+    dom = checked(dump_dom(report + f"#samples?{query}"), "samples")
+    shown = re.findall(r'<tr data-id="\d+">(.*?)</tr>', dom, re.S)
+    same = [r for r in rollouts if r["step"] == first["step"] and first["prompt"] in r["prompt"]]
+    assert len(shown) == len(same) and all(html.escape(first["prompt"], quote=False) in row for row in shown)
     token = json.loads((run / "tokens.jsonl").read_text().splitlines()[0])
     dom = checked(dump_dom(report + f"#tokens?step={token['step']}&id=0&value=logprob"), "tokens")
+    titles = [html.unescape(t) for t in re.findall(r'<span class="tok[^"]*" title="([^"]*)"', dom)]
+    assert len(titles) == len(token["tokens"])
     value = token["values"]["logprob"][0]
-    assert f"logprob: {float(f'{value:.6g}')}" in html.unescape(dom)
+    assert f"logprob: {float(f'{value:.6g}')}" in titles[0]
     checked(dump_dom(report + "#episodes"), "episodes")

@@ -182,6 +182,8 @@ def test_row_filters_sort_and_paging(rollouts):
 def test_text_search_scans_lazily_and_pages_by_scan_position(rollouts, monkeypatch):
     found = rollouts.query(Query(q=NEEDLE.upper()))
     assert [r["step"] for r in found["rows"]] == [2] and found["total"] == 1 and found["next"] is None
+    quoted = rollouts.query(Query(q='"CALC"', limit=200))  # a quote is escaped in the file: no byte pre-check
+    assert quoted["total"] == 6 and all(r["episode"] for r in quoted["rows"])
     import verl.view.rows as rows_module
 
     monkeypatch.setattr(rows_module, "SCAN_LIMIT", 5)
@@ -250,3 +252,17 @@ def test_tokens_by_step_and_values_made_safe(tmp_path):
     assert row["masked"][4] == 1 and row["clipped"][3] == 1 and len(row["values"]["ratio"]) == len(row["tokens"])
     with pytest.raises(ViewError, match="no response 99"):
         index.get(99)
+
+
+def test_a_big_file_is_indexed_over_several_requests(tmp_path):
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text("".join(json.dumps(rollout(s, g, 0)) + "\n" for s in range(50) for g in range(4)))
+    index = RowIndex(path, "rollouts", index_bytes=4000)
+    index.refresh()
+    first = index.summary()
+    assert 0 < first["rows"] < 200 and first["indexed_bytes"] < first["size"]
+    polls = 1
+    while index.summary()["indexed_bytes"] < first["size"]:
+        index.refresh()
+        polls += 1
+    assert len(index) == 200 and polls > 5 and index.query(Query(step=49))["total"] == 4

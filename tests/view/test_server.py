@@ -156,6 +156,23 @@ def test_verl_view_errors(tmp_path, capsys, monkeypatch):
     assert "ViewError" in err and "pip install plotly" in err and ".[view]" in err
     with pytest.raises(ViewError):
         open_runs([])
+    monkeypatch.delitem(sys.modules, "plotly")
+    assert main(["view", str(tmp_path), "--max-points", "0"]) == 1
+    assert "at least 10" in capsys.readouterr().err
+
+
+def test_a_port_in_use_is_a_clear_error(served):
+    server, _ = served
+    with pytest.raises(ViewError, match="could not listen on 127.0.0.1:.*choose another --port"):
+        main_server(server.server_address[1])
+    with pytest.raises(ViewError, match="could not listen"):
+        main_server(70000)
+
+
+def main_server(port: int):
+    from verl.view.server import ViewServer
+
+    ViewServer(Runs([]), port).server_close()
 
 
 def test_import_verl_does_not_import_plotly():

@@ -31,9 +31,10 @@ class ViewServer(ThreadingHTTPServer):
         self.title = f"verl view: {', '.join(r.name for r in runs.runs)}"
         try:
             super().__init__((HOST, port), ViewHandler)
-        except OSError as exc:
-            raise ViewError(f"verl view could not listen on {HOST}:{port} ({exc.strerror or exc}). Fix: choose "
-                            "another --port, or leave it out for a free one") from None
+        except (OSError, OverflowError) as exc:  # OverflowError: a port over 65535
+            why = getattr(exc, "strerror", None) or exc
+            raise ViewError(f"verl view could not listen on {HOST}:{port} ({why}). Fix: choose another --port, or "
+                            "leave it out for a free one") from None
 
     @property
     def url(self) -> str:

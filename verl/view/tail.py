@@ -101,13 +101,12 @@ class JsonlTail:
         return poll
 
     def _read(self, fh, budget: int, poll: Poll) -> None:
+        end = self.offset + budget  # stop at the first line end at or past this
         pending = b""  # bytes of the current line read so far, starting at self.offset
-        read = 0
-        while read < budget or pending:
+        while pending or self.offset < end:
             data = fh.read(self.chunk)
             if not data:
                 return  # EOF inside a line: it is still being written; read it next time
-            read += len(data)
             if self._skipping:
                 cut = data.find(b"\n")
                 if cut < 0:
@@ -124,13 +123,13 @@ class JsonlTail:
                     self._emit(raw, poll)
                 self.offset += cut + 1 - start
                 start = cut + 1
+                if self.offset >= end:
+                    return  # the rest of this chunk is read again by the next poll
             pending = pending[start:]
             if len(pending) > self.max_line:
                 self._problem(self.offset, f"a line over {self.max_line} bytes, skipped")
                 self.offset += len(pending)
                 pending, self._skipping = b"", True
-            if read >= budget and not pending:
-                return
 
     def _emit(self, raw: bytes, poll: Poll) -> None:
         if len(raw) > self.max_line:

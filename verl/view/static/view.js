@@ -365,6 +365,7 @@
       this.q.value = params.get("q") || ""; this.rmin.value = params.get("rmin") || ""; this.rmax.value = params.get("rmax") || "";
       this.sort = params.get("sort") || ""; this.desc = params.get("desc") === "1"; this.offset = Number(params.get("offset") || 0);
       this.ph = params.get("ph") || "";
+      if (!this.ph) clear(this.same);
       await this.steps(false, params.get("step") || "all", params.get("ds") || "");
       await this.query();
       if (this.ph) await this.samePrompt(this.ph);
