@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     "models": 3,
     "checkpoint": 3,
     "tracking": 3,
+    "view": 3,           # the run viewer (`verl view`): reads a run's files, serves or writes the page
     "distributed": 3,
     "env": 4,            # prompt source (data) + reward (rewards); the episode protocol a rollout runs
     "rollout": 5,        # engines, multi-turn and agent episodes, asynchronous rollout ranks

@@ -56,6 +56,10 @@ class SandboxError(VerlError):
     """Model-written code cannot be run with the isolation asked for (the host lacks it, or bad limits)."""
 
 
+class ViewError(VerlError):
+    """`verl view` cannot show a run as asked (no such folder, plotly missing, a query it cannot answer)."""
+
+
 class DiskFullError(VerlError):
     """A write failed because the disk (or the user's quota) is full: what failed, the last verified
     checkpoint and the command to resume, in one line."""
@@ -151,6 +155,7 @@ __all__ = [
     "EnvError",
     "SandboxError",
     "DiskFullError",
+    "ViewError",
     "disk_full_cause",
     "disk_full_error",
     "last_verified_checkpoint",

@@ -1,4 +1,4 @@
-"""`verl`: train, check, eval, doctor, data, ckpt, plot.
+"""`verl`: train, check, eval, doctor, data, ckpt, plot, view.
 
 Every subcommand turns a `VerlError` into a short red message and a non-zero exit code instead of a
 traceback: user mistakes are explained, not dumped. The message is printed verbatim (no rich markup), so
@@ -25,6 +25,7 @@ EPILOG = """examples:
   verl data check train.jsonl --kind prompt     validate a dataset
   verl ckpt verify runs/x/checkpoints/step_10   re-hash a checkpoint
   verl eval runs/x/checkpoints/step_10 test.jsonl --n 8 --k 1 4 8 --out eval.json
+  verl view runs/x runs/y                       see runs in a browser (--out report.html: one file)
 """
 
 
@@ -248,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "H100 80GB); default: this machine's GPU")
     check.set_defaults(func=cmd_check)
 
-    from verl.cli import ckpt_cmd, compat_cmd, data_cmd, doctor, eval_cmd
+    from verl.cli import ckpt_cmd, compat_cmd, data_cmd, doctor, eval_cmd, view_cmd
 
     compat_cmd.register(sub)
     doctor.register(sub)
@@ -258,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     from verl.tracking import plot
 
     plot.register(sub)
+    view_cmd.register(sub)
     return parser
 
 
