@@ -65,6 +65,7 @@ LAYOUT: dict[str, FieldLayout] = {
     "responses": FieldLayout(ROW_LIST),
     "episodes": FieldLayout(ROW_LIST),
     "reward_parts": FieldLayout(ROW_LIST),
+    "trace_ids": FieldLayout(ROW),
     "scores": FieldLayout(ROW),
     "accuracy": FieldLayout(ROW),
     "env_scores": FieldLayout(ROW),
@@ -130,6 +131,7 @@ class RolloutBatch:
     responses: list[str] = field(default_factory=list)
     episodes: list[Any] = field(default_factory=list)  # multi-turn/agent: each row's EpisodeRecord (for traces)
     reward_parts: list[dict[str, float]] = field(default_factory=list)  # each reward function's score, where it applies
+    trace_ids: torch.Tensor | None = None  # [N] long, on the CPU: k for the k-th row whose tokens are traced, else -1
     scores: torch.Tensor | None = None  # [N] sequence-level reward
     # [N] what dynamic sampling filters on: the reward's `acc` extra, else the score before shaping (overlong
     # penalty). None: the scores.

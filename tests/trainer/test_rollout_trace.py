@@ -33,10 +33,13 @@ def test_rows_match_the_batch_the_step_trained_on(tmp_path):
     run_dir = tmp_path / "run"
     trainer = Recording(rl_config(run_dir, "trainer.total_steps=2", "rollout.max_new_tokens=4", "rollout.n=4",
                                   "logging.rollout_samples=3", "logging.token_samples=2",
-                                  "actor.old_logprobs=recompute", "actor.ppo_epochs=2"))
+                                  "actor.old_logprobs=recompute", "actor.ppo_epochs=2", "actor.mini_batch_size=2",
+                                  "actor.skip_zero_advantage=false"))
     trainer.fit()
     rollouts, tokens = read(run_dir, "rollouts.jsonl"), read(run_dir, "tokens.jsonl")
     assert [r["step"] for r in rollouts] == [1, 1, 1, 2, 2, 2] and [t["step"] for t in tokens] == [1, 1, 2, 2]
+    assert [r["sample"] for r in rollouts] == [0, 1, 2] * 2 and [t["sample"] for t in tokens] == [0, 1] * 2
+    ratios = []
     for step, batch in enumerate(trainer.batches, start=1):
         picked = picked_rows(3, len(batch))
         assert len(set(picked)) == 3 and len({int(batch.group_ids[i]) for i in picked}) == 3  # three prompts
@@ -55,26 +58,35 @@ def test_rows_match_the_batch_the_step_trained_on(tmp_path):
             assert "".join(tok["tokens"]) == trainer.tokenizer.decode(batch.response_ids[i, :n].tolist())
             v = tok["values"]
             assert all(len(x) == n for x in v.values())
-            # before the update the trainer's log-probs are the old policy's (the same weights and kernel)
-            assert v["logprob"] == pytest.approx(batch.old_logprobs[i, :n].tolist(), abs=1e-4)
             assert v["sampler_logprob"] == pytest.approx(batch.rollout_logprobs[i, :n].tolist(), abs=1e-4)
-            assert v["logprob_gap"] == pytest.approx([a - b for a, b in zip(v["logprob"], v["sampler_logprob"],
+            assert v["old_logprob"] == pytest.approx(batch.old_logprobs[i, :n].tolist(), abs=1e-4)
+            assert v["logprob_gap"] == pytest.approx([a - b for a, b in zip(v["old_logprob"], v["sampler_logprob"],
                                                                            strict=True)], abs=1e-3)
             assert v["advantage"] == pytest.approx(batch.advantages[i, :n].tolist(), abs=1e-4)
             assert all(e is not None and e > 0 for e in v["entropy"])
-            assert all(r > 0 for r in v["ratio"]) and len(tok["clipped"]) == n
+            # `clipped` is PPO's rule on the ratio the loss saw last (values rounded: skip the boundaries)
+            for r, a, c in zip(v["ratio"], v["advantage"], tok["clipped"], strict=True):
+                if min(abs(r - 1.2), abs(r - 0.8)) > 1e-3:
+                    assert c == int((a > 0 and r > 1.2) or (a < 0 and r < 0.8))
+            ratios += v["ratio"]
+    assert any(abs(r - 1) > 1e-3 for r in ratios)  # the second epoch saw the weights its first pass moved
 
 
-def test_no_update_means_a_ratio_of_one_and_nothing_clipped(tmp_path):
+def test_a_single_pass_before_the_step_sees_the_sampling_weights(tmp_path):
+    """One epoch of one mini-batch: every row's pass precedes the optimizer step, so the loss's log-probs are the
+    sampler's (on this engine, within its drift), the ratio is 1 and nothing is clipped."""
     run_dir = tmp_path / "run"
-    trainer = RLTrainer(rl_config(run_dir, "trainer.total_steps=1", "rollout.max_new_tokens=4"))
-    trainer.update_policy = lambda batch: {}  # the step changes no weight
-    trainer.fit()
+    RLTrainer(rl_config(run_dir, "trainer.total_steps=1", "rollout.max_new_tokens=4",
+                        "actor.skip_zero_advantage=false")).fit()
     tokens = read(run_dir, "tokens.jsonl")
     assert len(tokens) == 2  # the default logging.token_samples
     for tok in tokens:
-        assert tok["values"]["ratio"] == pytest.approx([1.0] * len(tok["tokens"]), abs=1e-5)
-        assert tok["clipped"] == [0] * len(tok["tokens"])
+        v = tok["values"]
+        assert v["ratio"] == [1.0] * len(tok["tokens"]) and tok["clipped"] == [0] * len(tok["tokens"])
+        assert v["logprob"] == pytest.approx(v["sampler_logprob"], abs=1e-4)
+        assert v["logprob_gap"] == pytest.approx([a - b for a, b in zip(v["logprob"], v["sampler_logprob"],
+                                                                       strict=True)], abs=1e-3)
+        assert "old_logprob" not in v  # on-policy single step: no old log-prob pass
 
 
 def test_multi_turn_episodes_are_traced_as_turns_with_observations_masked(tmp_path):
@@ -98,19 +110,22 @@ def test_multi_turn_episodes_are_traced_as_turns_with_observations_masked(tmp_pa
     assert any(t["role"] == "tool" for r in rollouts for t in r["episode"]["turns"])
 
 
-def test_off_writes_nothing_and_costs_no_forward(tmp_path):
+def test_off_writes_nothing_and_a_skipped_row_keeps_the_batch_values(tmp_path):
     run_dir = tmp_path / "run"
     trainer = RLTrainer(rl_config(run_dir, "trainer.total_steps=1", "rollout.max_new_tokens=2",
                                   "logging.rollout_samples=0"))
     assert trainer.trace is None
-    history = trainer.fit()
+    trainer.fit()
     assert not (run_dir / "rollouts.jsonl").exists() and not (run_dir / "tokens.jsonl").exists()
-    assert "timing/trace" not in history[-1]
-    only_rollouts = RLTrainer(rl_config(tmp_path / "b", "trainer.total_steps=1", "rollout.max_new_tokens=2",
-                                        "logging.token_samples=0"))
-    only_rollouts.trace.forward = lambda rows: pytest.fail("no token values, no forward")
-    only_rollouts.fit()
-    assert len(read(tmp_path / "b", "rollouts.jsonl")) == 4 and not (tmp_path / "b" / "tokens.jsonl").exists()
+    # a constant reward: every advantage is 0 and actor.skip_zero_advantage leaves every row out of the update
+    skipped = RLTrainer(rl_config(tmp_path / "b", "trainer.total_steps=1", "rollout.max_new_tokens=2",
+                                  "logging.token_samples=4"),
+                        reward_functions=[lambda prompt, response, ground_truth, **kw: 1.0])
+    skipped.fit()
+    assert len(read(tmp_path / "b", "rollouts.jsonl")) == 4
+    for tok in read(tmp_path / "b", "tokens.jsonl"):
+        assert set(tok["values"]) == {"sampler_logprob", "advantage"} and "clipped" not in tok
+        assert tok["values"]["advantage"] == [0.0] * len(tok["tokens"])
 
 
 def test_hostile_values_and_text_stay_valid_json():

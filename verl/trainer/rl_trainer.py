@@ -149,10 +149,7 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
                                             self.env, self.engine, self.decode_responses)  # scoring while generating
         if self.model is not None:  # actor.chunked_logprobs=true on a head it cannot take: refused now
             use_chunked_logprobs(config, self.model)
-        # logging.rollout_samples / token_samples: a few rollouts per step for `verl view` (the loop writes them)
-        self.trace = (RolloutTrace(config, self.tokenizer, self.trace_forward,
-                                   functools.partial(update.correct_rollout, plan=self.correction))
-                      if RolloutTrace.wanted(config) and "actor" in self.roles else None)
+        self.trace = RolloutTrace(config, self.tokenizer) if RolloutTrace.wanted(config) else None  # verl view
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -227,9 +224,6 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
             batch = self.score_batch(batch, timing, metrics)
         with timed(timing, "advantages"):
             batch = run("actor", self.compute_advantages, batch)
-        if self.trace is not None:
-            with timed(timing, "trace"):
-                batch = run("actor", self.trace.before_update, batch)
         if self.config.needs_critic:
             with timed(timing, "update_critic"):
                 metrics |= self.placement.run_for_metrics("critic", self.update_critic, batch,
@@ -237,9 +231,6 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         if self.updates_actor:
             with timed(timing, "update"):
                 metrics |= self.placement.run_for_metrics("actor", self.update_policy, batch)
-        if self.trace is not None:
-            with timed(timing, "trace"):
-                run("actor", functools.partial(self.trace.after_update, step=self.step_count + 1), batch)
         if self.async_rollout is not None:  # the new weights to the rollout ranks
             with timed(timing, "weight_delivery"):
                 metrics |= self.async_rollout.deliver(self.model, self.step_count + 1)
@@ -397,19 +388,6 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
                                           lambda mb: self.policy_logprobs(model, mb, temperature=temperature)[0],
                                           self.config.actor.max_tokens_per_micro_batch)))
 
-    def trace_forward(self, rows: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log-probs, entropy) of `rows`' response tokens under the policy now, without gradient: the
-        traced rows' values (`RolloutTrace`), run like the old log-probs' pass."""
-        temperature = self.config.rollout.temperature or 1.0
-
-        def both(mb: RolloutBatch) -> torch.Tensor:
-            return torch.stack(self.policy_logprobs(self.model, mb, temperature=temperature, with_entropy=True,
-                                                    entropy_grad=False), dim=-1)
-
-        out = self.sp.own_rows_of(self.sp.splits(self.model, self.model), rows, "trace", lambda r: (
-            self.forward_in_micro_batches(self.model, r, both, self.config.actor.max_tokens_per_micro_batch)))
-        return out[..., 0], out[..., 1]
-
     def shares_prompt(self, model: torch.nn.Module) -> bool:
         """Whether `model`'s forwards run each group's prompt once (`critic.share_prompt_forward` for the
         critic, `actor.share_prompt_forward` for the policy and the reference)."""
@@ -447,6 +425,8 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
     def update_policy(self, batch: RolloutBatch) -> dict[str, float]:
         """PPO-clip epochs over shuffled mini-batches with gradient accumulation over micro-batches."""
         cfg, temperature, step_batch = self.config.actor, self.config.rollout.temperature or 1.0, batch
+        if self.trace is not None:  # logging.rollout_samples: a few of the step's rows, as the loss sees them
+            batch = self.trace.before_update(batch)
         if cfg.mask_truncated:
             batch = update.without_truncated(batch)
         batch, plan, replicas = self.sp.update_rows(self.sp.size > 1, batch, self.plans["actor"], cfg)
@@ -454,6 +434,7 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         # The drift check on this update's forwards before its first optimizer step (see update_checks_drift)
         drift = [] if batch.rollout_logprobs is not None and self.update_checks_drift else None
         judged: list[bool] = []
+        trace = self.trace if self.sp.size == 1 else None  # a sequence-parallel rank holds part of a row's tokens
 
         def on_policy_forward(logprobs: torch.Tensor, mb: RolloutBatch) -> None:
             if not judged:  # only the forwards before the first optimizer step ran on the sampling weights
@@ -464,25 +445,30 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
             cfg, norm_len, lambda mb: self.policy_logprobs(self.model, mb, temperature=temperature, with_entropy=True,
                                                            entropy_grad=entropy_coef > 0),
             on_logprobs=None if drift is None else on_policy_forward,
+            on_traced=trace.observe if trace is not None else None,
             entropy_coef=entropy_coef, correction=self.correction,
             distill=self.config.algorithm.distill if self.config.needs_teacher else None)
 
-        def check_drift() -> None:  # before the first optimizer step: a failed check leaves the weights alone
-            if not judged:
+        def before_step() -> None:  # before each optimizer step
+            if drift is not None and not judged:  # the first: a failed check leaves the weights alone
                 judged.append(True)
                 self.judge_drift(step_batch, *combined_moments(drift))  # its metrics are the step's
+            if trace is not None:
+                trace.stepped()
 
         metrics = self.optimize(self.model, self.optimizer, self.scheduler, batch, cfg, plan,
                                 micro_loss, prefix="actor", replicas=replicas,
                                 contributes=self.contributing_sequences if self.skips_zero_advantage else None,
                                 keep_groups=self.shares_prompt(self.model),
-                                before_step=None if drift is None else check_drift,
+                                before_step=None if drift is None and trace is None else before_step,
                                 metric_kinds=update.ACTOR_METRICS)
         if self.entropy_ctrl is not None:
             metrics |= update.steer_entropy(self.entropy_ctrl, metrics, self.placement)
         if batch.ref_logprobs is not None:
             metrics["actor/ref_kl"] = float(masked_mean(batch.old_logprobs - batch.ref_logprobs,
                                                         batch.response_mask.float()))
+        if self.trace is not None:
+            self.trace.after_update(step_batch, self.step_count + 1)
         return metrics
 
     def update_critic(self, batch: RolloutBatch) -> dict[str, float]:

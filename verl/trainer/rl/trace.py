@@ -1,16 +1,19 @@
 """What the policy did, a few rollouts per step: `rollouts.jsonl` and `tokens.jsonl` for `verl view`.
 
-`logging.rollout_samples` rollouts of each step (spread over the batch, so over its prompts) go to
-rollouts.jsonl: prompt, response, the reward and each reward function's part, the advantage and, for a
-multi-turn or agent episode, its transcript (model turns, which are trained, and observations, which are not).
+`logging.rollout_samples` rollouts of each step (spread over the batch, so over its prompts; numbered by
+`sample` within the step, the same number in both files) go to rollouts.jsonl: prompt, response, the reward
+and each reward function's part, the advantage and, for a multi-turn or agent episode, its transcript (model
+turns, which are trained, and observations, which are not).
 The first `logging.token_samples` of them also go to tokens.jsonl with one value per response token: the
-trainer's log-prob and entropy before the update, the sampler's log-prob and the gap between the two (what
-rollout correction and the drift guard look at), the advantage, the reference's log-prob, the critic's value,
-the rollout-correction weight, and after the update the ratio to the old policy, with `clipped` marking tokens
-the PPO clip range cuts on their advantage's side.
-
-The values come from two forwards of those few rows without gradient, one before and one after the update, on
-every actor rank (its own rows, so the sharded forwards stay in step); rank 0's rows are written.
+sampler's log-prob, the old policy's, the reference's, the advantage and the critic's value from the batch;
+and what the update's loss saw (no forward of its own: `update.policy_loss` hands over the micro-batches that
+hold traced rows): the log-prob and entropy of the row's first pass, and of its last pass the ratio to the old
+policy, the rollout-correction weight and `clipped`, the tokens where the ratio lies beyond the clip range on
+their advantage's side (PPO-style losses: the clipped term won, no gradient). `logprob_gap` is the trainer's
+log-prob minus the sampler's on the same weights (the old policy's pass, else a first pass before any optimizer
+step): what rollout correction and the drift guard look at. A row the update left out (advantage 0 with
+actor.skip_zero_advantage) or split over sequence-parallel ranks has only the batch's values. Rank 0's rows
+are written.
 """
 
 from __future__ import annotations
@@ -87,55 +90,63 @@ def episode_trace(record: Any, ids: Sequence[int], trained: Sequence[int], decod
 
 
 class RolloutTrace:
-    """Picks a step's traced rows, measures their tokens before and after the update, and builds the rows of
+    """Picks a step's traced rows, records what the update's loss saw of them, and builds the rows of
     rollouts.jsonl and tokens.jsonl (`rows`, which the training loop writes and clears)."""
 
-    def __init__(self, config: RunConfig, tokenizer: Tokenizer,
-                 forward: Callable[[RolloutBatch], tuple[torch.Tensor, torch.Tensor]],
-                 correction: Callable[[torch.Tensor, RolloutBatch], Any]) -> None:
-        """`forward(rows)`: (log-probs, entropy) [m, R] of the rows' response tokens under the current policy,
-        without gradient; `correction(old_logprobs, rows)`: the rollout correction's `Correction` or None."""
-        log = config.logging
+    def __init__(self, config: RunConfig, tokenizer: Tokenizer) -> None:
+        log, actor = config.logging, config.actor
         self.rollout_samples, self.token_samples = log.rollout_samples, min(log.token_samples, log.rollout_samples)
-        self.tokenizer, self.forward, self.correction = tokenizer, forward, correction
-        actor = config.actor
+        self.tokenizer = tokenizer
         options = {**get_policy_loss(actor.policy_loss).defaults(), **actor.loss_kwargs()}
         self.clip = ((options.get("clip_low"), options.get("clip_high"))
                      if actor.policy_loss in TOKEN_CLIP_LOSSES else None)
         self.rows: dict[str, list[dict[str, Any]]] = {}
         self._picked: list[int] = []
-        self._before: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._first: dict[int, dict[str, torch.Tensor]] = {}  # traced row -> its first pass through the loss
+        self._last: dict[int, dict[str, torch.Tensor]] = {}  # ... and its last
+        self._steps = 0  # optimizer steps of this update so far
 
     @classmethod
     def wanted(cls, config: RunConfig) -> bool:
         return config.logging.rollout_samples > 0
 
     def before_update(self, batch: RolloutBatch) -> RolloutBatch:
-        """Pick the rows and measure the traced ones under the weights that sampled them (an actor stage)."""
+        """Pick the rows, and mark the token-traced ones for the update's loss (an actor stage)."""
         self._picked = picked_rows(self.rollout_samples, len(batch))
-        self._before = None
-        if self.token_samples and batch.response_ids is not None:
-            self._before = self.forward(self._sub(batch))
+        self._first, self._last, self._steps = {}, {}, 0
+        if self.token_samples:
+            ids = torch.full((len(batch),), -1, dtype=torch.long)
+            ids[self._picked[: self.token_samples]] = torch.arange(len(self._picked[: self.token_samples]))
+            batch.trace_ids = ids
         return batch
 
+    def stepped(self) -> None:
+        """The update is about to take an optimizer step (a later pass runs on other weights than sampled)."""
+        self._steps += 1
+
+    def observe(self, mb: RolloutBatch, values: Mapping[str, torch.Tensor]) -> None:
+        """A micro-batch's per-token values as the loss used them (`update.policy_loss`'s `on_traced`)."""
+        for r in (mb.trace_ids >= 0).nonzero().flatten().tolist():
+            k, length = int(mb.trace_ids[r]), int(mb.response_attention[r].sum())
+            seen = {name: v[r, :length].float().cpu() for name, v in values.items()}
+            seen["advantage"] = mb.advantages[r, :length].float().cpu()  # after entropy_top_fraction's mask
+            seen["stepped"] = torch.tensor(self._steps)
+            self._first.setdefault(k, seen)
+            self._last[k] = seen
+
     def after_update(self, batch: RolloutBatch, step: int) -> RolloutBatch:
-        """The rows of `step` (after its update: the ratio needs the new weights), into `self.rows`."""
+        """The rows of `step` into `self.rows` (after the update, which measured the traced tokens)."""
         if not self._picked:
             return batch
-        after = self.forward(self._sub(batch))[0] if self._before is not None else None
-        rollouts, tokens = [], []
-        for j, i in enumerate(self._picked):
-            rollouts.append(self._rollout_row(batch, i, step))
-            if self._before is not None and j < self.token_samples:
-                tokens.append(self._token_row(batch, i, j, step, after))
+        rollouts = [self._rollout_row(batch, i, step) | {"sample": k} for k, i in enumerate(self._picked)]
+        tokens = [self._token_row(batch, i, k, step) | {"sample": k}
+                  for k, i in enumerate(self._picked[: self.token_samples])]
         self.rows = {"rollouts.jsonl": rollouts, "tokens.jsonl": tokens}
-        self._picked, self._before = [], None
+        self._picked, self._first, self._last = [], {}, {}
+        batch.trace_ids = None
         return batch
 
     # ------------------------------------------------------------------ rows
-    def _sub(self, batch: RolloutBatch) -> RolloutBatch:
-        return batch.select(torch.tensor(self._picked[: self.token_samples], dtype=torch.long))
-
     def _rollout_row(self, batch: RolloutBatch, i: int, step: int) -> dict[str, Any]:
         row = batch.rows[i]
         mask = batch.response_mask[i].float()
@@ -154,42 +165,41 @@ class RolloutTrace:
                                            batch.response_mask[i, :length].tolist(), self._decode)
         return out
 
-    def _token_row(self, batch: RolloutBatch, i: int, j: int, step: int,
-                   after: torch.Tensor | None) -> dict[str, Any]:
+    def _token_row(self, batch: RolloutBatch, i: int, k: int, step: int) -> dict[str, Any]:
         length = int(batch.response_attention[i].sum())
         ids = batch.response_ids[i, :length].tolist()
         mask = batch.response_mask[i, :length].float()
-        logprob, entropy = (t[j, :length].float().cpu() for t in self._before)
-        values: dict[str, torch.Tensor] = {"logprob": logprob, "entropy": entropy}
+        values: dict[str, torch.Tensor] = {}
         fields = {"sampler_logprob": batch.rollout_logprobs, "old_logprob": batch.old_logprobs,
                   "ref_logprob": batch.ref_logprobs, "advantage": batch.advantages, "value": batch.values}
         for name, field in fields.items():
             if field is not None:
                 values[name] = field[i, :length].float().cpu()
-        if batch.rollout_logprobs is not None:
-            values["logprob_gap"] = logprob - values["sampler_logprob"]
-        old = values.get("old_logprob", logprob)
-        sub = batch.select(torch.tensor([i], dtype=torch.long))
-        correction = self.correction(old.unsqueeze(0).to(sub.response_mask.device), sub) \
-            if batch.rollout_logprobs is not None else None
-        if correction is not None:
-            values["rollout_corr_weight"] = correction.weights[0, :length].float().cpu()
+        first, last = self._first.get(k), self._last.get(k)
         clipped = None
-        if after is not None:
-            ratio = torch.exp(after[j, :length].float().cpu() - old)
+        if first is not None and last is not None:  # a row the update skipped (advantage 0) has none of these
+            values |= {"logprob": first["logprob"], "entropy": first["entropy"]}
+            ratio = torch.exp(last["logprob"] - last["old"])
             values["ratio"] = ratio
-            if self.clip is not None and "advantage" in values:
+            if "rollout_corr_weight" in last:
+                values["rollout_corr_weight"] = last["rollout_corr_weight"]
+            if self.clip is not None:
                 low, high = self.clip
-                adv = values["advantage"]
+                adv = last["advantage"]
                 cut = (adv > 0) & (ratio > 1 + high)
                 if low is not None:
                     cut |= (adv < 0) & (ratio < 1 - low)
                 clipped = (cut & mask.bool()).int().tolist()
+        sampler = values.get("sampler_logprob")
+        if sampler is not None and "old_logprob" in values and not torch.equal(values["old_logprob"], sampler):
+            values["logprob_gap"] = values["old_logprob"] - sampler  # the old policy's pass: the sampling weights
+        elif sampler is not None and first is not None and int(first["stepped"]) == 0:
+            values["logprob_gap"] = first["logprob"] - sampler  # the loss's first pass, before any step
         off = (mask == 0).tolist()
         row = {"step": step, "group": str(int(batch.group_ids[i])), "prompt": prompt_text(batch.rows[i]),
                "tokens": [self._decode([t]) for t in ids],
-               "values": {k: [None if o else compact(float(x)) for x, o in zip(v.tolist(), off, strict=True)]
-                          for k, v in values.items()},
+               "values": {name: [None if o else compact(float(x)) for x, o in zip(v.tolist(), off, strict=True)]
+                          for name, v in values.items()},
                "masked": [int(o) for o in off]}
         if clipped is not None:
             row["clipped"] = clipped

@@ -272,15 +272,17 @@ def correct_rollout(old_logprobs: torch.Tensor, mb: RolloutBatch, plan: Correcti
 
 def policy_loss(cfg: ActorConfig, norm_len: int, forward: Callable[[RolloutBatch], tuple[torch.Tensor, torch.Tensor]],
                 *, on_logprobs: Callable[[torch.Tensor, RolloutBatch], None] | None = None,
+                on_traced: Callable[[RolloutBatch, dict[str, torch.Tensor]], None] | None = None,
                 entropy_coef: float | None = None, correction: CorrectionPlan | None = None,
                 distill: DistillConfig | None = None) -> MicroLoss:
     """The actor's micro-batch loss: `cfg.policy_loss` from the registry with its options and aggregation, each
     token weighted (or rejected) by the rollout `correction` (default: `cfg.rollout_correction` with auto = off;
     the trainer passes `plan_correction`'s), minus the entropy bonus, plus the KL loss; and its
     metrics. `forward(mb)` gives (log-probs, entropy); `on_logprobs(logprobs, mb)` sees every forward's
-    log-probs (the drift check). `norm_len` is seq-mean-token-sum-norm's constant for the whole batch.
-    A rejected token gets weight 0 but stays in the loss normaliser, which then does not depend on how the
-    batch is cut into micro-batches. `entropy_coef` is this step's bonus coefficient (the adaptive
+    log-probs (the drift check); `on_traced(mb, values)` gets the per-token values of a micro-batch that holds
+    traced rows (`mb.trace_ids`, `verl.trainer.rl.trace`). `norm_len` is seq-mean-token-sum-norm's constant for
+    the whole batch. A rejected token gets weight 0 but stays in the loss normaliser, which then does not depend
+    on how the batch is cut into micro-batches. `entropy_coef` is this step's bonus coefficient (the adaptive
     controller's; default `cfg.entropy_coef`). With `cfg.entropy_top_fraction` < 1 only the highest-entropy
     tokens of the micro-batch carry advantage (`top_entropy_mask`; the paper's batch is our micro-batch: one
     micro-batch per mini-batch reproduces it). `distill` in mode=loss adds its coef x the reverse-KL loss to
@@ -304,6 +306,9 @@ def policy_loss(cfg: ActorConfig, norm_len: int, forward: Callable[[RolloutBatch
             entropy_stats["actor/entropy_top_frac"] = masked_mean(top, mask)
         corrected = correct_rollout(old, mb, plan)
         weights = None if corrected is None else corrected.weights
+        if on_traced is not None and mb.trace_ids is not None and bool((mb.trace_ids >= 0).any()):
+            on_traced(mb, {"logprob": logprobs.detach(), "entropy": entropy.detach(), "old": old.detach(),
+                           **({} if weights is None else {"rollout_corr_weight": weights})})
         loss, stats = pg_loss(logprobs, old, mb.advantages, mask, agg=cfg.loss_agg, norm_len=norm_len,
                               token_weights=weights, **pg_options)
         metrics = {"actor/pg_loss": loss.detach(), "actor/clipfrac": stats["clipfrac"],
@@ -403,6 +408,7 @@ def optimize(
                     mb, weight = micro_batch(mini, groups[i], trim=budget is not None), weights[i]
                 else:  # a rank with fewer (or no) micro-batches: same collectives, zero gradient
                     mb, weight = micro_batch(mini, torch.zeros(1, dtype=torch.long), trim=True), 0.0
+                    mb.trace_ids = None  # no pass of its row's (logging.token_samples)
                 with activations_offloaded(cfg.activation_offload, placement.device):  # (*.activation_offload)
                     loss, stats = micro_loss(mb)
                 (loss * weight).backward()
