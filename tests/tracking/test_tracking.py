@@ -52,3 +52,20 @@ def test_plot_writes_svg_with_one_chart_per_metric(tmp_path):
         plot_run(tmp_path, keys=["val/accuracy"])
     with pytest.raises(VerlError, match="does not exist"):
         plot_run(tmp_path / "nope")
+
+
+def test_the_trace_files_are_cut_back_on_resume_and_moved_aside_by_a_fresh_run(tmp_path):
+    tracker = Tracker(["jsonl"], tmp_path)
+    for step in (1, 2, 3):
+        tracker.log_rows("rollouts.jsonl", [{"step": step, "response": "é </script>"}], "rows")
+        tracker.log_rows("tokens.jsonl", [{"step": step, "tokens": ["a"], "values": {"ratio": [None]}}], "rows")
+    tracker.close()
+    resumed = Tracker(["jsonl"], tmp_path, resume_step=2)
+    resumed.truncate_after(2)
+    resumed.close()
+    for name in ("rollouts.jsonl", "tokens.jsonl"):
+        assert [json.loads(line)["step"] for line in (tmp_path / name).read_text().splitlines()] == [1, 2]
+    fresh = Tracker(["jsonl"], tmp_path, fresh=True)
+    fresh.close()
+    assert not (tmp_path / "rollouts.jsonl").exists() and (tmp_path / "rollouts.jsonl.1").is_file()
+    assert (tmp_path / "tokens.jsonl.1").is_file()

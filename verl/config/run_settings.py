@@ -73,6 +73,12 @@ class TrainerConfig(Section):
         return v
 
     _home = field_validator("run_dir", "resume", mode="before")(_home)
+    val_every: int = Field(0, ge=0, description="Validate every N steps; 0 = only at the end.")
+    val_before_train: bool = True
+    stop_when: str | None = Field(None, description="End training early at the first validation (after a step) "
+                                  "whose metric reaches a value: `METRIC>=VALUE` or `METRIC<=VALUE`, e.g. "
+                                  "`val/accuracy>=0.97` (a warm start or a reward model trained until it is good "
+                                  "enough); that step is saved as the last checkpoint. None = train total_steps.")
 
     @field_validator("stop_when")
     @classmethod
@@ -80,12 +86,7 @@ class TrainerConfig(Section):
         if v is not None:
             parse_stop_rule(v)  # raises ValueError naming the expected form
         return v
-    val_every: int = Field(0, ge=0, description="Validate every N steps; 0 = only at the end.")
-    val_before_train: bool = True
-    stop_when: str | None = Field(None, description="End training early at the first validation (after a step) "
-                                  "whose metric reaches a value: `METRIC>=VALUE` or `METRIC<=VALUE`, e.g. "
-                                  "`val/accuracy>=0.97` (a warm start or a reward model trained until it is good "
-                                  "enough); that step is saved as the last checkpoint. None = train total_steps.")
+
     val_only: bool = Field(False, description="Validate once, on the checkpoint `trainer.resume` finds (or the "
                            "model as loaded), and stop: no training step, no checkpoint (volcengine/verl's key).")
     device: str = Field("auto", description="auto | cpu | cuda")
@@ -119,8 +120,8 @@ class LoggingConfig(Section):
                                  "(spread over the batch's prompts): prompt, response, reward and each reward "
                                  "function's part, advantage, an episode's transcript; read by `verl view`. 0 = none.")
     token_samples: int = Field(2, ge=0, description="Of those, responses per step whose per-token values go to "
-                               "tokens.jsonl (log-prob, entropy, sampler log-prob and the gap, advantage, "
-                               "rollout-correction weight, ratio after the update, clipped): two forwards of these "
-                               "rows without gradient per step. 0 = none.")
+                               "tokens.jsonl: the sampler's, the old policy's and the reference's log-probs, the "
+                               "advantage, and as the update's loss saw them the log-prob, entropy, ratio, "
+                               "rollout-correction weight and clipped tokens (no extra forward). 0 = none.")
 
     _split = field_validator("backends", mode="before")(_split_csv)
