@@ -103,7 +103,7 @@ def test_a_run_ends_with_a_summary_and_a_plot(tmp_path, capsys):
     assert f"  last checkpoint: {run_dir / 'checkpoints' / 'step_2'}" in summary
     assert f"  metrics: {run_dir / 'metrics.jsonl'}" in summary
     assert f"  samples: {run_dir / 'samples.jsonl'}" in summary
-    assert f"  next: verl eval {run_dir}   verl plot {run_dir}" in summary
+    assert f"  next: verl eval {run_dir}   verl view {run_dir}   verl plot {run_dir}" in summary
     assert (run_dir / "metrics.svg").is_file()
     if find_spec("matplotlib") is None:
         assert "no PNG: matplotlib is not installed" in summary

@@ -91,7 +91,7 @@ def run_summary_lines(trainer: Any, keep_best: Any, checkpoint: Path | None, sec
             lines.append(f"  {what}: {run_dir / name}")
     lines += [f"  {line}" for line in write_plot(run_dir)]
     where = shlex.quote(str(run_dir))
-    nxt = [f"verl plot {where}"]
+    nxt = [f"verl view {where}", f"verl plot {where}"]
     if cfg.trainer.kind != "rm" and checkpoint is not None:  # a reward model is not sampled from
         nxt.insert(0, f"verl eval {where}")
     lines.append("  next: " + "   ".join(nxt))
