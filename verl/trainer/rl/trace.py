@@ -134,17 +134,16 @@ class RolloutTrace:
             self._first.setdefault(k, seen)
             self._last[k] = seen
 
-    def after_update(self, batch: RolloutBatch, step: int) -> RolloutBatch:
+    def after_update(self, batch: RolloutBatch, step: int) -> None:
         """The rows of `step` into `self.rows` (after the update, which measured the traced tokens)."""
         if not self._picked:
-            return batch
+            return
         rollouts = [self._rollout_row(batch, i, step) | {"sample": k} for k, i in enumerate(self._picked)]
         tokens = [self._token_row(batch, i, k, step) | {"sample": k}
                   for k, i in enumerate(self._picked[: self.token_samples])]
         self.rows = {"rollouts.jsonl": rollouts, "tokens.jsonl": tokens}
         self._picked, self._first, self._last = [], {}, {}
         batch.trace_ids = None
-        return batch
 
     # ------------------------------------------------------------------ rows
     def _rollout_row(self, batch: RolloutBatch, i: int, step: int) -> dict[str, Any]:
