@@ -118,14 +118,24 @@ def test_a_real_demo_run_in_the_browser(tmp_path):
     rollouts = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
     first = rollouts[0]
     query = urlencode({"q": first["prompt"], "step": first["step"]})
-    dom = checked(dump_dom(report + f"#samples?{query}"), "samples")
+    dom = samples_dom = checked(dump_dom(report + f"#samples?{query}"), "samples")
     shown = re.findall(r'<tr data-id="\d+">(.*?)</tr>', dom, re.S)
     same = [r for r in rollouts if r["step"] == first["step"] and first["prompt"] in r["prompt"]]
     assert len(shown) == len(same) and all(html.escape(first["prompt"], quote=False) in row for row in shown)
     token = json.loads((run / "tokens.jsonl").read_text().splitlines()[0])
-    dom = checked(dump_dom(report + f"#tokens?step={token['step']}&id=0&value=logprob"), "tokens")
+    # the sampler's log-probs are on every row (the loss's own values only where the update ran the row)
+    dom = checked(dump_dom(report + f"#tokens?step={token['step']}&id=0&value=sampler_logprob"), "tokens")
     titles = [html.unescape(t) for t in re.findall(r'<span class="tok[^"]*" title="([^"]*)"', dom)]
     assert len(titles) == len(token["tokens"])
-    value = token["values"]["logprob"][0]
-    assert f"logprob: {float(f'{value:.6g}')}" in titles[0]
+    value = token["values"]["sampler_logprob"][0]
+    assert f"sampler_logprob: {float(f'{value:.6g}')}" in titles[0]
+    # a rollout links to its token values: the tokens.jsonl row of the same step and sample number
+    assert f'href="#tokens?step={first["step"]}&amp;sample={first["sample"]}"' in samples_dom
+    second = next(json.loads(line) for line in (run / "tokens.jsonl").read_text().splitlines()
+                  if json.loads(line)["step"] == token["step"] and json.loads(line)["sample"] == 1)
+    dom = checked(dump_dom(report + f"#tokens?step={token['step']}&sample=1&value=sampler_logprob"), "tokens")
+    titles = [html.unescape(t) for t in re.findall(r'<span class="tok[^"]*" title="([^"]*)"', dom)]
+    assert len(titles) == len(second["tokens"]) and not re.search(r'<div class="error">[^<]*no token values', dom)
+    value = second["values"]["sampler_logprob"][0]
+    assert f"sampler_logprob: {float(f'{value:.6g}')}" in titles[0]
     checked(dump_dom(report + "#episodes"), "episodes")

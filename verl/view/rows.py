@@ -58,7 +58,8 @@ def normalize(row_id: int, row: dict[str, Any], kind: str, *, table: bool = True
     text_limit = TABLE_CLIP if table else TURN_CLIP
     prompt = as_text(row.get("prompt"))
     out = {
-        "id": row_id, "step": as_int(row.get("step")), "group": clip(as_text(row.get("group")), 200),
+        "id": row_id, "step": as_int(row.get("step")), "sample": as_int(row.get("sample")),
+        "group": clip(as_text(row.get("group")), 200),
         "prompt": clip(prompt, text_limit), "response": clip(as_text(row.get("response")), text_limit),
         "ground_truth": clip(as_text(row.get("ground_truth")), 1000),
         "data_source": clip(as_text(row.get("data_source")), 200), "reward": num(reward),

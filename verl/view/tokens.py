@@ -34,7 +34,8 @@ def normalize_tokens(row_id: int, row: dict[str, Any]) -> dict[str, Any]:
     tokens = [as_text(t) for t in tokens[:MAX_TOKENS]]
     n = len(tokens)
     values = row.get("values") if isinstance(row.get("values"), dict) else {}
-    return {"id": row_id, "step": as_int(row.get("step")), "group": clip(as_text(row.get("group")), 200),
+    return {"id": row_id, "step": as_int(row.get("step")), "sample": as_int(row.get("sample")),
+            "group": clip(as_text(row.get("group")), 200),
             "prompt": clip(as_text(row.get("prompt")), 20000), "tokens": tokens,
             "values": {clip(str(k), 100): _fit(v, n, num) for k, v in values.items()},
             "masked": _fit(row.get("masked"), n, _flag), "clipped": _fit(row.get("clipped"), n, _flag),
@@ -51,7 +52,8 @@ class TokenIndex:
         self._clear()
 
     def _clear(self) -> None:
-        self.entries: list[tuple[int, int, int, str, str, int]] = []  # offset, length, step, group, prompt, n
+        # offset, length, step, group, prompt, n, sample (the rollouts.jsonl row of the same step and number)
+        self.entries: list[tuple[int, int, int, str, str, int, int | None]] = []
         self.by_step: dict[int, list[int]] = {}
         self.names: dict[str, None] = {}
 
@@ -72,7 +74,7 @@ class TokenIndex:
                 self.by_step.setdefault(step, []).append(len(self.entries))
                 self.entries.append((line.offset, line.length, step, clip(as_text(row.get("group")), 200),
                                      clip(as_text(row.get("prompt")), 120),
-                                     len(tokens) if isinstance(tokens, list) else 0))
+                                     len(tokens) if isinstance(tokens, list) else 0, as_int(row.get("sample"))))
 
     def summary(self) -> dict[str, Any]:
         with self.lock:
@@ -84,7 +86,7 @@ class TokenIndex:
         """The responses of `step`: id, group, the prompt's start and the token count (no tokens)."""
         with self.lock:
             return [{"id": i, "step": step, "group": self.entries[i][3], "prompt": self.entries[i][4],
-                     "n": self.entries[i][5]} for i in self.by_step.get(step, [])]
+                     "n": self.entries[i][5], "sample": self.entries[i][6]} for i in self.by_step.get(step, [])]
 
     def get(self, row_id: int) -> dict[str, Any]:
         with self.lock:

@@ -147,7 +147,7 @@
       const steps = countSteps(rows);
       const step = isAll(p.step) ? (steps.length ? steps[steps.length - 1][0] : null) : Number(p.step);
       return { steps: steps, names: [...names], rows: rows.length, step: step, bad_lines: 0, problems: [],
-        responses: rows.filter(r => r.step === step).map(r => ({ id: r.id, step: r.step, group: r.group, prompt: r.prompt.slice(0, 120), n: r.tokens.length })) };
+        responses: rows.filter(r => r.step === step).map(r => ({ id: r.id, step: r.step, group: r.group, prompt: r.prompt.slice(0, 120), n: r.tokens.length, sample: r.sample })) };
     },
     token: p => { const r = (DATA.tokens[p.run || 0] || []).find(x => x.id === Number(p.id)); if (!r) throw new Error("no response " + p.id + " in this report"); return r; },
   };
@@ -165,6 +165,14 @@
     showNotes();
   }
   function setStatus(text) { document.getElementById("status").textContent = text; }
+  // A training rollout's link to its token values (the tokens.jsonl row of the same step and `sample` number).
+  function tokensLink(run, r) {
+    if (r.sample === null || r.sample === undefined || r.step === null) return null;
+    const q = new URLSearchParams(run === "0" ? {} : { run: run });
+    q.set("step", r.step);
+    q.set("sample", r.sample);
+    return h("a", { class: "tokens-link", href: "#tokens?" + q.toString(), title: "this response's token values", text: "tokens" });
+  }
   function runSelect(onchange) {
     const sel = h("select", { onchange: onchange });
     options(sel, RUNS.map(r => [r.id, r.name]), 0);
@@ -407,7 +415,8 @@
       const body = ans.rows.map(r => h("tr", { "data-id": r.id }, ...cols.map(([key, , kind]) => {
         const v = this.cell(r, key);
         if (key === "prompt") return h("td", { class: "text prompt", title: "show this prompt's responses across steps", onclick: () => this.samePrompt(r.ph) }, h("div", { text: v }));
-        return kind === "num" ? h("td", { class: "num", text: fmt(v) }) : h("td", { class: "text" }, h("div", { text: v === null ? "" : v }));
+        const link = key === "response" && this.source.value === "rollouts" ? tokensLink(this.run.value, r) : null;
+        return kind === "num" ? h("td", { class: "num", text: fmt(v) }) : h("td", { class: "text" }, h("div", { text: v === null ? "" : v }), link);
       })));
       clear(this.table);
       this.table.append(h("table", { class: "rows" }, h("thead", {}, head), h("tbody", {}, ...body)));
@@ -500,7 +509,7 @@
         h("span", { class: "badge" + (bad ? " bad" : ""), text: e.status || "?" }), h("span", { text: "reward " + fmt(r.reward) }),
         h("span", { text: "advantage " + fmt(r.advantage) }), r.data_source ? h("span", { class: "muted", text: r.data_source }) : null,
         ...Object.entries(e.counts || {}).map(([k, v]) => h("span", { class: "muted", text: k + " " + fmt(v) })),
-        e.error ? h("span", { class: "turn-error", text: "error: " + e.error }) : null);
+        e.error ? h("span", { class: "turn-error", text: "error: " + e.error }) : null, tokensLink(this.run.value, r));
       const turns = e.turns.map(t => h("div", { class: "turn " + (t.trained ? "trained" : "observation"), "data-role": t.role },
         h("span", { class: "role", text: t.role + (t.trained ? " (trained)" : "") }),
         t.reward !== null ? h("span", { class: "badge", text: "reward " + fmt(t.reward) }) : null,
@@ -558,6 +567,7 @@
       if (!this.built) this.build();
       this.run.value = params.get("run") || "0";
       this.wantValue = params.get("value") || "";
+      this.wantSample = params.get("id") ? null : params.get("sample");
       await this.load(params.get("step") || undefined, params.get("id") || undefined);
       await this.pick();
     },
@@ -570,6 +580,12 @@
       }
       this.count = s.rows;
       options(this.step, s.steps.map(([k, n]) => [k, "step " + k + " (" + n + ")"]), s.step);
+      if (this.wantSample !== null && this.wantSample !== undefined) {  // from a rollout's link: its step and number
+        const hit = s.responses.find(r => String(r.sample) === this.wantSample);
+        if (hit) id = String(hit.id);
+        else this.error.textContent = "step " + s.step + " has no token values for rollout sample " + this.wantSample + " (logging.token_samples records the first of each step's traced rollouts)";
+        this.wantSample = null;
+      }
       options(this.response, s.responses.map(r => [r.id, "#" + r.id + " " + r.group + ": " + r.prompt + " (" + r.n + " tokens)"]), id !== undefined ? id : this.response.value);
       const names = s.names.slice();
       const want = this.wantValue || this.value.value || (names.includes("logprob") ? "logprob" : names[0]);
