@@ -266,3 +266,18 @@ def test_a_big_file_is_indexed_over_several_requests(tmp_path):
         index.refresh()
         polls += 1
     assert len(index) == 200 and polls > 5 and index.query(Query(step=49))["total"] == 4
+
+
+def test_polls_hand_over_one_slice_of_rows_at_a_time(tmp_path):
+    """A large append is parsed a slice at a time (the rows of one slice are all a reader holds), up to the
+    poll's budget; the next call goes on from there."""
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text("".join(json.dumps({"step": i, "pad": "x" * 80}) + "\n" for i in range(100)), encoding="utf-8")
+    tail = JsonlTail(path)
+    sizes = [len(p.lines) for p in tail.polls(max_bytes=3000, slice_bytes=1000)]
+    assert len(sizes) == 3 and all(0 < n <= 11 for n in sizes)  # each slice: ~1000 bytes of ~95-byte rows
+    seen = sum(sizes)
+    assert tail.offset == sum(len(json.dumps({"step": i, "pad": "x" * 80})) + 1 for i in range(seen))
+    rest = [line.row["step"] for p in tail.polls(slice_bytes=1000) for line in p.lines]
+    assert rest == list(range(seen, 100))
+    assert [len(p.lines) for p in tail.polls()] == [0]  # nothing new: one empty poll, then it stops

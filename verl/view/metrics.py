@@ -63,20 +63,23 @@ class MetricsLog:
 
     def refresh(self) -> None:
         with self.lock:
-            poll = self.tail.poll()
-            if poll.reset:
-                self._clear()
-            for line in poll.lines:
-                row = clean_metrics_row(line.row)
-                if row is None:
-                    self.tail.bad_lines += 1
-                    continue
-                self.rows.append(row)
-                for key, value in row.items():
-                    if key != "step":
-                        self.keys.setdefault(key)
-                    if key in FALLBACK_BEST and value is not None and value > self._best.get(key, (-math.inf, 0))[0]:
-                        self._best[key] = (value, row["step"])
+            for poll in self.tail.polls():
+                if poll.reset:
+                    self._clear()
+                for line in poll.lines:
+                    self._add(line.row)
+
+    def _add(self, raw: dict[str, Any]) -> None:
+        row = clean_metrics_row(raw)
+        if row is None:
+            self.tail.bad_lines += 1
+            return
+        self.rows.append(row)
+        for key, value in row.items():
+            if key != "step":
+                self.keys.setdefault(key)
+            if key in FALLBACK_BEST and value is not None and value > self._best.get(key, (-math.inf, 0))[0]:
+                self._best[key] = (value, row["step"])
 
     def best(self) -> dict[str, Any] | None:
         """checkpoints/best.json when the run keeps one, else the step of the largest val/accuracy or val/score."""

@@ -133,11 +133,11 @@ class RowIndex:
 
     def refresh(self) -> None:
         with self.lock:
-            poll = self.tail.poll(self.index_bytes)
-            if poll.reset:
-                self._clear()
-            for line in poll.lines:
-                self._add(line)
+            for poll in self.tail.polls(self.index_bytes):
+                if poll.reset:
+                    self._clear()
+                for line in poll.lines:
+                    self._add(line)
 
     def _add(self, line: Line) -> None:
         row, i = line.row, len(self.offsets)

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 MAX_LINE_BYTES = 64 * 1024 * 1024  # a row this large is a bug upstream, not something to show
 CHUNK_BYTES = 1 << 20
+# `polls` hands over the rows of this many bytes at a time: the parsed rows of one slice are all a reader holds
+SLICE_BYTES = 16 << 20
 MAX_PROBLEMS_KEPT = 20
 
 
@@ -99,6 +102,20 @@ class JsonlTail:
             fh.seek(self.offset)
             self._read(fh, budget, poll)
         return poll
+
+    def polls(self, max_bytes: int | None = None, slice_bytes: int = SLICE_BYTES) -> Iterator[Poll]:
+        """`poll()`s of at most `slice_bytes` each, until about `max_bytes` are read (None: all that is there):
+        the caller indexes each slice's rows before the next is parsed, so a large file never sits in memory
+        as parsed rows."""
+        read = 0
+        while max_bytes is None or read < max_bytes:
+            start = self.offset
+            poll = self.poll(slice_bytes if max_bytes is None else min(slice_bytes, max_bytes - read))
+            yield poll
+            moved = self.offset if poll.reset else self.offset - start
+            if moved <= 0:
+                return
+            read += moved
 
     def _read(self, fh, budget: int, poll: Poll) -> None:
         end = self.offset + budget  # stop at the first line end at or past this

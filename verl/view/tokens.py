@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from verl.errors import ViewError
-from verl.view.tail import JsonlTail, parse_line
+from verl.view.tail import JsonlTail, Line, parse_line
 from verl.view.values import as_int, as_text, clip, num
 
 MAX_TOKENS = 32_768  # tokens of one response shown
@@ -59,22 +59,24 @@ class TokenIndex:
 
     def refresh(self) -> None:
         with self.lock:
-            poll = self.tail.poll()
-            if poll.reset:
-                self._clear()
-            for line in poll.lines:
-                row = line.row
-                step = as_int(row.get("step"))
-                step = -1 if step is None else step
-                tokens = row.get("tokens")
-                values = row.get("values")
-                for name in values if isinstance(values, dict) else ():
-                    if len(self.names) < 64:
-                        self.names.setdefault(clip(str(name), 100))
-                self.by_step.setdefault(step, []).append(len(self.entries))
-                self.entries.append((line.offset, line.length, step, clip(as_text(row.get("group")), 200),
-                                     clip(as_text(row.get("prompt")), 120),
-                                     len(tokens) if isinstance(tokens, list) else 0, as_int(row.get("sample"))))
+            for poll in self.tail.polls():
+                if poll.reset:
+                    self._clear()
+                for line in poll.lines:
+                    self._add(line)
+
+    def _add(self, line: Line) -> None:
+        row = line.row
+        step = as_int(row.get("step"))
+        step = -1 if step is None else step
+        tokens, values = row.get("tokens"), row.get("values")
+        for name in values if isinstance(values, dict) else ():
+            if len(self.names) < 64:
+                self.names.setdefault(clip(str(name), 100))
+        self.by_step.setdefault(step, []).append(len(self.entries))
+        self.entries.append((line.offset, line.length, step, clip(as_text(row.get("group")), 200),
+                             clip(as_text(row.get("prompt")), 120), len(tokens) if isinstance(tokens, list) else 0,
+                             as_int(row.get("sample"))))
 
     def summary(self) -> dict[str, Any]:
         with self.lock:
