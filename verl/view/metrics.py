@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from verl.view.tail import JsonlTail
+from verl.view.tail import JsonlTail, Line, TailIndex
 from verl.view.values import as_int, num
 
 FALLBACK_BEST = ("val/accuracy", "val/score")  # without checkpoints/best.json: the largest of the first found
@@ -47,7 +47,7 @@ def read_best_file(run_dir: Path) -> dict[str, Any] | None:
     return {"step": step, "metric": metric, "value": num(value), "mode": mode, "source": "checkpoints/best.json"}
 
 
-class MetricsLog:
+class MetricsLog(TailIndex):
     """The rows of one run's metrics.jsonl read so far; `refresh()` reads what was appended."""
 
     def __init__(self, run_dir: str | Path) -> None:
@@ -61,16 +61,8 @@ class MetricsLog:
         self.keys: dict[str, None] = {}  # every metric name seen, in first-seen order
         self._best: dict[str, tuple[float, int]] = {}  # fallback key -> (largest value, its step)
 
-    def refresh(self) -> None:
-        with self.lock:
-            for poll in self.tail.polls():
-                if poll.reset:
-                    self._clear()
-                for line in poll.lines:
-                    self._add(line.row)
-
-    def _add(self, raw: dict[str, Any]) -> None:
-        row = clean_metrics_row(raw)
+    def _add(self, line: Line) -> None:
+        row = clean_metrics_row(line.row)
         if row is None:
             self.tail.bad_lines += 1
             return

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from verl.errors import ViewError
-from verl.view.tail import JsonlTail, Line, parse_line
+from verl.view.tail import JsonlTail, Line, TailIndex, parse_line
 from verl.view.values import TABLE_CLIP, TURN_CLIP, as_int, as_text, clip, num, prompt_hash
 
 STATUSES = ("ok", "timeout", "failed", "restarted", "truncated")
@@ -107,7 +107,7 @@ def _nan_last(value: float, desc: bool) -> tuple[int, float]:
     return (0, -value if desc else value)
 
 
-class RowIndex:
+class RowIndex(TailIndex):
     """The index of one samples or rollouts file; `refresh()` reads what was appended, `query()` answers."""
 
     def __init__(self, path: str | Path, kind: str, *, index_bytes: int = INDEX_BYTES_PER_POLL) -> None:
@@ -130,14 +130,6 @@ class RowIndex:
 
     def __len__(self) -> int:
         return len(self.offsets)
-
-    def refresh(self) -> None:
-        with self.lock:
-            for poll in self.tail.polls(self.index_bytes):
-                if poll.reset:
-                    self._clear()
-                for line in poll.lines:
-                    self._add(line)
 
     def _add(self, line: Line) -> None:
         row, i = line.row, len(self.offsets)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,4 +172,27 @@ def read_at(path: Path, offset: int, length: int) -> dict[str, Any] | None:
         return None
 
 
-__all__ = ["JsonlTail", "Line", "Poll", "MAX_LINE_BYTES", "parse_line", "read_at"]
+class TailIndex:
+    """A reader kept up to date from its `tail`: `refresh()` hands it what was appended, a slice at a time
+    (`_add` per row; `_clear` first when the file was replaced), reading at most `index_bytes` per call."""
+
+    tail: JsonlTail
+    lock: threading.Lock
+    index_bytes: int | None = None
+
+    def refresh(self) -> None:
+        with self.lock:
+            for poll in self.tail.polls(self.index_bytes):
+                if poll.reset:
+                    self._clear()
+                for line in poll.lines:
+                    self._add(line)
+
+    def _clear(self) -> None:
+        raise NotImplementedError  # pragma: no cover - each reader's own
+
+    def _add(self, line: Line) -> None:
+        raise NotImplementedError  # pragma: no cover - each reader's own
+
+
+__all__ = ["JsonlTail", "Line", "MAX_LINE_BYTES", "Poll", "TailIndex", "parse_line", "read_at"]

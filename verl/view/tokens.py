@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from verl.errors import ViewError
-from verl.view.tail import JsonlTail, Line, parse_line
+from verl.view.tail import JsonlTail, Line, TailIndex, parse_line
 from verl.view.values import as_int, as_text, clip, num
 
 MAX_TOKENS = 32_768  # tokens of one response shown
@@ -42,7 +42,7 @@ def normalize_tokens(row_id: int, row: dict[str, Any]) -> dict[str, Any]:
             "cut": cut}
 
 
-class TokenIndex:
+class TokenIndex(TailIndex):
     """Where each response of tokens.jsonl is, by step; `refresh()` reads what was appended."""
 
     def __init__(self, path: str | Path) -> None:
@@ -56,14 +56,6 @@ class TokenIndex:
         self.entries: list[tuple[int, int, int, str, str, int, int | None]] = []
         self.by_step: dict[int, list[int]] = {}
         self.names: dict[str, None] = {}
-
-    def refresh(self) -> None:
-        with self.lock:
-            for poll in self.tail.polls():
-                if poll.reset:
-                    self._clear()
-                for line in poll.lines:
-                    self._add(line)
 
     def _add(self, line: Line) -> None:
         row = line.row
