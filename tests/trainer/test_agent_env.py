@@ -105,13 +105,20 @@ def _config(tmp_path, agent="agent.py:run", *more):
 
 
 def test_agent_episodes_train_and_failures_stay_in_their_episode(tmp_path):
-    trainer = RLTrainer(_config(tmp_path))
+    trainer = RLTrainer(_config(tmp_path, "agent.py:run", "logging.rollout_samples=1000"))  # trace every row
     sleep = trainer.multiturn.agent.__globals__["SLEEP"]
     sleep["s"] = 0.0  # the cold step (first calls import the client's types): no episode sleeps, none times out
     metrics = trainer.step()
     assert metrics["episode/agent_timeout"] == 0.0
     assert metrics["episode/agent_calls"] > 1  # two calls per healthy episode, one for the raising ones
     assert metrics["episode/agent_restarted_calls"] == 0.0  # each continued its episode's sequence
+    # the step's rollouts for `verl view`: a raising agent's episode is "failed" with its traceback, the others ok
+    traced = trainer.trace.rows["rollouts.jsonl"]
+    assert all(r["episode"] is not None for r in traced)
+    broken = [r for r in traced if r["prompt"].startswith("1")]
+    assert broken and all(r["episode"]["status"] == "failed" and "RuntimeError: the agent broke on 1"
+                          in r["episode"]["error"] for r in broken)
+    assert {r["episode"]["status"] for r in traced if not r["prompt"].startswith("1")} == {"ok"}
     sleep["s"], trainer.config.env.agent_timeout_s = 120.0, 15.0  # now warm: the sleepers time out
     batch = trainer.multiturn.run(trainer.env.val_rows()[:8], 4, trainer.sampling, trainer.generator)
     failed = [e for e in batch.episodes if e.row["prompt"].startswith("1")]
