@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,7 +173,7 @@ def read_at(path: Path, offset: int, length: int) -> dict[str, Any] | None:
         return None
 
 
-class TailIndex:
+class TailIndex(ABC):
     """A reader kept up to date from its `tail`: `refresh()` hands it what was appended, a slice at a time
     (`_add` per row; `_clear` first when the file was replaced), reading at most `index_bytes` per call."""
 
@@ -188,11 +189,13 @@ class TailIndex:
                 for line in poll.lines:
                     self._add(line)
 
+    @abstractmethod
     def _clear(self) -> None:
-        raise NotImplementedError  # pragma: no cover - each reader's own
+        """Forget every row indexed so far (the file was replaced)."""
 
+    @abstractmethod
     def _add(self, line: Line) -> None:
-        raise NotImplementedError  # pragma: no cover - each reader's own
+        """Index one complete row."""
 
 
 __all__ = ["JsonlTail", "Line", "MAX_LINE_BYTES", "Poll", "TailIndex", "parse_line", "read_at"]
