@@ -52,8 +52,9 @@ NEAR_MISSES = (-10, -1, 1, 10)
 # The reward model trains until it ranks this share of the pairs of RM_PROBE_PROBLEMS training problems it
 # does not train on correctly (checked every RM_CHECK_EVERY steps), or for RM_STEPS optimizer steps of
 # RM_BATCH_SIZE pairs (learning rate rm.lr, decaying over RM_STEPS as actor.* says). A fixed 600 steps left one
-# seed's reward model at 91% held-out pair accuracy, still climbing, and GRPO on it gained half what it gains on
-# a 97% one; seeds that learn faster stop sooner. Large batches at a high rate fit the pairs fastest on a CPU.
+# seed's reward model at 91% held-out pair accuracy, still climbing, and GRPO on it stayed under the demo's bar;
+# seeds that learn faster stop sooner. (Pair accuracy is a floor, not a forecast: GRPO's gain on reward models of
+# similar accuracy still varies by seed.) Large batches at a high rate fit the pairs fastest on a CPU.
 RM_TARGET_ACCURACY = 0.97
 RM_PROBE_PROBLEMS = 64
 RM_CHECK_EVERY = 50
