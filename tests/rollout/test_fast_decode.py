@@ -262,3 +262,45 @@ def test_an_fsdp2_model_decodes_on_the_fast_step_while_its_weights_are_gathered(
             LlamaStyleDecodeStep.__call__ = real
     assert len(calls) == 7 and torch.equal(got, want)
     assert "sharded" in engine.fast_decode_reason
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN linear")
+@pytest.mark.parametrize("speedup,kernel", [(2.0, "onednn"), (1.0, "mm")])
+def test_auto_decodes_plain_layers_on_the_library_its_measurement_picks(monkeypatch, tmp_path, speedup, kernel):
+    """Under `trainer.cpu_matmul=auto` the decode step times its own projections (at the rollout's rows) and keeps
+    the faster library for them; either way the tokens are the model's own."""
+    from verl.utils import cpu_matmul
+
+    monkeypatch.setenv("VERL_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("VERL_CPU_MATMUL", raising=False)
+    monkeypatch.setattr(fast_decode, "MIN_PACKED_ELEMENTS", 0)  # this model's weights are all small
+    asked = []
+    monkeypatch.setattr(cpu_matmul, "measured_decode_speedup", lambda rows, layout: asked.append((rows, layout))
+                        or speedup)
+    cpu_matmul.decode_speedup.cache_clear()
+    model = make_model("qwen2", seed=2)
+    ids, mask = left_padded(LENGTHS, seed=9)
+    engine = HFKVCacheEngine(model, cpu_matmul="auto")
+    try:
+        got = engine.generate(ids, mask, SamplingParams(temperature=0, max_new_tokens=8)).response_ids
+        engine.generate(ids, mask, SamplingParams(temperature=0, max_new_tokens=8))
+    finally:
+        cpu_matmul.decode_speedup.cache_clear()
+    assert len(asked) == 1 and asked[0][0] == ids.shape[0]  # once, at the rollout's rows
+    layers = model.config.num_hidden_layers
+    assert len(asked[0][1]) == 4 * layers + 1  # q/k/v, o, gate/up, down per layer, and the lm_head
+    step = engine._decode_step
+    assert all(lin.kernel == kernel for plan in step.plans for lin in (plan.qkv, plan.o, plan.gate_up, plan.down))
+    assert engine.decode_matmul[0] == ("onednn" if kernel == "onednn" else "aten")
+    assert torch.equal(got, hf_greedy(model, ids, mask, 8, [], pad=0))
+
+
+def test_a_set_library_decodes_without_measuring(monkeypatch):
+    from verl.utils import cpu_matmul
+
+    monkeypatch.setattr(cpu_matmul, "measured_decode_speedup", lambda *_: pytest.fail("measured"))
+    engine = HFKVCacheEngine(make_model("qwen2", seed=2), cpu_matmul="aten")
+    ids, mask = left_padded(LENGTHS, seed=9)
+    engine.generate(ids, mask, SamplingParams(temperature=0, max_new_tokens=4))
+    assert engine.decode_matmul == ("aten", "as set")
+    assert all(plan.gate_up.kernel == "mm" for plan in engine._decode_step.plans)

@@ -256,3 +256,55 @@ def test_check_and_the_summary_name_the_choice_made_on_the_runs_layers(monkeypat
     assert f"linear layers on CPU: oneDNN (trainer.cpu_matmul=auto: {why}" in capsys.readouterr().out
     assert summary["cpu_matmul"] == "onednn" and why in summary["cpu_matmul_why"]
     assert any(type(m) is OneDNNLinear for m in trainer.model.modules())
+    assert "cpu_matmul_decode" not in summary  # no rollout yet
+    from verl.rollout import fast_decode
+
+    monkeypatch.setattr(fast_decode, "MIN_PACKED_ELEMENTS", 0)  # this model's weights are all small
+    monkeypatch.setattr(cpu_matmul, "measured_decode_speedup", lambda *_: pytest.fail("nothing to measure"))
+    trainer.step()  # oneDNN layers decode packed: nothing for the decode to measure
+    summary = json.loads(trainer.write_summary({}).read_text())
+    assert summary["cpu_matmul_decode"] == "onednn" and "oneDNN's" in summary["cpu_matmul_decode_why"]
+
+
+def test_the_decode_step_chooses_apart_only_under_auto(monkeypatch, tmp_path):
+    """`aten`/`onednn` (set, or forced by the environment) keep the decode on the run's library without
+    measuring; `auto` follows the decode measurement with the same margin, kept on disk for later processes."""
+    monkeypatch.setenv("VERL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: True)
+    monkeypatch.delenv("VERL_CPU_MATMUL", raising=False)
+    layout = ((256, 512), (1024, 256))
+    monkeypatch.setattr(cpu_matmul, "measured_decode_speedup", lambda *_: pytest.fail("a set kernel measures nothing"))
+    assert cpu_matmul.resolve_decode("aten", 16, layout) == ("aten", "as set")
+    assert cpu_matmul.resolve_decode("onednn", 16, layout) == ("onednn", "as set")
+    monkeypatch.setenv("VERL_CPU_MATMUL", "aten")
+    assert cpu_matmul.resolve_decode("auto", 16, layout)[0] == "aten"
+    monkeypatch.delenv("VERL_CPU_MATMUL")
+    assert cpu_matmul.resolve_decode("auto", 16, ())[0] == "aten"  # nothing to choose for
+
+    for speedup, library in ((1.45, "onednn"), (1.25, "aten"), (0.5, "aten")):
+        cpu_matmul.decode_speedup.cache_clear()
+        for stale in tmp_path.rglob("*.json"):
+            stale.unlink()
+        monkeypatch.setattr(cpu_matmul, "measured_decode_speedup", lambda rows, lay, s=speedup: s)
+        got, why = cpu_matmul.resolve_decode("auto", 16, layout)
+        assert got == library and f"{speedup:.2f}x" in why and "16 rows" in why
+    cpu_matmul.decode_speedup.cache_clear()  # a new process: reads the kept value
+    monkeypatch.setattr(cpu_matmul, "measured_decode_speedup", lambda *_: pytest.fail("measured twice"))
+    assert cpu_matmul.resolve_decode("auto", 16, layout)[0] == "aten"
+    cpu_matmul.decode_speedup.cache_clear()
+
+
+@needs_onednn
+def test_the_decode_measurement_times_weights_in_turn_up_to_its_byte_cap(monkeypatch):
+    made = []
+    real = torch.randn
+
+    def randn(*shape, **kwargs):
+        made.append(shape)
+        return real(*shape, **kwargs)
+
+    monkeypatch.setattr(cpu_matmul, "MAX_DECODE_TIMED_BYTES", 3 * 4 * 256 * 256)
+    monkeypatch.setattr(cpu_matmul.torch, "randn", randn)
+    speedup = cpu_matmul.measured_decode_speedup(4, ((256, 256),) * 5, repeats=1)
+    assert 0.05 < speedup < 20
+    assert made.count((256, 256)) == 3  # the first three weights fit the cap; the rest would only repeat them

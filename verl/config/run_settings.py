@@ -100,7 +100,8 @@ class TrainerConfig(Section):
         "this host (at least 1.3x on the run's own layer shapes, each product's fastest of interleaved repeats, "
         "measured once and kept in "
         "$VERL_CACHE_DIR/cpu_matmul; AMD processors where MKL takes a generic path), else ATen; the environment "
-        "variable VERL_CPU_MATMUL=aten|onednn decides auto instead; aten | onednn force one "
+        "variable VERL_CPU_MATMUL=aten|onednn decides auto instead; aten | onednn force one. Under auto a "
+        "rollout's decode steps measure their own projections (weights streamed from memory) and choose apart "
         "(verl.utils.cpu_matmul; benchmarks/cpu_matmul.py times both).")
     demo: Literal["arithmetic", "tool", "agent", "rlhf"] | None = Field(
         None, description="`verl train` runs this config as a demo: a supervised warm start, then RL, held-out "

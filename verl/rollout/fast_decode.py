@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from verl.utils.cpu_matmul import OneDNNLinear
+from verl.utils.cpu_matmul import CpuMatmul, DecodeLayout, OneDNNLinear, resolve_decode
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 # The decode layout copies the weights (fused and transposed, plus a copy to check them against: about 2x
@@ -117,8 +117,9 @@ class _Linear:
 _PLAIN_LINEARS = {torch.nn.Linear: "mm", OneDNNLinear: "onednn"}
 
 
-def _decode_linear(modules: list[Any]) -> _Linear | None:
-    """The concatenation of plain linear modules of one class in decode layout, or None if any is not plain."""
+def _decode_linear(modules: list[Any], packed: bool = False) -> _Linear | None:
+    """The concatenation of plain linear modules of one class in decode layout, or None if any is not plain.
+    `packed`: plain `nn.Linear` layers take oneDNN's packed layout too (the decode step's own measured choice)."""
     kinds = {_PLAIN_LINEARS.get(type(m)) for m in modules}
     if None in kinds or len(kinds) != 1:
         return None
@@ -131,7 +132,8 @@ def _decode_linear(modules: list[Any]) -> _Linear | None:
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
         return _Linear(weight, bias, kernel="linear", sources=tuple(modules))
     # oneDNN's fixed cost per call exceeds a small weight's arithmetic: those take MKL's `mm` either way.
-    kernel = "onednn" if kinds.pop() == "onednn" and weight.numel() >= MIN_PACKED_ELEMENTS else "mm"
+    onednn = kinds.pop() == "onednn" or packed
+    kernel = "onednn" if onednn and weight.numel() >= MIN_PACKED_ELEMENTS else "mm"
     if kernel == "mm":
         weight = weight.detach().t().contiguous()
     return _Linear(weight.detach() if len(modules) > 1 else weight, bias, kernel=kernel, sources=tuple(modules))
@@ -238,8 +240,13 @@ class LlamaStyleDecodeStep:
     rollout after an optimizer step or a weight sync always runs on the new weights.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, cpu_matmul: CpuMatmul = "aten") -> None:
         self.model = model
+        # The library plain layers decode with on CPU in float32 (`trainer.cpu_matmul`: `onednn` layers are
+        # OneDNNLinear and decode packed whatever this says); `auto` (None until measured) decides on the
+        # first layout, by timing this model's decode step at that rollout's rows, and keeps its choice.
+        self.kernel: str | None = None if cpu_matmul == "auto" else cpu_matmul
+        self.kernel_why = "as set"
         self.base = model.model
         self.layers = list(self.base.layers[: model.config.num_hidden_layers])
         self.cos: torch.Tensor | None = None
@@ -286,8 +293,9 @@ class LlamaStyleDecodeStep:
                 return False, f"{type(module).__name__} has forward hooks that must run"
         return True, ""
 
-    def prepare(self, max_positions: int, device: torch.device, dtype: torch.dtype) -> None:
-        """Per-rollout set-up: the rotary table, and the decode layout of the weights unless still valid.
+    def prepare(self, max_positions: int, device: torch.device, dtype: torch.dtype, rows: int = 16) -> None:
+        """Per-rollout set-up: the rotary table, and the decode layout of the weights unless still valid
+        (`rows`: the rollout's, which an `auto` choice of the decode's library is measured at).
 
         The rotary table comes from the model's own rotary module for positions 0..max_positions-1.
         ``rotate_half(x) * sin`` is rewritten as ``swap_halves(x) * signed_sin`` (a sign flip is exact).
@@ -311,6 +319,19 @@ class LlamaStyleDecodeStep:
                 part.refresh()
             return
         plain = sum(p.numel() * p.element_size() for p in params) <= MAX_FUSED_BYTES
+        self._build(plain, dtype, packed=self.kernel == "onednn")
+        if plain and self.kernel is None:  # the first layout under `auto`: measure the decode step, once
+            layout = self.decode_layout()
+            packed = any(p.kernel == "onednn" for p in self._layout_parts() if isinstance(p, _Linear))
+            self.kernel, self.kernel_why = (resolve_decode("auto", rows, layout) if layout or not packed
+                                            else ("onednn", "the layers are oneDNN's (trainer.cpu_matmul)"))
+            if self.kernel == "onednn" and layout:
+                self._build(plain, dtype, packed=True)
+        # Only small models get a layout (and so a copy to check it against); large ones rebuild for free.
+        self._built_from = (dtype, params, self._copy_values(params)) if plain else None
+
+    def _build(self, plain: bool, dtype: torch.dtype, packed: bool) -> None:
+        """The per-layer plans and the decode layout of the weights (`packed`: oneDNN's, for plain layers too)."""
         self.plans: list[_LayerPlan] = []
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -319,19 +340,25 @@ class LlamaStyleDecodeStep:
                 attn=attn, mlp=mlp, head_dim=attn.head_dim, kv_heads=attn.k_proj.weight.shape[0] // attn.head_dim,
                 in_norm=_rms_norm(layer.input_layernorm, dtype),
                 post_norm=_rms_norm(layer.post_attention_layernorm, dtype),
-                qkv=(_decode_linear([attn.q_proj, attn.k_proj, attn.v_proj])
+                qkv=(_decode_linear([attn.q_proj, attn.k_proj, attn.v_proj], packed)
                      if plain and not hasattr(attn, "q_norm") else None),
-                o=(_decode_linear([attn.o_proj]) if plain else None) or attn.o_proj,
-                gate_up=_decode_linear([mlp.gate_proj, mlp.up_proj]) if mlp_plain else None,
-                down=(_decode_linear([mlp.down_proj]) if mlp_plain else None) or getattr(mlp, "down_proj", None),
+                o=(_decode_linear([attn.o_proj], packed) if plain else None) or attn.o_proj,
+                gate_up=_decode_linear([mlp.gate_proj, mlp.up_proj], packed) if mlp_plain else None,
+                down=((_decode_linear([mlp.down_proj], packed) if mlp_plain else None)
+                      or getattr(mlp, "down_proj", None)),
                 act_fn=_activation(mlp.act_fn) if mlp_plain else None))
         embed = self.base.embed_tokens  # the plain lookup without nn.Module's call overhead, once per token
         self.embed = ((lambda ids: F.embedding(ids, embed.weight)) if type(embed) is torch.nn.Embedding
                       and embed.max_norm is None else embed)
         self.final_norm = _rms_norm(self.base.norm, dtype)
-        self.lm_head = (_decode_linear([self.model.lm_head]) if plain else None) or self.model.lm_head
-        # Only small models get a layout (and so a copy to check it against); large ones rebuild for free.
-        self._built_from = (dtype, params, self._copy_values(params)) if plain else None
+        self.lm_head = (_decode_linear([self.model.lm_head], packed) if plain else None) or self.model.lm_head
+
+    def decode_layout(self) -> DecodeLayout:
+        """(in, out) of each `mm` projection of the layout large enough for oneDNN, in the order a step runs them:
+        what `trainer.cpu_matmul=auto` times for the decode (`verl.utils.cpu_matmul.resolve_decode`)."""
+        parts = [part for plan in self.plans for part in (plan.qkv, plan.o, plan.gate_up, plan.down)] + [self.lm_head]
+        return tuple((int(p.weight.shape[0]), int(p.weight.shape[1])) for p in parts
+                     if isinstance(p, _Linear) and p.kernel == "mm" and p.weight.numel() >= MIN_PACKED_ELEMENTS)
 
     def _copy_values(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
         """The parameters' values, written into the previous copy where it fits (no fresh pages to fault in)."""

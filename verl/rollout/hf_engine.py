@@ -30,6 +30,7 @@ from verl.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 from verl.rollout.fast_decode import LlamaStyleDecodeStep
 from verl.rollout.kv_cache import DynamicLayer, Parked, RolloutCache, model_cache
 from verl.rollout.sampling import sample_step
+from verl.utils.cpu_matmul import CpuMatmul
 from verl.utils.positions import position_ids_from_mask
 
 
@@ -158,7 +159,7 @@ class HFKVCacheEngine(RolloutEngine):
     """
 
     def __init__(self, model: torch.nn.Module, *, fast_decode: bool = True, prebuilt_masks: bool = True,
-                 eos_check_every: int | None = None) -> None:
+                 eos_check_every: int | None = None, cpu_matmul: CpuMatmul = "aten") -> None:
         config = getattr(model, "config", None)
         if config is None or not callable(model):
             raise ModelError(f"HFKVCacheEngine needs a Hugging Face causal LM with a .config, got "
@@ -182,6 +183,7 @@ class HFKVCacheEngine(RolloutEngine):
             raise ConfigError(f"eos_check_every must be a positive number of tokens, got {eos_check_every!r}.")
         self.eos_check_every = eos_check_every
         self._decode_step: LlamaStyleDecodeStep | None = None  # kept: its weight layout serves many rollouts
+        self.cpu_matmul = cpu_matmul  # the library plain layers decode with on CPU (`auto`: LlamaStyleDecodeStep's)
         # Called after each sampled token, before the next forward, with the token's step; True when the
         # weights changed under the decode (an asynchronous rollout's delivery: a partial rollout), so the
         # tokens from the next one on are sampled by the new weights.
@@ -191,6 +193,13 @@ class HFKVCacheEngine(RolloutEngine):
         # step where they sampled an eos (on an accelerator, at the next eos check) and, for rows that ran to
         # max_new_tokens, at the end. The caller can start on a response (score it) before the batch is done.
         self.on_rows_finished: RowsFinished | None = None
+
+    @property
+    def decode_matmul(self) -> tuple[str, str] | None:
+        """The library the fast decode step multiplies plain layers with on CPU, and why (`cpu_matmul`); None
+        before the first rollout on the fast step."""
+        step = self._decode_step
+        return None if step is None or step.kernel is None else (step.kernel, step.kernel_why)
 
     @property
     def fast_decode_reason(self) -> str:
@@ -313,7 +322,7 @@ class HFKVCacheEngine(RolloutEngine):
         parks = keep and hasattr(cache, "park")
         holes = keep and not parks  # a model-layout cache cannot set rows aside: ended rows feed masked holes
         max_positions = int(next_pos.max()) + steps
-        fast = None if holes else self._fast_step(max_positions)
+        fast = None if holes else self._fast_step(max_positions, rows)
         mask = self._decode_mask(torch.cat([state.mask, state.mask.new_ones(rows, steps)], dim=1),
                                  fast is not None, holes)
         live = torch.arange(rows, device=device)  # the row of `tokens` each cache row belongs to
@@ -418,7 +427,7 @@ class HFKVCacheEngine(RolloutEngine):
                 compacted = True
             step_mask = mask[..., : width + step + 1]
             if self.between_tokens is not None and self.between_tokens(step) and fast is not None:
-                fast = self._fast_step(max_positions)  # the decode layout of the new weights
+                fast = self._fast_step(max_positions, rows)  # the decode layout of the new weights
             if fast is not None:
                 logits = fast(tok, next_pos, step_mask, cache)
             else:
@@ -441,14 +450,15 @@ class HFKVCacheEngine(RolloutEngine):
             state.next_pos = state.next_pos + fed
         return Decoded(tokens=tokens, logprobs=logprobs, lengths=lengths, eos=eos_hit)
 
-    def _fast_step(self, max_positions: int) -> LlamaStyleDecodeStep | None:
-        """The lean decode step, prepared for positions below `max_positions`, where the model qualifies."""
+    def _fast_step(self, max_positions: int, rows: int) -> LlamaStyleDecodeStep | None:
+        """The lean decode step, prepared for positions below `max_positions` and `rows` rows, where the model
+        qualifies."""
         if self.fast_decode_reason:
             return None
         if self._decode_step is None:
-            self._decode_step = LlamaStyleDecodeStep(self.model)
+            self._decode_step = LlamaStyleDecodeStep(self.model, self.cpu_matmul)
         param = next(self.model.parameters())
-        self._decode_step.prepare(max_positions, param.device, param.dtype)
+        self._decode_step.prepare(max_positions, param.device, param.dtype, rows)
         return self._decode_step
 
     def _decode_mask(self, real: torch.Tensor, fast: bool, holes: bool) -> torch.Tensor:

@@ -12,6 +12,9 @@ host, torch version, thread count and set of products and kept in ``$VERL_CACHE_
 wins), so every later run of that model and every rank on the host makes the same choice; `aten` or `onednn` force
 one, and so does the environment variable ``VERL_CPU_MATMUL`` for every `auto` in its process and children (a whole
 test session on one kernel).
+A rollout's decode steps decide apart (:func:`resolve_decode`): they multiply a few rows by each weight in turn,
+where oneDNN on weights packed once per weight change can win while MKL wins the update's products, or the other
+way round; `auto` measures that regime on the run's own decode step, with the same margin and the same keeping.
 Outcomes must not depend on the choice: the two libraries round differently, like two batch sizes.
 
 With oneDNN, every plain `nn.Linear` of a model becomes a :class:`OneDNNLinear` (same parameters, same state
@@ -30,6 +33,7 @@ import os
 import platform
 import tempfile
 import time
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
@@ -56,6 +60,11 @@ TIMED_PRODUCTS: tuple[Product, ...] = ((512, 256, 1024, True, 1.0), (512, 1024, 
 # A timed product of a large layer runs fewer rows (its weight scales its time back up): rows past a few
 # hundred change a product's speed little, and the measurement stays under a second for a 7B model's layers.
 MAX_TIMED_MACS = 2**26
+# A decode step's projections, (in, out) each, in the order the step runs them (`resolve_decode`).
+DecodeLayout = tuple[tuple[int, int], ...]
+# The decode measurement times the first projections up to this many bytes of weights: past the processor's
+# caches, the weights it times stream from memory as a whole model's do.
+MAX_DECODE_TIMED_BYTES = 64 * 2**20
 
 
 @cache
@@ -93,11 +102,9 @@ def onednn_available() -> bool:
         return False
 
 
-def resolve(setting: CpuMatmul, products: tuple[Product, ...] = TIMED_PRODUCTS
-            ) -> tuple[Literal["aten", "onednn"], str]:
-    """The library `setting` means on this machine for a run that multiplies `products` (`model_products`;
-    by default a 10M model's), and why (what `verl check`, `verl doctor`, the banner of every run and the
-    demos' summary.json say)."""
+def _forced(setting: CpuMatmul) -> tuple[Literal["aten", "onednn"], str] | None:
+    """The library `setting` names without measuring (`aten`, `onednn`, or `auto` under ``VERL_CPU_MATMUL``), or
+    None when `auto` is to measure; a library this torch build lacks is a ConfigError."""
     forced = os.environ.get(ENV_VAR, "").strip().lower()
     if setting == "auto" and forced not in ("", "auto"):
         if forced not in LIBRARY_NAMES:
@@ -117,6 +124,17 @@ def resolve(setting: CpuMatmul, products: tuple[Product, ...] = TIMED_PRODUCTS
         return "aten", why
     if setting == "onednn":
         return "onednn", "as set"
+    return None
+
+
+def resolve(setting: CpuMatmul, products: tuple[Product, ...] = TIMED_PRODUCTS
+            ) -> tuple[Literal["aten", "onednn"], str]:
+    """The library `setting` means on this machine for a run that multiplies `products` (`model_products`;
+    by default a 10M model's), and why (what `verl check`, `verl doctor`, the banner of every run and the
+    demos' summary.json say)."""
+    forced = _forced(setting)
+    if forced is not None:
+        return forced
     if not products:
         return "aten", "no product of this run is large enough for oneDNN"
     speedup = host_speedup(products)
@@ -124,6 +142,25 @@ def resolve(setting: CpuMatmul, products: tuple[Product, ...] = TIMED_PRODUCTS
     shapes = "a 10M model's layers" if products == TIMED_PRODUCTS else "this run's layers"
     return library, (f"measured on this host on {shapes}: oneDNN {speedup:.2f}x ATen's speed, "
                      f"auto takes oneDNN from {AUTO_MARGIN:.1f}x")
+
+
+def resolve_decode(setting: CpuMatmul, rows: int, layout: DecodeLayout) -> tuple[Literal["aten", "onednn"], str]:
+    """The library a rollout's decode steps multiply `layout`'s projections with, on `rows` rows, and why.
+
+    `aten` and `onednn` (set, or forced by ``VERL_CPU_MATMUL``) keep the whole run on one library. `auto` measures
+    the decode step on its own (:func:`decode_speedup`): it multiplies a few rows by every weight of the model in
+    turn, so the weights stream from memory, a regime unlike the update's products, where the libraries can rank
+    the other way round; the same margin keeps a near tie on ATen.
+    """
+    forced = _forced(setting)
+    if forced is not None:
+        return forced
+    if not layout:
+        return "aten", "no plain decode projection is large enough for oneDNN"
+    speedup = decode_speedup(rows, layout)
+    library = "onednn" if speedup >= AUTO_MARGIN else "aten"
+    return library, (f"measured on this host on this run's decode step ({rows} rows): oneDNN's packed weights "
+                     f"{speedup:.2f}x ATen's speed, auto takes oneDNN from {AUTO_MARGIN:.1f}x")
 
 
 def describe(setting: CpuMatmul, products: tuple[Product, ...] = TIMED_PRODUCTS) -> str:
@@ -179,24 +216,60 @@ def measured_speedup(repeats: int = 9, products: tuple[Product, ...] = TIMED_PRO
     return totals["aten"] / max(totals["onednn"], 1e-12)
 
 
-def _speedup_file(products: tuple[Product, ...]) -> Path:
-    key = (f"{cpu_vendor()}|{cpu_model()}|torch {torch.__version__}|threads {torch.get_num_threads()}|"
-           f"{products}|min")
+def measured_decode_speedup(rows: int, layout: DecodeLayout, repeats: int = 9) -> float:
+    """How many times faster one decode step's projections (`layout`: (in, out) of each, in the order the step runs
+    them) run on oneDNN's prepacked weights than as MKL `mm` on [in, out] copies (the two layouts of
+    `verl.rollout.fast_decode`), on `rows` rows. Each projection has its own weight, as in a real step, so every
+    product reads a weight the others have pushed out of the cache; a product timed alone on a warm weight measures
+    another regime (benchmarks/decode_matmul.py). Weights past :data:`MAX_DECODE_TIMED_BYTES` are left out: the
+    ones timed already stream from memory. The fastest of interleaved repeats per side, as in
+    :func:`measured_speedup`."""
+    generator = torch.Generator().manual_seed(0)
+    timed, size = [], 0
+    for fan_in, fan_out in layout:
+        size += 4 * fan_in * fan_out
+        if timed and size > MAX_DECODE_TIMED_BYTES:
+            break
+        timed.append((fan_in, fan_out))
+    weights = [torch.randn(fan_out, fan_in, generator=generator) for fan_in, fan_out in timed]
+    inputs = {fan_in: torch.randn(rows, fan_in, generator=generator) for fan_in, _ in timed}
+    plain = [(inputs[w.shape[1]], w.t().contiguous()) for w in weights]
+    packed = [(inputs[w.shape[1]], torch.ops.mkldnn._reorder_linear_weight(w)) for w in weights]
+    del weights
+
+    def aten() -> None:
+        for x, w in plain:
+            torch.mm(x, w)
+
+    def onednn() -> None:
+        for x, w in packed:
+            torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+
+    best = {"aten": math.inf, "onednn": math.inf}
+    sides = (("aten", aten), ("onednn", onednn))
+    with torch.no_grad():
+        for round_ in range(repeats + 1):  # the first round warms both up
+            for library, step in sides if round_ % 2 else sides[::-1]:
+                start = time.perf_counter()
+                step()
+                if round_:
+                    best[library] = min(best[library], time.perf_counter() - start)
+    return best["aten"] / max(best["onednn"], 1e-12)
+
+
+def _kept(what: str, measure: Callable[[], float]) -> float:
+    """`measure()`'s oneDNN speedup for `what` on this host, measured once and kept on disk
+    (``$VERL_CACHE_DIR/cpu_matmul/``): the first process to finish measuring writes it, every other process
+    (other ranks, later runs) reads that value, so a host makes one choice for a run's shapes."""
+    key = f"{cpu_vendor()}|{cpu_model()}|torch {torch.__version__}|threads {torch.get_num_threads()}|{what}"
     root = Path(os.environ.get("VERL_CACHE_DIR") or Path.home() / ".cache" / "verl") / "cpu_matmul"
-    return root / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
-
-
-@cache
-def host_speedup(products: tuple[Product, ...] = TIMED_PRODUCTS) -> float:
-    """:func:`measured_speedup` of `products` on this host, measured once and kept on disk: the first process to
-    finish measuring writes it, every other process (other ranks, later runs) reads that value."""
-    path = _speedup_file(products)
+    path = root / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     try:
         return float(json.loads(path.read_text())["onednn_speedup"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    record = {"onednn_speedup": measured_speedup(products=products), "cpu": cpu_model(),
-              "torch": torch.__version__, "threads": torch.get_num_threads(), "products": products}
+    record = {"onednn_speedup": measure(), "cpu": cpu_model(), "torch": torch.__version__,
+              "threads": torch.get_num_threads(), "what": what}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
@@ -210,6 +283,18 @@ def host_speedup(products: tuple[Product, ...] = TIMED_PRODUCTS) -> float:
         return float(json.loads(path.read_text())["onednn_speedup"])
     except (OSError, ValueError, KeyError, TypeError):
         return record["onednn_speedup"]  # an unwritable cache: this process's own measurement
+
+
+@cache
+def host_speedup(products: tuple[Product, ...] = TIMED_PRODUCTS) -> float:
+    """:func:`measured_speedup` of `products` on this host, measured once and kept on disk (:func:`_kept`)."""
+    return _kept(f"{products}|min", lambda: measured_speedup(products=products))
+
+
+@cache
+def decode_speedup(rows: int, layout: DecodeLayout) -> float:
+    """:func:`measured_decode_speedup` on this host, measured once and kept on disk (:func:`_kept`)."""
+    return _kept(f"decode|{rows}|{layout}", lambda: measured_decode_speedup(rows, layout))
 
 
 def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -272,6 +357,7 @@ def use_cpu_matmul(model: torch.nn.Module, library: Literal["aten", "onednn"]) -
     return model
 
 
-__all__ = ["AUTO_MARGIN", "ENV_VAR", "LIBRARY_NAMES", "MIN_MACS", "OneDNNLinear", "Product", "cpu_model", "cpu_vendor",
-           "describe", "host_speedup", "measured_speedup", "model_products", "onednn_available", "onednn_linear",
-           "resolve", "use_cpu_matmul"]
+__all__ = ["AUTO_MARGIN", "ENV_VAR", "LIBRARY_NAMES", "MIN_MACS", "DecodeLayout", "OneDNNLinear", "Product",
+           "cpu_model", "cpu_vendor", "decode_speedup", "describe", "host_speedup", "measured_decode_speedup",
+           "measured_speedup", "model_products", "onednn_available", "onednn_linear", "resolve", "resolve_decode",
+           "use_cpu_matmul"]

@@ -340,7 +340,7 @@ def setup_engine(config: RunConfig, policy: torch.nn.Module, *, rollout_rank: bo
     (vLLM's external_launcher gives every rank the smallest KV cache over all ranks, so the actor ranks' share
     still bounds it: `engine_check.describe_vllm_memory`.)"""
     if config.rollout.engine != "vllm":
-        return build_engine(config.rollout.engine, base_of(policy))
+        return build_engine(config.rollout.engine, base_of(policy), cpu_matmul=config.trainer.cpu_matmul)
     options = {**config.rollout.vllm.model_dump(), "seed": config.trainer.seed,
                "tensor_parallel_size": config.actor.tensor_parallel_size}
     rollout_share = options.pop("rollout_rank_gpu_memory_utilization")

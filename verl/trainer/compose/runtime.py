@@ -158,12 +158,15 @@ class TrainerRuntime:
         loop.log_metrics(self, tracker, metrics, step)
 
     def write_summary(self, summary: dict[str, Any]) -> Path:
-        """`summary` as the run's summary.json. On CPU it first gets the kernel that produced it, to reproduce it
-        (in place: what a demo returns is what it wrote)."""
+        """`summary` as the run's summary.json. On CPU it first gets the kernels that produced it (the decode's too,
+        where it chose apart), to reproduce it (in place: what a demo returns is what it wrote)."""
         path = self.run_dir / "summary.json"
         if self.device.type == "cpu":
             library, why = cpu_matmul_choice(self.config, self.model)
             summary.update(cpu_matmul=library, cpu_matmul_why=why, cpu=cpu_model())
+            decode = getattr(getattr(self, "engine", None), "decode_matmul", None)  # RL, on our sampler's fast step
+            if decode is not None:
+                summary.update(cpu_matmul_decode=decode[0], cpu_matmul_decode_why=decode[1])
         if self.rank == 0:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(dict(summary), indent=2), encoding="utf-8")
