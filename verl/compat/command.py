@@ -28,7 +28,8 @@ from verl.config.schema import RunConfig
 _PLAIN_KEY = re.compile(r"^[a-z_]+(\.[a-z_]+)+$")
 _ARR = "actor_rollout_ref"
 # main_ppo keys whose setting is another key here (data.max_response_length is ours too, for SFT/DPO data)
-_RENAMED = {"data.max_response_length": "rollout.max_new_tokens", "data.prompt_key": "data.fields.prompt"}
+_RENAMED = {"data.max_response_length": "rollout.max_new_tokens", "data.prompt_key": "data.fields.prompt",
+            "data.image_key": "data.fields.images"}
 # verl keys whose values map onto one of ours: (our key, their value -> ours, what to decide for other values)
 _VALUES: dict[str, tuple[str, dict[str, str], str]] = {
     "data.truncation": ("data.truncation", {"error": "error", "left": "truncate_left"},

@@ -111,6 +111,7 @@ VERL_KEYS: dict[str, str] = {
     "algorithm.filter_groups.enable": "algorithm.filter_groups",
     "algorithm.filter_groups.max_num_gen_batches": "algorithm.max_resample_rounds (extra rounds: verl's count - 1)",
     "data.prompt_key": "data.fields (e.g. data.fields.prompt=question)",
+    "data.image_key": "data.fields (e.g. data.fields.images=image)",
     "trainer.total_training_steps": "trainer.total_steps",
     "trainer.total_epochs": "trainer.total_steps (an RL run counts steps)",
     "trainer.save_freq": "checkpoint.save_interval",

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from verl.data import images
+from verl.data.report import RowError
 from verl.errors import ConfigError
 
 KINDS = ("prompt", "sft", "preference")
@@ -42,37 +44,43 @@ class KindSpec:
     messages_ok: tuple[str, ...]
 
 
+# A row's images (verl.data.images): verl's default data.image_key, and TRL's single-image column.
+_IMAGE_ALIASES = ("images", "image")
+
 SPECS: dict[str, KindSpec] = {
     "prompt": KindSpec(
-        fields=("prompt", "ground_truth", "data_source"),
+        fields=("prompt", "ground_truth", "data_source", "images"),
         required=("prompt",),
         aliases={
             "prompt": ("prompt", "input", "question", "query", "instruction"),
             "ground_truth": ("ground_truth", "answer", "label", "solution", "reference"),
             "data_source": ("data_source",),
+            "images": _IMAGE_ALIASES,
         },
         fallbacks={"ground_truth": ("reward_model.ground_truth",)},
         messages_ok=("prompt",),
     ),
     "sft": KindSpec(
-        fields=("input", "output", "messages"),
+        fields=("input", "output", "messages", "images"),
         required=("input", "output"),  # unless `messages` is present
         aliases={
             "input": ("input", "prompt", "question", "query", "instruction"),
             "output": ("output", "response", "answer", "completion", "target"),
             "messages": ("messages",),
+            "images": _IMAGE_ALIASES,
         },
         fallbacks={},
         messages_ok=("input", "output", "messages"),
     ),
     "preference": KindSpec(
-        fields=("prompt", "chosen", "rejected", "margin"),
+        fields=("prompt", "chosen", "rejected", "margin", "images"),
         required=("prompt", "chosen", "rejected"),
         aliases={
             "prompt": ("prompt", "input", "question", "query", "instruction"),
             "chosen": ("chosen", "preferred", "accepted"),
             "rejected": ("rejected", "dispreferred"),
             "margin": ("margin",),  # read by the reward-model trainer (TRL's RewardTrainer convention)
+            "images": _IMAGE_ALIASES,
         },
         fallbacks={},
         messages_ok=("prompt", "chosen", "rejected"),
@@ -112,14 +120,6 @@ def canonical_mapping(kind: str, fields: dict[str, str] | None) -> dict[str, str
             raise ConfigError(f"data.fields maps {fld!r} twice ({out[fld]!r} and {src!r}); keep one")
         out[fld] = src.strip()
     return out
-
-
-class RowError(Exception):
-    """Internal: one row is bad for `code` (on `field`); never escapes the data package."""
-
-    def __init__(self, code: str, field: str | None, detail: str) -> None:
-        super().__init__(detail)
-        self.code, self.field, self.detail = code, field, detail
 
 
 def _find_key(obj: dict[str, Any], name: str) -> list[str]:
@@ -163,8 +163,10 @@ def _get_path(obj: dict[str, Any], src: str, fld: str) -> tuple[bool, Any, str, 
 class RowNormalizer:
     """Turns a parsed object into a canonical row for one kind, or raises RowError with the reason."""
 
-    def __init__(self, kind: str, fields: dict[str, str] | None = None) -> None:
+    def __init__(self, kind: str, fields: dict[str, str] | None = None, *, check_images: bool = True) -> None:
         self.kind = kind
+        # Open each image's header (start-up); rows read again during training skip it (load_images decodes).
+        self.check_images = check_images
         self.spec = check_kind(kind)
         self.mapping = canonical_mapping(kind, fields)
         self._alias_of: dict[str, str] = {}
@@ -189,8 +191,9 @@ class RowNormalizer:
                 self._plans[sig] = plan
         return plan
 
-    def normalize(self, obj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-        """(canonical row, {field: source key}) or RowError."""
+    def normalize(self, obj: dict[str, Any], base: str | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+        """(canonical row, {field: source key}) or RowError. `base` is the folder relative image paths are
+        resolved against (the data file's; None: the working directory)."""
         found: dict[str, Any] = {}
         sources: dict[str, str] = {}
         used: set[str] = set()
@@ -221,6 +224,14 @@ class RowNormalizer:
                     found[fld], sources[fld] = value, shown
                     break
         row = getattr(self, f"_row_{self.kind}")(found, obj, used)
+        if "images" in found:
+            refs = images.image_refs(found["images"], base)
+            images.place(row, self.kind, refs)
+            if refs and self.check_images:
+                images.check_images(refs)
+        elif any(images.has_image_parts(found.get(f)) for f in ("prompt", "input", "messages")):
+            raise RowError("image_count", "images", "the messages have {'type': 'image'} parts but the row has no "
+                           "'images' (data.fields.images names another key)")
         return row, sources
 
     def _has_messages(self, obj: dict[str, Any]) -> bool:
@@ -356,9 +367,12 @@ def _messages(v: Any, fld: str) -> list[dict[str, str]]:
                 content = x
         if not isinstance(role, str) or not role.strip():
             raise RowError("bad_messages", fld, f"{fld}[{i}] has no string 'role'")
+        if isinstance(content, list):
+            content = images.parts_text(content, fld, i)
         if not isinstance(content, str):
             raise RowError(
-                "bad_messages", fld, f"{fld}[{i}] 'content' is {_describe(content)}; expected a string"
+                "bad_messages", fld, f"{fld}[{i}] 'content' is {_describe(content)}; expected a string (or "
+                "content parts)"
             )
         role = role.strip().lower()
         if role in ("user", "assistant") and not content.strip():

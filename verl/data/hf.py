@@ -168,11 +168,47 @@ def python_dataset(obj: Any, name: str, purpose: str = "train") -> tuple[Any, st
         raise DataError(f"{name} is a streaming IterableDataset, which has no length and no rows by index, so it "
                         "cannot be checked up front and shuffled per epoch. Load it without streaming=True, or "
                         "save it (ds.save_to_disk(PATH)) and set data.train_files: [PATH] (read memory-mapped)")
+    if _decodes_images(getattr(obj, "features", None)) and hasattr(obj, "with_format"):
+        return UndecodedRows(obj), name
     fmt = getattr(obj, "format", None)
     if isinstance(fmt, Mapping) and fmt.get("type") is not None and hasattr(obj, "with_format"):
         obj = obj.with_format(None)  # rows as Python objects, not tensors or arrays
     return obj, name
 
 
-__all__ = ["SPLIT_NAMES", "dataset_files", "folder_files", "found_listing", "is_dataset", "is_dataset_dict",
-           "is_hf", "is_streaming_dataset", "layout", "pick_split", "python_dataset", "split_suffix"]
+def _decodes_images(feature: Any, depth: int = 0) -> bool:
+    """Whether `datasets` features decode an `Image` column to PIL on access (nested in lists and dicts too)."""
+    if depth > 16 or feature is None or isinstance(feature, (str, bytes)):
+        return False
+    if type(feature).__name__ == "Image" and getattr(feature, "decode", False):
+        return True
+    if isinstance(feature, Mapping):
+        return any(_decodes_images(f, depth + 1) for f in feature.values())
+    if isinstance(feature, (list, tuple)):
+        return any(_decodes_images(f, depth + 1) for f in feature)
+    return _decodes_images(getattr(feature, "feature", None), depth + 1)
+
+
+class UndecodedRows:
+    """A `datasets.Dataset` with `Image` columns, read through its Arrow format: an image comes back as the
+    `{"bytes": ..., "path": ...}` it is stored as, so checking rows opens only the headers (verl.data.images),
+    a missing image file is a bad row rather than an exception from `datasets`, and no pixels are held."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset.with_format("arrow")
+        self.column_names = list(dataset.column_names)
+        self.features = dataset.features
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.dataset[int(i)].to_pylist()[0]
+
+    def iter(self, batch_size: int) -> Any:
+        for table in self.dataset.iter(batch_size=batch_size):
+            yield table.to_pydict()
+
+
+__all__ = ["UndecodedRows", "SPLIT_NAMES", "dataset_files", "folder_files", "found_listing", "is_dataset",
+           "is_dataset_dict", "is_hf", "is_streaming_dataset", "layout", "pick_split", "python_dataset", "split_suffix"]

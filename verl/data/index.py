@@ -223,7 +223,7 @@ class RowIndex(Sequence):
 
     def __init__(self, kind: str, fields: dict[str, str] | None = None) -> None:
         self.kind, self.fields = kind, fields
-        self._normalizer = RowNormalizer(kind, fields)
+        self._normalizer = RowNormalizer(kind, fields, check_images=False)  # checked at start-up
         self._sources: list[_Source] = []
         self._by_name: dict[str, int] = {}
         self._src = array("i")
@@ -322,7 +322,8 @@ class RowIndex(Sequence):
         try:
             if not isinstance(raw, dict):
                 raise RowError("changed", None, "the row can no longer be parsed")
-            row, _ = self._normalizer.normalize(raw)
+            row, _ = self._normalizer.normalize(raw, None if source.name.startswith("<") else
+                                                os.path.dirname(os.path.abspath(source.name)))
         except RowError as e:
             raise DataError(f"{location(source.name, line)}: the row no longer passes the checks it passed at "
                             f"start-up ({e.detail}); the data changed while the run used it. Restart the run") from None

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from verl.data import hf
+from verl.data import hf, images
 from verl.data.chat import encode_prompt, template_mode
 from verl.data.fields import RowError, RowNormalizer, check_kind
 from verl.data.index import RowIndex
@@ -127,7 +127,7 @@ def _checked(
             report.add_issue(rec.error[0], None, rec.file, rec.line, rec.error[1])
             continue
         try:
-            row, sources = norm.normalize(rec.value)
+            row, sources = norm.normalize(rec.value, images_base(rec.file))
         except RowError as e:
             report.add_issue(e.code, e.field, rec.file, rec.line, e.detail)
             continue
@@ -259,16 +259,27 @@ def index_dataset(
     return index, report
 
 
+def images_base(file: str) -> str | None:
+    """The folder a row's relative image paths are resolved against: its data file's (None for a Python
+    dataset, named `<...>`: the working directory)."""
+    return None if file.startswith("<") else os.path.dirname(os.path.abspath(file))
+
+
 def canonical_record(kind: str, row: dict[str, Any]) -> dict[str, Any]:
-    """The JSONL form `verl data normalize` writes (no file/line bookkeeping)."""
+    """The JSONL form `verl data normalize` writes (no file/line bookkeeping); images as absolute paths or
+    base64 data URIs, which read back as the same images."""
     if kind == "prompt":
-        return {
+        out = {
             "prompt": row["prompt"],
             "ground_truth": row["ground_truth"],
             "data_source": row["data_source"],
             "metadata": row["metadata"],
         }
-    return {k: v for k, v in row.items() if k not in ("file", "line")}
+    else:
+        out = {k: v for k, v in row.items() if k not in ("file", "line", "images")}
+    if row.get("images"):
+        out["images"] = [images.to_json(ref) for ref in row["images"]]
+    return out
 
 
 def _json_default(v: Any) -> Any:
@@ -339,5 +350,5 @@ def normalize_files(
     return report
 
 
-__all__ = ["iter_rows", "load_rows", "index_rows", "index_dataset", "normalize_files", "canonical_record",
-           "TRUNCATION", "ON_BAD_ROW"]
+__all__ = ["images_base", "iter_rows", "load_rows", "index_rows", "index_dataset", "normalize_files",
+           "canonical_record", "TRUNCATION", "ON_BAD_ROW"]

@@ -35,7 +35,24 @@ HINTS: dict[str, str] = {
     "same_answer": "a preference pair needs two different answers; fix the rejected one or drop the row",
     "bad_margin": "'margin' must be a finite number (how much the chosen answer should win by); fix or remove it",
     "too_long": "raise data.max_prompt_length, or set data.truncation=drop or truncate_left",
+    # rows with images (verl.data.images)
+    "wrong_type: images": ("'images' is a list of file paths, bytes, {'bytes': ..., 'path': ...} dicts or PIL images "
+                           "(one value is a list of one)"),
+    "image_count": ("write one <image> per image where it goes in the prompt (or none: the images then go before the "
+                    "first user turn); an image part {'type': 'image'} counts as one"),
+    "image_missing": "the image file is not there: relative paths are resolved against the data file's folder",
+    "image_not_a_file": "an image path must name an image file, not a folder or a device",
+    "bad_image": "the image cannot be read (empty, truncated, not an image, a URL); re-export it or drop the row",
+    "image_too_large": "the image declares more pixels than the decompression-bomb limit; shrink it or drop the row",
 }
+
+
+class RowError(Exception):
+    """Internal: one row is bad for `code` (on `field`); never escapes the data package (the report counts it)."""
+
+    def __init__(self, code: str, field: str | None, detail: str) -> None:
+        super().__init__(detail)
+        self.code, self.field, self.detail = code, field, detail
 
 
 @dataclass
@@ -106,7 +123,7 @@ class DataReport:
         key = f"{code}: {fld}" if fld else code
         stats = self.reasons.get(key)
         if stats is None:
-            stats = ReasonStats(hint=HINTS.get(code, "").replace("{field}", fld or "prompt"))
+            stats = ReasonStats(hint=HINTS.get(key, HINTS.get(code, "")).replace("{field}", fld or "prompt"))
             self.reasons[key] = stats
         stats.count += 1
         if len(stats.examples) < MAX_EXAMPLES:
@@ -222,4 +239,5 @@ class GroundTruthGaps:
         report.kept_rows -= self.count
 
 
-__all__ = ["DataReport", "GroundTruthGaps", "ReasonStats", "TokenStats", "HINTS", "MAX_EXAMPLES", "location"]
+__all__ = ["RowError", "DataReport", "GroundTruthGaps", "ReasonStats", "TokenStats", "HINTS", "MAX_EXAMPLES",
+           "location"]
