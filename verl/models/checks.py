@@ -66,6 +66,10 @@ class LoadReport:
     trust_remote_code: bool = False
     warnings: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    # A vision-language model's processor (tokenizer + image processor + chat template) and its one-line
+    # summary; None and "" for a text model (`verl.models.vision_checks`).
+    processor: Any = field(default=None, repr=False, compare=False)
+    vision: str = ""
 
     @property
     def ok(self) -> bool:
@@ -93,6 +97,8 @@ class LoadReport:
             ("chat template", self.chat_template),
             ("trust_remote_code", str(self.trust_remote_code)),
         ]
+        if self.vision:
+            rows.append(("vision", self.vision))
         return rows
 
     def format(self) -> str:

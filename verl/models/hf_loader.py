@@ -25,6 +25,8 @@ from safetensors import SafetensorError
 from verl.errors import ModelError
 from verl.models.checks import LoadReport, check_model_and_tokenizer
 from verl.models.sharded_load import defer_weights
+from verl.models.vision import is_vision_language, load_processor
+from verl.models.vision_checks import vision_problems, vision_summary
 from verl.utils.dtype import check_dtype_for_device, dtype_name, resolve_dtype
 from verl.utils.suggest import did_you_mean
 from verl.utils.tokenizer_protocol import Tokenizer
@@ -291,7 +293,14 @@ def load_hf_model_with_report(
             except ModelError:
                 reference = None  # weights-only directory with stray files: nothing to compare against
 
-    auto = model_class or AutoModelForCausalLM
+    vision = is_vision_language(config)
+    processor = None
+    if vision:
+        # The folder's processor, with the tokenizer just loaded when it comes from the same folder (one object,
+        # so pad/eos fixes reach both); a substitute tokenizer is compared with the processor's own below.
+        processor = load_processor(model_name, revision=revision, trust_remote_code=trust_remote_code,
+                                   tokenizer=tokenizer if tokenizer_source == model_name else None)
+    auto = model_class or (_image_text_auto() if vision else AutoModelForCausalLM)
     kwargs: dict[str, Any] = {"config": config, "dtype": dtype, "revision": revision,
                               "trust_remote_code": trust_remote_code}
     if attn is not None:
@@ -328,6 +337,16 @@ def load_hf_model_with_report(
                                        tokenizer_source=tokenizer_source, reference_tokenizer=reference,
                                        pad_token=pad_token, eos_token=eos_token, fix=True,
                                        tokenizer_key=key["tokenizer_name"])
+    if vision:
+        both = (f"(model {model_name}, tokenizer {tokenizer_source})" if tokenizer_source != model_name
+                else f"({model_name})")
+        report.problems += vision_problems(model, tokenizer, processor, where=both, chat=chat,
+                                           tokenizer_key=key["tokenizer_name"],
+                                           processor_source=f"the processor loaded from {model_name}")
+        if processor.tokenizer is not tokenizer and not report.problems:
+            processor.tokenizer = tokenizer  # same vocabulary (checked): one tokenizer object for the run
+        report.processor = processor
+        report.vision = vision_summary(model, processor)
     if not weights and (missing := _missing_weights(model_name)):
         report.warnings.append(missing)
     first = next(model.parameters(), None)
@@ -340,6 +359,13 @@ def load_hf_model_with_report(
     report.trust_remote_code = trust_remote_code
     model.verl_load_report = report
     return model, tokenizer, report
+
+
+def _image_text_auto() -> Any:
+    """The auto class of vision-language models (named AutoModelForVision2Seq before transformers 4.50)."""
+    import transformers
+
+    return getattr(transformers, "AutoModelForImageTextToText", None) or transformers.AutoModelForVision2Seq
 
 
 def _weights_dir(name: str, revision: str | None) -> str | None:
@@ -383,12 +409,16 @@ def load_hf_model(
     chat: bool | None = None,
     pad_token: str | None = None,
     eos_token: str | None = None,
-) -> tuple[Any, Tokenizer]:
+    return_processor: bool = False,
+) -> tuple[Any, Tokenizer] | tuple[Any, Tokenizer, Any]:
     """Load a causal LM and its tokenizer, checked against each other; returns ``(model, tokenizer)``.
 
     Raises ModelError (what, where, fix) for every mismatch `verl.models.checks` finds; the full report is
     attached as ``model.verl_load_report``. On CPU pass ``torch_dtype="fp32"``: the bf16 default suits GPUs.
     ``chat=True`` requires a chat template; ``pad_token``/``eos_token`` override the tokenizer's choices.
+    A vision-language model (Qwen2-VL, Qwen2.5-VL) loads as an image-text-to-text model with its processor,
+    checked against the model and tokenizer too (`verl.models.vision_checks`); ``return_processor=True``
+    returns ``(model, tokenizer, processor)`` (processor None for a text model; also ``report.processor``).
     """
     model, tokenizer, report = load_hf_model_with_report(
         model_name, tokenizer_name=tokenizer_name, use_flash_attention_2=use_flash_attention_2,
@@ -396,7 +426,7 @@ def load_hf_model(
         device=device, revision=revision, for_training=for_training, chat=chat, pad_token=pad_token,
         eos_token=eos_token)
     report.raise_if_problems()
-    return model, tokenizer
+    return (model, tokenizer, report.processor) if return_processor else (model, tokenizer)
 
 
 __all__ = [

@@ -369,7 +369,9 @@ def _is_complete(directory: Path, params: dict[str, Any]) -> bool:
         return False
 
 
-def _build(params: dict[str, Any], path: str | os.PathLike | None) -> str:
+def _build(params: dict[str, Any], path: str | os.PathLike | None, write: Any = None) -> str:
+    """The folder of the model `params` describe: the cached one, or one `write(params, folder)` fills (default
+    `_write`, the text models) in a temp folder renamed into place when complete."""
     target = Path(path) if path is not None else _cache_root() / _cache_key(params)
     target = target.expanduser().resolve()
     if _is_complete(target, params):
@@ -385,7 +387,7 @@ def _build(params: dict[str, Any], path: str | os.PathLike | None) -> str:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}-",
                                 dir=target.parent))
     try:
-        _write(params, tmp)
+        (write or _write)(params, tmp)
         # rename() replaces an empty directory and fails on a non-empty one (another builder won).
         os.rename(tmp, target)
     except OSError:
@@ -460,15 +462,22 @@ def is_tiny_spec(path: str | os.PathLike | None) -> bool:
 SPEC_OPTIONS = {"rope_theta": float, "num_heads": int, "num_kv_heads": int, "intermediate_size": int}
 
 
+def _vl_archs() -> tuple[str, ...]:
+    from verl.models.tiny_vl import VL_ARCHS
+
+    return VL_ARCHS
+
+
 def build_from_spec(spec: str, *, key: str = "model.path", reward: bool = False) -> str:
-    """The folder of the tiny model `tiny[:arch[:hidden[:layers[:variant]]]][:name=value...]` names, so every
+    """The folder of the tiny model `tiny[:arch[:hidden[:layers[:variant]]]][:name=value...]` names (arch
+    `qwen2_5_vl`/`qwen2_vl`: a vision-language model with its processor, `verl.models.tiny_vl`), so every
     config key that takes a model path (policy, reference, critic, reward model) accepts the same offline
     stand-in; `name=value` parts set a `SPEC_OPTIONS` build argument (`tiny:qwen2:64:2:tools:rope_theta=100`);
     `reward=True` builds it with a one-label sequence-classification head, which a reward model needs."""
     from verl.errors import ConfigError
 
-    usage = ("expected tiny[:arch[:hidden_size[:num_layers[:variant]]]][:name=value...], e.g. tiny:qwen2:128:2 "
-             f"or tiny:qwen2:64:2:tools:rope_theta=100 (names: {', '.join(SPEC_OPTIONS)})")
+    usage = ("expected tiny[:arch[:hidden_size[:num_layers[:variant]]]][:name=value...], e.g. tiny:qwen2:128:2, "
+             f"tiny:qwen2:64:2:tools:rope_theta=100 or tiny:qwen2_5_vl (names: {', '.join(SPEC_OPTIONS)})")
     parts = [p for p in spec.split(":")[1:] if "=" not in p]
     kwargs: dict[str, Any] = {}
     for option in (p for p in spec.split(":")[1:] if "=" in p):
@@ -490,6 +499,13 @@ def build_from_spec(spec: str, *, key: str = "model.path", reward: bool = False)
             raise ConfigError(f"{key}={spec!r}: variant {parts[3]!r} is not one of {', '.join(VARIANTS)}")
         kwargs["variant"] = parts[3]
     build = build_tiny_reward_model if reward else build_tiny_model
+    if parts and parts[0] in _vl_archs():
+        from verl.models.tiny_vl import build_tiny_vl_model
+
+        if reward or len(parts) > 3:
+            raise ConfigError(f"{key}={spec!r}: a tiny vision-language model takes no variant and has no reward "
+                              f"head; use tiny:{parts[0]}[:hidden_size[:num_layers]]")
+        build = build_tiny_vl_model
     try:
         return build(arch=parts[0] if parts else "qwen2", seed=0, **kwargs)
     except ModelError as e:
