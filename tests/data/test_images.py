@@ -72,15 +72,16 @@ def test_paths_resolve_against_the_data_files_folder_in_every_text_format(tmp_pa
     (data / "t.json").write_text(json.dumps(rows))
     pq.write_table(pa.Table.from_pylist([{**r, "images": [r["images"]] if isinstance(r["images"], str) else r["images"]}
                                          for r in rows]), data / "t.parquet")  # a column has one type
-    (data / "t.csv").write_text('prompt,images,answer\n"<image>What colour?",img/a.png,red\n')
+    (data / "t.csv").write_text('prompt,images,answer\n"<image>What colour?",img/a.png,red\n'
+                                f'"<image> or <image>","[""img/a.png"", ""{absolute}""]",red\n')
     for name in ("t.jsonl", "t.json", "t.parquet"):
         got, report = load_rows(str(data / name), "prompt")  # from another working directory than the data's
         assert report.is_clean and report.field_mapping["images"] == {"images": 3}, name
         assert [r["images"] for r in got] == [[want[0]], want[1], [want[2]]], name
         assert got[2]["prompt"] == "<image>One image, no list"  # none written: they go first
         assert "images" not in got[0]["metadata"]
-    got, report = load_rows(str(data / "t.csv"), "prompt")  # CSV: one path per cell
-    assert report.is_clean and got[0]["images"] == [want[0]]
+    got, report = load_rows(str(data / "t.csv"), "prompt")  # CSV: a path, or a JSON list of paths, per cell
+    assert report.is_clean and got[0]["images"] == [want[0]] and got[1]["images"] == want[1]
     index, _ = index_rows(str(data / "t.parquet"), "prompt")  # read back on demand: the same light references
     assert _strip(index) == _strip(load_rows(str(data / "t.parquet"), "prompt")[0])
 
@@ -322,3 +323,37 @@ def test_data_uri_images(tmp_path: Path) -> None:
     uri = "data:image/png;base64," + base64.b64encode(png_bytes((2, 3))).decode()
     got, _ = load_rows(str(jsonl(tmp_path / "t.jsonl", [{"prompt": "<image>", "images": uri}])), "prompt")
     assert load_images(got[0])[0].size == (2, 3)
+
+
+def test_mutated_images_of_every_format_are_kept_or_reported_never_raised(tmp_path: Path) -> None:
+    import random
+
+    rng = random.Random(0)
+    blobs = []
+    for fmt in ("PNG", "GIF", "BMP", "JPEG", "WEBP", "TIFF"):
+        buf = io.BytesIO()
+        Image.effect_noise((12, 12), 50).convert("RGB").save(buf, fmt)
+        blobs.append(buf.getvalue())
+    rows = []
+    for _ in range(300):
+        data = bytearray(rng.choice(blobs))
+        for _ in range(rng.randint(1, 4)):
+            if not data:
+                break
+            op = rng.random()
+            at = rng.randrange(len(data))
+            if op < 0.5:
+                data[at] = rng.randrange(256)
+            elif op < 0.8:
+                del data[at:]
+            else:
+                data[at:at] = rng.randbytes(rng.randint(1, 16))
+        rows.append({"prompt": "<image>?", "images": [bytes(data) or b"x"]})
+    index, report = index_dataset(rows, "prompt", on_bad_row="skip")
+    assert report.total_rows == 300 and report.kept_rows == len(index)
+    assert set(report.reasons) <= {"bad_image: images", "image_too_large: images"}
+    for row in index:  # a kept row decodes, or fails with its row named
+        try:
+            assert load_images(row)[0].mode == "RGB"
+        except DataError as e:
+            assert str(e).startswith(f"dataset[{row['line']}]: images[0] (bytes)")

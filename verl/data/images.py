@@ -1,8 +1,9 @@
 """Images in rows: what a row's `images` may hold, the `<image>` placeholder rule, header checks, decoding.
 
 A row carries its images in `images` (alias `image`, or `data.fields.images`; verl's `data.image_key`): one
-value or a list, each a file path (relative to the data file's folder), encoded bytes, a `data:image/...;base64,`
-URI, a Hugging Face `Image` value (`{"bytes": ..., "path": ...}`) or a PIL image. The normalised row keeps a
+value or a list (a JSON list in a CSV cell), each a file path (relative to the data file's folder), encoded
+bytes, a `data:image/...;base64,` URI, a Hugging Face `Image` value (`{"bytes": ..., "path": ...}`) or a PIL
+image. The normalised row keeps a
 light reference per image -- an absolute path (`str`), the encoded bytes, or the caller's PIL image -- and
 `load_images` decodes them to RGB when a batch is built, so the rows of a large dataset never hold pixels.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import json
 import os
 import stat
 import warnings
@@ -74,6 +76,11 @@ def image_refs(value: Any, base: str | None = None) -> list[ImageRef]:
     working directory) so the reference stays right whichever directory later reads it."""
     if value is None:
         return []
+    if isinstance(value, str) and value.strip().startswith("[") and value.strip().endswith("]"):
+        try:  # a CSV cell (or any string column) holding a JSON list of paths
+            value = json.loads(value)
+        except ValueError:
+            pass
     items = list(value) if isinstance(value, (list, tuple)) else [value]
     return [_ref(item, i, base) for i, item in enumerate(items)]
 
@@ -257,13 +264,13 @@ def _open(image: Any, ref: ImageRef, where: str, limit: int) -> Any:
     src = _source(ref, where)
     named = f"{ref}" if isinstance(ref, str) else "the bytes"
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", image.DecompressionBombWarning)  # the limit is checked just below
+        with warnings.catch_warnings():  # the size limit is checked just below; a corrupt file is a bad row
+            warnings.simplefilter("ignore")
             im = image.open(src)
     except image.DecompressionBombError as e:
         raise _row_error("image_too_large", f"{where}: {named}: {e}") from None
-    except (image.UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as e:
-        raise _row_error("bad_image", f"{where}: {named} is not a readable image ({e})") from None
+    except Exception as e:  # noqa: BLE001 - hostile bytes reach each format plugin's parser, which raise anything
+        raise _row_error("bad_image", f"{where}: {named} is not a readable image ({type(e).__name__}: {e})") from None
     w, h = im.size
     if w <= 0 or h <= 0:
         im.close()
@@ -289,7 +296,9 @@ def check_images(refs: Sequence[ImageRef], max_pixels: int | None = None) -> Non
             continue
         im = _open(image, ref, where, limit)
         try:
-            im.verify()
+            with warnings.catch_warnings():  # plugins warn about corrupt metadata; the row is reported instead
+                warnings.simplefilter("ignore")
+                im.verify()
         except Exception as e:  # noqa: BLE001 - each plugin raises its own kind for corrupt data
             named = f"{ref}" if isinstance(ref, str) else "the bytes"
             raise _row_error("bad_image", f"{where}: {named} is corrupt ({type(e).__name__}: {e})") from None
@@ -318,10 +327,15 @@ def load_images(row: Mapping[str, Any] | Sequence[ImageRef], max_pixels: int | N
             else:
                 im = _open(image, ref, where, limit)
             try:
-                im.load()
-                out.append(im.convert("RGB") if im.mode != "RGB" or im is ref else im)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    rgb = im.convert("RGB")  # decodes; a copy even when already RGB (the file is closed below)
             except Exception as e:  # noqa: BLE001 - decoders raise OSError, SyntaxError, ValueError, ...
                 raise _row_error("bad_image", f"{where}: cannot be decoded ({type(e).__name__}: {e})") from None
+            finally:
+                if im is not ref:
+                    im.close()
+            out.append(rgb)
         except RowError as e:
             raise DataError(f"{_row_where(row)}{e.detail}; the image changed or is corrupt past its header. Fix or "
                             "remove the row and restart") from None
