@@ -154,7 +154,7 @@ def parts_text(parts: list[Any], fld: str, i: int) -> str:
             continue
         if not isinstance(part, Mapping):
             raise _row_error("bad_messages", f"{where} is {_describe(part)}; expected {{'type': 'text', 'text': "
-                                             "...}} or {'type': 'image'}", fld)
+                                             "...} or {'type': 'image'}", fld)
         kind = part.get("type")
         if kind == "text":
             text = part.get("text")
