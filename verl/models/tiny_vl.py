@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from verl.errors import ModelError
-from verl.models import tiny
+from verl.models import tiny_base as tiny
 
 VL_ARCHS = ("qwen2_5_vl", "qwen2_vl")
 TINY_VL_FORMAT_VERSION = 1

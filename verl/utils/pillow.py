@@ -1,13 +1,13 @@
-"""Pillow is optional (`pip install 'verl[vision]'`): only image rows and vision-language models need it, so
+"""Pillow is optional (the `vision` extra): only image rows and vision-language models need it, so
 `import verl` never imports it, and code that does need it asks `require_pillow` for a clear install hint."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from verl.errors import ModelError, VerlError
+from verl.errors import ModelError, VerlError, install_hint
 
-INSTALL_HINT = "pip install 'verl[vision]' (or pip install 'pillow>=10')"
+INSTALL_HINT = install_hint("pillow", "vision")
 
 
 def has_pillow() -> bool:
