@@ -56,6 +56,7 @@ LAYOUT: dict[str, FieldLayout] = {
     "group_ids": FieldLayout(ROW),
     "prompt_ids": FieldLayout(PROMPT, PAD_TOKEN, SEQUENCE_READERS),
     "prompt_mask": FieldLayout(PROMPT, 0, SEQUENCE_READERS),
+    "images": FieldLayout(ROW_LIST),  # each row's RowImages (None: no image), with a vision-language policy
     "response_ids": FieldLayout(RESPONSE, PAD_TOKEN, SEQUENCE_READERS),
     "response_mask": FieldLayout(RESPONSE, 0, SEQUENCE_READERS),
     "response_attention_mask": FieldLayout(RESPONSE, 0, SEQUENCE_READERS),
@@ -120,6 +121,8 @@ class RolloutBatch:
     group_ids: torch.Tensor  # [N] index of the prompt each sequence answers
     prompt_ids: torch.Tensor  # [N, P] left-padded
     prompt_mask: torch.Tensor  # [N, P]
+    # one per sequence: its prompt's images (verl.models.vision_inputs.RowImages, None for none); [] for text
+    images: list[Any] = field(default_factory=list)
     response_ids: torch.Tensor | None = None  # [N, R] right-padded
     response_mask: torch.Tensor | None = None  # [N, R] 1 on model-written tokens (the loss, KL, entropy)
     # [N, R] 1 on every real response token; multi-turn episodes also have observation tokens, which the
@@ -152,11 +155,12 @@ class RolloutBatch:
     LAYOUT: ClassVar[dict[str, FieldLayout]] = LAYOUT
 
     @classmethod
-    def of_prompts(cls, rows: list[dict[str, Any]], ids: torch.Tensor, mask: torch.Tensor, *, n: int,
-                   first_group: int = 0) -> RolloutBatch:
-        """A step's batch before generation: each prompt row (and its ids) repeated n times in a row, the n
-        samples of a prompt sharing a group id (numbered from `first_group`)."""
+    def of_prompts(cls, rows: list[dict[str, Any]], ids: torch.Tensor, mask: torch.Tensor,
+                   images: list[Any] | None = None, *, n: int, first_group: int = 0) -> RolloutBatch:
+        """A step's batch before generation: each prompt row (and its ids and images) repeated n times in a row,
+        the n samples of a prompt sharing a group id (numbered from `first_group`)."""
         return cls(rows=[row for row in rows for _ in range(n)],
+                   images=[] if images is None else [image for image in images for _ in range(n)],
                    group_ids=torch.arange(len(rows)).repeat_interleave(n) + first_group,
                    prompt_ids=ids.repeat_interleave(n, dim=0), prompt_mask=mask.repeat_interleave(n, dim=0))
 

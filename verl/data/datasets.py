@@ -8,7 +8,7 @@ right-padded with labels -100 everywhere except the tokens the loss should learn
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -34,7 +34,8 @@ def pad_token_id(tokenizer: Tokenizer) -> int:
     return int(pid)
 
 
-def _where(row: dict[str, Any]) -> str:
+def row_location(row: Mapping[str, Any]) -> str:
+    """Where a row came from, for an error message: file:line, a Parquet row, a dataset index, or its prompt."""
     if "file" in row and "line" in row and isinstance(row["file"], str) and isinstance(row["line"], int):
         return location(row["file"], row["line"])  # file:line, file.parquet row N, dataset[i]
     if "file" in row or "line" in row:
@@ -99,7 +100,7 @@ class PromptDataset(Dataset):
             if len(ids) > max_prompt_length:
                 if truncation == "error":
                     raise DataError(
-                        f"{_where(row)}: the prompt has {len(ids)} tokens, more than max_prompt_length="
+                        f"{row_location(row)}: the prompt has {len(ids)} tokens, more than max_prompt_length="
                         f"{max_prompt_length}; raise data.max_prompt_length or set data.truncation=drop "
                         "or truncate_left"
                     )
@@ -178,7 +179,7 @@ class SFTDataset(Dataset):
             if "messages" in row:
                 if mode == "never":
                     raise DataError(
-                        f"{_where(row)}: chat messages need apply_chat_template='auto' or 'always'"
+                        f"{row_location(row)}: chat messages need apply_chat_template='auto' or 'always'"
                     )
                 ids, is_out, mismatch = encode_conversation(tokenizer, row["messages"], row)
                 labels = [t if o else IGNORE_INDEX for t, o in zip(ids, is_out, strict=False)]
@@ -187,7 +188,7 @@ class SFTDataset(Dataset):
                 labels = [IGNORE_INDEX] * boundary + ids[boundary:]
             self.stats["boundary_mismatch"] += mismatch
             was = len(ids)
-            cut = _truncate(ids, labels, max_length, truncation, _where(row))
+            cut = _truncate(ids, labels, max_length, truncation, row_location(row))
             if cut is None:
                 self.stats["dropped"] += 1
                 continue
@@ -252,7 +253,7 @@ class PreferenceDataset(Dataset):
                 labels = [IGNORE_INDEX] * boundary + ids[boundary:]
                 if side == "chosen":
                     item["prompt_input_ids"] = ids[:boundary]
-                cut = _truncate(ids, labels, max_length, truncation, _where(row))
+                cut = _truncate(ids, labels, max_length, truncation, row_location(row))
                 if cut is None or all(x == IGNORE_INDEX for x in cut[1]):
                     keep = False
                     break
@@ -318,12 +319,12 @@ class RewardPairDataset(Dataset):
         self.truncated = self.dropped = 0
         for row in rows:
             if never and any(isinstance(row[k], list) for k in ("prompt", "chosen", "rejected")):
-                raise DataError(f"{_where(row)}: the row has chat messages but data.apply_chat_template=never; "
+                raise DataError(f"{row_location(row)}: the row has chat messages but data.apply_chat_template=never; "
                                 "use auto")
             item: dict[str, Any] = {"margin": float(row.get("margin") or 0.0)}
             for side in ("chosen", "rejected"):
                 ids = encode(tokenizer, reward_text(tokenizer, row["prompt"], row[side], row), False)
-                cut = _truncate(ids, ids, max_length, truncation, _where(row))
+                cut = _truncate(ids, ids, max_length, truncation, row_location(row))
                 if cut is None:
                     break
                 self.truncated += len(cut[0]) < len(ids)
@@ -332,7 +333,8 @@ class RewardPairDataset(Dataset):
                 self.dropped += 1
                 continue
             if item["chosen_input_ids"] == item["rejected_input_ids"]:
-                raise DataError(f"{_where(row)}: 'chosen' and 'rejected' are the same {len(item['chosen_input_ids'])} "
+                raise DataError(f"{row_location(row)}: 'chosen' and 'rejected' are the same "
+                                f"{len(item['chosen_input_ids'])} "
                                 "tokens (after data.truncation=truncate_left kept the last max_length tokens), so "
                                 "the pair prefers neither. Fix: raise data.max_prompt_length/max_response_length "
                                 "or set data.truncation=drop")
@@ -351,6 +353,7 @@ class RewardPairDataset(Dataset):
 
 __all__ = [
     "PromptDataset",
+    "row_location",
     "RewardPairDataset",
     "SFTDataset",
     "PreferenceDataset",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -119,8 +120,10 @@ class RolloutEngine(ABC):
         attention_mask: torch.Tensor,
         params: SamplingParams,
         generator: torch.Generator | None = None,
+        images: Any = None,
     ) -> RolloutOutput:
-        """Sample ``params.n`` responses for each row of ``input_ids`` ([B, P], left-padded)."""
+        """Sample ``params.n`` responses for each row of ``input_ids`` ([B, P], left-padded); `images`: each row's
+        (`verl.models.vision_inputs.RowImages` or None), for a vision-language model."""
 
 
 __all__ = ["SamplingParams", "RolloutOutput", "RolloutEngine"]

@@ -18,7 +18,7 @@ Greedy output equals ``model.generate(do_sample=False)`` token for token (tested
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,8 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from verl.errors import ConfigError, DataError, ModelError
+from verl.models.vision import is_vision_language, vision_token_ids
+from verl.models.vision_inputs import RowImages, has_images, image_forward_inputs
 from verl.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 from verl.rollout.fast_decode import LlamaStyleDecodeStep
 from verl.rollout.kv_cache import DynamicLayer, Parked, RolloutCache, model_cache
@@ -184,6 +186,9 @@ class HFKVCacheEngine(RolloutEngine):
         self.eos_check_every = eos_check_every
         self._decode_step: LlamaStyleDecodeStep | None = None  # kept: its weight layout serves many rollouts
         self.cpu_matmul = cpu_matmul  # the library plain layers decode with on CPU (`auto`: LlamaStyleDecodeStep's)
+        # A vision-language model's vision tokens: never sampled (None: a text model)
+        vision = vision_token_ids(model) if is_vision_language(model) else {}
+        self.banned_ids = torch.tensor(sorted(set(vision.values())), dtype=torch.long) if vision else None
         # Called after each sampled token, before the next forward, with the token's step; True when the
         # weights changed under the decode (an asynchronous rollout's delivery: a partial rollout), so the
         # tokens from the next one on are sampled by the new weights.
@@ -262,29 +267,42 @@ class HFKVCacheEngine(RolloutEngine):
                               f"{total} exceeds the model's max_position_embeddings {limit}; lower "
                               "max_new_tokens or the maximum prompt length.")
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
-        """One forward of `ids` on `cache`; the logits after the last column ([B, V])."""
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any,
+                 **images: Any) -> torch.Tensor:
+        """One forward of `ids` on `cache` (`images`: a prefill's pixels, grids and multimodal positions); the
+        logits after the last column ([B, V]), where vision tokens are never sampled."""
         kwargs = {self._cache_kw: cache, "use_cache": True}
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = 1
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **kwargs)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **kwargs, **images)
         logits = out.logits[:, -1, :]
         # A tensor-parallel head's logits are sharded over the vocabulary: the sampler takes them whole (the ranks
         # of its group sample alike, from the same generator state).
-        return logits.full_tensor() if isinstance(logits, DTensor) else logits
+        logits = logits.full_tensor() if isinstance(logits, DTensor) else logits
+        # A vision token in a response would have no pixels behind it (the next forward with it fails).
+        return logits if self.banned_ids is None else logits.index_fill(1, self.banned_ids.to(logits.device),
+                                                                           -float("inf"))
 
     # -- the decode loop, shared by single-turn sampling and multi-turn episodes --------------------
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, capacity: int) -> Decoding:
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, capacity: int,
+                images: Sequence[RowImages | None] | None = None) -> Decoding:
         """Run left-padded prompts [B, P] through the model onto a fresh cache with room for `capacity`
-        positions (it grows past that when needed). Call inside ``torch.inference_mode()``."""
+        positions (it grows past that when needed). Call inside ``torch.inference_mode()``. `images`: each
+        row's (a vision-language model), whose pad tokens the prompt holds: they take multimodal rotary
+        positions, and the text after them continues past the largest, so every new token's position is
+        one 1-D number again, as for text."""
         device = next(self.model.parameters()).device
         ids = input_ids.to(device=device, dtype=torch.long)
         mask = attention_mask.to(device=device).bool()
         cache = (RolloutCache(int(self.text_config.num_hidden_layers), capacity) if self.preallocates
                  else model_cache(self.config))
-        positions = position_ids_from_mask(mask)  # prompts are left-padded and non-empty (checked)
-        logits = self._forward(ids.masked_fill(~mask, 0), mask.long(), positions, cache)
-        return Decoding(cache=cache, logits=logits, mask=mask, next_pos=positions[:, -1] + 1)
+        extra = image_forward_inputs(self.model, ids, mask.long(), images)
+        positions = extra.pop("position_ids", None)
+        if positions is None:
+            positions = position_ids_from_mask(mask)  # prompts are left-padded and non-empty (checked)
+        logits = self._forward(ids.masked_fill(~mask, 0), mask.long(), positions, cache, **extra)
+        last = positions[..., -1] if positions.dim() == 2 else positions[..., -1].amax(0)  # a text token's
+        return Decoding(cache=cache, logits=logits, mask=mask, next_pos=last + 1)
 
     def extend(self, state: Decoding, ids: torch.Tensor, mask: torch.Tensor) -> None:
         """Feed a block of tokens [B, W] to every row; each row's real tokens (`mask`) are right-aligned,
@@ -483,17 +501,22 @@ class HFKVCacheEngine(RolloutEngine):
         params: SamplingParams,
         generator: torch.Generator | None = None,
         noise: torch.Tensor | None = None,
+        images: Sequence[RowImages | None] | None = None,
     ) -> RolloutOutput:
         """Sample ``params.n`` responses per prompt; tensors come back on the model's device. `noise`
         [max_new_tokens, rows] (rows: each prompt n times, in turn) fixes each row's uniform number for each step,
-        so that what a row samples does not depend on which other rows share its batch."""
+        so that what a row samples does not depend on which other rows share its batch. `images`: each prompt's
+        (`verl.models.vision_inputs.RowImages` or None), for a vision-language model."""
         self.check_inputs(input_ids, attention_mask, params)
+        if has_images(images) and self.banned_ids is None:
+            raise ModelError(f"generate: prompts with images, but {type(self.model).__name__} is not a "
+                             "vision-language model; sample them from one (Qwen2-VL, Qwen2.5-VL)")
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.inference_mode():
                 # Prefill each prompt once; the cache is repeated for the n samples afterwards.
-                state = self.prefill(input_ids, attention_mask, input_ids.shape[1] + params.max_new_tokens)
+                state = self.prefill(input_ids, attention_mask, input_ids.shape[1] + params.max_new_tokens, images)
                 state.repeat(params.n)
                 out = self.decode(state, params, params.max_new_tokens, generator, finished=self.on_rows_finished,
                                   noise=None if noise is None else noise.to(state.logits.device))

@@ -254,8 +254,13 @@ class VLLMEngine(RolloutEngine):
         attention_mask: torch.Tensor,
         params: SamplingParams,
         generator: torch.Generator | None = None,
+        images: Any = None,
     ) -> RolloutOutput:
-        """Sample with vLLM and lay the result out like every other engine."""
+        """Sample with vLLM and lay the result out like every other engine (text prompts: `verl check` refuses
+        images on this engine)."""
+        if images is not None and any(i is not None for i in images):
+            raise ConfigError("rollout.engine=vllm samples text prompts only in verl for now; rows with images "
+                              "need rollout.engine=hf")
         if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
             raise DataError(f"generate: input_ids {tuple(input_ids.shape)} and attention_mask "
                             f"{tuple(attention_mask.shape)} must both be [batch, prompt_len].")

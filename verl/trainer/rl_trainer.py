@@ -280,7 +280,7 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         rows = self.env.get_batch(self.config.data.train_batch_size)
         per_rank = len(rows) // self.dp_size
         rows = rows[self.dp_rank * per_rank : (self.dp_rank + 1) * per_rank]
-        return RolloutBatch.of_prompts(rows, *self.encode_prompts(rows), n=self.config.rollout.n,
+        return RolloutBatch.of_prompts(rows, *self.prompt_batch(rows), n=self.config.rollout.n,
                                        first_group=self.dp_rank * per_rank)
 
     def generate(self, batch: RolloutBatch) -> RolloutBatch:
@@ -289,7 +289,7 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         n = self.config.rollout.n
         with ready_to_sample(self.engine, self.model, self.gathered), self.reward_overlap.generating(batch):
             out = self.engine.generate(batch.prompt_ids[::n].to(self.device), batch.prompt_mask[::n].to(self.device),
-                                       self.sampling, generator=self.generator)
+                                       self.sampling, generator=self.generator, images=batch.images[::n] or None)
         batch.prompt_ids, batch.prompt_mask = out.prompt_ids, out.prompt_mask.long()
         batch.response_ids, batch.response_mask = out.response_ids, out.response_mask.long()
         batch.finished = out.finished
@@ -577,9 +577,9 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
             if self.multiturn is not None:
                 scores, responses, episode = self.multiturn.evaluate(chunk, params, generator)
                 return Answers(scores, responses, episode_metrics=episode)
-            ids, mask = self.encode_prompts(chunk)
+            ids, mask, images = self.prompt_batch(chunk)
             with ready_to_sample(self.engine, self.model, self.gathered):
-                out = self.engine.generate(ids.to(self.device), mask.to(self.device), params, generator=generator)
+                out = self.engine.generate(ids.to(self.device), mask.to(self.device), params, generator, images=images)
             responses = self.decode_responses(out.response_ids, out.response_mask)
             repeated = [row for row in chunk for _ in range(r.val_n)]
             result = score_responses(self.env, repeated, responses, out.response_ids, out.response_mask)

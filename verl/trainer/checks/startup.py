@@ -54,6 +54,7 @@ from verl.trainer.checks.config_checks import (  # noqa: F401  (re-exported: the
     split_refusal,
 )
 from verl.trainer.checks.host_memory import check_host_memory, check_positions, text_config
+from verl.trainer.checks.image_checks import check_images
 from verl.trainer.checks.lora_checks import check_lora, memory_counts, uses_lora
 from verl.trainer.checks.memory_inputs import model_shape, plan_inputs, targets_gpu
 from verl.trainer.checks.policy_facts import (  # noqa: F401  (re-exported)
@@ -361,6 +362,7 @@ CHECKS: tuple[Check, ...] = (
     Check("sequence parallelism", ALL_KINDS, _sequence_parallel),
     Check("tensor parallelism", ALL_KINDS, _tensor_parallel),
     Check("packed sequences", RL, _packing),
+    Check("images", RL, lambda c: check_images(c.config, c.facts.hf_config, c.report.mapping)),
     Check("overlong buffer", RL, lambda c: check_overlong_buffer(c.config)),
     Check("old log-probs", RL, lambda c: check_old_logprobs(c.config)),
     Check("validation samples", RL, lambda c: check_val_n(c.config)),

@@ -42,6 +42,7 @@ from verl.models.hf_loader import load_tokenizer
 from verl.models.lora import AdapterOff, base_of
 from verl.models.reward_model import RewardModelScorer
 from verl.models.sharded_load import is_deferred, materialise, reads_shards
+from verl.models.vision import is_vision_language, load_processor
 from verl.rewards.manager import configure_rewards
 from verl.rollout import RolloutEngine, build_engine
 from verl.rollout.async_rollout import AsyncRollout, takes_partial_rollouts
@@ -91,6 +92,7 @@ class Components:
     process: ProcessSetup
     tokenizer: Tokenizer
     policy: torch.nn.Module | None
+    processor: Any = None  # a vision-language policy's (images -> pixels and pad tokens), else None
     env: Environment | MultiTurnEnvironment | None = None  # RL: prompts + rewards
     reference: torch.nn.Module | None = None
     teacher: torch.nn.Module | None = None  # on-policy distillation (algorithm.distill)
@@ -126,18 +128,24 @@ def setup_checks(config: RunConfig, identity: ProcessIdentity, device: torch.dev
 
 
 def setup_policy(config: RunConfig, checks: Preflight, *, device: torch.device, dtype: torch.dtype,
-                 given: Given = Given(), kind: str = "rl", defer: bool = False) -> tuple[torch.nn.Module, Any]:
-    """The policy and its tokenizer: the one the checks loaded and compared with the model's own (the
-    checks ran this loader on the meta device already, so a problem here is one only weights show). For
-    `kind="rm"` the model trained is the reward model: the policy's backbone with a score head. `defer`
-    (`sharded_start`): built on the meta device; `shard` then reads only this rank's part of the weights."""
+                 given: Given = Given(), kind: str = "rl", defer: bool = False) -> tuple[torch.nn.Module, Any, Any]:
+    """The policy, its tokenizer and, for a vision-language model, its processor: the tokenizer the checks
+    loaded and compared with the model's own (the checks ran this loader on the meta device already, so a
+    problem here is one only weights show). For `kind="rm"` the model trained is the reward model: the
+    policy's backbone with a score head. `defer` (`sharded_start`): built on the meta device; `shard` then
+    reads only this rank's part of the weights. A model passed from Python brings its processor from the
+    folder it names (`name_or_path`)."""
     if given.model is not None:
-        return given_policy(given.model, given.tokenizer, device, config, reward_head=kind == "rm")
+        model, tokenizer = given_policy(given.model, given.tokenizer, device, config, reward_head=kind == "rm")
+        source = getattr(base_of(model), "name_or_path", None)
+        processor = (load_processor(source, tokenizer=tokenizer, trust_remote_code=config.model.trust_remote_code)
+                     if is_vision_language(model) and source else None)
+        return model, tokenizer, processor
     model, tokenizer, report = load_policy_with_report(config, checks.model_path, device=device, dtype=dtype,
                                                        tokenizer=checks.tokenizer, reward_head=kind == "rm",
                                                        defer=defer)
     report.raise_if_problems()
-    return model, tokenizer
+    return model, tokenizer, report.processor
 
 
 def setup_reward_model(config: RunConfig, process: ProcessSetup) -> RewardModelScorer:
@@ -385,9 +393,11 @@ def compose(config: RunConfig, *, kind: str, runs_split: bool = False, given: Gi
         torch.set_num_threads(config.trainer.cpu_threads)
     checks = setup_checks(config, identity, device, kind=kind, runs_split=runs_split, given=given)
     process = setup_process(config, checks.startup.mapping, identity, device)
-    policy, tokenizer = setup_policy(config, checks, device=process.device, dtype=process.dtype, given=given,
-                                     kind=kind, defer=kind == "rl" and sharded_start(config, process))
-    parts = Components(config=config, checks=checks, process=process, tokenizer=tokenizer, policy=policy)
+    policy, tokenizer, processor = setup_policy(config, checks, device=process.device, dtype=process.dtype,
+                                                given=given, kind=kind,
+                                                defer=kind == "rl" and sharded_start(config, process))
+    parts = Components(config=config, checks=checks, process=process, tokenizer=tokenizer, policy=policy,
+                       processor=processor)
     if kind == "rl":
         compose_rl(parts, given)
     return parts

@@ -24,7 +24,7 @@ from verl.distributed import tensor_parallel
 from verl.distributed.fsdp import gathered
 from verl.errors import VerlError
 from verl.models.lora import is_peft_model
-from verl.rollout.prompts import PromptCodec
+from verl.rollout.prompts import PromptCodec, Prompts
 from verl.trainer.build.models import cpu_matmul_choice
 from verl.trainer.build.setup import resolve_run_dir, seed_everything
 from verl.trainer.checks.preflight import Given
@@ -57,7 +57,7 @@ class TrainerRuntime:
             for warning in self.checks.warnings:
                 warnings.warn(warning.message, stacklevel=2)
         self.model, self.tokenizer = self.parts.policy, self.parts.tokenizer
-        self.prompts = PromptCodec(self.tokenizer, config.data)
+        self.prompts = PromptCodec(self.tokenizer, config.data, self.parts.processor)
         self.step_count = 0
         self.run_dir = resolve_run_dir(config, self.kind)
         self.history: list[dict[str, float]] = []
@@ -82,6 +82,10 @@ class TrainerRuntime:
 
     def encode_prompts(self, rows: Sequence[Mapping[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
         return self.prompts.encode(rows)
+
+    def prompt_batch(self, rows: Sequence[Mapping[str, Any]]) -> Prompts:
+        """The sampler's prompts for `rows`: ids, mask and, with a vision-language policy, each row's images."""
+        return self.prompts.encode_batch(rows)
 
     def decode_responses(self, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
         return self.prompts.decode(response_ids, response_mask)

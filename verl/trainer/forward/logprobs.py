@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +42,8 @@ from verl.models.signature import (
     returned_cache,
     takes_cache,
 )
+from verl.models.vision import is_vision_language
+from verl.models.vision_inputs import RowImages, has_images, image_forward_inputs
 from verl.trainer.forward.packing import PackedLayout, check_packing, packed_row_inputs
 from verl.utils.positions import position_ids_from_mask
 
@@ -77,15 +79,20 @@ def sequence_logits(
 
 
 def _sequence_output(model: torch.nn.Module, capture: HeadCapture | None, input_ids: torch.Tensor,
-                     attention_mask: torch.Tensor, position_ids: torch.Tensor, keep_last: int) -> Any:
-    """The logits predicting the last `keep_last` tokens, or with `capture` the head's input there.
+                     attention_mask: torch.Tensor, position_ids: torch.Tensor, keep_last: int,
+                     images: Sequence[RowImages | None] | None = None) -> Any:
+    """The logits predicting the last `keep_last` tokens, or with `capture` the head's input there. `images`:
+    each row's (a vision-language model): the forward gets their pixels and multimodal positions.
 
     The last token predicts nothing, so it is left out of the forward (causal attention: no other position's
     output depends on it)."""
     total = input_ids.shape[1] - 1
     head, cut = _head_positions(model, total, max(total - keep_last, 0), total, input_ids.device)
+    extra = image_forward_inputs(model, input_ids[:, :-1], attention_mask[:, :-1], images)
+    positions = extra.pop("position_ids", None)
     out = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
-                position_ids=position_ids[:, :-1], use_cache=False, **head)
+                position_ids=position_ids[:, :-1] if positions is None else positions, use_cache=False, **head,
+                **extra)
     return _sliced(_output(out, "logits", capture), cut)
 
 
@@ -112,14 +119,16 @@ def response_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = True,
     chunked: bool = False,
+    images: Sequence[RowImages | None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of each response token under `model` (logits / temperature, as sampled), optional entropy.
 
     `entropy_grad=False` computes the entropy for logging only, without adding it to the autograd graph.
     `chunked` computes both from the head's input in token chunks: the model makes no [B, R, V] logits.
+    `images`: each row's prompt images (`verl.models.vision_inputs`).
     """
     with head_capture(model, chunked) as capture:  # open until the log-probs are made (FSDP2 keeps the head gathered)
-        output = _sequence_output(model, capture, input_ids, attention_mask, position_ids, response_len)
+        output = _sequence_output(model, capture, input_ids, attention_mask, position_ids, response_len, images)
         return _logprobs(output, input_ids[:, -response_len:], temperature, with_entropy, entropy_grad)
 
 
@@ -318,7 +327,10 @@ def can_share_prompt(model: torch.nn.Module) -> bool:
     # its module tree: look under base_of).
     checkpointing = any(getattr(m, "gradient_checkpointing", False) is True or getattr(m, "_verl_checkpointed", False)
                         for m in base_of(inner).modules())
-    return takes_cache(model) and not checkpointing and not is_tensor_parallel(base_of(inner).parameters())
+    # A vision-language model's prompt holds images: their multimodal positions and pixels go with each whole
+    # sequence (`response_logprobs`), not yet through a cached prompt.
+    return (takes_cache(model) and not checkpointing and not is_tensor_parallel(base_of(inner).parameters())
+            and not is_vision_language(base_of(inner)))
 
 
 def _shared_prompt_output(
@@ -480,7 +492,7 @@ def logprobs_of(model: torch.nn.Module, mb: Any, *, share: bool, temperature: fl
         return shared_prompt_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_attention,
                                       **kwargs)
     return response_logprobs(model, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_ids.shape[1],
-                             **kwargs)
+                             images=getattr(mb, "images", None), **kwargs)
 
 
 def values_of(critic: torch.nn.Module, mb: Any, *, share: bool, packed: bool = False,
@@ -505,9 +517,14 @@ def target_logprobs(model: torch.nn.Module, batch: Mapping[str, Any], device: to
     `chunked` (actor.chunked_logprobs) makes no [B, L, V] logits at all: the N targets' hidden states are
     projected a chunk of tokens at a time, forward and backward (`labelled_logprobs`).
     `sp` (the same rows on every rank of a sequence-parallel group) packs the rows' tokens into one row without
-    padding and splits it over the group (`split_logprobs`).
+    padding and splits it over the group (`split_logprobs`). `batch["images"]` (each row's `RowImages` or None,
+    for a vision-language model) adds the rows' pixels and multimodal positions (`image_forward_inputs`).
     """
     mask = batch["attention_mask"]
+    images = batch.get("images")
+    if has_images(images) and (mask is None or (sp is not None and sp.size > 1)):
+        raise ConfigError("rows with images cannot run packed or split over sequence-parallel ranks yet. Fix: set "
+                          "sft.packing=false and actor.sequence_parallel_size=1")
     if sp is not None and sp.size > 1:  # the rows' tokens (packed rows' too) as one row, split over the group
         keep = torch.ones_like(batch["input_ids"], dtype=torch.bool) if mask is None else mask.bool()
         targets = batch["targets"][keep].to(device)
@@ -518,6 +535,7 @@ def target_logprobs(model: torch.nn.Module, batch: Mapping[str, Any], device: to
         return logprobs, keep.nonzero()[:, 0].to(device)[has]
     kwargs = {"input_ids": batch["input_ids"].to(device), "position_ids": batch["position_ids"].to(device),
               "attention_mask": None if mask is None else mask.to(device), "use_cache": False}
+    kwargs |= image_forward_inputs(model, kwargs["input_ids"], kwargs["attention_mask"], images)  # {} for text
     rows, width = batch["input_ids"].shape
     keep = batch.get("keep_last", width)
     if keep < width and forward_accepts(model, "logits_to_keep"):

@@ -1,0 +1,148 @@
+"""RL on prompts with images (a vision-language policy): our sampler's prefill with pixels and multimodal
+positions equals `generate` and a forward pass; the rows carry their images through a step; what cannot take
+images yet is refused before any model loads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tiny_support import tiny_config
+
+from verl.config.schema import DataConfig
+from verl.data.images import load_images
+from verl.errors import ConfigError, DataError, ModelError
+from verl.models.hf_loader import load_hf_model
+from verl.models.tiny import build_from_spec
+from verl.models.tiny_vl import build_tiny_vl_model
+from verl.models.vision import batch_processor_inputs, vision_token_ids
+from verl.rollout import HFKVCacheEngine, SamplingParams
+from verl.rollout.prompts import PromptCodec
+from verl.trainer.checks.image_checks import check_images
+from verl.trainer.forward.logprobs import response_logprobs
+from verl.utils.positions import position_ids_from_mask
+
+PIL = pytest.importorskip("PIL.Image")
+
+
+def image(size: int, seed: int):
+    return PIL.fromarray(np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8))
+
+
+ROWS = [{"prompt": "<image>How many?", "images": [image(56, 0)]}, {"prompt": "What is 2+2?"},
+        {"prompt": "<image> or <image>?", "images": [image(28, 1), image(64, 2)]}]
+
+
+@pytest.fixture(scope="module")
+def vl():
+    """The tiny VL model in float32 with its weights spread (seeded), so that tokens depend on the images."""
+    model, tokenizer, processor = load_hf_model(build_tiny_vl_model(), torch_dtype="fp32", device="cpu",
+                                                for_training=False, return_processor=True)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.2)
+    return model.eval(), tokenizer, processor
+
+
+def encoded(vl, rows=ROWS):
+    _, tokenizer, processor = vl
+    return PromptCodec(tokenizer, DataConfig(max_prompt_length=64), processor).encode_batch(rows)
+
+
+def test_the_sampler_with_images_equals_generate_and_a_forward(vl):
+    model, tokenizer, processor = vl
+    ids, mask, images = encoded(vl)
+    assert images[1] is None and images[0].count == 1 and images[2].count == 2
+    engine = HFKVCacheEngine(model)
+    banned = sorted(vision_token_ids(model).values())
+    steps = 8
+    greedy = engine.generate(ids, mask, SamplingParams(temperature=0, max_new_tokens=steps), images=images)
+    inputs = batch_processor_inputs(processor, [load_images(r) for r in ROWS], [r["prompt"] for r in ROWS],
+                                    chat=False)
+    assert torch.equal(inputs["input_ids"], ids)
+    want = model.generate(**inputs, max_new_tokens=steps, do_sample=False, suppress_tokens=banned, eos_token_id=None,
+                          pad_token_id=tokenizer.pad_token_id)[:, ids.shape[1]:]
+    assert torch.equal(greedy.response_ids, want)
+    assert len({tuple(r) for r in want.tolist()}) > 1  # the rows differ: the images reach the tokens
+
+    sampled = engine.generate(ids, mask, SamplingParams(temperature=1.0, max_new_tokens=steps, n=2),
+                              generator=torch.Generator().manual_seed(3), images=images)
+    rows = [i for i in images for _ in range(2)]
+    full = torch.cat([sampled.prompt_ids, sampled.response_ids], 1)
+    attention = torch.cat([sampled.prompt_mask, sampled.response_mask], 1)
+    # independent: transformers' own positions (from the processor's token types) and pixels, all in one forward
+    pixels = torch.cat([r.pixel_values for r in rows if r is not None])
+    grids = torch.cat([r.image_grid_thw for r in rows if r is not None])
+    types = (full == model.config.image_token_id).int()
+    with torch.no_grad():
+        logits = model(input_ids=full, attention_mask=attention, pixel_values=pixels, image_grid_thw=grids,
+                       mm_token_type_ids=types).logits[:, ids.shape[1] - 1:-1].double()
+        ours, _ = response_logprobs(model, full, attention, position_ids_from_mask(attention), steps, images=rows)
+    reference = logits.log_softmax(-1).gather(-1, sampled.response_ids.unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(ours.double(), reference, atol=1e-5)  # the recompute with images
+    # the sampler's: the same distribution with the vision tokens taken out (never sampled)
+    logits[..., banned] = -float("inf")
+    renormalised = logits.log_softmax(-1).gather(-1, sampled.response_ids.unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(sampled.logprobs.double(), renormalised, atol=1e-5)
+    assert not torch.isin(sampled.response_ids, torch.tensor(banned)).any()
+
+
+def test_rows_with_images_on_a_text_policy_are_refused_with_the_row():
+    model, tokenizer = load_hf_model(build_from_spec("tiny"), torch_dtype="fp32", device="cpu", for_training=False)
+    row = {"prompt": "<image>How many?", "images": [image(28, 0)], "file": "data.jsonl", "line": 7}
+    with pytest.raises(DataError, match=r"data.jsonl:7.*text only.*vision-language"):
+        PromptCodec(tokenizer, DataConfig()).encode_batch([{"prompt": "hi"}, row])
+    ids, mask = PromptCodec(tokenizer, DataConfig()).encode([{"prompt": "hi"}])
+    with pytest.raises(ModelError, match="not a vision-language model"):
+        HFKVCacheEngine(model).generate(ids, mask, SamplingParams(max_new_tokens=2), images=[object()])
+
+
+def test_a_prompt_longer_than_the_limit_with_its_image_tokens_is_an_error_naming_it(vl):
+    _, tokenizer, processor = vl
+    row = {"prompt": "<image>How many?", "images": [image(84, 0)], "file": "train.jsonl", "line": 3}
+    with pytest.raises(DataError, match=r"train.jsonl:3.*image tokens|train.jsonl:3.*images' tokens"):
+        PromptCodec(tokenizer, DataConfig(max_prompt_length=8), processor).encode_batch([row])
+
+
+def test_rl_steps_carry_each_rows_images_and_train_the_vision_tower(tmp_path):
+    from verl.models.vision import vision_parameter_names
+    from verl.trainer.rl_trainer import RLTrainer
+
+    rows = [{"prompt": f"<image>Colour {i}?", "images": [image(56, i)], "ground_truth": str(i % 3)} for i in range(4)]
+    config = tiny_config(tmp_path, "rl", {"model": {"path": "tiny:qwen2_5_vl"},
+                                          "data": {"train_batch_size": 2, "max_prompt_length": 64},
+                                          "rollout": {"n": 4, "max_new_tokens": 6},
+                                          "actor": {"micro_batch_size": 4, "lr": 1e-2},
+                                          "trainer": {"total_steps": 2}})
+
+    def reward(prompt, response, ground_truth, **kw):  # varies within a group: every group has a signal
+        return float(len(response) % 2)
+
+    trainer = RLTrainer(config, rows=rows, reward_functions=[reward])
+    tower = set(vision_parameter_names(trainer.model))
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if n in tower}
+    batch = trainer.get_batch()
+    assert len(batch.images) == len(batch) == 8
+    for i, row in enumerate(batch.rows):  # each sample holds its own prompt's image, shared with its group
+        assert batch.images[i].count == len(row["images"]) == 1 and batch.images[i] is batch.images[i - i % 4]
+    sub = batch.select(torch.tensor([5, 1]))
+    assert sub.images == [batch.images[5], batch.images[1]]
+    trainer.step()
+    moved = [n for n, p in trainer.model.named_parameters() if n in tower and not torch.equal(p, before[n])]
+    assert moved  # the gradient reaches the vision tower through the pixels
+
+
+@pytest.mark.parametrize("overrides,key", [({"actor": {"remove_padding": True}}, "actor.remove_padding"),
+                                           ({"algorithm": {"adv_estimator": "gae"}}, "critic"),
+                                           ({"rollout": {"engine": "vllm"}}, "rollout.engine=hf"),
+                                           ({"actor": {"sequence_parallel_size": 2}}, "sequence_parallel_size")])
+def test_what_takes_no_images_yet_is_refused_for_a_vision_language_policy(tmp_path, overrides, key):
+    from transformers import AutoConfig
+
+    config = tiny_config(tmp_path, "rl", {"model": {"path": "tiny:qwen2_5_vl"}}, overrides)
+    problems = check_images(config, AutoConfig.from_pretrained(build_tiny_vl_model()))
+    assert len(problems) == 1 and isinstance(problems[0], ConfigError) and key in str(problems[0])
+    assert "vision-language" in str(problems[0])
+    text = AutoConfig.from_pretrained(build_from_spec("tiny"))
+    assert check_images(config, text) == []
