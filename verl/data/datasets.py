@@ -14,7 +14,9 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from verl.data import image_tokens
 from verl.data.chat import encode, encode_conversation, encode_pair, encode_prompt, reward_text, template_mode
+from verl.data.image_tokens import ImageTokens
 from verl.data.report import location
 from verl.errors import ConfigError, DataError, ModelError
 from verl.utils.positions import position_ids_from_mask
@@ -159,6 +161,8 @@ class SFTDataset(Dataset):
     For {"input", "output"} rows the loss covers the output tokens (plus EOS for raw text); for
     {"messages"} rows it covers every assistant turn. `stats` counts truncated, dropped (too long),
     no_loss_tokens (dropped because truncation removed every output token) and boundary_mismatch.
+    `images`: a vision-language policy's (`verl.data.image_tokens`); rows with images are refused without it.
+    `self.images[i]` is item i's (image references, tokens per image), None for a text row.
     """
 
     def __init__(
@@ -168,30 +172,38 @@ class SFTDataset(Dataset):
         max_length: int,
         truncation: str = "error",
         apply_chat_template: bool | str = "auto",
+        images: ImageTokens | None = None,
     ) -> None:
         _check("truncation", truncation, SEQ_TRUNCATION)
         self.pad_id = pad_token_id(tokenizer)
         mode = template_mode(apply_chat_template)
         self.rows: list[dict[str, Any]] = []
         self.items: list[tuple[list[int], list[int]]] = []
+        self.images: list[tuple[list[Any], list[int]] | None] = []
         self.stats = {"truncated": 0, "dropped": 0, "no_loss_tokens": 0, "boundary_mismatch": 0}
         for row in rows:
+            fields = ("messages",) if "messages" in row else ("input", "output")
+            tok, text, counts = image_tokens.prepare(row, images, tokenizer, mode, fields)
             if "messages" in row:
                 if mode == "never":
                     raise DataError(
                         f"{row_location(row)}: chat messages need apply_chat_template='auto' or 'always'"
                     )
-                ids, is_out, mismatch = encode_conversation(tokenizer, row["messages"], row)
+                ids, is_out, mismatch = encode_conversation(tok, text["messages"], row)
                 labels = [t if o else IGNORE_INDEX for t, o in zip(ids, is_out, strict=False)]
             else:
-                ids, boundary, mismatch = encode_pair(tokenizer, row["input"], row["output"], mode, row)
+                ids, boundary, mismatch = encode_pair(tok, text["input"], text["output"], mode, row)
                 labels = [IGNORE_INDEX] * boundary + ids[boundary:]
+            if counts:  # each image's pad token -> its tokens (prompt: no label)
+                ids, labels = image_tokens.expand(ids, labels, counts, images, row)
             self.stats["boundary_mismatch"] += mismatch
             was = len(ids)
             cut = _truncate(ids, labels, max_length, truncation, row_location(row))
             if cut is None:
                 self.stats["dropped"] += 1
                 continue
+            if counts:
+                image_tokens.check_kept(cut[0], counts, images, row, max_length, truncation)
             ids, labels = cut
             self.stats["truncated"] += len(ids) < was
             if all(x == IGNORE_INDEX for x in labels):
@@ -199,6 +211,7 @@ class SFTDataset(Dataset):
                 continue
             self.rows.append(row)
             self.items.append((ids, labels))
+            self.images.append((list(row["images"]), counts) if counts else None)
         if not self.items:
             raise DataError(
                 f"no SFT row is usable after tokenisation ({self.stats}); check max_length and the data"
@@ -224,7 +237,8 @@ class PreferenceDataset(Dataset):
     Items hold chosen/rejected ids with labels -100 over the prompt. The prompt boundary comes from
     tokenising the prompt alone (templated with a generation prompt if it is messages) and checking it
     is a prefix of prompt+response; rows where it is not are counted in `boundary_mismatch` and their
-    boundary is recomputed from character offsets.
+    boundary is recomputed from character offsets. `images`: as `SFTDataset`'s; an item of a row with images
+    has `image_tokens` (tokens per image; chosen and rejected share the prompt's images).
     """
 
     def __init__(
@@ -234,6 +248,7 @@ class PreferenceDataset(Dataset):
         max_length: int,
         truncation: str = "error",
         apply_chat_template: bool | str = "auto",
+        images: ImageTokens | None = None,
     ) -> None:
         _check("truncation", truncation, SEQ_TRUNCATION)
         self.pad_id = pad_token_id(tokenizer)
@@ -247,13 +262,19 @@ class PreferenceDataset(Dataset):
             mismatch = False
             keep = True
             cut_any = False
+            tok, text, counts = image_tokens.prepare(row, images, tokenizer, mode, ("prompt", "chosen", "rejected"))
             for side in ("chosen", "rejected"):
-                ids, boundary, bad = encode_pair(tokenizer, row["prompt"], row[side], mode, row)
+                ids, boundary, bad = encode_pair(tok, text["prompt"], text[side], mode, row)
                 mismatch |= bad
                 labels = [IGNORE_INDEX] * boundary + ids[boundary:]
+                if counts:  # each image's pad token -> its tokens (prompt: no label)
+                    ids, labels = image_tokens.expand(ids, labels, counts, images, row)
+                    boundary = next((i for i, t in enumerate(labels) if t != IGNORE_INDEX), len(labels))
                 if side == "chosen":
                     item["prompt_input_ids"] = ids[:boundary]
                 cut = _truncate(ids, labels, max_length, truncation, row_location(row))
+                if cut is not None and counts:
+                    image_tokens.check_kept(cut[0], counts, images, row, max_length, truncation)
                 if cut is None or all(x == IGNORE_INDEX for x in cut[1]):
                     keep = False
                     break
@@ -264,6 +285,8 @@ class PreferenceDataset(Dataset):
                 self.dropped += 1
                 continue
             self.truncated += cut_any
+            if counts:
+                item["image_tokens"] = counts
             self.rows.append(row)
             self.items.append(item)
         if not self.items:

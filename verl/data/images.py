@@ -342,6 +342,28 @@ def load_images(row: Mapping[str, Any] | Sequence[ImageRef], max_pixels: int | N
     return out
 
 
+def image_sizes(row: Mapping[str, Any] | Sequence[ImageRef], max_pixels: int | None = None) -> list[tuple[int, int]]:
+    """(width, height) of each of the row's images from its header alone (no pixels decoded): what a processor's
+    resize and so its image token count depend on, read when a dataset is tokenised; DataError with the row."""
+    refs = (row.get(FIELD) or []) if isinstance(row, Mapping) else list(row)
+    if not refs:
+        return []
+    image = _pil()
+    limit = pixel_limit(max_pixels)
+    out = []
+    for i, ref in enumerate(refs):
+        try:
+            if is_pil(ref):
+                out.append(tuple(ref.size))
+                continue
+            im = _open(image, ref, _name(ref, i), limit)
+            out.append(tuple(im.size))
+            im.close()
+        except RowError as e:
+            raise DataError(f"{_row_where(row)}{e.detail}. Fix or remove the row") from None
+    return out
+
+
 def _row_where(row: Any) -> str:
     if isinstance(row, Mapping) and "file" in row and "line" in row:
         return f"{location(str(row['file']), int(row['line']))}: "
@@ -385,4 +407,5 @@ def _mime(data: bytes) -> str:
 
 
 __all__ = ["FIELD", "INSTALL_HINT", "MAX_PIXELS", "PLACEHOLDER", "check_images", "has_image_parts", "image_refs",
-           "is_pil", "load_images", "parts_text", "place", "split_placeholders", "to_content_parts", "to_json"]
+           "image_sizes", "is_pil", "load_images", "parts_text", "place", "split_placeholders", "to_content_parts",
+           "to_json"]

@@ -7,6 +7,10 @@ log-ratios). The reference log-probs come from a frozen copy of the initial poli
 adapters off, no copy; or `ref.path`), or,
 with `dpo.precompute_ref=true`, from one pass over the data before training, after which the reference
 model is freed. The loss formula is `verl.algorithms.dpo_loss`; this file only feeds it.
+
+With a vision-language policy, pairs whose prompt has images train too: chosen and rejected share the prompt's
+images (decoded once per micro-batch), which the policy's and the reference's forwards both take; such a
+micro-batch runs whole sequences (the shared-prompt forward does not carry images).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from verl.trainer.forward.logprobs import (
 )
 from verl.trainer.offline.base import PairTrainer, Rows
 from verl.trainer.offline.sft_trainer import collate_sequences, shifted_targets
+from verl.trainer.offline.vision import RowPixels, image_tokens, refuse_unsupported
 from verl.utils.tokenizer_protocol import Tokenizer
 
 PairItem = Mapping[str, Any]
@@ -82,16 +87,24 @@ class PairBatch:
     """The pairs of one micro-batch, laid out on first use in the form a forward takes: ``collated`` (chosen
     then rejected rows, left-padded to one width: [2m, L]) or ``shared`` (each pair's prompt once, see
     :func:`shared_pair_layout`; None when the shared-prompt forward is off). The policy and reference passes
-    use the same object, so each layout is built at most once and the unused one never."""
+    use the same object, so each layout is built at most once and the unused one never. Pairs with images
+    (`image_tokens` in the item) get their images decoded once, by `pixels`, for the chosen and the rejected
+    row (``collated["images"]``); such a batch never shares prompts."""
 
-    def __init__(self, items: Sequence[PairItem], pad_id: int, *, share: bool) -> None:
-        self.items, self.pad_id, self.share = items, pad_id, share
+    def __init__(self, items: Sequence[PairItem], pad_id: int, *, share: bool, pixels: RowPixels | None = None) -> None:
+        self.has_images = any("image_tokens" in it for it in items)
+        self.items, self.pad_id, self.share, self.pixels = items, pad_id, share and not self.has_images, pixels
 
     @functools.cached_property
     def collated(self) -> dict[str, Any]:
         seqs = [[(it[f"{side}_input_ids"], shifted_targets(it[f"{side}_labels"]))]
                 for side in ("chosen", "rejected") for it in self.items]
-        return collate_sequences(seqs, self.pad_id, packed=False)
+        out = collate_sequences(seqs, self.pad_id, packed=False)
+        if self.has_images:
+            entries = [(it["row"]["images"], it["image_tokens"]) if "image_tokens" in it else None for it in self.items]
+            pictures = self.pixels.load_all(entries, [it.get("row") for it in self.items])
+            out["images"] = pictures + pictures  # chosen rows, then rejected rows: the same prompt images
+        return out
 
     @functools.cached_property
     def shared(self) -> dict[str, torch.Tensor] | None:
@@ -121,10 +134,14 @@ class DPOTrainer(PairTrainer):
         super().__init__(config, given=Given(model=model, tokenizer=tokenizer, rows=train_rows, val_rows=val_rows))
         p, d = config.dpo, config.data
         self.pad_id = pad_token_id(self.tokenizer)
+        processor = getattr(self.parts, "processor", None)
+        self.image_tokens, self.pixels = image_tokens(processor), RowPixels(processor) if processor else None
         train, val = self.train_val_rows(train_rows, val_rows)
         self.boundary_mismatch: dict[str, int] = {}
         self.train_data = self._dataset(train, "train")
         self.val_data = self._dataset(val, "val") if val else None
+        refuse_unsupported(config, "dpo", sum("image_tokens" in it for data in (self.train_data, self.val_data)
+                                              if data is not None for it in data.items))
         self.sampler = self.build_sampler(len(self.train_data), d.train_batch_size, "data.train_batch_size")
         self.pairs_per_micro = max(1, config.actor.micro_batch_size // 2)
         # Precomputed reference log-probs: [rows, 2] (chosen, rejected), sums over response tokens.
@@ -146,7 +163,8 @@ class DPOTrainer(PairTrainer):
 
     def _dataset(self, rows: list[dict[str, Any]], split: str) -> PreferenceDataset:
         d = self.config.data
-        data = PreferenceDataset(rows, self.tokenizer, self.max_length, d.truncation, d.apply_chat_template)
+        data = PreferenceDataset(rows, self.tokenizer, self.max_length, d.truncation, d.apply_chat_template,
+                                 images=self.image_tokens)
         self.warn_boundary_mismatch(data.boundary_mismatch, len(rows), split)
         return data
 
@@ -158,14 +176,15 @@ class DPOTrainer(PairTrainer):
 
     # ------------------------------------------------------------------ log-probs
     def pair_batch(self, items: Sequence[PairItem]) -> PairBatch:
-        return PairBatch(items, self.pad_id, share=self.config.actor.share_prompt_forward)
+        return PairBatch(items, self.pad_id, share=self.config.actor.share_prompt_forward, pixels=self.pixels)
 
     def sequence_logps(self, model: torch.nn.Module, batch: PairBatch) -> torch.Tensor:
         """Sum of response-token log-probs per sequence: [2m] (chosen first), differentiable.
 
         With `actor.share_prompt_forward` a pair's prompt runs once and both answers on its cached
         keys/values (same sums and gradients as the concatenated forward). With sequence parallelism every
-        sequence is split over the group instead (`target_logprobs`)."""
+        sequence is split over the group instead (`target_logprobs`). A batch with images runs whole sequences
+        with their images (`PairBatch.collated`), through the policy and the reference alike."""
         chunked = self.chunks_logprobs(model)
         if batch.share and can_share_prompt(model) and self.sp is None:
             return shared_sequence_logps(model, batch.shared, self.device, chunked)

@@ -28,6 +28,7 @@ from verl.trainer.checks.preflight import Given
 from verl.trainer.compose.components import Components, compose_offline
 from verl.trainer.forward.logprobs import target_logprobs
 from verl.trainer.offline.base import OfflineTrainer, Rows
+from verl.trainer.offline.vision import ImageEntry, RowPixels, image_tokens, refuse_unsupported
 from verl.utils.tokenizer_protocol import Tokenizer
 
 
@@ -132,6 +133,10 @@ class SFTTrainer(OfflineTrainer):
     is `sft.batch_size` examples (across data-parallel ranks), in micro-batches of
     `actor.micro_batch_size` rows (packed rows when `sft.packing`); learning rate `sft.lr`, schedule,
     warm-up, weight decay and grad clipping from `actor`.
+
+    With a vision-language policy (`parts.processor`), rows with images train too: the prompt tokenised as the
+    processor does (each image's pad tokens expanded, never in the loss), the images decoded when their
+    micro-batch is built and passed to the forward (`verl.trainer.offline.vision`).
     """
 
     kind = "sft"
@@ -155,6 +160,8 @@ class SFTTrainer(OfflineTrainer):
         self.pad_id = pad_token_id(self.tokenizer)
         self.boundary_mismatch: dict[str, int] = {}
         self.train_data = self.val_data = None
+        processor = getattr(self.parts, "processor", None)
+        self.image_tokens, self.pixels = image_tokens(processor), RowPixels(processor) if processor else None
         if train_examples is not None:
             if train_rows is not None:
                 raise ConfigError("SFTTrainer got both train_rows and train_examples; pass one of them")
@@ -163,13 +170,19 @@ class SFTTrainer(OfflineTrainer):
         else:
             train, val = self.train_val_rows(train_rows, val_rows)
             self.train_data = SFTDataset(train, self.tokenizer, self.max_length, d.truncation,
-                                         d.apply_chat_template)
+                                         d.apply_chat_template, images=self.image_tokens)
             self.warn_boundary_mismatch(self.train_data.stats["boundary_mismatch"], len(train), "train")
             items = self.train_data.items
         if val:
-            self.val_data = SFTDataset(val, self.tokenizer, self.max_length, d.truncation, d.apply_chat_template)
+            self.val_data = SFTDataset(val, self.tokenizer, self.max_length, d.truncation, d.apply_chat_template,
+                                       images=self.image_tokens)
             self.warn_boundary_mismatch(self.val_data.stats["boundary_mismatch"], len(val), "val")
         self.examples = [(list(ids), shifted_targets(labels)) for ids, labels in items]
+        # Each example's images (references and tokens per image; None for text) and its row, for messages.
+        self.example_images = self.train_data.images if self.train_data is not None else [None] * len(items)
+        self.example_rows = self.train_data.rows if self.train_data is not None else [None] * len(items)
+        val_images = self.val_data.images if self.val_data is not None else []
+        refuse_unsupported(config, "sft", sum(e is not None for e in [*self.example_images, *val_images]))
         self.sampler = self.build_sampler(len(self.examples), s.batch_size, "sft.batch_size")
         total = s.steps or (self.steps_for_epochs(s.epochs) if s.epochs else config.trainer.total_steps)
         if total != config.trainer.total_steps:
@@ -185,8 +198,11 @@ class SFTTrainer(OfflineTrainer):
         """One optimizer step on the next `sft.batch_size` examples."""
         start = time.perf_counter()
         cfg = self.config.actor
-        items = [self.examples[i] for i in self.next_indices()]
-        micro = self.micro_batches(items, packed=self.config.sft.packing)
+        indices = self.next_indices()
+        items = [self.examples[i] for i in indices]
+        micro = self.micro_batches(items, packed=self.config.sft.packing,
+                                   images=[self.example_images[i] for i in indices],
+                                   rows=[self.example_rows[i] for i in indices])
         local_tokens = sum(int((mb["targets"] != IGNORE_INDEX).sum()) for mb in micro)
         (global_tokens,), _ = self.global_sum([local_tokens])
         # Gradients are averaged over the ranks (the members of a sequence-parallel group each hold a part of
@@ -210,15 +226,25 @@ class SFTTrainer(OfflineTrainer):
                 "timing/step": seconds, "perf/tokens_per_s": input_tokens * self.dp_size / max(seconds, 1e-9)}
 
     def micro_batches(self, items: Sequence[tuple[list[int], list[int]]], packed: bool,
-                      rows_per_micro: int | None = None) -> list[dict[str, Any]]:
-        """The step's examples as micro-batches of `actor.micro_batch_size` rows (packed rows if `packed`)."""
+                      rows_per_micro: int | None = None, images: Sequence[ImageEntry | None] | None = None,
+                      rows: Sequence[dict[str, Any] | None] | None = None) -> list[dict[str, Any]]:
+        """The step's examples as micro-batches of `actor.micro_batch_size` rows (packed rows if `packed`).
+        `images`: each example's (`SFTDataset.images`), decoded here, one micro-batch at a time, into the
+        micro-batch's `images` (`rows`: the examples' rows, named in errors)."""
         size = rows_per_micro or self.config.actor.micro_batch_size
         if packed:
             capacity = max(self.max_length, max(len(ids) for ids, _ in items))
-            rows = [[items[i] for i in b] for b in pack_examples([len(ids) for ids, _ in items], capacity)]
+            segments = [[items[i] for i in b] for b in pack_examples([len(ids) for ids, _ in items], capacity)]
         else:
-            rows = [[it] for it in items]
-        return [collate_sequences(rows[s : s + size], self.pad_id, packed) for s in range(0, len(rows), size)]
+            segments = [[it] for it in items]
+        out = [collate_sequences(segments[s : s + size], self.pad_id, packed) for s in range(0, len(segments), size)]
+        if images is not None and any(e is not None for e in images):
+            if packed:
+                refuse_unsupported(self.config, "sft", sum(e is not None for e in images))
+            rows = rows if rows is not None else [None] * len(images)
+            for k, mb in enumerate(out):
+                mb["images"] = self.pixels.load_all(images[k * size : (k + 1) * size], rows[k * size : (k + 1) * size])
+        return out
 
     # ------------------------------------------------------------------ evaluation
     def validate(self) -> dict[str, float]:
@@ -226,13 +252,15 @@ class SFTTrainer(OfflineTrainer):
         if self.val_data is None:
             return {}
         items = [(ids, shifted_targets(labels)) for ids, labels in self.val_data.items]
-        items = items[self.dp_rank :: self.dp_size] if self.dp_size > 1 else items
+        images, rows = self.val_data.images, self.val_data.rows
+        if self.dp_size > 1:
+            items, images, rows = (x[self.dp_rank :: self.dp_size] for x in (items, images, rows))
         nll, count = 0.0, 0
         was_training = self.model.training
         self.model.eval()
         with torch.no_grad():
-            for mb in self.micro_batches(items, packed=False,
-                                         rows_per_micro=self.config.actor.micro_batch_size * 2):
+            for mb in self.micro_batches(items, packed=False, rows_per_micro=self.config.actor.micro_batch_size * 2,
+                                         images=images, rows=rows):
                 logprobs, _ = target_logprobs(self.model, mb, self.device, self.chunked_logprobs, self.sp)
                 nll -= float(logprobs.double().sum())
                 count += logprobs.numel()
