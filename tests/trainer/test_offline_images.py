@@ -18,6 +18,7 @@ from verl.models.tiny_vl import build_tiny_vl_model
 from verl.models.vision import batch_processor_inputs, load_processor, vision_messages
 from verl.trainer.forward.logprobs import target_logprobs
 from verl.trainer.offline.dpo_trainer import DPOTrainer
+from verl.trainer.offline.rm_trainer import RMTrainer
 from verl.trainer.offline.sft_trainer import SFTTrainer, shifted_targets
 from verl.trainer.offline.vision import image_tokens
 
@@ -183,3 +184,11 @@ def test_dpo_logprobs_and_the_reference_take_the_images(vl):
     tr.model.train()
     metrics = tr.train_steps(1)[0]
     assert np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
+
+
+def test_reward_model_training_refuses_image_rows():
+    pairs = [{"prompt": "Which?", "chosen": " a", "rejected": " b"},
+             {"prompt": "<image>Which?", "chosen": " a", "rejected": " b", "images": [image(1)]}]
+    cfg = tiny_config(None, "rm", {"model": {"path": "tiny"}, "data": {"train_batch_size": 2}}, {})
+    with pytest.raises(DataError, match=r"train_rows:1: the row has images, but a reward model"):
+        RMTrainer(cfg, train_rows=pairs)

@@ -344,6 +344,9 @@ class RewardPairDataset(Dataset):
             if never and any(isinstance(row[k], list) for k in ("prompt", "chosen", "rejected")):
                 raise DataError(f"{row_location(row)}: the row has chat messages but data.apply_chat_template=never; "
                                 "use auto")
+            if image_tokens.has_images(row):
+                raise DataError(f"{row_location(row)}: the row has images, but a reward model trains on text pairs "
+                                "only (it scores RL's decoded text). Fix: remove the rows' images")
             item: dict[str, Any] = {"margin": float(row.get("margin") or 0.0)}
             for side in ("chosen", "rejected"):
                 ids = encode(tokenizer, reward_text(tokenizer, row["prompt"], row[side], row), False)
