@@ -11,11 +11,13 @@ import pytest
 import torch
 from tiny_support import tiny_config
 
+from verl.config.schema import DataConfig
 from verl.data.datasets import SFTDataset
 from verl.errors import ConfigError, DataError
 from verl.models.hf_loader import load_hf_model
 from verl.models.tiny_vl import build_tiny_vl_model
 from verl.models.vision import batch_processor_inputs, load_processor, vision_messages
+from verl.rollout.prompts import PromptCodec
 from verl.trainer.forward.logprobs import target_logprobs
 from verl.trainer.offline.dpo_trainer import DPOTrainer
 from verl.trainer.offline.rm_trainer import RMTrainer
@@ -192,3 +194,22 @@ def test_reward_model_training_refuses_image_rows():
     cfg = tiny_config(None, "rm", {"model": {"path": "tiny"}, "data": {"train_batch_size": 2}}, {})
     with pytest.raises(DataError, match=r"train_rows:1: the row has images, but a reward model"):
         RMTrainer(cfg, train_rows=pairs)
+
+
+@pytest.mark.parametrize("prompt", ["<image>Colour?", [{"role": "user", "content": "Colour: <image>?"}]])
+def test_sft_prompt_tokens_are_the_rl_samplers(vl, prompt):
+    """A warm start trains on the prompt tokens RL then samples from (`PromptCodec.encode_batch`)."""
+    _, tokenizer, processor = vl
+    row = {"prompt": prompt, "images": [image(4, 64)]}
+    prompts = PromptCodec(tokenizer, DataConfig(max_prompt_length=64), processor).encode_batch([row])
+    ds = SFTDataset([{"input": prompt, "output": " red", "images": row["images"]}], tokenizer, 96,
+                    images=image_tokens(processor))
+    ids, labels = ds.items[0]
+    boundary = next(i for i, lab in enumerate(labels) if lab != -100)
+    assert ids[:boundary] == prompts.ids[0][prompts.mask[0].bool()].tolist()
+
+
+def test_an_empty_image_is_a_bad_row_not_a_crash(vl):
+    empty = PIL.new("RGB", (0, 0))
+    with pytest.raises(DataError, match=r"images\[0\] \(PIL\) is an empty image \(0x0\)"):
+        SFTDataset([{"input": "<image>?", "output": " a", "images": [empty]}], vl[1], 64, images=image_tokens(vl[2]))

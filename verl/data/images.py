@@ -354,6 +354,8 @@ def image_sizes(row: Mapping[str, Any] | Sequence[ImageRef], max_pixels: int | N
     for i, ref in enumerate(refs):
         try:
             if is_pil(ref):
+                if min(ref.size) <= 0:
+                    raise _row_error("bad_image", f"{_name(ref, i)} is an empty image ({ref.size[0]}x{ref.size[1]})")
                 out.append(tuple(ref.size))
                 continue
             im = _open(image, ref, _name(ref, i), limit)
