@@ -29,6 +29,10 @@ def image(size: int, seed: int):
     return PIL.fromarray(np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8))
 
 
+def odd_length(prompt, response, ground_truth, **kw):  # varies within a group: every group has a signal
+    return float(len(response) % 2)
+
+
 ROWS = [{"prompt": "<image>How many?", "images": [image(56, 0)]}, {"prompt": "What is 2+2?"},
         {"prompt": "<image> or <image>?", "images": [image(28, 1), image(64, 2)]}]
 
@@ -116,10 +120,7 @@ def test_rl_steps_carry_each_rows_images_and_train_the_vision_tower(tmp_path):
                                           "actor": {"micro_batch_size": 4, "lr": 1e-2},
                                           "trainer": {"total_steps": 2}})
 
-    def reward(prompt, response, ground_truth, **kw):  # varies within a group: every group has a signal
-        return float(len(response) % 2)
-
-    trainer = RLTrainer(config, rows=rows, reward_functions=[reward])
+    trainer = RLTrainer(config, rows=rows, reward_functions=[odd_length])
     tower = set(vision_parameter_names(trainer.model))
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if n in tower}
     batch = trainer.get_batch()
@@ -146,3 +147,42 @@ def test_what_takes_no_images_yet_is_refused_for_a_vision_language_policy(tmp_pa
     assert "vision-language" in str(problems[0])
     text = AutoConfig.from_pretrained(build_from_spec("tiny"))
     assert check_images(config, text) == []
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_lora_adapts_the_language_model_and_the_tower_follows_its_setting(tmp_path, freeze):
+    """LoRA adapters go on the language model only; the vision tower is frozen, or trains in full as a module
+    saved with the adapters (`actor.freeze_vision_tower`). A step on image rows runs either way."""
+    pytest.importorskip("peft")
+    from verl.models.vision import vision_tower
+    from verl.trainer.rl_trainer import RLTrainer
+
+    rows = [{"prompt": f"<image>Colour {i}?", "images": [image(56, i)], "ground_truth": "1"} for i in range(2)]
+    config = tiny_config(tmp_path, "rl", {"model": {"path": "tiny:qwen2_5_vl", "lora": {"rank": 4}},
+                                          "data": {"train_batch_size": 2, "max_prompt_length": 64},
+                                          "rollout": {"n": 2, "max_new_tokens": 4},
+                                          "actor": {"micro_batch_size": 4, "freeze_vision_tower": freeze},
+                                          "trainer": {"total_steps": 1}})
+    trainer = RLTrainer(config, rows=rows, reward_functions=[odd_length])
+    tower, _ = vision_tower(trainer.model)
+    names = [n for n, _ in trainer.model.named_parameters()]
+    assert any("lora_A" in n and "language_model" in n for n in names)
+    assert not any("lora_" in n for n in names if n.startswith(tower + "."))
+    trainable_tower = [n for n, p in trainer.model.named_parameters() if n.startswith(tower + ".") and p.requires_grad]
+    assert bool(trainable_tower) is not freeze
+    trainer.step()
+
+
+def test_a_frozen_vision_tower_does_not_train_in_a_full_fine_tune(tmp_path):
+    from verl.models.vision import vision_parameter_names
+    from verl.trainer.rl_trainer import RLTrainer
+
+    config = tiny_config(tmp_path, "rl", {"model": {"path": "tiny:qwen2_5_vl"},
+                                          "data": {"max_prompt_length": 64, "train_batch_size": 1},
+                                          "actor": {"freeze_vision_tower": True}})
+    trainer = RLTrainer(config, rows=[{"prompt": "<image>?", "images": [image(28, 0)], "ground_truth": "1"}],
+                        reward_functions=[lambda prompt, response, ground_truth, **kw: 0.0])
+    tower = set(vision_parameter_names(trainer.model))
+    params = dict(trainer.model.named_parameters())
+    assert tower and not any(params[n].requires_grad for n in tower)
+    assert all(p.requires_grad for n, p in params.items() if n not in tower)

@@ -56,6 +56,7 @@ VERL_KEYS: dict[str, str] = {
     f"{_ARR}.rollout.tensor_model_parallel_size": "actor.tensor_parallel_size (vLLM's engines are split as the "
                                                   "actor is)",
     f"{_ARR}.actor.grad_clip": "actor.grad_clip",
+    f"{_ARR}.actor.freeze_vision_tower": "actor.freeze_vision_tower",
     f"{_ARR}.actor.clip_ratio": "actor.clip_low and actor.clip_high",
     f"{_ARR}.actor.clip_ratio_low": "actor.clip_low",
     f"{_ARR}.actor.clip_ratio_high": "actor.clip_high",

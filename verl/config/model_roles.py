@@ -266,6 +266,10 @@ class ActorConfig(OptimConfig):
                                        "keys/values; same loss and gradients as the unshared forward. Mini-batches "
                                        "then shuffle whole groups. Off for models without a KV cache argument "
                                        "or with gradient checkpointing.")
+    freeze_vision_tower: bool = Field(False, description="A vision-language policy's vision tower (its image "
+                                      "encoder and merger) stays as loaded; false trains it with the language "
+                                      "model (in full: under LoRA, the adapters go on the language model only and "
+                                      "the tower trains as a module saved with them). verl's freeze_vision_tower.")
     chunked_logprobs: bool | Literal["auto"] = Field(
         "auto", description="Compute the log-probs and entropy of the policy (and reference, teacher) from the "
         "output head's input, one chunk of tokens at a time in forward and backward (the backward recomputes each "

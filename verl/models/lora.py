@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -33,24 +34,36 @@ def base_of(model: nn.Module) -> nn.Module:
     return model.get_base_model() if is_peft_model(model) or isinstance(model, AdapterOff) else model
 
 
-def peft_config(cfg: Any, *, base_model_name_or_path: str | None, task_type: str | None = "CAUSAL_LM") -> Any:
-    """The `peft.LoraConfig` of a `model.lora` / `critic.lora` section."""
+def peft_config(cfg: Any, *, base_model_name_or_path: str | None, task_type: str | None = "CAUSAL_LM",
+                vision: tuple[str, bool] | None = None) -> Any:
+    """The `peft.LoraConfig` of a `model.lora` / `critic.lora` section. `vision`: a vision-language model's
+    tower (its module name) and whether it trains: no adapter goes inside it; trained, it is a module saved
+    in full with the adapters."""
     peft = require_peft()
     targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
+    save = list(cfg.modules_to_save or [])
+    exclude = None
+    if vision is not None:
+        tower, trains = vision
+        exclude = rf"{re.escape(tower)}\..*"
+        save += [tower.rsplit(".", 1)[-1]] if trains else []
     return peft.LoraConfig(r=cfg.rank, lora_alpha=cfg.scale_alpha, lora_dropout=cfg.dropout, target_modules=targets,
-                           modules_to_save=list(cfg.modules_to_save) if cfg.modules_to_save else None,
+                           modules_to_save=save or None, exclude_modules=exclude,
                            task_type=task_type, base_model_name_or_path=base_model_name_or_path)
 
 
 def apply_lora(model: nn.Module, cfg: Any, *, base_model_name_or_path: str | None = None,
-               where: str = "model.lora", task_type: str | None = "CAUSAL_LM") -> nn.Module:
-    """`model` wrapped with trainable LoRA adapters (new ones, or `cfg.path`'s), its base weights frozen."""
+               where: str = "model.lora", task_type: str | None = "CAUSAL_LM",
+               vision: tuple[str, bool] | None = None) -> nn.Module:
+    """`model` wrapped with trainable LoRA adapters (new ones, or `cfg.path`'s), its base weights frozen;
+    `vision` as `peft_config`."""
     peft = require_peft(where)
     name = base_model_name_or_path or getattr(model, "name_or_path", None)
     if cfg.path:
         wrapped = peft.PeftModel.from_pretrained(model, cfg.path, is_trainable=True)
     else:
-        wrapped = peft.get_peft_model(model, peft_config(cfg, base_model_name_or_path=name, task_type=task_type))
+        wrapped = peft.get_peft_model(model, peft_config(cfg, base_model_name_or_path=name, task_type=task_type,
+                                                         vision=vision))
     if name:
         wrapped.peft_config["default"].base_model_name_or_path = name
     setattr(wrapped, TRAINABLE_STATE_ONLY, True)

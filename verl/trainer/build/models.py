@@ -21,6 +21,7 @@ from verl.models.lora import AdapterOff, apply_lora, is_peft_model
 from verl.models.reward_model import reward_model_from_causal_lm
 from verl.models.sharded_load import adapters_off_meta, is_deferred
 from verl.models.tiny import build_from_spec, is_tiny_spec
+from verl.models.vision import is_vision_language, set_vision_trainable, vision_tower
 from verl.utils.cpu_matmul import Product, describe, model_products, resolve, use_cpu_matmul
 from verl.utils.tokenizer_protocol import Tokenizer
 
@@ -49,7 +50,8 @@ def load_policy_with_report(config: RunConfig, model_path: str, *, device: torch
         model.gradient_checkpointing_enable()
     if reward_head:
         model = with_score_head(model, tokenizer)
-    model = with_lora(config, model, model_path, task_type="SEQ_CLS" if reward_head else "CAUSAL_LM")
+    model = with_lora(config, with_vision_setting(config, model), model_path,
+                      task_type="SEQ_CLS" if reward_head else "CAUSAL_LM")
     return with_cpu_matmul(config, model, device).train(), tokenizer, report
 
 
@@ -109,8 +111,17 @@ def with_lora(config: RunConfig, model: torch.nn.Module, base_path: str | None =
         return model
     if config.model.gradient_checkpointing and hasattr(model, "enable_input_require_grads"):
         model.enable_input_require_grads()  # frozen embeddings: checkpointed layers still need a grad path
+    vision = (vision_tower(model)[0], not config.actor.freeze_vision_tower) if is_vision_language(model) else None
     with adapters_off_meta() if is_deferred(model) else contextlib.nullcontext():
-        return apply_lora(model, lora, base_model_name_or_path=base_path, task_type=task_type)
+        return apply_lora(model, lora, base_model_name_or_path=base_path, task_type=task_type, vision=vision)
+
+
+def with_vision_setting(config: RunConfig, model: torch.nn.Module) -> torch.nn.Module:
+    """A vision-language policy with its tower frozen or trainable (`actor.freeze_vision_tower`); others as
+    they are."""
+    if is_vision_language(model):
+        set_vision_trainable(model, not config.actor.freeze_vision_tower)
+    return model
 
 
 def given_policy(model: torch.nn.Module, tokenizer: Tokenizer | None, device: torch.device,
@@ -126,7 +137,8 @@ def given_policy(model: torch.nn.Module, tokenizer: Tokenizer | None, device: to
     if reward_head:
         model = with_score_head(model, tokenizer)
     if config is not None:
-        model = with_lora(config, model, task_type="SEQ_CLS" if reward_head else "CAUSAL_LM")
+        model = with_lora(config, with_vision_setting(config, model),
+                          task_type="SEQ_CLS" if reward_head else "CAUSAL_LM")
         model = with_cpu_matmul(config, model.to(device))
     return model.to(device).train(), tokenizer
 
@@ -194,4 +206,5 @@ def tokenizer_mismatch_message(key: str, path: str, policy_path: str, mismatch: 
 
 __all__ = ["build_reference", "copy_in", "cpu_matmul_choice", "describe_cpu_matmul", "frozen", "given_policy",
            "load_frozen", "load_policy_with_report", "resolve_model_path", "run_products",
-           "tokenizer_mismatch_message", "with_cpu_matmul", "with_lora", "with_score_head"]
+           "tokenizer_mismatch_message", "with_cpu_matmul", "with_lora", "with_score_head",
+           "with_vision_setting"]
