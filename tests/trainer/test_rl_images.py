@@ -186,3 +186,34 @@ def test_a_frozen_vision_tower_does_not_train_in_a_full_fine_tune(tmp_path):
     params = dict(trainer.model.named_parameters())
     assert tower and not any(params[n].requires_grad for n in tower)
     assert all(p.requires_grad for n, p in params.items() if n not in tower)
+
+
+def test_a_trained_vision_language_checkpoint_exports_with_its_processor_and_resumes(tmp_path):
+    """The checkpoint keeps the processor beside the config and tokenizer; `verl ckpt export` writes a folder that
+    loads as the same image-text-to-text model with a processor giving the same inputs; a rerun resumes."""
+    from verl.checkpoint.hf_export import export_hf
+    from verl.trainer.rl_trainer import RLTrainer
+
+    rows = [{"prompt": f"<image>Colour {i}?", "images": [image(56, i)], "ground_truth": "1"} for i in range(2)]
+    config = tiny_config(tmp_path / "run", "rl", {"model": {"path": "tiny:qwen2_5_vl"},
+                                                  "data": {"train_batch_size": 2, "max_prompt_length": 64},
+                                                  "rollout": {"n": 2, "max_new_tokens": 4},
+                                                  "actor": {"micro_batch_size": 4, "lr": 1e-2},
+                                                  "checkpoint": {"save_interval": 1},
+                                                  "trainer": {"total_steps": 1, "resume": "auto"}})
+    trainer = RLTrainer(config, rows=rows, reward_functions=[odd_length])
+    trainer.fit()
+    ckpt = tmp_path / "run" / "checkpoints" / "step_1"
+    out = export_hf(ckpt, tmp_path / "hf")
+    model, _, processor = load_hf_model(str(out), torch_dtype="fp32", device="cpu", for_training=False,
+                                        return_processor=True)
+    assert type(model).__name__ == type(trainer.model).__name__
+    trained = dict(trainer.model.named_parameters())
+    assert all(torch.equal(p, trained[n]) for n, p in model.named_parameters())
+    want = batch_processor_inputs(trainer.parts.processor, [load_images(rows[0])], [rows[0]["prompt"]])
+    got = batch_processor_inputs(processor, [load_images(rows[0])], [rows[0]["prompt"]])
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    again = RLTrainer(config, rows=rows, reward_functions=[odd_length])
+    again.fit()  # resumes at the end: nothing left to train
+    assert again.step_count == 1
+    assert all(torch.equal(p, trained[n]) for n, p in again.model.named_parameters())

@@ -34,9 +34,12 @@ def is_reward_model_config(config: Any) -> bool:
 
 
 def _auto_class(config: Any) -> Any:
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSequenceClassification
 
-    return AutoModelForSequenceClassification if is_reward_model_config(config) else AutoModelForCausalLM
+    if is_reward_model_config(config):
+        return AutoModelForSequenceClassification
+    vision = getattr(config, "vision_config", None) is not None  # Qwen2-VL-style: an image-text-to-text model
+    return AutoModelForImageTextToText if vision else AutoModelForCausalLM
 
 
 def _default_factory(config: Any) -> torch.nn.Module:

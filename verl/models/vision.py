@@ -98,6 +98,18 @@ def image_only_processor_class(base: type) -> type:
             self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
             ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
 
+        def to_dict(self) -> dict[str, Any]:  # saved as `base`: a folder any transformers loads as the model's own
+            out = super().to_dict()
+            out["processor_class"] = base.__name__
+            return out
+
+        def save_pretrained(self, save_directory: Any, **kwargs: Any) -> Any:
+            """`base`'s files plus preprocessor_config.json, from which transformers builds the image processor
+            and, where torchvision is, the video processor (as for a hub checkpoint)."""
+            saved = super().save_pretrained(save_directory, **kwargs)
+            self.image_processor.save_pretrained(save_directory)
+            return saved
+
     ImageOnlyProcessor.__name__ = ImageOnlyProcessor.__qualname__ = f"{base.__name__}ImageOnly"
     return ImageOnlyProcessor
 

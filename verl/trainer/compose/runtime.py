@@ -149,10 +149,12 @@ class TrainerRuntime:
 
     def hf_assets(self) -> tuple[Any, ...]:
         """What `verl ckpt export` needs to rebuild a Hugging Face folder: config, generation config, tokenizer,
-        and with LoRA the adapter's config (`adapter_config.json`, which names the base model)."""
+        a vision-language model's processor, and with LoRA the adapter's config (`adapter_config.json`, which
+        names the base model)."""
         gen = getattr(self.model, "generation_config", None)
         adapter = self.model.peft_config["default"] if is_peft_model(self.model) else None
-        return tuple(a for a in (self.model.config, gen, self.tokenizer, adapter) if a is not None)
+        assets = (self.model.config, gen, self.tokenizer, self.parts.processor, adapter)
+        return tuple(a for a in assets if a is not None)
 
     def fit(self) -> list[dict[str, float]]:
         """Train for `trainer.total_steps` (resuming first when a checkpoint exists); returns the history."""
