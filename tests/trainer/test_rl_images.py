@@ -217,3 +217,34 @@ def test_a_trained_vision_language_checkpoint_exports_with_its_processor_and_res
     again.fit()  # resumes at the end: nothing left to train
     assert again.step_count == 1
     assert all(torch.equal(p, trained[n]) for n, p in again.model.named_parameters())
+
+
+def test_an_fsdp2_sharded_vision_language_policy_samples_and_trains_with_images(tmp_path, vl):
+    """FSDP2 shards the decoder layers and the vision blocks (`_no_split_modules`); gathered for the rollout it
+    samples the unsharded model's tokens, and the log-probs with images backpropagate into the shards."""
+    import copy
+
+    import torch.distributed as dist
+
+    from verl.distributed.fsdp import apply_fsdp, gathered
+    from verl.trainer.fsdp_config import FSDPConfig
+    from verl.utils.positions import position_ids_from_mask
+
+    model = copy.deepcopy(vl[0]).requires_grad_(True)
+    ids, mask, images = encoded(vl)
+    params = SamplingParams(temperature=0, max_new_tokens=4)
+    want = HFKVCacheEngine(model).generate(ids, mask, params, images=images).response_ids
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        sharded = apply_fsdp(model.train(), FSDPConfig(), group=dist.group.WORLD, device_type="cpu")
+        with gathered(sharded):
+            out = HFKVCacheEngine(sharded).generate(ids, mask, params, images=images)
+        assert torch.equal(out.response_ids, want)
+        full = torch.cat([out.prompt_ids, out.response_ids], 1)
+        attention = torch.cat([out.prompt_mask, out.response_mask], 1)
+        logprobs, _ = response_logprobs(sharded, full, attention, position_ids_from_mask(attention), 4, images=images)
+        logprobs.sum().backward()
+        tower = [p for n, p in sharded.named_parameters() if ".visual." in f".{n}"]
+        assert tower and all(p.grad is not None for p in tower)
+    finally:
+        dist.destroy_process_group()
