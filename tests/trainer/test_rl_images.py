@@ -248,3 +248,35 @@ def test_an_fsdp2_sharded_vision_language_policy_samples_and_trains_with_images(
         assert tower and all(p.grad is not None for p in tower)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_the_memory_plan_counts_the_vision_tower(tmp_path, freeze):
+    """The plan's model state counts the tower's parameters, its shape is the language model's (not a vision
+    block's), and a trained tower's saved activations are planned for every prompt token being an image's."""
+    from verl.distributed.memory_plan_micro_batch import forward_backward_parts
+    from verl.trainer.checks.startup import check_startup
+
+    path = build_tiny_vl_model()
+    config = tiny_config(tmp_path, "rl", {"model": {"path": path}, "trainer": {"device": "cuda"},
+                                          "data": {"max_prompt_length": 64}, "rollout": {"max_new_tokens": 16},
+                                          "actor": {"micro_batch_size": 2, "freeze_vision_tower": freeze}})
+    report = check_startup(config, world_size=1, model_path=path, device_type="cpu")
+    x = report.plan_inputs
+    model = load_hf_model(path, torch_dtype="fp32", device="cpu", for_training=False)[0]
+    assert x.shape.total_params == sum(p.numel() for p in model.parameters())
+    decoder = model.model.language_model.layers[0]
+    assert x.shape.layer_params == sum(p.numel() for p in decoder.parameters())
+    parts = dict(forward_backward_parts(x))
+    vision = [v for k, v in parts.items() if k.startswith("vision tower")]
+    if freeze:
+        assert vision == []
+        return
+    v = model.config.vision_config
+    patches = 2 * 64 * v.spatial_merge_size ** 2  # 2 sequences x 64 prompt tokens, each token 4 patches
+    c, h, i = x.compute_bytes, v.hidden_size, v.intermediate_size
+    norms = 2 * (4 * h + c * h)  # two norms: float32 input, output
+    attention = c * (h + 3 * h + h + h) + 4 * v.num_heads  # input, q/k/v, output, o-projection's input; lse
+    mlp = c * h + c * 4 * i  # input; gate, silu(gate), up, product
+    per_patch = norms + attention + mlp
+    assert vision == [patches * v.depth * per_patch]

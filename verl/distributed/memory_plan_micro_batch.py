@@ -94,6 +94,10 @@ def forward_backward_parts(x: PlanInputs, notes: list[str] | None = None) -> lis
     else:
         kept, kept_name = tokens * s.layers * per_token, f"activations ({where}, all {s.layers} layers)"
     parts.append((kept_name, kept))
+    if s.vision is not None and x.vision_trained:  # the tower's saved activations, every prompt token an image's
+        patches = max(tokens - response_tokens, 0) * s.vision.patches_per_token
+        parts.append((f"vision tower activations (at most {patches} patches, {s.vision.depth} blocks)",
+                      patches * s.vision.depth * activation_bytes_per_token(s.vision, c)))
     tied_held = vocab * s.hidden * m if not x.sharded and s.head_params == 0 and x.head_trained else 0
     layer = tokens * ((per_token if x.activation_checkpointing or x.activation_offload else 0)
                       + 2 * c * s.intermediate // t)

@@ -15,6 +15,34 @@ released (assumed)."""
 
 
 @dataclass(frozen=True)
+class VisionShape:
+    """A vision-language model's vision tower, as the plan counts its activations: `depth` blocks of `hidden`
+    width over the image patches (each image token is `patches_per_token` patches before the merger)."""
+
+    depth: int
+    hidden: int
+    intermediate: int
+    heads: int
+    patches_per_token: int
+
+    @property
+    def kv_dim(self) -> int:  # full attention over the patches: as wide as the blocks
+        return self.hidden
+
+    @classmethod
+    def from_config(cls, cfg: object) -> VisionShape | None:
+        """From a Qwen2-VL-style `vision_config`, or None without one."""
+        v = getattr(cfg, "vision_config", None)
+        if v is None:
+            return None
+        hidden = int(getattr(v, "embed_dim", None) or v.hidden_size)  # Qwen2-VL: embed_dim (hidden_size: the LM's)
+        ratio = getattr(v, "mlp_ratio", None)
+        intermediate = int(getattr(v, "intermediate_size", None) or (ratio or 4) * hidden)
+        return cls(depth=int(v.depth), hidden=hidden, intermediate=intermediate, heads=int(v.num_heads),
+                   patches_per_token=int(getattr(v, "spatial_merge_size", 2)) ** 2)
+
+
+@dataclass(frozen=True)
 class ModelShape:
     """What the plan needs of a decoder-only LM: its sizes and where its parameters sit."""
 
@@ -29,6 +57,7 @@ class ModelShape:
     embed_params: int  # input embedding
     head_params: int  # output projection (0 when tied to the embedding)
     layer_params: int  # one decoder layer
+    vision: VisionShape | None = None  # a vision-language model's tower (its parameters are in total_params)
 
     @property
     def kv_dim(self) -> int:
@@ -55,7 +84,8 @@ class ModelShape:
                    intermediate=int(getattr(cfg, "intermediate_size", None) or 4 * hidden),
                    vocab=int(cfg.vocab_size), total_params=sum(p.numel() for p in model.parameters()),
                    embed_params=embed.numel(), head_params=0 if tied else out.weight.numel(),
-                   layer_params=sum(p.numel() for p in layer.parameters()))  # type: ignore[attr-defined]
+                   layer_params=sum(p.numel() for p in layer.parameters()),  # type: ignore[attr-defined]
+                   vision=VisionShape.from_config(model.config))  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -98,6 +128,7 @@ class PlanInputs:
     activation_offload: bool = False  # actor.activation_offload: saved tensors wait in host memory
     chunked_logprobs: bool = False  # actor.chunked_logprobs in effect: no [tokens, V] logits
     head_trained: bool = True  # the output head gets a gradient (not under LoRA)
+    vision_trained: bool = True  # a vision-language policy's tower gets a gradient (actor.freeze_vision_tower)
     sequence_parallel: int = 1  # actor.sequence_parallel_size: one sequence's tokens split over this many ranks
     sharded: bool = True  # FSDP2 wraps the actor (gathered layers, unsharded gradients); False: one plain process
     padded_mask: bool = True  # rows of a micro-batch differ in padding: sdpa gets a 4-D mask (not flash-attn,

@@ -23,6 +23,7 @@ from verl.distributed.memory_plan import (
     micro_batch_tokens,
 )
 from verl.models.sharded_load import reads_shards
+from verl.models.vision import is_vision_language, vision_tower
 from verl.rollout.async_rollout import BUCKET_BYTES
 from verl.rollout.engine_check import ROLLOUT_RANK_GPU_MEMORY_UTILIZATION
 from verl.trainer.build.fsdp_launch import fsdp_launch
@@ -63,6 +64,9 @@ def model_shape(config: RunConfig, model_path: str, *, model: Any = None) -> Mod
         model = meta_causal_lm(model_path, trust_remote_code=config.model.trust_remote_code,
                                revision=config.model.revision)
     layers = find_decoder_layers(model) if model is not None else []
+    if layers and is_vision_language(model):  # its vision blocks are FSDP units too: the shape is the LM's
+        tower = set(vision_tower(model)[1].modules())
+        layers = [layer for layer in layers if layer not in tower]
     try:
         return ModelShape.from_model(model, layers[0]) if layers else None
     except (AttributeError, TypeError, ValueError):
@@ -158,6 +162,7 @@ def plan_inputs(config: RunConfig, *, mapping: DeviceMapping | None, shape: Mode
         # parallelism takes the log-probs from each rank's vocabulary shard of the logits instead
         chunked_logprobs=tp == 1 and chunks_logits(a.chunked_logprobs, response_tokens if rl else tokens, shape.vocab),
         head_trained=not lora.enabled or "lm_head" in (lora.modules_to_save or []), sharded=launch.sharded,
+        vision_trained=not a.freeze_vision_tower,
         # sdpa gets a [T, T] mask for padded rows; flash-attention, the split forward of sequence parallelism and
         # packed rows (remove_padding, sft.packing: one attention per sequence) build none
         padded_mask=(config.model.attn_implementation != "flash_attention_2" and a.sequence_parallel_size == 1

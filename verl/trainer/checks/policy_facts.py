@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 from verl.config.schema import RunConfig
 from verl.distributed.sequence_parallel import model_facts
 from verl.errors import VerlError
+from verl.models.vision import is_vision_language
 from verl.trainer.build.models import resolve_model_path
 from verl.trainer.checks.lora_checks import meta_causal_lm
 
@@ -49,13 +50,14 @@ class PolicyFacts:
 
     @cached_property
     def meta_model(self) -> torch.nn.Module | None:
-        """The causal LM on the meta device (`lora_checks.meta_causal_lm` of the policy), built once."""
+        """The causal LM (a vision-language model: with its vision tower) on the meta device
+        (`lora_checks.meta_causal_lm` of the policy), built once."""
         if self.hf_config is None:
             return None
         try:
+            auto = AutoModelForImageTextToText if is_vision_language(self.hf_config) else AutoModelForCausalLM
             with torch.device("meta"):
-                return AutoModelForCausalLM.from_config(self.hf_config,
-                                                        trust_remote_code=self.config.model.trust_remote_code)
+                return auto.from_config(self.hf_config, trust_remote_code=self.config.model.trust_remote_code)
         except Exception:
             return None
 
