@@ -31,8 +31,9 @@ from typing import Any
 
 from verl.data.report import RowError, location
 from verl.errors import DataError, install_hint
+from verl.utils.placeholders import IMAGE_PLACEHOLDER as PLACEHOLDER
+from verl.utils.placeholders import split_placeholders
 
-PLACEHOLDER = "<image>"
 FIELD = "images"
 # Decompression-bomb guard: an image whose header declares more pixels than this is a bad row (PIL's own
 # default limit, which PIL applies only as a warning up to twice the figure); a lower PIL.Image.MAX_IMAGE_PIXELS wins.
@@ -376,17 +377,6 @@ def to_content_parts(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, An
     """Normalised messages (string contents with `<image>`) as Hugging Face content parts, the form a
     vision-language processor's chat template reads: `{"type": "image"}` per placeholder, text parts between."""
     return [{**m, "content": split_placeholders(m["content"])} for m in messages]
-
-
-def split_placeholders(text: str) -> list[dict[str, Any]]:
-    """`"<image>What is shown?"` -> `[{"type": "image"}, {"type": "text", "text": "What is shown?"}]`."""
-    parts: list[dict[str, Any]] = []
-    for k, piece in enumerate(text.split(PLACEHOLDER)):
-        if k:
-            parts.append({"type": "image"})
-        if piece:
-            parts.append({"type": "text", "text": piece})
-    return parts
 
 
 def to_json(ref: ImageRef) -> str:

@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from verl.errors import DataError, ModelError
+from verl.utils.placeholders import IMAGE_PLACEHOLDER, split_placeholders
 
-IMAGE_PLACEHOLDER = "<image>"
 # The config attribute of each vision token and the token text Qwen-VL tokenizers use for it.
 QWEN_VISION_TOKENS = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
                       "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
@@ -179,16 +179,6 @@ def num_image_tokens(processor: Any, height: int, width: int) -> int:
 # -------------------------------------------------------------------------------------------------- inputs
 
 
-def _image_parts(content: str) -> list[dict[str, Any]]:
-    parts: list[dict[str, Any]] = []
-    for i, piece in enumerate(content.split(IMAGE_PLACEHOLDER)):
-        if i:
-            parts.append({"type": "image"})
-        if piece:
-            parts.append({"type": "text", "text": piece})
-    return parts
-
-
 def _count_images(content: Any) -> int:
     if isinstance(content, str):
         return content.count(IMAGE_PLACEHOLDER)
@@ -203,7 +193,7 @@ def vision_messages(prompt: str | Sequence[dict[str, Any]], num_images: int, *, 
     if found == 0 and num_images:
         first = next((m for m in messages if m.get("role") == "user"), messages[0])
         content = first.get("content", "")
-        first["content"] = [{"type": "image"}] * num_images + (_image_parts(content) if isinstance(content, str)
+        first["content"] = [{"type": "image"}] * num_images + (split_placeholders(content) if isinstance(content, str)
                                                                else list(content))
     elif found != num_images:
         raise DataError(f"{where}: {found} image placeholder(s) ({IMAGE_PLACEHOLDER!r} or image parts) but "
@@ -211,7 +201,7 @@ def vision_messages(prompt: str | Sequence[dict[str, Any]], num_images: int, *, 
                         "to put all images before the first user text.")
     for m in messages:
         if isinstance(m.get("content"), str) and IMAGE_PLACEHOLDER in m["content"]:
-            m["content"] = _image_parts(m["content"])
+            m["content"] = split_placeholders(m["content"])
     return messages
 
 
