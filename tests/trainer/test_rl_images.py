@@ -137,7 +137,8 @@ def test_rl_steps_carry_each_rows_images_and_train_the_vision_tower(tmp_path):
 @pytest.mark.parametrize("overrides,key", [({"actor": {"remove_padding": True}}, "actor.remove_padding"),
                                            ({"algorithm": {"adv_estimator": "gae"}}, "critic"),
                                            ({"rollout": {"engine": "vllm"}}, "rollout.engine=hf"),
-                                           ({"actor": {"sequence_parallel_size": 2}}, "sequence_parallel_size")])
+                                           ({"actor": {"sequence_parallel_size": 2}}, "sequence_parallel_size"),
+                                           ({"devices": {"actor": [0], "rollout": [1]}}, "devices.rollout")])
 def test_what_takes_no_images_yet_is_refused_for_a_vision_language_policy(tmp_path, overrides, key):
     from transformers import AutoConfig
 

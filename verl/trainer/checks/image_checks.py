@@ -28,6 +28,8 @@ def check_images(config: RunConfig, hf_config: Any, mapping: Any = None) -> list
          "value head does not take images yet", "a critic-free estimator (grpo, rloo, reinforce_plus_plus)"),
         (config.rollout.engine == "vllm", "rollout.engine=vllm takes text prompts only here", "rollout.engine=hf"),
         (config.needs_teacher, "algorithm.distill's teacher scores text only", "drop algorithm.distill"),
+        (config.is_async, "asynchronous rollouts send prompts to the sampler as tokens only",
+         "synchronous rollouts (no devices.rollout)"),
         (split_ref, "the reference on ranks of its own would receive the tokens without the images",
          "--ref_device_id among the actor's devices"),
     ]
