@@ -37,11 +37,11 @@ ROWS = [{"prompt": "<image>How many?", "images": [image(56, 0)]}, {"prompt": "Wh
         {"prompt": "<image> or <image>?", "images": [image(28, 1), image(64, 2)]}]
 
 
-@pytest.fixture(scope="module")
-def vl():
-    """The tiny VL model in float32 with its weights spread (seeded), so that tokens depend on the images."""
-    model, tokenizer, processor = load_hf_model(build_tiny_vl_model(), torch_dtype="fp32", device="cpu",
-                                                for_training=False, return_processor=True)
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen2_vl"])
+def vl(request):
+    """A tiny VL model in float32 with its weights spread (seeded), so that tokens depend on the images."""
+    model, tokenizer, processor = load_hf_model(build_tiny_vl_model(arch=request.param), torch_dtype="fp32",
+                                                device="cpu", for_training=False, return_processor=True)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
