@@ -54,6 +54,7 @@ DEMOS = {
     "agent": Demo("examples/agent_tools.yaml", 30.0, 480.0),  # 80 GRPO steps of ~3.5 s: 512 OpenAI-client calls each
     "code": Demo("examples/code_expression.yaml", 25.0, 300.0),
     "rlhf": Demo("examples/rlhf_pipeline.yaml", 20.0, 300.0),
+    "vision": Demo("examples/vision_shapes.yaml", 25.0, 300.0),
 }
 
 

@@ -12,6 +12,7 @@ from verl.demos.agent import run_agent_demo
 from verl.demos.arithmetic import run_demo
 from verl.demos.rlhf import run_rlhf_demo
 from verl.demos.tool import run_tool_demo
+from verl.demos.vision import run_vision_demo
 from verl.distributed.process import shutdown_distributed
 from verl.trainer.entry import build_trainer
 
@@ -24,6 +25,9 @@ def run_training(config: RunConfig, *, demo: bool = False) -> int:
             return 0
         if recipe == "rlhf":
             run_rlhf_demo(config)
+            return 0
+        if recipe == "vision":
+            run_vision_demo(config)
             return 0
         if recipe in ("tool", "agent"):
             (run_tool_demo if recipe == "tool" else run_agent_demo)(config)

@@ -103,12 +103,13 @@ class TrainerConfig(Section):
         "variable VERL_CPU_MATMUL=aten|onednn decides auto instead; aten | onednn force one. Under auto a "
         "rollout's decode steps measure their own projections (weights streamed from memory) and choose apart "
         "(verl.utils.cpu_matmul; benchmarks/cpu_matmul.py times both).")
-    demo: Literal["arithmetic", "tool", "agent", "rlhf"] | None = Field(
+    demo: Literal["arithmetic", "tool", "agent", "rlhf", "vision"] | None = Field(
         None, description="`verl train` runs this config as a demo: a supervised warm start, then RL, held-out "
         "accuracy before and after, summary.json. arithmetic = the built-in demo (env arithmetic), tool = the "
         "calculator tool demo (env calculator), agent = OpenAI-client agent code calling a calculator through "
         "the trainer's endpoint (env calculator + env.agent), rlhf = SFT, then a reward model on preferences "
-        "(trainer.kind: rm), then RL on that reward model alone (env arithmetic).")
+        "(trainer.kind: rm), then RL on that reward model alone (env arithmetic), vision = a tiny vision-language "
+        "model counts coloured squares in pictures (env shapes, examples/vision_shapes.yaml).")
 
 
 class LoggingConfig(Section):

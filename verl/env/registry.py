@@ -1,9 +1,9 @@
 """Build an environment from the `env` config section by name.
 
-`env.name: arithmetic` is the offline demo task; `env.name: null` (or `dataset`) trains on the rows the
-data layer read from `data.train_files`, scored by `reward.functions`. Projects can add their own names with
-`register_env`, or point `env.name` at a class: `path/to/file.py:Class` or `package.module:Class`
-(built with `env.kwargs`; see `verl.env.loader`).
+`env.name: arithmetic` is the offline demo task (`shapes`: the vision demo's pictures); `env.name: null` (or
+`dataset`) trains on the rows the data layer read from `data.train_files`, scored by `reward.functions`.
+Projects can add their own names with `register_env`, or point `env.name` at a class: `path/to/file.py:Class`
+or `package.module:Class` (built with `env.kwargs`; see `verl.env.loader`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from verl.env.calculator import CalculatorEnv
 from verl.env.dataset import DatasetEnv
 from verl.env.loader import build_user_env, is_user_env_spec
 from verl.env.multiturn import check_multiturn_env, is_multiturn
+from verl.env.shapes import ShapesEnv
 from verl.errors import ConfigError
 from verl.rewards.manager import RewardManager
 from verl.utils.suggest import did_you_mean
@@ -88,10 +89,17 @@ def _build_calculator(ctx: EnvBuildContext, **kwargs: Any) -> Environment:
     return CalculatorEnv(seed=ctx.seed, shuffle=ctx.shuffle, **kwargs)
 
 
+def _build_shapes(ctx: EnvBuildContext, **kwargs: Any) -> Environment:
+    _bind_kwargs("shapes", ShapesEnv.__init__, kwargs, {"seed", "shuffle", "reward_manager"})
+    manager = (RewardManager(ctx.reward_functions, base_dir=ctx.base_dir, required=not ctx.rewards_optional)
+               if ctx.reward_functions else None)
+    return ShapesEnv(seed=ctx.seed, shuffle=ctx.shuffle, reward_manager=manager, **kwargs)
+
+
 _REGISTRY: dict[str, EnvFactory] = {"arithmetic": _build_arithmetic, "calculator": _build_calculator,
-                                    "dataset": _build_dataset}
+                                    "dataset": _build_dataset, "shapes": _build_shapes}
 # Built-ins whose factories make their own prompts and never read `ctx.train_rows` / `ctx.val_rows`.
-SELF_CONTAINED_ENVS: tuple[str, ...] = ("arithmetic", "calculator")
+SELF_CONTAINED_ENVS: tuple[str, ...] = ("arithmetic", "calculator", "shapes")
 
 
 def register_env(name: str, factory: EnvFactory) -> None:
