@@ -82,13 +82,19 @@ def test_the_sampler_with_images_equals_generate_and_a_forward(vl):
     with torch.no_grad():
         logits = model(input_ids=full, attention_mask=attention, pixel_values=pixels, image_grid_thw=grids,
                        mm_token_type_ids=types).logits[:, ids.shape[1] - 1:-1].double()
-        ours, _ = response_logprobs(model, full, attention, position_ids_from_mask(attention), steps, images=rows)
+        ours, entropy = response_logprobs(model, full, attention, position_ids_from_mask(attention), steps,
+                                          images=rows, with_entropy=True)
+        chunked, chunked_entropy = response_logprobs(model, full, attention, position_ids_from_mask(attention), steps,
+                                                     images=rows, with_entropy=True, chunked=True)
+    assert torch.allclose(chunked, ours, atol=1e-5) and torch.allclose(chunked_entropy, entropy, atol=1e-4)
+    assert torch.isfinite(entropy).all()
+    full_softmax = logits.log_softmax(-1).gather(-1, sampled.response_ids.unsqueeze(-1)).squeeze(-1)
+    # the policy's distribution leaves out the vision tokens (never sampled): the sampler's and the recompute's
+    logits[..., banned] = -float("inf")
     reference = logits.log_softmax(-1).gather(-1, sampled.response_ids.unsqueeze(-1)).squeeze(-1)
     assert torch.allclose(ours.double(), reference, atol=1e-5)  # the recompute with images
-    # the sampler's: the same distribution with the vision tokens taken out (never sampled)
-    logits[..., banned] = -float("inf")
-    renormalised = logits.log_softmax(-1).gather(-1, sampled.response_ids.unsqueeze(-1)).squeeze(-1)
-    assert torch.allclose(sampled.logprobs.double(), renormalised, atol=1e-5)
+    assert torch.allclose(sampled.logprobs.double(), reference, atol=1e-5)
+    assert not torch.allclose(full_softmax, reference, atol=1e-5)  # (the vision tokens had probability here)
     assert not torch.isin(sampled.response_ids, torch.tensor(banned)).any()
 
 

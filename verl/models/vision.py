@@ -62,6 +62,13 @@ def vision_token_ids(model_or_config: Any) -> dict[str, int]:
     return {n: int(v) for n in names if (v := _get(config, n)) is not None}
 
 
+def unsampled_token_ids(model_or_config: Any) -> list[int]:
+    """The token ids a vision-language policy never samples and so gives no probability: its vision tokens
+    (`vision_token_ids`); [] for a text model. The sampler takes them out of every draw, and the trainer's
+    log-probs out of every softmax, so both see one distribution."""
+    return sorted(set(vision_token_ids(model_or_config).values())) if is_vision_language(model_or_config) else []
+
+
 # ----------------------------------------------------------------------------------------------- processor
 
 
@@ -378,4 +385,5 @@ __all__ = ["IMAGE_PLACEHOLDER", "QWEN_VISION_TOKENS", "batch_processor_inputs", 
            "count_vision_parameters", "image_only_processor_class", "image_processor_sizes", "is_vision_language",
            "load_processor", "mm_token_type_ids", "mrope_decode_position_ids", "mrope_position_ids",
            "num_image_tokens", "processor_inputs", "render_vision_prompt", "set_vision_trainable",
-           "split_images_by_row", "vision_messages", "vision_parameter_names", "vision_token_ids", "vision_tower"]
+           "split_images_by_row", "unsampled_token_ids", "vision_messages", "vision_parameter_names",
+           "vision_token_ids", "vision_tower"]

@@ -26,7 +26,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from verl.errors import ConfigError, DataError, ModelError
-from verl.models.vision import is_vision_language, vision_token_ids
+from verl.models.vision import unsampled_token_ids
 from verl.models.vision_inputs import RowImages, has_images, image_forward_inputs
 from verl.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 from verl.rollout.fast_decode import LlamaStyleDecodeStep
@@ -187,8 +187,8 @@ class HFKVCacheEngine(RolloutEngine):
         self._decode_step: LlamaStyleDecodeStep | None = None  # kept: its weight layout serves many rollouts
         self.cpu_matmul = cpu_matmul  # the library plain layers decode with on CPU (`auto`: LlamaStyleDecodeStep's)
         # A vision-language model's vision tokens: never sampled (None: a text model)
-        vision = vision_token_ids(model) if is_vision_language(model) else {}
-        self.banned_ids = torch.tensor(sorted(set(vision.values())), dtype=torch.long) if vision else None
+        banned = unsampled_token_ids(model)
+        self.banned_ids = torch.tensor(banned, dtype=torch.long) if banned else None
         # Called after each sampled token, before the next forward, with the token's step; True when the
         # weights changed under the decode (an asynchronous rollout's delivery: a partial rollout), so the
         # tokens from the next one on are sampled by the new weights.

@@ -29,7 +29,8 @@ def split_refusal(kind: str, mapping: DeviceMapping, world_size: int, runs_split
         "--*_device_id(s) flags) to colocate.\n" + mapping.render_table())
 
 # The environment each `trainer.demo` recipe is written for (its warm start reads that environment's data).
-DEMO_ENVS = {"arithmetic": "arithmetic", "tool": "calculator", "agent": "calculator", "rlhf": "arithmetic"}
+DEMO_ENVS = {"arithmetic": "arithmetic", "tool": "calculator", "agent": "calculator", "rlhf": "arithmetic",
+             "vision": "shapes"}
 
 VAL_ONLY_NEEDS_ROWS = ("trainer.val_only=true validates on held-out rows, and this run has none. Fix: set "
                        "data.val_files (or data.val_size to hold rows out of data.train_files)")

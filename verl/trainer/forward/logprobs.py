@@ -42,7 +42,7 @@ from verl.models.signature import (
     returned_cache,
     takes_cache,
 )
-from verl.models.vision import is_vision_language
+from verl.models.vision import is_vision_language, unsampled_token_ids
 from verl.models.vision_inputs import RowImages, has_images, image_forward_inputs
 from verl.trainer.forward.packing import PackedLayout, check_packing, packed_row_inputs
 from verl.utils.positions import position_ids_from_mask
@@ -129,7 +129,26 @@ def response_logprobs(
     """
     with head_capture(model, chunked) as capture:  # open until the log-probs are made (FSDP2 keeps the head gathered)
         output = _sequence_output(model, capture, input_ids, attention_mask, position_ids, response_len, images)
+        output = without_unsampled(output, unsampled_token_ids(base_of(model)))
         return _logprobs(output, input_ids[:, -response_len:], temperature, with_entropy, entropy_grad)
+
+
+def without_unsampled(output: torch.Tensor | HeadOutput, banned: Sequence[int]) -> torch.Tensor | HeadOutput:
+    """Logits (or the head's input and projection) with the tokens the sampler never samples
+    (`verl.models.vision.unsampled_token_ids`) pushed so low that their probability is exactly 0 in float32
+    and below (finite: the entropy's p * log p stays 0), so the log-probs are the sampler's distribution's."""
+    if not banned:
+        return output
+    if isinstance(output, DTensor):
+        raise ConfigError("a vision-language policy's log-probs with a tensor-parallel head are not supported; "
+                          "set actor.tensor_parallel_size=1")
+    dtype = output.weight.dtype if isinstance(output, HeadOutput) else output.dtype
+    low = max(torch.finfo(dtype).min / 4, -1e9)
+    if isinstance(output, HeadOutput):
+        index = torch.tensor(banned, device=output.weight.device)
+        bias = output.bias if output.bias is not None else output.weight.new_zeros(output.weight.shape[0])
+        return HeadOutput(output.hidden, output.weight, bias.index_fill(0, index, low))
+    return output.index_fill(-1, torch.tensor(banned, device=output.device), low)
 
 
 def head_capture(model: torch.nn.Module, chunked: bool) -> Any:
