@@ -149,11 +149,20 @@ def test_what_takes_no_images_yet_is_refused_for_a_vision_language_policy(tmp_pa
     from transformers import AutoConfig
 
     config = tiny_config(tmp_path, "rl", {"model": {"path": "tiny:qwen2_5_vl"}}, overrides)
-    problems = check_images(config, AutoConfig.from_pretrained(build_tiny_vl_model()))
+    problems = check_images(config, "rl", AutoConfig.from_pretrained(build_tiny_vl_model()))
     assert len(problems) == 1 and isinstance(problems[0], ConfigError) and key in str(problems[0])
     assert "vision-language" in str(problems[0])
     text = AutoConfig.from_pretrained(build_from_spec("tiny"))
-    assert check_images(config, text) == []
+    assert check_images(config, "rl", text) == []
+
+
+def test_verl_check_refuses_packed_sft_for_a_vision_language_policy(tmp_path):
+    from verl.trainer.checks.startup import check_startup
+
+    path = build_tiny_vl_model()
+    config = tiny_config(tmp_path, "sft", {"model": {"path": path}, "sft": {"packing": True}})
+    problems = [str(p) for p in check_startup(config, world_size=1, model_path=path, device_type="cpu").problems]
+    assert any("sft.packing=false" in p and "vision-language" in p for p in problems)
 
 
 @pytest.mark.parametrize("freeze", [True, False])
