@@ -150,7 +150,8 @@ def stage_lines(lines: list[str]) -> list[str]:
     for line in lines:
         words = line.split()
         if len(words) > 1 and words[0].endswith(":") and words[1].isdigit():
-            out.append(f"{words[0]} median ms (min):")
+            kernel = next((w.rstrip(";") for w in words if w.startswith("trainer.cpu_matmul=")), "")
+            out.append(f"{words[0][:-1]}{f' ({kernel})' if kernel else ''}: median ms (min):")
         elif line.startswith("per step over"):
             out.append(line.strip())
         elif len(words) == 3 and out and all(w.replace(".", "", 1).isdigit() for w in words[1:]):
