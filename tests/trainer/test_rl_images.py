@@ -141,7 +141,6 @@ def test_rl_steps_carry_each_rows_images_and_train_the_vision_tower(tmp_path):
 
 
 @pytest.mark.parametrize("overrides,key", [({"actor": {"remove_padding": True}}, "actor.remove_padding"),
-                                           ({"algorithm": {"adv_estimator": "gae"}}, "critic"),
                                            ({"rollout": {"engine": "vllm"}}, "rollout.engine=hf"),
                                            ({"actor": {"sequence_parallel_size": 2}}, "sequence_parallel_size"),
                                            ({"devices": {"actor": [0], "rollout": [1]}}, "devices.rollout")])
@@ -296,3 +295,35 @@ def test_the_memory_plan_counts_the_vision_tower(tmp_path, freeze):
     mlp = c * h + c * 4 * i  # input; gate, silu(gate), up, product
     per_patch = norms + attention + mlp
     assert vision == [patches * v.depth * per_patch]
+
+
+def test_a_critic_on_a_vision_language_policy_sees_the_images(tmp_path):
+    """PPO with GAE: the critic (the policy's backbone with a value head) gets each row's pixels and multimodal
+    positions, its values equal a forward with transformers' own positions, and its update reaches its tower."""
+    from verl.models.vision import vision_parameter_names
+    from verl.trainer.rl_trainer import RLTrainer
+
+    rows = [{"prompt": f"<image>Colour {i}?", "images": [image(56, i)], "ground_truth": "1"} for i in range(2)]
+    config = tiny_config(tmp_path, "rl", {"model": {"path": "tiny:qwen2_5_vl"},
+                                          "data": {"train_batch_size": 2, "max_prompt_length": 64},
+                                          "rollout": {"n": 2, "max_new_tokens": 4},
+                                          "algorithm": {"adv_estimator": "gae"}, "trainer": {"total_steps": 1}})
+    trainer = RLTrainer(config, rows=rows, reward_functions=[odd_length])
+    critic = trainer.critic
+    with torch.no_grad():
+        critic.value_head.weight.normal_(generator=torch.Generator().manual_seed(0))
+    batch = trainer.generate(trainer.get_batch())
+    with torch.no_grad():
+        values = trainer.critic_values(batch)
+        pixels = torch.cat([r.pixel_values for r in batch.images])
+        grids = torch.cat([r.image_grid_thw for r in batch.images])
+        ids, mask = batch.input_ids[:, :-1], batch.attention_mask[:, :-1]
+        hidden = critic.backbone(input_ids=ids, attention_mask=mask, pixel_values=pixels, image_grid_thw=grids,
+                                 mm_token_type_ids=(ids == critic.config.image_token_id).int()).last_hidden_state
+        want = critic.value_head(hidden.float()).squeeze(-1)[:, -batch.response_ids.shape[1]:]
+    real = batch.response_mask.bool()
+    assert torch.allclose(values[real], want[real], atol=1e-5)
+    tower = set(vision_parameter_names(critic))
+    before = {n: p.detach().clone() for n, p in critic.named_parameters() if n in tower}
+    trainer.step()
+    assert any(not torch.equal(p, before[n]) for n, p in critic.named_parameters() if n in tower)

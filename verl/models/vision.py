@@ -32,7 +32,8 @@ QWEN_VISION_TOKENS = {"image_token_id": "<|image_pad|>", "video_token_id": "<|vi
 # Processor classes whose image path works without torchvision (see `load_processor`).
 IMAGE_ONLY_PROCESSORS = ("Qwen2VLProcessor", "Qwen2_5_VLProcessor")
 # Attribute paths of the vision tower, newest transformers first (5.x nests it in the base model).
-TOWER_PATHS = ("model.visual", "visual", "model.vision_tower", "vision_tower", "model.vision_model", "vision_model")
+TOWER_PATHS = ("model.visual", "visual", "backbone.visual", "model.vision_tower", "vision_tower", "model.vision_model",
+               "vision_model")  # backbone.visual: a critic's (`verl.models.critic.ValueModel` on the VL base model)
 
 
 def _config_of(obj: Any) -> Any:

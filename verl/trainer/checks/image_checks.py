@@ -29,8 +29,6 @@ def check_images(config: RunConfig, kind: str, hf_config: Any, mapping: Any = No
              "actor.remove_padding=false"),
             (config.actor.tensor_parallel_size > 1, "actor.tensor_parallel_size > 1 splits the head over the "
              "vocabulary", "actor.tensor_parallel_size=1"),
-            (config.needs_critic, f"algorithm.adv_estimator={config.algorithm.adv_estimator} needs a critic, whose "
-             "value head does not take images yet", "a critic-free estimator (grpo, rloo, reinforce_plus_plus)"),
             (config.rollout.engine == "vllm", "rollout.engine=vllm takes text prompts only here",
              "rollout.engine=hf"),
             (config.needs_teacher, "algorithm.distill's teacher scores text only", "drop algorithm.distill"),

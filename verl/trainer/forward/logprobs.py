@@ -486,10 +486,15 @@ def response_values(
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
     response_len: int,
+    images: Sequence[RowImages | None] | None = None,
 ) -> torch.Tensor:
-    """V(s_t) for each response token t: the value at the position that predicts it."""
+    """V(s_t) for each response token t: the value at the position that predicts it (`images`: each row's, as in
+    `response_logprobs`)."""
+    extra = image_forward_inputs(critic, input_ids[:, :-1], attention_mask[:, :-1], images)
+    positions = extra.pop("position_ids", None)
     values = critic(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
-                    position_ids=position_ids[:, :-1])  # the last token predicts nothing
+                    position_ids=position_ids[:, :-1] if positions is None else positions,
+                    **extra)  # the last token predicts nothing
     return values[:, -response_len:].float()
 
 
@@ -524,7 +529,8 @@ def values_of(critic: torch.nn.Module, mb: Any, *, share: bool, packed: bool = F
         return packed_values(critic, mb)
     if share:
         return shared_prompt_values(critic, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_attention)
-    return response_values(critic, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_ids.shape[1])
+    return response_values(critic, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_ids.shape[1],
+                           images=getattr(mb, "images", None))
 
 
 def target_logprobs(model: torch.nn.Module, batch: Mapping[str, Any], device: torch.device,
