@@ -4,12 +4,14 @@ only every `eos_check_every` tokens, as the eos path does: the same tokens, log-
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 
 import pytest
 import torch
 from tiny_support import load_tiny
+from torch.overrides import TorchFunctionMode
 
 from tests.rollout.conftest import left_padded
 from tests.rollout.test_multiturn import STOP, _env_with_val, assert_one_forward_logprobs
@@ -22,14 +24,18 @@ LEFT_PAD_COLUMNS = max(LENGTHS)  # the prompt's columns (left padding included):
 STEPS = 24
 
 
-class SyncCounter:
-    """Counts the engine's reads of tensor values on the host (each a device sync off the CPU): its `_to_host`,
-    and bool()/int()/float()/item()/tolist()/nonzero()/cpu() and boolean-mask indexing called from
-    hf_engine.py. On CPU nothing syncs, so this counts where a GPU run would."""
+class SyncCounter(TorchFunctionMode):
+    """Counts the engine's reads of tensor values on the host (each a device sync off the CPU) while it is active
+    (`with SyncCounter(monkeypatch) as counter:`): its `_to_host`, and bool()/int()/float()/item()/tolist()/
+    nonzero()/cpu() and boolean-mask indexing called from hf_engine.py. On CPU nothing syncs, so this counts
+    where a GPU run would. A torch-function mode, not patched Tensor methods: assigning `Tensor.__getitem__` leaves
+    CPython's sequence slot on the class after it is restored, and `torch.tensor([a 0-d tensor])` then fails in
+    every later test of the process."""
 
     METHODS = ("__bool__", "__int__", "__float__", "item", "tolist", "nonzero", "cpu", "numpy")
 
     def __init__(self, monkeypatch):
+        super().__init__()
         self.count = 0
         self.host_reads = 0
         real_to_host = hf_engine_module._to_host
@@ -40,31 +46,22 @@ class SyncCounter:
             return real_to_host(t)
 
         monkeypatch.setattr(hf_engine_module, "_to_host", to_host)
-        for name in self.METHODS:
-            monkeypatch.setattr(torch.Tensor, name, self._wrap(getattr(torch.Tensor, name)))
-        for name in ("__getitem__", "__setitem__"):
-            monkeypatch.setattr(torch.Tensor, name, self._wrap_index(getattr(torch.Tensor, name)))
 
     @staticmethod
     def _from_engine() -> bool:  # _HostEnds works on the host's copies (CPU tensors, lists) only
-        frame = sys._getframe(2)
+        frame = sys._getframe(2)  # 0: here, 1: __torch_function__, 2: the tensor method's caller
         return (frame.f_code.co_filename.endswith("hf_engine.py")
                 and frame.f_code.co_name not in ("to_host", "_to_host", "settle"))
 
-    def _wrap(self, real):
-        def counted(t, *args, **kwargs):
-            if self._from_engine() and t.device.type != "meta":
-                self.count += 1
-            return real(t, *args, **kwargs)
-        return counted
-
-    def _wrap_index(self, real):
-        def counted(t, index, *args):
-            parts = index if isinstance(index, tuple) else (index,)
-            if self._from_engine() and any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in self.METHODS and self._from_engine() and args[0].device.type != "meta":
+            self.count += 1
+        elif name in ("__getitem__", "__setitem__") and self._from_engine():
+            parts = args[1] if isinstance(args[1], tuple) else (args[1],)
+            if any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts):
                 self.count += 1  # a boolean mask as an index: a nonzero on the device
-            return real(t, index, *args)
-        return counted
+        return func(*args, **(kwargs or {}))
 
 
 def every_kth_token_end(period: int):
@@ -166,8 +163,8 @@ def test_a_model_layout_cache_checks_every_token_with_the_same_decode(qwen2, mon
     """Rows that sat out feed masked holes on a model-layout cache, which keeps every column it is fed: that
     path keeps checking every token (eos_check_every does not apply) and writes the same decode."""
     parked, _, _, _ = _decode(qwen2, 1, 0.0)
-    counter = SyncCounter(monkeypatch)
-    held, _, _, _ = _decode(qwen2, 8, 0.0, parks=False)
+    with SyncCounter(monkeypatch) as counter:
+        held, _, _, _ = _decode(qwen2, 8, 0.0, parks=False)
     _same(held, parked)
     assert counter.host_reads >= int(held.lengths.max())
 
@@ -175,8 +172,8 @@ def test_a_model_layout_cache_checks_every_token_with_the_same_decode(qwen2, mon
 def test_host_syncs_drop_by_about_k(qwen2, monkeypatch):
     counts = {}
     for every in (1, 8):
-        counter = SyncCounter(monkeypatch)
-        out, _, _, _ = _decode(qwen2, every, 1.0, keep=True, period=29, eos=(7,))
+        with SyncCounter(monkeypatch) as counter:
+            out, _, _, _ = _decode(qwen2, every, 1.0, keep=True, period=29, eos=(7,))
         monkeypatch.undo()
         counts[every] = counter.count, counter.host_reads
         ran = int(out.lengths.max())
@@ -203,8 +200,9 @@ def _episodes(tiny, every, temperature, seed=1, env=None, stop=STOP, max_new=12,
     enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new, eos_token_ids=[tok.eos_token_id],
                             pad_token_id=tok.pad_token_id)
-    out = runner.run(env, records, enc["input_ids"], enc["attention_mask"], params,
-                     generator=torch.Generator().manual_seed(seed))
+    with counter if counter is not None else contextlib.nullcontext():
+        out = runner.run(env, records, enc["input_ids"], enc["attention_mask"], params,
+                         generator=torch.Generator().manual_seed(seed))
     if monkeypatch is not None:
         monkeypatch.undo()
     return out, counter

@@ -26,6 +26,7 @@ from typing import Any
 from verl.data.images import FIELD, PLACEHOLDER, image_sizes, to_content_parts
 from verl.data.report import location
 from verl.errors import DataError
+from verl.utils.tokenizer_protocol import Tokenizer
 
 IGNORE_INDEX = -100
 
@@ -34,7 +35,7 @@ IGNORE_INDEX = -100
 class ImageTokens:
     """What a vision-language model's processor contributes to tokenising rows with images."""
 
-    tokenizer: Any  # the run's tokenizer (the processor's own, or one with the same vocabulary)
+    tokenizer: Tokenizer  # the run's tokenizer (the processor's own, or one with the same vocabulary)
     chat_template: str | None  # the processor's chat template (None: the tokenizer's)
     marker: str  # one image in raw (untemplated) text, before expansion
     image_token_id: int  # the pad token each image expands
@@ -49,7 +50,7 @@ class _PartsTemplate:
     """The run's tokenizer whose chat template renders each `<image>` of a message as an image part (Hugging
     Face's content parts, the form a vision-language processor's template reads); everything else delegates."""
 
-    def __init__(self, tokenizer: Any, chat_template: str | None) -> None:
+    def __init__(self, tokenizer: Tokenizer, chat_template: str | None) -> None:
         self._tokenizer = tokenizer
         self.chat_template = chat_template or getattr(tokenizer, "chat_template", None)
 
@@ -82,7 +83,7 @@ def text_only_error(row: Mapping[str, Any]) -> DataError:
                      "or remove the rows' images")
 
 
-def prepare(row: dict[str, Any], images: ImageTokens | None, tokenizer: Any, mode: str,
+def prepare(row: dict[str, Any], images: ImageTokens | None, tokenizer: Tokenizer, mode: str,
             fields: Sequence[str]) -> tuple[Any, dict[str, Any], list[int]]:
     """(tokenizer, row, image token counts) to tokenise `row` with by the text path (`verl.data.chat`): for a
     row without images the run's tokenizer, the row and []; for one with images, when it is templated (chat

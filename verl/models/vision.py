@@ -25,6 +25,7 @@ import torch
 
 from verl.errors import DataError, ModelError
 from verl.utils.placeholders import IMAGE_PLACEHOLDER, split_placeholders
+from verl.utils.tokenizer_protocol import Tokenizer
 
 # The config attribute of each vision token and the token text Qwen-VL tokenizers use for it.
 QWEN_VISION_TOKENS = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
@@ -122,7 +123,7 @@ def image_only_processor_class(base: type) -> type:
     return ImageOnlyProcessor
 
 
-def load_processor(name_or_path: str | os.PathLike, *, tokenizer: Any = None, revision: str | None = None,
+def load_processor(name_or_path: str | os.PathLike, *, tokenizer: Tokenizer | None = None, revision: str | None = None,
                    trust_remote_code: bool = False) -> Any:
     """The processor of a vision-language model (tokenizer + image processor + chat template).
 
@@ -154,7 +155,8 @@ def load_processor(name_or_path: str | os.PathLike, *, tokenizer: Any = None, re
                          "(copy them from the original checkpoint).") from exc
 
 
-def _image_only(name: str, cls_name: str, tokenizer: Any, revision: str | None, trust_remote_code: bool) -> Any:
+def _image_only(name: str, cls_name: str, tokenizer: Tokenizer | None, revision: str | None,
+                trust_remote_code: bool) -> Any:
     import transformers
     from transformers import AutoImageProcessor, AutoTokenizer
 

@@ -44,6 +44,12 @@ def has_images(rows: Sequence[RowImages | None] | None) -> bool:
     return bool(rows) and any(r is not None for r in rows)
 
 
+def images_kwarg(rows: Sequence[RowImages | None] | None) -> dict[str, Any]:
+    """`{"images": rows}` for an engine's `generate` where a row has images, else {}: a text batch calls an
+    engine exactly as before images existed (one written without the argument keeps working)."""
+    return {"images": list(rows)} if has_images(rows) else {}
+
+
 def image_forward_inputs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                          rows: Sequence[RowImages | None] | None) -> dict[str, Any]:
     """The extra keyword arguments of a forward of `input_ids` [B, T] (row i with `rows[i]`'s images):
@@ -62,4 +68,4 @@ def image_forward_inputs(model: torch.nn.Module, input_ids: torch.Tensor, attent
     return {"pixel_values": pixels, "image_grid_thw": grid, "position_ids": positions.to(device)}
 
 
-__all__ = ["RowImages", "has_images", "image_forward_inputs", "rows_of"]
+__all__ = ["RowImages", "has_images", "image_forward_inputs", "images_kwarg", "rows_of"]

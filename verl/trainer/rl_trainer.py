@@ -28,6 +28,7 @@ from verl.config.schema import OptimConfig, RunConfig
 from verl.env.base import Environment
 from verl.env.multiturn import MultiTurnEnvironment
 from verl.errors import ConfigError, RolloutError
+from verl.models.vision_inputs import images_kwarg
 from verl.rewards import TrainingProgress
 from verl.rewards.manager import report_progress
 from verl.rollout import SamplingParams
@@ -41,12 +42,7 @@ from verl.trainer.forward.batch_math import BatchPlan
 from verl.trainer.forward.logprobs import can_share_prompt, logprobs_of, use_chunked_logprobs, values_of
 from verl.trainer.forward.sequence_parallel import ActorSequenceParallel
 from verl.trainer.rl import evaluation, update
-from verl.trainer.rl.advantages import (
-    apply_kl_in_reward,
-    apply_overlong_penalty,
-    estimate_advantages,
-    kl_controller,
-)
+from verl.trainer.rl.advantages import apply_kl_in_reward, apply_overlong_penalty, estimate_advantages, kl_controller
 from verl.trainer.rl.correction import (
     CorrectionPlan,
     DriftGuard,
@@ -289,7 +285,7 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         n = self.config.rollout.n
         with ready_to_sample(self.engine, self.model, self.gathered), self.reward_overlap.generating(batch):
             out = self.engine.generate(batch.prompt_ids[::n].to(self.device), batch.prompt_mask[::n].to(self.device),
-                                       self.sampling, generator=self.generator, images=batch.images[::n] or None)
+                                       self.sampling, generator=self.generator, **images_kwarg(batch.images[::n]))
         batch.prompt_ids, batch.prompt_mask = out.prompt_ids, out.prompt_mask.long()
         batch.response_ids, batch.response_mask = out.response_ids, out.response_mask.long()
         batch.finished = out.finished
@@ -579,7 +575,8 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
                 return Answers(scores, responses, episode_metrics=episode)
             ids, mask, images = self.prompt_batch(chunk)
             with ready_to_sample(self.engine, self.model, self.gathered):
-                out = self.engine.generate(ids.to(self.device), mask.to(self.device), params, generator, images=images)
+                out = self.engine.generate(ids.to(self.device), mask.to(self.device), params, generator,
+                                           **images_kwarg(images))
             responses = self.decode_responses(out.response_ids, out.response_mask)
             repeated = [row for row in chunk for _ in range(r.val_n)]
             result = score_responses(self.env, repeated, responses, out.response_ids, out.response_mask)

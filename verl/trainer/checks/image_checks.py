@@ -7,11 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from verl.config.schema import RunConfig
+from verl.distributed.mapping import DeviceMapping
 from verl.errors import ConfigError, VerlError
 from verl.models.vision import is_vision_language
 
 
-def check_images(config: RunConfig, kind: str, hf_config: Any, mapping: Any = None) -> list[VerlError]:
+def check_images(config: RunConfig, kind: str, hf_config: Any, mapping: DeviceMapping | None = None
+                 ) -> list[VerlError]:
     """The settings a `kind` run ("rl", "sft", "dpo") of a vision-language policy (`hf_config`) refuses; [] for a
     text model."""
     if hf_config is None or not is_vision_language(hf_config):
