@@ -8,14 +8,17 @@ before/after numbers come from the same greedy validation, so the gain is the RL
 from __future__ import annotations
 
 import copy
+import sys
 import time
 from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
+import torch
 from rich.console import Console
 from rich.table import Table
 
+from verl.config import load_config
 from verl.config.schema import RunConfig
 from verl.demos.warm_start import first_actor_rank, on_actor_ranks
 from verl.errors import ConfigError
@@ -107,6 +110,18 @@ def _load_sft_state(sft: SFTTrainer, state: tuple[dict, dict]) -> None:
     model, optimizer = state
     sft.model.load_state_dict(model)
     sft.optimizer.load_state_dict(optimizer)
+
+
+def recipe_main(argv: list[str] | None, module: str, example: str, run: Callable[[RunConfig], Any]) -> int:
+    """`python -m verl.demos.MODULE CONFIG [key=value ...]`: `run` on that config (one torch thread, as the
+    demos' rows were measured); exit code 2 with the usage line when no config is named."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or "=" in args[0]:
+        print(f"usage: python -m verl.demos.{module} {example} [key=value ...]", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)
+    run(load_config(args[0], overrides=args[1:]))
+    return 0
 
 
 def run_demo(config: RunConfig) -> dict[str, Any]:

@@ -14,16 +14,14 @@ held-out problems give the accuracy and the share of episodes whose tool call co
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
 import numpy as np
 import torch
 
-from verl.config import load_config
 from verl.config.schema import RunConfig
-from verl.demos.arithmetic import constant_lr_sft, sft_until
+from verl.demos.arithmetic import constant_lr_sft, recipe_main, sft_until
 from verl.env.calculator import CalculatorEnv
 from verl.errors import ConfigError
 from verl.trainer.rl_trainer import RLTrainer
@@ -119,13 +117,7 @@ def run_tool_demo(config: RunConfig, sft_episodes: int = DEFAULT_SFT_EPISODES, q
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args or "=" in args[0]:
-        print("usage: python -m verl.demos.tool examples/tool_calculator.yaml [key=value ...]", file=sys.stderr)
-        return 2
-    torch.set_num_threads(1)
-    run_tool_demo(load_config(args[0], overrides=args[1:]))
-    return 0
+    return recipe_main(argv, "tool", "examples/tool_calculator.yaml", run_tool_demo)
 
 
 if __name__ == "__main__":

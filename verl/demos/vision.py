@@ -15,16 +15,13 @@ directory holds it.
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
-import torch
 from rich.console import Console
 
-from verl.config import load_config
 from verl.config.schema import RunConfig
-from verl.demos.arithmetic import constant_lr_sft, sft_until
+from verl.demos.arithmetic import constant_lr_sft, recipe_main, sft_until
 from verl.demos.warm_start import first_actor_rank, on_actor_ranks
 from verl.errors import ConfigError
 from verl.models.vision import is_vision_language
@@ -125,13 +122,7 @@ def run_vision_demo(config: RunConfig) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args or "=" in args[0]:
-        print("usage: python -m verl.demos.vision examples/vision_shapes.yaml [key=value ...]", file=sys.stderr)
-        return 2
-    torch.set_num_threads(1)
-    run_vision_demo(load_config(args[0], overrides=args[1:]))
-    return 0
+    return recipe_main(argv, "vision", "examples/vision_shapes.yaml", run_vision_demo)
 
 
 if __name__ == "__main__":

@@ -280,8 +280,11 @@ class HFKVCacheEngine(RolloutEngine):
         # of its group sample alike, from the same generator state).
         logits = logits.full_tensor() if isinstance(logits, DTensor) else logits
         # A vision token in a response would have no pixels behind it (the next forward with it fails).
-        return logits if self.banned_ids is None else logits.index_fill(1, self.banned_ids.to(logits.device),
-                                                                           -float("inf"))
+        if self.banned_ids is None:
+            return logits
+        if self.banned_ids.device != logits.device:  # moved once, not copied to the device every token
+            self.banned_ids = self.banned_ids.to(logits.device)
+        return logits.index_fill(1, self.banned_ids, -float("inf"))
 
     # -- the decode loop, shared by single-turn sampling and multi-turn episodes --------------------
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, capacity: int,

@@ -45,13 +45,12 @@ class PromptCodec:
         length limit). Rows are never dropped here, since each one owns n responses; `data.truncation=drop`
         already filtered over-long rows when the files were read, so a long prompt left now is an error."""
         pictured = next((r for r in rows if r.get("images")), None)
-        if pictured is not None:
-            fix = ("use single-turn rollouts for rows with images (multi-turn episodes and agents take text only)"
-                   if self.processor is not None else "train a vision-language model (Qwen2-VL, Qwen2.5-VL), or "
-                   "drop the rows' images")
-            raise DataError(f"{row_location(pictured)}: the row has images, but "
-                            f"{'this path' if self.processor is not None else 'the policy'} takes text only. Fix: "
-                            f"{fix}")
+        if pictured is not None and self.processor is None:
+            raise DataError(f"{row_location(pictured)}: the row has images, but the policy takes text only. "
+                            "Fix: train a vision-language model (Qwen2-VL, Qwen2.5-VL), or drop the rows' images")
+        if pictured is not None:  # encode_batch takes images; what calls this (multi-turn episodes) does not
+            raise DataError(f"{row_location(pictured)}: the row has images, but multi-turn episodes and agents "
+                            "take text prompts only. Fix: use single-turn rollouts for rows with images")
         d = self.data
         truncation = "truncate_left" if d.truncation == "truncate_left" else "error"
         data = PromptDataset([dict(r) for r in rows], self.tokenizer, d.max_prompt_length, truncation,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -19,6 +20,7 @@ from verl.config.schema import LoraConfig, RunConfig
 from verl.distributed.mapping import DeviceMapping
 from verl.errors import ConfigError, DeviceMappingError, VerlError
 from verl.models.lora import PEFT_HINT, peft_config, read_adapter_config
+from verl.models.vision import is_vision_language
 
 
 @dataclass
@@ -57,12 +59,24 @@ def meta_causal_lm(path: str, *, trust_remote_code: bool = False,
     here (a hub id not downloaded yet, an unreadable folder: the model check reports those)."""
     if not Path(path).expanduser().exists():
         return None
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     try:
         cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, revision=revision)
+    except Exception:
+        return None
+    return meta_model_of(cfg, trust_remote_code=trust_remote_code)
+
+
+def meta_model_of(cfg: Any, *, trust_remote_code: bool = False) -> torch.nn.Module | None:
+    """The model of a Hugging Face config on the meta device: a causal LM, or a vision-language model with its
+    vision tower (image-text-to-text); None when transformers cannot build it here."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    auto = AutoModelForImageTextToText if is_vision_language(cfg) else AutoModelForCausalLM
+    try:
         with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust_remote_code)
+            return auto.from_config(cfg, trust_remote_code=trust_remote_code)
     except Exception:
         return None
 
@@ -267,4 +281,5 @@ def uses_lora(config: RunConfig) -> bool:
     return config.model.lora.enabled or config.critic.lora.enabled
 
 
-__all__ = ["LoraCheck", "ParameterCounts", "check_lora", "memory_counts", "meta_causal_lm", "uses_lora"]
+__all__ = ["LoraCheck", "ParameterCounts", "check_lora", "memory_counts", "meta_causal_lm", "meta_model_of",
+           "uses_lora"]

@@ -9,14 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+from transformers import AutoConfig
 
 from verl.config.schema import RunConfig
 from verl.distributed.sequence_parallel import model_facts
 from verl.errors import VerlError
-from verl.models.vision import is_vision_language
 from verl.trainer.build.models import resolve_model_path
-from verl.trainer.checks.lora_checks import meta_causal_lm
+from verl.trainer.checks.lora_checks import meta_causal_lm, meta_model_of
 
 
 class PolicyFacts:
@@ -50,16 +49,11 @@ class PolicyFacts:
 
     @cached_property
     def meta_model(self) -> torch.nn.Module | None:
-        """The causal LM (a vision-language model: with its vision tower) on the meta device
-        (`lora_checks.meta_causal_lm` of the policy), built once."""
+        """The policy's model on the meta device (`lora_checks.meta_model_of`: a vision-language model with its
+        vision tower), built once."""
         if self.hf_config is None:
             return None
-        try:
-            auto = AutoModelForImageTextToText if is_vision_language(self.hf_config) else AutoModelForCausalLM
-            with torch.device("meta"):
-                return auto.from_config(self.hf_config, trust_remote_code=self.config.model.trust_remote_code)
-        except Exception:
-            return None
+        return meta_model_of(self.hf_config, trust_remote_code=self.config.model.trust_remote_code)
 
 
 def count_parameters(path: str, *, trust_remote_code: bool = False, revision: str | None = None) -> int | None:
