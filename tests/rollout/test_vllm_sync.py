@@ -44,7 +44,8 @@ ENGINE_ARGS = {"distributed_executor_backend", "max_model_len", "enable_sleep_mo
                "trust_remote_code", "data_parallel_size", "max_num_seqs", "enable_prefix_caching"}
 LOGPROBS_MODES = ("raw_logits", "raw_logprobs", "processed_logits", "processed_logprobs")  # vllm/config/model.py
 SAMPLING_FIELDS = {"n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
-                   "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "detokenize", "skip_special_tokens"}
+                   "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "detokenize", "skip_special_tokens",
+                   "logit_bias"}
 
 
 class _Loader:
@@ -101,7 +102,7 @@ class StandInLLM:
             assert int(os.environ["RANK"]) >= 0
         else:
             self.device = "cuda:0"
-        self.weights = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+        self.weights = self.load_model(model)
         self.enable_sleep_mode = kwargs.get("enable_sleep_mode", False)
         self.log: list[str] = []
         self.sleeping, self.kv_cache = False, True
@@ -112,6 +113,11 @@ class StandInLLM:
         self.seed_rng = random.Random(seed)
         self.seen_params: list[list] = []  # the SamplingParams of every prompt of every generate() call
         StandInLLM.instances.append(self)
+
+    @staticmethod
+    def load_model(model: str) -> torch.nn.Module:
+        """The engine's own copy of the weights, read from the model's files."""
+        return AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
 
     def sleep(self, level: int = 1, mode: str = "abort"):
         assert self.enable_sleep_mode, "sleep() needs LLM(enable_sleep_mode=True)"
@@ -166,6 +172,23 @@ def _noise(seed: int, position: int, vocab: int) -> torch.Tensor:
     return -(-u.log()).log()
 
 
+def draw(logits: torch.Tensor, p, seed: int, position: int, *, processed: bool) -> tuple[int, float]:
+    """One token from one row's last logits [V], as vLLM's V1 sampler draws it: the request's `logit_bias` added
+    first (a logits processor), then greedy or the Gumbel-max trick on the filtered distribution (temperature,
+    top-k, top-p) with the noise of (seed, position). Returns (token, its log-prob: the filtered distribution's
+    when `processed`, else the raw model's)."""
+    raw = logits
+    if getattr(p, "logit_bias", None):
+        logits = logits.clone()
+        logits[list(p.logit_bias)] += torch.tensor(list(p.logit_bias.values()), dtype=logits.dtype)
+    if p.temperature == 0:
+        tok = int(logits.argmax())
+        return tok, float(raw.log_softmax(-1)[tok])
+    filtered = filtered_logprobs(logits.unsqueeze(0), p.temperature, p.top_k if p.top_k > 0 else None, p.top_p)[0]
+    tok = int((filtered.double() + _noise(seed, position, filtered.shape[-1])).argmax())
+    return tok, float(filtered[tok]) if processed else float(raw.log_softmax(-1)[tok])
+
+
 def _gumbel_sample(model, prompts: list[list[int]], params: list, seeds: list[int], *, processed: bool):
     """Sample every row (one child request each) with the Gumbel-max trick on the filtered distribution our
     trainer uses (temperature, top-k, top-p), the noise of token t of row r being _noise(seeds[r], position):
@@ -189,14 +212,7 @@ def _gumbel_sample(model, prompts: list[list[int]], params: list, seeds: list[in
         feed = torch.zeros(rows, dtype=torch.long)
         for r in sorted(live):
             p = params[r]
-            top_k = p.top_k if p.top_k > 0 else None
-            if p.temperature == 0:
-                tok = int(logits[r].argmax())
-                lp = float(logits[r].log_softmax(-1)[tok])
-            else:
-                filtered = filtered_logprobs(logits[r:r + 1], p.temperature, top_k, p.top_p)[0]
-                tok = int((filtered.double() + _noise(seeds[r], len(prompts[r]) + step, filtered.shape[-1])).argmax())
-                lp = float(filtered[tok]) if processed else float(logits[r].log_softmax(-1)[tok])
+            tok, lp = draw(logits[r], p, seeds[r], len(prompts[r]) + step, processed=processed)
             tokens[r].append(tok)
             logprobs[r].append(lp)
             feed[r] = tok

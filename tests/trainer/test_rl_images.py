@@ -141,7 +141,6 @@ def test_rl_steps_carry_each_rows_images_and_train_the_vision_tower(tmp_path):
 
 
 @pytest.mark.parametrize("overrides,key", [({"actor": {"remove_padding": True}}, "actor.remove_padding"),
-                                           ({"rollout": {"engine": "vllm"}}, "rollout.engine=hf"),
                                            ({"actor": {"sequence_parallel_size": 2}}, "sequence_parallel_size"),
                                            ({"devices": {"actor": [0], "rollout": [1]}}, "devices.rollout")])
 def test_what_takes_no_images_yet_is_refused_for_a_vision_language_policy(tmp_path, overrides, key):
@@ -153,6 +152,14 @@ def test_what_takes_no_images_yet_is_refused_for_a_vision_language_policy(tmp_pa
     assert "vision-language" in str(problems[0])
     text = AutoConfig.from_pretrained(build_from_spec("tiny"))
     assert check_images(config, "rl", text) == []
+
+
+def test_vllm_rollouts_are_not_refused_for_a_vision_language_policy(tmp_path):
+    """vLLM takes image prompts in its multimodal format (tests/rollout/test_vllm_images.py)."""
+    from transformers import AutoConfig
+
+    config = tiny_config(tmp_path, "rl", {"model": {"path": "tiny:qwen2_5_vl"}, "rollout": {"engine": "vllm"}})
+    assert check_images(config, "rl", AutoConfig.from_pretrained(build_tiny_vl_model())) == []
 
 
 def test_verl_check_refuses_packed_sft_for_a_vision_language_policy(tmp_path):

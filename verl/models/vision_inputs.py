@@ -10,7 +10,7 @@ one :class:`RowImages`, so selecting rows (mini-batches, groups of samples, rank
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -21,23 +21,29 @@ from verl.models.vision import mrope_position_ids, split_images_by_row
 
 @dataclass(frozen=True)
 class RowImages:
-    """One row's images: `pixel_values` [patches, 3 * temporal * patch^2], `image_grid_thw` [images, 3]."""
+    """One row's images: `pixel_values` [patches, 3 * temporal * patch^2], `image_grid_thw` [images, 3], and
+    `pictures`, the decoded images themselves, for an engine that runs the model's processor on its own (vLLM
+    takes PIL images): kept only where that engine samples (`PromptCodec.keep_pictures`), else None."""
 
     pixel_values: torch.Tensor
     image_grid_thw: torch.Tensor
+    pictures: tuple[Any, ...] | None = field(default=None, compare=False, repr=False)
 
     @property
     def count(self) -> int:
         return int(self.image_grid_thw.shape[0])
 
 
-def rows_of(inputs: Mapping[str, Any], images_per_row: Sequence[int]) -> list[RowImages | None]:
+def rows_of(inputs: Mapping[str, Any], images_per_row: Sequence[int],
+            pictures: Sequence[Sequence[Any]] | None = None) -> list[RowImages | None]:
     """Each row's images from a processor's batch output (`verl.models.vision.batch_processor_inputs`), None for
-    a row without any."""
+    a row without any; `pictures` (each row's decoded images, as given to the processor) are kept beside them."""
     if "pixel_values" not in inputs or not any(images_per_row):
         return [None] * len(images_per_row)
     split = split_images_by_row(inputs["pixel_values"], inputs["image_grid_thw"], images_per_row)
-    return [RowImages(p, g) if n else None for (p, g), n in zip(split, images_per_row, strict=True)]
+    kept = [tuple(row) for row in pictures] if pictures is not None else [None] * len(images_per_row)
+    return [RowImages(p, g, k) if n else None
+            for (p, g), n, k in zip(split, images_per_row, kept, strict=True)]
 
 
 def has_images(rows: Sequence[RowImages | None] | None) -> bool:

@@ -31,6 +31,8 @@ def build_engine(name: str, model: Any, **kwargs: Any) -> RolloutEngine:
         if not path:
             raise ConfigError("rollout engine 'vllm' needs the model's path or hub id (vLLM loads its own "
                               f"weights); got a {type(model).__name__} without name_or_path. Pass the path.")
+        if not isinstance(model, str):  # its config says whether it takes images, and which its image tokens are
+            kwargs.setdefault("model_config", getattr(model, "config", None))
         return VLLMEngine(str(path), **kwargs)
     hint = did_you_mean(str(name), ENGINES)
     raise ConfigError(f"unknown rollout engine {name!r}; choose one of {', '.join(map(repr, ENGINES))}.{hint}")

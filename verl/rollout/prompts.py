@@ -39,6 +39,9 @@ class PromptCodec:
     tokenizer: Tokenizer
     data: DataConfig
     processor: Any = None  # a vision-language policy's processor (`verl.models.vision.load_processor`)
+    # Keep each row's decoded images on its RowImages (`pictures`): vLLM runs the processor on them itself. Off
+    # for our own sampler, which needs only the pixels, so a batch does not hold its images twice.
+    keep_pictures: bool = False
 
     def encode(self, rows: Sequence[Mapping[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded prompt ids and mask of text rows, through the data layer's `PromptDataset` (chat template,
@@ -79,7 +82,9 @@ class PromptCodec:
                 raise DataError(f"{row_location(row)}: the prompt has {length} tokens with its images' tokens, more "
                                 f"than data.max_prompt_length={limit}; raise data.max_prompt_length or use smaller "
                                 "images (an image's tokens are never cut)")
-        return Prompts(inputs["input_ids"], inputs["attention_mask"], rows_of(inputs, [len(i) for i in images]))
+        pictures = images if self.keep_pictures else None
+        return Prompts(inputs["input_ids"], inputs["attention_mask"],
+                       rows_of(inputs, [len(i) for i in images], pictures))
 
     def decode(self, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
         lengths = response_mask.sum(-1).tolist()

@@ -19,6 +19,10 @@ its part by vLLM's weight loaders). The engine reports the log-probs of
 the distribution it sampled from (``logprobs_mode="processed_logprobs"``: after temperature, top-k, top-p),
 which is what the trainer's importance ratios and drift check compare against.
 
+Prompts with images (a vision-language policy) go in vLLM's multimodal format: the ids with one image pad per
+image and the row's PIL images, which vLLM's processor expands again (:mod:`verl.rollout.vllm_images`); the
+policy's vision tokens get a logit bias that keeps them out of every response, as our sampler does.
+
 The calls here were checked against vLLM 0.33.0's source: ``vllm/entrypoints/llm.py`` (``LLM.__init__``,
 ``generate``, ``sleep``, ``wake_up``, ``reset_prefix_cache``), ``vllm/engine/arg_utils.py`` (``EngineArgs``:
 ``distributed_executor_backend``, ``max_model_len``, ``enable_sleep_mode``, ``logprobs_mode``),
@@ -42,9 +46,11 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import json
 import os
 import random
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,6 +58,7 @@ import torch.distributed as dist
 
 from verl.errors import ConfigError, DataError, RolloutError, install_hint
 from verl.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+from verl.rollout.vllm_images import VisionTokens, vllm_prompts
 
 VLLM_INSTALL_HINT = install_hint("vllm", "vllm")
 # The vLLM versions this module is written and tested against (see the module docstring); pyproject.toml's
@@ -107,6 +114,20 @@ def _torch_dtype(value: Any) -> torch.dtype | None:
     return _DTYPE_NAMES.get(str(value).removeprefix("torch.")) if value is not None else None
 
 
+def _model_config(model_path: str) -> Any:
+    """The policy's config where the caller passed none: the folder's config.json, else the hub's as cached
+    (never downloaded here); None when neither is there (the engine then takes the model as text-only)."""
+    local = Path(model_path).expanduser() / "config.json"
+    try:
+        if local.is_file():
+            return json.loads(local.read_text())
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(model_path, local_files_only=True)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def _free_cached_cuda_memory() -> None:
     """Hand the trainer's cached-but-free CUDA blocks back before vLLM re-allocates its weights and KV cache
     (vLLM allocates through its own pool, which cannot reuse PyTorch's cache)."""
@@ -152,13 +173,15 @@ class VLLMEngine(RolloutEngine):
 
     def __init__(self, model_path: str, *, gpu_memory_utilization: float = 0.5, max_model_len: int | None = None,
                  enforce_eager: bool = False, sleep_mode: bool = True, seed: int = 0, per_request_seeds: bool = False,
-                 tensor_parallel_size: int = 1, **llm_kwargs: Any) -> None:
+                 tensor_parallel_size: int = 1, model_config: Any = None, **llm_kwargs: Any) -> None:
         self._vllm = _import_vllm()
         if not isinstance(model_path, str) or not model_path:
             raise ConfigError(f"VLLMEngine needs the model's path or hub id as a string, got {model_path!r}.")
         # The weight loader is reachable only when vLLM's engine core runs in this process.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.model_path = model_path
+        # A vision-language policy's image tokens (None for a text model): prompts with images, vision tokens banned
+        self.vision = VisionTokens.of(model_config if model_config is not None else _model_config(model_path))
         self.sleep_mode = sleep_mode
         if sleep_mode:
             llm_kwargs.setdefault("enable_sleep_mode", True)
@@ -232,6 +255,7 @@ class VLLMEngine(RolloutEngine):
             ignore_eos=not params.eos_token_ids,
             logprobs=0,  # the sampled token's logprob only
             seed=seed,
+            **({"logit_bias": self.vision.logit_bias} if self.vision is not None and self.vision.unsampled else {}),
         )
 
     def request_seeds(self, requests: int, n: int, generator: torch.Generator | None) -> list[int] | None:
@@ -256,23 +280,19 @@ class VLLMEngine(RolloutEngine):
         generator: torch.Generator | None = None,
         images: Any = None,
     ) -> RolloutOutput:
-        """Sample with vLLM and lay the result out like every other engine (text prompts: `verl check` refuses
-        images on this engine)."""
-        if images is not None and any(i is not None for i in images):
-            raise ConfigError("rollout.engine=vllm samples text prompts only in verl for now; rows with images "
-                              "need rollout.engine=hf")
+        """Sample with vLLM and lay the result out like every other engine. `images`: each prompt's
+        (`verl.models.vision_inputs.RowImages` with its `pictures`, or None), sent in vLLM's multimodal format
+        (`verl.rollout.vllm_images`); the output keeps the expanded prompt ids the trainer's forwards take."""
         if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
             raise DataError(f"generate: input_ids {tuple(input_ids.shape)} and attention_mask "
                             f"{tuple(attention_mask.shape)} must both be [batch, prompt_len].")
+        prompts = vllm_prompts(input_ids, attention_mask, images, self.vision)  # a bad row fails before vLLM runs
         if self.weights_discarded:
             raise RolloutError(
                 "the vLLM engine's weights were discarded when it last slept (sleep level 2) and nothing was "
                 "pushed since, so it would sample from uninitialised memory. Fix: push the policy's weights "
                 "first (verl.rollout.weight_sync.synced(engine, model), as the trainer does before every rollout).")
         self.wake_up()  # the KV cache, for a caller that pushed the weights but did not wake it
-        mask = attention_mask.bool().cpu()
-        ids = input_ids.cpu()
-        prompts = [{"prompt_token_ids": ids[i][mask[i]].tolist()} for i in range(ids.shape[0])]
         seeds = self.request_seeds(len(prompts), params.n, generator)
         sampling = (self._vllm_params(params, None) if seeds is None
                     else [self._vllm_params(params, seed) for seed in seeds])

@@ -31,8 +31,6 @@ def check_images(config: RunConfig, kind: str, hf_config: Any, mapping: DeviceMa
              "actor.remove_padding=false"),
             (config.actor.tensor_parallel_size > 1, "actor.tensor_parallel_size > 1 splits the head over the "
              "vocabulary", "actor.tensor_parallel_size=1"),
-            (config.rollout.engine == "vllm", "rollout.engine=vllm takes text prompts only here",
-             "rollout.engine=hf"),
             (config.needs_teacher, "algorithm.distill's teacher scores text only", "drop algorithm.distill"),
             (config.is_async, "asynchronous rollouts send prompts to the sampler as tokens only",
              "synchronous rollouts (no devices.rollout)"),

@@ -57,7 +57,8 @@ class TrainerRuntime:
             for warning in self.checks.warnings:
                 warnings.warn(warning.message, stacklevel=2)
         self.model, self.tokenizer = self.parts.policy, self.parts.tokenizer
-        self.prompts = PromptCodec(self.tokenizer, config.data, self.parts.processor)
+        self.prompts = PromptCodec(self.tokenizer, config.data, self.parts.processor,
+                                   keep_pictures=config.rollout.engine == "vllm")
         self.step_count = 0
         self.run_dir = resolve_run_dir(config, self.kind)
         self.history: list[dict[str, float]] = []
