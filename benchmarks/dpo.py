@@ -7,7 +7,9 @@ timed steps. Rounds are interleaved (one run of each per round, alternating whic
 burst on a shared machine hits both sides of a round alike) at 1 torch thread; printed: each side's median
 steps/s and the median (min–max) over the rounds of the per-round ratio verl/TRL steps/s.
 TRL is optional (`pip install verl[bench]`, or --trl-path to a side install); without it only verl's
-numbers are printed.
+numbers are printed. `--baseline cached` compares verl's pair rows (a pair's prompt and both answers in one row of
+one forward, `verl.trainer.forward.pair_rows`) with verl's cached-prompt forward (the prompt once, then both
+answers on its keys/values) instead of TRL.
 """
 
 from __future__ import annotations
@@ -83,6 +85,17 @@ def bench_verl(args: argparse.Namespace, rows: list[dict[str, str]]) -> dict[str
     return {"steps_per_s": args.steps / seconds, "setup_s": setup, "mean_loss": mean_loss}
 
 
+def bench_cached(args: argparse.Namespace, rows: list[dict[str, str]]) -> dict[str, float]:
+    """verl with its pair rows off (no mask is small enough): the cached-prompt forward."""
+    from verl.trainer.forward import pair_rows
+
+    limit, pair_rows.MAX_MASK_ENTRIES = pair_rows.MAX_MASK_ENTRIES, 0
+    try:
+        return bench_verl(args, rows)
+    finally:
+        pair_rows.MAX_MASK_ENTRIES = limit
+
+
 def bench_trl(args: argparse.Namespace, rows: list[dict[str, str]]) -> dict[str, float] | None:
     try:
         import dataclasses
@@ -138,6 +151,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     add_cpu_matmul_argument(parser)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (one run of each side per round)")
+    parser.add_argument("--baseline", choices=["TRL", "cached"], default="TRL",
+                        help="TRL's DPOTrainer, or verl's own cached-prompt forward (pair rows off)")
     parser.add_argument("--trl-path", default=os.environ.get("VERL_BENCH_TRL_PATH"),
                         help="folder to import TRL from (a side install); default: the environment")
     args = parser.parse_args()
@@ -147,10 +162,11 @@ def main() -> None:
         parser.error("--warmup must be >= 1 (the first step includes one-off costs on both sides)")
     torch.set_num_threads(1)
     rows = make_pairs(args.pairs, args.seed)
-    sides = {"verl": bench_verl, "TRL": bench_trl}
-    runs: dict[str, list[dict[str, float]]] = {"verl": [], "TRL": []}
+    base = args.baseline
+    sides = {"verl": bench_verl, base: bench_trl if base == "TRL" else bench_cached}
+    runs: dict[str, list[dict[str, float]]] = {"verl": [], base: []}
     for r in range(args.rounds):
-        for name in (("verl", "TRL") if r % 2 == 0 else ("TRL", "verl")):
+        for name in (("verl", base) if r % 2 == 0 else (base, "verl")):
             if name in sides:
                 result = sides[name](args, rows)
                 if result is None:  # TRL is not installed: say so once, run verl alone
@@ -164,9 +180,9 @@ def main() -> None:
         if r:
             print(f"{name:<8} {statistics.median(x['steps_per_s'] for x in r):>17.2f} "
                   f"{statistics.median(x['setup_s'] for x in r):>9.1f} {r[-1]['mean_loss']:>11.4f}")
-    if runs["TRL"]:
-        ratios = [v["steps_per_s"] / t["steps_per_s"] for v, t in zip(runs["verl"], runs["TRL"], strict=True)]
-        print(f"ratio verl/TRL steps/s: median {statistics.median(ratios):.2f}x "
+    if runs[base]:
+        ratios = [v["steps_per_s"] / t["steps_per_s"] for v, t in zip(runs["verl"], runs[base], strict=True)]
+        print(f"ratio verl/{base} steps/s: median {statistics.median(ratios):.2f}x "
               f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x over {len(ratios)} rounds)")
 
 

@@ -1,7 +1,7 @@
 """`actor.chunked_logprobs` for SFT and DPO: the target tokens' log-probs from the head's input in token chunks,
 never a [tokens, V] logits tensor. In float64 the values and every parameter's gradient equal the plain logits
-path within 1e-10 (unpacked and packed SFT rows, DPO pairs with and without the shared prompt); one step of
-each trainer is the same with and without; and no vocabulary-sized tensor beyond one chunk exists."""
+path within 1e-10 (unpacked and packed SFT rows, DPO pairs whole, in pair rows and on a cached prompt); one step
+of each trainer is the same with and without; and no vocabulary-sized tensor beyond one chunk exists."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from tiny_support import load_tiny
 
 import verl.algorithms.head_logprobs as head_mod
 from verl.data.datasets import IGNORE_INDEX
+from verl.trainer.forward import pair_rows
 from verl.trainer.forward.logprobs import target_logprobs
 from verl.trainer.offline.dpo_trainer import DPOTrainer, shared_pair_layout, shared_sequence_logps
 from verl.trainer.offline.sft_trainer import SFTTrainer, collate_sequences, shifted_targets
@@ -86,15 +87,11 @@ def test_sft_target_logprobs_equal_the_plain_path_in_float64(packed):
     _assert_same(model, lambda chunked: target_logprobs(model, batch, CPU, chunked)[0])
 
 
-@pytest.mark.parametrize("shared", [False, True])
-def test_dpo_sequence_logps_equal_the_plain_path_in_float64(shared):
+@pytest.mark.parametrize("shared", [None, "pair_rows", "cached"])
+def test_dpo_sequence_logps_equal_the_plain_path_in_float64(shared, monkeypatch):
     model = _tiny()
     items = _pairs(model.config.vocab_size)
     pad = model.config.pad_token_id
-    if shared:
-        layout = shared_pair_layout(items, pad)
-        _assert_same(model, lambda chunked: shared_sequence_logps(model, layout, CPU, chunked))
-        return
     batch = collate_sequences([[(it[f"{side}_input_ids"], shifted_targets(it[f"{side}_labels"]))]
                                for side in ("chosen", "rejected") for it in items], pad, packed=False)
 
@@ -102,7 +99,21 @@ def test_dpo_sequence_logps_equal_the_plain_path_in_float64(shared):
         logprobs, rows = target_logprobs(model, batch, CPU, chunked)
         return torch.zeros(2 * len(items), dtype=logprobs.dtype).index_add(0, rows, logprobs)
 
-    _assert_same(model, sums)
+    if not shared:
+        _assert_same(model, sums)
+        return
+    want_values, want = _values_and_grads(model, lambda: sums(False))  # the whole sequences (sdpa)
+    if shared == "cached":
+        monkeypatch.setattr(pair_rows, "MAX_MASK_ENTRIES", 0)
+    layout = shared_pair_layout(items, pad)
+    assert pair_rows.takes_pair_rows(model, layout) == (shared != "cached")
+    _assert_same(model, lambda chunked: shared_sequence_logps(model, layout, CPU, chunked))
+    got_values, got = _values_and_grads(model, lambda: shared_sequence_logps(model, layout, CPU))
+    assert torch.allclose(got_values, want_values, rtol=0, atol=TOL)
+    # Hugging Face's RMS norms compute in float32 even in a float64 model, and their backward rounds each
+    # position's gradient there: summed over other layouts of the same positions, the gradients agree to float32
+    for name, g in want.items():
+        assert float((got[name] - g).abs().max()) <= 1e-5 * float(g.abs().max()), name
 
 
 

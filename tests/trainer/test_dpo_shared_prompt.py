@@ -1,4 +1,5 @@
-"""DPO with a shared-prompt forward: a pair's prompt runs once and both answers on its cached keys/values;
+"""DPO with a shared-prompt forward: a pair's prompt runs once, and both answers either in the same row of one
+forward (pair rows: each answer masked from the other) or on the prompt's cached keys/values (two forwards);
 the log-prob sums and every parameter's gradient equal the concatenated forward's."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import pytest
 import torch
 from test_dpo import ROWS, make_config
 
+from verl.trainer.forward import pair_rows
 from verl.trainer.offline.dpo_trainer import DPOTrainer, PairBatch
 
 
@@ -18,7 +20,10 @@ def _trainer(tiny, share: bool, **actor):
     return DPOTrainer(cfg, model=copy.deepcopy(model), tokenizer=tok, train_rows=ROWS)
 
 
-def test_shared_pair_logps_and_gradients_equal_the_concatenated_forward(tiny):
+@pytest.mark.parametrize("layout,passes", [("pair_rows", 1), ("cached", 2)])
+def test_shared_pair_logps_and_gradients_equal_the_concatenated_forward(tiny, monkeypatch, layout, passes):
+    if layout == "cached":  # no mask is small enough: the cached forward
+        monkeypatch.setattr(pair_rows, "MAX_MASK_ENTRIES", 0)
     tr = _trainer(tiny, share=True)
     items = [tr.train_data[i] for i in range(6)]
     batch = tr.pair_batch(items)
@@ -33,7 +38,7 @@ def test_shared_pair_logps_and_gradients_equal_the_concatenated_forward(tiny):
         return logps.detach(), {n: p.grad.clone() for n, p in tr.model.named_parameters()}
 
     got_lp, got = run(batch)
-    assert len(forwards) == 2  # prompts once, then both answers
+    assert len(forwards) == passes  # pair rows: one forward; cached: prompts once, then both answers
     assert "collated" not in vars(batch)  # the concatenated layout was never built
     want_lp, want = run(PairBatch(items, tr.pad_id, share=False))
     hook.remove()
@@ -66,3 +71,31 @@ def test_pairs_without_a_common_prefix_and_one_token_answers(tiny):
     got = tr.sequence_logps(tr.model, tr.pair_batch(items))
     want = tr.sequence_logps(tr.model, PairBatch(items, tr.pad_id, share=False))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_pair_rows_only_where_the_mask_is_taken_as_given(tiny):
+    """Pair rows need every pair's prompt shared by both answers, sdpa attention (which takes a prepared boolean 4-D
+    mask as it is), and layers that all see the whole past; anything else runs the cached forward."""
+    from verl.trainer.offline.dpo_trainer import shared_pair_layout
+
+    tr = _trainer(tiny, share=True)
+    config = tr.model.config
+    items = [tr.train_data[i] for i in range(4)]
+    layout = shared_pair_layout(items, tr.pad_id)
+    assert pair_rows.takes_pair_rows(tr.model, layout)
+    IGN = -100
+    apart = shared_pair_layout(items + [{"chosen_input_ids": [5, 6, 7], "chosen_labels": [IGN, 6, 7],
+                                         "rejected_input_ids": [8, 9], "rejected_labels": [IGN, 9]}], tr.pad_id)
+    assert not pair_rows.takes_pair_rows(tr.model, apart)  # a pair without a common first token
+    for changes in ({"_attn_implementation": "flash_attention_2"}, {"_attn_implementation": "eager"},
+                    {"sliding_window": 4, "use_sliding_window": True},
+                    {"layer_types": ["sliding_attention"] * config.num_hidden_layers}):
+        before = {key: getattr(config, key, None) for key in changes}
+        for key, value in changes.items():
+            setattr(config, key, value)
+        try:
+            assert not pair_rows.takes_pair_rows(tr.model, layout), changes
+        finally:
+            for key, value in before.items():
+                setattr(config, key, value)
+    assert pair_rows.takes_pair_rows(tr.model, layout)

@@ -71,10 +71,21 @@ def _prompt_learning(model: nn.Module) -> bool:
     return bool(getattr(config, "is_prompt_learning", False))
 
 
+def full_attention_only(config: Any) -> bool:
+    """True when every layer of a model with this config attends to the whole past (no sliding window, no linear
+    attention): what a prepared full-length mask or a flat KV cache assumes."""
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+        return False
+    window = getattr(config, "sliding_window", None)
+    return window is None or not getattr(config, "use_sliding_window", True)
+
+
 def returned_cache(output: Any) -> Any:
     """The KV cache of a forward's output (`cache` or, before transformers 5.2x, `past_key_values`)."""
     cache = getattr(output, "cache", None)
     return output.past_key_values if cache is None else cache
 
 
-__all__ = ["accepts", "cache_argument", "forward_accepts", "keeps_positions", "returned_cache", "takes_cache"]
+__all__ = ["accepts", "cache_argument", "forward_accepts", "full_attention_only", "keeps_positions", "returned_cache",
+           "takes_cache"]

@@ -26,6 +26,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from verl.errors import ConfigError, DataError, ModelError
+from verl.models.signature import full_attention_only
 from verl.models.vision import unsampled_token_ids
 from verl.models.vision_inputs import RowImages, has_images, image_forward_inputs
 from verl.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
@@ -137,15 +138,6 @@ class _HostEnds:
         return ended
 
 
-def _full_attention_only(config: Any) -> bool:
-    """True when every layer attends to the whole past (no sliding window, no linear attention)."""
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None and any(t != "full_attention" for t in layer_types):
-        return False
-    window = getattr(config, "sliding_window", None)
-    return window is None or not getattr(config, "use_sliding_window", True)
-
-
 class HFKVCacheEngine(RolloutEngine):
     """Batched sampling on a Hugging Face causal LM (``AutoModelForCausalLM``-style ``forward``).
 
@@ -177,7 +169,7 @@ class HFKVCacheEngine(RolloutEngine):
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._logits_to_keep = "logits_to_keep" in params
         attn = getattr(config, "_attn_implementation", None)
-        full = _full_attention_only(text_config)
+        full = full_attention_only(text_config)
         self._mask_kind = attn if (prebuilt_masks and full and attn in ("sdpa", "eager")) else "2d"
         self.preallocates = DynamicLayer is not None and full  # full attention: a preallocated cache serves
         self._fast_decode = fast_decode

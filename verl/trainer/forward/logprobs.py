@@ -48,7 +48,7 @@ from verl.trainer.forward.packing import PackedLayout, check_packing, packed_row
 from verl.utils.positions import position_ids_from_mask
 
 
-def _head_positions(model: torch.nn.Module, total: int, start: int, stop: int,
+def head_positions(model: torch.nn.Module, total: int, start: int, stop: int,
                     device: torch.device) -> tuple[dict[str, object], slice]:
     """Forward kwargs and a slice of its output that give positions [start, stop) of a `total`-position
     input. The head (and its backward) runs on those positions only where the model takes positions; else
@@ -87,21 +87,21 @@ def _sequence_output(model: torch.nn.Module, capture: HeadCapture | None, input_
     The last token predicts nothing, so it is left out of the forward (causal attention: no other position's
     output depends on it)."""
     total = input_ids.shape[1] - 1
-    head, cut = _head_positions(model, total, max(total - keep_last, 0), total, input_ids.device)
+    head, cut = head_positions(model, total, max(total - keep_last, 0), total, input_ids.device)
     extra = image_forward_inputs(model, input_ids[:, :-1], attention_mask[:, :-1], images)
     positions = extra.pop("position_ids", None)
     out = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
                 position_ids=position_ids[:, :-1] if positions is None else positions, use_cache=False, **head,
                 **extra)
-    return _sliced(_output(out, "logits", capture), cut)
+    return sliced(output_of(out, "logits", capture), cut)
 
 
-def _output(out: Any, field: str, capture: HeadCapture | None) -> Any:
+def output_of(out: Any, field: str, capture: HeadCapture | None) -> Any:
     """A forward's `field` (logits or values), or with `capture` its head input and projection."""
     return getattr(out, field) if capture is None else capture.take(out)
 
 
-def _sliced(output: Any, index: Any) -> Any:
+def sliced(output: Any, index: Any) -> Any:
     """`output[:, index]` of logits/values or of a captured head input's hidden states."""
     if isinstance(output, HeadOutput):
         return HeadOutput(output.hidden[:, index], output.weight, output.bias)
@@ -159,7 +159,7 @@ def head_capture(model: torch.nn.Module, chunked: bool) -> Any:
 
 def forward_output(out: Any, capture: HeadCapture | None) -> torch.Tensor | HeadOutput:
     """A causal LM forward's logits, or with `capture` the head input and projection that replace them."""
-    return _output(out, "logits", capture)
+    return output_of(out, "logits", capture)
 
 
 def labelled_logprobs(output: torch.Tensor | HeadOutput,
@@ -287,7 +287,7 @@ def split_logprobs(model: torch.nn.Module, split: SplitRow, *, temperature: floa
     head = {"logits_to_keep": keep} if keeps_positions(model) else {}
     with head_capture(model, chunked) as capture:  # open until the log-probs are made (FSDP2 keeps the head gathered)
         output = forward_output(model(**split.inputs, **head), capture)
-        output = output if head else _sliced(output, keep)
+        output = output if head else sliced(output, keep)
         logprobs, entropy = _logprobs(output, split.ids[:, split.token(keep) + 1], temperature, with_entropy,
                                       entropy_grad)
 
@@ -390,9 +390,9 @@ def _shared_prompt_output(
     cache = returned_cache(out)
     cache.batch_select_indices(inverse)
     tail = torch.cat([prompt_ids[:, cut:], response_ids[:, : response_ids.shape[1] - drop]], dim=1)
-    head, used = _head_positions(model, tail.shape[1], 0, tail.shape[1] - 1 + drop, tail.device)
-    prompt_out = _output(out, field, capture)
-    result = _sliced(_output(model(input_ids=tail, attention_mask=mask, position_ids=positions[:, cut:],
+    head, used = head_positions(model, tail.shape[1], 0, tail.shape[1] - 1 + drop, tail.device)
+    prompt_out = output_of(out, field, capture)
+    result = sliced(output_of(model(input_ids=tail, attention_mask=mask, position_ids=positions[:, cut:],
                                    use_cache=True, **{cache_argument(model): cache}, **head), field, capture), used)
     if isinstance(result, HeadOutput):  # the same projection both times: go on with the hidden states
         result, prompt_out, projection = result.hidden, prompt_out.hidden, result
@@ -466,7 +466,7 @@ def packed_logprobs(model: torch.nn.Module, mb: Any, *, temperature: float = 1.0
     head = {"logits_to_keep": layout.predictors} if keeps_positions(model) else {}
     with head_capture(model, chunked) as capture:
         output = forward_output(model(**inputs, **head), capture)
-        output = output if head else _sliced(output, layout.predictors)
+        output = output if head else sliced(output, layout.predictors)
         logprobs, entropy = _logprobs(output, layout.labels(mb.response_ids), temperature, with_entropy,
                                       entropy_grad)
     return layout.unpacked(logprobs), None if entropy is None else layout.unpacked(entropy)

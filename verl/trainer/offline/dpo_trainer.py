@@ -34,6 +34,7 @@ from verl.trainer.forward.logprobs import (
     shared_prompt_logits,
     target_logprobs,
 )
+from verl.trainer.forward.pair_rows import pair_row_logps, takes_pair_rows
 from verl.trainer.offline.base import PairTrainer, Rows
 from verl.trainer.offline.sft_trainer import collate_sequences, shifted_targets
 from verl.trainer.offline.vision import RowPixels, image_tokens, refuse_unsupported
@@ -76,6 +77,9 @@ def shared_sequence_logps(model: torch.nn.Module, layout: Mapping[str, torch.Ten
     """Per-row sums of target log-probs [2m] from `shared_pair_layout`, each prompt run once (`chunked`: from
     the head's input, see `target_logprobs`)."""
     t = {k: v.to(device) for k, v in layout.items()}
+    if takes_pair_rows(model, t):
+        with head_capture(model, chunked) as capture:
+            return pair_row_logps(model, t, capture)
     with head_capture(model, chunked) as capture:
         output = shared_prompt_logits(model, t["prompt_ids"], t["prompt_mask"], t["response_ids"],
                                       t["response_mask"], capture)
