@@ -1,7 +1,9 @@
 """`DPOTrainer`: direct preference optimisation (sigmoid / IPO / hinge) on preference pairs.
 
 A step takes `data.train_batch_size` (prompt, chosen, rejected) pairs. Chosen and rejected sequences
-of a micro-batch go through the policy in one concatenated forward pass; each sequence's log-prob is
+of a micro-batch go through the policy together: with `actor.share_prompt_forward`, a pair's prompt
+once and both answers in the same row (`verl.trainer.forward.pair_rows`; where the model cannot take that, on
+the prompt's cached keys/values), else the whole sequences concatenated; each sequence's log-prob is
 the sum over its response tokens (the mean for IPO, whose margin is defined on length-averaged
 log-ratios). The reference log-probs come from a frozen copy of the initial policy (with LoRA: the policy with its
 adapters off, no copy; or `ref.path`), or,
@@ -74,8 +76,9 @@ def shared_pair_layout(items: Sequence[PairItem], pad_id: int) -> dict[str, torc
 
 def shared_sequence_logps(model: torch.nn.Module, layout: Mapping[str, torch.Tensor], device: torch.device,
                           chunked: bool = False) -> torch.Tensor:
-    """Per-row sums of target log-probs [2m] from `shared_pair_layout`, each prompt run once (`chunked`: from
-    the head's input, see `target_logprobs`)."""
+    """Per-row sums of target log-probs [2m] from `shared_pair_layout`, each prompt run once: in pair rows
+    where the model takes them (`takes_pair_rows`), else on its cached keys/values (`chunked`: from the head's
+    input, see `target_logprobs`)."""
     t = {k: v.to(device) for k, v in layout.items()}
     if takes_pair_rows(model, t):
         with head_capture(model, chunked) as capture:
@@ -185,8 +188,8 @@ class DPOTrainer(PairTrainer):
     def sequence_logps(self, model: torch.nn.Module, batch: PairBatch) -> torch.Tensor:
         """Sum of response-token log-probs per sequence: [2m] (chosen first), differentiable.
 
-        With `actor.share_prompt_forward` a pair's prompt runs once and both answers on its cached
-        keys/values (same sums and gradients as the concatenated forward). With sequence parallelism every
+        With `actor.share_prompt_forward` a pair's prompt runs once, both answers in its row or on its cached
+        keys/values (`shared_sequence_logps`: same sums and gradients as the concatenated forward). With sequence parallelism every
         sequence is split over the group instead (`target_logprobs`). A batch with images runs whole sequences
         with their images (`PairBatch.collated`), through the policy and the reference alike."""
         chunked = self.chunks_logprobs(model)
