@@ -189,9 +189,10 @@ class DPOTrainer(PairTrainer):
         """Sum of response-token log-probs per sequence: [2m] (chosen first), differentiable.
 
         With `actor.share_prompt_forward` a pair's prompt runs once, both answers in its row or on its cached
-        keys/values (`shared_sequence_logps`: same sums and gradients as the concatenated forward). With sequence parallelism every
-        sequence is split over the group instead (`target_logprobs`). A batch with images runs whole sequences
-        with their images (`PairBatch.collated`), through the policy and the reference alike."""
+        keys/values (`shared_sequence_logps`: same sums and gradients as the concatenated forward). With
+        sequence parallelism every sequence is split over the group instead (`target_logprobs`). A batch with
+        images runs whole sequences with their images (`PairBatch.collated`), through the policy and the
+        reference alike."""
         chunked = self.chunks_logprobs(model)
         if batch.share and can_share_prompt(model) and self.sp is None:
             return shared_sequence_logps(model, batch.shared, self.device, chunked)

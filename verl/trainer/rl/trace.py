@@ -105,6 +105,7 @@ class RolloutTrace:
         self._first: dict[int, dict[str, torch.Tensor]] = {}  # traced row -> its first pass through the loss
         self._last: dict[int, dict[str, torch.Tensor]] = {}  # ... and its last
         self._steps = 0  # optimizer steps of this update so far
+        self._texts: dict[int, str] = {}  # token id -> its text (`_token_texts`)
 
     @classmethod
     def wanted(cls, config: RunConfig) -> bool:
@@ -196,7 +197,7 @@ class RolloutTrace:
             values["logprob_gap"] = first["logprob"] - sampler  # the loss's first pass, before any step
         off = (mask == 0).tolist()
         row = {"step": step, "group": str(int(batch.group_ids[i])), "prompt": prompt_text(batch.rows[i]),
-               "tokens": [self._decode([t]) for t in ids],
+               "tokens": self._token_texts(ids),
                "values": {name: [None if o else compact(float(x)) for x, o in zip(v.tolist(), off, strict=True)]
                           for name, v in values.items()},
                "masked": [int(o) for o in off]}
@@ -206,6 +207,15 @@ class RolloutTrace:
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def _token_texts(self, ids: list[int]) -> list[str]:
+        """Each token's own text, decoded once per token id for the run (a decode call per token costs more than
+        the rest of a traced row)."""
+        missing = sorted(set(ids) - self._texts.keys())
+        if missing:
+            self._texts.update(zip(missing, self.tokenizer.batch_decode([[t] for t in missing],
+                                                                       skip_special_tokens=False), strict=True))
+        return [self._texts[t] for t in ids]
 
 
 __all__ = ["RolloutTrace", "compact", "episode_trace", "picked_rows", "prompt_text"]
