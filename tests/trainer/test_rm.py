@@ -215,3 +215,39 @@ def test_chat_rows_are_read_as_reward_model_path_scores_them(tiny):
     assert "<|im_start|>assistant\n5<|im_end|>" in captured[0]
     assert [tok(t, add_special_tokens=False)["input_ids"] for t in captured] == [
         item["chosen_input_ids"], item["rejected_input_ids"]]
+
+
+def test_pair_rows_score_and_train_as_the_whole_sequences(tiny, monkeypatch):
+    """A pair's shared tokens once, then both answers in one row (`verl.trainer.forward.pair_rows`): the same
+    rewards and gradients as scoring the chosen and rejected sequences whole; one forward either way."""
+    from verl.trainer.forward import pair_rows
+
+    shared = trainer(tiny, make_config(data={"train_batch_size": 4}))
+    whole = trainer(tiny, make_config(data={"train_batch_size": 4}, actor={"share_prompt_forward": False}))
+    for tr in (shared, whole):
+        with torch.no_grad():
+            tr.model.score.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+    items = [shared.train_data[i] for i in range(4)]
+    chosen, rejected = [it["chosen_input_ids"] for it in items], [it["rejected_input_ids"] for it in items]
+    assert pair_rows.pair_scores(shared.model, chosen, rejected, shared.pad_id, shared.device) is not None
+
+    def run(tr):
+        calls = []
+        hook = tr.model.register_forward_hook(lambda *a: calls.append(1))
+        tr.model.zero_grad(set_to_none=True)
+        rewards = tr.pair_scores(tr.train_data, range(4))
+        (rewards * torch.tensor([[1.0, -2.0]])).sum().backward()
+        hook.remove()
+        assert len(calls) == 1
+        return rewards.detach(), {n: p.grad for n, p in tr.model.named_parameters() if p.grad is not None}
+
+    (got, got_grads), (want, want_grads) = run(shared), run(whole)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert set(got_grads) == set(want_grads)
+    for name, g in want_grads.items():
+        assert float((got_grads[name] - g).abs().max()) <= 1e-5 * max(float(g.abs().max()), 1e-12), name
+    # a pair that differs from its first token, or an attention that does not take the mask: scored whole
+    assert pair_rows.pair_scores(shared.model, [[5, 6]] + chosen, [[7, 6]] + rejected, shared.pad_id,
+                                 shared.device) is None
+    monkeypatch.setattr(shared.model.config, "_attn_implementation", "eager")
+    assert pair_rows.pair_scores(shared.model, chosen, rejected, shared.pad_id, shared.device) is None

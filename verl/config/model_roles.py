@@ -265,9 +265,10 @@ class ActorConfig(OptimConfig):
                                        "micro-batch (with gradient) and its n responses on the prompt's cached "
                                        "keys/values; same loss and gradients as the unshared forward. Mini-batches "
                                        "then shuffle whole groups. Off for models without a KV cache argument "
-                                       "or with gradient checkpointing. DPO: a pair's prompt once, with both answers "
-                                       "in the same row of one forward (each masked from the other) under sdpa "
-                                       "attention, else on the prompt's cached keys/values.")
+                                       "or with gradient checkpointing. DPO and reward models: a pair's prompt once, "
+                                       "with both answers in the same row of one forward (each masked from the "
+                                       "other) under sdpa attention; else DPO's answers run on the prompt's cached "
+                                       "keys/values and a reward model's pairs whole.")
     freeze_vision_tower: bool = Field(False, description="A vision-language policy's vision tower (its image "
                                       "encoder and merger) stays as loaded; false trains it with the language "
                                       "model (in full: under LoRA, the adapters go on the language model only and "

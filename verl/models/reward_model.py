@@ -60,17 +60,25 @@ def sequence_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
     output ``[B, T, 1]`` is taken from there, not transformers' pooled logits (see the module docstring).
     Positions count real tokens only, so left and right padding give the same scores."""
     last = last_token_index(attention_mask)
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask,
+              "position_ids": position_ids_from_mask(attention_mask)}
+    return scores_at(model, inputs, torch.arange(len(last), device=last.device), last)
+
+
+def scores_at(model: nn.Module, inputs: dict[str, torch.Tensor], rows: torch.Tensor,
+              columns: torch.Tensor) -> torch.Tensor:
+    """The head's score at (`rows`[i], `columns`[i]) of one forward of `model` on `inputs` (its keyword arguments:
+    ids, a 2-D or prepared 4-D attention mask, positions): [len(rows)], differentiable. `sequence_scores` reads
+    each row's last real token; a row may hold several sequences (`verl.trainer.forward.pair_rows`)."""
     captured: dict[str, torch.Tensor] = {}
     with _captured(score_head(model), captured):
-        out = model(input_ids=input_ids, attention_mask=attention_mask,
-                    position_ids=position_ids_from_mask(attention_mask), use_cache=False)
+        out = model(**inputs, use_cache=False)
     per_token = captured.get("output")
     if per_token is None or per_token.dim() != 3:
         shape = None if per_token is None else tuple(per_token.shape)
         raise ModelError(f"{type(model).__name__}: its score head gave {shape}, not one score per token [B, T, 1]; "
                          "a reward model must be a decoder *ForSequenceClassification model")
-    rows = torch.arange(per_token.shape[0], device=per_token.device)
-    scores = per_token[rows, last.to(per_token.device), 0]
+    scores = per_token[rows.to(per_token.device), columns.to(per_token.device), 0]
     if scores.requires_grad:
         # FSDP2 gathers the root module's weights (the head among them) for backward from a hook on the tensors the
         # root returns; the scores come from inside the forward, so the returned logits join the graph, adding 0.
@@ -254,4 +262,4 @@ def saved_head_problem(path: str | os.PathLike) -> str | None:
 
 
 __all__ = ["RewardModelScorer", "check_head_loaded", "last_token_index", "reward_model_from_causal_lm",
-           "saved_head_problem", "score_head", "sequence_scores"]
+           "saved_head_problem", "score_head", "scores_at", "sequence_scores"]

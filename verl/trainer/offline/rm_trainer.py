@@ -26,6 +26,7 @@ from verl.errors import CheckpointError
 from verl.models.reward_model import sequence_scores
 from verl.trainer.checks.preflight import Given
 from verl.trainer.compose.components import compose_offline
+from verl.trainer.forward.pair_rows import pair_scores
 from verl.trainer.offline.base import PairTrainer, Rows
 from verl.utils.tokenizer_protocol import Tokenizer
 
@@ -71,10 +72,17 @@ class RMTrainer(PairTrainer):
 
     # ------------------------------------------------------------------ scores and the loss
     def pair_scores(self, data: RewardPairDataset, indices: Sequence[int]) -> torch.Tensor:
-        """Rewards [m, 2] (chosen, rejected) of the pairs `indices`, differentiable: one forward over the chosen
-        then the rejected sequences, left-padded (the score position does not depend on the padding side)."""
+        """Rewards [m, 2] (chosen, rejected) of the pairs `indices`, differentiable, from one forward: each pair in
+        one row, their shared tokens once (`verl.trainer.forward.pair_rows`), where the model takes that and
+        `actor.share_prompt_forward` is on; else the chosen then the rejected sequences, left-padded (the score
+        position does not depend on the padding side)."""
         items = [data[i] for i in indices]
-        ids, mask = left_pad([it[f"{side}_input_ids"] for side in ("chosen", "rejected") for it in items], self.pad_id)
+        chosen, rejected = [it["chosen_input_ids"] for it in items], [it["rejected_input_ids"] for it in items]
+        if self.config.actor.share_prompt_forward and self.sp is None:
+            scores = pair_scores(self.model, chosen, rejected, self.pad_id, self.device)
+            if scores is not None:
+                return scores.float()
+        ids, mask = left_pad(chosen + rejected, self.pad_id)
         scores = sequence_scores(self.model, ids.to(self.device), mask.to(self.device)).float()
         return torch.stack(scores.chunk(2), dim=1)
 
