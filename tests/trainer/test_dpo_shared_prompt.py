@@ -11,6 +11,7 @@ import torch
 from test_dpo import ROWS, make_config
 
 from verl.trainer.forward import pair_rows
+from verl.trainer.forward.logprobs import can_share_prompt
 from verl.trainer.offline.dpo_trainer import DPOTrainer, PairBatch
 
 
@@ -99,3 +100,27 @@ def test_pair_rows_only_where_the_mask_is_taken_as_given(tiny):
             for key, value in before.items():
                 setattr(config, key, value)
     assert pair_rows.takes_pair_rows(tr.model, layout)
+
+
+def test_pair_rows_share_prompts_under_gradient_checkpointing(tiny):
+    """Gradient checkpointing turns the cached forward off (its recomputation would append to the cache), not pair
+    rows: one forward, recomputed in backward as it ran; the same sums and gradients as whole sequences."""
+    tr = _trainer(tiny, share=True)
+    tr.model.gradient_checkpointing_enable()
+    tr.model.train()
+    items = [tr.train_data[i] for i in range(6)]
+    assert not can_share_prompt(tr.model)
+
+    def run(batch):
+        tr.model.zero_grad(set_to_none=True)
+        logps = tr.sequence_logps(tr.model, batch)
+        (logps * torch.linspace(-1, 2, len(logps))).sum().backward()
+        return logps.detach(), {n: p.grad.clone() for n, p in tr.model.named_parameters()}
+
+    batch = tr.pair_batch(items)
+    got_lp, got = run(batch)
+    assert "collated" not in vars(batch)  # pair rows ran
+    want_lp, want = run(PairBatch(items, tr.pad_id, share=False))
+    torch.testing.assert_close(got_lp, want_lp, rtol=1e-5, atol=1e-5)
+    for name, g in want.items():
+        assert float((got[name] - g).abs().max()) <= 1e-5 * max(float(g.abs().max()), 1e-12), name

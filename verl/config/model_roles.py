@@ -267,8 +267,9 @@ class ActorConfig(OptimConfig):
                                        "then shuffle whole groups. Off for models without a KV cache argument "
                                        "or with gradient checkpointing. DPO and reward models: a pair's prompt once, "
                                        "with both answers in the same row of one forward (each masked from the "
-                                       "other) under sdpa attention; else DPO's answers run on the prompt's cached "
-                                       "keys/values and a reward model's pairs whole.")
+                                       "other) under sdpa attention, gradient checkpointing or not; else DPO's "
+                                       "answers run on the prompt's cached keys/values and a reward model's pairs "
+                                       "whole.")
     freeze_vision_tower: bool = Field(False, description="A vision-language policy's vision tower (its image "
                                       "encoder and merger) stays as loaded; false trains it with the language "
                                       "model (in full: under LoRA, the adapters go on the language model only and "

@@ -60,10 +60,10 @@ def takes_cache(model: nn.Module) -> bool:
     if callable(own):
         return bool(own())
     return (cache_argument(model) is not None and forward_accepts(model, "use_cache")
-            and not _prompt_learning(model))
+            and not prompt_learning(model))
 
 
-def _prompt_learning(model: nn.Module) -> bool:
+def prompt_learning(model: nn.Module) -> bool:
     """A peft prompt-learning wrapper (prefix tuning, ...) puts its own virtual tokens into the cache and the
     attention mask, so a cache from outside would not line up; LoRA passes the call through unchanged."""
     wrapper = model.policy if isinstance(model, AdapterOff) else model
@@ -87,5 +87,5 @@ def returned_cache(output: Any) -> Any:
     return output.past_key_values if cache is None else cache
 
 
-__all__ = ["accepts", "cache_argument", "forward_accepts", "full_attention_only", "keeps_positions", "returned_cache",
-           "takes_cache"]
+__all__ = ["accepts", "cache_argument", "forward_accepts", "full_attention_only", "keeps_positions", "prompt_learning",
+           "returned_cache", "takes_cache"]

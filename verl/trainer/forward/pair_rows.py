@@ -24,9 +24,9 @@ from verl.data.datasets import left_pad, right_pad
 from verl.distributed.tensor_parallel import is_tensor_parallel
 from verl.models.lora import base_of
 from verl.models.reward_model import scores_at
-from verl.models.signature import full_attention_only
+from verl.models.signature import full_attention_only, prompt_learning
 from verl.models.vision import is_vision_language
-from verl.trainer.forward.logprobs import can_share_prompt, head_positions, labelled_logprobs, output_of, sliced
+from verl.trainer.forward.logprobs import head_positions, labelled_logprobs, output_of, sliced
 from verl.utils.positions import position_ids_from_mask
 
 # Masks beyond this many entries ([pairs, W, W] booleans: 64 MiB) cost more memory than the padding they save.
@@ -42,21 +42,24 @@ def _widths(layout: Mapping[str, torch.Tensor]) -> tuple[int, int, int]:
 
 def masks_taken(model: torch.nn.Module, pairs: int, width: int) -> bool:
     """Whether `model` takes pair rows of this size: its attention is `sdpa` (which takes a prepared boolean 4-D
-    mask as given: no dtype to agree with a mixed-precision forward), every layer attends to the whole past, its
-    weights are not split by tensor parallelism, it reads no images, and the mask is small enough."""
-    base = base_of(getattr(model, "module", model))
+    mask as given: no dtype to agree with a mixed-precision forward), every layer attends to the whole past, no
+    peft prompt-learning wrapper adds tokens to the mask, its weights are not split by tensor parallelism, it reads
+    no images, and the mask is small enough. (Unlike the cached forward, gradient checkpointing is fine: one
+    forward recomputes as it ran.)"""
+    inner = getattr(model, "module", model)
+    base = base_of(inner)
     config = getattr(base, "config", None)
     return (getattr(config, "_attn_implementation", None) == "sdpa" and full_attention_only(config)
-            and pairs * width * width <= MAX_MASK_ENTRIES and not is_vision_language(base)
-            and not is_tensor_parallel(base.parameters()))
+            and pairs * width * width <= MAX_MASK_ENTRIES and not prompt_learning(inner)
+            and not is_vision_language(base) and not is_tensor_parallel(base.parameters()))
 
 
 def takes_pair_rows(model: torch.nn.Module, layout: Mapping[str, torch.Tensor]) -> bool:
     """Whether `model` can run `layout` (a `shared_pair_layout`) as pair rows: each pair's chosen and rejected
     rows share their prompt (a pair whose answers differ from the first token has one-token prompts of its
-    own), the shared-prompt forward applies, and `masks_taken`."""
+    own) and `masks_taken`."""
     half = layout["prompt_ids"].shape[0] // 2
-    return (masks_taken(model, half, sum(_widths(layout)) - 1) and can_share_prompt(model)
+    return (masks_taken(model, half, sum(_widths(layout)) - 1)
             and all(torch.equal(layout[k][:half], layout[k][half:]) for k in ("prompt_ids", "prompt_mask")))
 
 

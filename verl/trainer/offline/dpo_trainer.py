@@ -75,14 +75,16 @@ def shared_pair_layout(items: Sequence[PairItem], pad_id: int) -> dict[str, torc
 
 
 def shared_sequence_logps(model: torch.nn.Module, layout: Mapping[str, torch.Tensor], device: torch.device,
-                          chunked: bool = False) -> torch.Tensor:
+                          chunked: bool = False) -> torch.Tensor | None:
     """Per-row sums of target log-probs [2m] from `shared_pair_layout`, each prompt run once: in pair rows
-    where the model takes them (`takes_pair_rows`), else on its cached keys/values (`chunked`: from the head's
-    input, see `target_logprobs`)."""
+    where the model takes them (`takes_pair_rows`), else on its cached keys/values where it continues from one
+    (`can_share_prompt`); None where neither applies (`chunked`: from the head's input, see `target_logprobs`)."""
     t = {k: v.to(device) for k, v in layout.items()}
     if takes_pair_rows(model, t):
         with head_capture(model, chunked) as capture:
             return pair_row_logps(model, t, capture)
+    if not can_share_prompt(model):
+        return None
     with head_capture(model, chunked) as capture:
         output = shared_prompt_logits(model, t["prompt_ids"], t["prompt_mask"], t["response_ids"],
                                       t["response_mask"], capture)
@@ -194,8 +196,10 @@ class DPOTrainer(PairTrainer):
         images runs whole sequences with their images (`PairBatch.collated`), through the policy and the
         reference alike."""
         chunked = self.chunks_logprobs(model)
-        if batch.share and can_share_prompt(model) and self.sp is None:
-            return shared_sequence_logps(model, batch.shared, self.device, chunked)
+        shared = shared_sequence_logps(model, batch.shared, self.device, chunked) if batch.share and self.sp is None \
+            else None
+        if shared is not None:
+            return shared
         logprobs, rows = target_logprobs(model, batch.collated, self.device, chunked, self.sp)
         n = batch.collated["input_ids"].shape[0]
         return torch.zeros(n, dtype=logprobs.dtype, device=logprobs.device).index_add(0, rows, logprobs)
