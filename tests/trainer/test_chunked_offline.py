@@ -20,6 +20,7 @@ import verl.algorithms.head_logprobs as head_mod
 from verl.data.datasets import IGNORE_INDEX
 from verl.trainer.forward import pair_rows
 from verl.trainer.forward.logprobs import target_logprobs
+from verl.trainer.offline import dpo_trainer
 from verl.trainer.offline.dpo_trainer import DPOTrainer, shared_pair_layout, shared_sequence_logps
 from verl.trainer.offline.sft_trainer import SFTTrainer, collate_sequences, shifted_targets
 
@@ -103,10 +104,10 @@ def test_dpo_sequence_logps_equal_the_plain_path_in_float64(shared, monkeypatch)
         _assert_same(model, sums)
         return
     want_values, want = _values_and_grads(model, lambda: sums(False))  # the whole sequences (sdpa)
-    if shared == "cached":
-        monkeypatch.setattr(pair_rows, "MAX_MASK_ENTRIES", 0)
+    if shared == "cached":  # a model that cannot take pair rows
+        monkeypatch.setattr(dpo_trainer, "takes_masks", lambda model: False)
     layout = shared_pair_layout(items, pad)
-    assert pair_rows.takes_pair_rows(model, layout) == (shared != "cached")
+    assert pair_rows.pair_rows_fit(layout) and dpo_trainer.takes_masks(model) == (shared != "cached")
     _assert_same(model, lambda chunked: shared_sequence_logps(model, layout, CPU, chunked))
     got_values, got = _values_and_grads(model, lambda: shared_sequence_logps(model, layout, CPU))
     assert torch.allclose(got_values, want_values, rtol=0, atol=TOL)

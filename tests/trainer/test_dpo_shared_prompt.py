@@ -12,6 +12,7 @@ from test_dpo import ROWS, make_config
 
 from verl.trainer.forward import pair_rows
 from verl.trainer.forward.logprobs import can_share_prompt
+from verl.trainer.offline import dpo_trainer
 from verl.trainer.offline.dpo_trainer import DPOTrainer, PairBatch
 
 
@@ -23,8 +24,8 @@ def _trainer(tiny, share: bool, **actor):
 
 @pytest.mark.parametrize("layout,passes", [("pair_rows", 1), ("cached", 2)])
 def test_shared_pair_logps_and_gradients_equal_the_concatenated_forward(tiny, monkeypatch, layout, passes):
-    if layout == "cached":  # no mask is small enough: the cached forward
-        monkeypatch.setattr(pair_rows, "MAX_MASK_ENTRIES", 0)
+    if layout == "cached":  # a model that cannot take pair rows: the cached forward
+        monkeypatch.setattr(dpo_trainer, "takes_masks", lambda model: False)
     tr = _trainer(tiny, share=True)
     items = [tr.train_data[i] for i in range(6)]
     batch = tr.pair_batch(items)
@@ -74,32 +75,49 @@ def test_pairs_without_a_common_prefix_and_one_token_answers(tiny):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_pair_rows_only_where_the_mask_is_taken_as_given(tiny):
-    """Pair rows need every pair's prompt shared by both answers, sdpa attention (which takes a prepared boolean 4-D
-    mask as it is), and layers that all see the whole past; anything else runs the cached forward."""
-    from verl.trainer.offline.dpo_trainer import shared_pair_layout
-
-    tr = _trainer(tiny, share=True)
-    config = tr.model.config
-    items = [tr.train_data[i] for i in range(4)]
-    layout = shared_pair_layout(items, tr.pad_id)
-    assert pair_rows.takes_pair_rows(tr.model, layout)
-    IGN = -100
-    apart = shared_pair_layout(items + [{"chosen_input_ids": [5, 6, 7], "chosen_labels": [IGN, 6, 7],
-                                         "rejected_input_ids": [8, 9], "rejected_labels": [IGN, 9]}], tr.pad_id)
-    assert not pair_rows.takes_pair_rows(tr.model, apart)  # a pair without a common first token
+def test_pair_rows_only_where_the_model_takes_the_mask_as_given(tiny):
+    """Pair rows need sdpa attention (which takes a prepared boolean 4-D mask as it is) and layers that all see the
+    whole past: a property of the model, the same on every rank. Other models run the cached forward."""
+    model = _trainer(tiny, share=True).model
+    config = model.config
+    assert pair_rows.takes_masks(model)
     for changes in ({"_attn_implementation": "flash_attention_2"}, {"_attn_implementation": "eager"},
                     {"sliding_window": 4, "use_sliding_window": True},
                     {"layer_types": ["sliding_attention"] * config.num_hidden_layers}):
-        before = {key: getattr(config, key, None) for key in changes}
+        before = {key: getattr(model.config, key, None) for key in changes}
         for key, value in changes.items():
-            setattr(config, key, value)
+            setattr(model.config, key, value)
         try:
-            assert not pair_rows.takes_pair_rows(tr.model, layout), changes
+            assert not pair_rows.takes_masks(model), changes
         finally:
             for key, value in before.items():
-                setattr(config, key, value)
-    assert pair_rows.takes_pair_rows(tr.model, layout)
+                setattr(model.config, key, value)
+    assert pair_rows.takes_masks(model)
+
+
+def test_pairs_that_do_not_fit_pair_rows_run_whole_in_one_forward(tiny, monkeypatch):
+    """A batch whose pairs do not fit pair rows (a pair without a common first token, too large a mask) runs the
+    whole sequences: one forward, like pair rows, so that FSDP ranks whose batches differ run the same forwards."""
+    from verl.trainer.offline.dpo_trainer import shared_pair_layout
+
+    tr = _trainer(tiny, share=True)
+    items = [tr.train_data[i] for i in range(4)]
+    assert pair_rows.pair_rows_fit(shared_pair_layout(items, tr.pad_id))
+    IGN = -100
+    apart = items + [{"chosen_input_ids": [5, 6, 7], "chosen_labels": [IGN, 6, 7],
+                      "rejected_input_ids": [8, 9], "rejected_labels": [IGN, 9]}]
+    assert not pair_rows.pair_rows_fit(shared_pair_layout(apart, tr.pad_id))
+    forwards = []
+    hook = tr.model.register_forward_hook(lambda *a: forwards.append(1))
+    for batch_items, limit in ((apart, pair_rows.MAX_MASK_ENTRIES), (items, 0)):
+        monkeypatch.setattr(pair_rows, "MAX_MASK_ENTRIES", limit)
+        forwards.clear()
+        batch = tr.pair_batch(batch_items)
+        got = tr.sequence_logps(tr.model, batch)
+        assert len(forwards) == 1 and "collated" in vars(batch)
+        want = tr.sequence_logps(tr.model, PairBatch(batch_items, tr.pad_id, share=False))
+        torch.testing.assert_close(got, want)
+    hook.remove()
 
 
 def test_pair_rows_share_prompts_under_gradient_checkpointing(tiny):

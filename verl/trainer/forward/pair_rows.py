@@ -9,8 +9,8 @@ longest, and one pass of per-layer overhead. Log-probs (DPO, `pair_row_logps`) a
 `pair_scores`) equal the whole sequences' up to float rounding, and so do the gradients.
 
 It needs an attention that takes a prepared boolean 4-D mask as it is (Hugging Face's `sdpa`: the mask has no
-dtype to agree with a mixed-precision forward) and layers that all attend to the whole past (`masks_taken`);
-the mask is [pairs, W, W], so very long rows keep the other forwards.
+dtype to agree with a mixed-precision forward) and layers that all attend to the whole past (`takes_masks`);
+the mask is [pairs, W, W], so very long rows run whole.
 """
 
 from __future__ import annotations
@@ -40,26 +40,28 @@ def _widths(layout: Mapping[str, torch.Tensor]) -> tuple[int, int, int]:
     return layout["prompt_ids"].shape[1], int(lengths[:half].max()), int(lengths[half:].max())
 
 
-def masks_taken(model: torch.nn.Module, pairs: int, width: int) -> bool:
-    """Whether `model` takes pair rows of this size: its attention is `sdpa` (which takes a prepared boolean 4-D
-    mask as given: no dtype to agree with a mixed-precision forward), every layer attends to the whole past, no
-    peft prompt-learning wrapper adds tokens to the mask, its weights are not split by tensor parallelism, it reads
-    no images, and the mask is small enough. (Unlike the cached forward, gradient checkpointing is fine: one
-    forward recomputes as it ran.)"""
+def takes_masks(model: torch.nn.Module) -> bool:
+    """Whether `model` can run pair rows: its attention is `sdpa` (which takes a prepared boolean 4-D mask as given:
+    no dtype to agree with a mixed-precision forward), every layer attends to the whole past, no peft
+    prompt-learning wrapper adds tokens to the mask, its weights are not split by tensor parallelism, and it reads
+    no images. (Unlike the cached forward, gradient checkpointing is fine: one forward recomputes as it ran.)
+    It depends on the model alone, so every rank answers alike."""
     inner = getattr(model, "module", model)
     base = base_of(inner)
     config = getattr(base, "config", None)
     return (getattr(config, "_attn_implementation", None) == "sdpa" and full_attention_only(config)
-            and pairs * width * width <= MAX_MASK_ENTRIES and not prompt_learning(inner)
-            and not is_vision_language(base) and not is_tensor_parallel(base.parameters()))
+            and not prompt_learning(inner) and not is_vision_language(base)
+            and not is_tensor_parallel(base.parameters()))
 
 
-def takes_pair_rows(model: torch.nn.Module, layout: Mapping[str, torch.Tensor]) -> bool:
-    """Whether `model` can run `layout` (a `shared_pair_layout`) as pair rows: each pair's chosen and rejected
-    rows share their prompt (a pair whose answers differ from the first token has one-token prompts of its
-    own) and `masks_taken`."""
+def pair_rows_fit(layout: Mapping[str, torch.Tensor]) -> bool:
+    """Whether the pairs of `layout` (a `shared_pair_layout`) go in pair rows: each pair's chosen and rejected rows
+    share their prompt (a pair whose answers differ from the first token has one-token prompts of its own), and
+    the mask is small enough. Where they do not, the caller runs the whole sequences: one forward as well, so that
+    ranks whose batches differ here still run the same forwards (FSDP gathers the weights per forward)."""
     half = layout["prompt_ids"].shape[0] // 2
-    return (masks_taken(model, half, sum(_widths(layout)) - 1)
+    width = sum(_widths(layout)) - 1
+    return (half * width * width <= MAX_MASK_ENTRIES
             and all(torch.equal(layout[k][:half], layout[k][half:]) for k in ("prompt_ids", "prompt_mask")))
 
 
@@ -114,7 +116,8 @@ def pair_scores(model: torch.nn.Module, chosen: Sequence[Sequence[int]], rejecte
                 pad_id: int, device: torch.device) -> torch.Tensor | None:
     """A reward model's scores [m, 2] (chosen, rejected) of whole sequences, each pair in one row: the tokens both
     share once, then each answer (see the module's docstring), the score read at each answer's last token. None
-    where pair rows do not apply (`masks_taken`; a pair that differs from its first token): score them whole."""
+    where pair rows do not apply (`takes_masks`, a pair that differs from its first token, too large a mask): score
+    them whole, in one forward too."""
     cuts = [next((i for i, (x, y) in enumerate(zip(c, r, strict=False)) if x != y), min(len(c), len(r)))
             for c, r in zip(chosen, rejected, strict=True)]
     cuts = [min(cut, len(c) - 1, len(r) - 1) for cut, c, r in zip(cuts, chosen, rejected, strict=True)]
@@ -124,7 +127,7 @@ def pair_scores(model: torch.nn.Module, chosen: Sequence[Sequence[int]], rejecte
     chosen_ids, chosen_mask = right_pad([list(c[cut:]) for c, cut in zip(chosen, cuts, strict=True)], pad_id)
     rejected_ids, rejected_mask = right_pad([list(r[cut:]) for r, cut in zip(rejected, cuts, strict=True)], pad_id)
     width = prompt_ids.shape[1] + chosen_ids.shape[1] + rejected_ids.shape[1]
-    if not masks_taken(model, len(cuts), width):
+    if not takes_masks(model) or len(cuts) * width * width > MAX_MASK_ENTRIES:
         return None
     inputs = pair_inputs(*(t.to(device) for t in (prompt_ids, prompt_mask, chosen_ids, chosen_mask, rejected_ids,
                                                   rejected_mask)))
@@ -134,4 +137,4 @@ def pair_scores(model: torch.nn.Module, chosen: Sequence[Sequence[int]], rejecte
     return scores_at(model, inputs, rows, last.flatten()).view(-1, 2)
 
 
-__all__ = ["MAX_MASK_ENTRIES", "masks_taken", "pair_inputs", "pair_row_logps", "pair_scores", "takes_pair_rows"]
+__all__ = ["MAX_MASK_ENTRIES", "pair_inputs", "pair_row_logps", "pair_rows_fit", "pair_scores", "takes_masks"]

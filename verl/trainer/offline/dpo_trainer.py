@@ -36,7 +36,7 @@ from verl.trainer.forward.logprobs import (
     shared_prompt_logits,
     target_logprobs,
 )
-from verl.trainer.forward.pair_rows import pair_row_logps, takes_pair_rows
+from verl.trainer.forward.pair_rows import pair_row_logps, pair_rows_fit, takes_masks
 from verl.trainer.offline.base import PairTrainer, Rows
 from verl.trainer.offline.sft_trainer import collate_sequences, shifted_targets
 from verl.trainer.offline.vision import RowPixels, image_tokens, refuse_unsupported
@@ -76,11 +76,15 @@ def shared_pair_layout(items: Sequence[PairItem], pad_id: int) -> dict[str, torc
 
 def shared_sequence_logps(model: torch.nn.Module, layout: Mapping[str, torch.Tensor], device: torch.device,
                           chunked: bool = False) -> torch.Tensor | None:
-    """Per-row sums of target log-probs [2m] from `shared_pair_layout`, each prompt run once: in pair rows
-    where the model takes them (`takes_pair_rows`), else on its cached keys/values where it continues from one
-    (`can_share_prompt`); None where neither applies (`chunked`: from the head's input, see `target_logprobs`)."""
+    """Per-row sums of target log-probs [2m] from `shared_pair_layout`, each prompt run once: in pair rows where
+    the model takes them (`takes_masks`), else on its cached keys/values where it continues from one
+    (`can_share_prompt`); None where neither applies, or where a model that takes pair rows gets pairs that do
+    not fit them (`pair_rows_fit`): the caller runs the whole sequences, in one forward like the pair rows.
+    `chunked`: from the head's input, see `target_logprobs`."""
     t = {k: v.to(device) for k, v in layout.items()}
-    if takes_pair_rows(model, t):
+    if takes_masks(model):
+        if not pair_rows_fit(t):
+            return None
         with head_capture(model, chunked) as capture:
             return pair_row_logps(model, t, capture)
     if not can_share_prompt(model):
