@@ -251,3 +251,22 @@ def test_pair_rows_score_and_train_as_the_whole_sequences(tiny, monkeypatch):
                                  shared.device) is None
     monkeypatch.setattr(shared.model.config, "_attn_implementation", "eager")
     assert pair_rows.pair_scores(shared.model, chosen, rejected, shared.pad_id, shared.device) is None
+
+
+def test_pair_rows_score_degenerate_pairs_as_whole_sequences(tiny):
+    """Pairs a careless dataset holds: chosen == rejected, one answer a prefix of the other, one-token answers,
+    different lengths in one batch; each pair row scores exactly what the whole sequences score."""
+    from verl.trainer.forward.pair_rows import pair_scores
+
+    tr = trainer(tiny, make_config())
+    with torch.no_grad():
+        tr.model.score.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+    chosen = [[11, 12, 13, 14], [11, 12, 13], [11, 12, 13, 14, 15, 16], [21, 22]]
+    rejected = [[11, 12, 13, 14], [11, 12, 13, 14, 15], [11, 12], [21, 23]]
+    with torch.no_grad():
+        got = pair_scores(tr.model, chosen, rejected, tr.pad_id, tr.device)
+        ids, mask = left_pad(chosen + rejected, tr.pad_id)
+        want = torch.stack(sequence_scores(tr.model, ids, mask).chunk(2), dim=1)
+    assert got is not None
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert float(got[0, 0]) == pytest.approx(float(got[0, 1]), abs=1e-6)  # the same sequence scores the same
