@@ -95,6 +95,17 @@ def test_yaml_round_trip(tmp_path):
     assert yaml.safe_load(config_to_yaml(cfg))["actor"]["lr"] == 3e-6
 
 
+def test_yaml_follows_a_config_changed_in_place():
+    """config_to_yaml keeps recent results (every RL step snapshots the config): a config changed in place, or
+    another config, gets its own text."""
+    cfg = load_config()
+    first = config_to_yaml(cfg)
+    assert config_to_yaml(cfg) == first
+    cfg.actor.lr = 0.125
+    assert yaml.safe_load(config_to_yaml(cfg))["actor"]["lr"] == 0.125
+    assert config_to_yaml(load_config()) == first
+
+
 def test_derived_role_needs():
     assert load_config(overrides=["algorithm.adv_estimator=gae"]).needs_critic
     assert not load_config().needs_ref

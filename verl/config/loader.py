@@ -233,5 +233,16 @@ def load_config(
     return config
 
 
+# config_to_yaml's recent results by the config's JSON text: every RL step snapshots the config for a checkpoint,
+# and dumping YAML (pure Python, ~5 ms) costs far more than the JSON text (pydantic-core) that identifies it.
+_YAML_BY_JSON: dict[str, str] = {}
+
+
 def config_to_yaml(config: RunConfig) -> str:
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    key = config.model_dump_json()
+    text = _YAML_BY_JSON.get(key)
+    if text is None:
+        if len(_YAML_BY_JSON) >= 8:
+            _YAML_BY_JSON.clear()
+        text = _YAML_BY_JSON[key] = yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    return text
