@@ -47,7 +47,9 @@ def setup(rank: int, world: int, port: int):
         LOCAL_WORLD_SIZE=str(world),
         TORCHELASTIC_USE_AGENT_STORE="True",
     )
-    env = init_distributed(timeout_s=60)
+    # The rendezvous waits for the slowest rank to start: 4 ranks importing torch and transformers beside another
+    # test session on 2 cores have taken over 60 s (a collective that truly hangs fails after this as well).
+    env = init_distributed(timeout_s=180)
     assert (env.rank, env.world_size, env.backend, env.device.type) == (rank, world, "gloo", "cpu")
     return env
 
