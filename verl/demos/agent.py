@@ -24,7 +24,7 @@ from verl.data.chat import encode_prompt
 from verl.data.datasets import IGNORE_INDEX
 from verl.data.tool_parsers import ToolCall, tool_call_format
 from verl.data.tool_template import ToolTurns
-from verl.demos.arithmetic import constant_lr_sft, sft_until
+from verl.demos.arithmetic import constant_lr_sft, run_summary, sft_until
 from verl.env.calculator import CalculatorEnv
 from verl.errors import ConfigError
 from verl.trainer.rl_trainer import RLTrainer
@@ -112,15 +112,11 @@ def run_agent_demo(config: Any, quiet: bool = False) -> dict[str, Any]:
     trainer.fit()
     rl_seconds = time.perf_counter() - t0
     after = agent_eval(trainer, val)
-    summary = {
-        "accuracy_after_sft": before["accuracy"], "accuracy_after_rl": after["accuracy"],
-        "accuracy_gain": after["accuracy"] - before["accuracy"],
-        "calls_per_episode_after_sft": before["calls_per_episode"],
-        "calls_per_episode_after_rl": after["calls_per_episode"],
-        "steps": trainer.step_count, "sft_steps": sft_steps, "sft_probe_accuracy": probe_acc,
-        "seed": config.trainer.seed, "wall_seconds": time.perf_counter() - start, "sft_seconds": sft_seconds,
-        "rl_seconds": rl_seconds, "run_dir": str(trainer.run_dir),
-    }
+    summary = run_summary(
+        trainer, start, sft_seconds, rl_seconds, accuracy_after_sft=before["accuracy"],
+        accuracy_after_rl=after["accuracy"], accuracy_gain=after["accuracy"] - before["accuracy"],
+        calls_per_episode_after_sft=before["calls_per_episode"], calls_per_episode_after_rl=after["calls_per_episode"],
+        sft_steps=sft_steps, sft_probe_accuracy=probe_acc)
     path = trainer.write_summary(summary)
     say(f"held-out accuracy after SFT {before['accuracy']:6.1%}   after GRPO {after['accuracy']:6.1%}   "
         f"({(after['accuracy'] - before['accuracy']) * 100:+.1f} points; calls per episode "

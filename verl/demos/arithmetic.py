@@ -112,6 +112,21 @@ def _load_sft_state(sft: SFTTrainer, state: tuple[dict, dict]) -> None:
     sft.optimizer.load_state_dict(optimizer)
 
 
+def model_line(model: Any) -> str:
+    """" MODEL_TYPE model (N parameters)" for a demo's banner; " model" on a rank that holds no policy."""
+    if model is None:
+        return " model"
+    return f" {model.config.model_type} model ({sum(p.numel() for p in model.parameters()):,} parameters)"
+
+
+def run_summary(trainer: Any, start: float, sft_seconds: float, rl_seconds: float, **results: Any) -> dict[str, Any]:
+    """A demo's summary.json: its `results`, then what every demo records (RL steps, seed, wall, warm-start and RL
+    seconds, run directory)."""
+    return {**results, "steps": trainer.step_count, "seed": trainer.config.trainer.seed,
+            "wall_seconds": time.perf_counter() - start, "sft_seconds": sft_seconds, "rl_seconds": rl_seconds,
+            "run_dir": str(trainer.run_dir)}
+
+
 def recipe_main(argv: list[str] | None, module: str, example: str, run: Callable[[RunConfig], Any]) -> int:
     """`python -m verl.demos.MODULE CONFIG [key=value ...]`: `run` on that config (one torch thread, as the
     demos' rows were measured); exit code 2 with the usage line when no config is named."""
@@ -132,9 +147,7 @@ def run_demo(config: RunConfig) -> dict[str, Any]:
     trainer = RLTrainer(config)
     console = Console(quiet=trainer.rank != 0)  # under torchrun, one summary
     model = trainer.model  # None on a rank holding only a reference or critic
-    about = f" {model.config.model_type} model ({sum(p.numel() for p in model.parameters()):,} parameters)" if (
-        model is not None) else " model"
-    console.print(f"[bold]verl demo[/]: tiny{about} on {len(trainer.env)} arithmetic problems, "
+    console.print(f"[bold]verl demo[/]: tiny{model_line(model)} on {len(trainer.env)} arithmetic problems, "
                   f"{len(trainer.env.val_rows())} held out")
     t0 = time.perf_counter()
     max_sft = config.sft.steps or 1500
@@ -162,19 +175,10 @@ def run_demo(config: RunConfig) -> dict[str, Any]:
     before, after = val[0]["val/accuracy"], val[-1]["val/accuracy"]
     steps = [h for h in history if h["step"] > 0 and "timing/step" in h]
     stages = sorted({k for h in steps for k in h if k.startswith("timing/") and k != "timing/step"})
-    summary = {
-        "accuracy_after_sft": before,
-        "accuracy_after_rl": after,
-        "accuracy_gain": after - before,
-        "steps": trainer.step_count,
-        "sft_steps": sft_steps,
-        "seed": config.trainer.seed,
-        "wall_seconds": time.perf_counter() - start,
-        "sft_seconds": sft_seconds,
-        "rl_seconds": rl_seconds,
-        "seconds_per_stage": {k.split("/", 1)[1]: sum(h.get(k, 0.0) for h in steps) for k in stages},
-        "run_dir": str(trainer.run_dir),
-    }
+    summary = run_summary(
+        trainer, start, sft_seconds, rl_seconds, accuracy_after_sft=before, accuracy_after_rl=after,
+        accuracy_gain=after - before, sft_steps=sft_steps,
+        seconds_per_stage={k.split("/", 1)[1]: sum(h.get(k, 0.0) for h in steps) for k in stages})
     path = trainer.write_summary(summary)
     table = Table(title="verl demo summary")
     table.add_column("")

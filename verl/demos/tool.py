@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from verl.config.schema import RunConfig
-from verl.demos.arithmetic import constant_lr_sft, recipe_main, sft_until
+from verl.demos.arithmetic import constant_lr_sft, recipe_main, run_summary, sft_until
 from verl.env.calculator import CalculatorEnv
 from verl.errors import ConfigError
 from verl.trainer.rl_trainer import RLTrainer
@@ -89,24 +89,14 @@ def run_tool_demo(config: RunConfig, sft_episodes: int = DEFAULT_SFT_EPISODES, q
     trainer.fit()
     rl_seconds = time.perf_counter() - t0
     after = tool_eval(trainer, val)
-    summary = {
-        "accuracy_after_sft": before["accuracy"],
-        "accuracy_after_rl": after["accuracy"],
-        "accuracy_gain": after["accuracy"] - before["accuracy"],
-        "tool_calls_correct_after_sft": before["tool_calls_correct"],
-        "tool_calls_correct_after_rl": after["tool_calls_correct"],
-        "tool_calls_per_episode_after_sft": before["tool_calls_per_episode"],
-        "tool_calls_per_episode_after_rl": after["tool_calls_per_episode"],
-        "steps": trainer.step_count,
-        "sft_steps": sft_steps,
-        "sft_episodes": len(examples),
-        "sft_probe_accuracy": train_acc,
-        "seed": config.trainer.seed,
-        "wall_seconds": time.perf_counter() - start,
-        "sft_seconds": sft_seconds,
-        "rl_seconds": rl_seconds,
-        "run_dir": str(trainer.run_dir),
-    }
+    summary = run_summary(
+        trainer, start, sft_seconds, rl_seconds, accuracy_after_sft=before["accuracy"],
+        accuracy_after_rl=after["accuracy"], accuracy_gain=after["accuracy"] - before["accuracy"],
+        tool_calls_correct_after_sft=before["tool_calls_correct"],
+        tool_calls_correct_after_rl=after["tool_calls_correct"],
+        tool_calls_per_episode_after_sft=before["tool_calls_per_episode"],
+        tool_calls_per_episode_after_rl=after["tool_calls_per_episode"],
+        sft_steps=sft_steps, sft_episodes=len(examples), sft_probe_accuracy=train_acc)
     path = trainer.write_summary(summary)
     say(f"held-out accuracy      after SFT {before['accuracy']:6.1%}   after GRPO {after['accuracy']:6.1%}   "
         f"({(after['accuracy'] - before['accuracy']) * 100:+.1f} points)")

@@ -21,7 +21,7 @@ from typing import Any
 from rich.console import Console
 
 from verl.config.schema import RunConfig
-from verl.demos.arithmetic import constant_lr_sft, recipe_main, sft_until
+from verl.demos.arithmetic import constant_lr_sft, model_line, recipe_main, run_summary, sft_until
 from verl.demos.warm_start import first_actor_rank, on_actor_ranks
 from verl.errors import ConfigError
 from verl.models.vision import is_vision_language
@@ -70,10 +70,8 @@ def run_vision_demo(config: RunConfig) -> dict[str, Any]:
     if model is not None and not is_vision_language(model):
         raise ConfigError(f"trainer.demo=vision needs a vision-language policy, got {model.config.model_type}; "
                           "use model.path: tiny:qwen2_5_vl (examples/vision_shapes.yaml).")
-    about = f" {model.config.model_type} model ({sum(p.numel() for p in model.parameters()):,} parameters)" if (
-        model is not None) else " model"
-    console.print(f"[bold]verl vision demo[/]: tiny{about} counts coloured squares; {len(trainer.env)} training "
-                  f"pictures, {len(trainer.env.val_rows())} held out")
+    console.print(f"[bold]verl vision demo[/]: tiny{model_line(model)} counts coloured squares; "
+                  f"{len(trainer.env)} training pictures, {len(trainer.env.val_rows())} held out")
     t0 = time.perf_counter()
     max_sft = config.sft.steps or 600
     progress = ConsoleReporter(max_sft, label="warm start: SFT step",
@@ -101,19 +99,9 @@ def run_vision_demo(config: RunConfig) -> dict[str, Any]:
         raise ConfigError("trainer.demo=vision compares held-out accuracy before and after RL; set "
                           "trainer.val_before_train: true and trainer.val_every to at most trainer.total_steps.")
     before, after = val[0]["val/accuracy"], val[-1]["val/accuracy"]
-    summary = {
-        "accuracy_after_sft": before,
-        "accuracy_after_rl": after,
-        "accuracy_gain": after - before,
-        "steps": trainer.step_count,
-        "sft_steps": int(warmed["steps"]),
-        "sft_probe_accuracy": warmed["accuracy"],
-        "seed": config.trainer.seed,
-        "wall_seconds": time.perf_counter() - start,
-        "sft_seconds": sft_seconds,
-        "rl_seconds": rl_seconds,
-        "run_dir": str(trainer.run_dir),
-    }
+    summary = run_summary(trainer, start, sft_seconds, rl_seconds, accuracy_after_sft=before,
+                          accuracy_after_rl=after, accuracy_gain=after - before, sft_steps=int(warmed["steps"]),
+                          sft_probe_accuracy=warmed["accuracy"])
     path = trainer.write_summary(summary)
     console.print(f"held-out accuracy after SFT {before:.1%}, after GRPO {after:.1%} ({format_points(after - before)}"
                   f"); {trainer.step_count} RL steps, wall time {summary['wall_seconds']:.0f}s")
