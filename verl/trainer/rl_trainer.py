@@ -125,6 +125,7 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         self.remote_reward_model = (RemoteRewardModel(parts.reward_tokenizer, parts.reward_scorer,
                                                       config.reward.model_weight)
                                     if parts.remote_reward_model else None)  # a reward model on ranks of its own
+        self._can_share: dict[int, tuple[Any, bool]] = {}  # `shares_prompt`: what each model can do
         self._hf_assets = TrainerRuntime.hf_assets(self)  # before a critic/ref-only rank drops the policy
         self.sampling = self._sampling_params(config.rollout.temperature, config.rollout.n)
         if not {"actor", "rollout"} & self.roles:  # a critic/ref-only rank of a split placement drops the policy
@@ -386,10 +387,13 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
 
     def shares_prompt(self, model: torch.nn.Module) -> bool:
         """Whether `model`'s forwards run each group's prompt once (`critic.share_prompt_forward` for the
-        critic, `actor.share_prompt_forward` for the policy and the reference)."""
+        critic, `actor.share_prompt_forward` for the policy and the reference). Whether the model can is asked once
+        (a walk of its modules): its wrappers, checkpointing and tensor parallelism are set when it is built."""
         cfg = self.config.critic if model is not None and model is self.critic else self.config.actor
-        return (cfg.share_prompt_forward and not cfg.remove_padding and self.config.rollout.n > 1
-                and can_share_prompt(model) and not self.sp.splits(model, self.model))
+        if id(model) not in self._can_share:  # the entry holds the model, so its id stays its own
+            self._can_share[id(model)] = model, can_share_prompt(model) and not self.sp.splits(model, self.model)
+        return cfg.share_prompt_forward and not cfg.remove_padding and self.config.rollout.n > 1 and (
+            self._can_share[id(model)][1])
 
     def policy_logprobs(self, model: torch.nn.Module, mb: RolloutBatch, *, temperature: float,
                         with_entropy: bool = False, entropy_grad: bool = True
