@@ -69,6 +69,15 @@ def test_export_reloads_with_identical_logits(tmp_path, capsys):
     with pytest.raises(CheckpointError, match="exists and is not empty"):
         export_hf(ckpt, out)
 
+    def on_rank_one(config):  # what transformers >= 5 decides on a rank other than 0 of a process group
+        model = AutoModelForCausalLM.from_config(config)
+        model.should_save_on_this_rank = lambda is_main_process: False
+        return model
+
+    with pytest.raises(CheckpointError, match="wrote no weights"):  # not a folder of config and tokenizer alone
+        export_hf(ckpt, tmp_path / "rank1_out", model_factory=on_rank_one)
+    assert not (tmp_path / "rank1_out").exists() and not list(tmp_path.glob("rank1_out*"))
+
 
 def test_export_refuses_bad_or_configless_checkpoints(tmp_path):
     mgr = CheckpointManager(tmp_path / "run", save_interval=1)

@@ -129,6 +129,36 @@ def test_concurrent_builders_get_one_complete_directory(tmp_path, monkeypatch):
     AutoModelForCausalLM.from_pretrained(results[0])
 
 
+def test_a_build_on_rank_one_of_a_process_group_writes_the_weights(tmp_path, monkeypatch):
+    """transformers >= 5 saves a model only on rank 0 of an initialized process group; the tiny model is built by
+    whichever rank's build wins (and each node has a cache of its own), so its files cannot depend on the rank."""
+    small = dict(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 1)
+    on_rank_one = Path(build_tiny_model(tmp_path / "rank1", **small))
+    monkeypatch.undo()
+    assert (on_rank_one / "config.json").is_file() and (on_rank_one / "model.safetensors").is_file()
+    built = AutoModelForCausalLM.from_pretrained(on_rank_one).state_dict()
+    reference = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "rank0", **small)).state_dict()
+    assert built.keys() == reference.keys() and all(torch.equal(built[k], reference[k]) for k in built)
+
+
+def test_a_cache_entry_marked_complete_without_its_weights_is_rebuilt(tmp_path, monkeypatch):
+    """What a rank-1 build left in the cache before: the tokenizer and the marker, no config or weights."""
+    monkeypatch.setenv("VERL_CACHE_DIR", str(tmp_path))
+    small = dict(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, seed=5)
+    path = Path(build_tiny_model(**small))
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        (path / name).unlink()
+    assert build_tiny_model(**small) == str(path)
+    AutoModelForCausalLM.from_pretrained(path)
+    # A folder the user named is never deleted: it is refused, saying what is missing.
+    (path / "model.safetensors").unlink()
+    with pytest.raises(ModelError, match="no config.json and weights"):
+        build_tiny_model(path, **small)
+    assert (path / "config.json").is_file()
+
+
 def test_existing_foreign_directory_is_refused(tmp_path):
     target = tmp_path / "mine"
     target.mkdir()

@@ -108,6 +108,10 @@ def _write(out: Path, hf: Path, model: Any, *, skip: tuple[str, ...] = (ADAPTER_
     try:
         shutil.copytree(hf, tmp, ignore=shutil.ignore_patterns(*skip))  # config.json is rewritten below
         model.save_pretrained(str(tmp))  # transformers / peft write safetensors only
+        if not any(tmp.glob("*.safetensors")):  # transformers >= 5 writes none on a rank other than 0
+            raise CheckpointError(f"{out}: save_pretrained wrote no weights here (on rank "
+                                  f"{torch.distributed.get_rank() if torch.distributed.is_initialized() else 0} of "
+                                  "a process group, transformers saves on rank 0 only). Fix: export on rank 0")
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)

@@ -43,6 +43,7 @@ from verl.models.tiny_base import (  # noqa: F401 - re-exported: tests and calle
     _train_backend,
     _validate,
     _verify_tokenizer_roundtrip,
+    save_model,
 )
 from verl.models.tiny_vl import VL_ARCHS, build_tiny_vl_model
 from verl.utils.chat_render import HERMES_TEMPLATE
@@ -147,7 +148,7 @@ def _write(params: dict[str, Any], directory: Path) -> None:
     from verl.models.hf_loader import quiet_hf_progress
 
     with quiet_hf_progress():
-        model.save_pretrained(str(directory))
+        save_model(model, directory)
         tokenizer.save_pretrained(str(directory))
     _verify_tokenizer_roundtrip(tokenizer, directory)
     # The marker goes in last: a directory with the marker is complete.

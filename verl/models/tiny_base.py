@@ -238,7 +238,22 @@ def _verify_tokenizer_roundtrip(built, directory: Path) -> None:
                          f"but {len(built)} when built (a default special token was added); please report it.")
 
 
-def _is_complete(directory: Path, params: dict[str, Any]) -> bool:
+def save_model(model: Any, directory: Path) -> None:
+    """`model.save_pretrained(directory)` on any rank, checked. transformers >= 5 writes no config or weights on a
+    rank other than 0 of an initialized process group, but every rank may be the one whose build wins the rename
+    (and each node has a cache of its own): this throwaway model saves wherever it is built."""
+    model.should_save_on_this_rank = lambda is_main_process: True  # this instance only: it is saved and dropped
+    model.save_pretrained(str(directory))
+    if not _has_model_files(directory):
+        raise ModelError(f"tiny model build at {directory}: transformers' save_pretrained wrote no config.json and "
+                         "*.safetensors weights. Please report it with `pip show transformers torch`.")
+
+
+def _has_model_files(directory: Path) -> bool:
+    return (directory / "config.json").is_file() and any(directory.glob("*.safetensors"))
+
+
+def _marked(directory: Path, params: dict[str, Any]) -> bool:
     marker = directory / MARKER_FILE
     if not marker.is_file():
         return False
@@ -246,6 +261,10 @@ def _is_complete(directory: Path, params: dict[str, Any]) -> bool:
         return json.loads(marker.read_text()) == params
     except (OSError, ValueError):
         return False
+
+
+def _is_complete(directory: Path, params: dict[str, Any]) -> bool:
+    return _marked(directory, params) and _has_model_files(directory)
 
 
 def _build(params: dict[str, Any], path: str | os.PathLike | None,
@@ -256,11 +275,13 @@ def _build(params: dict[str, Any], path: str | os.PathLike | None,
     target = target.expanduser().resolve()
     if _is_complete(target, params):
         return str(target)
+    if path is None and _marked(target, params):  # a cache entry marked without its weights (built on a rank that
+        shutil.rmtree(target, ignore_errors=True)  # transformers would not let save, before `save_model`): rebuilt
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise ModelError(
             f"build_tiny_model: {target} already exists and is not a tiny model built with these parameters "
-            f"({MARKER_FILE} missing or different). Pass another path, delete the directory, or pass path=None "
-            "to use the cache ($VERL_CACHE_DIR/tiny).")
+            f"({MARKER_FILE} missing or different, or no config.json and weights). Pass another path, delete the "
+            "directory, or pass path=None to use the cache ($VERL_CACHE_DIR/tiny).")
     target.parent.mkdir(parents=True, exist_ok=True)
     # Build in a sibling temp dir, then rename: a concurrent builder either wins the rename or finds the
     # finished directory, and nobody ever sees a half-written model.

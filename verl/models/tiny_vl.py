@@ -137,7 +137,7 @@ def _write_vl(params: dict[str, Any], directory: Path) -> None:
         eos_token_id=[tokenizer.convert_tokens_to_ids(tiny.IM_END), tokenizer.convert_tokens_to_ids(tiny.ENDOFTEXT)],
         pad_token_id=tokenizer.pad_token_id)
     with quiet_hf_progress():
-        model.save_pretrained(str(directory))
+        tiny.save_model(model, directory)
         tokenizer.save_pretrained(str(directory))
         _image_processor(params["vision"]).save_pretrained(str(directory))
     # What ProcessorMixin.save_pretrained writes; written by hand because the processor class cannot be built
