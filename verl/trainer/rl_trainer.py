@@ -14,16 +14,7 @@ from typing import Any
 import torch
 
 from verl.algorithms import explained_variance, masked_mean, place_score_on_last_token
-from verl.batch import (
-    PROMPT,
-    RESPONSE,
-    RolloutBatch,
-    concat_batches,
-    fields_of,
-    padding,
-    read_by,
-    written_by,
-)
+from verl.batch import PROMPT, RESPONSE, RolloutBatch, concat_batches, fields_of, padding, read_by, written_by
 from verl.config.schema import OptimConfig, RunConfig
 from verl.env.base import Environment
 from verl.env.multiturn import MultiTurnEnvironment
@@ -390,10 +381,11 @@ class RLTrainer(RLCheckpointState, TrainerRuntime):
         critic, `actor.share_prompt_forward` for the policy and the reference). Whether the model can is asked once
         (a walk of its modules): its wrappers, checkpointing and tensor parallelism are set when it is built."""
         cfg = self.config.critic if model is not None and model is self.critic else self.config.actor
+        if not (cfg.share_prompt_forward and not cfg.remove_padding and self.config.rollout.n > 1):
+            return False
         if id(model) not in self._can_share:  # the entry holds the model, so its id stays its own
             self._can_share[id(model)] = model, can_share_prompt(model) and not self.sp.splits(model, self.model)
-        return cfg.share_prompt_forward and not cfg.remove_padding and self.config.rollout.n > 1 and (
-            self._can_share[id(model)][1])
+        return self._can_share[id(model)][1]
 
     def policy_logprobs(self, model: torch.nn.Module, mb: RolloutBatch, *, temperature: float,
                         with_entropy: bool = False, entropy_grad: bool = True
