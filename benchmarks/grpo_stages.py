@@ -188,6 +188,7 @@ def print_split(split: dict[str, dict[str, float]], result: dict[str, tuple[floa
              f"other ops {v['other']:.0f} ms ({v['ops']:.0f} ops)" for stage, v in split.items()]
     print(f"summary: {size} {kernel}, per step over {steps} steps, each aten op timed: " + "; ".join(parts))
 
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="tiny")
