@@ -66,6 +66,41 @@ def test_silence_is_said_once_a_comeback_once_and_an_exit_never():
     assert beats[1].messages == []  # rank 0 kept beating while rank 1 was away
 
 
+def test_a_rank_paused_while_it_reads_the_beats_names_no_one():
+    """Rank 1 stops (SIGSTOP, a stalled VM) for 10 s right after its read of the store returned: what it read is
+    from before the pause, so it may not be judged by the clock after it (CI: rank 0 named silent at resume)."""
+    now = [0.0]
+
+    class PausedAfterRead:  # the in-memory store, with the pause after a read
+        def __init__(self) -> None:
+            self.store, self.pause_s = dist.HashStore(), 0.0
+
+        def __getattr__(self, name):
+            return getattr(self.store, name)
+
+        def clone(self):  # each monitor's own connection is this store too
+            return self
+
+        def multi_get(self, keys):
+            values = self.store.multi_get(keys)
+            now[0] += self.pause_s
+            return values
+
+    shared = PausedAfterRead()
+    beats = [Heartbeat(2, store=shared, rank=r, world_size=2, timeout_s=30, log=lambda m: None,
+                       clock=lambda: now[0]) for r in range(2)]
+    for _ in range(3):
+        now[0] += 0.5
+        beats[0].beat()
+        beats[1].beat()
+    shared.pause_s = 10.0
+    beats[1].beat()  # read, then paused
+    shared.pause_s = 0.0
+    beats[0].beat()  # rank 0 went on beating meanwhile
+    beats[1].beat()
+    assert beats[1].messages == [] and "alive" in beats[1].describe(0)
+
+
 def test_heartbeat_s_zero_is_off_and_negative_is_refused():
     assert DevicesConfig().heartbeat_s == 60.0 and DevicesConfig(heartbeat_s=0).heartbeat_s == 0
     with pytest.raises(ValueError, match="heartbeat_s"):

@@ -167,6 +167,9 @@ class Heartbeat:
 
     def beat(self) -> None:
         """Post this rank's beat, read the others', warn about ranks that fell silent or came back."""
+        # The time before the read: a rank paused (SIGSTOP, a stalled VM) between reading the store and the clock
+        # would judge the others by beats older than that clock, and name healthy ranks silent.
+        now = self._clock()
         try:
             self._post()
             store = self._get_store()
@@ -179,7 +182,6 @@ class Heartbeat:
             self._store_trouble(err)
             return
         self._store_failing_since = None
-        now = self._clock()
         for r, value in enumerate(raw):
             if r == self.rank:
                 continue
