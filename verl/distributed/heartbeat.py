@@ -167,9 +167,9 @@ class Heartbeat:
 
     def beat(self) -> None:
         """Post this rank's beat, read the others', warn about ranks that fell silent or came back."""
-        # The time before the read: a rank paused (SIGSTOP, a stalled VM) between reading the store and the clock
-        # would judge the others by beats older than that clock, and name healthy ranks silent.
-        now = self._clock()
+        # Silence is judged at the time before the read: a rank paused (SIGSTOP, a stalled VM) between its read and a
+        # later clock would judge the others by pre-pause beats and name healthy ranks silent.
+        before = self._clock()
         try:
             self._post()
             store = self._get_store()
@@ -182,6 +182,7 @@ class Heartbeat:
             self._store_trouble(err)
             return
         self._store_failing_since = None
+        now = self._clock()  # when the beats that changed were seen
         for r, value in enumerate(raw):
             if r == self.rank:
                 continue
@@ -195,7 +196,7 @@ class Heartbeat:
                               f"of silence ({Beat(**self._fields(got), seen_at=now).doing()}).")
                 self.beats[r] = Beat(**self._fields(got), seen_at=now)
         for r, beat in self.beats.items():
-            age = now - beat.seen_at
+            age = before - beat.seen_at
             if beat.exited or r in self.silent or age <= self.heartbeat_s:
                 continue
             self.silent.add(r)
