@@ -113,8 +113,7 @@ def run_agent_demo(config: Any, quiet: bool = False) -> dict[str, Any]:
     rl_seconds = time.perf_counter() - t0
     after = agent_eval(trainer, val)
     summary = run_summary(
-        trainer, start, sft_seconds, rl_seconds, accuracy_after_sft=before["accuracy"],
-        accuracy_after_rl=after["accuracy"], accuracy_gain=after["accuracy"] - before["accuracy"],
+        trainer, start, sft_seconds, rl_seconds, before["accuracy"], after["accuracy"],
         calls_per_episode_after_sft=before["calls_per_episode"], calls_per_episode_after_rl=after["calls_per_episode"],
         sft_steps=sft_steps, sft_probe_accuracy=probe_acc)
     path = trainer.write_summary(summary)

@@ -119,10 +119,12 @@ def model_line(model: Any) -> str:
     return f" {model.config.model_type} model ({sum(p.numel() for p in model.parameters()):,} parameters)"
 
 
-def run_summary(trainer: Any, start: float, sft_seconds: float, rl_seconds: float, **results: Any) -> dict[str, Any]:
-    """A demo's summary.json: its `results`, then what every demo records (RL steps, seed, wall, warm-start and RL
-    seconds, run directory)."""
-    return {**results, "steps": trainer.step_count, "seed": trainer.config.trainer.seed,
+def run_summary(trainer: Any, start: float, sft_seconds: float, rl_seconds: float, before: float, after: float,
+                **results: Any) -> dict[str, Any]:
+    """A demo's summary.json: held-out accuracy `before` and `after` RL and their gain, its `results`, then what
+    every demo records (RL steps, seed, wall, warm-start and RL seconds, run directory)."""
+    return {"accuracy_after_sft": before, "accuracy_after_rl": after, "accuracy_gain": after - before,
+            **results, "steps": trainer.step_count, "seed": trainer.config.trainer.seed,
             "wall_seconds": time.perf_counter() - start, "sft_seconds": sft_seconds, "rl_seconds": rl_seconds,
             "run_dir": str(trainer.run_dir)}
 
@@ -176,8 +178,7 @@ def run_demo(config: RunConfig) -> dict[str, Any]:
     steps = [h for h in history if h["step"] > 0 and "timing/step" in h]
     stages = sorted({k for h in steps for k in h if k.startswith("timing/") and k != "timing/step"})
     summary = run_summary(
-        trainer, start, sft_seconds, rl_seconds, accuracy_after_sft=before, accuracy_after_rl=after,
-        accuracy_gain=after - before, sft_steps=sft_steps,
+        trainer, start, sft_seconds, rl_seconds, before, after, sft_steps=sft_steps,
         seconds_per_stage={k.split("/", 1)[1]: sum(h.get(k, 0.0) for h in steps) for k in stages})
     path = trainer.write_summary(summary)
     table = Table(title="verl demo summary")

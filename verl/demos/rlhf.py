@@ -31,7 +31,7 @@ from rich.console import Console
 
 from verl.config import load_config
 from verl.config.schema import RunConfig
-from verl.demos.arithmetic import SFT_TARGET_ACCURACY, warm_start_until
+from verl.demos.arithmetic import SFT_TARGET_ACCURACY, run_summary, warm_start_until
 from verl.errors import ConfigError
 from verl.rewards.builtin import extract_number
 from verl.rollout import SamplingParams
@@ -174,17 +174,12 @@ def run_rlhf_demo(config: RunConfig, *, rm_steps: int = RM_STEPS, rm_batch_size:
     val = [h for h in history if "val/accuracy" in h]
     before, after = val[0]["val/accuracy"], val[-1]["val/accuracy"]
     rewards = [h["reward/reward_model/score"] for h in history if "reward/reward_model/score" in h]
-    summary = {
-        "accuracy_after_sft": before, "accuracy_after_rl": after, "accuracy_gain": after - before,
-        "rm_pair_accuracy": rm_accuracy, "rm_probe_accuracy": probe_accuracy, "rm_steps": rm_steps_taken,
-        "rm_pairs": len(train_pairs),
-        "rm_reward_first_step": rewards[0] if rewards else None,
-        "rm_reward_last_step": rewards[-1] if rewards else None,
-        "kl_loss_coef": config.actor.kl_loss_coef, "near_misses": list(near_misses), "steps": rl.step_count,
-        "sft_steps": sft_steps, "seed": config.trainer.seed, "wall_seconds": time.perf_counter() - start,
-        "sft_seconds": sft_seconds, "rm_seconds": rm_seconds, "rl_seconds": rl_seconds,
-        "reward_model": str(rm_path), "run_dir": str(run_dir),
-    }
+    summary = run_summary(
+        rl, start, sft_seconds, rl_seconds, before, after, rm_pair_accuracy=rm_accuracy,
+        rm_probe_accuracy=probe_accuracy, rm_steps=rm_steps_taken, rm_pairs=len(train_pairs),
+        rm_reward_first_step=rewards[0] if rewards else None, rm_reward_last_step=rewards[-1] if rewards else None,
+        kl_loss_coef=config.actor.kl_loss_coef, near_misses=list(near_misses), sft_steps=sft_steps,
+        rm_seconds=rm_seconds, reward_model=str(rm_path))
     path = rl.write_summary(summary)
     console.print(f"3/3 GRPO on the reward model: true held-out accuracy {before:.1%} -> {after:.1%} "
                   f"({format_points(after - before)}), {rl.step_count} steps ({rl_seconds:.0f}s); "

@@ -90,8 +90,7 @@ def run_tool_demo(config: RunConfig, sft_episodes: int = DEFAULT_SFT_EPISODES, q
     rl_seconds = time.perf_counter() - t0
     after = tool_eval(trainer, val)
     summary = run_summary(
-        trainer, start, sft_seconds, rl_seconds, accuracy_after_sft=before["accuracy"],
-        accuracy_after_rl=after["accuracy"], accuracy_gain=after["accuracy"] - before["accuracy"],
+        trainer, start, sft_seconds, rl_seconds, before["accuracy"], after["accuracy"],
         tool_calls_correct_after_sft=before["tool_calls_correct"],
         tool_calls_correct_after_rl=after["tool_calls_correct"],
         tool_calls_per_episode_after_sft=before["tool_calls_per_episode"],

@@ -99,8 +99,7 @@ def run_vision_demo(config: RunConfig) -> dict[str, Any]:
         raise ConfigError("trainer.demo=vision compares held-out accuracy before and after RL; set "
                           "trainer.val_before_train: true and trainer.val_every to at most trainer.total_steps.")
     before, after = val[0]["val/accuracy"], val[-1]["val/accuracy"]
-    summary = run_summary(trainer, start, sft_seconds, rl_seconds, accuracy_after_sft=before,
-                          accuracy_after_rl=after, accuracy_gain=after - before, sft_steps=int(warmed["steps"]),
+    summary = run_summary(trainer, start, sft_seconds, rl_seconds, before, after, sft_steps=int(warmed["steps"]),
                           sft_probe_accuracy=warmed["accuracy"])
     path = trainer.write_summary(summary)
     console.print(f"held-out accuracy after SFT {before:.1%}, after GRPO {after:.1%} ({format_points(after - before)}"
