@@ -184,7 +184,7 @@ def print_split(split: dict[str, dict[str, float]], result: dict[str, tuple[floa
                 steps: int) -> None:
     """`--split`: per stage, its median (ops untimed) and where its ops' time goes."""
     parts = [f"{stage} {result[f'timing/{stage}'][1]:.0f} ms: matmuls {v['matmul']:.0f} ms "
-             f"({v['gflop'] / v['matmul'] * 1000:.0f} GFLOP/s), attention {v['attention']:.0f} ms, "
+             f"({v['gflop'] / max(v['matmul'], 1e-9) * 1000:.0f} GFLOP/s), attention {v['attention']:.0f} ms, "
              f"other ops {v['other']:.0f} ms ({v['ops']:.0f} ops)" for stage, v in split.items()]
     print(f"summary: {size} {kernel}, per step over {steps} steps, each aten op timed: " + "; ".join(parts))
 
