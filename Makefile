@@ -36,6 +36,10 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed-dev
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
+# The speed targets on this host (benchmarks/targets.py, 20-30 min); BENCH_ARGS=--write-docs writes their rows.
+bench: $(VENV)/.installed-dev
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/targets.py $(BENCH_ARGS)
+
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check verl tests benchmarks
 
