@@ -47,6 +47,7 @@ class Target:
     at_least: float | None = None
     below: float | None = None
     unit: str = "x"
+    decimals: int = 2  # as the script prints the figure
 
     def argv(self, trl_path: Path) -> list[str]:
         return [a.replace(TRL, str(trl_path)) for a in self.args]
@@ -70,7 +71,8 @@ class Target:
         """`what figure (goal): met` for this script's row."""
         if figure is None:
             return f"{self.what}: no figure ({self.goal()})"
-        return f"{self.what} {figure:g}{self.unit} ({self.goal()}): {'met' if self.met(figure) else 'not met'}"
+        shown = f"{figure:.{self.decimals}f}{self.unit}"
+        return f"{self.what} {shown} ({self.goal()}): {'met' if self.met(figure) else 'not met'}"
 
 
 GRPO = r"ratio verl vs TRL GRPOTrainer \({}\): ([0-9.]+)x"
@@ -82,7 +84,7 @@ TARGETS = (
     Target("dpo", "DPO vs TRL", "dpo.py", ("--trl-path", TRL), r"ratio verl/TRL steps/s: median ([0-9.]+)x",
            at_least=2),
     Target("make-run", "make run, slowest of 4 seeds", "demo_seeds.py", ("--seeds", "42", "1", "2", "3"),
-           r"slowest ([0-9.]+) s", below=60, unit=" s"),
+           r"slowest ([0-9.]+) s", below=60, unit=" s", decimals=0),
 )
 
 
@@ -104,8 +106,11 @@ def ensure_trl(path: Path) -> None:
     if subprocess.run([*probe, str(path)], capture_output=True, text=True).returncode == 0:
         return
     print(f"installing TRL {TRL_VERSION} into {path} (apart from verl's packages)", flush=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(path),
-                    *TRL_PACKAGES], check=True)
+    install = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(path), *TRL_PACKAGES]
+    if subprocess.run(install).returncode != 0:
+        raise SystemExit(f"could not install TRL into {path} (pip's error above). Fix: install it by hand, "
+                         f"`{' '.join(install[2:])}`, or pass --trl-path to a folder that has TRL {TRL_VERSION}; "
+                         "--only make-run needs no TRL")
 
 
 def run_target(target: Target, trl_path: Path, write_docs: bool) -> tuple[float | None, int]:

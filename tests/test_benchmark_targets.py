@@ -61,6 +61,8 @@ def test_figures_are_judged_against_their_goals() -> None:
     assert dpo.verdict(dpo.figure("ratio verl/TRL steps/s: median 2.12x (min 2.06x, max 2.38x)")) == (
         "DPO vs TRL 2.12x (>= 2x): met")
     assert run.figure("smallest gain +35.2 pts, lowest after RL 75.8%, slowest 66 s") == 66
+    assert (dpo.verdict(2.2), run.verdict(66)) == ("DPO vs TRL 2.20x (>= 2x): met",
+                                                   "make run, slowest of 4 seeds 66 s (< 60 s): not met")
     assert (run.met(59), run.met(60)) == (True, False)
     assert tiny.figure("Traceback (most recent call last)") is None
     assert tiny.verdict(None) == "GRPO vs TRL, tiny: no figure (>= 3x)"
