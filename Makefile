@@ -36,7 +36,7 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed-dev
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-# The speed targets on this host (benchmarks/targets.py, 20-30 min); BENCH_ARGS=--write-docs writes their rows.
+# The speed targets on this host (benchmarks/targets.py; minutes on 2 cores); BENCH_ARGS=--write-docs writes their rows.
 bench: $(VENV)/.installed-dev
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/targets.py $(BENCH_ARGS)
 

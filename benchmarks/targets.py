@@ -8,7 +8,7 @@ CPU) lists every target's figure against its goal. TRL 1.16 is installed apart f
 use (`--trl-path`, default `$VERL_CACHE_DIR/trl-1.16.0`, `~/.cache/verl` by default: docs/performance.md says
 why). The machine should be quiet: each script prints the load average it ran under.
 
-Run by hand (20-30 min on 2 cores): ``python benchmarks/targets.py [--only grpo-tiny,dpo] [--write-docs]``
+Run by hand (10-30 min on 2 cores): ``python benchmarks/targets.py [--only grpo-tiny,dpo] [--write-docs]``
 or ``make bench BENCH_ARGS=--write-docs``.
 """
 
