@@ -88,6 +88,11 @@ TARGETS = (
 )
 
 
+def pick_verdicts(lines: list[str]) -> list[str]:
+    """This script's row: the verdict lines, without their `target:` label."""
+    return [line.removeprefix("target:").strip() for line in lines if line.startswith("target:")]
+
+
 def pick(names: str | None) -> list[Target]:
     """The targets `--only` names (comma-separated), in their order; all without it."""
     if not names:
@@ -139,10 +144,10 @@ def main(argv: Sequence[str] | None = None, write_rows: bool = False) -> int:
     verdicts, failed = [], []
     for target in targets:
         figure, code = run_target(target, args.trl_path, write_rows)
-        verdicts.append(target.verdict(figure))
+        verdicts.append(target.verdict(figure) + (f" (its script exited {code})" if code else ""))
         if figure is None:
-            failed.append(f"{target.name} (exit {code})")
-    print("\n" + "\n".join(f"target {v}" for v in verdicts))
+            failed.append(target.name)
+    print("\n" + "\n".join(f"target: {v}" for v in verdicts))
     if failed:
         print(f"no figure from: {', '.join(failed)}")
     return 1 if failed else 0
@@ -153,4 +158,4 @@ if __name__ == "__main__":
 
     # `--write-docs` writes this script's row and has every target's script write its own.
     write = "--write-docs" in sys.argv
-    raise SystemExit(doc_table.run(lambda: main(write_rows=write), doc_table.prefixed("target ")))
+    raise SystemExit(doc_table.run(lambda: main(write_rows=write), pick_verdicts))

@@ -66,6 +66,8 @@ def test_figures_are_judged_against_their_goals() -> None:
     assert (run.met(59), run.met(60)) == (True, False)
     assert tiny.figure("Traceback (most recent call last)") is None
     assert tiny.verdict(None) == "GRPO vs TRL, tiny: no figure (>= 3x)"
+    assert targets.pick_verdicts(["ratio a: 2x", "target: DPO vs TRL 2.20x (>= 2x): met"]) == [
+        "DPO vs TRL 2.20x (>= 2x): met"]
 
 
 def test_only_picks_named_targets_in_their_order() -> None:
